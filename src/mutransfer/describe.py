@@ -1,0 +1,40 @@
+"""A readable summary of a parametrized model: every parameter, its role and its factors."""
+from __future__ import annotations
+
+from torch import nn
+
+from .rules import factor
+from .spec import require_spec
+
+
+def describe(model: nn.Module) -> str:
+    """Table of every parameter: role, width multipliers, init / lr / ε factors vs the base model."""
+    spec = require_spec(model, "describe")
+    header = ("parameter", "shape", "role", "m_in", "m_out", "init×", "sgd lr×", "adam lr×", "adam ε×")
+    rows = [header]
+    for name, info in spec.params.items():
+        rule = spec.rule(name)
+        sgd_lr, _ = spec.factors(name, "sgd")
+        adam_lr, eps = spec.factors(name, "adam")
+        role = info.role + (" (tied readout)" if info.tied_readouts else "")
+        rows.append((name, "×".join(map(str, info.shape)), role, f"{info.m_in:g}", f"{info.m_out:g}",
+                     f"{spec.init_scales.get(name, 1.0):.4g}", f"{sgd_lr:.4g}", f"{adam_lr:.4g}", f"{eps:.4g}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = [f"µP ({spec.formulation}); init rescaled from {spec.init_source}"]
+    for i, r in enumerate(rows):
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    if spec.forward_multipliers:
+        lines.append("forward multipliers: " + ", ".join(
+            f"{m or '<model>'} {kind}{c:.4g}" for m, (kind, c) in spec.forward_multipliers.items()))
+    else:
+        lines.append("forward multipliers: none (zero forward overhead)")
+    for mname, kind, d0, d in spec.attention:
+        alpha = spec.multipliers.attention
+        scale = alpha * d0 ** 0.5 / d if d else None
+        lines.append(f"attention {mname} ({kind}): logits × α·√d₀/d with α={alpha:g}, d₀={d0}, d={d or '?'}"
+                     + (f" → {scale:.4g}" if scale else ""))
+    if spec.zero_init:
+        lines.append("zero-initialized: " + ", ".join(spec.zero_init))
+    return "\n".join(lines)

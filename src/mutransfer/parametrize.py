@@ -1,0 +1,268 @@
+"""`parametrize`: turn a model written in standard parametrization into µP, in place.
+
+What it changes: the values of the model's initial parameters (rescaled by µP's init
+factors relative to the base model), the attention logit scale (see `attention`), and —
+only where the formulation needs it or a tunable multiplier is not 1 — a forward hook on
+the readout or input layers. It records a `MuSpec` on the model for `param_groups`.
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+from typing import Iterable, Mapping, Optional, Union
+
+import torch
+from torch import nn
+
+from . import attention as attn
+from .roles import ParamInfo, classify
+from .rules import Multipliers, factor, formulation_rules
+from .shapes import WidthShapes, canonical_name
+from .spec import SPEC_ATTR, MuSpec, find_spec
+
+BaseShapes = Union[str, os.PathLike, WidthShapes, Mapping]
+_QUERY_MODULE_NAMES = ("q_proj", "query", "to_q", "wq", "q", "w_q", "q_lin", "query_proj")
+_FUSED_QKV_NAMES = ("qkv", "c_attn", "wqkv", "qkv_proj", "to_qkv", "in_proj", "query_key_value")
+
+
+class _ScaleInput:
+    """Forward pre-hook: multiply the module's first input by a constant (readout multiplier)."""
+
+    def __init__(self, c: float):
+        self.c = c
+
+    def __call__(self, module, args):
+        return (args[0] * self.c,) + tuple(args[1:])
+
+
+class _ScaleOutput:
+    """Forward hook: multiply the module's output by a constant (embedding multiplier)."""
+
+    def __init__(self, c: float):
+        self.c = c
+
+    def __call__(self, module, args, output):
+        return output * self.c
+
+
+def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optional[nn.Module] = None, *,
+                base_shapes: Optional[BaseShapes] = None,
+                formulation: str = "table3",
+                init_mult: Optional[Mapping[str, float]] = None,
+                lr_mult: Optional[Mapping[str, float]] = None,
+                output_mult: float = 1.0,
+                attn_mult: float = 1.0,
+                embedding_mult: float = 1.0,
+                zero_init_readout: bool = False,
+                zero_init_query: Union[bool, str, Iterable[str]] = False,
+                roles: Optional[Mapping[str, str]] = None,
+                transposed: Iterable[str] = (),
+                attention: bool = True,
+                attn_base_head_dim: Optional[int] = None) -> nn.Module:
+    """Put `model` in µP relative to `base` (and `delta`), in place; returns `model`.
+
+    Args:
+        model: the target model, built the usual way (any init).
+        base: the same architecture at base width. With real values, µP rescales the
+            model's own init by µP's factors relative to the base's init, whatever the init
+            scheme. On the meta device only shapes are known; then the model's init is
+            assumed to scale like PyTorch's default (weights and Linear/Conv biases
+            ∝ fan_in^-½, everything else constant).
+        delta: the same architecture wider than base in every width dim. Without it, dims
+            that differ between base and model are the width dims.
+        base_shapes: instead of base/delta, a `WidthShapes`, its dict, or a JSON path
+            written by `mt.save_shapes`. The init is then rescaled by the assumption above.
+        formulation: "table3" (TP5 Table 3, no multipliers, default) or "table8" (readout
+            multiplier 1/m, as the `mup` package). Tied readouts always use Table 8.
+        init_mult, lr_mult: per-role tunable factors, e.g. {"hidden": 2.0}.
+        output_mult, attn_mult, embedding_mult: α_output, α_attention, α_embedding.
+        zero_init_readout, zero_init_query: TP5 D.2's zero init (recommended; off by default
+            so that µP equals the user's model at base width). zero_init_query may also be
+            a pattern or list of patterns naming the query weights.
+        roles: {"name pattern": role} to override a parameter's role.
+        transposed: name patterns of weights stored (fan_in, fan_out).
+        attention: set False if the model already scales attention the µP way.
+        attn_base_head_dim: head dim of the base model when it cannot be read off it.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"parametrize needs an nn.Module as `model`, got {type(model).__name__}")
+    if find_spec(model) is not None:
+        raise ValueError(f"parametrize was already called on this {type(model).__name__}; it rescales the "
+                         "init, so calling it twice would apply µP twice. Build a fresh model instead")
+    mults = Multipliers(dict(init_mult or {}), dict(lr_mult or {}), output_mult, attn_mult, embedding_mult)
+    rules = formulation_rules(formulation)
+    shapes = _resolve_shapes(model, base, delta, base_shapes)
+    infos = classify(model, shapes, roles, transposed)
+
+    base_values = None
+    if base is not None and not any(p.is_meta for p in base.parameters()):
+        base_values = {canonical_name(n): p.detach() for n, p in base.named_parameters()}
+    spec = MuSpec(shapes, infos, formulation, mults,
+                  init_source="base values" if base_values is not None else "assumed PyTorch-default scaling")
+    params = {canonical_name(n): p for n, p in model.named_parameters()}
+
+    with torch.no_grad():
+        for name, info in infos.items():
+            scale = _init_scale(info, shapes, rules[info.role].init, mults.init_mult(info.role),
+                                params[name], None if base_values is None else base_values[name])
+            spec.init_scales[name] = scale
+            if scale != 1.0:
+                params[name].mul_(scale)
+        if zero_init_readout:
+            spec.zero_init += _zero_readout(model, infos, params)
+        if zero_init_query:
+            spec.zero_init += _zero_query(model, zero_init_query)
+
+    _install_forward_multipliers(model, infos, rules, mults, spec)
+    if attention:
+        spec.attention = attn.install(model, shapes.attention_head_dims, float(attn_mult), attn_base_head_dim)
+    setattr(model, SPEC_ATTR, spec)
+    return model
+
+
+def _resolve_shapes(model, base, delta, base_shapes) -> WidthShapes:
+    if base_shapes is not None:
+        if base is not None or delta is not None:
+            raise ValueError("pass either base_shapes= or base=/delta=, not both")
+        if isinstance(base_shapes, WidthShapes):
+            return base_shapes
+        if isinstance(base_shapes, (str, os.PathLike)):
+            return WidthShapes.load(base_shapes)
+        if isinstance(base_shapes, Mapping):
+            return WidthShapes.from_dict(dict(base_shapes))
+        raise TypeError(f"base_shapes must be a path, a WidthShapes or a dict, got {type(base_shapes).__name__}")
+    if base is None:
+        raise ValueError("parametrize needs base= (the model at base width) or base_shapes=")
+    if not isinstance(base, nn.Module):
+        raise TypeError(f"base must be an nn.Module, got {type(base).__name__}")
+    if delta is not None and not isinstance(delta, nn.Module):
+        raise TypeError(f"delta must be an nn.Module, got {type(delta).__name__}")
+    return WidthShapes.from_models(base, delta, target=model)
+
+
+def _rms(t: torch.Tensor) -> float:
+    return float(t.detach().to(torch.float64).pow(2).mean().sqrt())
+
+
+def _init_scale(info: ParamInfo, shapes: WidthShapes, init_exp, init_mult: float,
+                p: torch.Tensor, base_p: Optional[torch.Tensor]) -> float:
+    """Factor to multiply the model's current init by."""
+    if all(m == 1.0 for m in shapes.params[info.name].multipliers(tuple(p.shape))):
+        return init_mult  # base width (in every dim of this parameter): keep the user's init
+    target = factor(init_exp, info.m_in, info.m_out)
+    if base_p is not None:
+        current = _rms(p)
+        if current == 0.0:
+            return init_mult  # zero init stays zero
+        return target * _rms(base_p) / current * init_mult
+    # Shapes only: assume the user's init scales like PyTorch's default.
+    if info.layout is not None or (p.ndim >= 2 and info.role in ("hidden", "output")):
+        assumed = info.m_in ** -0.5
+    elif p.ndim == 1 and info.module_fan_in_mult != 1.0:
+        assumed = info.module_fan_in_mult ** -0.5
+    else:
+        assumed = 1.0
+    return target / assumed * init_mult
+
+
+def _module(model: nn.Module, name: str) -> nn.Module:
+    return model.get_submodule(name) if name else model
+
+
+def _zero_readout(model, infos: dict[str, ParamInfo], params) -> list[str]:
+    zeroed = []
+    for name, info in infos.items():
+        if info.tied_readouts:
+            raise ValueError(f"zero_init_readout would zero '{name}', which is tied to the input embedding; "
+                             "untie the readout or leave zero_init_readout=False")
+        if info.role != "output":
+            continue
+        params[name].zero_()
+        zeroed.append(name)
+        for mname, _ in info.usages:
+            bias = getattr(_module(model, mname), "bias", None)
+            if isinstance(bias, torch.Tensor) and bias.ndim == 1:
+                bias.zero_()
+                zeroed.append(f"{mname}.bias" if mname else "bias")
+    if not zeroed:
+        raise ValueError("zero_init_readout=True but the model has no output (readout) parameter")
+    return zeroed
+
+
+def _zero_query(model: nn.Module, which) -> list[str]:
+    patterns = None if which is True else ([which] if isinstance(which, str) else list(which))
+    zeroed = []
+    for mname, module in model.named_modules():
+        cname = canonical_name(mname)
+        leaf = cname.rsplit(".", 1)[-1].lower()
+        if patterns is not None:
+            if not any(fnmatch.fnmatchcase(cname, p) for p in patterns):
+                continue
+            rows = None
+        elif isinstance(module, nn.MultiheadAttention):
+            if not module._qkv_same_embed_dim:
+                module.q_proj_weight.zero_()
+                zeroed.append(f"{cname}.q_proj_weight")
+                continue
+            rows = module.embed_dim
+            module.in_proj_weight[:rows].zero_()
+            if module.in_proj_bias is not None:
+                module.in_proj_bias[:rows].zero_()
+            zeroed.append(f"{cname}.in_proj_weight[:{rows}]")
+            continue
+        elif leaf in _QUERY_MODULE_NAMES and isinstance(module, nn.Linear):
+            rows = None
+        elif leaf in _FUSED_QKV_NAMES and hasattr(module, "weight"):
+            rows = "third"
+        else:
+            continue
+        weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
+        if not isinstance(weight, torch.Tensor):
+            raise ValueError(f"zero_init_query: module '{cname}' has no weight to zero")
+        if rows is None:
+            weight.zero_()
+            if isinstance(bias, torch.Tensor):
+                bias.zero_()
+            zeroed.append(cname)
+        else:
+            transposed = type(module).__name__ == "Conv1D"
+            n = (weight.shape[1] if transposed else weight.shape[0]) // 3
+            (weight[:, :n] if transposed else weight[:n]).zero_()
+            if isinstance(bias, torch.Tensor):
+                bias[:n].zero_()
+            zeroed.append(f"{cname} (query third)")
+    if not zeroed:
+        raise ValueError("zero_init_query: no query projection found; pass the query weights' module "
+                         "names as a pattern, e.g. zero_init_query='*.attn.q_proj'")
+    return zeroed
+
+
+def _install_forward_multipliers(model, infos: dict[str, ParamInfo], rules, mults: Multipliers,
+                                 spec: MuSpec) -> None:
+    readout_rule = formulation_rules("table8")["output"]
+    for name, info in infos.items():
+        if info.role == "output":
+            c = mults.output * factor(rules["output"].forward, info.m_in, info.m_out)
+            readouts = [m for m, local in info.usages]
+            needs_module = info.layout is not None
+        elif info.tied_readouts:
+            # A tied readout's fan_in is the embedding's fan_out.
+            c = mults.output * factor(readout_rule.forward, info.m_out, 1.0)
+            readouts, needs_module = info.tied_readouts, True
+        elif info.role == "input" and mults.embedding != 1.0 and info.layout is not None:
+            for mname, local in info.usages:
+                if local == "weight":
+                    _module(model, mname).register_forward_hook(_ScaleOutput(mults.embedding))
+                    spec.forward_multipliers[mname] = ("output ×", mults.embedding)
+            continue
+        else:
+            continue
+        if c == 1.0:
+            continue
+        if not needs_module:
+            raise ValueError(f"'{name}' is a readout held as a raw parameter, so its forward multiplier "
+                             f"({c:.4g}) cannot be installed; make the readout an nn.Linear, or use "
+                             "formulation='table3' with output_mult=1")
+        for mname in readouts:
+            _module(model, mname).register_forward_pre_hook(_ScaleInput(c))
+            spec.forward_multipliers[mname] = ("input ×", c)

@@ -1,0 +1,143 @@
+"""The µP rules as data: one place to read the whole parametrization.
+
+Every quantity is a factor *relative to the base model*, written as exponents of the
+parameter's two width multipliers ``(m_in, m_out)``: a factor ``m_in**a * m_out**b`` is
+the pair ``(a, b)``. ``m_in`` is fan_in/base_fan_in (1 when fan_in is finite) and ``m_out``
+likewise for fan_out. Vector-like parameters (biases, norm gains, raw 1-width-dim tensors)
+have their one width dim as fan_out. At base width every multiplier is 1, so every factor
+is exactly 1 and µP equals the user's own model.
+
+Roles (TP5 §4, Table 3 and Table 8):
+
+- ``input``  fan_in finite, fan_out width: input weights, embeddings
+- ``vector`` one width dim, not a weight: biases, norm gains (same rules as ``input``)
+- ``hidden`` width → width
+- ``output`` fan_in width, fan_out finite: the readout
+- ``scalar`` no width dim: nothing scales
+
+Columns: ``init`` (init std), ``forward`` (a multiplier applied in the forward pass),
+``sgd_lr``, ``adam_lr``, ``adam_eps``. Adam's ε must scale like the gradient of the
+group, and the gradient scales as ``adam_lr / sgd_lr`` (both give the same Θ(1) update), so
+``adam_eps = adam_lr - sgd_lr`` holds row by row; the tests check that identity.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+Exponents = tuple[float, float]  # exponents of (m_in, m_out)
+
+ROLES = ("input", "vector", "hidden", "output", "scalar")
+
+
+@dataclass(frozen=True)
+class Rule:
+    init: Exponents
+    forward: Exponents
+    sgd_lr: Exponents
+    adam_lr: Exponents
+    adam_eps: Exponents
+
+
+# TP5 Table 3: µP without forward multipliers. Zero forward overhead; the default.
+TABLE3: dict[str, Rule] = {
+    #                 init         forward     sgd_lr      adam_lr     adam_eps
+    "input":   Rule((0.0, 0.0),  (0.0, 0.0), (0.0, 1.0),  (0.0, 0.0), (0.0, -1.0)),
+    "vector":  Rule((0.0, 0.0),  (0.0, 0.0), (0.0, 1.0),  (0.0, 0.0), (0.0, -1.0)),
+    "hidden":  Rule((-0.5, 0.0), (0.0, 0.0), (-1.0, 1.0), (-1.0, 0.0), (0.0, -1.0)),
+    "output":  Rule((-1.0, 0.0), (0.0, 0.0), (-1.0, 0.0), (-1.0, 0.0), (0.0, 0.0)),
+    "scalar":  Rule((0.0, 0.0),  (0.0, 0.0), (0.0, 0.0),  (0.0, 0.0), (0.0, 0.0)),
+}
+
+# TP5 Table 8: the readout gets a forward multiplier 1/m_in and is treated like the other
+# vector-like parameters. This is what the `mup` package does, and it is the only way to
+# tie the input embedding to the readout (both then share the `input` init and lr).
+TABLE8: dict[str, Rule] = {
+    **TABLE3,
+    "output":  Rule((0.0, 0.0),  (-1.0, 0.0), (1.0, 0.0),  (0.0, 0.0), (-1.0, 0.0)),
+}
+
+FORMULATIONS: dict[str, dict[str, Rule]] = {"table3": TABLE3, "table8": TABLE8}
+
+# Optimizer names → the family whose lr column applies. SGD momentum and Nesterov are linear
+# in the gradient, so they follow SGD; entrywise-normalising optimizers follow Adam.
+OPTIMIZER_FAMILIES: dict[str, str] = {
+    "sgd": "sgd",
+    "adam": "adam",
+    "adamw": "adam",
+    "adamax": "adam",
+    "nadam": "adam",
+    "radam": "adam",
+    "rmsprop": "adam",
+    "adagrad": "adam",
+}
+
+# Weight decay: torch's AdamW and SGD decay by lr·wd per step, so a group whose lr shrinks
+# also decays more slowly. "lr_wd_constant" divides wd by the group's lr factor, keeping the
+# per-step decay (and the decay timescale) of the base model; "independent" keeps wd fixed.
+WEIGHT_DECAY_POLICIES = ("lr_wd_constant", "independent")
+DEFAULT_WEIGHT_DECAY_POLICY = "lr_wd_constant"
+
+
+def factor(exponents: Exponents, m_in: float, m_out: float) -> float:
+    """m_in**a * m_out**b, exactly 1.0 when both multipliers are 1."""
+    a, b = exponents
+    out = 1.0
+    if a and m_in != 1.0:
+        out *= m_in ** a
+    if b and m_out != 1.0:
+        out *= m_out ** b
+    return out
+
+
+def optimizer_family(name: str) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"optimizer must be a name such as 'sgd', 'adam' or 'adamw', got {type(name).__name__}")
+    key = name.lower()
+    if key not in OPTIMIZER_FAMILIES:
+        raise ValueError(f"unknown optimizer '{name}'; use one of {', '.join(sorted(OPTIMIZER_FAMILIES))}")
+    return OPTIMIZER_FAMILIES[key]
+
+
+def formulation_rules(name: str) -> dict[str, Rule]:
+    if name not in FORMULATIONS:
+        raise ValueError(f"unknown formulation '{name}'; use 'table3' (no multipliers, default) or "
+                         "'table8' (output multiplier, as in the mup package)")
+    return FORMULATIONS[name]
+
+
+@dataclass
+class Multipliers:
+    """Tunable constants (µTransfer HPs). They apply at every width, base included.
+
+    ``init`` and ``lr`` are per-role factors; ``output`` (α_output) multiplies the readout's
+    forward pass, ``attention`` (α_attention) the attention logits, ``embedding``
+    (α_embedding) the output of input layers (embeddings, input projections).
+    """
+
+    init: dict[str, float] = field(default_factory=dict)
+    lr: dict[str, float] = field(default_factory=dict)
+    output: float = 1.0
+    attention: float = 1.0
+    embedding: float = 1.0
+
+    def __post_init__(self) -> None:
+        for what in ("init", "lr"):
+            table = getattr(self, what)
+            if not isinstance(table, Mapping):
+                raise TypeError(f"{what}_mult must be a dict of role → float, got {type(table).__name__}")
+            for role, value in table.items():
+                if role not in ROLES:
+                    raise ValueError(f"{what}_mult has unknown role '{role}'; roles are {', '.join(ROLES)}")
+                if not isinstance(value, (int, float)) or value < 0:
+                    raise ValueError(f"{what}_mult['{role}'] must be a non-negative number, got {value!r}")
+        for what in ("output", "attention", "embedding"):
+            value = getattr(self, what)
+            if not isinstance(value, (int, float)):
+                raise TypeError(f"{what}_mult must be a number, got {type(value).__name__}")
+
+    def init_mult(self, role: str) -> float:
+        return float(self.init.get(role, 1.0))
+
+    def lr_mult(self, role: str) -> float:
+        return float(self.lr.get(role, 1.0))

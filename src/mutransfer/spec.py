@@ -1,0 +1,68 @@
+"""The µP spec kept on a parametrized model, and how to find it through wrappers."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from torch import nn
+
+from .roles import ParamInfo
+from .rules import Multipliers, Rule, factor, formulation_rules
+from .shapes import WidthShapes
+
+SPEC_ATTR = "_mutransfer_spec"
+# Attributes under which wrappers keep the user's model: torch.compile, DDP/DataParallel, FSDP1.
+_WRAPPED_ATTRS = ("_orig_mod", "module", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
+
+
+@dataclass
+class MuSpec:
+    """What `parametrize` decided, stored on the model as a plain attribute.
+
+    A plain attribute survives `copy.deepcopy` and `torch.compile` (the compiled wrapper keeps
+    the original module). A state_dict does not carry it: rebuild by constructing the model,
+    calling `parametrize` the same way, then `load_state_dict`.
+    """
+
+    shapes: WidthShapes
+    params: dict[str, ParamInfo]
+    formulation: str
+    multipliers: Multipliers
+    init_scales: dict[str, float] = field(default_factory=dict)
+    init_source: str = "base values"
+    forward_multipliers: dict[str, tuple[str, float]] = field(default_factory=dict)
+    attention: list[tuple[str, str, int, Optional[int]]] = field(default_factory=list)
+    zero_init: list[str] = field(default_factory=list)
+
+    def rule(self, name: str) -> Rule:
+        return formulation_rules(self.formulation)[self.params[name].role]
+
+    def factors(self, name: str, family: str) -> tuple[float, float]:
+        """(lr factor, Adam ε factor) of one parameter for an optimizer family."""
+        info, rule = self.params[name], self.rule(name)
+        col = rule.sgd_lr if family == "sgd" else rule.adam_lr
+        lr_f = factor(col, info.m_in, info.m_out) * self.multipliers.lr_mult(info.role)
+        eps_f = factor(rule.adam_eps, info.m_in, info.m_out)
+        return lr_f, eps_f
+
+
+def find_spec(model: nn.Module) -> Optional[MuSpec]:
+    seen = 0
+    while model is not None and seen < 8:
+        spec = model.__dict__.get(SPEC_ATTR)
+        if spec is not None:
+            return spec
+        model = next((getattr(model, a) for a in _WRAPPED_ATTRS
+                      if isinstance(getattr(model, a, None), nn.Module)), None)
+        seen += 1
+    return None
+
+
+def require_spec(model: nn.Module, caller: str) -> MuSpec:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{caller} needs an nn.Module, got {type(model).__name__}")
+    spec = find_spec(model)
+    if spec is None:
+        raise ValueError(f"{caller}: the model ({type(model).__name__}) was never parametrized; "
+                         "call mt.parametrize(model, base=..., delta=...) first")
+    return spec
