@@ -218,10 +218,12 @@ class MuMultiheadAttention(nn.MultiheadAttention):
 # --------------------------------------------------------------------------- installation
 
 
-def install(model: nn.Module, base_heads: dict[str, int], alpha: float,
-            override_d0: Optional[int] = None) -> list[tuple[str, str, int, Optional[int]]]:
-    """Give every attention module of `model` the µP logit scale; returns (name, kind, d₀, d)."""
-    installed = []
+Plan = list[tuple[nn.Module, str, str, int, Optional[int]]]
+
+
+def plan(model: nn.Module, base_heads: dict[str, int], alpha: float, override_d0: Optional[int] = None) -> Plan:
+    """Find the attention modules that need the µP scale, checking everything before any change."""
+    found: Plan = []
     for name, module in model.named_modules():
         kind = attention_kind(module)
         if kind is None:
@@ -240,15 +242,18 @@ def install(model: nn.Module, base_heads: dict[str, int], alpha: float,
                              "mutransfer's µP attention does not support")
         if d == d0 and alpha == 1.0:
             continue  # the user's 1/√d is already µP's scale: leave the module untouched
+        found.append((module, cname, kind, int(d0), d))
+    return found
+
+
+def install(found: Plan, alpha: float) -> list[tuple[str, str, int, Optional[int]]]:
+    """Give every planned attention module the µP logit scale; returns (name, kind, d₀, d)."""
+    for module, _, kind, d0, _ in found:
+        module._mutransfer_attn = (float(alpha), d0)
         if kind == "mha":
-            module._mutransfer_attn = (float(alpha), int(d0))
             module.__class__ = MuMultiheadAttention
         elif kind == "sdpa":
             _install_sdpa_wrapper()
-            module._mutransfer_attn = (float(alpha), int(d0))
-            module.register_forward_pre_hook(_EnterAttention(float(alpha), int(d0)))
+            module.register_forward_pre_hook(_EnterAttention(float(alpha), d0))
             module.register_forward_hook(_LeaveAttention(), always_call=True)
-        else:
-            module._mutransfer_attn = (float(alpha), int(d0))
-        installed.append((cname, kind, int(d0), d))
-    return installed
+    return [(cname, kind, d0, d) for _, cname, kind, d0, d in found]

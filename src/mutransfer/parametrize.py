@@ -93,14 +93,19 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
     rules = formulation_rules(formulation)
     shapes = _resolve_shapes(model, base, delta, base_shapes)
     infos = classify(model, shapes, roles, transposed)
+    attention_plan = attn.plan(model, shapes.attention_head_dims, float(attn_mult),
+                               attn_base_head_dim) if attention else []
+    params = {canonical_name(n): p for n, p in model.named_parameters()}
+    zeroing = _readout_zeroing(model, infos, params) if zero_init_readout else []
+    zeroing += _query_zeroing(model, zero_init_query) if zero_init_query else []
+    hooks = _forward_multipliers(infos, rules, mults)
 
+    # Everything is checked: from here on the model changes.
     base_values = None
     if base is not None and not any(p.is_meta for p in base.parameters()):
         base_values = {canonical_name(n): p.detach() for n, p in base.named_parameters()}
     spec = MuSpec(shapes, infos, formulation, mults,
                   init_source="base values" if base_values is not None else "assumed PyTorch-default scaling")
-    params = {canonical_name(n): p for n, p in model.named_parameters()}
-
     with torch.no_grad():
         for name, info in infos.items():
             scale = _init_scale(info, shapes, rules[info.role].init, mults.init_mult(info.role),
@@ -108,14 +113,12 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
             spec.init_scales[name] = scale
             if scale != 1.0:
                 params[name].mul_(scale)
-        if zero_init_readout:
-            spec.zero_init += _zero_readout(model, infos, params)
-        if zero_init_query:
-            spec.zero_init += _zero_query(model, zero_init_query)
-
-    _install_forward_multipliers(model, infos, rules, mults, spec)
-    if attention:
-        spec.attention = attn.install(model, shapes.attention_head_dims, float(attn_mult), attn_base_head_dim)
+        for what, tensor in zeroing:
+            tensor.zero_()
+    spec.zero_init = [what for what, _ in zeroing]
+    _install_hooks(model, hooks)
+    spec.forward_multipliers = {m: (kind, c) for m, kind, c in hooks}
+    spec.attention = attn.install(attention_plan, float(attn_mult))
     setattr(model, SPEC_ATTR, spec)
     return model
 
@@ -169,91 +172,87 @@ def _module(model: nn.Module, name: str) -> nn.Module:
     return model.get_submodule(name) if name else model
 
 
-def _zero_readout(model, infos: dict[str, ParamInfo], params) -> list[str]:
-    zeroed = []
+Zeroing = list[tuple[str, torch.Tensor]]  # (description, tensor or view to zero)
+
+
+def _readout_zeroing(model, infos: dict[str, ParamInfo], params) -> Zeroing:
+    tied = [n for n, i in infos.items() if i.tied_readouts]
+    if tied:
+        raise ValueError(f"zero_init_readout would zero '{tied[0]}', which is tied to the input "
+                         "embedding; untie the readout or leave zero_init_readout=False")
+    found: Zeroing = []
     for name, info in infos.items():
-        if info.tied_readouts:
-            raise ValueError(f"zero_init_readout would zero '{name}', which is tied to the input embedding; "
-                             "untie the readout or leave zero_init_readout=False")
         if info.role != "output":
             continue
-        params[name].zero_()
-        zeroed.append(name)
+        found.append((name, params[name]))
         for mname, _ in info.usages:
             bias = getattr(_module(model, mname), "bias", None)
             if isinstance(bias, torch.Tensor) and bias.ndim == 1:
-                bias.zero_()
-                zeroed.append(f"{mname}.bias" if mname else "bias")
-    if not zeroed:
+                found.append((f"{mname}.bias" if mname else "bias", bias))
+    if not found:
         raise ValueError("zero_init_readout=True but the model has no output (readout) parameter")
-    return zeroed
+    return found
 
 
-def _zero_query(model: nn.Module, which) -> list[str]:
+def _query_zeroing(model: nn.Module, which) -> Zeroing:
+    """The query weights (whole tensors or the query rows of fused projections) to zero."""
     patterns = None if which is True else ([which] if isinstance(which, str) else list(which))
-    zeroed = []
+    found: Zeroing = []
     for mname, module in model.named_modules():
         cname = canonical_name(mname)
         leaf = cname.rsplit(".", 1)[-1].lower()
+        weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
         if patterns is not None:
             if not any(fnmatch.fnmatchcase(cname, p) for p in patterns):
                 continue
-            rows = None
+            fused = False
         elif isinstance(module, nn.MultiheadAttention):
             if not module._qkv_same_embed_dim:
-                module.q_proj_weight.zero_()
-                zeroed.append(f"{cname}.q_proj_weight")
+                found.append((f"{cname}.q_proj_weight", module.q_proj_weight))
                 continue
-            rows = module.embed_dim
-            module.in_proj_weight[:rows].zero_()
-            if module.in_proj_bias is not None:
-                module.in_proj_bias[:rows].zero_()
-            zeroed.append(f"{cname}.in_proj_weight[:{rows}]")
-            continue
+            weight, bias, fused = module.in_proj_weight, module.in_proj_bias, True
         elif leaf in _QUERY_MODULE_NAMES and isinstance(module, nn.Linear):
-            rows = None
-        elif leaf in _FUSED_QKV_NAMES and hasattr(module, "weight"):
-            rows = "third"
+            fused = False
+        elif leaf in _FUSED_QKV_NAMES and isinstance(weight, torch.Tensor):
+            fused = True
         else:
             continue
-        weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
         if not isinstance(weight, torch.Tensor):
             raise ValueError(f"zero_init_query: module '{cname}' has no weight to zero")
-        if rows is None:
-            weight.zero_()
+        if not fused:
+            found.append((cname, weight))
             if isinstance(bias, torch.Tensor):
-                bias.zero_()
-            zeroed.append(cname)
-        else:
-            transposed = type(module).__name__ == "Conv1D"
-            n = (weight.shape[1] if transposed else weight.shape[0]) // 3
-            (weight[:, :n] if transposed else weight[:n]).zero_()
-            if isinstance(bias, torch.Tensor):
-                bias[:n].zero_()
-            zeroed.append(f"{cname} (query third)")
-    if not zeroed:
+                found.append((f"{cname}.bias", bias))
+            continue
+        transposed = type(module).__name__ == "Conv1D"  # (in, 3·out) layout
+        n = (weight.shape[1] if transposed else weight.shape[0]) // 3
+        found.append((f"{cname} (query third)", weight[:, :n] if transposed else weight[:n]))
+        if isinstance(bias, torch.Tensor):
+            found.append((f"{cname}.bias (query third)", bias[:n]))
+    if not found:
         raise ValueError("zero_init_query: no query projection found; pass the query weights' module "
                          "names as a pattern, e.g. zero_init_query='*.attn.q_proj'")
-    return zeroed
+    return found
 
 
-def _install_forward_multipliers(model, infos: dict[str, ParamInfo], rules, mults: Multipliers,
-                                 spec: MuSpec) -> None:
+Hooks = list[tuple[str, str, float]]  # (module name, "input ×" | "output ×", constant)
+
+
+def _forward_multipliers(infos: dict[str, ParamInfo], rules, mults: Multipliers) -> Hooks:
+    """Which modules need a forward multiplier, and its value (none in Table 3 at α = 1)."""
     readout_rule = formulation_rules("table8")["output"]
+    hooks: Hooks = []
     for name, info in infos.items():
         if info.role == "output":
             c = mults.output * factor(rules["output"].forward, info.m_in, info.m_out)
-            readouts = [m for m, local in info.usages]
+            readouts = [m for m, _ in info.usages]
             needs_module = info.layout is not None
         elif info.tied_readouts:
-            # A tied readout's fan_in is the embedding's fan_out.
+            # Table 8 on a tied readout; its fan_in is the embedding's fan_out.
             c = mults.output * factor(readout_rule.forward, info.m_out, 1.0)
             readouts, needs_module = info.tied_readouts, True
         elif info.role == "input" and mults.embedding != 1.0 and info.layout is not None:
-            for mname, local in info.usages:
-                if local == "weight":
-                    _module(model, mname).register_forward_hook(_ScaleOutput(mults.embedding))
-                    spec.forward_multipliers[mname] = ("output ×", mults.embedding)
+            hooks += [(m, "output ×", mults.embedding) for m, local in info.usages if local == "weight"]
             continue
         else:
             continue
@@ -263,6 +262,14 @@ def _install_forward_multipliers(model, infos: dict[str, ParamInfo], rules, mult
             raise ValueError(f"'{name}' is a readout held as a raw parameter, so its forward multiplier "
                              f"({c:.4g}) cannot be installed; make the readout an nn.Linear, or use "
                              "formulation='table3' with output_mult=1")
-        for mname in readouts:
-            _module(model, mname).register_forward_pre_hook(_ScaleInput(c))
-            spec.forward_multipliers[mname] = ("input ×", c)
+        hooks += [(m, "input ×", c) for m in readouts]
+    return hooks
+
+
+def _install_hooks(model: nn.Module, hooks: Hooks) -> None:
+    for mname, kind, c in hooks:
+        module = _module(model, mname)
+        if kind == "input ×":
+            module.register_forward_pre_hook(_ScaleInput(c))
+        else:
+            module.register_forward_hook(_ScaleOutput(c))

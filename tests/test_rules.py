@@ -1,0 +1,39 @@
+import pytest
+
+from mutransfer import rules
+
+
+@pytest.mark.parametrize("table", ["table3", "table8"])
+def test_adam_eps_scales_like_the_gradient(table):
+    # Gradient scale = adam lr / sgd lr (both give the same Θ(1) update), and ε must follow it.
+    for role, rule in rules.formulation_rules(table).items():
+        for k in range(2):
+            assert rule.adam_eps[k] == rule.adam_lr[k] - rule.sgd_lr[k], (table, role)
+
+
+def test_table3_and_table8_differ_only_by_the_abc_symmetry_on_the_readout():
+    t3, t8 = rules.TABLE3["output"], rules.TABLE8["output"]
+    theta = 1.0  # Table 8 = Table 3 with W → m·W, multiplier → multiplier/m (θ = m¹)
+    assert t8.forward[0] == t3.forward[0] - theta
+    assert t8.init[0] == t3.init[0] + theta
+    assert t8.sgd_lr[0] == t3.sgd_lr[0] + 2 * theta
+    assert t8.adam_lr[0] == t3.adam_lr[0] + theta
+    for role in ("input", "vector", "hidden", "scalar"):
+        assert rules.TABLE3[role] == rules.TABLE8[role]
+
+
+def test_factor_is_exactly_one_at_base_width():
+    for rule in rules.TABLE3.values():
+        for col in (rule.init, rule.sgd_lr, rule.adam_lr, rule.adam_eps):
+            assert rules.factor(col, 1.0, 1.0) == 1.0
+    assert rules.factor((-0.5, 0.0), 4.0, 4.0) == 0.5
+    assert rules.factor((-1.0, 1.0), 2.0, 8.0) == 4.0
+
+
+def test_unknown_names():
+    with pytest.raises(ValueError, match="unknown optimizer 'lion'"):
+        rules.optimizer_family("lion")
+    with pytest.raises(ValueError, match="unknown formulation"):
+        rules.formulation_rules("table5")
+    with pytest.raises(ValueError, match="unknown role 'embedding'"):
+        rules.Multipliers(init={"embedding": 2.0})
