@@ -1,0 +1,520 @@
+"""Training-step overhead of µP: mutransfer (and the `mup` package) versus plain PyTorch.
+
+What is measured
+    The wall time of one full training step — forward, loss, backward, ``optimizer.step()``,
+    ``optimizer.zero_grad()`` — for three builds of the same architecture at the same width:
+
+    * plain       the recipe model as written, ``torch.optim.Adam(model.parameters())``;
+    * mutransfer  the same model after ``mt.parametrize(model, base=..., delta=...)`` (default
+                  Table 3 formulation), ``torch.optim.Adam(mt.param_groups(model, lr))``;
+    * mup         an equivalent model written for Microsoft's ``mup`` package (``MuReadout`` /
+                  ``MuSharedReadout`` readout, 1/d attention), ``mup.set_base_shapes``,
+                  ``mup.MuAdam`` — only when ``mup`` is importable.
+
+    for (a) an MLP and (b) a GPT-style transformer with tied embeddings, each eager and under
+    ``torch.compile`` (the model is compiled, the optimizer runs eagerly).
+
+How
+    All builds of one case train side by side in one process on fixed random batches. After
+    warm-up steps (which also trigger compilation), they are stepped round-robin — one step of
+    each per round, the starting build rotating every round — so that machine noise hits all
+    builds alike. Each round gives a paired ratio (build / plain); the table reports median step
+    times and the median of the per-round ratios (the JSON adds quartiles). A round runs at
+    least ``--min-rounds`` times and then until the case's time budget is spent.
+
+    Because a ratio near 1 says little about *why*, the GPT case is followed by a breakdown of
+    what mutransfer adds to the eager forward pass (hooks on the tied readout and on the SDPA
+    attention modules, and the process-wide ``scaled_dot_product_attention`` wrapper), each
+    timed in isolation and expressed as a share of the plain step time.
+
+Usage
+    python benchmarks/overhead.py            # default: a few minutes on 2 CPU cores
+    python benchmarks/overhead.py --quick    # CI smoke run, well under a minute of timing
+    python benchmarks/overhead.py --json results.json
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import mutransfer as mt
+from mutransfer import attention as mt_attention
+from mutransfer.recipes import GPT, MLP
+from mutransfer.recipes.models import CausalSelfAttention
+
+try:
+    import mup
+except ImportError:  # the comparison with mup is optional
+    mup = None
+
+PLAIN, MUTRANSFER, MUP = "plain", "mutransfer", "mup"
+LR = 1e-3
+Batch = tuple[torch.Tensor, torch.Tensor]
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+# --------------------------------------------------------------------------- mup versions of the recipes
+
+
+class MupMLP(MLP):
+    """`recipes.MLP` with mup's `MuReadout` as readout (mup's 1/width output multiplier)."""
+
+    def __init__(self, width: int, d_in: int, d_out: int):
+        super().__init__(width, d_in=d_in, d_out=d_out)
+        self.readout = mup.MuReadout(width, d_out)
+
+
+class MupAttention(CausalSelfAttention):
+    """Causal self-attention with logits scaled by √d₀/d (1/d as mup requires, = 1/√d at d₀)."""
+
+    def __init__(self, d_model: int, n_head: int, base_head_dim: int):
+        super().__init__(d_model, n_head)
+        self.scale = math.sqrt(base_head_dim) / (d_model // n_head)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class MupGPT(GPT):
+    """`recipes.GPT` with 1/d attention and mup's `MuSharedReadout` tied to the embedding."""
+
+    def __init__(self, width: int, vocab: int, n_layer: int, n_head: int, ctx: int, base_head_dim: int):
+        super().__init__(width, vocab=vocab, n_layer=n_layer, n_head=n_head, ctx=ctx, tied=True)
+        for block in self.blocks:
+            block.attn = MupAttention(width, n_head, base_head_dim)
+        self.lm_head = mup.MuSharedReadout(self.wte.weight, bias=False)
+        self.apply(self._init)
+
+
+# --------------------------------------------------------------------------- cases
+
+
+@dataclass(frozen=True)
+class Case:
+    """One architecture: how to build it (plain and mup) at a width, its data and loss."""
+
+    name: str
+    description: str
+    width: int
+    base_width: int
+    delta_width: int
+    build_plain: Callable[[int], nn.Module]
+    build_mup: Callable[[int], nn.Module]
+    make_batch: Callable[[], Batch]
+    loss_fn: LossFn
+
+
+def mlp_case(width: int = 1024, d_in: int = 256, d_out: int = 10, batch: int = 256) -> Case:
+    def make_batch() -> Batch:
+        return torch.randn(batch, d_in), torch.randint(0, d_out, (batch,))
+
+    return Case("MLP", f"width {width}, d_in {d_in}, batch {batch}", width, 64, 128,
+                build_plain=lambda w: MLP(w, d_in=d_in, d_out=d_out),
+                build_mup=lambda w: MupMLP(w, d_in=d_in, d_out=d_out),
+                make_batch=make_batch, loss_fn=F.cross_entropy)
+
+
+def gpt_case(width: int = 256, n_layer: int = 2, n_head: int = 4, ctx: int = 64, vocab: int = 256,
+             batch: int = 8) -> Case:
+    base_width = 64
+
+    def make_batch() -> Batch:
+        return torch.randint(0, vocab, (batch, ctx)), torch.randint(0, vocab, (batch, ctx))
+
+    def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    return Case("GPT", f"width {width}, {n_layer} layers, {n_head} heads, ctx {ctx}, batch {batch}, tied",
+                width, base_width, 2 * base_width,
+                build_plain=lambda w: GPT(w, vocab=vocab, n_layer=n_layer, n_head=n_head, ctx=ctx),
+                build_mup=lambda w: MupGPT(w, vocab, n_layer, n_head, ctx, base_head_dim=base_width // n_head),
+                make_batch=make_batch, loss_fn=lm_loss)
+
+
+# --------------------------------------------------------------------------- builds
+
+
+@dataclass
+class Trainer:
+    """A model, its optimizer and a fixed batch; `step()` is the timed unit."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    batch: Batch
+    loss_fn: LossFn
+    last_loss: Optional[torch.Tensor] = None
+
+    def step(self) -> None:
+        x, y = self.batch
+        loss = self.loss_fn(self.model(x), y)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.last_loss = loss.detach()
+
+
+def build_plain(case: Case) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = case.build_plain(case.width)
+    return model, torch.optim.Adam(model.parameters(), lr=LR)
+
+
+def build_mutransfer(case: Case) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = case.build_plain(case.width)
+    mt.parametrize(model, base=case.build_plain(case.base_width), delta=case.build_plain(case.delta_width))
+    return model, torch.optim.Adam(mt.param_groups(model, LR, "adam"), lr=LR)
+
+
+def build_mup(case: Case) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = case.build_mup(case.width)
+    mup.set_base_shapes(model, case.build_mup(case.base_width), delta=case.build_mup(case.delta_width))
+    return model, mup.MuAdam(model.parameters(), lr=LR)
+
+
+BUILDERS: dict[str, Callable[[Case], tuple[nn.Module, torch.optim.Optimizer]]] = {
+    PLAIN: build_plain, MUTRANSFER: build_mutransfer, MUP: build_mup}
+
+
+def short_reason(exc: BaseException) -> str:
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first[:160]}"
+
+
+@dataclass
+class Setup:
+    """Per-build outcome of building, compiling and warming up."""
+
+    trainers: dict[str, Trainer] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    warmup_s: dict[str, float] = field(default_factory=dict)
+    graphs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def dynamo_counts() -> tuple[int, int]:
+    """(graphs compiled so far, graph breaks so far) from dynamo's global counters."""
+    from torch._dynamo.utils import counters
+    return int(counters["stats"]["unique_graphs"]), int(sum(counters["graph_break"].values()))
+
+
+def prepare(case: Case, names: list[str], compiled: bool, warmup: int) -> Setup:
+    """Build every requested variant, compile it if asked, and run its warm-up steps.
+
+    A variant that fails (typically under torch.compile) is recorded with its reason and left out.
+    """
+    setup = Setup()
+    batch = case.make_batch()
+    for name in names:
+        try:
+            model, optimizer = BUILDERS[name](case)
+            trainer = Trainer(torch.compile(model) if compiled else model, optimizer, batch, case.loss_fn)
+            graphs0, breaks0 = dynamo_counts()
+            t0 = time.perf_counter()
+            for _ in range(warmup):
+                trainer.step()
+            setup.warmup_s[name] = time.perf_counter() - t0
+            if compiled:
+                graphs1, breaks1 = dynamo_counts()
+                setup.graphs[name] = {"graphs": graphs1 - graphs0, "graph_breaks": breaks1 - breaks0}
+            setup.trainers[name] = trainer
+        except Exception as exc:  # noqa: BLE001 — report and carry on with the other builds
+            setup.failed[name] = short_reason(exc)
+    return setup
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def time_round_robin(trainers: dict[str, Trainer], min_rounds: int, max_rounds: int,
+                     budget_s: float) -> dict[str, list[float]]:
+    """Step every trainer once per round, rotating the order; returns seconds per step."""
+    names = list(trainers)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    start = time.perf_counter()
+    for r in range(max_rounds):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            t0 = time.perf_counter()
+            trainers[name].step()
+            times[name].append(time.perf_counter() - t0)
+        if r + 1 >= min_rounds and time.perf_counter() - start > budget_s:
+            break
+    return times
+
+
+def quantile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    pos = q * (len(s) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def summarize(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Median ms per build and, against plain, the median and quartiles of per-round ratios."""
+    out: dict[str, dict[str, float]] = {}
+    for name, ts in times.items():
+        entry = {"median_ms": 1e3 * statistics.median(ts), "min_ms": 1e3 * min(ts), "steps": len(ts)}
+        if name != PLAIN and PLAIN in times:
+            ratios = [t / p for t, p in zip(ts, times[PLAIN])]
+            entry.update(ratio=statistics.median(ratios), ratio_q25=quantile(ratios, 0.25),
+                         ratio_q75=quantile(ratios, 0.75),
+                         ratio_of_medians=statistics.median(ts) / statistics.median(times[PLAIN]))
+        out[name] = entry
+    return out
+
+
+# --------------------------------------------------------------------------- hook breakdown
+
+
+def per_call_us(fn: Callable[[], Any], calls: int) -> float:
+    """Median over 5 batches of the mean µs per call of `fn`."""
+    fn()
+    batches = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        batches.append((time.perf_counter() - t0) / calls)
+    return 1e6 * statistics.median(batches)
+
+
+def count_hooks(model: nn.Module) -> dict[str, int]:
+    pre = sum(len(m._forward_pre_hooks) for m in model.modules())
+    post = sum(len(m._forward_hooks) for m in model.modules())
+    return {"forward_pre_hooks": pre, "forward_hooks": post}
+
+
+def capture_inputs(model: nn.Module, module_names: list[str], x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """First positional input of each named module during one forward pass of `model`."""
+    seen: dict[str, torch.Tensor] = {}
+    handles = [model.get_submodule(n).register_forward_pre_hook(
+        lambda m, args, n=n: seen.setdefault(n, args[0].detach())) for n in module_names]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+def hook_breakdown(case: Case, plain_step_ms: float, calls: int) -> dict[str, Any]:
+    """Time each piece mutransfer adds to the eager forward of `case`, in isolation.
+
+    Pieces: (1) the readout pre-hook (x·c and its backward, plus hook dispatch) on an
+    activation of the readout's input shape; (2) the enter/leave hooks around an SDPA attention
+    module (Python dispatch only; measured on a trivial module); (3) the global SDPA wrapper,
+    both passing through (every SDPA call in the process, plain models included) and active.
+    """
+    torch.manual_seed(0)
+    model, _ = build_mutransfer(case)
+    spec = model._mutransfer_spec
+    x, _ = case.make_batch()
+    readout_inputs = capture_inputs(model, list(spec.forward_multipliers), x)
+    report: dict[str, Any] = {"hooks": count_hooks(model),
+                              "forward_multipliers": {k: list(v) for k, v in spec.forward_multipliers.items()},
+                              "attention": [list(a) for a in spec.attention], "pieces_us": {}}
+    pieces = report["pieces_us"]
+
+    scale_input = importlib.import_module("mutransfer.parametrize")._ScaleInput
+    for mname, (_, c) in spec.forward_multipliers.items():
+        act = readout_inputs[mname].clone().requires_grad_(True)
+        bare, hooked = nn.Identity(), nn.Identity()
+        hooked.register_forward_pre_hook(scale_input(c))
+        extra = (per_call_us(lambda: hooked(act).sum().backward(), calls)
+                 - per_call_us(lambda: bare(act).sum().backward(), calls))
+        pieces[f"{mname} pre-hook x·c (fwd+bwd)"] = {"us_per_call": extra, "calls_per_step": 1}
+
+    n_sdpa = sum(1 for a in spec.attention if a[1] == "sdpa")
+    if n_sdpa:
+        enter, leave = mt_attention._EnterAttention(1.0, 16), mt_attention._LeaveAttention()
+        bare, hooked = nn.Identity(), nn.Identity()
+        hooked.register_forward_pre_hook(enter)
+        hooked.register_forward_hook(leave, always_call=True)
+        t = torch.zeros(1)
+        pieces["attention enter/leave hooks"] = {
+            "us_per_call": per_call_us(lambda: hooked(t), 20 * calls) - per_call_us(lambda: bare(t), 20 * calls),
+            "calls_per_step": n_sdpa}
+        q = torch.randn(x.shape[0], 4, x.shape[1], case.width // 4)
+        torch_sdpa = mt_attention._torch_sdpa
+        direct = per_call_us(lambda: torch_sdpa(q, q, q, is_causal=True), calls)
+        passthrough = per_call_us(lambda: mt_attention._mup_sdpa(q, q, q, is_causal=True), calls)
+        mt_attention._ACTIVE.append((1.0, 16))
+        try:
+            active = per_call_us(lambda: mt_attention._mup_sdpa(q, q, q, is_causal=True), calls)
+        finally:
+            mt_attention._ACTIVE.pop()
+        pieces["SDPA wrapper, active (µP module)"] = {"us_per_call": active - direct, "calls_per_step": n_sdpa}
+        report["sdpa_wrapper_passthrough_us"] = passthrough - direct
+        report["sdpa_call_us"] = direct
+
+    total_us = sum(p["us_per_call"] * p["calls_per_step"] for p in pieces.values())
+    report["total_us_per_step"] = total_us
+    report["plain_step_ms"] = plain_step_ms
+    report["expected_ratio"] = 1.0 + total_us / (1e3 * plain_step_ms)
+    return report
+
+
+# --------------------------------------------------------------------------- output
+
+
+def fmt_ms(entry: Optional[dict[str, float]]) -> str:
+    return f"{entry['median_ms']:.2f}" if entry else "n/a"
+
+
+def fmt_ratio(entry: Optional[dict[str, float]]) -> str:
+    return f"{entry['ratio']:.3f}" if entry and "ratio" in entry else "n/a"
+
+
+def table_rows(results: list[dict[str, Any]]) -> list[list[str]]:
+    rows = [["model", "mode", "plain ms", "mutransfer ms", "ratio", "mup ms", "mup ratio"]]
+    for res in results:
+        s = res["summary"]
+        mup_ms = fmt_ms(s.get(MUP)) if MUP in s else "n/a"
+        mup_ratio = fmt_ratio(s.get(MUP)) if MUP in s else "n/a"
+        rows.append([res["model"], res["mode"], fmt_ms(s.get(PLAIN)), fmt_ms(s.get(MUTRANSFER)),
+                     fmt_ratio(s.get(MUTRANSFER)), mup_ms, mup_ratio])
+    return rows
+
+
+def print_table(rows: list[list[str]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    line = lambda r: " | ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+    print(line(rows[0]))
+    print("-+-".join("-" * w for w in widths))
+    for r in rows[1:]:
+        print(line(r))
+
+
+def print_notes(results: list[dict[str, Any]]) -> None:
+    print("\nratio = median over rounds of (build step time / plain step time in the same round)")
+    for res in results:
+        tag = f"{res['model']} {res['mode']}"
+        for name, entry in res["summary"].items():
+            if "ratio" in entry:
+                print(f"  {tag:12s} {name:10s} quartiles {entry['ratio_q25']:.3f}–{entry['ratio_q75']:.3f}, "
+                      f"ratio of medians {entry['ratio_of_medians']:.3f}, {entry['steps']} steps")
+        for name, reason in res["failed"].items():
+            print(f"  {tag:12s} {name:10s} n/a — {reason}")
+        if name_graphs := res.get("graphs"):
+            desc = ", ".join(f"{n}: {g['graphs']} graph(s), {g['graph_breaks']} break(s)" for n, g in name_graphs.items())
+            print(f"  {tag:12s} compiled — {desc}")
+
+
+def print_breakdown(model: str, bd: dict[str, Any]) -> None:
+    print(f"\nWhat mutransfer adds to the eager {model} step (timed in isolation):")
+    print(f"  hooks installed: {bd['hooks']}; forward multipliers: {bd['forward_multipliers'] or 'none'}")
+    for piece, p in bd["pieces_us"].items():
+        print(f"  {piece:34s} {p['us_per_call']:7.1f} µs × {p['calls_per_step']} per step")
+    if "sdpa_wrapper_passthrough_us" in bd:
+        print(f"  {'SDPA wrapper, pass-through':34s} {bd['sdpa_wrapper_passthrough_us']:7.1f} µs per SDPA call "
+              f"(paid by plain models too; one SDPA call ≈ {bd['sdpa_call_us']:.0f} µs)")
+    print(f"  total ≈ {bd['total_us_per_step']:.0f} µs per step vs plain step {bd['plain_step_ms']:.2f} ms "
+          f"→ expected ratio ≈ {bd['expected_ratio']:.4f}")
+
+
+# --------------------------------------------------------------------------- main
+
+
+@dataclass(frozen=True)
+class Settings:
+    warmup: int
+    compile_warmup: int
+    min_rounds: int
+    max_rounds: int
+    budget_s: float
+    breakdown_calls: int
+
+
+DEFAULT = Settings(warmup=5, compile_warmup=5, min_rounds=50, max_rounds=1000, budget_s=35.0, breakdown_calls=200)
+QUICK = Settings(warmup=2, compile_warmup=3, min_rounds=8, max_rounds=200, budget_s=3.0, breakdown_calls=30)
+
+
+def run_case(case: Case, compiled: bool, names: list[str], st: Settings) -> dict[str, Any]:
+    mode = "compile" if compiled else "eager"
+    print(f"[{case.name} {mode}] building and warming up {', '.join(names)} …", file=sys.stderr, flush=True)
+    setup = prepare(case, names, compiled, st.compile_warmup if compiled else st.warmup)
+    times = time_round_robin(setup.trainers, st.min_rounds, st.max_rounds, st.budget_s) if setup.trainers else {}
+    finite = {n: bool(torch.isfinite(t.last_loss).item()) for n, t in setup.trainers.items() if t.last_loss is not None}
+    return {"model": case.name, "description": case.description, "mode": mode, "summary": summarize(times),
+            "failed": setup.failed, "warmup_s": setup.warmup_s, "graphs": setup.graphs, "loss_finite": finite}
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="few steps, for CI smoke runs")
+    p.add_argument("--json", metavar="PATH", help="also write the results to PATH")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
+    p.add_argument("--no-mup", action="store_true", help="skip the mup package even if importable")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all usable cores)")
+    p.add_argument("--budget", type=float, default=None, help="seconds of timed rounds per row")
+    return p.parse_args(argv)
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    st = QUICK if args.quick else DEFAULT
+    if args.budget is not None:
+        st = Settings(**{**st.__dict__, "budget_s": args.budget})
+    torch.set_num_threads(args.threads or usable_cores())
+    names = [PLAIN, MUTRANSFER] + ([MUP] if mup is not None and not args.no_mup else [])
+    modes = [False] if args.no_compile else [False, True]
+    cases = [mlp_case(), gpt_case()]
+
+    t_start = time.perf_counter()
+    results = [run_case(case, compiled, names, st) for case in cases for compiled in modes]
+    breakdowns = {}
+    for res, case in ((r, c) for c in cases for r in results if r["model"] == c.name and r["mode"] == "eager"):
+        if PLAIN in res["summary"]:
+            breakdowns[case.name] = hook_breakdown(case, res["summary"][PLAIN]["median_ms"], st.breakdown_calls)
+
+    print(f"\nµP training-step overhead — torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"mup {'%s' % mup.__version__ if mup is not None and hasattr(mup, '__version__') else ('present' if mup else 'absent')}"
+          f"{', quick' if args.quick else ''}")
+    for case in cases:
+        print(f"  {case.name}: {case.description}; µP base width {case.base_width}, delta {case.delta_width}")
+    print()
+    print_table(table_rows(results))
+    print_notes(results)
+    for model, bd in breakdowns.items():
+        if bd["pieces_us"]:
+            print_breakdown(model, bd)
+    elapsed = time.perf_counter() - t_start
+    print(f"\ntotal time {elapsed:.0f} s")
+
+    if args.json:
+        payload = {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
+                   "threads": torch.get_num_threads(), "mup_available": mup is not None, "quick": args.quick,
+                   "settings": st.__dict__, "results": results, "breakdown": breakdowns, "elapsed_s": elapsed}
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(payload, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The µP spec survives deepcopy, a state_dict round trip and torch.compile."""
+import copy
+
+import pytest
+import torch
+
+import mutransfer as mt
+from mutransfer.recipes import GPT, MHATransformer
+
+from conftest import build
+
+
+def _groups(model):
+    return [(g["lr"], g.get("eps"), [tuple(p.shape) for p in g["params"]]) for g in mt.param_groups(model, 1e-2, "adam")]
+
+
+def test_deepcopy_keeps_spec_hooks_and_outputs():
+    m = build(GPT, 128, 32)
+    x = torch.randint(0, 256, (2, 16))
+    c = copy.deepcopy(m)
+    assert torch.equal(m(x), c(x))
+    assert _groups(m) == _groups(c)
+    assert mt.describe(m) == mt.describe(c)
+    assert c.lm_head.weight is c.wte.weight  # tying survives too
+
+
+def test_state_dict_round_trip_into_a_fresh_model():
+    m = build(MHATransformer, 128, 32)
+    x = torch.randn(2, 5, 16)
+    opt = torch.optim.Adam(mt.param_groups(m, 1e-2, "adam"))
+    m(x).sum().backward()
+    opt.step()
+    state = m.state_dict()
+    assert set(state) == set(MHATransformer(128).state_dict())  # keys are the plain model's
+    # the documented rebuild: construct, parametrize the same way, load the weights
+    fresh = build(MHATransformer, 128, 32, seed=123)
+    fresh.load_state_dict(state)
+    assert torch.equal(m(x), fresh(x))
+    assert _groups(m) == _groups(fresh)
+
+
+def test_a_plain_models_checkpoint_loads_into_a_mup_model():
+    plain = MHATransformer(128)
+    mu = build(MHATransformer, 128, 32)
+    mu.load_state_dict(plain.state_dict())  # no missing or unexpected keys
+
+
+@pytest.mark.slow
+def test_torch_compile_same_outputs_and_groups():
+    m = build(GPT, 128, 32)
+    x = torch.randint(0, 256, (2, 16))
+    eager = m(x)
+    compiled = torch.compile(m)
+    assert torch.allclose(compiled(x), eager, atol=1e-5, rtol=1e-5)
+    assert _groups(compiled) == _groups(m)
+    # a training step through the compiled model uses µP's groups
+    opt = torch.optim.Adam(mt.param_groups(compiled, 1e-2, "adam"))
+    compiled(x).logsumexp(-1).mean().backward()
+    opt.step()
+    assert torch.allclose(compiled(x), m(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_attention_hooks_do_not_break_the_compiled_graph():
+    import torch._dynamo as dynamo
+
+    dynamo.reset()
+    m = build(GPT, 128, 32)
+    explanation = dynamo.explain(m)(torch.randint(0, 256, (2, 16)))
+    assert explanation.graph_break_count == 0
