@@ -22,7 +22,7 @@ def _reference_attention(attn_module, x, scale):
     return attn_module.proj(y.transpose(1, 2).reshape(b, t, c))
 
 
-@pytest.mark.parametrize("alpha", [1.0, 2.0])
+@pytest.mark.parametrize("alpha", [1.0, 3.0])
 def test_sdpa_modules_get_the_mup_scale(alpha):
     torch.manual_seed(0)
     m = mt.parametrize(GPT(128), base=GPT(32), delta=GPT(64), attn_mult=alpha)
