@@ -12,7 +12,10 @@ What is measured
                   ``mup.MuAdam`` — only when ``mup`` is importable.
 
     for (a) an MLP and (b) a GPT-style transformer with tied embeddings, each eager and under
-    ``torch.compile`` (the model is compiled, the optimizer runs eagerly).
+    ``torch.compile`` (the model is compiled, the optimizer runs eagerly). For the compiled
+    rows dynamo is told to guard on module hooks (see `guard_module_hooks`), and each compiled
+    build's output is checked against its own eager output, so that no build is timed with a
+    graph traced from another one.
 
 How
     All builds of one case train side by side in one process on fixed random batches. After
@@ -215,6 +218,15 @@ def dynamo_counts() -> tuple[int, int]:
     return int(counters["stats"]["unique_graphs"]), int(sum(counters["graph_break"].values()))
 
 
+def compiled_vs_eager(compiled: nn.Module, x: torch.Tensor) -> float:
+    """max |compiled − eager| / max |eager| of the outputs: proves the compiled graph is this model's.
+
+    Runs with grad enabled so that the compiled training graph (not a no_grad one) is checked.
+    """
+    eager = compiled._orig_mod(x).detach()
+    return float((compiled(x).detach() - eager).abs().max() / eager.abs().max())
+
+
 def prepare(case: Case, names: list[str], compiled: bool, warmup: int) -> Setup:
     """Build every requested variant, compile it if asked, and run its warm-up steps.
 
@@ -233,7 +245,8 @@ def prepare(case: Case, names: list[str], compiled: bool, warmup: int) -> Setup:
             setup.warmup_s[name] = time.perf_counter() - t0
             if compiled:
                 graphs1, breaks1 = dynamo_counts()
-                setup.graphs[name] = {"graphs": graphs1 - graphs0, "graph_breaks": breaks1 - breaks0}
+                setup.graphs[name] = {"new_graphs": graphs1 - graphs0, "graph_breaks": breaks1 - breaks0,
+                                      "max_rel_diff_vs_eager": compiled_vs_eager(trainer.model, batch[0])}
             setup.trainers[name] = trainer
         except Exception as exc:  # noqa: BLE001 — report and carry on with the other builds
             setup.failed[name] = short_reason(exc)
@@ -284,16 +297,19 @@ def summarize(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
 # --------------------------------------------------------------------------- hook breakdown
 
 
-def per_call_us(fn: Callable[[], Any], calls: int) -> float:
-    """Median over 5 batches of the mean µs per call of `fn`."""
-    fn()
-    batches = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        batches.append((time.perf_counter() - t0) / calls)
-    return 1e6 * statistics.median(batches)
+def per_call_us(fns: dict[str, Callable[[], Any]], calls: int, batches: int = 40) -> dict[str, float]:
+    """µs per call of each function: batches of `calls` calls, alternating between the functions;
+    the fastest batch of each is kept (the least disturbed by other load on the machine)."""
+    best = {name: math.inf for name in fns}
+    for fn in fns.values():
+        fn()
+    for _ in range(batches):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - t0) / calls)
+    return {name: 1e6 * t for name, t in best.items()}
 
 
 def count_hooks(model: nn.Module) -> dict[str, int]:
@@ -339,9 +355,10 @@ def hook_breakdown(case: Case, plain_step_ms: float, calls: int) -> dict[str, An
         act = readout_inputs[mname].clone().requires_grad_(True)
         bare, hooked = nn.Identity(), nn.Identity()
         hooked.register_forward_pre_hook(scale_input(c))
-        extra = (per_call_us(lambda: hooked(act).sum().backward(), calls)
-                 - per_call_us(lambda: bare(act).sum().backward(), calls))
-        pieces[f"{mname} pre-hook x·c (fwd+bwd)"] = {"us_per_call": extra, "calls_per_step": 1}
+        us = per_call_us({"bare": lambda: bare(act).sum().backward(),
+                          "hooked": lambda: hooked(act).sum().backward()}, calls)
+        pieces[f"{mname} pre-hook x·c (fwd+bwd)"] = {"us_per_call": us["hooked"] - us["bare"],
+                                                           "calls_per_step": 1}
 
     n_sdpa = sum(1 for a in spec.attention if a[1] == "sdpa")
     if n_sdpa:
@@ -350,21 +367,23 @@ def hook_breakdown(case: Case, plain_step_ms: float, calls: int) -> dict[str, An
         hooked.register_forward_pre_hook(enter)
         hooked.register_forward_hook(leave, always_call=True)
         t = torch.zeros(1)
-        pieces["attention enter/leave hooks"] = {
-            "us_per_call": per_call_us(lambda: hooked(t), 20 * calls) - per_call_us(lambda: bare(t), 20 * calls),
-            "calls_per_step": n_sdpa}
+        us = per_call_us({"bare": lambda: bare(t), "hooked": lambda: hooked(t)}, 20 * calls)
+        pieces["attention enter/leave hooks"] = {"us_per_call": us["hooked"] - us["bare"], "calls_per_step": n_sdpa}
         q = torch.randn(x.shape[0], 4, x.shape[1], case.width // 4)
-        torch_sdpa = mt_attention._torch_sdpa
-        direct = per_call_us(lambda: torch_sdpa(q, q, q, is_causal=True), calls)
-        passthrough = per_call_us(lambda: mt_attention._mup_sdpa(q, q, q, is_causal=True), calls)
-        mt_attention._ACTIVE.append((1.0, 16))
-        try:
-            active = per_call_us(lambda: mt_attention._mup_sdpa(q, q, q, is_causal=True), calls)
-        finally:
-            mt_attention._ACTIVE.pop()
-        pieces["SDPA wrapper, active (µP module)"] = {"us_per_call": active - direct, "calls_per_step": n_sdpa}
-        report["sdpa_wrapper_passthrough_us"] = passthrough - direct
-        report["sdpa_call_us"] = direct
+        torch_sdpa, mup_sdpa = mt_attention._torch_sdpa, mt_attention._mup_sdpa
+
+        def active() -> torch.Tensor:
+            mt_attention._ACTIVE.append((1.0, 16))
+            try:
+                return mup_sdpa(q, q, q, is_causal=True)
+            finally:
+                mt_attention._ACTIVE.pop()
+
+        us = per_call_us({"torch": lambda: torch_sdpa(q, q, q, is_causal=True),
+                          "passthrough": lambda: mup_sdpa(q, q, q, is_causal=True), "active": active}, calls)
+        pieces["SDPA wrapper, active (µP module)"] = {"us_per_call": us["active"] - us["torch"], "calls_per_step": n_sdpa}
+        report["sdpa_wrapper_passthrough_us"] = us["passthrough"] - us["torch"]
+        report["sdpa_call_us"] = us["torch"]
 
     total_us = sum(p["us_per_call"] * p["calls_per_step"] for p in pieces.values())
     report["total_us_per_step"] = total_us
@@ -415,8 +434,12 @@ def print_notes(results: list[dict[str, Any]]) -> None:
         for name, reason in res["failed"].items():
             print(f"  {tag:12s} {name:10s} n/a — {reason}")
         if name_graphs := res.get("graphs"):
-            desc = ", ".join(f"{n}: {g['graphs']} graph(s), {g['graph_breaks']} break(s)" for n, g in name_graphs.items())
+            desc = ", ".join(f"{n}: {g['new_graphs']} new graph(s), {g['graph_breaks']} break(s), "
+                             f"output vs eager {g['max_rel_diff_vs_eager']:.0e}" for n, g in name_graphs.items())
             print(f"  {tag:12s} compiled — {desc}")
+            for n, g in name_graphs.items():
+                if g["max_rel_diff_vs_eager"] > 1e-3:
+                    print(f"  {tag:12s} WARNING: compiled {n} does not reproduce its eager output")
 
 
 def print_breakdown(model: str, bd: dict[str, Any]) -> None:
@@ -444,8 +467,18 @@ class Settings:
     breakdown_calls: int
 
 
-DEFAULT = Settings(warmup=5, compile_warmup=5, min_rounds=50, max_rounds=1000, budget_s=35.0, breakdown_calls=200)
-QUICK = Settings(warmup=2, compile_warmup=3, min_rounds=8, max_rounds=200, budget_s=3.0, breakdown_calls=30)
+DEFAULT = Settings(warmup=5, compile_warmup=5, min_rounds=50, max_rounds=1000, budget_s=35.0, breakdown_calls=50)
+QUICK = Settings(warmup=2, compile_warmup=3, min_rounds=5, max_rounds=200, budget_s=3.0, breakdown_calls=10)
+
+
+def guard_module_hooks() -> None:
+    """Make dynamo guard on nn.Module hooks (it does not by default: skip_nnmodule_hook_guards).
+
+    Without this, compiling the µP model after the plain one (same class, same shapes) silently
+    reuses the plain graph — mutransfer's readout and attention hooks are then never run — and
+    the comparison would time the plain graph twice. The guard applies to every build alike.
+    """
+    torch._dynamo.config.skip_nnmodule_hook_guards = False
 
 
 def run_case(case: Case, compiled: bool, names: list[str], st: Settings) -> dict[str, Any]:
@@ -486,6 +519,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     modes = [False] if args.no_compile else [False, True]
     cases = [mlp_case(), gpt_case()]
 
+    if not args.no_compile:
+        guard_module_hooks()
     t_start = time.perf_counter()
     results = [run_case(case, compiled, names, st) for case in cases for compiled in modes]
     breakdowns = {}
