@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import json
 import math
 import os
@@ -443,6 +444,10 @@ def print_notes(results: list[dict[str, Any]]) -> None:
 
 
 def print_breakdown(model: str, bd: dict[str, Any]) -> None:
+    if not bd["pieces_us"]:
+        print(f"\nmutransfer's {model}: {bd['hooks']} — no hooks, no forward multipliers; the step is the "
+              "plain one with other init values and per-group lr/ε")
+        return
     print(f"\nWhat mutransfer adds to the eager {model} step (timed in isolation):")
     print(f"  hooks installed: {bd['hooks']}; forward multipliers: {bd['forward_multipliers'] or 'none'}")
     for piece, p in bd["pieces_us"].items():
@@ -509,45 +514,77 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    args = parse_args(argv)
+def load_average() -> Optional[float]:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def mup_version() -> str:
+    if mup is None:
+        return "absent"
+    try:
+        return importlib.metadata.version("mup")
+    except importlib.metadata.PackageNotFoundError:
+        return "present"
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
     st = QUICK if args.quick else DEFAULT
     if args.budget is not None:
         st = Settings(**{**st.__dict__, "budget_s": args.budget})
-    torch.set_num_threads(args.threads or usable_cores())
-    names = [PLAIN, MUTRANSFER] + ([MUP] if mup is not None and not args.no_mup else [])
-    modes = [False] if args.no_compile else [False, True]
-    cases = [mlp_case(), gpt_case()]
+    return st
 
-    if not args.no_compile:
+
+def run_all(cases: list[Case], names: list[str], modes: list[bool], st: Settings
+            ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Every (case, mode) row, then the hook breakdown of each case's eager µP model."""
+    if True in modes:
         guard_module_hooks()
-    t_start = time.perf_counter()
     results = [run_case(case, compiled, names, st) for case in cases for compiled in modes]
     breakdowns = {}
-    for res, case in ((r, c) for c in cases for r in results if r["model"] == c.name and r["mode"] == "eager"):
-        if PLAIN in res["summary"]:
-            breakdowns[case.name] = hook_breakdown(case, res["summary"][PLAIN]["median_ms"], st.breakdown_calls)
+    for case in cases:
+        eager = next((r for r in results if r["model"] == case.name and r["mode"] == "eager"), None)
+        if eager is not None and PLAIN in eager["summary"]:
+            breakdowns[case.name] = hook_breakdown(case, eager["summary"][PLAIN]["median_ms"], st.breakdown_calls)
+    return results, breakdowns
 
-    print(f"\nµP training-step overhead — torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"mup {'%s' % mup.__version__ if mup is not None and hasattr(mup, '__version__') else ('present' if mup else 'absent')}"
-          f"{', quick' if args.quick else ''}")
+
+def print_report(cases: list[Case], results: list[dict[str, Any]], breakdowns: dict[str, dict[str, Any]],
+                 meta: dict[str, Any]) -> None:
+    loads = "–".join(f"{x:.1f}" for x in (meta["load_start"], meta["load_end"]) if x is not None)
+    print(f"\nµP training-step overhead — torch {meta['torch']}, {meta['threads']} threads on "
+          f"{meta['cores']} cores (load average {loads or 'n/a'}), mup {meta['mup']}{', quick' if meta['quick'] else ''}")
     for case in cases:
         print(f"  {case.name}: {case.description}; µP base width {case.base_width}, delta {case.delta_width}")
     print()
     print_table(table_rows(results))
     print_notes(results)
     for model, bd in breakdowns.items():
-        if bd["pieces_us"]:
-            print_breakdown(model, bd)
-    elapsed = time.perf_counter() - t_start
-    print(f"\ntotal time {elapsed:.0f} s")
+        print_breakdown(model, bd)
+    print(f"\ntotal time {meta['elapsed_s']:.0f} s")
 
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    st = settings_from(args)
+    torch.set_num_threads(args.threads or usable_cores())
+    names = [PLAIN, MUTRANSFER] + ([MUP] if mup is not None and not args.no_mup else [])
+    modes = [False] if args.no_compile else [False, True]
+    cases = [mlp_case(), gpt_case()]
+
+    meta: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(),
+                            "machine": platform.machine(), "cores": usable_cores(),
+                            "threads": torch.get_num_threads(), "mup": mup_version(), "quick": args.quick,
+                            "settings": st.__dict__, "load_start": load_average()}
+    t_start = time.perf_counter()
+    results, breakdowns = run_all(cases, names, modes, st)
+    meta.update(load_end=load_average(), elapsed_s=time.perf_counter() - t_start)
+    print_report(cases, results, breakdowns, meta)
     if args.json:
-        payload = {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
-                   "threads": torch.get_num_threads(), "mup_available": mup is not None, "quick": args.quick,
-                   "settings": st.__dict__, "results": results, "breakdown": breakdowns, "elapsed_s": elapsed}
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(payload, f, indent=1)
+            json.dump({**meta, "results": results, "breakdown": breakdowns}, f, indent=1)
     return 0
 
 

@@ -150,8 +150,10 @@ def _rms(t: torch.Tensor) -> float:
 def _init_scale(info: ParamInfo, shapes: WidthShapes, init_exp, init_mult: float,
                 p: torch.Tensor, base_p: Optional[torch.Tensor]) -> float:
     """Factor to multiply the model's current init by."""
-    if all(m == 1.0 for m in shapes.params[info.name].multipliers(tuple(p.shape))):
-        return init_mult  # base width (in every dim of this parameter): keep the user's init
+    own = shapes.params[info.name].multipliers(tuple(p.shape))
+    if all(m == 1.0 for m in own) and info.module_fan_in_mult == 1.0:
+        # Base width for this parameter (and, for a bias, for its layer's fan_in): keep the user's init.
+        return init_mult
     target = factor(init_exp, info.m_in, info.m_out)
     if base_p is not None:
         current = _rms(p)
