@@ -295,7 +295,7 @@ def summarize(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
     return out
 
 
-# --------------------------------------------------------------------------- hook breakdown
+# --------------------------------------------------------------------------- breakdown
 
 
 def per_call_us(fns: dict[str, Callable[[], Any]], calls: int, batches: int = 40) -> dict[str, float]:
@@ -333,64 +333,83 @@ def capture_inputs(model: nn.Module, module_names: list[str], x: torch.Tensor) -
     return seen
 
 
-def hook_breakdown(case: Case, plain_step_ms: float, calls: int) -> dict[str, Any]:
-    """Time each piece mutransfer adds to the eager forward of `case`, in isolation.
-
-    Pieces: (1) the readout pre-hook (x·c and its backward, plus hook dispatch) on an
-    activation of the readout's input shape; (2) the enter/leave hooks around an SDPA attention
-    module (Python dispatch only; measured on a trivial module); (3) the global SDPA wrapper,
-    both passing through (every SDPA call in the process, plain models included) and active.
-    """
-    torch.manual_seed(0)
-    model, _ = build_mutransfer(case)
+def readout_hook_pieces(model: nn.Module, x: torch.Tensor, calls: int) -> dict[str, dict[str, float]]:
+    """Cost of each readout pre-hook: hook dispatch + x·c forward + its backward, on the
+    readout's real input, against the same call on a hook-free module."""
     spec = model._mutransfer_spec
-    x, _ = case.make_batch()
-    readout_inputs = capture_inputs(model, list(spec.forward_multipliers), x)
-    report: dict[str, Any] = {"hooks": count_hooks(model),
-                              "forward_multipliers": {k: list(v) for k, v in spec.forward_multipliers.items()},
-                              "attention": [list(a) for a in spec.attention], "pieces_us": {}}
-    pieces = report["pieces_us"]
-
+    inputs = capture_inputs(model, list(spec.forward_multipliers), x)
     scale_input = importlib.import_module("mutransfer.parametrize")._ScaleInput
+    pieces = {}
     for mname, (_, c) in spec.forward_multipliers.items():
-        act = readout_inputs[mname].clone().requires_grad_(True)
+        act = inputs[mname].clone().requires_grad_(True)
         bare, hooked = nn.Identity(), nn.Identity()
         hooked.register_forward_pre_hook(scale_input(c))
         us = per_call_us({"bare": lambda: bare(act).sum().backward(),
                           "hooked": lambda: hooked(act).sum().backward()}, calls)
-        pieces[f"{mname} pre-hook x·c (fwd+bwd)"] = {"us_per_call": us["hooked"] - us["bare"],
-                                                           "calls_per_step": 1}
+        pieces[f"{mname} pre-hook x·c (fwd+bwd)"] = {"us_per_call": us["hooked"] - us["bare"], "calls_per_step": 1}
+    return pieces
 
-    n_sdpa = sum(1 for a in spec.attention if a[1] == "sdpa")
-    if n_sdpa:
-        enter, leave = mt_attention._EnterAttention(1.0, 16), mt_attention._LeaveAttention()
-        bare, hooked = nn.Identity(), nn.Identity()
-        hooked.register_forward_pre_hook(enter)
-        hooked.register_forward_hook(leave, always_call=True)
-        t = torch.zeros(1)
-        us = per_call_us({"bare": lambda: bare(t), "hooked": lambda: hooked(t)}, 20 * calls)
-        pieces["attention enter/leave hooks"] = {"us_per_call": us["hooked"] - us["bare"], "calls_per_step": n_sdpa}
-        q = torch.randn(x.shape[0], 4, x.shape[1], case.width // 4)
-        torch_sdpa, mup_sdpa = mt_attention._torch_sdpa, mt_attention._mup_sdpa
 
-        def active() -> torch.Tensor:
-            mt_attention._ACTIVE.append((1.0, 16))
-            try:
-                return mup_sdpa(q, q, q, is_causal=True)
-            finally:
-                mt_attention._ACTIVE.pop()
+def attention_pieces(model: nn.Module, x: torch.Tensor, calls: int) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """Cost of the enter/leave hooks of SDPA attention modules (dispatch, on a trivial module) and
+    of the SDPA wrapper, active and passing through, at the model's q/k/v shape."""
+    sdpa = [a for a in model._mutransfer_spec.attention if a[1] == "sdpa"]
+    if not sdpa:
+        return {}, {}
+    _, _, d0, d = sdpa[0]
+    enter, leave = mt_attention._EnterAttention(1.0, d0), mt_attention._LeaveAttention()
+    bare, hooked = nn.Identity(), nn.Identity()
+    hooked.register_forward_pre_hook(enter)
+    hooked.register_forward_hook(leave, always_call=True)
+    t = torch.zeros(1)
+    us = per_call_us({"bare": lambda: bare(t), "hooked": lambda: hooked(t)}, 20 * calls)
+    pieces = {"attention enter/leave hooks": {"us_per_call": us["hooked"] - us["bare"], "calls_per_step": len(sdpa)}}
 
-        us = per_call_us({"torch": lambda: torch_sdpa(q, q, q, is_causal=True),
-                          "passthrough": lambda: mup_sdpa(q, q, q, is_causal=True), "active": active}, calls)
-        pieces["SDPA wrapper, active (µP module)"] = {"us_per_call": us["active"] - us["torch"], "calls_per_step": n_sdpa}
-        report["sdpa_wrapper_passthrough_us"] = us["passthrough"] - us["torch"]
-        report["sdpa_call_us"] = us["torch"]
+    q = torch.randn(x.shape[0], model.blocks[0].attn.n_head, x.shape[1], d)
+    torch_sdpa, mup_sdpa = mt_attention._torch_sdpa, mt_attention._mup_sdpa
 
+    def active() -> torch.Tensor:  # as inside a µP attention module (push/pop included)
+        mt_attention._ACTIVE.append((1.0, d0))
+        try:
+            return mup_sdpa(q, q, q, is_causal=True)
+        finally:
+            mt_attention._ACTIVE.pop()
+
+    us = per_call_us({"torch": lambda: torch_sdpa(q, q, q, is_causal=True),
+                      "passthrough": lambda: mup_sdpa(q, q, q, is_causal=True), "active": active}, calls)
+    pieces["SDPA wrapper, active (µP module)"] = {"us_per_call": us["active"] - us["torch"], "calls_per_step": len(sdpa)}
+    return pieces, {"sdpa_wrapper_passthrough_us": us["passthrough"] - us["torch"], "sdpa_call_us": us["torch"]}
+
+
+def optimizer_piece(case: Case, calls: int) -> dict[str, dict[str, float]]:
+    """optimizer.step() with mutransfer's param groups vs plain Adam's single group, same grads."""
+    steppers = {}
+    for name in (PLAIN, MUTRANSFER):
+        model, optimizer = BUILDERS[name](case)
+        x, y = case.make_batch()
+        case.loss_fn(model(x), y).backward()
+        steppers[name] = optimizer
+    us = per_call_us({name: opt.step for name, opt in steppers.items()}, max(2, calls // 5), batches=20)
+    groups = len(steppers[MUTRANSFER].param_groups)
+    return {f"optimizer.step, {groups} groups vs 1": {"us_per_call": us[MUTRANSFER] - us[PLAIN], "calls_per_step": 1}}
+
+
+def overhead_breakdown(case: Case, plain_step_ms: float, calls: int) -> dict[str, Any]:
+    """Time, in isolation, each piece by which mutransfer's eager step differs from the plain one:
+    forward hooks (readout multiplier, attention scale), the SDPA wrapper, the optimizer groups."""
+    torch.manual_seed(0)
+    model, _ = build_mutransfer(case)
+    spec = model._mutransfer_spec
+    x, _ = case.make_batch()
+    pieces = readout_hook_pieces(model, x, calls)
+    attn, extra = attention_pieces(model, x, calls)
+    pieces.update(attn)
+    pieces.update(optimizer_piece(case, calls))
     total_us = sum(p["us_per_call"] * p["calls_per_step"] for p in pieces.values())
-    report["total_us_per_step"] = total_us
-    report["plain_step_ms"] = plain_step_ms
-    report["expected_ratio"] = 1.0 + total_us / (1e3 * plain_step_ms)
-    return report
+    return {"hooks": count_hooks(model), "attention": [list(a) for a in spec.attention],
+            "forward_multipliers": {k: list(v) for k, v in spec.forward_multipliers.items()},
+            "pieces_us": pieces, **extra, "total_us_per_step": total_us, "plain_step_ms": plain_step_ms,
+            "expected_ratio": 1.0 + total_us / (1e3 * plain_step_ms)}
 
 
 # --------------------------------------------------------------------------- output
@@ -444,17 +463,13 @@ def print_notes(results: list[dict[str, Any]]) -> None:
 
 
 def print_breakdown(model: str, bd: dict[str, Any]) -> None:
-    if not bd["pieces_us"]:
-        print(f"\nmutransfer's {model}: {bd['hooks']} — no hooks, no forward multipliers; the step is the "
-              "plain one with other init values and per-group lr/ε")
-        return
-    print(f"\nWhat mutransfer adds to the eager {model} step (timed in isolation):")
+    print(f"\nWhat mutransfer changes in the eager {model} step, each piece timed in isolation:")
     print(f"  hooks installed: {bd['hooks']}; forward multipliers: {bd['forward_multipliers'] or 'none'}")
     for piece, p in bd["pieces_us"].items():
-        print(f"  {piece:34s} {p['us_per_call']:7.1f} µs × {p['calls_per_step']} per step")
+        print(f"  {piece:36s} {p['us_per_call']:8.1f} µs × {p['calls_per_step']} per step")
     if "sdpa_wrapper_passthrough_us" in bd:
-        print(f"  {'SDPA wrapper, pass-through':34s} {bd['sdpa_wrapper_passthrough_us']:7.1f} µs per SDPA call "
-              f"(paid by plain models too; one SDPA call ≈ {bd['sdpa_call_us']:.0f} µs)")
+        print(f"  {'SDPA wrapper, pass-through':36s} {bd['sdpa_wrapper_passthrough_us']:8.1f} µs per SDPA call "
+              f"(plain models pay it too; one SDPA call ≈ {bd['sdpa_call_us']:.0f} µs)")
     print(f"  total ≈ {bd['total_us_per_step']:.0f} µs per step vs plain step {bd['plain_step_ms']:.2f} ms "
           f"→ expected ratio ≈ {bd['expected_ratio']:.4f}")
 
@@ -547,7 +562,7 @@ def run_all(cases: list[Case], names: list[str], modes: list[bool], st: Settings
     for case in cases:
         eager = next((r for r in results if r["model"] == case.name and r["mode"] == "eager"), None)
         if eager is not None and PLAIN in eager["summary"]:
-            breakdowns[case.name] = hook_breakdown(case, eager["summary"][PLAIN]["median_ms"], st.breakdown_calls)
+            breakdowns[case.name] = overhead_breakdown(case, eager["summary"][PLAIN]["median_ms"], st.breakdown_calls)
     return results, breakdowns
 
 
