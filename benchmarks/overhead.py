@@ -365,7 +365,9 @@ def attention_pieces(model: nn.Module, x: torch.Tensor, calls: int) -> tuple[dic
     us = per_call_us({"bare": lambda: bare(t), "hooked": lambda: hooked(t)}, 20 * calls)
     pieces = {"attention enter/leave hooks": {"us_per_call": us["hooked"] - us["bare"], "calls_per_step": len(sdpa)}}
 
-    q = torch.randn(x.shape[0], model.blocks[0].attn.n_head, x.shape[1], d)
+    n_head = next((getattr(m, a) for m in [model.get_submodule(sdpa[0][0])] for a in mt_attention._HEADS_ATTRS
+                   if isinstance(getattr(m, a, None), int)), 1)
+    q = torch.randn(x.shape[0], n_head, x.shape[1], d)
     torch_sdpa, mup_sdpa = mt_attention._torch_sdpa, mt_attention._mup_sdpa
 
     def active() -> torch.Tensor:  # as inside a µP attention module (push/pop included)
@@ -443,6 +445,12 @@ def print_table(rows: list[list[str]]) -> None:
         print(line(r))
 
 
+def print_failures(results: list[dict[str, Any]]) -> None:
+    for res in results:
+        for name, reason in res["failed"].items():
+            print(f"n/a: {res['model']} {res['mode']} {name} — {reason}")
+
+
 def print_notes(results: list[dict[str, Any]]) -> None:
     print("\nratio = median over rounds of (build step time / plain step time in the same round)")
     for res in results:
@@ -451,15 +459,10 @@ def print_notes(results: list[dict[str, Any]]) -> None:
             if "ratio" in entry:
                 print(f"  {tag:12s} {name:10s} quartiles {entry['ratio_q25']:.3f}–{entry['ratio_q75']:.3f}, "
                       f"ratio of medians {entry['ratio_of_medians']:.3f}, {entry['steps']} steps")
-        for name, reason in res["failed"].items():
-            print(f"  {tag:12s} {name:10s} n/a — {reason}")
-        if name_graphs := res.get("graphs"):
-            desc = ", ".join(f"{n}: {g['new_graphs']} new graph(s), {g['graph_breaks']} break(s), "
-                             f"output vs eager {g['max_rel_diff_vs_eager']:.0e}" for n, g in name_graphs.items())
-            print(f"  {tag:12s} compiled — {desc}")
-            for n, g in name_graphs.items():
-                if g["max_rel_diff_vs_eager"] > 1e-3:
-                    print(f"  {tag:12s} WARNING: compiled {n} does not reproduce its eager output")
+        for name, g in res.get("graphs", {}).items():
+            print(f"  {tag:12s} {name:10s} compiled: {g['new_graphs']} new graph(s), {g['graph_breaks']} "
+                  f"graph break(s), output vs eager {g['max_rel_diff_vs_eager']:.0e}"
+                  f"{'  WARNING: not its own graph' if g['max_rel_diff_vs_eager'] > 1e-3 else ''}")
 
 
 def print_breakdown(model: str, bd: dict[str, Any]) -> None:
@@ -575,6 +578,7 @@ def print_report(cases: list[Case], results: list[dict[str, Any]], breakdowns: d
         print(f"  {case.name}: {case.description}; µP base width {case.base_width}, delta {case.delta_width}")
     print()
     print_table(table_rows(results))
+    print_failures(results)
     print_notes(results)
     for model, bd in breakdowns.items():
         print_breakdown(model, bd)
