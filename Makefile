@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mutransfer-installed
+TEST_STAMP := $(VENV)/.mutransfer-test-installed
 
 .PHONY: install demo test test-fast bench clean
 
@@ -12,18 +13,25 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e .
 	touch $(STAMP)
+
+# Tests also check Hugging Face models (optional extra) and compare against Microsoft's `mup`,
+# installed with --no-deps: its metadata pulls torchvision, which breaks beside torch 2.13 CPU.
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e ".[test,hf]"
+	$(PY) -m pip install --quiet --no-deps mup==1.0.0
+	touch $(TEST_STAMP)
 
 install: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/quickstart.py
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(PY) -m pytest -q
 
-test-fast: $(STAMP)
+test-fast: $(TEST_STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
 bench: $(STAMP)

@@ -8,7 +8,10 @@ Three paths, all found without editing the model:
    (found by reading the forward's source) get a pre/post forward hook that makes the SDPA
    call inside them use the µP scale. mutransfer wraps ``F.scaled_dot_product_attention``
    once; outside a µP attention module the wrapper calls PyTorch unchanged.
-3. Hand-written attention calls the helper ``mt.attn_scale(self, head_dim)`` in place of
+3. Modules that keep their logit scale in a float attribute ``scaling`` (every Hugging Face
+   attention module does, and passes it to whichever attention kernel is configured) get
+   that attribute multiplied by α·√(d₀/d): no hook, no overhead.
+4. Hand-written attention calls the helper ``mt.attn_scale(self, head_dim)`` in place of
    ``1 / math.sqrt(head_dim)``; it returns the µP scale on a parametrized module and
    ``1/√head_dim`` otherwise, so the same model code runs in both parametrizations.
 
@@ -40,9 +43,11 @@ _HELPER_NAME = "attn_scale"
 
 
 def attention_kind(module: nn.Module) -> Optional[str]:
-    """'mha', 'sdpa', 'helper' or None for a module that is not an attention module."""
+    """'mha', 'scaling', 'sdpa', 'helper' or None for a module that is not an attention module."""
     if isinstance(module, nn.MultiheadAttention):
         return "mha"
+    if isinstance(getattr(module, "scaling", None), float) and head_dim_of(module) is not None:
+        return "scaling"
     forward = type(module).forward
     if forward is nn.Module.forward or getattr(forward, "__module__", "").startswith("torch."):
         return None
@@ -252,6 +257,8 @@ def install(found: Plan, alpha: float) -> list[tuple[str, str, int, Optional[int
         module._mutransfer_attn = (float(alpha), d0)
         if kind == "mha":
             module.__class__ = MuMultiheadAttention
+        elif kind == "scaling":
+            module.scaling = module.scaling * float(alpha) * math.sqrt(d0 / head_dim_of(module))
         elif kind == "sdpa":
             _install_sdpa_wrapper()
             module.register_forward_pre_hook(_EnterAttention(float(alpha), d0))

@@ -1,0 +1,69 @@
+"""Hugging Face models parametrize without edits: GPT-2 (Conv1D, tied) and Llama (RMSNorm, untied)."""
+import math
+
+import pytest
+import torch
+
+import mutransfer as mt
+
+transformers = pytest.importorskip("transformers")
+
+
+def gpt2(width, seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config(n_embd=width, n_layer=2, n_head=4, vocab_size=128, n_positions=32,
+                                  bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def llama(width, seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                   max_position_embeddings=32, tie_word_embeddings=False,
+                                   bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", [gpt2, llama])
+def test_base_width_is_unchanged(make):
+    plain, mu = make(64).eval(), make(64).eval()  # eval: GPT-2 has dropout
+    mt.parametrize(mu, base=make(64), delta=make(128))
+    x = torch.randint(0, 128, (2, 16))
+    assert torch.equal(plain(x).logits, mu(x).logits)
+
+
+@pytest.mark.slow
+def test_gpt2_roles_attention_and_training():
+    m = gpt2(256)
+    mt.parametrize(m, base=gpt2(64), delta=gpt2(128))
+    spec = m._mutransfer_spec
+    assert spec.params["transformer.h.0.attn.c_attn.weight"].role == "hidden"  # Conv1D, stored (in, out)
+    assert spec.params["transformer.wte.weight"].tied_readouts == ["lm_head"]
+    assert m.transformer.h[0].attn.scaling == pytest.approx(math.sqrt(16) / 64)
+    opt = torch.optim.AdamW(mt.param_groups(m, 3e-3, "adamw"))
+    x = torch.randint(0, 128, (4, 16))
+    losses = []
+    for _ in range(10):
+        loss = m(x, labels=x).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.5
+
+
+@pytest.mark.slow
+def test_llama_roles_and_zero_query():
+    m = llama(256)
+    mt.parametrize(m, base=llama(64), delta=llama(128), zero_init_readout=True, zero_init_query=True)
+    spec = m._mutransfer_spec
+    roles = {n: i.role for n, i in spec.params.items()}
+    assert roles["model.embed_tokens.weight"] == "input"
+    assert roles["model.layers.0.self_attn.k_proj.weight"] == "hidden"
+    assert roles["model.layers.0.mlp.down_proj.weight"] == "hidden"
+    assert roles["model.norm.weight"] == "vector"
+    assert roles["lm_head.weight"] == "output"
+    assert torch.all(m.lm_head.weight == 0) and torch.all(m.model.layers[1].self_attn.q_proj.weight == 0)
+    assert m.model.layers[0].self_attn.scaling == pytest.approx(math.sqrt(16) / 64)
