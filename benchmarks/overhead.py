@@ -18,21 +18,32 @@ What is measured
     graph traced from another one.
 
 How
-    All builds of one case train side by side in one process on fixed random batches. After
+    All builds of one case train side by side in one process on one fixed random batch. After
     warm-up steps (which also trigger compilation), they are stepped round-robin — one step of
     each per round, the starting build rotating every round — so that machine noise hits all
     builds alike. Each round gives a paired ratio (build / plain); the table reports median step
-    times and the median of the per-round ratios (the JSON adds quartiles). A round runs at
-    least ``--min-rounds`` times and then until the case's time budget is spent.
+    times and the median of the per-round ratios, the notes their quartiles. Rounds run until
+    the row's time budget (35 s; 2 s with ``--quick``; ``--budget``) is spent and at least 50
+    rounds (5) are done, but stop at twice the budget on a machine too slow or busy for that.
 
-    Because a ratio near 1 says little about *why*, the GPT case is followed by a breakdown of
-    what mutransfer adds to the eager forward pass (hooks on the tied readout and on the SDPA
-    attention modules, and the process-wide ``scaled_dot_product_attention`` wrapper), each
-    timed in isolation and expressed as a share of the plain step time.
+    A ratio near 1 says little about *why*, so each case ends with a breakdown: every piece by
+    which mutransfer's eager step differs from the plain one — the forward pre-hook of a tied
+    readout, the enter/leave hooks of SDPA attention modules, the process-wide
+    ``scaled_dot_product_attention`` wrapper, the fixed cost of the extra optimizer param
+    groups — is timed in isolation (median of paired differences over interleaved batches)
+    and summed into an expected ratio. Isolated pieces miss allocator and cache effects, so
+    when mutransfer installed hooks the eager round-robin also steps a fourth build,
+    mutransfer's model with its hooks removed (same values and param groups, not µP): the
+    paired ratio mutransfer / that build is the hooks' cost inside the real step, and that
+    build's own ratio to plain (same arithmetic) shows the noise floor of such comparisons.
+
+    Note that once any model with SDPA attention is parametrized, mutransfer's SDPA wrapper
+    replaces ``F.scaled_dot_product_attention`` for the whole process, so the plain and mup
+    builds pass through it too (the breakdown shows that cost separately).
 
 Usage
-    python benchmarks/overhead.py            # default: a few minutes on 2 CPU cores
-    python benchmarks/overhead.py --quick    # CI smoke run, well under a minute of timing
+    python benchmarks/overhead.py            # default: about 3 minutes on 2 CPU cores
+    python benchmarks/overhead.py --quick    # CI smoke run, under a minute
     python benchmarks/overhead.py --json results.json
 """
 from __future__ import annotations
@@ -65,6 +76,7 @@ except ImportError:  # the comparison with mup is optional
     mup = None
 
 PLAIN, MUTRANSFER, MUP = "plain", "mutransfer", "mup"
+NO_HOOKS = "mutransfer without hooks"  # yardstick for the hooks' cost inside the real step
 LR = 1e-3
 Batch = tuple[torch.Tensor, torch.Tensor]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -194,8 +206,28 @@ def build_mup(case: Case) -> tuple[nn.Module, torch.optim.Optimizer]:
     return model, mup.MuAdam(model.parameters(), lr=LR)
 
 
+def strip_forward_hooks(model: nn.Module) -> int:
+    """Remove every forward (pre-)hook of `model`; returns how many there were."""
+    removed = 0
+    for module in model.modules():
+        removed += len(module._forward_pre_hooks) + len(module._forward_hooks)
+        module._forward_pre_hooks.clear()
+        module._forward_hooks.clear()
+        module._forward_hooks_always_called.clear()
+    return removed
+
+
+def build_mutransfer_without_hooks(case: Case) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """mutransfer's model and optimizer minus its forward hooks: µP's values and param groups but
+    the plain forward (no readout multiplier, 1/√d attention). Not µP — it isolates what the
+    hooks cost inside the real training step."""
+    model, optimizer = build_mutransfer(case)
+    strip_forward_hooks(model)
+    return model, optimizer
+
+
 BUILDERS: dict[str, Callable[[Case], tuple[nn.Module, torch.optim.Optimizer]]] = {
-    PLAIN: build_plain, MUTRANSFER: build_mutransfer, MUP: build_mup}
+    PLAIN: build_plain, MUTRANSFER: build_mutransfer, MUP: build_mup, NO_HOOKS: build_mutransfer_without_hooks}
 
 
 def short_reason(exc: BaseException) -> str:
@@ -259,7 +291,11 @@ def prepare(case: Case, names: list[str], compiled: bool, warmup: int) -> Setup:
 
 def time_round_robin(trainers: dict[str, Trainer], min_rounds: int, max_rounds: int,
                      budget_s: float) -> dict[str, list[float]]:
-    """Step every trainer once per round, rotating the order; returns seconds per step."""
+    """Step every trainer once per round, rotating the order; returns seconds per step.
+
+    Stops once `budget_s` is spent and `min_rounds` are done, and in any case (after 3 rounds)
+    at twice the budget, so that a slow or busy machine still finishes in bounded time.
+    """
     names = list(trainers)
     times: dict[str, list[float]] = {n: [] for n in names}
     start = time.perf_counter()
@@ -269,7 +305,8 @@ def time_round_robin(trainers: dict[str, Trainer], min_rounds: int, max_rounds: 
             t0 = time.perf_counter()
             trainers[name].step()
             times[name].append(time.perf_counter() - t0)
-        if r + 1 >= min_rounds and time.perf_counter() - start > budget_s:
+        elapsed = time.perf_counter() - start
+        if (r + 1 >= min_rounds and elapsed > budget_s) or (r + 1 >= 3 and elapsed > 2 * budget_s):
             break
     return times
 
@@ -281,16 +318,25 @@ def quantile(xs: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def summarize(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
-    """Median ms per build and, against plain, the median and quartiles of per-round ratios."""
-    out: dict[str, dict[str, float]] = {}
+def paired_ratios(ts: list[float], ref: list[float]) -> dict[str, float]:
+    """Median and quartiles of the per-round ratios ts[r] / ref[r]."""
+    ratios = [t / r for t, r in zip(ts, ref)]
+    return {"ratio": statistics.median(ratios), "ratio_q25": quantile(ratios, 0.25),
+            "ratio_q75": quantile(ratios, 0.75),
+            "ratio_of_medians": statistics.median(ts) / statistics.median(ref)}
+
+
+def summarize(times: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
+    """Median ms per build and its per-round ratios against plain (and, for mutransfer,
+    against mutransfer without hooks when that build ran)."""
+    out: dict[str, dict[str, Any]] = {}
     for name, ts in times.items():
-        entry = {"median_ms": 1e3 * statistics.median(ts), "min_ms": 1e3 * min(ts), "steps": len(ts)}
+        entry: dict[str, Any] = {"median_ms": 1e3 * statistics.median(ts), "min_ms": 1e3 * min(ts),
+                                 "steps": len(ts)}
         if name != PLAIN and PLAIN in times:
-            ratios = [t / p for t, p in zip(ts, times[PLAIN])]
-            entry.update(ratio=statistics.median(ratios), ratio_q25=quantile(ratios, 0.25),
-                         ratio_q75=quantile(ratios, 0.75),
-                         ratio_of_medians=statistics.median(ts) / statistics.median(times[PLAIN]))
+            entry.update(paired_ratios(ts, times[PLAIN]))
+        if name == MUTRANSFER and NO_HOOKS in times:
+            entry["vs_without_hooks"] = paired_ratios(ts, times[NO_HOOKS])
         out[name] = entry
     return out
 
@@ -298,19 +344,31 @@ def summarize(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
 # --------------------------------------------------------------------------- breakdown
 
 
-def per_call_us(fns: dict[str, Callable[[], Any]], calls: int, batches: int = 40) -> dict[str, float]:
-    """µs per call of each function: batches of `calls` calls, alternating between the functions;
-    the fastest batch of each is kept (the least disturbed by other load on the machine)."""
-    best = {name: math.inf for name in fns}
+def sample_us(fns: dict[str, Callable[[], Any]], calls: int, batches: int = 40,
+              max_s: float = 5.0) -> dict[str, list[float]]:
+    """µs per call of each function, one sample per batch of `calls` calls. Within a batch the
+    functions run back to back (order rotating), so paired differences cancel machine drift.
+    Stops early (after 5 batches) once `max_s` seconds are spent."""
+    names = list(fns)
+    samples: dict[str, list[float]] = {name: [] for name in names}
     for fn in fns.values():
         fn()
-    for _ in range(batches):
-        for name, fn in fns.items():
+    start = time.perf_counter()
+    for b in range(batches):
+        k = b % len(names)
+        for name in names[k:] + names[:k]:
             t0 = time.perf_counter()
             for _ in range(calls):
-                fn()
-            best[name] = min(best[name], (time.perf_counter() - t0) / calls)
-    return {name: 1e6 * t for name, t in best.items()}
+                fns[name]()
+            samples[name].append(1e6 * (time.perf_counter() - t0) / calls)
+        if b >= 4 and time.perf_counter() - start > max_s:
+            break
+    return samples
+
+
+def extra_us(samples: dict[str, list[float]], name: str, ref: str) -> float:
+    """Median over batches of the per-call difference name − ref."""
+    return statistics.median(a - b for a, b in zip(samples[name], samples[ref]))
 
 
 def count_hooks(model: nn.Module) -> dict[str, int]:
@@ -344,13 +402,22 @@ def readout_hook_pieces(model: nn.Module, x: torch.Tensor, calls: int) -> dict[s
         act = inputs[mname].clone().requires_grad_(True)
         bare, hooked = nn.Identity(), nn.Identity()
         hooked.register_forward_pre_hook(scale_input(c))
-        us = per_call_us({"bare": lambda: bare(act).sum().backward(),
-                          "hooked": lambda: hooked(act).sum().backward()}, calls)
-        pieces[f"{mname} pre-hook x·c (fwd+bwd)"] = {"us_per_call": us["hooked"] - us["bare"], "calls_per_step": 1}
+        us = sample_us({"bare": lambda: bare(act).sum().backward(),
+                        "hooked": lambda: hooked(act).sum().backward()}, calls)
+        pieces[f"{mname} pre-hook x·c (fwd+bwd)"] = {"us_per_call": extra_us(us, "hooked", "bare"),
+                                                     "calls_per_step": 1}
     return pieces
 
 
-def attention_pieces(model: nn.Module, x: torch.Tensor, calls: int) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+def head_count(module: nn.Module) -> int:
+    for attr in mt_attention._HEADS_ATTRS:
+        if isinstance(getattr(module, attr, None), int):
+            return getattr(module, attr)
+    return 1
+
+
+def attention_pieces(model: nn.Module, x: torch.Tensor,
+                     calls: int) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
     """Cost of the enter/leave hooks of SDPA attention modules (dispatch, on a trivial module) and
     of the SDPA wrapper, active and passing through, at the model's q/k/v shape."""
     sdpa = [a for a in model._mutransfer_spec.attention if a[1] == "sdpa"]
@@ -362,12 +429,11 @@ def attention_pieces(model: nn.Module, x: torch.Tensor, calls: int) -> tuple[dic
     hooked.register_forward_pre_hook(enter)
     hooked.register_forward_hook(leave, always_call=True)
     t = torch.zeros(1)
-    us = per_call_us({"bare": lambda: bare(t), "hooked": lambda: hooked(t)}, 20 * calls)
-    pieces = {"attention enter/leave hooks": {"us_per_call": us["hooked"] - us["bare"], "calls_per_step": len(sdpa)}}
+    us = sample_us({"bare": lambda: bare(t), "hooked": lambda: hooked(t)}, 20 * calls)
+    pieces = {"attention enter/leave hooks": {"us_per_call": extra_us(us, "hooked", "bare"),
+                                             "calls_per_step": len(sdpa)}}
 
-    n_head = next((getattr(m, a) for m in [model.get_submodule(sdpa[0][0])] for a in mt_attention._HEADS_ATTRS
-                   if isinstance(getattr(m, a, None), int)), 1)
-    q = torch.randn(x.shape[0], n_head, x.shape[1], d)
+    q = torch.randn(x.shape[0], head_count(model.get_submodule(sdpa[0][0])), x.shape[1], d)
     torch_sdpa, mup_sdpa = mt_attention._torch_sdpa, mt_attention._mup_sdpa
 
     def active() -> torch.Tensor:  # as inside a µP attention module (push/pop included)
@@ -377,23 +443,33 @@ def attention_pieces(model: nn.Module, x: torch.Tensor, calls: int) -> tuple[dic
         finally:
             mt_attention._ACTIVE.pop()
 
-    us = per_call_us({"torch": lambda: torch_sdpa(q, q, q, is_causal=True),
-                      "passthrough": lambda: mup_sdpa(q, q, q, is_causal=True), "active": active}, calls)
-    pieces["SDPA wrapper, active (µP module)"] = {"us_per_call": us["active"] - us["torch"], "calls_per_step": len(sdpa)}
-    return pieces, {"sdpa_wrapper_passthrough_us": us["passthrough"] - us["torch"], "sdpa_call_us": us["torch"]}
+    us = sample_us({"torch": lambda: torch_sdpa(q, q, q, is_causal=True),
+                    "passthrough": lambda: mup_sdpa(q, q, q, is_causal=True), "active": active}, calls)
+    pieces["SDPA wrapper, active (µP module)"] = {"us_per_call": extra_us(us, "active", "torch"),
+                                                  "calls_per_step": len(sdpa)}
+    return pieces, {"sdpa_wrapper_passthrough_us": extra_us(us, "passthrough", "torch"),
+                    "sdpa_call_us": statistics.median(us["torch"])}
 
 
-def optimizer_piece(case: Case, calls: int) -> dict[str, dict[str, float]]:
-    """optimizer.step() with mutransfer's param groups vs plain Adam's single group, same grads."""
-    steppers = {}
-    for name in (PLAIN, MUTRANSFER):
-        model, optimizer = BUILDERS[name](case)
-        x, y = case.make_batch()
-        case.loss_fn(model(x), y).backward()
-        steppers[name] = optimizer
-    us = per_call_us({name: opt.step for name, opt in steppers.items()}, max(2, calls // 5), batches=20)
-    groups = len(steppers[MUTRANSFER].param_groups)
-    return {f"optimizer.step, {groups} groups vs 1": {"us_per_call": us[MUTRANSFER] - us[PLAIN], "calls_per_step": 1}}
+def group_overhead_us(calls: int, n: int = 8) -> float:
+    """Fixed cost of one more param group in torch's Adam.step: `n` tiny parameters stepped
+    as one group vs as `n` groups. Tiny tensors leave only the per-group Python work, which is
+    what µP's split adds (the arithmetic per parameter is the same either way)."""
+    def adam(grouped: bool) -> torch.optim.Optimizer:
+        params = [torch.zeros(4, requires_grad=True) for _ in range(n)]
+        for p in params:
+            p.grad = torch.ones(4)
+        return torch.optim.Adam([{"params": [p]} for p in params] if grouped else params, lr=LR)
+
+    us = sample_us({"one group": adam(False).step, f"{n} groups": adam(True).step}, calls)
+    return extra_us(us, f"{n} groups", "one group") / (n - 1)
+
+
+def optimizer_piece(model: nn.Module, calls: int) -> dict[str, dict[str, float]]:
+    """Extra param groups of mutransfer's optimizer × the fixed cost of a group."""
+    extra_groups = len(mt.param_groups(model, LR, "adam")) - 1
+    return {f"optimizer: {extra_groups} extra param group(s)": {"us_per_call": group_overhead_us(10 * calls),
+                                                               "calls_per_step": extra_groups}}
 
 
 def overhead_breakdown(case: Case, plain_step_ms: float, calls: int) -> dict[str, Any]:
@@ -406,7 +482,7 @@ def overhead_breakdown(case: Case, plain_step_ms: float, calls: int) -> dict[str
     pieces = readout_hook_pieces(model, x, calls)
     attn, extra = attention_pieces(model, x, calls)
     pieces.update(attn)
-    pieces.update(optimizer_piece(case, calls))
+    pieces.update(optimizer_piece(model, calls))
     total_us = sum(p["us_per_call"] * p["calls_per_step"] for p in pieces.values())
     return {"hooks": count_hooks(model), "attention": [list(a) for a in spec.attention],
             "forward_multipliers": {k: list(v) for k, v in spec.forward_multipliers.items()},
@@ -429,20 +505,21 @@ def table_rows(results: list[dict[str, Any]]) -> list[list[str]]:
     rows = [["model", "mode", "plain ms", "mutransfer ms", "ratio", "mup ms", "mup ratio"]]
     for res in results:
         s = res["summary"]
-        mup_ms = fmt_ms(s.get(MUP)) if MUP in s else "n/a"
-        mup_ratio = fmt_ratio(s.get(MUP)) if MUP in s else "n/a"
         rows.append([res["model"], res["mode"], fmt_ms(s.get(PLAIN)), fmt_ms(s.get(MUTRANSFER)),
-                     fmt_ratio(s.get(MUTRANSFER)), mup_ms, mup_ratio])
+                     fmt_ratio(s.get(MUTRANSFER)), fmt_ms(s.get(MUP)), fmt_ratio(s.get(MUP))])
     return rows
 
 
 def print_table(rows: list[list[str]]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    line = lambda r: " | ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+
+    def line(row: list[str]) -> str:  # text columns left-aligned, numbers right-aligned
+        return " | ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+
     print(line(rows[0]))
     print("-+-".join("-" * w for w in widths))
-    for r in rows[1:]:
-        print(line(r))
+    for row in rows[1:]:
+        print(line(row))
 
 
 def print_failures(results: list[dict[str, Any]]) -> None:
@@ -457,8 +534,12 @@ def print_notes(results: list[dict[str, Any]]) -> None:
         tag = f"{res['model']} {res['mode']}"
         for name, entry in res["summary"].items():
             if "ratio" in entry:
-                print(f"  {tag:12s} {name:10s} quartiles {entry['ratio_q25']:.3f}–{entry['ratio_q75']:.3f}, "
-                      f"ratio of medians {entry['ratio_of_medians']:.3f}, {entry['steps']} steps")
+                print(f"  {tag:12s} {name:10s} ratio {entry['ratio']:.3f}, quartiles {entry['ratio_q25']:.3f}–"
+                      f"{entry['ratio_q75']:.3f}, ratio of medians {entry['ratio_of_medians']:.3f}, "
+                      f"{entry['steps']} steps")
+        for name, ok in res["loss_finite"].items():
+            if not ok:
+                print(f"  {tag:12s} {name:10s} WARNING: loss is not finite (timings of NaN arithmetic)")
         for name, g in res.get("graphs", {}).items():
             print(f"  {tag:12s} {name:10s} compiled: {g['new_graphs']} new graph(s), {g['graph_breaks']} "
                   f"graph break(s), output vs eager {g['max_rel_diff_vs_eager']:.0e}"
@@ -466,15 +547,24 @@ def print_notes(results: list[dict[str, Any]]) -> None:
 
 
 def print_breakdown(model: str, bd: dict[str, Any]) -> None:
-    print(f"\nWhat mutransfer changes in the eager {model} step, each piece timed in isolation:")
+    print(f"\nWhat mutransfer changes in the eager {model} step, each piece timed in isolation "
+          "(no allocator or cache effects of the real step):")
     print(f"  hooks installed: {bd['hooks']}; forward multipliers: {bd['forward_multipliers'] or 'none'}")
     for piece, p in bd["pieces_us"].items():
-        print(f"  {piece:36s} {p['us_per_call']:8.1f} µs × {p['calls_per_step']} per step")
+        print(f"  {piece:38s} {p['us_per_call']:8.1f} µs × {p['calls_per_step']} per step")
     if "sdpa_wrapper_passthrough_us" in bd:
-        print(f"  {'SDPA wrapper, pass-through':36s} {bd['sdpa_wrapper_passthrough_us']:8.1f} µs per SDPA call "
+        print(f"  {'SDPA wrapper, pass-through':38s} {bd['sdpa_wrapper_passthrough_us']:8.1f} µs per SDPA call "
               f"(plain models pay it too; one SDPA call ≈ {bd['sdpa_call_us']:.0f} µs)")
     print(f"  total ≈ {bd['total_us_per_step']:.0f} µs per step vs plain step {bd['plain_step_ms']:.2f} ms "
           f"→ expected ratio ≈ {bd['expected_ratio']:.4f}")
+    in_situ = bd.get("hooks_in_situ")
+    if in_situ:
+        print(f"  in the real step (round-robin with '{NO_HOOKS}'): mutransfer / without hooks = "
+              f"{in_situ['ratio']:.4f} (quartiles {in_situ['ratio_q25']:.3f}–{in_situ['ratio_q75']:.3f}) "
+              f"→ hooks ≈ {1e3 * (in_situ['ratio'] - 1) * bd['plain_step_ms']:.0f} µs per step")
+        if bd.get("without_hooks_vs_plain") is not None:
+            print(f"  yardstick: without hooks / plain = {bd['without_hooks_vs_plain']:.4f}, the same "
+                  "arithmetic per step: differences of that size are noise (memory placement, allocator)")
 
 
 # --------------------------------------------------------------------------- main
@@ -491,7 +581,7 @@ class Settings:
 
 
 DEFAULT = Settings(warmup=5, compile_warmup=5, min_rounds=50, max_rounds=1000, budget_s=35.0, breakdown_calls=50)
-QUICK = Settings(warmup=2, compile_warmup=3, min_rounds=5, max_rounds=200, budget_s=3.0, breakdown_calls=10)
+QUICK = Settings(warmup=2, compile_warmup=3, min_rounds=5, max_rounds=200, budget_s=2.0, breakdown_calls=10)
 
 
 def guard_module_hooks() -> None:
@@ -509,8 +599,10 @@ def run_case(case: Case, compiled: bool, names: list[str], st: Settings) -> dict
     print(f"[{case.name} {mode}] building and warming up {', '.join(names)} …", file=sys.stderr, flush=True)
     setup = prepare(case, names, compiled, st.compile_warmup if compiled else st.warmup)
     times = time_round_robin(setup.trainers, st.min_rounds, st.max_rounds, st.budget_s) if setup.trainers else {}
-    finite = {n: bool(torch.isfinite(t.last_loss).item()) for n, t in setup.trainers.items() if t.last_loss is not None}
+    finite = {n: bool(torch.isfinite(t.last_loss).item())
+              for n, t in setup.trainers.items() if t.last_loss is not None}
     return {"model": case.name, "description": case.description, "mode": mode, "summary": summarize(times),
+            "times_ms": {n: [round(1e3 * t, 4) for t in ts] for n, ts in times.items()},
             "failed": setup.failed, "warmup_s": setup.warmup_s, "graphs": setup.graphs, "loss_finite": finite}
 
 
@@ -532,11 +624,24 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def load_average() -> Optional[float]:
+def busy_cores(seconds: float = 1.0) -> Optional[float]:
+    """Cores kept busy by other processes over the next `seconds` (Linux /proc/stat), else the
+    1-minute load average; None when neither is available."""
+    def cpu_times() -> tuple[int, int]:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
+
     try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return None
+        total0, idle0 = cpu_times()
+        time.sleep(seconds)
+        total1, idle1 = cpu_times()
+        return (os.cpu_count() or 1) * (1.0 - (idle1 - idle0) / max(1, total1 - total0))
+    except (OSError, ValueError, IndexError):
+        try:
+            return os.getloadavg()[0]
+        except (AttributeError, OSError):
+            return None
 
 
 def mup_version() -> str:
@@ -555,27 +660,42 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return st
 
 
-def run_all(cases: list[Case], names: list[str], modes: list[bool], st: Settings
+def run_all(cases: list[Case], names: list[str], modes: list[bool], st: Settings, skipped: dict[str, str]
             ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-    """Every (case, mode) row, then the hook breakdown of each case's eager µP model."""
+    """Every (case, mode) row, then the breakdown of each case's eager µP step."""
     if True in modes:
         guard_module_hooks()
-    results = [run_case(case, compiled, names, st) for case in cases for compiled in modes]
+    results = []
+    for case in cases:
+        hooked = MUTRANSFER in names and sum(count_hooks(build_mutransfer(case)[0]).values()) > 0
+        for compiled in modes:
+            results.append(run_case(case, compiled, names + ([NO_HOOKS] if hooked and not compiled else []), st))
+    for res in results:
+        res["failed"].update(skipped)
     breakdowns = {}
     for case in cases:
         eager = next((r for r in results if r["model"] == case.name and r["mode"] == "eager"), None)
         if eager is not None and PLAIN in eager["summary"]:
-            breakdowns[case.name] = overhead_breakdown(case, eager["summary"][PLAIN]["median_ms"], st.breakdown_calls)
+            bd = overhead_breakdown(case, eager["summary"][PLAIN]["median_ms"], st.breakdown_calls)
+            bd["hooks_in_situ"] = eager["summary"].get(MUTRANSFER, {}).get("vs_without_hooks")
+            bd["without_hooks_vs_plain"] = eager["summary"].get(NO_HOOKS, {}).get("ratio")
+            breakdowns[case.name] = bd
     return results, breakdowns
 
 
 def print_report(cases: list[Case], results: list[dict[str, Any]], breakdowns: dict[str, dict[str, Any]],
                  meta: dict[str, Any]) -> None:
-    loads = "–".join(f"{x:.1f}" for x in (meta["load_start"], meta["load_end"]) if x is not None)
+    busy = meta["busy_cores_before"]
+    quick = ", quick" if meta["quick"] else ""
     print(f"\nµP training-step overhead — torch {meta['torch']}, {meta['threads']} threads on "
-          f"{meta['cores']} cores (load average {loads or 'n/a'}), mup {meta['mup']}{', quick' if meta['quick'] else ''}")
+          f"{meta['cores']} cores ({'n/a' if busy is None else f'{busy:.1f}'} busy before the run), "
+          f"mup {meta['mup']}{quick}")
     for case in cases:
         print(f"  {case.name}: {case.description}; µP base width {case.base_width}, delta {case.delta_width}")
+    if busy is not None and busy >= 0.5:
+        print(f"  WARNING: other processes kept {busy:.1f} cores busy before the run. Threads that lose their "
+              "core stall every parallel op, so step times (and ratios) are far noisier than usual; rerun "
+              "on a quiet machine, or with --threads 1.")
     print()
     print_table(table_rows(results))
     print_failures(results)
@@ -590,16 +710,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     st = settings_from(args)
     torch.set_num_threads(args.threads or usable_cores())
     names = [PLAIN, MUTRANSFER] + ([MUP] if mup is not None and not args.no_mup else [])
+    skipped = {} if MUP in names else {MUP: "mup is not installed" if mup is None else "skipped (--no-mup)"}
     modes = [False] if args.no_compile else [False, True]
     cases = [mlp_case(), gpt_case()]
 
     meta: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(),
                             "machine": platform.machine(), "cores": usable_cores(),
                             "threads": torch.get_num_threads(), "mup": mup_version(), "quick": args.quick,
-                            "settings": st.__dict__, "load_start": load_average()}
+                            "settings": st.__dict__, "busy_cores_before": busy_cores()}
     t_start = time.perf_counter()
-    results, breakdowns = run_all(cases, names, modes, st)
-    meta.update(load_end=load_average(), elapsed_s=time.perf_counter() - t_start)
+    results, breakdowns = run_all(cases, names, modes, st, skipped)
+    meta.update(elapsed_s=time.perf_counter() - t_start)
     print_report(cases, results, breakdowns, meta)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
