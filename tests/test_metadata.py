@@ -68,3 +68,43 @@ def test_attention_hooks_do_not_break_the_compiled_graph():
     m = build(GPT, 128, 32)
     explanation = dynamo.explain(m)(torch.randint(0, 256, (2, 16)))
     assert explanation.graph_break_count == 0
+
+
+@pytest.mark.slow
+def test_compiling_a_plain_model_first_does_not_drop_mup_multipliers():
+    """Dynamo does not guard on forward hooks: µP must not depend on them (tied readout, SDPA)."""
+    import torch._dynamo as dynamo
+
+    dynamo.reset()
+    x = torch.randint(0, 256, (2, 16))
+    build(GPT, 64, 32)  # mutransfer's global state (the SDPA wrapper) exists before anything compiles
+    torch.manual_seed(0)
+    plain = GPT(128)
+    torch.compile(plain)(x)  # a plain instance of the same classes compiled first
+    m = build(GPT, 128, 32)
+    eager = m(x)
+    assert torch.allclose(torch.compile(m)(x), eager, atol=1e-5, rtol=1e-5)
+
+
+def test_pickled_mup_model_loads_with_its_multipliers(tmp_path):
+    import io
+    m = build(GPT, 128, 32)
+    x = torch.randint(0, 256, (2, 16))
+    buf = io.BytesIO()
+    torch.save(m, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert torch.equal(loaded(x), m(x))
+    assert _groups(loaded) == _groups(m)
+
+
+def test_mup_classes_rebuild_in_a_fresh_process(tmp_path):
+    import subprocess
+    import sys
+    path = tmp_path / "model.pt"
+    m = build(GPT, 128, 32)
+    torch.save(m, path)
+    code = ("import torch; m = torch.load(r'%s', weights_only=False); "
+            "print(type(m.lm_head).__name__, m.lm_head._mutransfer_input_mult)" % path)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["MuScaledLinear", str(1 / 4)]

@@ -5,9 +5,10 @@ Three paths, all found without editing the model:
 1. ``nn.MultiheadAttention`` modules are switched to `MuMultiheadAttention` (same state_dict,
    same arguments), which passes the µP scale to ``scaled_dot_product_attention``.
 2. Modules whose ``forward`` calls ``torch.nn.functional.scaled_dot_product_attention``
-   (found by reading the forward's source) get a pre/post forward hook that makes the SDPA
-   call inside them use the µP scale. mutransfer wraps ``F.scaled_dot_product_attention``
-   once; outside a µP attention module the wrapper calls PyTorch unchanged.
+   (found by reading the forward's source) are switched to a subclass (see
+   `scaled_forward`) whose forward makes the SDPA calls inside it use the µP scale.
+   mutransfer wraps ``F.scaled_dot_product_attention`` once; outside a µP attention module
+   the wrapper calls PyTorch unchanged.
 3. Modules that keep their logit scale in a float attribute ``scaling`` (every Hugging Face
    attention module does, and passes it to whichever attention kernel is configured) get
    that attribute multiplied by α·√(d₀/d): no hook, no overhead.
@@ -116,21 +117,6 @@ def _mup_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
 def _install_sdpa_wrapper() -> None:
     if F.scaled_dot_product_attention is not _mup_sdpa:
         F.scaled_dot_product_attention = _mup_sdpa
-
-
-class _EnterAttention:
-    """Forward pre-hook: make SDPA calls inside this module use the µP scale."""
-
-    def __init__(self, alpha: float, d0: int):
-        self.alpha, self.d0 = alpha, d0
-
-    def __call__(self, module, args):
-        _ACTIVE.append((self.alpha, self.d0))
-
-
-class _LeaveAttention:
-    def __call__(self, module, args, output):
-        _ACTIVE.pop()
 
 
 # --------------------------------------------------------------------------- nn.MultiheadAttention
@@ -260,7 +246,6 @@ def install(found: Plan, alpha: float) -> list[tuple[str, str, int, Optional[int
         elif kind == "scaling":
             module.scaling = module.scaling * float(alpha) * math.sqrt(d0 / head_dim_of(module))
         elif kind == "sdpa":
-            _install_sdpa_wrapper()
-            module.register_forward_pre_hook(_EnterAttention(float(alpha), d0))
-            module.register_forward_hook(_LeaveAttention(), always_call=True)
+            from . import scaled_forward  # imports this module
+            scaled_forward.install(module, sdpa=True)
     return [(cname, kind, d0, d) for _, cname, kind, d0, d in found]

@@ -2,8 +2,8 @@
 
 What it changes: the values of the model's initial parameters (rescaled by µP's init
 factors relative to the base model), the attention logit scale (see `attention`), and —
-only where the formulation needs it or a tunable multiplier is not 1 — a forward hook on
-the readout or input layers. It records a `MuSpec` on the model for `param_groups`.
+only where the formulation needs it or a tunable multiplier is not 1 — the class of the
+readout or input layers, to a subclass that applies the multiplier (see `scaled_forward`). It records a `MuSpec` on the model for `param_groups`.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from . import attention as attn
+from . import scaled_forward
 from .roles import ParamInfo, classify
 from .rules import Multipliers, factor, formulation_rules
 from .shapes import WidthShapes, canonical_name
@@ -23,26 +24,6 @@ from .spec import SPEC_ATTR, MuSpec, find_spec
 BaseShapes = Union[str, os.PathLike, WidthShapes, Mapping]
 _QUERY_MODULE_NAMES = ("q_proj", "query", "to_q", "wq", "q", "w_q", "q_lin", "query_proj")
 _FUSED_QKV_NAMES = ("qkv", "c_attn", "wqkv", "qkv_proj", "to_qkv", "in_proj", "query_key_value")
-
-
-class _ScaleInput:
-    """Forward pre-hook: multiply the module's first input by a constant (readout multiplier)."""
-
-    def __init__(self, c: float):
-        self.c = c
-
-    def __call__(self, module, args):
-        return (args[0] * self.c,) + tuple(args[1:])
-
-
-class _ScaleOutput:
-    """Forward hook: multiply the module's output by a constant (embedding multiplier)."""
-
-    def __init__(self, c: float):
-        self.c = c
-
-    def __call__(self, module, args, output):
-        return output * self.c
 
 
 def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optional[nn.Module] = None, *,
@@ -98,7 +79,7 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
     params = {canonical_name(n): p for n, p in model.named_parameters()}
     zeroing = _readout_zeroing(model, infos, params) if zero_init_readout else []
     zeroing += _query_zeroing(model, zero_init_query) if zero_init_query else []
-    hooks = _forward_multipliers(infos, rules, mults)
+    multipliers = _forward_multipliers(infos, rules, mults)
 
     # Everything is checked: from here on the model changes.
     base_values = None
@@ -116,8 +97,8 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
         for what, tensor in zeroing:
             tensor.zero_()
     spec.zero_init = [what for what, _ in zeroing]
-    _install_hooks(model, hooks)
-    spec.forward_multipliers = {m: (kind, c) for m, kind, c in hooks}
+    _install_multipliers(model, multipliers)
+    spec.forward_multipliers = {m: (kind, c) for m, kind, c in multipliers}
     spec.attention = attn.install(attention_plan, float(attn_mult))
     setattr(model, SPEC_ATTR, spec)
     return model
@@ -237,13 +218,13 @@ def _query_zeroing(model: nn.Module, which) -> Zeroing:
     return found
 
 
-Hooks = list[tuple[str, str, float]]  # (module name, "input ×" | "output ×", constant)
+Multiplied = list[tuple[str, str, float]]  # (module name, "input ×" | "output ×", constant)
 
 
-def _forward_multipliers(infos: dict[str, ParamInfo], rules, mults: Multipliers) -> Hooks:
+def _forward_multipliers(infos: dict[str, ParamInfo], rules, mults: Multipliers) -> Multiplied:
     """Which modules need a forward multiplier, and its value (none in Table 3 at α = 1)."""
     readout_rule = formulation_rules("table8")["output"]
-    hooks: Hooks = []
+    found: Multiplied = []
     for name, info in infos.items():
         if info.role == "output":
             c = mults.output * factor(rules["output"].forward, info.m_in, info.m_out)
@@ -254,7 +235,7 @@ def _forward_multipliers(infos: dict[str, ParamInfo], rules, mults: Multipliers)
             c = mults.output * factor(readout_rule.forward, info.m_out, 1.0)
             readouts, needs_module = info.tied_readouts, True
         elif info.role == "input" and mults.embedding != 1.0 and info.layout is not None:
-            hooks += [(m, "output ×", mults.embedding) for m, local in info.usages if local == "weight"]
+            found += [(m, "output ×", mults.embedding) for m, local in info.usages if local == "weight"]
             continue
         else:
             continue
@@ -264,14 +245,14 @@ def _forward_multipliers(infos: dict[str, ParamInfo], rules, mults: Multipliers)
             raise ValueError(f"'{name}' is a readout held as a raw parameter, so its forward multiplier "
                              f"({c:.4g}) cannot be installed; make the readout an nn.Linear, or use "
                              "formulation='table3' with output_mult=1")
-        hooks += [(m, "input ×", c) for m in readouts]
-    return hooks
+        found += [(m, "input ×", c) for m in readouts]
+    return found
 
 
-def _install_hooks(model: nn.Module, hooks: Hooks) -> None:
-    for mname, kind, c in hooks:
+def _install_multipliers(model: nn.Module, multipliers: Multiplied) -> None:
+    for mname, kind, c in multipliers:
         module = _module(model, mname)
         if kind == "input ×":
-            module.register_forward_pre_hook(_ScaleInput(c))
+            scaled_forward.install(module, input_mult=c)
         else:
-            module.register_forward_hook(_ScaleOutput(c))
+            scaled_forward.install(module, output_mult=c)

@@ -1,0 +1,104 @@
+"""Forward multipliers installed by switching a module's class, not by hooks.
+
+µP sometimes needs a constant inside the forward pass: the readout multiplier of Table 8
+(always for a readout tied to the embedding), α_output, α_embedding, and the µP attention
+scale for modules that call ``scaled_dot_product_attention``. Forward hooks would do, but
+torch.compile does not guard on a module's hooks: once a plain instance of a class has been
+compiled, a µP instance of the same class reuses that graph and its hooks are silently
+dropped. A different class is guarded on, so each such module is switched in place to a
+subclass of its own class (``MuScaled<Name>``) whose forward applies the constants, which are
+plain float attributes of the module. Parameters, buffers, state_dict keys and
+``isinstance`` checks are unchanged; the subclasses pickle by reference to their parent.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Optional
+
+import torch
+from torch import nn
+
+from . import attention as _attention
+
+INPUT_ATTR = "_mutransfer_input_mult"
+OUTPUT_ATTR = "_mutransfer_output_mult"
+SDPA_ATTR = "_mutransfer_sdpa"
+_PREFIX = "MuScaled_"
+_CLASSES: dict[type, type] = {}
+
+
+def _key(cls: type) -> str:
+    path = f"{cls.__module__}:{cls.__qualname__}".encode()
+    return f"{_PREFIX}{cls.__name__}_{path.hex()}"
+
+
+def _make(parent: type) -> type:
+    parent_forward = parent.forward
+
+    def forward(self, *args, **kwargs):
+        c_in = self.__dict__.get(INPUT_ATTR, 1.0)
+        if c_in != 1.0:
+            if args:
+                args = (args[0] * c_in,) + tuple(args[1:])
+            else:  # input passed by keyword: scale the first tensor argument
+                first = next(k for k, v in kwargs.items() if isinstance(v, torch.Tensor))
+                kwargs = {**kwargs, first: kwargs[first] * c_in}
+        if self.__dict__.get(SDPA_ATTR, False):
+            _attention._ACTIVE.append(self._mutransfer_attn)
+            try:
+                out = parent_forward(self, *args, **kwargs)
+            finally:
+                _attention._ACTIVE.pop()
+        else:
+            out = parent_forward(self, *args, **kwargs)
+        c_out = self.__dict__.get(OUTPUT_ATTR, 1.0)
+        if c_out != 1.0:
+            out = out * c_out
+        return out
+
+    key = _key(parent)
+    cls = type(f"MuScaled{parent.__name__}", (parent,), {
+        "forward": forward,
+        "_mutransfer_parent": parent,
+        "__module__": __name__,
+        "__qualname__": key,
+        "__doc__": f"{parent.__name__} with µP's forward multipliers (see mutransfer.scaled_forward).",
+    })
+    globals()[key] = cls
+    return cls
+
+
+def scaled_class(parent: type) -> type:
+    """The (cached) µP subclass of an nn.Module class."""
+    if "_mutransfer_parent" in parent.__dict__:
+        return parent
+    if parent not in _CLASSES:
+        _CLASSES[parent] = _make(parent)
+    return _CLASSES[parent]
+
+
+def install(module: nn.Module, *, input_mult: Optional[float] = None, output_mult: Optional[float] = None,
+            sdpa: bool = False) -> None:
+    """Give `module` forward multipliers (input ×, output ×) and/or the µP SDPA scale."""
+    module.__class__ = scaled_class(type(module))
+    if input_mult is not None:
+        setattr(module, INPUT_ATTR, float(input_mult) * module.__dict__.get(INPUT_ATTR, 1.0))
+    if output_mult is not None:
+        setattr(module, OUTPUT_ATTR, float(output_mult) * module.__dict__.get(OUTPUT_ATTR, 1.0))
+    if sdpa:
+        _attention._install_sdpa_wrapper()
+        setattr(module, SDPA_ATTR, True)
+
+
+def __getattr__(name: str) -> type:
+    """Rebuild a MuScaled class on unpickling in a process that has not created it yet."""
+    if not name.startswith(_PREFIX):
+        raise AttributeError(name)
+    try:
+        module_name, qualname = bytes.fromhex(name.rsplit("_", 1)[1]).decode().split(":", 1)
+        parent = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            parent = getattr(parent, part)
+    except (ValueError, ImportError, AttributeError) as e:
+        raise AttributeError(f"cannot rebuild µP class {name}: {e}") from None
+    return scaled_class(parent)
