@@ -1,6 +1,8 @@
 """mutransfer: the Maximal Update Parametrization (µP) and µTransfer for PyTorch."""
 from . import optim, rules
-from .attention import attn_scale
+from .attention import attn_logits, attn_scale
+from .coord import coord_check
+from .coord_report import CoordCheckResult
 from .describe import describe
 from .optim import param_groups
 from .parametrize import parametrize
@@ -8,5 +10,5 @@ from .shapes import WidthShapes, load_shapes, save_shapes
 from .spec import MuSpec
 
 __version__ = "0.1.0"
-__all__ = ["parametrize", "param_groups", "describe", "attn_scale", "save_shapes", "load_shapes",
+__all__ = ["parametrize", "coord_check", "CoordCheckResult", "param_groups", "describe", "attn_scale", "attn_logits", "save_shapes", "load_shapes",
            "WidthShapes", "MuSpec", "optim", "rules", "__version__"]

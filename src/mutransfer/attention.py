@@ -15,6 +15,8 @@ Three paths, all found without editing the model:
 4. Hand-written attention calls the helper ``mt.attn_scale(self, head_dim)`` in place of
    ``1 / math.sqrt(head_dim)``; it returns the µP scale on a parametrized module and
    ``1/√head_dim`` otherwise, so the same model code runs in both parametrizations.
+   ``mt.attn_logits(self, q, k)`` computes the scaled logits with it, and lets the
+   coordinate check record them.
 
 The base head dim d₀ is read from the base model's attention modules: an attribute
 ``head_dim``/``d_head``/``head_size``, or an embedding size (``embed_dim``, ``n_embd``,
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -58,7 +60,7 @@ def attention_kind(module: nn.Module) -> Optional[str]:
         return None
     if "scaled_dot_product_attention" in source:
         return "sdpa"
-    if f"{_HELPER_NAME}(" in source:
+    if f"{_HELPER_NAME}(" in source or "attn_logits(" in source:
         return "helper"
     return None
 
@@ -98,10 +100,24 @@ def attn_scale(module: nn.Module, head_dim: int) -> float:
     return alpha * math.sqrt(d0) / head_dim
 
 
+def attn_logits(module: nn.Module, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """q·kᵀ × `attn_scale(module, head_dim)` for hand-written attention (q, k: (…, seq, head_dim)).
+
+    Same as computing the logits with `attn_scale` by hand, but the coordinate check sees
+    (and records) logits computed this way.
+    """
+    scale = attn_scale(module, q.shape[-1])
+    if LOGIT_RECORDER is not None:
+        LOGIT_RECORDER(q, k, scale, False)
+    return (q @ k.transpose(-2, -1)) * scale
+
+
 # --------------------------------------------------------------------------- SDPA path
 
 _ACTIVE: list[tuple[float, int]] = []  # (α, d₀) of the µP attention modules being run
 _torch_sdpa = F.scaled_dot_product_attention
+# Set by the coordinate check while it measures: called with (query, key, scale, is_causal).
+LOGIT_RECORDER: Optional[Callable[[torch.Tensor, torch.Tensor, float, bool], None]] = None
 
 
 def _mup_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
@@ -110,6 +126,8 @@ def _mup_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         d = query.shape[-1]
         user = scale if scale is not None else 1.0 / math.sqrt(d)
         scale = user * alpha * math.sqrt(d0 / d)
+    if LOGIT_RECORDER is not None:
+        LOGIT_RECORDER(query, key, scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]), is_causal)
     return _torch_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                        is_causal=is_causal, scale=scale, **kwargs)
 

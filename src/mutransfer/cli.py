@@ -1,0 +1,208 @@
+"""The `mutransfer` command. Exit codes: 0 success/pass, 1 check failed, 2 bad arguments."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """Bad command-line input: printed without a traceback, exit code 2."""
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)  # exits with 2 on unknown flags
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return args.run(args)
+    except UsageError as e:
+        print(f"mutransfer {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mutransfer", description="µP and µTransfer for PyTorch")
+    sub = p.add_subparsers(dest="command")
+    c = sub.add_parser("coord-check", help="coordinate check with a pass/fail verdict and a plot",
+                       description="Train a few steps at several widths and check that no activation grows "
+                                   "with width. Exit 0 on PASS, 1 on FAIL, 2 on bad arguments.")
+    c.add_argument("factory", nargs="?", help="module:function (or path/to/file.py:function) returning the "
+                                              "model at a given width")
+    c.add_argument("--recipe", help="built-in model instead of a factory: mlp, cnn or gpt")
+    c.add_argument("--data", help="module:function returning a list of (inputs, targets) batches "
+                                  "(default for a factory: its module's coord_check_data())")
+    c.add_argument("--widths", help="comma-separated widths (default: the recipe's; 64,128,256,512,1024)")
+    c.add_argument("--base-width", type=int, help="µP base width (default: the smallest width)")
+    c.add_argument("--optimizer", default="adam", help="sgd, adam or adamw (default adam)")
+    c.add_argument("--lr", type=float, help="base learning rate (default: the recipe's for the optimizer)")
+    c.add_argument("--steps", type=int, default=4)
+    c.add_argument("--seeds", type=int, default=3)
+    c.add_argument("--parametrization", choices=("mup", "sp"), default="mup")
+    c.add_argument("--max-growth", type=float, default=1.5, help="allowed growth per 16× width (default 1.5)")
+    c.add_argument("--out", default="coord-check", help="directory for the plot, CSV and JSON (default ./coord-check)")
+    c.add_argument("--no-progress", action="store_true")
+    c.set_defaults(run=_coord_check)
+    return p
+
+
+# --------------------------------------------------------------------------- coord-check
+
+
+def _coord_check(args) -> int:
+    import torch
+
+    import mutransfer as mt
+    from .recipes import get_recipe
+    from .rules import optimizer_family
+    from .spec import find_spec
+
+    if (args.factory is None) == (args.recipe is None):
+        raise UsageError("give either a factory (module:function) or --recipe mlp|cnn|gpt")
+    try:
+        family = optimizer_family(args.optimizer)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    for name in ("steps", "seeds"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be at least 1")
+    if not args.max_growth > 1:
+        raise UsageError("--max-growth must be greater than 1")
+
+    if args.recipe is not None:
+        try:
+            recipe = get_recipe(args.recipe)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        build, default_widths, default_lr = recipe.build, list(recipe.widths), recipe.coord_lr.get(family)
+        data = recipe.data() if args.data is None else _load_data(args.data)
+        label = f"recipe {recipe.name}"
+    else:
+        build = _load_callable(args.factory, "factory")
+        default_widths, default_lr = [64, 128, 256, 512, 1024], None
+        data = _load_data(args.data) if args.data else _data_next_to(args.factory)
+        label = args.factory
+    widths = _parse_widths(args.widths) if args.widths else default_widths
+    lr = args.lr if args.lr is not None else default_lr
+    if lr is None:
+        raise UsageError("--lr is required with a factory (try 1e-2 for adam, 0.1 for sgd)")
+    if lr <= 0:
+        raise UsageError("--lr must be positive")
+    base_width = args.base_width or min(widths)
+    if base_width <= 0:
+        raise UsageError("--base-width must be positive")
+
+    def make_model(width: int) -> torch.nn.Module:
+        model = build(width)
+        if not isinstance(model, torch.nn.Module):
+            raise UsageError(f"{label} returned {type(model).__name__} for width {width}, not an nn.Module")
+        if find_spec(model) is not None:
+            if args.parametrization == "sp":
+                raise UsageError(f"{label} returns a model already in µP; --parametrization sp needs a plain model")
+            return model
+        if args.parametrization == "mup":
+            mt.parametrize(model, base=build(base_width), delta=build(2 * base_width))
+        return model
+
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--out {out}: cannot create the directory ({e.strerror})") from None
+    print(f"coordinate check: {label}, {args.parametrization}, {args.optimizer} lr={lr:g}, "
+          f"widths {','.join(map(str, widths))}, {args.steps} steps × {args.seeds} seeds", file=sys.stderr)
+    try:
+        result = mt.coord_check(make_model, widths, data, optimizer=args.optimizer, lr=lr, steps=args.steps,
+                                seeds=args.seeds, max_growth=args.max_growth, progress=not args.no_progress)
+    except (ValueError, TypeError) as e:
+        raise UsageError(str(e)) from None
+    result.to_csv(out / "coord_check.csv")
+    result.to_json(out / "coord_check.json")
+    plot = out / "coord_check.png"
+    try:
+        result.plot(plot)
+    except ImportError as e:
+        plot = None
+        print(f"(no plot: {e})", file=sys.stderr)
+    print(result)
+    print(f"wrote {out / 'coord_check.csv'}, {out / 'coord_check.json'}" + (f", {plot}" if plot else ""))
+    return EXIT_PASS if result.passed else EXIT_FAIL
+
+
+def _parse_widths(text: str) -> list[int]:
+    try:
+        widths = [int(w) for w in text.replace(" ", "").split(",") if w]
+    except ValueError:
+        raise UsageError(f"--widths must be comma-separated integers, got '{text}'") from None
+    if len(set(widths)) < 2 or any(w <= 0 for w in widths):
+        raise UsageError(f"--widths needs at least two different positive widths, got '{text}'")
+    return sorted(set(widths))
+
+
+def _load_module(spec: str, what: str):
+    """Import `spec`'s module part: a dotted module name or a path to a .py file."""
+    module_part = spec.rsplit(":", 1)[0]
+    if module_part.endswith(".py") or os.sep in module_part:
+        path = Path(module_part)
+        if not path.is_file():
+            raise UsageError(f"{what} '{spec}': file {path} not found")
+        mod_spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.path.insert(0, str(path.parent.resolve()))
+        try:
+            mod_spec.loader.exec_module(module)
+        finally:
+            sys.path.pop(0)
+        return module
+    sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(module_part)
+    except ImportError as e:
+        raise UsageError(f"{what} '{spec}': cannot import {module_part} ({e})") from None
+    finally:
+        sys.path.pop(0)
+
+
+def _load_callable(spec: str, what: str) -> Callable:
+    if ":" not in spec:
+        raise UsageError(f"{what} must look like module:function or path/to/file.py:function, got '{spec}'")
+    module = _load_module(spec, what)
+    name = spec.rsplit(":", 1)[1]
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise UsageError(f"{what} '{spec}': {module.__name__} has no function '{name}'")
+    return fn
+
+
+def _load_data(spec: str) -> list:
+    return _call_data(_load_callable(spec, "--data"), spec)
+
+
+def _data_next_to(factory: str) -> list:
+    module = _load_module(factory, "factory")
+    fn = getattr(module, "coord_check_data", None)
+    if not callable(fn):
+        raise UsageError(f"no data for {factory}: pass --data module:function, or define coord_check_data() "
+                         f"returning a list of (inputs, targets) batches in {module.__name__}")
+    return _call_data(fn, f"{module.__name__}.coord_check_data")
+
+
+def _call_data(fn: Callable, label: str) -> list:
+    data = fn()
+    if isinstance(data, tuple) and len(data) == 2:
+        data = [data]
+    if not isinstance(data, list) or not data:
+        raise UsageError(f"{label} must return a non-empty list of (inputs, targets) batches")
+    return data
+
+
+if __name__ == "__main__":
+    sys.exit(main())

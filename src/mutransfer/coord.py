@@ -1,0 +1,331 @@
+"""The coordinate check (TP5 appendix D.1): train a few steps at several widths and measure.
+
+For every module of the model (its output, through forward hooks) and every attention module
+the library can see, it records at each step the mean absolute coordinate of the activation
+(``size``) and of its change since initialization (``change``), on a fixed measurement batch
+(the first batch of ``data``). In µP both stay Θ(1) as width grows; a layer whose numbers grow
+with width is mis-parametrized. `CoordCheckResult` turns that into a verdict.
+
+Attention logits are recorded for modules that call ``F.scaled_dot_product_attention``
+(looked up at call time, as ``F.scaled_dot_product_attention`` or
+``torch.nn.functional.scaled_dot_product_attention``; Hugging Face's SDPA path does), for
+``nn.MultiheadAttention`` (recomputed from its inputs), and for hand-written attention that
+uses ``mt.attn_logits``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import attention as attn
+from .coord_report import ATTN_SUFFIX, CoordCheckResult, Record
+from .optim import param_groups
+from .progress import Progress
+from .rules import optimizer_family
+from .spec import find_spec
+
+MODEL_OUTPUT = "(model output)"
+LossFn = Callable[[Any, Any], torch.Tensor]
+
+
+def coord_check(make_model: Callable[[int], nn.Module], widths: Sequence[int], data: Sequence[tuple[Any, Any]],
+                optimizer: str = "sgd", lr: float = 0.1, steps: int = 4, seeds: int = 3,
+                loss_fn: Optional[LossFn] = None, *, max_growth: float = 1.5, weight_decay: float = 0.0,
+                progress: bool = True) -> CoordCheckResult:
+    """Train `make_model(width)` for `steps` steps at each width and seed; return the verdict.
+
+    Args:
+        make_model: width → a ready model: parametrized by the user (µP; its optimizer groups
+            come from `param_groups`) or plain (standard parametrization; one lr for all).
+        widths: at least two widths; 16× between the smallest and largest is typical.
+        data: a list of ``(inputs, targets)`` batches; step t trains on batch t mod len(data),
+            measurements use the first. Inputs may be a tensor, a tuple (positional
+            arguments) or a dict (keyword arguments).
+        optimizer: "sgd", "adam" or "adamw"; `lr` is the base learning rate.
+        loss_fn: ``loss_fn(output, targets)``. By default: the output's ``.loss`` or
+            ``["loss"]`` if it has one, else cross-entropy for integer targets and mean
+            squared error for float targets, on the output's logits (the output itself, its
+            ``.logits``/``["logits"]``, or the first element of a tuple).
+        max_growth: allowed growth of any recorded quantity per 16× width (1.5: slope of
+            log(size) against log(width) at most log 1.5 / log 16 ≈ 0.146).
+        progress: draw a progress bar on stderr.
+    """
+    widths = _check_widths(widths)
+    data = _check_data(data)
+    if not callable(make_model):
+        raise TypeError(f"make_model must be a function of width returning a model, got {type(make_model).__name__}")
+    family = optimizer_family(optimizer)
+    if not isinstance(lr, (int, float)) or not lr > 0:
+        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    for name, v in (("steps", steps), ("seeds", seeds)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if not max_growth > 1.0:
+        raise ValueError(f"max_growth must be > 1 (allowed growth per 16× width), got {max_growth!r}")
+
+    records: list[Record] = []
+    parametrizations = set()
+    diverged: list[tuple[int, int, int]] = []
+    bar = Progress(len(widths) * seeds, "coord-check", enabled=progress)
+    for width in widths:
+        for seed in range(seeds):
+            bar.update(f"width {width}, seed {seed}")
+            torch.manual_seed(seed)
+            model = make_model(width)
+            if not isinstance(model, nn.Module):
+                raise TypeError(f"make_model({width}) returned {type(model).__name__}, not an nn.Module")
+            is_mup = find_spec(model) is not None
+            parametrizations.add("µP" if is_mup else "SP")
+            run_records, bad_step = _run(model, data, optimizer, family, lr, weight_decay, steps, loss_fn, is_mup)
+            records += [Record(m, q, t, width, seed, v) for (m, q, t), v in run_records.items()]
+            if bad_step is not None:
+                diverged.append((width, seed, bad_step))
+            bar.advance()
+    bar.close()
+    return CoordCheckResult(records, widths=list(widths), steps=steps, seeds=seeds, optimizer=optimizer, lr=float(lr),
+                            max_growth=max_growth, parametrization="/".join(sorted(parametrizations)),
+                            diverged=diverged)
+
+
+# --------------------------------------------------------------------------- one run
+
+
+def _run(model: nn.Module, data, optimizer: str, family: str, lr: float, weight_decay: float, steps: int,
+         loss_fn: Optional[LossFn], is_mup: bool) -> tuple[dict[tuple[str, str, int], float], Optional[int]]:
+    model.train()
+    opt = _make_optimizer(model, optimizer, family, lr, weight_decay, is_mup)
+    probe = _Probe(model)
+    out: dict[tuple[str, str, int], float] = {}
+    measure_inputs = data[0][0]
+    initial = probe.measure(measure_inputs)
+    for name, h in initial.items():
+        out[(name, "size", 0)] = _mean_abs(h)
+    bad_step = None
+    for t in range(1, steps + 1):
+        inputs, targets = data[(t - 1) % len(data)]
+        loss = _loss(model(*_args(inputs), **_kwargs(inputs)), targets, loss_fn)
+        if not torch.isfinite(loss.detach()).all():
+            bad_step = t
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        current = probe.measure(measure_inputs)
+        for name, h in current.items():
+            out[(name, "size", t)] = _mean_abs(h)
+            h0 = initial.get(name)
+            if h0 is not None and h0.shape == h.shape:
+                out[(name, "change", t)] = _mean_abs(h - h0)
+    probe.close()
+    return out, bad_step
+
+
+def _make_optimizer(model, optimizer, family, lr, weight_decay, is_mup) -> torch.optim.Optimizer:
+    groups = (param_groups(model, lr, optimizer, weight_decay=weight_decay) if is_mup
+              else [{"params": [p for p in model.parameters() if p.requires_grad]}])
+    if family == "sgd":
+        return torch.optim.SGD(groups, lr=lr, weight_decay=weight_decay)
+    cls = torch.optim.AdamW if optimizer.lower() == "adamw" else torch.optim.Adam
+    return cls(groups, lr=lr, weight_decay=weight_decay)
+
+
+def _args(inputs) -> tuple:
+    if isinstance(inputs, dict):
+        return ()
+    return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+
+def _kwargs(inputs) -> dict:
+    return dict(inputs) if isinstance(inputs, dict) else {}
+
+
+def _logits(output) -> torch.Tensor:
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, dict) and "logits" in output:
+        return output["logits"]
+    if isinstance(getattr(output, "logits", None), torch.Tensor):
+        return output.logits
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    raise TypeError(f"cannot find logits in the model's output ({type(output).__name__}); pass loss_fn=")
+
+
+def _loss(output, targets, loss_fn: Optional[LossFn]) -> torch.Tensor:
+    if loss_fn is not None:
+        loss = loss_fn(output, targets)
+    elif isinstance(getattr(output, "loss", None), torch.Tensor):
+        loss = output.loss
+    elif isinstance(output, dict) and isinstance(output.get("loss"), torch.Tensor):
+        loss = output["loss"]
+    else:
+        logits = _logits(output)
+        if targets is None:
+            raise ValueError("data has no targets and the model's output has no .loss; pass targets or loss_fn=")
+        if not targets.is_floating_point():
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+        else:
+            loss = F.mse_loss(logits.float(), targets.float())
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise TypeError("the loss must be a scalar tensor")
+    return loss.reshape(())
+
+
+def _mean_abs(t: torch.Tensor) -> float:
+    return float(t.abs().mean()) if t.numel() else 0.0
+
+
+def _first_float(output) -> Optional[torch.Tensor]:
+    """The tensor of a module's output that the check follows."""
+    if isinstance(output, torch.Tensor):
+        return output if output.is_floating_point() else None
+    if isinstance(output, dict) or hasattr(output, "keys"):
+        for key in ("logits", "last_hidden_state"):
+            v = output.get(key) if hasattr(output, "get") else None
+            if isinstance(v, torch.Tensor):
+                return v if v.is_floating_point() else None
+        values = list(output.values())
+    elif isinstance(output, (tuple, list)):
+        values = list(output)
+    else:
+        return None
+    return next((v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()), None)
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+class _Probe:
+    """Forward hooks on every module, attention logit recording, run on demand."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.active = False
+        self.captured: dict[str, torch.Tensor] = {}
+        self.stack: list[tuple[str, nn.Module]] = []
+        self.handles = []
+        for name, module in model.named_modules():
+            label = name or MODEL_OUTPUT
+            self.handles.append(module.register_forward_pre_hook(self._enter(label, module)))
+            self.handles.append(module.register_forward_hook(self._leave(label), always_call=True))
+            if isinstance(module, nn.MultiheadAttention):
+                self.handles.append(module.register_forward_hook(self._mha(label), with_kwargs=True))
+
+    def _enter(self, label: str, module: nn.Module):
+        def hook(mod, args):
+            if self.active:
+                self.stack.append((label, module))
+        return hook
+
+    def _leave(self, label: str):
+        def hook(mod, args, output):
+            if not self.active:
+                return
+            if self.stack and self.stack[-1][0] == label:
+                self.stack.pop()
+            h = _first_float(output)
+            if h is not None and label not in self.captured:
+                self.captured[label] = h.detach().float().clone()
+        return hook
+
+    def _record_logits(self, label: str, q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool) -> None:
+        key = label + ATTN_SUFFIX
+        if key in self.captured:
+            return
+        q, k = q.detach().float(), k.detach().float()
+        if q.dim() >= 3 and k.dim() >= 3 and q.shape[-3] != k.shape[-3] and q.shape[-3] % k.shape[-3] == 0:
+            k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)  # grouped-query attention
+        logits = (q @ k.transpose(-2, -1)) * scale
+        if causal:
+            n, s = logits.shape[-2], logits.shape[-1]
+            keep = torch.ones(n, s, dtype=torch.bool).tril(s - n)
+            logits = logits[..., keep]
+        self.captured[key] = logits
+
+    def _sdpa_recorder(self, q, k, scale, causal) -> None:
+        if not self.stack or isinstance(self.stack[-1][1], nn.MultiheadAttention):
+            return  # nn.MultiheadAttention is recorded from its inputs
+        self._record_logits(self.stack[-1][0], q, k, scale, causal)
+
+    def _mha(self, label: str):
+        def hook(mod: nn.MultiheadAttention, args, kwargs, output):
+            if not self.active:
+                return
+            names = ("query", "key", "value")
+            query, key = [args[i] if i < len(args) else kwargs[names[i]] for i in range(2)]
+            if mod._qkv_same_embed_dim:
+                w_q, w_k, _ = mod.in_proj_weight.chunk(3)
+            else:
+                w_q, w_k = mod.q_proj_weight, mod.k_proj_weight
+            b_q = b_k = None
+            if mod.in_proj_bias is not None:
+                b_q, b_k, _ = mod.in_proj_bias.chunk(3)
+            q, k = F.linear(query, w_q, b_q), F.linear(key, w_k, b_k)
+            if q.dim() == 2:
+                q, k = q.unsqueeze(0), k.unsqueeze(0)
+            elif not mod.batch_first:
+                q, k = q.transpose(0, 1), k.transpose(0, 1)
+            h, hd = mod.num_heads, mod.head_dim
+            q = q.reshape(q.shape[0], q.shape[1], h, hd).transpose(1, 2)
+            k = k.reshape(k.shape[0], k.shape[1], h, hd).transpose(1, 2)
+            cfg = getattr(mod, "_mutransfer_attn", None)
+            scale = cfg[0] * math.sqrt(cfg[1]) / hd if cfg is not None else 1.0 / math.sqrt(hd)
+            self._record_logits(label, q, k, scale, bool(kwargs.get("is_causal", False)))
+        return hook
+
+    def measure(self, inputs) -> dict[str, torch.Tensor]:
+        """One forward pass on `inputs` without grad; buffers (BatchNorm statistics) restored."""
+        buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
+        self.captured, self.stack, self.active = {}, [], True
+        had_wrapper = F.scaled_dot_product_attention is attn._mup_sdpa
+        previous = attn.LOGIT_RECORDER
+        attn._install_sdpa_wrapper()
+        attn.LOGIT_RECORDER = self._sdpa_recorder
+        try:
+            with torch.no_grad():
+                self.model(*_args(inputs), **_kwargs(inputs))
+        finally:
+            attn.LOGIT_RECORDER = previous
+            if not had_wrapper:
+                F.scaled_dot_product_attention = attn._torch_sdpa
+            self.active = False
+            with torch.no_grad():
+                for n, b in self.model.named_buffers():
+                    if n in buffers:
+                        b.copy_(buffers[n])
+        return self.captured
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+# --------------------------------------------------------------------------- argument checks
+
+
+def _check_widths(widths: Iterable[int]) -> list[int]:
+    try:
+        widths = [int(w) for w in widths]
+    except (TypeError, ValueError):
+        raise TypeError(f"widths must be a list of integers, got {widths!r}") from None
+    if len(set(widths)) < 2 or any(w <= 0 for w in widths):
+        raise ValueError(f"widths needs at least two different positive widths, got {widths}")
+    return sorted(set(widths))
+
+
+def _check_data(data) -> list:
+    if isinstance(data, tuple) and len(data) == 2 and isinstance(data[0], torch.Tensor):
+        data = [data]  # one (inputs, targets) batch
+    try:
+        data = list(data)
+    except TypeError:
+        raise TypeError("data must be a list of (inputs, targets) batches") from None
+    if not data:
+        raise ValueError("data is empty; give at least one (inputs, targets) batch")
+    for i, batch in enumerate(data):
+        if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+            raise TypeError(f"data[{i}] must be an (inputs, targets) pair, got {type(batch).__name__}")
+    return data

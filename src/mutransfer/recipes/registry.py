@@ -1,0 +1,39 @@
+"""Built-in recipes: a plain model as a function of width, data, and defaults for the checks."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from torch import nn
+
+from .data import gaussian_batches, image_batches, text_batches
+from .models import CNN, GPT, MLP
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    build: Callable[[int], nn.Module]  # the plain (standard-parametrization) model at a width
+    data: Callable[[], list]  # a few (inputs, targets) batches
+    widths: tuple[int, ...]  # default widths of the coordinate check; the first is µP's base width
+    coord_lr: dict[str, float] = field(default_factory=dict)  # coordinate-check lr per optimizer family
+    description: str = ""
+
+
+RECIPES: dict[str, Recipe] = {
+    "mlp": Recipe("mlp", lambda w: MLP(w, d_in=32, d_out=10, depth=3), lambda: gaussian_batches(4, 64, 32, 10),
+                  (64, 128, 256, 512, 1024), {"sgd": 0.1, "adam": 1e-2},
+                  "3-layer ReLU MLP on Gaussian inputs, 10 classes"),
+    "cnn": Recipe("cnn", lambda w: CNN(w), lambda: image_batches(4, 16, 3, 8, 10),
+                  (16, 32, 64, 128, 256), {"sgd": 0.1, "adam": 1e-2},
+                  "2 conv layers with BatchNorm, 8×8 random images, 10 classes"),
+    "gpt": Recipe("gpt", lambda w: GPT(w), lambda: text_batches(4, 8, 32),
+                  (64, 128, 256, 512, 1024), {"sgd": 1.0, "adam": 1e-2},
+                  "2-layer pre-LN GPT, 4 heads, tied embeddings, SDPA attention, byte-level text"),
+}
+
+
+def get_recipe(name: str) -> Recipe:
+    if name not in RECIPES:
+        raise ValueError(f"unknown recipe '{name}'; choose one of {', '.join(RECIPES)}")
+    return RECIPES[name]
