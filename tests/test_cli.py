@@ -1,0 +1,103 @@
+"""`mutransfer coord-check`: exit codes, files written, factories from modules and files."""
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from mutransfer.cli import main
+
+
+def run(*args):
+    return main(list(args))
+
+
+def test_recipe_mlp_passes_and_writes_plot_csv_json(tmp_path, capsys):
+    code = run("coord-check", "--recipe", "mlp", "--widths", "64,256,1024", "--seeds", "2", "--out", str(tmp_path),
+               "--no-progress")
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "PASS" in out
+    for name in ("coord_check.png", "coord_check.csv", "coord_check.json"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert json.loads((tmp_path / "coord_check.json").read_text())["passed"] is True
+
+
+def test_standard_parametrization_fails_with_exit_1_naming_the_readout(tmp_path, capsys):
+    code = run("coord-check", "--recipe", "mlp", "--parametrization", "sp", "--widths", "64,256,1024",
+               "--seeds", "2", "--out", str(tmp_path), "--no-progress")
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "FAIL" in out and "readout" in out
+
+
+FACTORY = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.inp = nn.Linear(8, width)
+            self.hid = nn.Linear(width, width)
+            self.out = nn.Linear(width, 3)
+
+        def forward(self, x):
+            return self.out(torch.tanh(self.hid(torch.tanh(self.inp(x)))))
+
+    def make(width):
+        return Net(width)
+
+    def coord_check_data():
+        g = torch.Generator().manual_seed(0)
+        return [(torch.randn(32, 8, generator=g), torch.randint(0, 3, (32,), generator=g)) for _ in range(2)]
+''')
+
+
+def test_factory_from_a_file_with_its_own_data(tmp_path, capsys):
+    path = tmp_path / "mynet.py"
+    path.write_text(FACTORY)
+    args = ["coord-check", f"{path}:make", "--optimizer", "sgd", "--lr", "0.5", "--widths", "32,128,512",
+            "--seeds", "2", "--out", str(tmp_path / "o"), "--no-progress"]
+    assert run(*args) == 0, capsys.readouterr().out
+    assert run(*args, "--parametrization", "sp") == 1
+
+
+def test_factory_as_module_through_the_installed_command(tmp_path):
+    (tmp_path / "mynet.py").write_text(FACTORY)
+    proc = subprocess.run([sys.executable, "-m", "mutransfer.cli", "coord-check", "mynet:make", "--lr", "1e-2",
+                           "--widths", "32,128", "--seeds", "2", "--steps", "2", "--out", "res"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode in (0, 1), proc.stderr
+    assert "coord-check [" in proc.stderr  # the progress bar
+    assert (tmp_path / "res" / "coord_check.png").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["coord-check"], "either a factory"),
+    (["coord-check", "--recipe", "resnet"], "unknown recipe"),
+    (["coord-check", "--recipe", "mlp", "--widths", "64"], "two different"),
+    (["coord-check", "--recipe", "mlp", "--widths", "a,b"], "integers"),
+    (["coord-check", "--recipe", "mlp", "--optimizer", "lion"], "lion"),
+    (["coord-check", "--recipe", "mlp", "--lr", "-1"], "positive"),
+    (["coord-check", "nosuchmodule_xyz:make", "--lr", "0.1"], "cannot import"),
+    (["coord-check", "json:nosuchfunction", "--lr", "0.1"], "no function"),
+    (["coord-check", "/nonexistent/file.py:make", "--lr", "0.1"], "not found"),
+])
+def test_bad_arguments_exit_2_with_a_message(args, message, capsys, tmp_path):
+    assert run(*args, "--out", str(tmp_path)) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_factory_without_data_exits_2(tmp_path, capsys):
+    path = tmp_path / "nodata.py"
+    path.write_text("import torch\ndef make(w):\n    return torch.nn.Linear(w, w)\n")
+    assert run("coord-check", f"{path}:make", "--lr", "0.1", "--out", str(tmp_path)) == 2
+    assert "coord_check_data" in capsys.readouterr().err
+
+
+def test_unknown_flag_exits_2():
+    with pytest.raises(SystemExit) as e:
+        run("coord-check", "--recipe", "mlp", "--frobnicate")
+    assert e.value.code == 2
