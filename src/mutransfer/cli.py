@@ -23,7 +23,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
-        return args.run(args)
+        return args.handler(args)
     except UsageError as e:
         print(f"mutransfer {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -50,8 +50,100 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--max-growth", type=float, default=1.5, help="allowed growth per 16× width (default 1.5)")
     c.add_argument("--out", default="coord-check", help="directory for the plot, CSV and JSON (default ./coord-check)")
     c.add_argument("--no-progress", action="store_true")
-    c.set_defaults(run=_coord_check)
+    c.set_defaults(handler=_coord_check)
+
+    s = sub.add_parser("sweep", help="run (or resume) a hyperparameter sweep on proxy models",
+                       description="Run the sweep described by a TOML config; rerunning the same command "
+                                   "resumes it. Exit 0 when every trial is done, 2 on a bad config or storage.")
+    s.add_argument("config", help="sweep config (TOML)")
+    s.add_argument("--run", help="run directory (default: runs/<config name>)")
+    s.add_argument("--workers", type=int, default=1, help="local worker processes (default 1)")
+    s.add_argument("--storage", help="Optuna storage URL (default: sqlite file in the run directory)")
+    s.add_argument("--no-progress", action="store_true")
+    s.set_defaults(handler=_sweep)
+
+    w = sub.add_parser("worker", help="join a sweep as one more worker (any machine that reaches its storage)")
+    w.add_argument("run", help="run directory holding config.toml")
+    w.add_argument("--storage", help="storage URL (or env MUTRANSFER_STORAGE); default: the run's own")
+    w.add_argument("--no-progress", action="store_true")
+    w.set_defaults(handler=_worker)
+
+    r = sub.add_parser("report", help="write report.html, plots and transferred.json for a sweep")
+    r.add_argument("run", help="run directory")
+    r.add_argument("--storage", help="storage URL (default: the run's own)")
+    r.set_defaults(handler=_report)
+
+    t = sub.add_parser("transfer", help="train the target with the proxy's optimum (µP) and compare with SP")
+    t.add_argument("run", help="run directory")
+    t.add_argument("--width", type=int, help="target width (default: the config's target_width or largest width)")
+    t.add_argument("--storage", help="storage URL (default: the run's own)")
+    t.set_defaults(handler=_transfer)
     return p
+
+
+def _open_sweep(args):
+    from .sweep import Sweep
+    try:
+        return Sweep(args.run, storage=args.storage)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _report(args) -> int:
+    from .sweep.report import write_report
+    sweep = _open_sweep(args)
+    try:
+        path = write_report(sweep)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    print(f"report: {path}")
+    return EXIT_PASS
+
+
+def _transfer(args) -> int:
+    from .sweep.transfer import format_transfer, transfer
+    sweep = _open_sweep(args)
+    try:
+        out = transfer(sweep, args.width)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    print(format_transfer(out))
+    return EXIT_PASS
+
+
+# --------------------------------------------------------------------------- sweep
+
+
+def _sweep(args) -> int:
+    from .sweep import run_sweep
+    from .sweep.storage import mask_url
+
+    config = Path(args.config)
+    if not config.is_file():
+        raise UsageError(f"config file {config} not found")
+    run_dir = Path(args.run) if args.run else Path("runs") / config.stem
+    if args.workers < 1:
+        raise UsageError("--workers must be at least 1")
+    try:
+        sweep = run_sweep(config, run_dir, workers=args.workers, storage=args.storage, progress=not args.no_progress)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    print(f"sweep {sweep.config.name}: {sweep.finished()}/{sweep.total_trials()} trials done, "
+          f"storage {mask_url(sweep.url)}, run directory {sweep.run_dir}")
+    return EXIT_PASS
+
+
+def _worker(args) -> int:
+    from .sweep import Sweep
+
+    try:
+        sweep = Sweep(args.run, storage=args.storage)
+        sweep.objective
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    n = sweep.work(progress=not args.no_progress)
+    print(f"worker done: {n} trial(s) run here", file=sys.stderr)
+    return EXIT_PASS
 
 
 # --------------------------------------------------------------------------- coord-check

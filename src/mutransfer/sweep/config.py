@@ -1,0 +1,145 @@
+"""Sweep configuration: a TOML file (or the same dict from Python), validated up front.
+
+```toml
+name = "gpt-lr"
+objective = "recipe:gpt"        # or "mymodule:train" / "path/to/file.py:train"
+widths = [32, 64, 128, 256]     # proxy widths swept
+base_width = 32                 # µP base width (default: the smallest width)
+target_width = 512              # for `mutransfer transfer` (optional)
+parametrizations = ["mup", "sp"]
+sampler = "grid"                # grid | random | tpe
+n_trials = 16                   # random/tpe: trials per (parametrization, width)
+seeds = [0]                     # every trial trains once per seed; the loss is the mean
+storage = ""                    # default: sqlite file in the run directory; or postgresql://...
+
+[space.lr]
+type = "log"                    # log | uniform | choice
+low = "2**-12"
+high = "2**-5"
+grid = 8
+
+[fixed]                         # passed to the objective unchanged
+steps = 200
+```
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from .space import Dimension, dimension_from_dict
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+SAMPLERS = ("grid", "random", "tpe")
+PARAMETRIZATIONS = ("mup", "sp")
+KEYS = {"name", "objective", "widths", "base_width", "target_width", "parametrizations", "sampler", "n_trials",
+        "seeds", "storage", "space", "fixed"}
+
+
+@dataclass
+class SweepConfig:
+    objective: str
+    widths: list[int]
+    space: dict[str, Dimension]
+    name: str = "sweep"
+    base_width: Optional[int] = None
+    target_width: Optional[int] = None
+    parametrizations: list[str] = field(default_factory=lambda: ["mup", "sp"])
+    sampler: str = "grid"
+    n_trials: int = 16
+    seeds: list[int] = field(default_factory=lambda: [0])
+    storage: str = ""
+    fixed: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.base_width is None:
+            self.base_width = min(self.widths)
+
+    @property
+    def cells(self) -> list[tuple[str, int]]:
+        """(parametrization, width) pairs: one Optuna study each."""
+        return [(p, w) for p in self.parametrizations for w in self.widths]
+
+
+def _int_list(key: str, value, minimum: int = 0) -> list[int]:
+    if not isinstance(value, list) or not value or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+        raise ValueError(f"{key} must be a non-empty list of integers, got {value!r}")
+    if any(v < minimum for v in value):
+        raise ValueError(f"{key} must hold integers ≥ {minimum}, got {value!r}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"{key} has duplicates: {value!r}")
+    return list(value)
+
+
+def config_from_dict(data: dict[str, Any], source: str = "config") -> SweepConfig:
+    """Validate a config dict; every error names the key and `source`."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{source}: a sweep config must be a table")
+    unknown = set(data) - KEYS
+    if unknown:
+        raise ValueError(f"{source}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(KEYS))}")
+    try:
+        for key in ("objective", "widths", "space"):
+            if key not in data:
+                raise ValueError(f"'{key}' is missing")
+        objective = data["objective"]
+        if not isinstance(objective, str) or ":" not in objective:
+            raise ValueError(f"objective must be 'recipe:NAME' or 'module:function', got {objective!r}")
+        widths = sorted(_int_list("widths", data["widths"], 1))
+        space = data["space"]
+        if not isinstance(space, dict) or not space:
+            raise ValueError("space must be a table with at least one hyperparameter, e.g. [space.lr]")
+        dims = {name: dimension_from_dict(name, spec) for name, spec in space.items()}
+        parametrizations = data.get("parametrizations", ["mup", "sp"])
+        if (not isinstance(parametrizations, list) or not parametrizations
+                or any(p not in PARAMETRIZATIONS for p in parametrizations)):
+            raise ValueError(f"parametrizations must be a list from {PARAMETRIZATIONS}, got {parametrizations!r}")
+        sampler = data.get("sampler", "grid")
+        if sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
+        n_trials = data.get("n_trials", 16)
+        if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
+            raise ValueError(f"n_trials must be a positive integer, got {n_trials!r}")
+        seeds = _int_list("seeds", data.get("seeds", [0]))
+        base_width = data.get("base_width", min(widths))
+        if isinstance(base_width, bool) or not isinstance(base_width, int) or base_width < 1:
+            raise ValueError(f"base_width must be a positive integer, got {base_width!r}")
+        target = data.get("target_width")
+        if target is not None and (isinstance(target, bool) or not isinstance(target, int) or target < 1):
+            raise ValueError(f"target_width must be a positive integer, got {target!r}")
+        storage = data.get("storage", "")
+        if not isinstance(storage, str):
+            raise ValueError("storage must be a URL string (sqlite:///path or postgresql://...)")
+        fixed = data.get("fixed", {})
+        if not isinstance(fixed, dict):
+            raise ValueError("fixed must be a table of hyperparameters")
+        overlap = set(fixed) & set(dims)
+        if overlap:
+            raise ValueError(f"{', '.join(sorted(overlap))} is both swept ([space]) and fixed ([fixed])")
+        name = data.get("name", "sweep")
+        if not isinstance(name, str) or not name:
+            raise ValueError("name must be a non-empty string")
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from None
+    return SweepConfig(objective=objective, widths=widths, space=dims, name=name, base_width=base_width,
+                       target_width=target, parametrizations=list(parametrizations), sampler=sampler,
+                       n_trials=n_trials, seeds=seeds, storage=storage, fixed=dict(fixed), raw=dict(data))
+
+
+def load_config(path: Union[str, os.PathLike]) -> SweepConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config file {path} not found")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: not valid TOML ({e})") from None
+    return config_from_dict(data, str(path))

@@ -1,0 +1,65 @@
+"""What a sweep trains: `train(hparams, scale) -> loss`, user-given or a built-in recipe.
+
+`hparams` holds the swept values and the config's [fixed] table. µP's tunable hyperparameters
+have reserved names, wired into `mt.parametrize` / `mt.param_groups` by `mup_kwargs`:
+
+- ``lr`` — the base learning rate;
+- ``output_mult``, ``attn_mult``, ``embedding_mult`` — α_output, α_attention, α_embedding;
+- ``init_mult_<role>``, ``lr_mult_<role>`` — per-role init std and lr multipliers
+  (role: input, hidden, output, vector, scalar).
+
+Any other name is the user's own. The loss should be a training loss (final or mean over the
+last steps); NaN or inf marks the trial as diverged.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from ..rules import ROLES
+
+Objective = Callable[[dict, "Scale"], float]
+MULTIPLIER_NAMES = ("output_mult", "attn_mult", "embedding_mult")
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Where a trial runs: the model's width (and later depth), parametrization and seed."""
+
+    width: int
+    base_width: int
+    parametrization: str  # "mup" or "sp"
+    seed: int = 0
+    depth: Optional[int] = None
+    base_depth: Optional[int] = None
+
+    @property
+    def mup(self) -> bool:
+        return self.parametrization == "mup"
+
+
+def mup_kwargs(hparams: dict[str, Any]) -> dict[str, Any]:
+    """The `mt.parametrize` keyword arguments held in `hparams` (reserved names above)."""
+    kw: dict[str, Any] = {name: float(hparams[name]) for name in MULTIPLIER_NAMES if name in hparams}
+    init = {role: float(hparams[f"init_mult_{role}"]) for role in ROLES if f"init_mult_{role}" in hparams}
+    lr = {role: float(hparams[f"lr_mult_{role}"]) for role in ROLES if f"lr_mult_{role}" in hparams}
+    if init:
+        kw["init_mult"] = init
+    if lr:
+        kw["lr_mult"] = lr
+    return kw
+
+
+def load_objective(spec: str) -> Objective:
+    """'recipe:NAME' for a built-in, else 'module:function' or 'path/to/file.py:function'."""
+    kind, _, name = spec.partition(":")
+    if kind == "recipe":
+        from .recipes import SWEEP_RECIPES
+        if name not in SWEEP_RECIPES:
+            raise ValueError(f"objective: unknown recipe '{name}'; built-in: {', '.join(SWEEP_RECIPES)}")
+        return SWEEP_RECIPES[name]
+    from ..cli import UsageError, _load_callable
+    try:
+        return _load_callable(spec, "objective")
+    except UsageError as e:
+        raise ValueError(str(e)) from None

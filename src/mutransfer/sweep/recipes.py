@@ -1,0 +1,101 @@
+"""Built-in sweep objectives: `objective = "recipe:gpt"` or `"recipe:mlp"` in a sweep config.
+
+Both read their settings from the hyperparameters ([fixed] or swept) and return the mean
+training loss over the last tenth of the steps (NaN if training diverged). The data order
+depends only on the seed, so every width sees the same batches.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .. import optim as mt_optim
+from ..parametrize import parametrize
+from ..recipes.data import stdlib_text
+from ..recipes.models import GPT, MLP
+from .objective import Scale, mup_kwargs
+
+
+def _optimizer(model, hp: dict, scale: Scale, build) -> torch.optim.Optimizer:
+    lr, wd = float(hp["lr"]), float(hp.get("weight_decay", 0.0))
+    if scale.mup:
+        parametrize(model, base=build(scale.base_width), delta=build(2 * scale.base_width), **mup_kwargs(hp))
+        groups = mt_optim.param_groups(model, lr, "adamw", weight_decay=wd)
+    else:
+        groups = [{"params": list(model.parameters())}]
+    return torch.optim.AdamW(groups, lr=lr, weight_decay=wd, betas=(0.9, 0.95))
+
+
+def _train(model, opt, batches, steps: int, loss_of) -> float:
+    warmup = max(1, steps // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))  # keeps µP's ratios
+    losses = []
+    for step in range(steps):
+        loss = loss_of(model, *batches(step))
+        if not torch.isfinite(loss):
+            return math.nan
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    tail = losses[-max(1, steps // 10):]
+    return sum(tail) / len(tail)
+
+
+def train_gpt(hp: dict, scale: Scale) -> float:
+    """Byte-level GPT (recipes.GPT, tied embeddings) on text from the standard library's docs.
+
+    Settings: lr (required), steps=100, batch_size=16, seq_len=64, n_layer=2, n_head=4,
+    weight_decay=0, plus µP's multipliers (see `objective`).
+    """
+    steps, batch, seq = int(hp.get("steps", 100)), int(hp.get("batch_size", 16)), int(hp.get("seq_len", 64))
+    n_layer, n_head = int(hp.get("n_layer", 2)), int(hp.get("n_head", 4))
+
+    def build(width: int) -> GPT:
+        return GPT(width, n_layer=n_layer, n_head=n_head, ctx=seq)
+
+    torch.manual_seed(scale.seed)
+    model = build(scale.width)
+    opt = _optimizer(model, hp, scale, build)
+    text = torch.frombuffer(bytearray(stdlib_text()), dtype=torch.uint8).long()
+    g = torch.Generator().manual_seed(1_000 + scale.seed)
+    starts = torch.randint(0, len(text) - seq - 1, (steps, batch), generator=g)
+    offsets = torch.arange(seq)
+
+    def batches(step: int):
+        idx = starts[step][:, None] + offsets
+        return text[idx], text[idx + 1]
+
+    def loss_of(m, x, y):
+        logits = m(x)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+    return _train(model, opt, batches, steps, loss_of)
+
+
+def train_mlp(hp: dict, scale: Scale) -> float:
+    """3-layer ReLU MLP classifying Gaussian inputs labelled by a fixed random teacher network.
+
+    Settings: lr (required), steps=100, batch_size=64, d_in=32, n_classes=10, weight_decay=0.
+    """
+    steps, batch = int(hp.get("steps", 100)), int(hp.get("batch_size", 64))
+    d_in, n_classes = int(hp.get("d_in", 32)), int(hp.get("n_classes", 10))
+
+    def build(width: int) -> MLP:
+        return MLP(width, d_in=d_in, d_out=n_classes, depth=3)
+
+    g = torch.Generator().manual_seed(7)
+    teacher = torch.randn(d_in, 64, generator=g), torch.randn(64, n_classes, generator=g)
+    g = torch.Generator().manual_seed(1_000 + scale.seed)
+    xs = torch.randn(steps, batch, d_in, generator=g)
+    ys = (torch.relu(xs @ teacher[0]) @ teacher[1]).argmax(-1)
+    torch.manual_seed(scale.seed)
+    model = build(scale.width)
+    opt = _optimizer(model, hp, scale, build)
+    return _train(model, opt, lambda s: (xs[s], ys[s]), steps, lambda m, x, y: F.cross_entropy(m(x), y))
+
+
+SWEEP_RECIPES = {"gpt": train_gpt, "mlp": train_mlp}

@@ -1,0 +1,103 @@
+"""Hyperparameter search spaces: log-uniform, uniform and choice, with their grids."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Union
+
+import optuna
+
+
+@dataclass(frozen=True)
+class LogUniform:
+    """Log-uniform on [low, high]; its grid is `grid` points evenly spaced in log2."""
+
+    low: float
+    high: float
+    grid: int = 8
+
+    def grid_points(self) -> list[float]:
+        if self.grid == 1:
+            return [math.sqrt(self.low * self.high)]
+        a, b = math.log2(self.low), math.log2(self.high)
+        return [2 ** (a + (b - a) * i / (self.grid - 1)) for i in range(self.grid)]
+
+    def distribution(self) -> optuna.distributions.BaseDistribution:
+        return optuna.distributions.FloatDistribution(self.low, self.high, log=True)
+
+
+@dataclass(frozen=True)
+class Uniform:
+    low: float
+    high: float
+    grid: int = 8
+
+    def grid_points(self) -> list[float]:
+        if self.grid == 1:
+            return [(self.low + self.high) / 2]
+        return [self.low + (self.high - self.low) * i / (self.grid - 1) for i in range(self.grid)]
+
+    def distribution(self) -> optuna.distributions.BaseDistribution:
+        return optuna.distributions.FloatDistribution(self.low, self.high)
+
+
+@dataclass(frozen=True)
+class Choice:
+    values: tuple
+
+    def grid_points(self) -> list[Any]:
+        return list(self.values)
+
+    def distribution(self) -> optuna.distributions.BaseDistribution:
+        return optuna.distributions.CategoricalDistribution(self.values)
+
+
+Dimension = Union[LogUniform, Uniform, Choice]
+SPACE_KEYS = {"type", "low", "high", "grid", "values"}
+
+
+def _number(name: str, key: str, value) -> float:
+    if isinstance(value, str):  # "2**-10" and "1e-3" are convenient in TOML
+        text = value.replace(" ", "")
+        try:
+            if "**" in text:
+                base, exp = text.split("**", 1)
+                return float(base) ** float(exp)
+            return float(text)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"space.{name}.{key} must be a number, got {value!r}")
+    return float(value)
+
+
+def dimension_from_dict(name: str, spec: dict) -> Dimension:
+    """Parse one entry of the config's [space] table, naming the key at fault on error."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"space.{name} must be a table with type = \"log\" | \"uniform\" | \"choice\"")
+    unknown = set(spec) - SPACE_KEYS
+    if unknown:
+        raise ValueError(f"space.{name}: unknown key(s) {', '.join(sorted(unknown))}; "
+                         f"allowed: {', '.join(sorted(SPACE_KEYS))}")
+    kind = spec.get("type", "log")
+    if kind == "choice":
+        values = spec.get("values")
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"space.{name}.values must be a non-empty list")
+        return Choice(tuple(values))
+    if kind not in ("log", "uniform"):
+        raise ValueError(f"space.{name}.type must be \"log\", \"uniform\" or \"choice\", got {kind!r}")
+    for key in ("low", "high"):
+        if key not in spec:
+            raise ValueError(f"space.{name}.{key} is missing")
+    low, high = _number(name, "low", spec["low"]), _number(name, "high", spec["high"])
+    grid = spec.get("grid", 8)
+    if isinstance(grid, bool) or not isinstance(grid, int) or grid < 1:
+        raise ValueError(f"space.{name}.grid must be a positive integer, got {grid!r}")
+    if not low < high:
+        raise ValueError(f"space.{name}: low ({low:g}) must be less than high ({high:g})")
+    if kind == "log":
+        if low <= 0:
+            raise ValueError(f"space.{name}: a log range needs low > 0, got {low:g}")
+        return LogUniform(low, high, grid)
+    return Uniform(low, high, grid)

@@ -1,0 +1,78 @@
+"""Optuna RDB storage: an SQLite file by default, PostgreSQL for workers on many machines.
+
+Trials send a heartbeat; a trial whose worker died (kill -9, a lost machine) goes stale after
+`GRACE_PERIOD` seconds, is marked failed, and is put back in the queue with the same
+hyperparameters, so that resuming a sweep loses nothing.
+"""
+from __future__ import annotations
+
+import re
+import threading
+import warnings
+from pathlib import Path
+
+import optuna
+
+# Heartbeats and stale-trial retry are marked experimental in Optuna; they are what we rely on.
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+HEARTBEAT_INTERVAL = 2  # seconds
+GRACE_PERIOD = 8  # seconds without a heartbeat before a running trial counts as dead
+_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.\-]*://)(?P<user>[^:/@]*)(:(?P<pw>[^@/]*))?@")
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password replaced by ***, safe to print or store."""
+    return _CREDENTIALS.sub(lambda m: f"{m['scheme']}{m['user']}{':***' if m['pw'] is not None else ''}@", url)
+
+
+def default_url(run_dir: Path) -> str:
+    return f"sqlite:///{(Path(run_dir) / 'sweep.db').resolve()}"
+
+
+def open_storage(url: str) -> optuna.storages.RDBStorage:
+    """Connect (creating Optuna's tables if needed); ValueError naming the storage if unreachable."""
+    if url.startswith("sqlite"):
+        engine = {"connect_args": {"timeout": 120}}
+    elif url.startswith("postgresql"):
+        engine = {"connect_args": {"connect_timeout": 5}, "pool_pre_ping": True}
+    else:
+        raise ValueError(f"storage {mask_url(url)}: use sqlite:///path/to/file.db or postgresql://user@host/db")
+    if hasattr(optuna.storages, "RetryHeartbeatStaleTrialCallback"):  # Optuna ≥ 4.9
+        callback = {"heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3)}
+    else:
+        callback = {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=3)}
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_INTERVAL,
+                                          grace_period=GRACE_PERIOD, **callback)
+    except ImportError as e:
+        raise ValueError(f"storage {mask_url(url)}: driver missing ({e}); for PostgreSQL: "
+                         "pip install 'mutransfer[postgres]'") from None
+    except Exception as e:  # sqlalchemy's OperationalError and friends
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"storage {mask_url(url)} is unreachable: {mask_url(first)}") from None
+
+
+class Heartbeat:
+    """Records a trial's heartbeat from a background thread while the trial runs."""
+
+    def __init__(self, storage: optuna.storages.RDBStorage, trial_id: int):
+        self.storage, self.trial_id = storage, trial_id
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+
+    def _beat(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.storage.record_heartbeat(self.trial_id)
+            except Exception:  # a transient database error must not kill the trial
+                pass
+            self._stop.wait(HEARTBEAT_INTERVAL)
+
+    def __enter__(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
