@@ -13,9 +13,8 @@ What is measured
 
     for (a) an MLP and (b) a GPT-style transformer with tied embeddings, each eager and under
     ``torch.compile`` (the model is compiled, the optimizer runs eagerly). For the compiled
-    rows dynamo is told to guard on module hooks (see `guard_module_hooks`), and each compiled
-    build's output is checked against its own eager output, so that no build is timed with a
-    graph traced from another one.
+    rows each compiled build's output is checked against its own eager output, so that no build
+    is timed with a graph traced from another one.
 
 How
     All builds of one case train side by side in one process on one fixed random batch. After
@@ -27,14 +26,14 @@ How
     rounds (5) are done, but stop at twice the budget on a machine too slow or busy for that.
 
     A ratio near 1 says little about *why*, so each case ends with a breakdown: every piece by
-    which mutransfer's eager step differs from the plain one — the forward pre-hook of a tied
-    readout, the enter/leave hooks of SDPA attention modules, the process-wide
+    which mutransfer's eager step differs from the plain one — the µP forward of a tied
+    readout (x·c), the scale push/pop of SDPA attention modules, the process-wide
     ``scaled_dot_product_attention`` wrapper, the fixed cost of the extra optimizer param
     groups — is timed in isolation (median of paired differences over interleaved batches)
     and summed into an expected ratio. Isolated pieces miss allocator and cache effects, so
-    when mutransfer installed hooks the eager round-robin also steps a fourth build,
-    mutransfer's model with its hooks removed (same values and param groups, not µP): the
-    paired ratio mutransfer / that build is the hooks' cost inside the real step, and that
+    when mutransfer switched module classes the eager round-robin also steps a fourth build,
+    mutransfer's model with the plain classes restored (same values and param groups, not µP):
+    the paired ratio mutransfer / that build is the µP forward's cost inside the real step, and that
     build's own ratio to plain (same arithmetic) shows the noise floor of such comparisons.
 
     Note that once any model with SDPA attention is parametrized, mutransfer's SDPA wrapper
@@ -67,6 +66,7 @@ from torch import nn
 
 import mutransfer as mt
 from mutransfer import attention as mt_attention
+from mutransfer import scaled_forward
 from mutransfer.recipes import GPT, MLP
 from mutransfer.recipes.models import CausalSelfAttention
 
@@ -76,7 +76,7 @@ except ImportError:  # the comparison with mup is optional
     mup = None
 
 PLAIN, MUTRANSFER, MUP = "plain", "mutransfer", "mup"
-NO_HOOKS = "mutransfer without hooks"  # yardstick for the hooks' cost inside the real step
+NO_HOOKS = "mutransfer, plain classes"  # yardstick for the µP forward's cost inside the real step
 LR = 1e-3
 Batch = tuple[torch.Tensor, torch.Tensor]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -206,23 +206,23 @@ def build_mup(case: Case) -> tuple[nn.Module, torch.optim.Optimizer]:
     return model, mup.MuAdam(model.parameters(), lr=LR)
 
 
-def strip_forward_hooks(model: nn.Module) -> int:
-    """Remove every forward (pre-)hook of `model`; returns how many there were."""
-    removed = 0
+def restore_plain_classes(model: nn.Module) -> int:
+    """Switch every module that mutransfer gave a µP forward back to its own class."""
+    restored = 0
     for module in model.modules():
-        removed += len(module._forward_pre_hooks) + len(module._forward_hooks)
-        module._forward_pre_hooks.clear()
-        module._forward_hooks.clear()
-        module._forward_hooks_always_called.clear()
-    return removed
+        parent = type(module).__dict__.get("_mutransfer_parent")
+        if parent is not None:
+            module.__class__ = parent
+            restored += 1
+    return restored
 
 
 def build_mutransfer_without_hooks(case: Case) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """mutransfer's model and optimizer minus its forward hooks: µP's values and param groups but
-    the plain forward (no readout multiplier, 1/√d attention). Not µP — it isolates what the
-    hooks cost inside the real training step."""
+    """mutransfer's model and optimizer with the plain classes' forward: µP's values and param groups
+    but no readout multiplier and 1/√d attention. Not µP — it isolates what the µP forward costs
+    inside the real training step."""
     model, optimizer = build_mutransfer(case)
-    strip_forward_hooks(model)
+    restore_plain_classes(model)
     return model, optimizer
 
 
@@ -372,9 +372,10 @@ def extra_us(samples: dict[str, list[float]], name: str, ref: str) -> float:
 
 
 def count_hooks(model: nn.Module) -> dict[str, int]:
-    pre = sum(len(m._forward_pre_hooks) for m in model.modules())
-    post = sum(len(m._forward_hooks) for m in model.modules())
-    return {"forward_pre_hooks": pre, "forward_hooks": post}
+    """Modules whose forward mutransfer changed (class switched), and forward hooks (none expected)."""
+    swapped = sum(1 for m in model.modules() if "_mutransfer_parent" in type(m).__dict__)
+    hooks = sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+    return {"µP forward modules": swapped, "forward_hooks": hooks}
 
 
 def capture_inputs(model: nn.Module, module_names: list[str], x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -392,20 +393,19 @@ def capture_inputs(model: nn.Module, module_names: list[str], x: torch.Tensor) -
 
 
 def readout_hook_pieces(model: nn.Module, x: torch.Tensor, calls: int) -> dict[str, dict[str, float]]:
-    """Cost of each readout pre-hook: hook dispatch + x·c forward + its backward, on the
-    readout's real input, against the same call on a hook-free module."""
+    """Cost of each readout multiplier: the µP forward's x·c and its backward, on the readout's
+    real input, against the same call on a plain module."""
     spec = model._mutransfer_spec
     inputs = capture_inputs(model, list(spec.forward_multipliers), x)
-    scale_input = importlib.import_module("mutransfer.parametrize")._ScaleInput
     pieces = {}
     for mname, (_, c) in spec.forward_multipliers.items():
         act = inputs[mname].clone().requires_grad_(True)
         bare, hooked = nn.Identity(), nn.Identity()
-        hooked.register_forward_pre_hook(scale_input(c))
+        scaled_forward.install(hooked, input_mult=c)
         us = sample_us({"bare": lambda: bare(act).sum().backward(),
                         "hooked": lambda: hooked(act).sum().backward()}, calls)
-        pieces[f"{mname} pre-hook x·c (fwd+bwd)"] = {"us_per_call": extra_us(us, "hooked", "bare"),
-                                                     "calls_per_step": 1}
+        pieces[f"{mname} µP forward x·c (fwd+bwd)"] = {"us_per_call": extra_us(us, "hooked", "bare"),
+                                                       "calls_per_step": 1}
     return pieces
 
 
@@ -424,13 +424,12 @@ def attention_pieces(model: nn.Module, x: torch.Tensor,
     if not sdpa:
         return {}, {}
     _, _, d0, d = sdpa[0]
-    enter, leave = mt_attention._EnterAttention(1.0, d0), mt_attention._LeaveAttention()
     bare, hooked = nn.Identity(), nn.Identity()
-    hooked.register_forward_pre_hook(enter)
-    hooked.register_forward_hook(leave, always_call=True)
+    hooked._mutransfer_attn = (1.0, d0)
+    scaled_forward.install(hooked, sdpa=True)
     t = torch.zeros(1)
     us = sample_us({"bare": lambda: bare(t), "hooked": lambda: hooked(t)}, 20 * calls)
-    pieces = {"attention enter/leave hooks": {"us_per_call": extra_us(us, "hooked", "bare"),
+    pieces = {"attention µP forward (push/pop scale)": {"us_per_call": extra_us(us, "hooked", "bare"),
                                              "calls_per_step": len(sdpa)}}
 
     q = torch.randn(x.shape[0], head_count(model.get_submodule(sdpa[0][0])), x.shape[1], d)
@@ -549,7 +548,7 @@ def print_notes(results: list[dict[str, Any]]) -> None:
 def print_breakdown(model: str, bd: dict[str, Any]) -> None:
     print(f"\nWhat mutransfer changes in the eager {model} step, each piece timed in isolation "
           "(no allocator or cache effects of the real step):")
-    print(f"  hooks installed: {bd['hooks']}; forward multipliers: {bd['forward_multipliers'] or 'none'}")
+    print(f"  modules changed: {bd["hooks"]}; forward multipliers: {bd['forward_multipliers'] or 'none'}")
     for piece, p in bd["pieces_us"].items():
         print(f"  {piece:38s} {p['us_per_call']:8.1f} µs × {p['calls_per_step']} per step")
     if "sdpa_wrapper_passthrough_us" in bd:
@@ -559,11 +558,11 @@ def print_breakdown(model: str, bd: dict[str, Any]) -> None:
           f"→ expected ratio ≈ {bd['expected_ratio']:.4f}")
     in_situ = bd.get("hooks_in_situ")
     if in_situ:
-        print(f"  in the real step (round-robin with '{NO_HOOKS}'): mutransfer / without hooks = "
+        print(f"  in the real step (round-robin with '{NO_HOOKS}'): mutransfer / plain classes = "
               f"{in_situ['ratio']:.4f} (quartiles {in_situ['ratio_q25']:.3f}–{in_situ['ratio_q75']:.3f}) "
-              f"→ hooks ≈ {1e3 * (in_situ['ratio'] - 1) * bd['plain_step_ms']:.0f} µs per step")
+              f"→ µP forward ≈ {1e3 * (in_situ['ratio'] - 1) * bd['plain_step_ms']:.0f} µs per step")
         if bd.get("without_hooks_vs_plain") is not None:
-            print(f"  yardstick: without hooks / plain = {bd['without_hooks_vs_plain']:.4f}, the same "
+            print(f"  yardstick: plain classes / plain = {bd['without_hooks_vs_plain']:.4f}, the same "
                   "arithmetic per step: differences of that size are noise (memory placement, allocator)")
 
 
@@ -582,16 +581,6 @@ class Settings:
 
 DEFAULT = Settings(warmup=5, compile_warmup=5, min_rounds=50, max_rounds=1000, budget_s=35.0, breakdown_calls=50)
 QUICK = Settings(warmup=2, compile_warmup=3, min_rounds=5, max_rounds=200, budget_s=2.0, breakdown_calls=10)
-
-
-def guard_module_hooks() -> None:
-    """Make dynamo guard on nn.Module hooks (it does not by default: skip_nnmodule_hook_guards).
-
-    Without this, compiling the µP model after the plain one (same class, same shapes) silently
-    reuses the plain graph — mutransfer's readout and attention hooks are then never run — and
-    the comparison would time the plain graph twice. The guard applies to every build alike.
-    """
-    torch._dynamo.config.skip_nnmodule_hook_guards = False
 
 
 def run_case(case: Case, compiled: bool, names: list[str], st: Settings) -> dict[str, Any]:
@@ -663,8 +652,6 @@ def settings_from(args: argparse.Namespace) -> Settings:
 def run_all(cases: list[Case], names: list[str], modes: list[bool], st: Settings, skipped: dict[str, str]
             ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """Every (case, mode) row, then the breakdown of each case's eager µP step."""
-    if True in modes:
-        guard_module_hooks()
     results = []
     for case in cases:
         hooked = MUTRANSFER in names and sum(count_hooks(build_mutransfer(case)[0]).values()) > 0

@@ -18,6 +18,11 @@ from ..recipes.models import GPT, MLP
 from .objective import Scale, mup_kwargs
 
 
+def _threads(hp: dict) -> None:
+    if "threads" in hp:  # e.g. 1 per worker process when several share the machine's cores
+        torch.set_num_threads(int(hp["threads"]))
+
+
 def _optimizer(model, hp: dict, scale: Scale, build) -> torch.optim.Optimizer:
     lr, wd = float(hp["lr"]), float(hp.get("weight_decay", 0.0))
     if scale.mup:
@@ -49,7 +54,7 @@ def train_gpt(hp: dict, scale: Scale) -> float:
     """Byte-level GPT (recipes.GPT, tied embeddings) on text from the standard library's docs.
 
     Settings: lr (required), steps=100, batch_size=16, seq_len=64, n_layer=2, n_head=4,
-    weight_decay=0, plus µP's multipliers (see `objective`).
+    weight_decay=0, threads (torch threads), plus µP's multipliers (see `objective`).
     """
     steps, batch, seq = int(hp.get("steps", 100)), int(hp.get("batch_size", 16)), int(hp.get("seq_len", 64))
     n_layer, n_head = int(hp.get("n_layer", 2)), int(hp.get("n_head", 4))
@@ -57,6 +62,7 @@ def train_gpt(hp: dict, scale: Scale) -> float:
     def build(width: int) -> GPT:
         return GPT(width, n_layer=n_layer, n_head=n_head, ctx=seq)
 
+    _threads(hp)
     torch.manual_seed(scale.seed)
     model = build(scale.width)
     opt = _optimizer(model, hp, scale, build)
@@ -87,6 +93,7 @@ def train_mlp(hp: dict, scale: Scale) -> float:
     def build(width: int) -> MLP:
         return MLP(width, d_in=d_in, d_out=n_classes, depth=3)
 
+    _threads(hp)
     g = torch.Generator().manual_seed(7)
     teacher = torch.randn(d_in, 64, generator=g), torch.randn(64, n_classes, generator=g)
     g = torch.Generator().manual_seed(1_000 + scale.seed)
