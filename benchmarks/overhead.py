@@ -548,7 +548,7 @@ def print_notes(results: list[dict[str, Any]]) -> None:
 def print_breakdown(model: str, bd: dict[str, Any]) -> None:
     print(f"\nWhat mutransfer changes in the eager {model} step, each piece timed in isolation "
           "(no allocator or cache effects of the real step):")
-    print(f"  modules changed: {bd["hooks"]}; forward multipliers: {bd['forward_multipliers'] or 'none'}")
+    print(f"  modules changed: {bd['hooks']}; forward multipliers: {bd['forward_multipliers'] or 'none'}")
     for piece, p in bd["pieces_us"].items():
         print(f"  {piece:38s} {p['us_per_call']:8.1f} µs × {p['calls_per_step']} per step")
     if "sdpa_wrapper_passthrough_us" in bd:
