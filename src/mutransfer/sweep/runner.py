@@ -27,7 +27,7 @@ from ..progress import Progress
 from .config import SweepConfig, load_config
 from .objective import Objective, Scale, load_objective
 from .space import Choice, Dimension, LogUniform
-from .storage import Heartbeat, default_url, mask_url, open_storage
+from .storage import Heartbeat, default_url, mask_url, open_storage, quiet
 
 CONFIG_FILE = "config.toml"
 STORAGE_ENV = "MUTRANSFER_STORAGE"
@@ -123,7 +123,8 @@ class Sweep:
                        if t.user_attrs.get("diverged"))
         if done + diverged >= self.config.n_trials:
             return None
-        return study.ask()
+        with quiet():  # we send the heartbeats ourselves (see Heartbeat)
+            return study.ask()
 
     def _suggest(self, trial: optuna.Trial, name: str, dim: Dimension):
         if isinstance(dim, Choice):
@@ -168,8 +169,9 @@ class Sweep:
         ran = 0
         while max_trials is None or ran < max_trials:
             claimed = None
-            for cell in cells:
-                optuna.storages.fail_stale_trials(self.study(*cell))
+            with quiet():
+                for cell in cells:
+                    optuna.storages.fail_stale_trials(self.study(*cell))
             for cell in sorted(cells, key=lambda c: len(self.study(*c).get_trials(deepcopy=False))):
                 trial = self._claim(self.study(*cell))
                 if trial is not None:

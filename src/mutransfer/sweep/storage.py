@@ -6,15 +6,25 @@ hyperparameters, so that resuming a sweep loses nothing.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import warnings
 from pathlib import Path
+from typing import Iterator
 
 import optuna
 
-# Heartbeats and stale-trial retry are marked experimental in Optuna; they are what we rely on.
-warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Heartbeats and stale-trial retry are marked experimental in Optuna; they are what we rely
+    on, so their warnings are silenced where we call them."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+        yield
 
 HEARTBEAT_INTERVAL = 2  # seconds
 GRACE_PERIOD = 8  # seconds without a heartbeat before a running trial counts as dead
@@ -38,13 +48,16 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
         engine = {"connect_args": {"connect_timeout": 5}, "pool_pre_ping": True}
     else:
         raise ValueError(f"storage {mask_url(url)}: use sqlite:///path/to/file.db or postgresql://user@host/db")
-    if hasattr(optuna.storages, "RetryHeartbeatStaleTrialCallback"):  # Optuna ≥ 4.9
-        callback = {"heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3)}
-    else:
-        callback = {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=3)}
+    with quiet():
+        if hasattr(optuna.storages, "RetryHeartbeatStaleTrialCallback"):  # Optuna ≥ 4.9
+            callback = {"heartbeat_stale_trial_callback":
+                        optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3)}
+        else:
+            callback = {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=3)}
     try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_INTERVAL,
-                                          grace_period=GRACE_PERIOD, **callback)
+        with quiet():
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_INTERVAL,
+                                              grace_period=GRACE_PERIOD, **callback)
     except ImportError as e:
         raise ValueError(f"storage {mask_url(url)}: driver missing ({e}); for PostgreSQL: "
                          "pip install 'mutransfer[postgres]'") from None

@@ -1,0 +1,45 @@
+"""The example and the benchmarks run end to end and print what they promise (slow)."""
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(args, timeout=600):
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.stdout
+
+
+@pytest.mark.slow
+def test_quickstart_quick_shows_mup_optimum_staying_put():
+    out = run(["examples/quickstart.py", "--quick"])
+    m = re.search(r"moved by (\d+) octaves? in SP .* and by (\d+) octaves? in µP", out)
+    assert m, out[-1500:]
+    sp, mu = int(m.group(1)), int(m.group(2))
+    assert mu <= 1 and mu < sp
+    assert "Total runtime" in out
+
+
+@pytest.mark.slow
+def test_overhead_benchmark_quick_writes_ratios(tmp_path):
+    path = tmp_path / "overhead.json"
+    out = run(["benchmarks/overhead.py", "--quick", "--no-mup", "--json", str(path)])
+    assert "ratio" in out
+    text = path.read_text()
+    data = json.loads(text)
+    ratios = [float(x) for x in re.findall(r'"ratio": ([0-9.eE+-]+)', text)]
+    assert ratios and all(math.isfinite(r) and 0.5 < r < 2.0 for r in ratios), ratios
+    assert "MLP" in text and "GPT" in text and data
+
+
+@pytest.mark.slow
+def test_coord_check_speed_benchmark_runs():
+    out = run(["benchmarks/coord_check_speed.py", "--recipes", "mlp", "--seeds", "2"])
+    assert re.search(r"mlp\s+µP .* PASS", out) and re.search(r"mlp\s+SP .* FAIL", out), out
