@@ -5,6 +5,8 @@ is exercised the way users use it.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -81,7 +83,7 @@ class GPT(nn.Module):
     """
 
     def __init__(self, width: int, vocab: int = 256, n_layer: int = 2, n_head: int = 4, ctx: int = 64,
-                 tied: bool = True):
+                 tied: bool = True, init_std: Optional[float] = 0.02):
         super().__init__()
         self.wte = nn.Embedding(vocab, width)
         self.wpe = nn.Embedding(ctx, width)
@@ -90,12 +92,13 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(width, vocab, bias=False)
         if tied:
             self.lm_head.weight = self.wte.weight
-        self.apply(self._init)
+        if init_std is not None:  # None: PyTorch's default init
+            self.apply(lambda m: self._init(m, init_std))
 
     @staticmethod
-    def _init(module: nn.Module) -> None:
+    def _init(module: nn.Module, std: float) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=0.02)
+            nn.init.normal_(module.weight, std=std)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 

@@ -53,14 +53,18 @@ def _train(model, opt, batches, steps: int, loss_of) -> float:
 def train_gpt(hp: dict, scale: Scale) -> float:
     """Byte-level GPT (recipes.GPT, tied embeddings) on text from the standard library's docs.
 
-    Settings: lr (required), steps=100, batch_size=16, seq_len=64, n_layer=2, n_head=4,
+    Settings: lr (required), steps=100, batch_size=16, seq_len=64, n_layer=2, n_head=4, tied=true,
+    init_std=0.02 (or "default" for PyTorch's init),
     weight_decay=0, threads (torch threads), plus µP's multipliers (see `objective`).
     """
     steps, batch, seq = int(hp.get("steps", 100)), int(hp.get("batch_size", 16)), int(hp.get("seq_len", 64))
     n_layer, n_head = int(hp.get("n_layer", 2)), int(hp.get("n_head", 4))
+    tied = bool(hp.get("tied", True))
+    init_std = hp.get("init_std", 0.02)
+    init_std = None if init_std in (None, "default") else float(init_std)
 
     def build(width: int) -> GPT:
-        return GPT(width, n_layer=n_layer, n_head=n_head, ctx=seq)
+        return GPT(width, n_layer=n_layer, n_head=n_head, ctx=seq, tied=tied, init_std=init_std)
 
     _threads(hp)
     torch.manual_seed(scale.seed)
