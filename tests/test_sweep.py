@@ -219,3 +219,14 @@ def test_config_from_python_matches_toml():
     with pytest.raises(ValueError, match="both swept"):
         config_from_dict({"objective": "recipe:mlp", "widths": [8], "space": {"lr": {"low": 1, "high": 2}},
                           "fixed": {"lr": 1}})
+
+
+def test_a_worker_elsewhere_joins_by_sweep_name_and_storage(tmp_path, monkeypatch):
+    cfg = write(tmp_path, GRID.replace("SLEEP", "0"))
+    storage = f"sqlite:///{tmp_path / 'shared.db'}"
+    assert main(["sweep", str(cfg), "--run", str(tmp_path / "run"), "--storage", storage, "--no-progress"]) == 0
+    elsewhere = tmp_path / "other-machine"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["worker", "synthetic", "--storage", storage, "--no-progress"]) == 0  # nothing left to do
+    assert (elsewhere / "synthetic" / "config.toml").read_text() == cfg.read_text()

@@ -45,11 +45,14 @@ class Sweep:
     def __init__(self, run_dir: Union[str, os.PathLike], storage: Optional[str] = None):
         self.run_dir = Path(run_dir)
         path = self.run_dir / CONFIG_FILE
+        storage = storage or os.environ.get(STORAGE_ENV)
+        if not path.is_file() and storage:
+            _fetch_config(open_storage(storage), self.run_dir.name, path)  # a worker on another machine
         if not path.is_file():
-            raise ValueError(f"{self.run_dir} is not a sweep run directory (no {CONFIG_FILE}); "
-                             "start one with `mutransfer sweep CONFIG --run DIR`")
+            raise ValueError(f"{self.run_dir} is not a sweep run directory (no {CONFIG_FILE}); start one with "
+                             "`mutransfer sweep CONFIG --run DIR`, or pass the sweep's name and --storage")
         self.config = load_config(path)
-        self.url = storage or os.environ.get(STORAGE_ENV) or self.config.storage or default_url(self.run_dir)
+        self.url = storage or self.config.storage or default_url(self.run_dir)
         self.storage = open_storage(self.url)
         self._objective: Optional[Objective] = None
         self._studies: dict[tuple[str, int], optuna.Study] = {}
@@ -96,6 +99,8 @@ class Sweep:
         """Create the studies; for a grid sweep, enqueue every grid point once."""
         for cell in self.config.cells:
             study = self.study(*cell)
+            if "config_toml" not in study.user_attrs:  # lets workers elsewhere join by name
+                study.set_user_attr("config_toml", (self.run_dir / CONFIG_FILE).read_text())
             if self.config.sampler == "grid" and not study.user_attrs.get("enqueued"):
                 for params in self.grid():
                     study.enqueue_trial(params, skip_if_exists=True)
@@ -193,6 +198,15 @@ class Sweep:
             bar.advance(0)
         bar.close()
         return ran
+
+
+def _fetch_config(storage, name: str, path: Path) -> None:
+    """Write the config of the sweep called `name` from its studies in `storage` to `path`."""
+    for summary in optuna.study.get_all_study_summaries(storage, include_best_trial=False):
+        if summary.study_name.startswith(f"{name}/") and "config_toml" in summary.user_attrs:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(summary.user_attrs["config_toml"])
+            return
 
 
 def run_sweep(config_path: Union[str, os.PathLike], run_dir: Union[str, os.PathLike], workers: int = 1,

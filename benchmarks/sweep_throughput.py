@@ -1,0 +1,71 @@
+"""Sweep throughput: trials per minute with 1 and 2 local workers, on SQLite and PostgreSQL.
+
+Each row runs the same grid sweep (the built-in MLP recipe, 1 torch thread per worker, 32
+trials of about 0.3 s) from scratch and reports trials per minute and the ratio to 1 worker on
+SQLite, all in one run. PostgreSQL rows need a server: pass --postgres URL or set
+MUTRANSFER_TEST_POSTGRES (``make test`` starts a throwaway one through scripts/with-postgres.sh:
+``scripts/with-postgres.sh .venv/bin/python benchmarks/sweep_throughput.py``).
+
+    python benchmarks/sweep_throughput.py [--postgres postgresql://...] [--steps 40]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from mutransfer.sweep import run_sweep
+from mutransfer.sweep.storage import mask_url
+
+CONFIG = '''name = "{name}"
+objective = "recipe:mlp"
+widths = [64]
+sampler = "grid"
+[space.lr]
+type = "log"
+low = "2**-12"
+high = "2**-2"
+grid = 16
+[fixed]
+steps = {steps}
+threads = 1
+'''
+
+
+def one(storage: str | None, workers: int, steps: int, root: Path) -> tuple[int, float]:
+    name = f"bench-{uuid.uuid4().hex[:8]}"
+    run = root / name
+    run.mkdir()
+    cfg = run / "sweep.toml"
+    cfg.write_text(CONFIG.format(name=name, steps=steps))
+    start = time.perf_counter()
+    sweep = run_sweep(cfg, run / "run", workers=workers, storage=storage, progress=False)
+    return sweep.finished(), time.perf_counter() - start
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--postgres", default=os.environ.get("MUTRANSFER_TEST_POSTGRES"))
+    p.add_argument("--steps", type=int, default=40)
+    args = p.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        backends = [("SQLite", None)] + ([("PostgreSQL", args.postgres)] if args.postgres else [])
+        for label, url in backends:
+            for workers in (1, 2):
+                n, dt = one(url, workers, args.steps, root)
+                rows.append((label, workers, n, dt, 60 * n / dt))
+    ref = rows[0][4]
+    print(f"sweep throughput: MLP recipe, {args.steps} steps per trial, 1 torch thread per worker"
+          + (f"; PostgreSQL at {mask_url(args.postgres)}" if args.postgres else "; no PostgreSQL (pass --postgres)"))
+    print(f"{'storage':<11} {'workers':>7} {'trials':>6} {'wall s':>7} {'trials/min':>10} {'vs SQLite×1':>11}")
+    for label, workers, n, dt, tpm in rows:
+        print(f"{label:<11} {workers:>7} {n:>6} {dt:>7.1f} {tpm:>10.1f} {tpm / ref:>11.2f}")
+
+
+if __name__ == "__main__":
+    main()
