@@ -16,10 +16,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e .
 	touch $(STAMP)
 
-# Tests also check Hugging Face models (optional extra) and compare against Microsoft's `mup`,
+# Tests also check Hugging Face models (optional extra), sweeps on PostgreSQL (optional extras;
+# scripts/with-postgres.sh gives them a throwaway server) and compare against Microsoft's `mup`,
 # installed with --no-deps: its metadata pulls torchvision, which breaks beside torch 2.13 CPU.
 $(TEST_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -e ".[test,hf]"
+	$(PY) -m pip install --quiet -e ".[test,hf,sweep,postgres]"
 	$(PY) -m pip install --quiet --no-deps mup==1.0.0
 	touch $(TEST_STAMP)
 
@@ -29,10 +30,10 @@ demo: $(STAMP)
 	$(PY) examples/quickstart.py
 
 test: $(TEST_STAMP)
-	$(PY) -m pytest -q
+	scripts/with-postgres.sh $(PY) -m pytest -q
 
 test-fast: $(TEST_STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	scripts/with-postgres.sh $(PY) -m pytest -q -m "not slow"
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
