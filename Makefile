@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mutransfer-installed
 TEST_STAMP := $(VENV)/.mutransfer-test-installed
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo quickstart test test-fast bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,9 @@ $(TEST_STAMP): $(STAMP)
 install: $(STAMP)
 
 demo: $(STAMP)
+	$(VENV)/bin/mutransfer demo
+
+quickstart: $(STAMP)
 	$(PY) examples/quickstart.py
 
 test: $(TEST_STAMP)
@@ -37,6 +40,8 @@ test-fast: $(TEST_STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/coord_check_speed.py
+	scripts/with-postgres.sh $(PY) benchmarks/sweep_throughput.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache mutransfer-demo

@@ -230,3 +230,34 @@ def test_a_worker_elsewhere_joins_by_sweep_name_and_storage(tmp_path, monkeypatc
     monkeypatch.chdir(elsewhere)
     assert main(["worker", "synthetic", "--storage", storage, "--no-progress"]) == 0  # nothing left to do
     assert (elsewhere / "synthetic" / "config.toml").read_text() == cfg.read_text()
+
+
+@pytest.mark.slow
+def test_a_worker_dying_right_after_claiming_does_not_block_the_sweep(tmp_path):
+    cfg = write(tmp_path, GRID.replace("SLEEP", "0").replace("widths = [16, 64]", "widths = [16]"))
+    run = tmp_path / "run"
+    Sweep.create(cfg, run).prepare()
+    code = ("import os, sys; from mutransfer.sweep import Sweep; s = Sweep(sys.argv[1]); "
+            "t = s._claim(s.study('mup', 16)); assert t is not None; os._exit(0)")
+    subprocess.run([sys.executable, "-c", code, str(run)], check=True, timeout=120)
+    sweep = Sweep(run)
+    start = time.time()
+    sweep.work(progress=False)
+    assert time.time() - start < 60
+    for study in studies(sweep).values():
+        assert len(study.get_trials(states=(TrialState.COMPLETE,))) == 9
+
+
+def test_a_worker_started_before_the_sweep_waits_for_it(tmp_path):
+    cfg = write(tmp_path, GRID.replace("SLEEP", "0.05"))
+    storage = f"sqlite:///{tmp_path / 'shared.db'}"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    worker = subprocess.Popen([sys.executable, "-m", "mutransfer.cli", "worker", "synthetic", "--storage", storage,
+                               "--no-progress", "--wait", "60"], cwd=elsewhere, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    assert main(["sweep", str(cfg), "--run", str(tmp_path / "run"), "--storage", storage, "--no-progress"]) == 0
+    _, err = worker.communicate(timeout=120)
+    assert worker.returncode == 0, err
+    for study in studies(Sweep(tmp_path / "run", storage=storage)).values():
+        assert len(study.get_trials(states=(TrialState.COMPLETE,))) == 9

@@ -65,6 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     w = sub.add_parser("worker", help="join a sweep as one more worker (any machine that reaches its storage)")
     w.add_argument("run", help="run directory holding config.toml")
     w.add_argument("--storage", help="storage URL (or env MUTRANSFER_STORAGE); default: the run's own")
+    w.add_argument("--wait", type=float, default=120.0,
+                   help="seconds to wait for the sweep to be created by `mutransfer sweep` (default 120)")
     w.add_argument("--no-progress", action="store_true")
     w.set_defaults(handler=_worker)
 
@@ -158,8 +160,9 @@ def _worker(args) -> int:
     from .sweep import Sweep
 
     try:
-        sweep = Sweep(args.run, storage=args.storage)
+        sweep = Sweep(args.run, storage=args.storage, wait=args.wait)
         sweep.objective
+        sweep.wait_prepared(args.wait)
     except ValueError as e:
         raise UsageError(str(e)) from None
     n = sweep.work(progress=not args.no_progress)

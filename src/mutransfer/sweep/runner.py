@@ -42,12 +42,18 @@ def study_name(config: SweepConfig, parametrization: str, width: int) -> str:
 class Sweep:
     """A sweep's run directory, config, storage and studies."""
 
-    def __init__(self, run_dir: Union[str, os.PathLike], storage: Optional[str] = None):
+    def __init__(self, run_dir: Union[str, os.PathLike], storage: Optional[str] = None, wait: float = 0.0):
+        """Open a run. `wait`: seconds to wait for a sweep that another process is still creating."""
         self.run_dir = Path(run_dir)
         path = self.run_dir / CONFIG_FILE
         storage = storage or os.environ.get(STORAGE_ENV)
-        if not path.is_file() and storage:
-            _fetch_config(open_storage(storage), self.run_dir.name, path)  # a worker on another machine
+        deadline = time.monotonic() + wait
+        while not path.is_file():
+            if storage:
+                _fetch_config(open_storage(storage), self.run_dir.name, path)  # a worker on another machine
+            if path.is_file() or time.monotonic() >= deadline:
+                break
+            time.sleep(POLL_SECONDS)
         if not path.is_file():
             raise ValueError(f"{self.run_dir} is not a sweep run directory (no {CONFIG_FILE}); start one with "
                              "`mutransfer sweep CONFIG --run DIR`, or pass the sweep's name and --storage")
@@ -106,6 +112,24 @@ class Sweep:
                     study.enqueue_trial(params, skip_if_exists=True)
                 study.set_user_attr("enqueued", True)
 
+    def prepared(self) -> bool:
+        """Has `prepare` run (every study exists and, for a grid, is enqueued)?"""
+        names = {s.study_name: s for s in optuna.study.get_all_study_summaries(self.storage, include_best_trial=False)}
+        for cell in self.config.cells:
+            summary = names.get(study_name(self.config, *cell))
+            if summary is None or (self.config.sampler == "grid" and not summary.user_attrs.get("enqueued")):
+                return False
+        return True
+
+    def wait_prepared(self, timeout: float) -> None:
+        """Block until the sweep's own process has prepared the studies (a worker may start first)."""
+        deadline = time.monotonic() + timeout
+        while not self.prepared():
+            if time.monotonic() > deadline:
+                raise ValueError(f"sweep {self.config.name} was not prepared within {timeout:.0f} s; "
+                                 "start it with `mutransfer sweep CONFIG` first")
+            time.sleep(POLL_SECONDS)
+
     def total_trials(self) -> int:
         per_cell = len(self.grid()) if self.config.sampler == "grid" else self.config.n_trials
         return per_cell * len(self.config.cells)
@@ -117,6 +141,9 @@ class Sweep:
         for frozen in self.storage.get_all_trials(study._study_id, deepcopy=False, states=(TrialState.WAITING,)):
             try:
                 if self.storage.set_trial_state_values(frozen._trial_id, TrialState.RUNNING):
+                    # A first heartbeat at once: a trial with none is never found stale, so a worker
+                    # dying before its heartbeat thread starts would block the sweep for good.
+                    self.storage.record_heartbeat(frozen._trial_id)
                     return optuna.Trial(study, frozen._trial_id)
             except optuna.exceptions.UpdateFinishedTrialError:
                 continue
@@ -129,7 +156,9 @@ class Sweep:
         if done + diverged >= self.config.n_trials:
             return None
         with quiet():  # we send the heartbeats ourselves (see Heartbeat)
-            return study.ask()
+            trial = study.ask()
+        self.storage.record_heartbeat(trial._trial_id)
+        return trial
 
     def _suggest(self, trial: optuna.Trial, name: str, dim: Dimension):
         if isinstance(dim, Choice):

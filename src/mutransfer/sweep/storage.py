@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Iterator
@@ -54,16 +55,26 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
                         optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3)}
         else:
             callback = {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=3)}
-    try:
-        with quiet():
-            return optuna.storages.RDBStorage(url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_INTERVAL,
-                                              grace_period=GRACE_PERIOD, **callback)
-    except ImportError as e:
-        raise ValueError(f"storage {mask_url(url)}: driver missing ({e}); for PostgreSQL: "
-                         "pip install 'mutransfer[postgres]'") from None
-    except Exception as e:  # sqlalchemy's OperationalError and friends
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ValueError(f"storage {mask_url(url)} is unreachable: {mask_url(first)}") from None
+    last = None
+    for attempt in range(6):
+        try:
+            with quiet():
+                return optuna.storages.RDBStorage(url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_INTERVAL,
+                                                  grace_period=GRACE_PERIOD, **callback)
+        except ImportError as e:
+            raise ValueError(f"storage {mask_url(url)}: driver missing ({e}); for PostgreSQL: "
+                             "pip install 'mutransfer[postgres]'") from None
+        except Exception as e:  # sqlalchemy's OperationalError and friends
+            last = e
+            text = str(e)
+            # Several processes creating Optuna's tables at once: the losers see the tables appear
+            # under them. That is a race, not an unreachable server: try again.
+            if any(k in text for k in ("already exists", "UniqueViolation", "DuplicateTable", "duplicate key")):
+                time.sleep(0.2 * (attempt + 1))
+                continue
+            break
+    first = str(last).splitlines()[0] if str(last) else type(last).__name__
+    raise ValueError(f"storage {mask_url(url)} is unreachable: {mask_url(first)}") from None
 
 
 class Heartbeat:
