@@ -1,7 +1,7 @@
 """Sweep throughput: trials per minute with 1 and 2 local workers, on SQLite and PostgreSQL.
 
 Each row runs the same grid sweep (the built-in MLP recipe, 1 torch thread per worker, 32
-trials of about 0.3 s) from scratch and reports trials per minute and the ratio to 1 worker on
+trials of about 1 s) from scratch and reports trials per minute and the ratio to 1 worker on
 SQLite, all in one run. PostgreSQL rows need a server: pass --postgres URL or set
 MUTRANSFER_TEST_POSTGRES (``make test`` starts a throwaway one through scripts/with-postgres.sh:
 ``scripts/with-postgres.sh .venv/bin/python benchmarks/sweep_throughput.py``).
@@ -22,7 +22,7 @@ from mutransfer.sweep.storage import mask_url
 
 CONFIG = '''name = "{name}"
 objective = "recipe:mlp"
-widths = [64]
+widths = [128]
 sampler = "grid"
 [space.lr]
 type = "log"
@@ -49,7 +49,7 @@ def one(storage: str | None, workers: int, steps: int, root: Path) -> tuple[int,
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--postgres", default=os.environ.get("MUTRANSFER_TEST_POSTGRES"))
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--steps", type=int, default=300)
     args = p.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
