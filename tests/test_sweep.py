@@ -85,6 +85,8 @@ def test_grid_sweep_report_and_transfer(tmp_path, capsys):
     assert result["mup"]["hparams"]["lr"] == 2 ** -6 and result["sp"]["hparams"]["lr"] == 2 ** -6
     assert result["mup"]["loss"] < result["sp"]["loss"]  # SP's proxy optimum is 4 octaves off at 256
     assert "µP target" in out and "sweep compute / one target run" in out
+    assert main(["report", str(run)]) == 0  # the report now shows the transfer too
+    assert "Transfer from width 16 to width 256" in (run / "report.html").read_text()
 
 
 def test_rerunning_a_finished_sweep_runs_nothing_and_a_changed_config_is_refused(tmp_path, capsys):

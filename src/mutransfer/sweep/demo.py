@@ -59,12 +59,12 @@ def run_demo(out: Union[str, Path] = "mutransfer-demo", quick: bool = False, wor
     if not config.exists() or config.read_text() != text:
         config.write_text(text)
     sweep = run_sweep(config, out / "run", workers=workers, progress=progress)
+    transferred = transfer(sweep, max(sweep.config.widths))
     report = write_report(sweep)
     results = load_results(sweep)
     moved = {p: max_drift_steps(sweep, results, p, "lr") for p in sweep.config.parametrizations}
     optima = {p: {w: round(math.log2(b.params["lr"])) for w in sweep.config.widths
                   if (b := best(results, p, w)) is not None} for p in sweep.config.parametrizations}
-    transferred = transfer(sweep, max(sweep.config.widths))
     return {"report": report, "optima": optima, "moved": moved, "transfer": transferred,
             "seconds": time.perf_counter() - start, "sweep": sweep}
 

@@ -135,6 +135,18 @@ def write_report(sweep: Sweep, out_dir: Optional[Path] = None) -> Path:
                   f"(best loss by width: {', '.join(f'{best(results, p, w).loss:.3f}' for w in cfg.widths if best(results, p, w))})</li>"
                   for p, v in summary["wider_is_better"].items())
     head = "".join(f"<th>best {html.escape(k)}</th>" for k in cfg.space)
+    transfer_html = ""
+    transfer_path = sweep.run_dir / "transfer.json"
+    if transfer_path.is_file():  # written by `mutransfer transfer`
+        t = json.loads(transfer_path.read_text())
+        cells = []
+        for p, label in (("mup", "µP target, µP proxy optimum"), ("sp", "SP target, SP proxy optimum")):
+            if p in t:
+                loss = "diverged" if t[p]["loss"] is None else f"{t[p]['loss']:.4f}"
+                cells.append(f"<tr><td>{label}</td><td>{_fmt(t[p]['hparams'].get('lr', '—'))}</td><td>{loss}</td></tr>")
+        ratio = f"<p>Sweep compute over one target run: {t['cost_ratio']:.1f}×.</p>" if "cost_ratio" in t else ""
+        transfer_html = (f"<h2>Transfer from width {t['proxy_width']} to width {t['target_width']}</h2>"
+                         f"<table><tr><th>run</th><th>lr</th><th>training loss</th></tr>{''.join(cells)}</table>{ratio}")
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>µTransfer sweep: {html.escape(cfg.name)}</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}}
@@ -156,6 +168,7 @@ the HPs on the large one. Under SP they move with width.</p>
 <h2>Transferred hyperparameters</h2>
 <p>µP optimum at the proxy width {min(cfg.widths)} (also in <code>transferred.json</code>):</p>
 <pre>{html.escape(json.dumps(transferred, indent=1))}</pre>
+{transfer_html}
 </body></html>"""
     path = out / "report.html"
     path.write_text(page)
