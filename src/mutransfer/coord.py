@@ -15,7 +15,7 @@ uses ``mt.attn_logits``.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,8 @@ from torch import nn
 
 from . import attention as attn
 from .coord_report import ATTN_SUFFIX, CoordCheckResult, Record
+from .depth import block_containers
+from .shapes import canonical_name
 from .optim import param_groups
 from .progress import Progress
 from .rules import optimizer_family
@@ -32,11 +34,16 @@ MODEL_OUTPUT = "(model output)"
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
-def coord_check(make_model: Callable[[int], nn.Module], widths: Sequence[int], data: Sequence[tuple[Any, Any]],
-                optimizer: str = "sgd", lr: float = 0.1, steps: int = 4, seeds: int = 3,
-                loss_fn: Optional[LossFn] = None, *, max_growth: float = 1.5, weight_decay: float = 0.0,
-                progress: bool = True) -> CoordCheckResult:
+def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequence[int]],
+                data: Sequence[tuple[Any, Any]], optimizer: str = "sgd", lr: float = 0.1, steps: int = 4,
+                seeds: int = 3, loss_fn: Optional[LossFn] = None, *, depths: Optional[Sequence[int]] = None,
+                max_growth: float = 1.5, weight_decay: float = 0.0, progress: bool = True) -> CoordCheckResult:
     """Train `make_model(width)` for `steps` steps at each width and seed; return the verdict.
+
+    Across depth: give `depths` (at least two) and one width; `make_model(width, depth)` is
+    called and the same verdict is taken along depth (growth per 16× depth). Modules of the
+    last block of every block container are named ``<container>.last`` so that the residual
+    stream at the end of the blocks is compared across depths.
 
     Args:
         make_model: width → a ready model: parametrized by the user (µP; its optimizer groups
@@ -54,7 +61,14 @@ def coord_check(make_model: Callable[[int], nn.Module], widths: Sequence[int], d
             log(size) against log(width) at most log 1.5 / log 16 ≈ 0.146).
         progress: draw a progress bar on stderr.
     """
-    widths = _check_widths(widths)
+    if depths is not None:
+        widths = [widths] if isinstance(widths, int) else list(widths)
+        if len(set(widths)) != 1:
+            raise ValueError(f"a coordinate check across depth takes one width (widths={widths}); check width "
+                             "and depth in two runs")
+        axis, sizes, fixed_width = "depth", _check_widths(depths, "depths"), int(widths[0])
+    else:
+        axis, sizes, fixed_width = "width", _check_widths(widths), None
     data = _check_data(data)
     if not callable(make_model):
         raise TypeError(f"make_model must be a function of width returning a model, got {type(make_model).__name__}")
@@ -70,25 +84,42 @@ def coord_check(make_model: Callable[[int], nn.Module], widths: Sequence[int], d
     records: list[Record] = []
     parametrizations = set()
     diverged: list[tuple[int, int, int]] = []
-    bar = Progress(len(widths) * seeds, "coord-check", enabled=progress)
-    for width in widths:
+    bar = Progress(len(sizes) * seeds, "coord-check", enabled=progress)
+    for size in sizes:
         for seed in range(seeds):
-            bar.update(f"width {width}, seed {seed}")
+            bar.update(f"{axis} {size}, seed {seed}")
             torch.manual_seed(seed)
-            model = make_model(width)
+            model = make_model(size) if axis == "width" else make_model(fixed_width, size)
+            call = f"make_model({size})" if axis == "width" else f"make_model({fixed_width}, {size})"
             if not isinstance(model, nn.Module):
-                raise TypeError(f"make_model({width}) returned {type(model).__name__}, not an nn.Module")
+                raise TypeError(f"{call} returned {type(model).__name__}, not an nn.Module")
             is_mup = find_spec(model) is not None
             parametrizations.add("µP" if is_mup else "SP")
             run_records, bad_step = _run(model, data, optimizer, family, lr, weight_decay, steps, loss_fn, is_mup)
-            records += [Record(m, q, t, width, seed, v) for (m, q, t), v in run_records.items()]
+            rename = _last_block_names(model) if axis == "depth" else {}
+            records += [Record(rename.get(m, m), q, t, size, seed, v) for (m, q, t), v in run_records.items()]
             if bad_step is not None:
-                diverged.append((width, seed, bad_step))
+                diverged.append((size, seed, bad_step))
             bar.advance()
     bar.close()
-    return CoordCheckResult(records, widths=list(widths), steps=steps, seeds=seeds, optimizer=optimizer, lr=float(lr),
+    return CoordCheckResult(records, widths=list(sizes), steps=steps, seeds=seeds, optimizer=optimizer, lr=float(lr),
                             max_growth=max_growth, parametrization="/".join(sorted(parametrizations)),
-                            diverged=diverged)
+                            diverged=diverged, axis=axis, fixed_width=fixed_width)
+
+
+def _last_block_names(model: nn.Module) -> dict[str, str]:
+    """Module name → name with the last block of each block container called 'last'."""
+    shapes = {canonical_name(n): tuple(p.shape) for n, p in model.named_parameters()}
+    containers = block_containers(shapes)
+    out = {}
+    for name, _ in model.named_modules():
+        for prefix, n in containers.items():
+            head = f"{prefix}.{n - 1}" if prefix else str(n - 1)
+            if name == head or name.startswith(head + "."):
+                out[name] = (f"{prefix}.last" if prefix else "last") + name[len(head):]
+                for suffix in (ATTN_SUFFIX,):
+                    out[name + suffix] = out[name] + suffix
+    return out
 
 
 # --------------------------------------------------------------------------- one run
@@ -306,13 +337,13 @@ class _Probe:
 # --------------------------------------------------------------------------- argument checks
 
 
-def _check_widths(widths: Iterable[int]) -> list[int]:
+def _check_widths(widths: Iterable[int], what: str = "widths") -> list[int]:
     try:
         widths = [int(w) for w in widths]
     except (TypeError, ValueError):
-        raise TypeError(f"widths must be a list of integers, got {widths!r}") from None
+        raise TypeError(f"{what} must be a list of integers, got {widths!r}") from None
     if len(set(widths)) < 2 or any(w <= 0 for w in widths):
-        raise ValueError(f"widths needs at least two different positive widths, got {widths}")
+        raise ValueError(f"{what} needs at least two different positive values, got {widths}")
     return sorted(set(widths))
 
 

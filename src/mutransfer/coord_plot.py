@@ -56,7 +56,7 @@ def plot_result(result: "CoordCheckResult", path: Union[str, os.PathLike], max_l
         ax.set_xticks(result.widths)
         ax.set_xticklabels([str(w) for w in result.widths], fontsize=7)
         ax.set_title(title, fontsize=9)
-        ax.set_xlabel("width", fontsize=8)
+        ax.set_xlabel(result.axis, fontsize=8)
         ax.tick_params(axis="y", labelsize=7)
         ax.grid(True, which="major", alpha=0.3)
     for r in range(rows):
@@ -64,7 +64,7 @@ def plot_result(result: "CoordCheckResult", path: Union[str, os.PathLike], max_l
 
     verdict = "PASS" if result.passed else "FAIL"
     fig.suptitle(f"Coordinate check {verdict} — {result.parametrization}, {result.optimizer} lr={result.lr:g}, "
-                 f"{result.seeds} seeds; rule: growth ≤ {result.max_growth:g}× per 16× width",
+                 f"{result.seeds} seeds; rule: growth ≤ {result.max_growth:g}× per 16× {result.axis}",
                  color="#1a7f37" if result.passed else "#c62828", fontsize=11)
     handles = [Line2D([], [], color=color_of[m], lw=2.2, marker="o", ms=4, label=f"{m} (fails)")
                for m in failing[:max_legend]]

@@ -32,7 +32,7 @@ class Record:
     module: str
     quantity: str  # "size" (mean |h|) or "change" (mean |h − h at init|)
     step: int
-    width: int
+    width: int  # the swept size: the width, or the depth in a check across depth
     seed: int
     value: float
 
@@ -52,7 +52,7 @@ class Trend:
     passed: bool
 
     def __str__(self) -> str:
-        return (f"{self.module} {self.quantity} at step {self.step}: ×{self.growth:.3g} from width "
+        return (f"{self.module} {self.quantity} at step {self.step}: ×{self.growth:.3g} from "
                 f"{self.widths[0]} to {self.widths[-1]} (slope {self.slope:+.2f} ± {self.slope_se:.2f})")
 
 
@@ -73,6 +73,11 @@ def _fit_slope(points: list[tuple[int, float]]) -> Optional[tuple[float, float]]
     return slope, math.sqrt(residual / sxx)
 
 
+def _in_numbered_block(module: str) -> bool:
+    """Inside block i of a container: its own change is 1/L of the stream's in depth-µP."""
+    return any(part.isdigit() for part in module.split("."))
+
+
 @dataclass
 class CoordCheckResult:
     """Result of `mt.coord_check`: `.passed`, `.failures`, exports, `.plot(path)`, `print(result)`."""
@@ -86,6 +91,8 @@ class CoordCheckResult:
     max_growth: float = 1.5
     parametrization: str = ""
     diverged: list[tuple[int, int, int]] = field(default_factory=list)  # (width, seed, step)
+    axis: str = "width"  # "depth": `widths` and Record.width hold depths, at `fixed_width`
+    fixed_width: Optional[int] = None
 
     def __post_init__(self) -> None:
         self.max_slope = math.log(self.max_growth) / math.log(16)
@@ -128,7 +135,8 @@ class CoordCheckResult:
     def warnings(self) -> list[Trend]:
         """Changes that vanish with width (slope < −0.5): µP's feature learning is lost there."""
         return sorted((t for t in self.trends if t.passed and t.quantity == "change" and t.step > 0
-                       and t.slope < VANISHING_SLOPE and not t.module.endswith(ATTN_SUFFIX)),
+                       and t.slope < VANISHING_SLOPE and not t.module.endswith(ATTN_SUFFIX)
+                       and not (self.axis == "depth" and _in_numbered_block(t.module))),
                       key=lambda t: t.slope)
 
     def failing_modules(self) -> list[str]:
@@ -168,7 +176,8 @@ class CoordCheckResult:
 
     def to_dict(self) -> dict:
         return {
-            "passed": self.passed, "parametrization": self.parametrization, "widths": self.widths,
+            "passed": self.passed, "parametrization": self.parametrization, "axis": self.axis,
+            "fixed_width": self.fixed_width, "widths": self.widths,
             "optimizer": self.optimizer, "lr": self.lr, "steps": self.steps, "seeds": self.seeds,
             "max_growth": self.max_growth, "max_slope": self.max_slope,
             "diverged": [{"width": w, "seed": s, "step": t} for w, s, t in self.diverged],
@@ -185,17 +194,19 @@ class CoordCheckResult:
 
     def __str__(self) -> str:
         w0, w1 = self.widths[0], self.widths[-1]
-        head = (f"Coordinate check ({self.parametrization}, {self.optimizer} lr={self.lr:g}, widths "
-                f"{', '.join(map(str, self.widths))}, {self.steps} steps × {self.seeds} seeds): "
+        ax = self.axis
+        where = f", width {self.fixed_width}" if self.fixed_width is not None else ""
+        head = (f"Coordinate check ({self.parametrization}, {self.optimizer} lr={self.lr:g}, {ax}s "
+                f"{', '.join(map(str, self.widths))}{where}, {self.steps} steps × {self.seeds} seeds): "
                 f"{'PASS' if self.passed else 'FAIL'}")
         rule = (f"rule: no activation or change may grow significantly more than {self.max_growth:g}× per "
-                f"16× width (slope of log size vs log width − 2·SE ≤ {self.max_slope:.3f}; over {w0}→{w1} "
+                f"16× {ax} (slope of log size vs log {ax} − 2·SE ≤ {self.max_slope:.3f}; over {w0}→{w1} "
                 f"the limit is ×{(w1 / w0) ** self.max_slope:.2f})")
         lines = [head, rule]
         if self.seeds * len(self.widths) <= 2:
             lines.append("note: one seed at two widths gives no estimate of noise; use ≥ 3 widths or ≥ 2 seeds")
         for w, s, t in self.diverged:
-            lines.append(f"  diverged: width {w}, seed {s}: loss not finite at step {t}")
+            lines.append(f"  diverged: {ax} {w}, seed {s}: loss not finite at step {t}")
         fails = self.failures
         if fails:
             lines.append(f"{len(fails)} of {len(self.trends)} curves grow too fast; worst per module:")
@@ -205,7 +216,7 @@ class CoordCheckResult:
             if worst is not None:
                 lines.append(f"all {len(self.trends)} curves within the rule; steepest: {worst}")
         if self.warnings:
-            lines.append(f"{len(self.warnings)} changes vanish with width (slope < {VANISHING_SLOPE}); "
+            lines.append(f"{len(self.warnings)} changes vanish with {ax} (slope < {VANISHING_SLOPE}); "
                          "µP keeps them Θ(1). Steepest:")
             lines += self._table(self._worst_per_module(self.warnings, worst_is_low=True)[:5])
         return "\n".join(lines)

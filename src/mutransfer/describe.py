@@ -28,8 +28,14 @@ def describe(model: nn.Module) -> str:
     if spec.forward_multipliers:
         lines.append("forward multipliers: " + ", ".join(
             f"{m or '<model>'} {kind}{c:.4g}" for m, (kind, c) in spec.forward_multipliers.items()))
-    else:
+    elif not spec.branches:
         lines.append("forward multipliers: none (zero forward overhead)")
+    for prefix, (l0, l) in spec.depth.items():
+        inside = [m for m in spec.branches if m.startswith(f"{prefix}.") or not prefix]
+        names = sorted({".".join(p if not p.isdigit() else "*" for p in m.split(".")) for m in inside})
+        c = spec.branches[inside[0]] if inside else 1.0
+        lines.append(f"depth {prefix or '<model>'}: L₀={l0} → L={l} (m_L={l / l0:g}), α={spec.depth_alpha:g}: "
+                     f"residual branch outputs × m_L^-α = {c:.4g} ({', '.join(names) or 'none'})")
     for mname, kind, d0, d in spec.attention:
         alpha = spec.multipliers.attention
         scale = alpha * d0 ** 0.5 / d if d else None

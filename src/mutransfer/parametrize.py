@@ -17,7 +17,9 @@ from torch import nn
 from . import attention as attn
 from . import scaled_forward
 from .roles import ParamInfo, classify
-from .rules import Multipliers, factor, formulation_rules
+from .depth import BRANCH_ATTR, DepthMap, block_containers, find_branches
+from .rules import (DEFAULT_DEPTH_ALPHA, DEPTH_RULES, Multipliers, check_depth_alpha, depth_factor, factor,
+                    formulation_rules)
 from .shapes import WidthShapes, canonical_name
 from .spec import SPEC_ATTR, MuSpec, find_spec
 
@@ -39,7 +41,10 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
                 roles: Optional[Mapping[str, str]] = None,
                 transposed: Iterable[str] = (),
                 attention: bool = True,
-                attn_base_head_dim: Optional[int] = None) -> nn.Module:
+                attn_base_head_dim: Optional[int] = None,
+                depth_alpha: float = DEFAULT_DEPTH_ALPHA,
+                residual_branches: Optional[Iterable[str]] = None,
+                base_depth: Optional[Union[int, Mapping[str, int]]] = None) -> nn.Module:
     """Put `model` in µP relative to `base` (and `delta`), in place; returns `model`.
 
     Args:
@@ -64,6 +69,13 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
         transposed: name patterns of weights stored (fan_in, fan_out).
         attention: set False if the model already scales attention the µP way.
         attn_base_head_dim: head dim of the base model when it cannot be read off it.
+        depth_alpha: depth scaling when the model has more (or fewer) repeated residual blocks
+            than `base`: each branch output × (L/L₀)^-α, in-block lr and ε per `rules.DEPTH_RULES`.
+            1.0 CompleteP (default), 0.5 Depth-µP, 0 no depth scaling. See `depth`.
+        residual_branches: module name patterns of the residual branches (e.g.
+            ["blocks.*.attn", "blocks.*.mlp"]) when tracing the blocks cannot find them.
+        base_depth: the base depth L₀ when the base model given is not at it (an int for the
+            model's one block container, or {container: L₀}).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"parametrize needs an nn.Module as `model`, got {type(model).__name__}")
@@ -72,10 +84,15 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
                          "init, so calling it twice would apply µP twice. Build a fresh model instead")
     mults = Multipliers(dict(init_mult or {}), dict(lr_mult or {}), output_mult, attn_mult, embedding_mult)
     rules = formulation_rules(formulation)
+    alpha = check_depth_alpha(depth_alpha)
     shapes = _resolve_shapes(model, base, delta, base_shapes)
-    infos = classify(model, shapes, roles, transposed)
-    attention_plan = attn.plan(model, shapes.attention_head_dims, float(attn_mult),
-                               attn_base_head_dim) if attention else []
+    depth = _depth_map(model, shapes, base_depth)
+    infos = classify(model, shapes, roles, transposed, depth)
+    branches, helper_blocks = (find_branches(model, depth, residual_branches)
+                               if depth.containers and alpha > 0 else ({}, []))
+    heads = {canonical_name(n): shapes.attention_head_dims[depth.to_base(canonical_name(n))]
+             for n, _ in model.named_modules() if depth.to_base(canonical_name(n)) in shapes.attention_head_dims}
+    attention_plan = attn.plan(model, heads, float(attn_mult), attn_base_head_dim) if attention else []
     params = {canonical_name(n): p for n, p in model.named_parameters()}
     zeroing = _readout_zeroing(model, infos, params) if zero_init_readout else []
     zeroing += _query_zeroing(model, zero_init_query) if zero_init_query else []
@@ -86,11 +103,12 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
     if base is not None and not any(p.is_meta for p in base.parameters()):
         base_values = {canonical_name(n): p.detach() for n, p in base.named_parameters()}
     spec = MuSpec(shapes, infos, formulation, mults,
-                  init_source="base values" if base_values is not None else "assumed PyTorch-default scaling")
+                  init_source="base values" if base_values is not None else "assumed PyTorch-default scaling",
+                  depth_alpha=alpha if depth.containers else 0.0, depth=dict(depth.containers))
     with torch.no_grad():
         for name, info in infos.items():
             scale = _init_scale(info, shapes, rules[info.role].init, mults.init_mult(info.role),
-                                params[name], None if base_values is None else base_values[name])
+                                params[name], None if base_values is None else base_values[info.base_name])
             spec.init_scales[name] = scale
             if scale != 1.0:
                 params[name].mul_(scale)
@@ -100,6 +118,7 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
     _install_multipliers(model, multipliers)
     spec.forward_multipliers = {m: (kind, c) for m, kind, c in multipliers}
     spec.attention = attn.install(attention_plan, float(attn_mult))
+    spec.branches = _install_branch_multipliers(model, depth, alpha, branches, helper_blocks)
     setattr(model, SPEC_ATTR, spec)
     return model
 
@@ -124,6 +143,39 @@ def _resolve_shapes(model, base, delta, base_shapes) -> WidthShapes:
     return WidthShapes.from_models(base, delta, target=model)
 
 
+def _depth_map(model: nn.Module, shapes: WidthShapes, base_depth) -> DepthMap:
+    """Block containers whose count differs between the base (shapes) and `model`."""
+    target = {canonical_name(n): tuple(p.shape) for n, p in model.named_parameters()}
+    base = {n: ps.base for n, ps in shapes.params.items()}
+    if isinstance(base_depth, int) and not isinstance(base_depth, bool):
+        found = block_containers(target)
+        outer = [p for p in found if not any(q != p and p.startswith(f"{q}.") for q in found)]
+        if len(outer) != 1:
+            raise ValueError(f"base_depth={base_depth} is ambiguous: the model has block containers "
+                             f"{', '.join(outer) or 'none'}; pass base_depth={{'container': L0}}")
+        base_depth = {outer[0]: base_depth}
+    elif base_depth is not None and not isinstance(base_depth, Mapping):
+        raise TypeError(f"base_depth must be an int or a dict of container → int, got {type(base_depth).__name__}")
+    return DepthMap.between(base, target, base_depth)
+
+
+def _install_branch_multipliers(model: nn.Module, depth: DepthMap, alpha: float, branches: dict[str, bool],
+                                helper_blocks: list[str]) -> dict[str, float]:
+    """Multiply every residual branch output by (L/L₀)^-α; returns {module: multiplier}."""
+    rule = DEPTH_RULES["block"].branch_output
+    installed = {}
+    for mname in branches:
+        c = depth_factor(rule, depth.multiplier(mname), alpha)
+        if c != 1.0:
+            scaled_forward.install(_module(model, mname), output_mult=c)
+            installed[mname] = c
+    for bname in helper_blocks:
+        c = depth_factor(rule, depth.multiplier(bname), alpha)
+        setattr(_module(model, bname), BRANCH_ATTR, c)
+        installed[bname] = c
+    return installed
+
+
 def _rms(t: torch.Tensor) -> float:
     return float(t.detach().to(torch.float64).pow(2).mean().sqrt())
 
@@ -131,7 +183,7 @@ def _rms(t: torch.Tensor) -> float:
 def _init_scale(info: ParamInfo, shapes: WidthShapes, init_exp, init_mult: float,
                 p: torch.Tensor, base_p: Optional[torch.Tensor]) -> float:
     """Factor to multiply the model's current init by."""
-    own = shapes.params[info.name].multipliers(tuple(p.shape))
+    own = shapes.params[info.base_name].multipliers(tuple(p.shape))
     if all(m == 1.0 for m in own) and info.module_fan_in_mult == 1.0:
         # Base width for this parameter (and, for a bias, for its layer's fan_in): keep the user's init.
         return init_mult

@@ -30,6 +30,7 @@ from typing import Iterable, Mapping, Optional
 
 from torch import nn
 
+from .depth import DepthMap
 from .rules import ROLES
 from .shapes import ParamShape, WidthShapes, canonical_name
 
@@ -49,6 +50,9 @@ class ParamInfo:
     usages: list[tuple[str, str]] = field(default_factory=list)  # (module name, local name)
     tied_readouts: list[str] = field(default_factory=list)       # modules using it as readout
     module_fan_in_mult: float = 1.0  # m of the owning weight's fan_in, for biases (meta-base init)
+    base_name: str = ""              # its name in the base model (differs inside deeper blocks)
+    block: Optional[str] = None      # the depth container holding it (None outside repeated blocks)
+    m_depth: float = 1.0             # L/L₀ of that container
 
     @property
     def aliases(self) -> list[str]:
@@ -118,8 +122,12 @@ def _multipliers(name: str, role: str, shape: ParamShape, tshape: tuple[int, ...
 
 
 def classify(model: nn.Module, shapes: WidthShapes, roles: Optional[Mapping[str, str]] = None,
-             transposed: Iterable[str] = ()) -> dict[str, ParamInfo]:
-    """Role and width multipliers of every parameter of `model` (keyed by canonical name)."""
+             transposed: Iterable[str] = (), depth: Optional[DepthMap] = None) -> dict[str, ParamInfo]:
+    """Role and width multipliers of every parameter of `model` (keyed by canonical name).
+
+    `depth` maps the names of a model deeper (or shallower) than the base onto the base's.
+    """
+    depth = depth or DepthMap()
     roles = dict(roles or {})
     transposed = list(transposed or ())
     for pat, role in roles.items():
@@ -129,8 +137,8 @@ def classify(model: nn.Module, shapes: WidthShapes, roles: Optional[Mapping[str,
     canonical: dict[int, str] = {}
     for n, p in model.named_parameters():
         canonical.setdefault(id(p), canonical_name(n))
-    missing = sorted(set(canonical.values()) - set(shapes.params))
-    extra = sorted(set(shapes.params) - set(canonical.values()))
+    missing = sorted(n for n in canonical.values() if depth.to_base(n) not in shapes.params)
+    extra = sorted({depth.normalized(n) for n in shapes.params} - {depth.normalized(n) for n in canonical.values()})
     if missing or extra:
         parts = []
         if missing:
@@ -149,7 +157,8 @@ def classify(model: nn.Module, shapes: WidthShapes, roles: Optional[Mapping[str,
     params = {id(p): p for p in model.parameters()}
     for pid, name in canonical.items():
         p = params[pid]
-        shape = shapes.params[name]
+        base_name = depth.to_base(name)
+        shape = shapes.params[base_name]
         tshape = tuple(p.shape)
         if len(tshape) != len(shape.base):
             raise ValueError(f"parameter '{name}' has rank {len(tshape)} in the model but rank "
@@ -190,8 +199,11 @@ def classify(model: nn.Module, shapes: WidthShapes, roles: Optional[Mapping[str,
             w = getattr(module, "weight")
             wname = f"{mname}.weight" if mname else "weight"
             wl = _module_layout(module, "weight", getattr(w, "ndim", 0), is_transposed)
-            if wl is not None and wname in shapes.params:
-                module_fan_in_mult = shapes.params[wname].multipliers(tuple(w.shape))[wl[0]]
+            wbase = depth.to_base(wname)
+            if wl is not None and wbase in shapes.params:
+                module_fan_in_mult = shapes.params[wbase].multipliers(tuple(w.shape))[wl[0]]
+        where = depth.locate(name)
         infos[name] = ParamInfo(name, tshape, role, float(m_in), float(m_out), layout,
-                                [(u[0], u[2]) for u in per_use], tied_readouts, float(module_fan_in_mult))
+                                [(u[0], u[2]) for u in per_use], tied_readouts, float(module_fan_in_mult),
+                                base_name, where[0] if where else None, depth.multiplier(name))
     return infos

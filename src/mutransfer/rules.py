@@ -79,6 +79,52 @@ WEIGHT_DECAY_POLICIES = ("lr_wd_constant", "independent")
 DEFAULT_WEIGHT_DECAY_POLICY = "lr_wd_constant"
 
 
+# Depth (TP6 Depth-µP α = ½; CompleteP, Dey et al. 2025, α = 1). m_L = L/L₀, the number of
+# residual blocks over the base model's. Every exponent is linear in α: the pair (c, k) means
+# m_L ** (c + k·α). Parameters inside a residual block ("block") get the lr/ε rows; everything
+# outside the repeated blocks (embeddings, final norm, readout) is untouched by depth.
+#
+# Why (the derivations the tests check numerically): each branch output is × m_L^-α, so the
+# gradient of every parameter in a block scales like m_L^-α. Each block's update should move
+# the residual stream by Θ(1/L) (L blocks then add up to Θ(1)), i.e. m_L^-α · |ΔW| ∝ 1/L:
+#   Adam:  |ΔW| ∝ lr                  → lr ∝ m_L^(α-1)   (½: m_L^-½ as TP6; 1: unchanged)
+#   SGD:   |ΔW| ∝ lr · m_L^-α         → lr ∝ m_L^(2α-1)  (½: unchanged as TP6)
+#   Adam ε scales like the gradient   → ε ∝ m_L^-α       (adam_eps = adam_lr - sgd_lr)
+# Init is not scaled with depth (both papers). Weight decay follows the lr through the policy.
+
+
+@dataclass(frozen=True)
+class DepthRule:
+    branch_output: tuple[float, float]
+    sgd_lr: tuple[float, float]
+    adam_lr: tuple[float, float]
+    adam_eps: tuple[float, float]
+
+
+DEPTH_RULES: dict[str, DepthRule] = {
+    #                    branch_output  sgd_lr      adam_lr     adam_eps
+    "block":   DepthRule((0.0, -1.0),   (-1.0, 2.0), (-1.0, 1.0), (0.0, -1.0)),
+    "outside": DepthRule((0.0, 0.0),    (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0)),
+}
+DEFAULT_DEPTH_ALPHA = 1.0  # CompleteP: the paper's best; 0.5 is Depth-µP; 0 turns depth scaling off
+
+
+def depth_factor(exponent: tuple[float, float], m_depth: float, alpha: float) -> float:
+    """m_L ** (c + k·α), exactly 1.0 at base depth."""
+    c, k = exponent
+    e = c + k * alpha
+    return 1.0 if (m_depth == 1.0 or e == 0.0) else float(m_depth ** e)
+
+
+def check_depth_alpha(alpha) -> float:
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        raise TypeError(f"depth_alpha must be a number (0.5 Depth-µP, 1.0 CompleteP, 0 off), got {alpha!r}")
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"depth_alpha must lie in [0, 1] (0.5 Depth-µP, 1.0 CompleteP, 0 no depth "
+                         f"scaling), got {alpha!r}")
+    return float(alpha)
+
+
 def factor(exponents: Exponents, m_in: float, m_out: float) -> float:
     """m_in**a * m_out**b, exactly 1.0 when both multipliers are 1."""
     a, b = exponents

@@ -52,8 +52,8 @@ def _make(parent: type) -> type:
         else:
             out = parent_forward(self, *args, **kwargs)
         c_out = self.__dict__.get(OUTPUT_ATTR, 1.0)
-        if c_out != 1.0:
-            out = out * c_out
+        if c_out != 1.0:  # a tuple output (e.g. nn.MultiheadAttention's) scales its first element
+            out = (out[0] * c_out,) + tuple(out[1:]) if isinstance(out, tuple) else out * c_out
         return out
 
     key = _key(parent)

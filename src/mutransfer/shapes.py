@@ -63,10 +63,13 @@ class WidthShapes:
             other, other_name = _shapes_of(target, "target"), "target"
         else:
             raise ValueError("width shapes need a `delta` model (or a target) to compare `base` with")
-        _check_same_names(base_shapes, other, "base", other_name)
+        from .depth import DepthMap  # depth containers: the other model may have more or fewer blocks
+        depth = DepthMap.between(base_shapes, other)
+        _check_same_names({depth.normalized(n) for n in base_shapes}, {depth.normalized(n) for n in other},
+                          "base", other_name)
         params: dict[str, ParamShape] = {}
         for name, bshape in base_shapes.items():
-            oshape = other[name]
+            oshape = other[depth.from_base(name)]
             if len(bshape) != len(oshape):
                 raise ValueError(
                     f"parameter '{name}' has rank {len(bshape)} in base but rank {len(oshape)} in "
@@ -157,7 +160,7 @@ def _shapes_of(obj, what: str) -> dict[str, tuple[int, ...]]:
                     f"got {type(obj).__name__}")
 
 
-def _check_same_names(a: Mapping, b: Mapping, a_name: str, b_name: str) -> None:
+def _check_same_names(a, b, a_name: str, b_name: str) -> None:
     only_a = sorted(set(a) - set(b))
     only_b = sorted(set(b) - set(a))
     if only_a or only_b:

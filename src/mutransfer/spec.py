@@ -7,7 +7,7 @@ from typing import Optional
 from torch import nn
 
 from .roles import ParamInfo
-from .rules import Multipliers, Rule, factor, formulation_rules
+from .rules import DEPTH_RULES, DepthRule, Multipliers, Rule, depth_factor, factor, formulation_rules
 from .shapes import WidthShapes
 
 SPEC_ATTR = "_mutransfer_spec"
@@ -33,16 +33,24 @@ class MuSpec:
     forward_multipliers: dict[str, tuple[str, float]] = field(default_factory=dict)
     attention: list[tuple[str, str, int, Optional[int]]] = field(default_factory=list)
     zero_init: list[str] = field(default_factory=list)
+    depth_alpha: float = 0.0
+    depth: dict[str, tuple[int, int]] = field(default_factory=dict)  # container → (L₀, L)
+    branches: dict[str, float] = field(default_factory=dict)  # module (or helper block) → multiplier
 
     def rule(self, name: str) -> Rule:
         return formulation_rules(self.formulation)[self.params[name].role]
 
+    def depth_rule(self, name: str) -> DepthRule:
+        return DEPTH_RULES["block" if self.params[name].block is not None else "outside"]
+
     def factors(self, name: str, family: str) -> tuple[float, float]:
-        """(lr factor, Adam ε factor) of one parameter for an optimizer family."""
-        info, rule = self.params[name], self.rule(name)
-        col = rule.sgd_lr if family == "sgd" else rule.adam_lr
-        lr_f = factor(col, info.m_in, info.m_out) * self.multipliers.lr_mult(info.role)
-        eps_f = factor(rule.adam_eps, info.m_in, info.m_out)
+        """(lr factor, Adam ε factor) of one parameter for an optimizer family: width × depth."""
+        info, rule, drule = self.params[name], self.rule(name), self.depth_rule(name)
+        col, dcol = (rule.sgd_lr, drule.sgd_lr) if family == "sgd" else (rule.adam_lr, drule.adam_lr)
+        lr_f = (factor(col, info.m_in, info.m_out) * depth_factor(dcol, info.m_depth, self.depth_alpha)
+                * self.multipliers.lr_mult(info.role))
+        eps_f = factor(rule.adam_eps, info.m_in, info.m_out) * depth_factor(drule.adam_eps, info.m_depth,
+                                                                            self.depth_alpha)
         return lr_f, eps_f
 
 

@@ -1,6 +1,6 @@
 """Small reference models and data used by the examples, the tests, the checks and the demo."""
 from .data import gaussian_batches, image_batches, stdlib_text, text_batches
-from .models import CNN, GPT, MLP, MHATransformer
+from .models import CNN, GPT, MLP, MHATransformer, ResMLP
 from .registry import RECIPES, Recipe, get_recipe
 
 __all__ = ["MLP", "CNN", "GPT", "MHATransformer", "RECIPES", "Recipe", "get_recipe", "stdlib_text",

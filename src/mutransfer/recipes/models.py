@@ -28,6 +28,36 @@ class MLP(nn.Module):
         return self.readout(h)
 
 
+class ResBlock(nn.Module):
+    """Pre-LN residual MLP block: x + fc2(relu(fc1(norm(x))))."""
+
+    def __init__(self, width: int, expansion: int = 1):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.fc1 = nn.Linear(width, expansion * width)
+        self.fc2 = nn.Linear(expansion * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(F.relu(self.fc1(self.norm(x))))
+
+
+class ResMLP(nn.Module):
+    """Residual MLP: input layer, `depth` pre-LN residual blocks, final LayerNorm, readout."""
+
+    def __init__(self, width: int, depth: int = 2, d_in: int = 32, d_out: int = 10):
+        super().__init__()
+        self.input = nn.Linear(d_in, width)
+        self.blocks = nn.ModuleList(ResBlock(width) for _ in range(depth))
+        self.norm = nn.LayerNorm(width)
+        self.readout = nn.Linear(width, d_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.input(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.readout(self.norm(h))
+
+
 class CNN(nn.Module):
     """Two conv layers with `width` channels, BatchNorm, global pooling, linear readout."""
 
