@@ -1,6 +1,7 @@
 """mutransfer: the Maximal Update Parametrization (µP) and µTransfer for PyTorch."""
 from . import optim, rules
 from .attention import attn_logits, attn_scale
+from .depth import residual_branch
 from .coord import coord_check
 from .coord_report import CoordCheckResult
 from .describe import describe
@@ -10,5 +11,5 @@ from .shapes import WidthShapes, load_shapes, save_shapes
 from .spec import MuSpec
 
 __version__ = "0.1.0"
-__all__ = ["parametrize", "coord_check", "CoordCheckResult", "param_groups", "describe", "attn_scale", "attn_logits", "save_shapes", "load_shapes",
+__all__ = ["parametrize", "residual_branch", "coord_check", "CoordCheckResult", "param_groups", "describe", "attn_scale", "attn_logits", "save_shapes", "load_shapes",
            "WidthShapes", "MuSpec", "optim", "rules", "__version__"]

@@ -41,7 +41,9 @@ class MuSpec:
         return formulation_rules(self.formulation)[self.params[name].role]
 
     def depth_rule(self, name: str) -> DepthRule:
-        return DEPTH_RULES["block" if self.params[name].block is not None else "outside"]
+        # depth_alpha = 0 means no depth scaling at all (not the α → 0 end of the formulas)
+        in_block = self.params[name].block is not None and self.depth_alpha > 0
+        return DEPTH_RULES["block" if in_block else "outside"]
 
     def factors(self, name: str, family: str) -> tuple[float, float]:
         """(lr factor, Adam ε factor) of one parameter for an optimizer family: width × depth."""
