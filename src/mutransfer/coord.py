@@ -41,9 +41,9 @@ def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequenc
     """Train `make_model(width)` for `steps` steps at each width and seed; return the verdict.
 
     Across depth: give `depths` (at least two) and one width; `make_model(width, depth)` is
-    called and the same verdict is taken along depth (growth per 16× depth). Modules of the
-    last block of every block container are named ``<container>.last`` so that the residual
-    stream at the end of the blocks is compared across depths.
+    called and the same verdict is taken along depth (growth per 16× depth). The last block of
+    every block container is named ``<container>.last`` (its output is the residual stream at
+    the end of the blocks); blocks between the first and the last are not compared.
 
     Args:
         make_model: width → a ready model: parametrized by the user (µP; its optimizer groups
@@ -96,8 +96,9 @@ def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequenc
             is_mup = find_spec(model) is not None
             parametrizations.add("µP" if is_mup else "SP")
             run_records, bad_step = _run(model, data, optimizer, family, lr, weight_decay, steps, loss_fn, is_mup)
-            rename = _last_block_names(model) if axis == "depth" else {}
-            records += [Record(rename.get(m, m), q, t, size, seed, v) for (m, q, t), v in run_records.items()]
+            rename = _depth_names(model) if axis == "depth" else {}
+            records += [Record(rename.get(m, m), q, t, size, seed, v) for (m, q, t), v in run_records.items()
+                        if rename.get(m, m) is not None]
             if bad_step is not None:
                 diverged.append((size, seed, bad_step))
             bar.advance()
@@ -107,18 +108,27 @@ def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequenc
                             diverged=diverged, axis=axis, fixed_width=fixed_width)
 
 
-def _last_block_names(model: nn.Module) -> dict[str, str]:
-    """Module name → name with the last block of each block container called 'last'."""
+def _depth_names(model: nn.Module) -> dict[str, Optional[str]]:
+    """For a check across depth: module name → its name in the records, or None to leave it out.
+
+    The first block keeps its name, the last block of each container is called
+    '<container>.last' (its output is the residual stream after all blocks), and the blocks in
+    between are left out: block i sits at a different relative depth in each model.
+    """
     shapes = {canonical_name(n): tuple(p.shape) for n, p in model.named_parameters()}
     containers = block_containers(shapes)
-    out = {}
+    out: dict[str, Optional[str]] = {}
     for name, _ in model.named_modules():
         for prefix, n in containers.items():
-            head = f"{prefix}.{n - 1}" if prefix else str(n - 1)
-            if name == head or name.startswith(head + "."):
-                out[name] = (f"{prefix}.last" if prefix else "last") + name[len(head):]
-                for suffix in (ATTN_SUFFIX,):
-                    out[name + suffix] = out[name] + suffix
+            head = f"{prefix}." if prefix else ""
+            if not name.startswith(head):
+                continue
+            index, _, rest = name[len(head):].partition(".")
+            if not index.isdigit() or int(index) == 0 and n > 1:
+                continue
+            new = None if int(index) != n - 1 else ".".join(p for p in (prefix, "last", rest) if p)
+            out[name] = new
+            out[name + ATTN_SUFFIX] = None if new is None else new + ATTN_SUFFIX
     return out
 
 

@@ -74,8 +74,9 @@ def _fit_slope(points: list[tuple[int, float]]) -> Optional[tuple[float, float]]
 
 
 def _in_numbered_block(module: str) -> bool:
-    """Inside block i of a container: its own change is 1/L of the stream's in depth-µP."""
-    return any(part.isdigit() for part in module.split("."))
+    """A module inside a block: across depth its own change is 1/L of the stream's (depth-µP)."""
+    parts = module.replace(ATTN_SUFFIX, "").split(".")
+    return any(part.isdigit() for part in parts) or "last" in parts[:-1]
 
 
 @dataclass
