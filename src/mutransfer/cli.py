@@ -78,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("transfer", help="train the target with the proxy's optimum (µP) and compare with SP")
     t.add_argument("run", help="run directory")
     t.add_argument("--width", type=int, help="target width (default: the config's target_width or largest width)")
+    t.add_argument("--depth", type=int, help="target depth, for a sweep over depths (default: the config's "
+                                             "target_depth or largest depth)")
     t.add_argument("--storage", help="storage URL (default: the run's own)")
     t.set_defaults(handler=_transfer)
 
@@ -127,7 +129,7 @@ def _transfer(args) -> int:
     from .sweep.transfer import format_transfer, transfer
     sweep = _open_sweep(args)
     try:
-        out = transfer(sweep, args.width)
+        out = transfer(sweep, args.width, args.depth)
     except ValueError as e:
         raise UsageError(str(e)) from None
     print(format_transfer(out))

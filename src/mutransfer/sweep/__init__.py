@@ -1,4 +1,4 @@
-"""µTransfer sweeps on proxy models: Optuna studies per (parametrization, width), report, transfer."""
+"""µTransfer sweeps on proxy models: Optuna studies per (parametrization, width[, depth]), report, transfer."""
 from .config import SweepConfig, config_from_dict, load_config
 from .objective import Scale, mup_kwargs
 from .runner import Sweep, run_sweep

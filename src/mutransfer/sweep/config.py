@@ -6,9 +6,12 @@ objective = "recipe:gpt"        # or "mymodule:train" / "path/to/file.py:train"
 widths = [32, 64, 128, 256]     # proxy widths swept
 base_width = 32                 # µP base width (default: the smallest width)
 target_width = 512              # for `mutransfer transfer` (optional)
+depths = [2, 4, 8]              # proxy depths swept (optional; the objective reads scale.depth)
+base_depth = 2                  # µP base depth (default: the smallest depth)
+target_depth = 32               # for `mutransfer transfer` (optional)
 parametrizations = ["mup", "sp"]
 sampler = "grid"                # grid | random | tpe
-n_trials = 16                   # random/tpe: trials per (parametrization, width)
+n_trials = 16                   # random/tpe: trials per (parametrization, width[, depth])
 seeds = [0]                     # every trial trains once per seed; the loss is the mean
 storage = ""                    # default: sqlite file in the run directory; or postgresql://...
 
@@ -30,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from .space import Dimension, dimension_from_dict
+from .space import Choice, Dimension, dimension_from_dict
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -39,8 +42,8 @@ else:  # pragma: no cover
 
 SAMPLERS = ("grid", "random", "tpe")
 PARAMETRIZATIONS = ("mup", "sp")
-KEYS = {"name", "objective", "widths", "base_width", "target_width", "parametrizations", "sampler", "n_trials",
-        "seeds", "storage", "space", "fixed"}
+KEYS = {"name", "objective", "widths", "base_width", "target_width", "depths", "base_depth", "target_depth",
+        "parametrizations", "sampler", "n_trials", "seeds", "storage", "space", "fixed"}
 
 
 @dataclass
@@ -57,16 +60,27 @@ class SweepConfig:
     seeds: list[int] = field(default_factory=lambda: [0])
     storage: str = ""
     fixed: dict[str, Any] = field(default_factory=dict)
+    depths: Optional[list[int]] = None
+    base_depth: Optional[int] = None
+    target_depth: Optional[int] = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.base_width is None:
             self.base_width = min(self.widths)
+        if self.depths is not None and self.base_depth is None:
+            self.base_depth = min(self.depths)
 
     @property
-    def cells(self) -> list[tuple[str, int]]:
-        """(parametrization, width) pairs: one Optuna study each."""
-        return [(p, w) for p in self.parametrizations for w in self.widths]
+    def cells(self) -> list[tuple[str, int, Optional[int]]]:
+        """(parametrization, width, depth) triples, one Optuna study each; depth is None without `depths`."""
+        depths: list[Optional[int]] = list(self.depths) if self.depths is not None else [None]
+        return [(p, w, d) for p in self.parametrizations for w in self.widths for d in depths]
+
+    @property
+    def proxy_depth(self) -> Optional[int]:
+        """The smallest swept depth (None without `depths`): where transferred HPs come from."""
+        return min(self.depths) if self.depths is not None else None
 
 
 def _int_list(key: str, value, minimum: int = 0) -> list[int]:
@@ -77,6 +91,40 @@ def _int_list(key: str, value, minimum: int = 0) -> list[int]:
     if len(set(value)) != len(value):
         raise ValueError(f"{key} has duplicates: {value!r}")
     return list(value)
+
+
+def _positive_int(key: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _depth_keys(data: dict[str, Any]) -> tuple[Optional[list[int]], Optional[int], Optional[int]]:
+    """`depths`, `base_depth` (default: the smallest depth) and `target_depth`, validated."""
+    if "depths" not in data:
+        for key in ("base_depth", "target_depth"):
+            if key in data:
+                raise ValueError(f"{key} needs depths (the depths to sweep), e.g. depths = [2, 4, 8]")
+        return None, None, None
+    depths = sorted(_int_list("depths", data["depths"], 1))
+    base_depth = _positive_int("base_depth", data.get("base_depth", min(depths)))
+    target = data.get("target_depth")
+    return depths, base_depth, None if target is None else _positive_int("target_depth", target)
+
+
+def _check_depth_alpha(fixed: dict[str, Any], dims: dict[str, Dimension]) -> None:
+    """The reserved `depth_alpha`, fixed or swept, must lie in [0, 1] (0.5 Depth-µP, 1 CompleteP)."""
+    if "depth_alpha" in fixed:
+        key, values = "fixed.depth_alpha", [fixed["depth_alpha"]]
+    elif "depth_alpha" in dims:
+        dim = dims["depth_alpha"]
+        key, values = "space.depth_alpha", list(dim.values) if isinstance(dim, Choice) else [dim.low, dim.high]
+    else:
+        return
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+            raise ValueError(f"{key} must be a number in [0, 1] (0.5 Depth-µP, 1.0 CompleteP, 0 no depth "
+                             f"scaling), got {v!r}")
 
 
 def config_from_dict(data: dict[str, Any], source: str = "config") -> SweepConfig:
@@ -109,12 +157,11 @@ def config_from_dict(data: dict[str, Any], source: str = "config") -> SweepConfi
         if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
             raise ValueError(f"n_trials must be a positive integer, got {n_trials!r}")
         seeds = _int_list("seeds", data.get("seeds", [0]))
-        base_width = data.get("base_width", min(widths))
-        if isinstance(base_width, bool) or not isinstance(base_width, int) or base_width < 1:
-            raise ValueError(f"base_width must be a positive integer, got {base_width!r}")
+        base_width = _positive_int("base_width", data.get("base_width", min(widths)))
         target = data.get("target_width")
-        if target is not None and (isinstance(target, bool) or not isinstance(target, int) or target < 1):
-            raise ValueError(f"target_width must be a positive integer, got {target!r}")
+        if target is not None:
+            _positive_int("target_width", target)
+        depths, base_depth, target_depth = _depth_keys(data)
         storage = data.get("storage", "")
         if not isinstance(storage, str):
             raise ValueError("storage must be a URL string (sqlite:///path or postgresql://...)")
@@ -124,6 +171,7 @@ def config_from_dict(data: dict[str, Any], source: str = "config") -> SweepConfi
         overlap = set(fixed) & set(dims)
         if overlap:
             raise ValueError(f"{', '.join(sorted(overlap))} is both swept ([space]) and fixed ([fixed])")
+        _check_depth_alpha(fixed, dims)
         name = data.get("name", "sweep")
         if not isinstance(name, str) or not name:
             raise ValueError("name must be a non-empty string")
@@ -131,7 +179,8 @@ def config_from_dict(data: dict[str, Any], source: str = "config") -> SweepConfi
         raise ValueError(f"{source}: {e}") from None
     return SweepConfig(objective=objective, widths=widths, space=dims, name=name, base_width=base_width,
                        target_width=target, parametrizations=list(parametrizations), sampler=sampler,
-                       n_trials=n_trials, seeds=seeds, storage=storage, fixed=dict(fixed), raw=dict(data))
+                       n_trials=n_trials, seeds=seeds, storage=storage, fixed=dict(fixed), depths=depths,
+                       base_depth=base_depth, target_depth=target_depth, raw=dict(data))
 
 
 def load_config(path: Union[str, os.PathLike]) -> SweepConfig:

@@ -6,7 +6,12 @@ have reserved names, wired into `mt.parametrize` / `mt.param_groups` by `mup_kwa
 - ``lr`` — the base learning rate;
 - ``output_mult``, ``attn_mult``, ``embedding_mult`` — α_output, α_attention, α_embedding;
 - ``init_mult_<role>``, ``lr_mult_<role>`` — per-role init std and lr multipliers
-  (role: input, hidden, output, vector, scalar).
+  (role: input, hidden, output, vector, scalar);
+- ``depth_alpha`` — the depth exponent α: residual branches × (L/L₀)^-α (1.0 CompleteP, the
+  default; 0.5 Depth-µP; 0 no depth scaling).
+
+In a sweep over `depths`, `scale.depth` is the number of residual blocks to build and
+`scale.base_depth` the µP base depth (both None otherwise).
 
 Any other name is the user's own. The loss should be a training loss (final or mean over the
 last steps); NaN or inf marks the trial as diverged.
@@ -24,7 +29,10 @@ MULTIPLIER_NAMES = ("output_mult", "attn_mult", "embedding_mult")
 
 @dataclass(frozen=True)
 class Scale:
-    """Where a trial runs: the model's width (and later depth), parametrization and seed."""
+    """Where a trial runs: the model's width and depth, parametrization and seed.
+
+    `depth`/`base_depth` are None when the sweep has no `depths`: the objective's own depth.
+    """
 
     width: int
     base_width: int
@@ -41,6 +49,8 @@ class Scale:
 def mup_kwargs(hparams: dict[str, Any]) -> dict[str, Any]:
     """The `mt.parametrize` keyword arguments held in `hparams` (reserved names above)."""
     kw: dict[str, Any] = {name: float(hparams[name]) for name in MULTIPLIER_NAMES if name in hparams}
+    if "depth_alpha" in hparams:
+        kw["depth_alpha"] = _number("depth_alpha", hparams["depth_alpha"])
     init = {role: float(hparams[f"init_mult_{role}"]) for role in ROLES if f"init_mult_{role}" in hparams}
     lr = {role: float(hparams[f"lr_mult_{role}"]) for role in ROLES if f"lr_mult_{role}" in hparams}
     if init:
@@ -48,6 +58,12 @@ def mup_kwargs(hparams: dict[str, Any]) -> dict[str, Any]:
     if lr:
         kw["lr_mult"] = lr
     return kw
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    return float(value)
 
 
 def load_objective(spec: str) -> Objective:

@@ -1,12 +1,15 @@
-"""Built-in sweep objectives: `objective = "recipe:gpt"` or `"recipe:mlp"` in a sweep config.
+"""Built-in sweep objectives: `objective = "recipe:gpt"`, `"recipe:mlp"` or `"recipe:resmlp"`.
 
-Both read their settings from the hyperparameters ([fixed] or swept) and return the mean
+Each reads its settings from the hyperparameters ([fixed] or swept) and returns the mean
 training loss over the last tenth of the steps (NaN if training diverged). The data order
-depends only on the seed, so every width sees the same batches.
+depends only on the seed, so every width and depth sees the same batches. In a sweep over
+`depths`, gpt and resmlp take their number of blocks from `scale.depth` and build the µP base
+and delta models at `scale.base_depth`.
 """
 from __future__ import annotations
 
 import math
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -14,7 +17,7 @@ import torch.nn.functional as F
 from .. import optim as mt_optim
 from ..parametrize import parametrize
 from ..recipes.data import stdlib_text
-from ..recipes.models import GPT, MLP
+from ..recipes.models import GPT, MLP, ResMLP
 from .objective import Scale, mup_kwargs
 
 
@@ -23,10 +26,27 @@ def _threads(hp: dict) -> None:
         torch.set_num_threads(int(hp["threads"]))
 
 
-def _optimizer(model, hp: dict, scale: Scale, build) -> torch.optim.Optimizer:
+Builder = Callable[[int, Optional[int]], torch.nn.Module]  # (width, depth) -> plain model
+
+
+def _depth(hp: dict, scale: Scale, key: str, default: int) -> tuple[int, int]:
+    """(depth, µP base depth): the sweep's when it has depths (then hp must not set `key`), else hp[key]."""
+    if scale.depth is None:
+        depth = int(hp.get(key, default))
+        return depth, depth
+    if key in hp:
+        raise ValueError(f"{key} is set by the sweep's depths; remove {key} from [fixed] or [space]")
+    return scale.depth, scale.base_depth or scale.depth
+
+
+def _optimizer(model, hp: dict, scale: Scale, build: Builder,
+               base_depth: Optional[int] = None) -> torch.optim.Optimizer:
+    """AdamW. Under µP the model is first parametrized against build(base width, base depth) and
+    the delta build(2 × base width, base depth), with µP's hyperparameters from `hp`."""
     lr, wd = float(hp["lr"]), float(hp.get("weight_decay", 0.0))
     if scale.mup:
-        parametrize(model, base=build(scale.base_width), delta=build(2 * scale.base_width), **mup_kwargs(hp))
+        parametrize(model, base=build(scale.base_width, base_depth),
+                    delta=build(2 * scale.base_width, base_depth), **mup_kwargs(hp))
         groups = mt_optim.param_groups(model, lr, "adamw", weight_decay=wd)
     else:
         groups = [{"params": list(model.parameters())}]
@@ -53,23 +73,24 @@ def _train(model, opt, batches, steps: int, loss_of) -> float:
 def train_gpt(hp: dict, scale: Scale) -> float:
     """Byte-level GPT (recipes.GPT, tied embeddings) on text from the standard library's docs.
 
-    Settings: lr (required), steps=100, batch_size=16, seq_len=64, n_layer=2, n_head=4, tied=true,
-    init_std=0.02 (or "default" for PyTorch's init),
-    weight_decay=0, threads (torch threads), plus µP's multipliers (see `objective`).
+    Settings: lr (required), steps=100, batch_size=16, seq_len=64, n_layer=2 (the sweep's depth
+    when it has depths), n_head=4, tied=true, init_std=0.02 (or "default" for PyTorch's init),
+    weight_decay=0, threads (torch threads), plus µP's multipliers and depth_alpha (see `objective`).
     """
     steps, batch, seq = int(hp.get("steps", 100)), int(hp.get("batch_size", 16)), int(hp.get("seq_len", 64))
-    n_layer, n_head = int(hp.get("n_layer", 2)), int(hp.get("n_head", 4))
+    n_layer, base_layers = _depth(hp, scale, "n_layer", 2)
+    n_head = int(hp.get("n_head", 4))
     tied = bool(hp.get("tied", True))
     init_std = hp.get("init_std", 0.02)
     init_std = None if init_std in (None, "default") else float(init_std)
 
-    def build(width: int) -> GPT:
-        return GPT(width, n_layer=n_layer, n_head=n_head, ctx=seq, tied=tied, init_std=init_std)
+    def build(width: int, layers: Optional[int] = None) -> GPT:
+        return GPT(width, n_layer=layers or n_layer, n_head=n_head, ctx=seq, tied=tied, init_std=init_std)
 
     _threads(hp)
     torch.manual_seed(scale.seed)
     model = build(scale.width)
-    opt = _optimizer(model, hp, scale, build)
+    opt = _optimizer(model, hp, scale, build, base_layers)
     text = torch.frombuffer(bytearray(stdlib_text()), dtype=torch.uint8).long()
     g = torch.Generator().manual_seed(1_000 + scale.seed)
     starts = torch.randint(0, len(text) - seq - 1, (steps, batch), generator=g)
@@ -94,7 +115,7 @@ def train_mlp(hp: dict, scale: Scale) -> float:
     steps, batch = int(hp.get("steps", 100)), int(hp.get("batch_size", 64))
     d_in, n_classes = int(hp.get("d_in", 32)), int(hp.get("n_classes", 10))
 
-    def build(width: int) -> MLP:
+    def build(width: int, depth: Optional[int] = None) -> MLP:
         return MLP(width, d_in=d_in, d_out=n_classes, depth=3)
 
     _threads(hp)
@@ -109,4 +130,40 @@ def train_mlp(hp: dict, scale: Scale) -> float:
     return _train(model, opt, lambda s: (xs[s], ys[s]), steps, lambda m, x, y: F.cross_entropy(m(x), y))
 
 
-SWEEP_RECIPES = {"gpt": train_gpt, "mlp": train_mlp}
+TASKS = ("classify", "regress")
+
+
+def train_resmlp(hp: dict, scale: Scale) -> float:
+    """Residual MLP (recipes.ResMLP: pre-LN blocks) on Gaussian inputs and a fixed random teacher
+    network: classification of the teacher's argmax (cross-entropy) or regression onto its
+    outputs, normalized to unit variance (mean squared error).
+
+    Settings: lr (required), steps=100, batch_size=64, d_in=32, d_out=10, task="classify" or
+    "regress", depth=2 (the sweep's depth when it has depths), weight_decay=0, threads, plus
+    µP's multipliers and depth_alpha (see `objective`).
+    """
+    steps, batch = int(hp.get("steps", 100)), int(hp.get("batch_size", 64))
+    d_in, d_out = int(hp.get("d_in", 32)), int(hp.get("d_out", 10))
+    task = hp.get("task", "classify")
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+    depth, base_depth = _depth(hp, scale, "depth", 2)
+
+    def build(width: int, blocks: Optional[int] = None) -> ResMLP:
+        return ResMLP(width, depth=blocks or depth, d_in=d_in, d_out=d_out)
+
+    _threads(hp)
+    g = torch.Generator().manual_seed(7)
+    teacher = torch.randn(d_in, 64, generator=g), torch.randn(64, d_out, generator=g)
+    g = torch.Generator().manual_seed(1_000 + scale.seed)
+    xs = torch.randn(steps, batch, d_in, generator=g)
+    out = torch.relu(xs @ teacher[0]) @ teacher[1] / math.sqrt(32 * d_in)  # unit variance
+    ys = out.argmax(-1) if task == "classify" else out
+    loss_fn = F.cross_entropy if task == "classify" else F.mse_loss
+    torch.manual_seed(scale.seed)
+    model = build(scale.width)
+    opt = _optimizer(model, hp, scale, build, base_depth)
+    return _train(model, opt, lambda s: (xs[s], ys[s]), steps, lambda m, x, y: loss_fn(m(x), y))
+
+
+SWEEP_RECIPES = {"gpt": train_gpt, "mlp": train_mlp, "resmlp": train_resmlp}

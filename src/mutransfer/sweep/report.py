@@ -1,8 +1,9 @@
 """`mutransfer report RUN`: report.html, one PNG per hyperparameter, transferred.json.
 
-Each PNG shows training loss against one hyperparameter, one curve per width, µP and SP side by
-side (TP5 Fig. 1 style), with each width's optimum marked. For a sweep over several HPs the
-curve is the profile: the best loss over the other HPs at each value.
+Each PNG shows training loss against one hyperparameter, one curve per width (per depth in a
+sweep over depths; per width and depth when both vary), µP and SP side by side (TP5 Fig. 1
+style), with each curve's optimum marked. For a sweep over several HPs the curve is the
+profile: the best loss over the other HPs at each value.
 """
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from .analysis import (TrialResult, best, drift, load_results, max_drift_steps, transferred_hparams,
-                       wider_is_better)
+from .analysis import (TrialResult, best, deeper_is_better, drift, load_results, max_drift_steps,
+                       transferred_hparams, wider_is_better)
 from .runner import Sweep
 from .space import Choice, LogUniform
 from .storage import mask_url
+from .transfer import transfer_where
 
 LABEL = {"mup": "µP", "sp": "SP (standard)"}
+LINESTYLES = ("-", "--", ":", "-.")
 
 
 def _fmt(v) -> str:
@@ -29,6 +32,31 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def curves(sweep: Sweep) -> list[tuple[int, Optional[int], str]]:
+    """(width, depth, legend label) of each plotted curve: one per width, per depth, or per both."""
+    cfg = sweep.config
+    by_depth = cfg.depths is not None and len(cfg.depths) > 1
+    by_width = len(cfg.widths) > 1 or not by_depth
+    out = []
+    for w in cfg.widths:
+        for d in cfg.depths or [None]:
+            label = ", ".join(([f"width {w}"] if by_width else []) + ([f"depth {d}"] if by_depth else []))
+            out.append((w, d, label))
+    return out
+
+
+def _styles(sweep: Sweep, cmap) -> dict[tuple[int, Optional[int]], tuple]:
+    """(color, linestyle) per curve: color by width (by depth when only depth varies), dashes by depth."""
+    cfg = sweep.config
+    depths = cfg.depths or [None]
+    by_width = len(cfg.widths) > 1 or len(depths) == 1
+    colored = cfg.widths if by_width else depths
+    color = {v: cmap(0.1 + 0.8 * i / max(1, len(colored) - 1)) for i, v in enumerate(colored)}
+    dashed = len(cfg.widths) > 1 and len(depths) > 1
+    return {(w, d): (color[w if by_width else d], LINESTYLES[depths.index(d) % len(LINESTYLES)] if dashed else "-")
+            for w in cfg.widths for d in depths}
+
+
 def plot_hparam(sweep: Sweep, results: list[TrialResult], name: str, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg", force=False)
@@ -36,9 +64,7 @@ def plot_hparam(sweep: Sweep, results: list[TrialResult], name: str, path: Path)
 
     dim = sweep.config.space[name]
     params = sweep.config.parametrizations
-    widths = sweep.config.widths
-    cmap = plt.get_cmap("viridis")
-    color = {w: cmap(0.1 + 0.8 * i / max(1, len(widths) - 1)) for i, w in enumerate(widths)}
+    style = _styles(sweep, plt.get_cmap("viridis"))
     fig, axes = plt.subplots(1, len(params), figsize=(5.2 * len(params), 4.2), sharey=True, squeeze=False)
     finite = [r.loss for r in results if not r.diverged]
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
@@ -50,21 +76,22 @@ def plot_hparam(sweep: Sweep, results: list[TrialResult], name: str, path: Path)
         return math.log2(v) if isinstance(dim, LogUniform) else v
 
     for ax, p in zip(axes[0], params):
-        for w in widths:
-            cell = [r for r in results if r.parametrization == p and r.width == w]
+        for w, d, label in curves(sweep):
+            color, dashes = style[(w, d)]
+            cell = [r for r in results if r.parametrization == p and r.width == w and r.depth == d]
             profile: dict = {}
             for r in cell:
                 x = x_of(r.params[name])
                 if not r.diverged and (x not in profile or r.loss < profile[x]):
                     profile[x] = r.loss
             xs = sorted(profile)
-            ax.plot(xs, [profile[x] for x in xs], "-o", ms=3, color=color[w], label=f"width {w}")
+            ax.plot(xs, [profile[x] for x in xs], marker="o", linestyle=dashes, ms=3, color=color, label=label)
             div = sorted({x_of(r.params[name]) for r in cell if r.diverged} - set(profile))
             if div:
-                ax.plot(div, [hi] * len(div), "x", color=color[w], ms=6)
-            b = best(results, p, w)
+                ax.plot(div, [hi] * len(div), "x", color=color, ms=6)
+            b = best(results, p, w, d)
             if b is not None:
-                ax.plot([x_of(b.params[name])], [b.loss], "*", ms=14, color=color[w], markeredgecolor="black",
+                ax.plot([x_of(b.params[name])], [b.loss], "*", ms=14, color=color, markeredgecolor="black",
                         zorder=5)
         ax.set_title(LABEL[p], fontsize=12)
         if choices is not None:
@@ -84,6 +111,117 @@ def plot_hparam(sweep: Sweep, results: list[TrialResult], name: str, path: Path)
     plt.close(fig)
 
 
+def _cell_optimum(b: Optional[TrialResult]) -> Optional[dict]:
+    return None if b is None else {"loss": b.loss, **b.params}
+
+
+def _drift_entry(sweep: Sweep, results: list[TrialResult], p: str, along: str) -> dict:
+    """{hp: {"octaves"|"value": drift, "max_grid_steps": ...}} along one axis, at the proxy."""
+    space = sweep.config.space
+    return {n: {"octaves" if isinstance(space[n], LogUniform) else "value": drift(sweep, results, p, n, along),
+                "max_grid_steps": max_drift_steps(sweep, results, p, n, along)} for n in space}
+
+
+def summarize(sweep: Sweep, results: list[TrialResult]) -> dict:
+    """summary.json: optima per cell, drift (at the proxy depth along width, at the proxy width
+    along depth), bigger-is-better checks, the transferred HPs and the sweep's cost."""
+    cfg = sweep.config
+    ps = cfg.parametrizations
+    summary = {"name": cfg.name, "objective": cfg.objective, "widths": cfg.widths, "proxy_width": min(cfg.widths)}
+    if cfg.depths is not None:
+        summary.update(depths=cfg.depths, base_depth=cfg.base_depth, proxy_depth=cfg.proxy_depth)
+    summary["transferred_hparams"] = transferred_hparams(sweep, results)
+    if cfg.depths is None:
+        summary["optima"] = {p: {str(w): _cell_optimum(best(results, p, w)) for w in cfg.widths} for p in ps}
+    else:
+        summary["optima"] = {p: {str(w): {str(d): _cell_optimum(best(results, p, w, d)) for d in cfg.depths}
+                                 for w in cfg.widths} for p in ps}
+    summary["drift"] = {p: _drift_entry(sweep, results, p, "width") for p in ps}
+    if cfg.depths is not None:
+        summary["depth_drift"] = {p: _drift_entry(sweep, results, p, "depth") for p in ps}
+    summary["wider_is_better"] = {p: wider_is_better(sweep, results, p) for p in ps}
+    if cfg.depths is not None:
+        summary["deeper_is_better"] = {p: deeper_is_better(sweep, results, p) for p in ps}
+    summary.update(trials=len(results), diverged=sum(r.diverged for r in results),
+                   sweep_seconds=sum(r.seconds for r in results))
+    return summary
+
+
+def _optimum_rows(sweep: Sweep, results: list[TrialResult]) -> str:
+    cfg = sweep.config
+    rows = []
+    for p, w, d in cfg.cells:
+        b = best(results, p, w, d)
+        cell = [r for r in results if r.parametrization == p and r.width == w and r.depth == d]
+        n, nd = len(cell), sum(r.diverged for r in cell)
+        depth = "" if d is None else f"<td>{d}</td>"
+        values = "".join(f"<td>{_fmt(b.params[k]) if b else '—'}</td>" for k in cfg.space)
+        loss = f"{b.loss:.4f}" if b else "—"
+        rows.append(f"<tr><td>{LABEL[p]}</td><td>{w}</td>{depth}{values}<td>{loss}</td><td>{n}</td><td>{nd}</td></tr>")
+    return "".join(rows)
+
+
+def _drift_rows(sweep: Sweep, results: list[TrialResult]) -> str:
+    """One row per (parametrization, HP) without depths; with depths, one per axis and held value."""
+    cfg = sweep.config
+    if cfg.depths is None:
+        lines = [("width", None, None)]
+    else:
+        lines = ([("width", d, f"widths at depth {d}") for d in cfg.depths] if len(cfg.widths) > 1 else []) + \
+                ([("depth", w, f"depths at width {w}") for w in cfg.widths] if len(cfg.depths) > 1 else [])
+    rows = []
+    for p in cfg.parametrizations:
+        for n in cfg.space:
+            for along, at, label in lines:
+                d, steps = drift(sweep, results, p, n, along, at), max_drift_steps(sweep, results, p, n, along, at)
+                unit = " octaves" if isinstance(cfg.space[n], LogUniform) else ""
+                across = "" if label is None else f"<td>{label}</td>"
+                rows.append(f"<tr><td>{LABEL[p]}</td><td>{html.escape(n)}</td>{across}"
+                            f"<td>{'—' if d is None else f'{d:+.2f}{unit}'}</td>"
+                            f"<td>{'—' if steps is None else f'{steps:.0f}'}</td></tr>")
+    return "".join(rows)
+
+
+def _bigger_is_better_html(sweep: Sweep, results: list[TrialResult]) -> str:
+    """Wider is better (at each depth), and deeper is better (at each width) in a sweep over depths."""
+    cfg = sweep.config
+
+    def item(p: str, verdict: Optional[bool], cells: list[tuple[int, Optional[int]]], what: str) -> str:
+        losses = ", ".join(f"{b.loss:.3f}" for w, d in cells if (b := best(results, p, w, d)))
+        answer = "yes" if verdict else ("no" if verdict is not None else "—")
+        return f"<li>{LABEL[p]}: {answer} (best loss by {what}: {losses})</li>"
+
+    if cfg.depths is None:
+        wider = "".join(item(p, wider_is_better(sweep, results, p), [(w, None) for w in cfg.widths], "width")
+                        for p in cfg.parametrizations)
+        return f"<h2>Wider is better (at each width's optimum)</h2><ul>{wider}</ul>"
+    out = ""
+    if len(cfg.widths) > 1:
+        wider = "".join(item(p, wider_is_better(sweep, results, p, d), [(w, d) for w in cfg.widths],
+                             f"width at depth {d}") for d in cfg.depths for p in cfg.parametrizations)
+        out += f"<h2>Wider is better (at each width's optimum)</h2><ul>{wider}</ul>"
+    if len(cfg.depths) > 1:
+        deeper = "".join(item(p, deeper_is_better(sweep, results, p, w), [(w, d) for d in cfg.depths],
+                              f"depth at width {w}") for w in cfg.widths for p in cfg.parametrizations)
+        out += f"<h2>Deeper is better (at each depth's optimum)</h2><ul>{deeper}</ul>"
+    return out
+
+
+def _transfer_html(sweep: Sweep) -> str:
+    path = sweep.run_dir / "transfer.json"
+    if not path.is_file():  # written by `mutransfer transfer`
+        return ""
+    t = json.loads(path.read_text())
+    cells = []
+    for p, label in (("mup", "µP target, µP proxy optimum"), ("sp", "SP target, SP proxy optimum")):
+        if p in t:
+            loss = "diverged" if t[p]["loss"] is None else f"{t[p]['loss']:.4f}"
+            cells.append(f"<tr><td>{label}</td><td>{_fmt(t[p]['hparams'].get('lr', '—'))}</td><td>{loss}</td></tr>")
+    ratio = f"<p>Sweep compute over one target run: {t['cost_ratio']:.1f}×.</p>" if "cost_ratio" in t else ""
+    return (f"<h2>Transfer from {transfer_where(t, 'proxy')} to {transfer_where(t, 'target')}</h2>"
+            f"<table><tr><th>run</th><th>lr</th><th>training loss</th></tr>{''.join(cells)}</table>{ratio}")
+
+
 def write_report(sweep: Sweep, out_dir: Optional[Path] = None) -> Path:
     """Write the report into `out_dir` (default: the run directory); returns report.html's path."""
     out = Path(out_dir or sweep.run_dir)
@@ -98,77 +236,42 @@ def write_report(sweep: Sweep, out_dir: Optional[Path] = None) -> Path:
         plot_hparam(sweep, results, name, png)
         images.append(png.name)
 
-    transferred = transferred_hparams(sweep, results)
-    summary = {
-        "name": cfg.name, "objective": cfg.objective, "widths": cfg.widths, "proxy_width": min(cfg.widths),
-        "transferred_hparams": transferred,
-        "optima": {p: {str(w): (None if (b := best(results, p, w)) is None else {"loss": b.loss, **b.params})
-                       for w in cfg.widths} for p in cfg.parametrizations},
-        "drift": {p: {n: {"octaves" if isinstance(cfg.space[n], LogUniform) else "value": drift(sweep, results, p, n),
-                          "max_grid_steps": max_drift_steps(sweep, results, p, n)} for n in cfg.space}
-                  for p in cfg.parametrizations},
-        "wider_is_better": {p: wider_is_better(sweep, results, p) for p in cfg.parametrizations},
-        "trials": len(results), "diverged": sum(r.diverged for r in results),
-        "sweep_seconds": sum(r.seconds for r in results),
-    }
+    summary = summarize(sweep, results)
+    transferred = summary["transferred_hparams"]
     (out / "transferred.json").write_text(json.dumps(transferred, indent=1))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
 
-    rows = []
-    for p in cfg.parametrizations:
-        for w in cfg.widths:
-            b = best(results, p, w)
-            n = sum(1 for r in results if r.parametrization == p and r.width == w)
-            nd = sum(1 for r in results if r.parametrization == p and r.width == w and r.diverged)
-            cells = "".join(f"<td>{_fmt(b.params[k]) if b else '—'}</td>" for k in cfg.space)
-            rows.append(f"<tr><td>{LABEL[p]}</td><td>{w}</td>{cells}<td>{b.loss:.4f}</td><td>{n}</td><td>{nd}</td></tr>"
-                        if b else f"<tr><td>{LABEL[p]}</td><td>{w}</td>{cells}<td>—</td><td>{n}</td><td>{nd}</td></tr>")
-    drift_rows = []
-    for p in cfg.parametrizations:
-        for n in cfg.space:
-            d, steps = drift(sweep, results, p, n), max_drift_steps(sweep, results, p, n)
-            unit = " octaves" if isinstance(cfg.space[n], LogUniform) else ""
-            drift_rows.append(f"<tr><td>{LABEL[p]}</td><td>{html.escape(n)}</td>"
-                              f"<td>{'—' if d is None else f'{d:+.2f}{unit}'}</td>"
-                              f"<td>{'—' if steps is None else f'{steps:.0f}'}</td></tr>")
-    wib = "".join(f"<li>{LABEL[p]}: {'yes' if v else ('no' if v is not None else '—')} "
-                  f"(best loss by width: {', '.join(f'{best(results, p, w).loss:.3f}' for w in cfg.widths if best(results, p, w))})</li>"
-                  for p, v in summary["wider_is_better"].items())
+    depths = cfg.depths is not None
+    depth_head = "<th>depth</th>" if depths else ""
+    across_head = "<th>across</th>" if depths else ""
     head = "".join(f"<th>best {html.escape(k)}</th>" for k in cfg.space)
-    transfer_html = ""
-    transfer_path = sweep.run_dir / "transfer.json"
-    if transfer_path.is_file():  # written by `mutransfer transfer`
-        t = json.loads(transfer_path.read_text())
-        cells = []
-        for p, label in (("mup", "µP target, µP proxy optimum"), ("sp", "SP target, SP proxy optimum")):
-            if p in t:
-                loss = "diverged" if t[p]["loss"] is None else f"{t[p]['loss']:.4f}"
-                cells.append(f"<tr><td>{label}</td><td>{_fmt(t[p]['hparams'].get('lr', '—'))}</td><td>{loss}</td></tr>")
-        ratio = f"<p>Sweep compute over one target run: {t['cost_ratio']:.1f}×.</p>" if "cost_ratio" in t else ""
-        transfer_html = (f"<h2>Transfer from width {t['proxy_width']} to width {t['target_width']}</h2>"
-                         f"<table><tr><th>run</th><th>lr</th><th>training loss</th></tr>{''.join(cells)}</table>{ratio}")
+    scope = (f"widths {', '.join(map(str, cfg.widths))} (µP base width {cfg.base_width})"
+             + (f", depths {', '.join(map(str, cfg.depths))} (µP base depth {cfg.base_depth})" if depths else ""))
+    proxy = f"width {min(cfg.widths)}" + (f" and depth {cfg.proxy_depth}" if depths else "")
+    curve = "width and depth" if depths and len(cfg.widths) > 1 and len(cfg.depths) > 1 else (
+        "depth" if depths and len(cfg.depths) > 1 else "width")
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>µTransfer sweep: {html.escape(cfg.name)}</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}}
 table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:4px 10px;text-align:right}}
 th{{background:#f3f3f3}}img{{max-width:100%;border:1px solid #eee}}pre{{background:#f6f8fa;padding:1em}}</style></head>
 <body><h1>µTransfer sweep: {html.escape(cfg.name)}</h1>
-<p>Objective <code>{html.escape(cfg.objective)}</code>, widths {', '.join(map(str, cfg.widths))} (µP base width
-{cfg.base_width}), sampler {cfg.sampler}, seeds {cfg.seeds}, {summary['trials']} trials ({summary['diverged']} diverged),
+<p>Objective <code>{html.escape(cfg.objective)}</code>, {scope}, sampler {cfg.sampler}, seeds {cfg.seeds},
+{summary['trials']} trials ({summary['diverged']} diverged),
 {summary['sweep_seconds']:.0f} s of training. Storage: <code>{html.escape(mask_url(sweep.url))}</code>.</p>
 <h2>Training loss against each hyperparameter</h2>
 {''.join(f'<p><img src="{i}" alt="{i}"></p>' for i in images)}
-<p>One curve per width; ★ marks each width's optimum. Under µP the optima line up: tune the small model, reuse
-the HPs on the large one. Under SP they move with width.</p>
-<h2>Optimum per width</h2>
-<table><tr><th>parametrization</th><th>width</th>{head}<th>loss</th><th>trials</th><th>diverged</th></tr>{''.join(rows)}</table>
-<h2>Drift of the optimum across widths</h2>
-<table><tr><th>parametrization</th><th>hyperparameter</th><th>smallest → largest width</th><th>largest move (grid steps)</th></tr>{''.join(drift_rows)}</table>
-<h2>Wider is better (at each width's optimum)</h2><ul>{wib}</ul>
+<p>One curve per {curve}; ★ marks each curve's optimum. Under µP the optima line up: tune the small model, reuse
+the HPs on the large one. Under SP they move with {'width and depth' if depths else 'width'}.</p>
+<h2>Optimum per {'width and depth' if depths else 'width'}</h2>
+<table><tr><th>parametrization</th><th>width</th>{depth_head}{head}<th>loss</th><th>trials</th><th>diverged</th></tr>{_optimum_rows(sweep, results)}</table>
+<h2>Drift of the optimum across {'widths and depths' if depths else 'widths'}</h2>
+<table><tr><th>parametrization</th><th>hyperparameter</th>{across_head}<th>{'smallest → largest' if depths else 'smallest → largest width'}</th><th>largest move (grid steps)</th></tr>{_drift_rows(sweep, results)}</table>
+{_bigger_is_better_html(sweep, results)}
 <h2>Transferred hyperparameters</h2>
-<p>µP optimum at the proxy width {min(cfg.widths)} (also in <code>transferred.json</code>):</p>
+<p>µP optimum at the proxy {proxy} (also in <code>transferred.json</code>):</p>
 <pre>{html.escape(json.dumps(transferred, indent=1))}</pre>
-{transfer_html}
+{_transfer_html(sweep)}
 </body></html>"""
     path = out / "report.html"
     path.write_text(page)

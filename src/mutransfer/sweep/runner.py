@@ -1,4 +1,4 @@
-"""Run a sweep: one Optuna study per (parametrization, width), workers claiming trials.
+"""Run a sweep: one Optuna study per (parametrization, width[, depth]), workers claiming trials.
 
 A run directory holds ``config.toml`` (the sweep's config, copied at creation) and, with the
 default storage, ``sweep.db``. Any number of workers — local processes or other machines —
@@ -35,8 +35,15 @@ POLL_SECONDS = 1.0
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def study_name(config: SweepConfig, parametrization: str, width: int) -> str:
-    return f"{config.name}/{parametrization}/w{width}"
+def study_name(config: SweepConfig, parametrization: str, width: int, depth: Optional[int] = None) -> str:
+    """`{name}/{parametrization}/w{width}`, plus `/d{depth}` in a sweep over depths."""
+    name = f"{config.name}/{parametrization}/w{width}"
+    return name if depth is None else f"{name}/d{depth}"
+
+
+def cell_label(parametrization: str, width: int, depth: Optional[int] = None) -> str:
+    """'mup width 32' or 'mup width 32 depth 4', for progress lines."""
+    return f"{parametrization} width {width}" + ("" if depth is None else f" depth {depth}")
 
 
 class Sweep:
@@ -61,7 +68,7 @@ class Sweep:
         self.url = storage or self.config.storage or default_url(self.run_dir)
         self.storage = open_storage(self.url)
         self._objective: Optional[Objective] = None
-        self._studies: dict[tuple[str, int], optuna.Study] = {}
+        self._studies: dict[tuple[str, int, Optional[int]], optuna.Study] = {}
 
     @classmethod
     def create(cls, config_path: Union[str, os.PathLike], run_dir: Union[str, os.PathLike],
@@ -85,10 +92,10 @@ class Sweep:
             self._objective = load_objective(self.config.objective)
         return self._objective
 
-    def study(self, parametrization: str, width: int) -> optuna.Study:
-        key = (parametrization, width)
+    def study(self, parametrization: str, width: int, depth: Optional[int] = None) -> optuna.Study:
+        key = (parametrization, width, depth)
         if key not in self._studies:
-            seed = 1000 * width + (parametrization == "sp")
+            seed = (1000 * width + (parametrization == "sp") + 7919 * (depth or 0)) % 2 ** 32
             sampler = (optuna.samplers.TPESampler(seed=seed) if self.config.sampler == "tpe"
                        else optuna.samplers.RandomSampler(seed=seed))
             self._studies[key] = optuna.create_study(storage=self.storage, sampler=sampler, direction="minimize",
@@ -165,15 +172,20 @@ class Sweep:
             return trial.suggest_categorical(name, list(dim.values))
         return trial.suggest_float(name, dim.low, dim.high, log=isinstance(dim, LogUniform))
 
-    def _run(self, study: optuna.Study, trial: optuna.Trial, parametrization: str, width: int) -> None:
+    def scale(self, parametrization: str, width: int, depth: Optional[int], seed: int) -> Scale:
+        """Where a trial of this sweep runs; depth None keeps the objective's own depth."""
+        return Scale(width, self.config.base_width, parametrization, seed, depth,
+                     None if depth is None else self.config.base_depth)
+
+    def _run(self, study: optuna.Study, trial: optuna.Trial, parametrization: str, width: int,
+             depth: Optional[int] = None) -> None:
         params = {name: self._suggest(trial, name, dim) for name, dim in self.config.space.items()}
         hparams = {**self.config.fixed, **params}
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         start = time.perf_counter()
         with Heartbeat(self.storage, trial._trial_id):
             try:
-                losses = [float(self.objective(dict(hparams), Scale(width, self.config.base_width, parametrization,
-                                                                    seed)))
+                losses = [float(self.objective(dict(hparams), self.scale(parametrization, width, depth, seed)))
                           for seed in self.config.seeds]
             except Exception as e:
                 trial.set_user_attr("error", f"{type(e).__name__}: {e}"[:500])
@@ -219,9 +231,9 @@ class Sweep:
                 bar.update(f"waiting for {running} running trial(s) of other workers")
                 time.sleep(POLL_SECONDS)
                 continue
-            (parametrization, width), trial = claimed
-            bar.update(f"{parametrization} width {width} trial {trial.number}")
-            self._run(self.study(parametrization, width), trial, parametrization, width)
+            cell, trial = claimed
+            bar.update(f"{cell_label(*cell)} trial {trial.number}")
+            self._run(self.study(*cell), trial, *cell)
             ran += 1
             bar.done = self.finished()
             bar.advance(0)

@@ -1,8 +1,9 @@
-"""`mutransfer transfer RUN --width W`: train the target with the proxy's optimum, µP vs SP.
+"""`mutransfer transfer RUN --width W [--depth D]`: train the target with the proxy's optimum, µP vs SP.
 
-The µP target gets the µP optimum found at the proxy width (the smallest swept width); for
-comparison the SP target gets the SP optimum from the same proxy width — what one would do
-without µP. The cost ratio is the sweep's total training time over one µP target run.
+The µP target gets the µP optimum found at the proxy (the smallest swept width, and the
+smallest swept depth in a sweep over depths); for comparison the SP target gets the SP optimum
+from the same proxy — what one would do without µP. The cost ratio is the sweep's total
+training time over one µP target run.
 """
 from __future__ import annotations
 
@@ -12,24 +13,43 @@ import time
 from typing import Optional
 
 from .analysis import load_results, transferred_hparams
-from .objective import Scale
 from .runner import Sweep
 
 
-def transfer(sweep: Sweep, width: Optional[int] = None) -> dict:
-    width = width or sweep.config.target_width or max(sweep.config.widths)
+def target_depth(sweep: Sweep, depth: Optional[int] = None) -> Optional[int]:
+    """`depth`, else the config's target_depth, else the largest swept depth (None without depths)."""
+    cfg = sweep.config
+    if cfg.depths is None:
+        if depth is not None:
+            raise ValueError(f"--depth needs a sweep over depths; {sweep.run_dir}'s config has no depths")
+        return None
+    if depth is None:
+        depth = cfg.target_depth or max(cfg.depths)
+    if depth < 1:
+        raise ValueError(f"--depth must be positive, got {depth}")
+    return depth
+
+
+def transfer(sweep: Sweep, width: Optional[int] = None, depth: Optional[int] = None) -> dict:
+    """Train the target (width, depth) with each parametrization's proxy optimum; writes transfer.json."""
+    if width is None:
+        width = sweep.config.target_width or max(sweep.config.widths)
     if width < 1:
         raise ValueError(f"--width must be positive, got {width}")
+    depth = target_depth(sweep, depth)
     results = load_results(sweep)
-    proxy = min(sweep.config.widths)
-    out: dict = {"target_width": width, "proxy_width": proxy, "seeds": sweep.config.seeds}
+    proxy, proxy_depth = min(sweep.config.widths), sweep.config.proxy_depth
+    out: dict = {"target_width": width, "proxy_width": proxy}
+    if depth is not None:
+        out.update(target_depth=depth, proxy_depth=proxy_depth, base_depth=sweep.config.base_depth)
+    out["seeds"] = sweep.config.seeds
+    where = f"width {proxy}" + ("" if proxy_depth is None else f", depth {proxy_depth}")
     for p in sweep.config.parametrizations:
-        hp = transferred_hparams(sweep, results, proxy, p)
+        hp = transferred_hparams(sweep, results, proxy, p, proxy_depth)
         if hp is None:
-            raise ValueError(f"{sweep.run_dir}: no finished {p} trial at the proxy width {proxy}; run the sweep first")
+            raise ValueError(f"{sweep.run_dir}: no finished {p} trial at the proxy {where}; run the sweep first")
         start = time.perf_counter()
-        losses = [float(sweep.objective(dict(hp), Scale(width, sweep.config.base_width, p, seed)))
-                  for seed in sweep.config.seeds]
+        losses = [float(sweep.objective(dict(hp), sweep.scale(p, width, depth, seed))) for seed in sweep.config.seeds]
         seconds = time.perf_counter() - start
         loss = sum(losses) / len(losses)
         out[p] = {"hparams": hp, "loss": loss if math.isfinite(loss) else None, "seconds": seconds}
@@ -41,8 +61,14 @@ def transfer(sweep: Sweep, width: Optional[int] = None) -> dict:
     return out
 
 
+def transfer_where(out: dict, which: str) -> str:
+    """'width 32' or 'width 32, depth 2': the "proxy" or "target" of a transfer result."""
+    depth = out.get(f"{which}_depth")
+    return f"width {out[f'{which}_width']}" + ("" if depth is None else f", depth {depth}")
+
+
 def format_transfer(out: dict) -> str:
-    lines = [f"transfer from width {out['proxy_width']} to width {out['target_width']}:"]
+    lines = [f"transfer from {transfer_where(out, 'proxy')} to {transfer_where(out, 'target')}:"]
     for p, label in (("mup", "µP target, µP proxy optimum"), ("sp", "SP target, SP proxy optimum")):
         if p in out:
             loss = "diverged" if out[p]["loss"] is None else f"{out[p]['loss']:.4f}"
