@@ -101,3 +101,23 @@ def test_unknown_flag_exits_2():
     with pytest.raises(SystemExit) as e:
         run("coord-check", "--recipe", "mlp", "--frobnicate")
     assert e.value.code == 2
+
+
+def test_coord_check_across_depth_passes_with_depth_scaling_and_fails_without(tmp_path, capsys):
+    args = ["coord-check", "--recipe", "resmlp", "--depths", "2,4,8,16,32", "--width", "64", "--seeds", "2",
+            "--steps", "3", "--no-progress"]
+    assert run(*args, "--out", str(tmp_path / "on")) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and "depths 2, 4, 8, 16, 32, width 64" in out
+    data = json.loads((tmp_path / "on" / "coord_check.json").read_text())
+    assert data["axis"] == "depth" and data["widths"] == [2, 4, 8, 16, 32]
+    assert run(*args, "--depth-alpha", "0", "--out", str(tmp_path / "off")) == 1
+    assert "blocks.last" in capsys.readouterr().out
+    assert (tmp_path / "off" / "coord_check.png").stat().st_size > 0
+
+
+def test_coord_check_depths_bad_arguments_exit_2(tmp_path):
+    assert run("coord-check", "--recipe", "mlp", "--depths", "2,4", "--out", str(tmp_path), "--no-progress") == 2
+    assert run("coord-check", "--recipe", "resmlp", "--depths", "2", "--out", str(tmp_path), "--no-progress") == 2
+    assert run("coord-check", "--recipe", "resmlp", "--depths", "2,4", "--depth-alpha", "2",
+               "--out", str(tmp_path), "--no-progress") == 2

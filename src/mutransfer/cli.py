@@ -37,11 +37,17 @@ def _parser() -> argparse.ArgumentParser:
                                    "with width. Exit 0 on PASS, 1 on FAIL, 2 on bad arguments.")
     c.add_argument("factory", nargs="?", help="module:function (or path/to/file.py:function) returning the "
                                               "model at a given width")
-    c.add_argument("--recipe", help="built-in model instead of a factory: mlp, cnn or gpt")
+    c.add_argument("--recipe", help="built-in model instead of a factory: mlp, cnn, gpt or resmlp")
     c.add_argument("--data", help="module:function returning a list of (inputs, targets) batches "
                                   "(default for a factory: its module's coord_check_data())")
     c.add_argument("--widths", help="comma-separated widths (default: the recipe's; 64,128,256,512,1024)")
     c.add_argument("--base-width", type=int, help="µP base width (default: the smallest width)")
+    c.add_argument("--depths", help="comma-separated depths: check across depth at one width instead (the "
+                                    "factory is then called as factory(width, depth); recipes gpt, resmlp)")
+    c.add_argument("--width", type=int, help="the width of a check across depth (default: the base width)")
+    c.add_argument("--base-depth", type=int, help="µP base depth (default: the smallest depth)")
+    c.add_argument("--depth-alpha", type=float, default=1.0,
+                   help="depth scaling: 1 CompleteP (default), 0.5 Depth-µP, 0 off")
     c.add_argument("--optimizer", default="adam", help="sgd, adam or adamw (default adam)")
     c.add_argument("--lr", type=float, help="base learning rate (default: the recipe's for the optimizer)")
     c.add_argument("--steps", type=int, default=4)
@@ -201,6 +207,10 @@ def _coord_check(args) -> int:
         except ValueError as e:
             raise UsageError(str(e)) from None
         build, default_widths, default_lr = recipe.build, list(recipe.widths), recipe.coord_lr.get(family)
+        if args.depths:
+            if recipe.build_depth is None:
+                raise UsageError(f"recipe {recipe.name} has a fixed depth; --depths works with gpt and resmlp")
+            build = recipe.build_depth
         data = recipe.data() if args.data is None else _load_data(args.data)
         label = f"recipe {recipe.name}"
     else:
@@ -208,6 +218,8 @@ def _coord_check(args) -> int:
         default_widths, default_lr = [64, 128, 256, 512, 1024], None
         data = _load_data(args.data) if args.data else _data_next_to(args.factory)
         label = args.factory
+    if args.depths:
+        return _coord_check_depth(args, build, data, label, default_widths[0], default_lr)
     widths = _parse_widths(args.widths) if args.widths else default_widths
     lr = args.lr if args.lr is not None else default_lr
     if lr is None:
@@ -230,16 +242,63 @@ def _coord_check(args) -> int:
             mt.parametrize(model, base=build(base_width), delta=build(2 * base_width))
         return model
 
+    print(f"coordinate check: {label}, {args.parametrization}, {args.optimizer} lr={lr:g}, "
+          f"widths {','.join(map(str, widths))}, {args.steps} steps × {args.seeds} seeds", file=sys.stderr)
+    return _run_check(args, make_model, widths, data, lr)
+
+
+def _coord_check_depth(args, build: Callable, data: list, label: str, default_width: int,
+                       default_lr: Optional[float]) -> int:
+    """`coord-check --depths`: one width, several depths, µP in width and depth relative to the base."""
+    import torch
+
+    import mutransfer as mt
+    from .spec import find_spec
+
+    depths = _parse_widths(args.depths, "--depths")
+    width = args.width or args.base_width or default_width
+    base_width = args.base_width or width
+    base_depth = args.base_depth or min(depths)
+    lr = args.lr if args.lr is not None else default_lr
+    if lr is None:
+        raise UsageError("--lr is required with a factory (try 1e-2 for adam, 0.1 for sgd)")
+    if lr <= 0 or width <= 0 or base_width <= 0 or base_depth <= 0:
+        raise UsageError("--lr, --width, --base-width and --base-depth must be positive")
+    if not 0 <= args.depth_alpha <= 1:
+        raise UsageError(f"--depth-alpha must lie in [0, 1], got {args.depth_alpha:g}")
+
+    def make_model(w: int, depth: int) -> torch.nn.Module:
+        model = build(w, depth)
+        if not isinstance(model, torch.nn.Module):
+            raise UsageError(f"{label} returned {type(model).__name__} for width {w}, depth {depth}, not an nn.Module")
+        if find_spec(model) is not None:
+            if args.parametrization == "sp":
+                raise UsageError(f"{label} returns a model already in µP; --parametrization sp needs a plain model")
+            return model
+        if args.parametrization == "mup":
+            mt.parametrize(model, base=build(base_width, base_depth), delta=build(2 * base_width, base_depth),
+                           depth_alpha=args.depth_alpha)
+        return model
+
+    alpha = f", depth_alpha={args.depth_alpha:g}" if args.parametrization == "mup" else ""
+    print(f"coordinate check across depth: {label}, {args.parametrization}{alpha}, {args.optimizer} lr={lr:g}, "
+          f"width {width}, depths {','.join(map(str, depths))}, {args.steps} steps × {args.seeds} seeds",
+          file=sys.stderr)
+    return _run_check(args, make_model, [width], data, lr, depths=depths)
+
+
+def _run_check(args, make_model: Callable, widths: list, data: list, lr: float, depths=None) -> int:
+    import mutransfer as mt
+
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"--out {out}: cannot create the directory ({e.strerror})") from None
-    print(f"coordinate check: {label}, {args.parametrization}, {args.optimizer} lr={lr:g}, "
-          f"widths {','.join(map(str, widths))}, {args.steps} steps × {args.seeds} seeds", file=sys.stderr)
     try:
         result = mt.coord_check(make_model, widths, data, optimizer=args.optimizer, lr=lr, steps=args.steps,
-                                seeds=args.seeds, max_growth=args.max_growth, progress=not args.no_progress)
+                                seeds=args.seeds, max_growth=args.max_growth, progress=not args.no_progress,
+                                depths=depths)
     except (ValueError, TypeError) as e:
         raise UsageError(str(e)) from None
     result.to_csv(out / "coord_check.csv")
@@ -255,13 +314,13 @@ def _coord_check(args) -> int:
     return EXIT_PASS if result.passed else EXIT_FAIL
 
 
-def _parse_widths(text: str) -> list[int]:
+def _parse_widths(text: str, option: str = "--widths") -> list[int]:
     try:
         widths = [int(w) for w in text.replace(" ", "").split(",") if w]
     except ValueError:
-        raise UsageError(f"--widths must be comma-separated integers, got '{text}'") from None
+        raise UsageError(f"{option} must be comma-separated integers, got '{text}'") from None
     if len(set(widths)) < 2 or any(w <= 0 for w in widths):
-        raise UsageError(f"--widths needs at least two different positive widths, got '{text}'")
+        raise UsageError(f"{option} needs at least two different positive values, got '{text}'")
     return sorted(set(widths))
 
 

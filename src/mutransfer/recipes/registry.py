@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Optional
 
 from torch import nn
 
 from .data import gaussian_batches, image_batches, text_batches
-from .models import CNN, GPT, MLP
+from .models import CNN, GPT, MLP, ResMLP
 
 
 @dataclass(frozen=True)
@@ -18,6 +18,7 @@ class Recipe:
     widths: tuple[int, ...]  # default widths of the coordinate check; the first is µP's base width
     coord_lr: dict[str, float] = field(default_factory=dict)  # coordinate-check lr per optimizer family
     description: str = ""
+    build_depth: Optional[Callable[[int, int], nn.Module]] = None  # (width, depth) → model, for depth checks
 
 
 RECIPES: dict[str, Recipe] = {
@@ -29,7 +30,12 @@ RECIPES: dict[str, Recipe] = {
                   "2 conv layers with BatchNorm, 8×8 random images, 10 classes"),
     "gpt": Recipe("gpt", lambda w: GPT(w), lambda: text_batches(4, 8, 32),
                   (64, 128, 256, 512, 1024), {"sgd": 1.0, "adam": 1e-2},
-                  "2-layer pre-LN GPT, 4 heads, tied embeddings, SDPA attention, byte-level text"),
+                  "2-layer pre-LN GPT, 4 heads, tied embeddings, SDPA attention, byte-level text",
+                  build_depth=lambda w, d: GPT(w, n_layer=d)),
+    "resmlp": Recipe("resmlp", lambda w: ResMLP(w, depth=2), lambda: gaussian_batches(4, 64, 32, 10),
+                     (64, 128, 256, 512, 1024), {"sgd": 0.1, "adam": 1e-2},
+                     "residual MLP, pre-LN blocks (2 by default), Gaussian inputs, 10 classes",
+                     build_depth=lambda w, d: ResMLP(w, depth=d)),
 }
 
 
