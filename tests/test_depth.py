@@ -53,17 +53,62 @@ def test_depth_factors_follow_the_rules(alpha):
     assert adam["norm.weight"] == (pytest.approx(1.0), pytest.approx(1 / m_w))
     assert adam["readout.weight"][0] == pytest.approx(1 / m_w)
     assert adam["input.weight"][0] == pytest.approx(1.0)
-    branches = find_spec(model).branches
-    assert set(branches) == {f"blocks.{i}.fc2" for i in range(8)}
-    assert all(c == pytest.approx(m_l ** -alpha) for c in branches.values())
+    # Table 3: the branch multiplier is folded into fc2 (the branch's last layer): init × m_L^-α,
+    # Adam lr × m_L^-1 (ε width-only), SGD lr × m_L^-1.
+    spec = find_spec(model)
+    assert spec.branches == {}
+    assert spec.folded_branches == {f"blocks.{i}.fc2": pytest.approx(m_l ** -alpha) for i in range(8)}
+    assert adam["blocks.6.fc2.weight"] == (pytest.approx(1 / (m_w * m_l)), pytest.approx(1 / m_w))
+    assert sgd["blocks.6.fc2.weight"][0] == pytest.approx(1 / m_l)
+    assert adam["blocks.6.fc2.bias"][0] == pytest.approx(1 / m_l)
+    # Table 8 keeps a forward multiplier on the branch instead, and fc2 follows the block row.
+    spec8 = find_spec(_resmlp(alpha=alpha, formulation="table8"))
+    assert spec8.folded_branches == {}
+    assert spec8.branches == {f"blocks.{i}.fc2": pytest.approx(m_l ** -alpha) for i in range(8)}
 
 
 def test_branch_output_is_scaled_in_the_forward():
-    model = _resmlp(alpha=1.0)
+    model = _resmlp(alpha=1.0, formulation="table8")
     block = model.blocks[3]
     x = torch.randn(5, 128)
     expected = x + 0.25 * F.linear(F.relu(block.fc1(block.norm(x))), block.fc2.weight, block.fc2.bias)
     torch.testing.assert_close(block(x), expected)
+    folded = _resmlp(alpha=1.0)  # same seed: Table 3 holds 0.25 × Table 8's fc2 and computes the same
+    torch.testing.assert_close(folded.blocks[3].fc2.weight, 0.25 * block.fc2.weight)
+    torch.testing.assert_close(folded.blocks[3].fc1.weight, block.fc1.weight)
+    torch.testing.assert_close(folded(x[:, :32]), model(x[:, :32]))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("build", ["resmlp", "gpt"])
+def test_folded_and_multiplied_branches_train_identically(optimizer, build):
+    """abc-symmetry across depth: Table 3 (folded) and Table 8 (multiplier) give the same trajectory."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        if build == "resmlp":
+            make = lambda w, d: ResMLP(w, depth=d)  # noqa: E731
+            x, y = torch.randn(16, 32), torch.randint(0, 10, (16,))
+        else:
+            make = lambda w, d: GPT(w, n_layer=d, ctx=16, tied=False)  # noqa: E731
+            x = torch.randint(0, 256, (4, 16))
+            y = torch.randint(0, 256, (4, 16))
+        outs = []
+        for formulation in ("table3", "table8"):
+            torch.manual_seed(0)
+            model = make(64, 6)
+            mt.parametrize(model, base=make(32, 2), delta=make(64, 2), formulation=formulation, depth_alpha=0.5)
+            lr = 0.05 if optimizer == "sgd" else 1e-2
+            opt = (torch.optim.SGD if optimizer == "sgd" else torch.optim.Adam)(
+                mt.param_groups(model, lr, optimizer, eps=1e-6))
+            for _ in range(5):
+                loss = F.cross_entropy(model(x).reshape(-1, model(x).shape[-1]), y.reshape(-1))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            outs.append(model(x))
+        torch.testing.assert_close(outs[0], outs[1], rtol=1e-8, atol=1e-9)
+    finally:
+        torch.set_default_dtype(torch.float32)
 
 
 def test_at_base_depth_depth_scaling_changes_nothing():
@@ -92,8 +137,10 @@ def test_gpt_branches_and_attention_in_deeper_blocks():
     model = GPT(128, n_layer=6)
     mt.parametrize(model, base=GPT(64, n_layer=2), delta=GPT(128, n_layer=2), depth_alpha=0.5)
     spec = find_spec(model)
-    assert set(spec.branches) == {f"blocks.{i}.{b}" for i in range(6) for b in ("attn", "fc_out")}
-    assert all(c == pytest.approx(3 ** -0.5) for c in spec.branches.values())
+    # attention's output is its out-projection's: both branches fold into a Linear layer
+    assert set(spec.folded_branches) == {f"blocks.{i}.{b}" for i in range(6) for b in ("attn.proj", "fc_out")}
+    assert all(c == pytest.approx(3 ** -0.5) for c in spec.folded_branches.values())
+    assert spec.branches == {} and spec.forward_multipliers == {"lm_head": ("input ×", 0.5)}
     assert {name for name, *_ in spec.attention} == {f"blocks.{i}.attn" for i in range(6)}
     assert model(torch.randint(0, 256, (2, 16))).shape == (2, 16, 256)
     assert "depth blocks: L₀=2 → L=6" in mt.describe(model)
@@ -153,7 +200,7 @@ def test_untraceable_block_needs_patterns():
     assert "blocks" in str(err.value) and "depth_alpha=0" in str(err.value)
     model = mt.parametrize(Stack(32, 8, UntraceableBlock), base=Stack(16, 2, UntraceableBlock),
                            delta=Stack(32, 2, UntraceableBlock), residual_branches=["blocks.*.fc"])
-    assert set(find_spec(model).branches) == {f"blocks.{i}.fc" for i in range(8)}
+    assert set(find_spec(model).folded_branches) == {f"blocks.{i}.fc" for i in range(8)}
     with pytest.raises(ValueError, match="matches no module"):
         mt.parametrize(Stack(32, 8, UntraceableBlock), base=Stack(16, 2, UntraceableBlock),
                        delta=Stack(32, 2, UntraceableBlock), residual_branches=["blocks.*.nope"])
@@ -218,7 +265,7 @@ def test_base_depth_given_explicitly_and_shapes_file(tmp_path):
     assert "blocks.0.fc1.weight" in json.loads(path.read_text())["params"]
     model = mt.parametrize(ResMLP(256, depth=16), base_shapes=path, depth_alpha=0.5)
     spec = find_spec(model)
-    assert spec.depth == {"blocks": (2, 16)} and spec.branches["blocks.15.fc2"] == pytest.approx(8 ** -0.5)
+    assert spec.depth == {"blocks": (2, 16)} and spec.folded_branches["blocks.15.fc2"] == pytest.approx(8 ** -0.5)
 
 
 def test_depth_multipliers_survive_deepcopy_pickle_and_compile(tmp_path):

@@ -37,3 +37,23 @@ def test_unknown_names():
         rules.formulation_rules("table5")
     with pytest.raises(ValueError, match="unknown role 'embedding'"):
         rules.Multipliers(init={"embedding": 2.0})
+
+
+def test_depth_rules_eps_follows_the_gradient_and_branch_end_is_the_abc_shift_of_block():
+    for name, rule in rules.DEPTH_RULES.items():
+        for k in range(2):
+            assert rule.adam_eps[k] == rule.adam_lr[k] - rule.sgd_lr[k], name
+    block, end = rules.DEPTH_RULES["block"], rules.DEPTH_RULES["branch_end"]
+    theta = rules.BRANCH_MULTIPLIER  # folding the multiplier: W' = m_L^-α · W
+    for k in range(2):
+        assert end.init[k] == block.init[k] + theta[k]
+        assert end.adam_lr[k] == block.adam_lr[k] + theta[k]
+        assert end.sgd_lr[k] == block.sgd_lr[k] + 2 * theta[k]
+        assert end.adam_eps[k] == block.adam_eps[k] - theta[k]
+    # Depth-µP (α=½) with SGD keeps the lr (TP6); CompleteP (α=1) with Adam keeps the lr.
+    assert rules.depth_factor(block.sgd_lr, 16.0, 0.5) == 1.0
+    assert rules.depth_factor(block.adam_lr, 16.0, 1.0) == 1.0
+    assert rules.depth_factor(block.adam_lr, 16.0, 0.5) == 0.25
+    assert rules.depth_factor(block.adam_eps, 4.0, 1.0) == 0.25
+    assert all(rules.depth_factor(c, 1.0, a) == 1.0 for r in rules.DEPTH_RULES.values()
+               for c in (r.init, r.sgd_lr, r.adam_lr, r.adam_eps) for a in (0.5, 1.0))

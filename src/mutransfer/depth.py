@@ -211,16 +211,47 @@ class _TraceFailure(ValueError):
     pass
 
 
+@dataclass(frozen=True)
+class Branch:
+    """A residual branch: the module whose output is added onto the stream."""
+
+    module: str
+    tuple_output: bool = False  # the branch is element 0 of the module's tuple output
+    end: Optional[str] = None  # a Linear/Conv whose output *is* the branch's (the multiplier can fold into it)
+
+
+_LINEAR = (nn.Linear, nn.modules.conv._ConvNd)
+
+
+def _branch_end(module: nn.Module, depth: int = 0) -> Optional[str]:
+    """Relative name of the Linear/Conv layer whose output is `module`'s output ("" for itself)."""
+    if isinstance(module, _LINEAR):
+        return ""
+    if depth > 4 or type(module).forward is nn.Module.forward:
+        return None
+    try:
+        graph = _BlockTracer().trace(module)
+    except Exception:  # untraceable: keep the forward multiplier on the branch module
+        return None
+    out = next((n for n in graph.nodes if n.op == "output"), None)
+    last = out.args[0] if out is not None else None
+    if not isinstance(last, torch.fx.Node) or last.op != "call_module":
+        return None
+    child = str(last.target)
+    inner = _branch_end(module.get_submodule(child), depth + 1)
+    return None if inner is None else ".".join(p for p in (child, inner) if p)
+
+
 def find_branches(model: nn.Module, depth: DepthMap, patterns: Optional[Iterable[str]]) -> \
-        tuple[dict[str, bool], list[str]]:
-    """Branch modules to scale ({module name: tuple output}) and blocks that scale themselves (helper).
+        tuple[list[Branch], list[str]]:
+    """The residual branches to scale, and the blocks that scale themselves (`residual_branch`).
 
     With `patterns`, the named modules are the branches. Otherwise the first block of each
     depth container is traced and the same children of every block are taken.
     """
     from .shapes import canonical_name
     modules = {canonical_name(n): m for n, m in model.named_modules()}
-    branches: dict[str, bool] = {}
+    branches: list[Branch] = []
     helper_blocks: list[str] = []
     if patterns is not None:
         patterns = [patterns] if isinstance(patterns, str) else list(patterns)
@@ -231,10 +262,11 @@ def find_branches(model: nn.Module, depth: DepthMap, patterns: Optional[Iterable
             if not hits:
                 raise ValueError(f"residual_branches pattern '{pat}' matches no module of the model")
             for n in hits:
-                if depth.locate(n) is None and n not in depth.containers:
+                if depth.locate(n) is None:
                     raise ValueError(f"residual_branches: '{n}' is not inside a block of a depth container "
                                      f"({', '.join(depth.containers) or 'none found'})")
-                branches[n] = False
+                end = _branch_end(modules[n])
+                branches.append(Branch(n, False, None if end is None else ".".join(p for p in (n, end) if p)))
         return branches, helper_blocks
     for prefix, (_, l) in depth.containers.items():
         first = modules.get(_join(prefix, 0, ""))
@@ -248,11 +280,13 @@ def find_branches(model: nn.Module, depth: DepthMap, patterns: Optional[Iterable
                 f"branch modules with residual_branches=['{prefix}.*.attn', '{prefix}.*.mlp'] (patterns), write "
                 f"`x = x + mt.residual_branch(self, branch)` in the block's forward, or pass depth_alpha=0 "
                 f"to change depth without depth scaling") from None
+        if kind == "helper":
+            helper_blocks += [_join(prefix, i, "") for i in range(l)]
+            continue
+        ends = {child: (None if tuple_out else _branch_end(first.get_submodule(child))) for child, tuple_out in found}
         for i in range(l):
-            block_name = _join(prefix, i, "")
-            if kind == "helper":
-                helper_blocks.append(block_name)
-                continue
             for child, tuple_out in found:
-                branches[_join(prefix, i, child)] = tuple_out
+                end = ends[child]
+                branches.append(Branch(_join(prefix, i, child), tuple_out,
+                                       None if end is None else _join(prefix, i, ".".join(p for p in (child, end) if p))))
     return branches, helper_blocks

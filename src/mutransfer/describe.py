@@ -30,12 +30,20 @@ def describe(model: nn.Module) -> str:
             f"{m or '<model>'} {kind}{c:.4g}" for m, (kind, c) in spec.forward_multipliers.items()))
     elif not spec.branches:
         lines.append("forward multipliers: none (zero forward overhead)")
+    else:
+        lines.append(f"forward multipliers: residual branches only ({len(spec.branches)})")
     for prefix, (l0, l) in spec.depth.items():
-        inside = [m for m in spec.branches if m.startswith(f"{prefix}.") or not prefix]
-        names = sorted({".".join(p if not p.isdigit() else "*" for p in m.split(".")) for m in inside})
-        c = spec.branches[inside[0]] if inside else 1.0
+        def inside(names):
+            return sorted({".".join("*" if p.isdigit() else p for p in m.split("."))
+                           for m in names if m.startswith(f"{prefix}.") or not prefix})
+        c = (l / l0) ** -spec.depth_alpha if spec.depth_alpha else 1.0
+        how = []
+        if inside(spec.branches):
+            how.append("forward multiplier on " + ", ".join(inside(spec.branches)))
+        if inside(spec.folded_branches):
+            how.append("folded into " + ", ".join(inside(spec.folded_branches)) + " (init × m_L^-α, no overhead)")
         lines.append(f"depth {prefix or '<model>'}: L₀={l0} → L={l} (m_L={l / l0:g}), α={spec.depth_alpha:g}: "
-                     f"residual branch outputs × m_L^-α = {c:.4g} ({', '.join(names) or 'none'})")
+                     f"residual branch outputs × m_L^-α = {c:.4g}" + (f"; {'; '.join(how)}" if how else ""))
     for mname, kind, d0, d in spec.attention:
         alpha = spec.multipliers.attention
         scale = alpha * d0 ** 0.5 / d if d else None

@@ -17,8 +17,8 @@ from torch import nn
 from . import attention as attn
 from . import scaled_forward
 from .roles import ParamInfo, classify
-from .depth import BRANCH_ATTR, DepthMap, block_containers, find_branches
-from .rules import (DEFAULT_DEPTH_ALPHA, DEPTH_RULES, Multipliers, check_depth_alpha, depth_factor, factor,
+from .depth import BRANCH_ATTR, Branch, DepthMap, block_containers, find_branches
+from .rules import (BRANCH_MULTIPLIER, DEFAULT_DEPTH_ALPHA, Multipliers, check_depth_alpha, depth_factor, factor,
                     formulation_rules)
 from .shapes import WidthShapes, canonical_name
 from .spec import SPEC_ATTR, MuSpec, find_spec
@@ -89,7 +89,8 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
     depth = _depth_map(model, shapes, base_depth)
     infos = classify(model, shapes, roles, transposed, depth)
     branches, helper_blocks = (find_branches(model, depth, residual_branches)
-                               if depth.containers and alpha > 0 else ({}, []))
+                               if depth.containers and alpha > 0 else ([], []))
+    branches, folded = _fold_branches(branches, infos, formulation)
     heads = {canonical_name(n): shapes.attention_head_dims[depth.to_base(canonical_name(n))]
              for n, _ in model.named_modules() if depth.to_base(canonical_name(n)) in shapes.attention_head_dims}
     attention_plan = attn.plan(model, heads, float(attn_mult), attn_base_head_dim) if attention else []
@@ -109,6 +110,7 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
         for name, info in infos.items():
             scale = _init_scale(info, shapes, rules[info.role].init, mults.init_mult(info.role),
                                 params[name], None if base_values is None else base_values[info.base_name])
+            scale *= depth_factor(spec.depth_rule(name).init, info.m_depth, spec.depth_alpha)
             spec.init_scales[name] = scale
             if scale != 1.0:
                 params[name].mul_(scale)
@@ -119,6 +121,7 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
     spec.forward_multipliers = {m: (kind, c) for m, kind, c in multipliers}
     spec.attention = attn.install(attention_plan, float(attn_mult))
     spec.branches = _install_branch_multipliers(model, depth, alpha, branches, helper_blocks)
+    spec.folded_branches = {b.end: depth_factor(BRANCH_MULTIPLIER, depth.multiplier(b.end), alpha) for b in folded}
     setattr(model, SPEC_ATTR, spec)
     return model
 
@@ -159,16 +162,38 @@ def _depth_map(model: nn.Module, shapes: WidthShapes, base_depth) -> DepthMap:
     return DepthMap.between(base, target, base_depth)
 
 
-def _install_branch_multipliers(model: nn.Module, depth: DepthMap, alpha: float, branches: dict[str, bool],
+def _fold_branches(branches: list[Branch], infos: dict[str, ParamInfo], formulation: str) \
+        -> tuple[list[Branch], list[Branch]]:
+    """Split the branches into (forward multiplier, folded into their last layer).
+
+    Table 3 has no forward multipliers, so a branch whose output is a Linear/Conv layer's gets the
+    multiplier folded into that layer's parameters ("branch_end" depth rule); its parameters must
+    belong to that layer alone. Everything else keeps a forward multiplier.
+    """
+    if formulation != "table3":
+        return branches, []
+    keep, folded = [], []
+    for b in branches:
+        own = [i for i in infos.values() if b.end is not None and any(m == b.end for m, _ in i.usages)]
+        if b.end is None or not own or any(len(i.usages) != 1 for i in own):
+            keep.append(b)
+            continue
+        for info in own:
+            info.depth_role = "branch_end"
+        folded.append(b)
+    return keep, folded
+
+
+def _install_branch_multipliers(model: nn.Module, depth: DepthMap, alpha: float, branches: list[Branch],
                                 helper_blocks: list[str]) -> dict[str, float]:
     """Multiply every residual branch output by (L/L₀)^-α; returns {module: multiplier}."""
-    rule = DEPTH_RULES["block"].branch_output
+    rule = BRANCH_MULTIPLIER
     installed = {}
-    for mname in branches:
-        c = depth_factor(rule, depth.multiplier(mname), alpha)
+    for b in branches:
+        c = depth_factor(rule, depth.multiplier(b.module), alpha)
         if c != 1.0:
-            scaled_forward.install(_module(model, mname), output_mult=c)
-            installed[mname] = c
+            scaled_forward.install(_module(model, b.module), output_mult=c)
+            installed[b.module] = c
     for bname in helper_blocks:
         c = depth_factor(rule, depth.multiplier(bname), alpha)
         setattr(_module(model, bname), BRANCH_ATTR, c)

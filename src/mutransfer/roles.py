@@ -53,6 +53,7 @@ class ParamInfo:
     base_name: str = ""              # its name in the base model (differs inside deeper blocks)
     block: Optional[str] = None      # the depth container holding it (None outside repeated blocks)
     m_depth: float = 1.0             # L/L₀ of that container
+    depth_role: str = "outside"      # row of rules.DEPTH_RULES: outside, block, branch_end
 
     @property
     def aliases(self) -> list[str]:
@@ -205,5 +206,6 @@ def classify(model: nn.Module, shapes: WidthShapes, roles: Optional[Mapping[str,
         where = depth.locate(name)
         infos[name] = ParamInfo(name, tshape, role, float(m_in), float(m_out), layout,
                                 [(u[0], u[2]) for u in per_use], tied_readouts, float(module_fan_in_mult),
-                                base_name, where[0] if where else None, depth.multiplier(name))
+                                base_name, where[0] if where else None, depth.multiplier(name),
+                                "block" if where else "outside")
     return infos

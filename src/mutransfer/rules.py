@@ -81,30 +81,39 @@ DEFAULT_WEIGHT_DECAY_POLICY = "lr_wd_constant"
 
 # Depth (TP6 Depth-µP α = ½; CompleteP, Dey et al. 2025, α = 1). m_L = L/L₀, the number of
 # residual blocks over the base model's. Every exponent is linear in α: the pair (c, k) means
-# m_L ** (c + k·α). Parameters inside a residual block ("block") get the lr/ε rows; everything
-# outside the repeated blocks (embeddings, final norm, readout) is untouched by depth.
+# m_L ** (c + k·α). Every residual branch's output is multiplied by m_L^-α (BRANCH_MULTIPLIER).
+# Parameters inside the repeated blocks follow the "block" row; everything outside them
+# (embeddings, final norm, readout) the "outside" row: depth changes nothing there.
 #
-# Why (the derivations the tests check numerically): each branch output is × m_L^-α, so the
-# gradient of every parameter in a block scales like m_L^-α. Each block's update should move
-# the residual stream by Θ(1/L) (L blocks then add up to Θ(1)), i.e. m_L^-α · |ΔW| ∝ 1/L:
+# Why (the derivations the tests check numerically): behind the branch multiplier, the gradient
+# of every parameter in a block scales like m_L^-α. Each block's update should move the residual
+# stream by Θ(1/L) (L blocks then add up to Θ(1)), i.e. m_L^-α · |ΔW| ∝ 1/L:
 #   Adam:  |ΔW| ∝ lr                  → lr ∝ m_L^(α-1)   (½: m_L^-½ as TP6; 1: unchanged)
 #   SGD:   |ΔW| ∝ lr · m_L^-α         → lr ∝ m_L^(2α-1)  (½: unchanged as TP6)
 #   Adam ε scales like the gradient   → ε ∝ m_L^-α       (adam_eps = adam_lr - sgd_lr)
 # Init is not scaled with depth (both papers). Weight decay follows the lr through the policy.
+#
+# "branch_end": with formulation "table3" (no forward multipliers), the multiplier of a branch
+# whose output comes straight out of a Linear/Conv layer is folded into that layer instead
+# (abc-symmetry: W' = m_L^-α·W): init × m_L^-α, and to keep W' = m_L^-α·W at every step,
+# Adam lr × m_L^-α and ε × m_L^α on top of the block row, SGD lr × m_L^-2α. Same function and
+# trajectory as the multiplier (tests check it), zero forward overhead.
 
 
 @dataclass(frozen=True)
 class DepthRule:
-    branch_output: tuple[float, float]
+    init: tuple[float, float]
     sgd_lr: tuple[float, float]
     adam_lr: tuple[float, float]
     adam_eps: tuple[float, float]
 
 
+BRANCH_MULTIPLIER = (0.0, -1.0)  # m_L^-α on every residual branch output
 DEPTH_RULES: dict[str, DepthRule] = {
-    #                    branch_output  sgd_lr      adam_lr     adam_eps
-    "block":   DepthRule((0.0, -1.0),   (-1.0, 2.0), (-1.0, 1.0), (0.0, -1.0)),
-    "outside": DepthRule((0.0, 0.0),    (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0)),
+    #                       init          sgd_lr       adam_lr      adam_eps
+    "outside":    DepthRule((0.0, 0.0),   (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0)),
+    "block":      DepthRule((0.0, 0.0),   (-1.0, 2.0), (-1.0, 1.0), (0.0, -1.0)),
+    "branch_end": DepthRule((0.0, -1.0),  (-1.0, 0.0), (-1.0, 0.0), (0.0, 0.0)),
 }
 DEFAULT_DEPTH_ALPHA = 1.0  # CompleteP: the paper's best; 0.5 is Depth-µP; 0 turns depth scaling off
 

@@ -36,14 +36,14 @@ class MuSpec:
     depth_alpha: float = 0.0
     depth: dict[str, tuple[int, int]] = field(default_factory=dict)  # container → (L₀, L)
     branches: dict[str, float] = field(default_factory=dict)  # module (or helper block) → multiplier
+    folded_branches: dict[str, float] = field(default_factory=dict)  # layer holding a folded multiplier
 
     def rule(self, name: str) -> Rule:
         return formulation_rules(self.formulation)[self.params[name].role]
 
     def depth_rule(self, name: str) -> DepthRule:
         # depth_alpha = 0 means no depth scaling at all (not the α → 0 end of the formulas)
-        in_block = self.params[name].block is not None and self.depth_alpha > 0
-        return DEPTH_RULES["block" if in_block else "outside"]
+        return DEPTH_RULES[self.params[name].depth_role if self.depth_alpha > 0 else "outside"]
 
     def factors(self, name: str, family: str) -> tuple[float, float]:
         """(lr factor, Adam ε factor) of one parameter for an optimizer family: width × depth."""
