@@ -17,6 +17,7 @@ one `parametrize` call), and compared with a sweep at the target itself. Writes 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import multiprocessing as mp
 import os
@@ -62,14 +63,15 @@ def main(argv=None) -> int:
     ap.add_argument("--depths", default="2,4,8,16")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--target", default="512x16", help="WIDTHxDEPTH of the transfer target ('' to skip)")
-    ap.add_argument("--quick", action="store_true", help="depths 2,4,8, one seed, no target sweep")
+    ap.add_argument("--quick", action="store_true", help="smoke run: depths 2,4, every other lr, one seed, no target")
+    ap.add_argument("--json", help="also write the optima and the transfer result to this JSON file")
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--plot", default="docs/depth_transfer.png")
     args = ap.parse_args(argv)
-    depths = [2, 4, 8] if args.quick else [int(d) for d in args.depths.split(",")]
+    depths = [2, 4] if args.quick else [int(d) for d in args.depths.split(",")]
     seeds = 1 if args.quick else args.seeds
     target = None if (args.quick or not args.target) else tuple(int(x) for x in args.target.split("x"))
-    log2_lrs = list(MODELS[args.model][2])
+    log2_lrs = list(MODELS[args.model][2])[::2 if args.quick else 1]
 
     jobs = [(args.model, label, p, a, BASE_WIDTH, d, k, s) for label, p, a in VARIANTS for d in depths
             for k in log2_lrs for s in range(seeds)]
@@ -94,8 +96,10 @@ def main(argv=None) -> int:
     print(f"optimal log2 lr per depth (base depth {BASE_DEPTH}):")
     print(f"| parametrization | {' | '.join(str(d) for d in depths)} | drift (octaves) |")
     print(f"|---|{'---|' * len(depths)}---|")
+    summary: dict = {"model": args.model, "depths": depths, "seconds": seconds, "optima": {}, "transfer": {}}
     for label, _, _ in VARIANTS:
         best = [optimum(curves[(label, BASE_WIDTH, d)]) for d in depths]
+        summary["optima"][label] = best
         print(f"| {label} | {' | '.join(f'{b:+d}' for b in best)} | {max(best) - min(best)} |")
     if target is not None:
         print(f"\ntransfer from the width-{BASE_WIDTH}, depth-{depths[0]} proxy to width {target[0]}, depth {target[1]}:")
@@ -105,8 +109,15 @@ def main(argv=None) -> int:
             proxy = optimum(curves[(label, BASE_WIDTH, depths[0])])
             tc = curves[(label,) + target]
             best = optimum(tc)
-            print(f"| {label} | {proxy:+d} | {tc[proxy]:.4f} | {best:+d} | {tc[best]:.4f} | "
+            edge = " (grid edge)" if best in (log2_lrs[0], log2_lrs[-1]) else ""
+            name = label if label != VARIANTS[2][0] else "SP (no µP in width or depth)"
+            print(f"| {name} | {proxy:+d} | {tc[proxy]:.4f} | {best:+d}{edge} | {tc[best]:.4f} | "
                   f"{tc[proxy] - tc[best]:+.4f} |")
+            summary["transfer"][label] = {"proxy_log2_lr": proxy, "loss_at_proxy_lr": tc[proxy],
+                                          "target_log2_lr": best, "best_loss": tc[best]}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1)
     if args.plot:
         _plot(curves, depths, log2_lrs, args.plot, f"{args.model}, width {BASE_WIDTH}")
         print(f"\nfigure: {args.plot}")

@@ -43,3 +43,14 @@ def test_overhead_benchmark_quick_writes_ratios(tmp_path):
 def test_coord_check_speed_benchmark_runs():
     out = run(["benchmarks/coord_check_speed.py", "--recipes", "mlp", "--seeds", "2"])
     assert re.search(r"mlp\s+µP .* PASS", out) and re.search(r"mlp\s+SP .* FAIL", out), out
+
+
+@pytest.mark.slow
+def test_depth_transfer_benchmark_quick(tmp_path):
+    out = run(["benchmarks/depth_transfer.py", "--quick", "--json", str(tmp_path / "d.json"),
+               "--plot", str(tmp_path / "d.png")])
+    assert "| CompleteP α=1 |" in out and "drift (octaves)" in out
+    data = json.loads((tmp_path / "d.json").read_text())
+    assert data["depths"] == [2, 4] and set(data["optima"]) == {"CompleteP α=1", "Depth-µP α=½", "no depth scaling"}
+    assert all(len(v) == 2 for v in data["optima"].values())
+    assert (tmp_path / "d.png").stat().st_size > 10_000
