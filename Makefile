@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
 	$(PY) benchmarks/coord_check_speed.py
 	scripts/with-postgres.sh $(PY) benchmarks/sweep_throughput.py
+	$(PY) benchmarks/depth_transfer.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache mutransfer-demo

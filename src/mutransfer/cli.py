@@ -187,7 +187,6 @@ def _coord_check(args) -> int:
     import mutransfer as mt
     from .recipes import get_recipe
     from .rules import optimizer_family
-    from .spec import find_spec
 
     if (args.factory is None) == (args.recipe is None):
         raise UsageError("give either a factory (module:function) or --recipe mlp|cnn|gpt")
@@ -231,16 +230,8 @@ def _coord_check(args) -> int:
         raise UsageError("--base-width must be positive")
 
     def make_model(width: int) -> torch.nn.Module:
-        model = build(width)
-        if not isinstance(model, torch.nn.Module):
-            raise UsageError(f"{label} returned {type(model).__name__} for width {width}, not an nn.Module")
-        if find_spec(model) is not None:
-            if args.parametrization == "sp":
-                raise UsageError(f"{label} returns a model already in µP; --parametrization sp needs a plain model")
-            return model
-        if args.parametrization == "mup":
-            mt.parametrize(model, base=build(base_width), delta=build(2 * base_width))
-        return model
+        return _as_requested(build(width), args, label, f"width {width}",
+                             lambda m: mt.parametrize(m, base=build(base_width), delta=build(2 * base_width)))
 
     print(f"coordinate check: {label}, {args.parametrization}, {args.optimizer} lr={lr:g}, "
           f"widths {','.join(map(str, widths))}, {args.steps} steps × {args.seeds} seeds", file=sys.stderr)
@@ -253,7 +244,6 @@ def _coord_check_depth(args, build: Callable, data: list, label: str, default_wi
     import torch
 
     import mutransfer as mt
-    from .spec import find_spec
 
     depths = _parse_widths(args.depths, "--depths")
     width = args.width or args.base_width or default_width
@@ -268,23 +258,33 @@ def _coord_check_depth(args, build: Callable, data: list, label: str, default_wi
         raise UsageError(f"--depth-alpha must lie in [0, 1], got {args.depth_alpha:g}")
 
     def make_model(w: int, depth: int) -> torch.nn.Module:
-        model = build(w, depth)
-        if not isinstance(model, torch.nn.Module):
-            raise UsageError(f"{label} returned {type(model).__name__} for width {w}, depth {depth}, not an nn.Module")
-        if find_spec(model) is not None:
-            if args.parametrization == "sp":
-                raise UsageError(f"{label} returns a model already in µP; --parametrization sp needs a plain model")
-            return model
-        if args.parametrization == "mup":
-            mt.parametrize(model, base=build(base_width, base_depth), delta=build(2 * base_width, base_depth),
-                           depth_alpha=args.depth_alpha)
-        return model
+        return _as_requested(build(w, depth), args, label, f"width {w}, depth {depth}",
+                             lambda m: mt.parametrize(m, base=build(base_width, base_depth),
+                                                      delta=build(2 * base_width, base_depth),
+                                                      depth_alpha=args.depth_alpha))
 
     alpha = f", depth_alpha={args.depth_alpha:g}" if args.parametrization == "mup" else ""
     print(f"coordinate check across depth: {label}, {args.parametrization}{alpha}, {args.optimizer} lr={lr:g}, "
           f"width {width}, depths {','.join(map(str, depths))}, {args.steps} steps × {args.seeds} seeds",
           file=sys.stderr)
     return _run_check(args, make_model, [width], data, lr, depths=depths)
+
+
+def _as_requested(model, args, label: str, where: str, to_mup: Callable):
+    """The factory's model in the parametrization asked for (µP via `to_mup` unless it already is)."""
+    import torch
+
+    from .spec import find_spec
+
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(f"{label} returned {type(model).__name__} for {where}, not an nn.Module")
+    if find_spec(model) is not None:
+        if args.parametrization == "sp":
+            raise UsageError(f"{label} returns a model already in µP; --parametrization sp needs a plain model")
+        return model
+    if args.parametrization == "mup":
+        to_mup(model)
+    return model
 
 
 def _run_check(args, make_model: Callable, widths: list, data: list, lr: float, depths=None) -> int:

@@ -101,21 +101,20 @@ class DepthMap:
                 return prefix, hit[0], hit[1]
         return None
 
-    def to_base(self, name: str) -> str:
-        """The base model's name for `name` of the other model (block i → block i mod L₀)."""
+    def _reindex(self, name: str, side: int) -> str:
         hit = self.locate(name)
         if hit is None:
             return name
         prefix, i, rest = hit
-        return _join(prefix, i % self.containers[prefix][0], rest)
+        return _join(prefix, i % self.containers[prefix][side], rest)
+
+    def to_base(self, name: str) -> str:
+        """The base model's name for `name` of the other model (block i → block i mod L₀)."""
+        return self._reindex(name, 0)
 
     def from_base(self, name: str) -> str:
         """The other model's name for a base name (block i → block i mod L)."""
-        hit = self.locate(name)
-        if hit is None:
-            return name
-        prefix, i, rest = hit
-        return _join(prefix, i % self.containers[prefix][1], rest)
+        return self._reindex(name, 1)
 
     def multiplier(self, name: str) -> float:
         """m_L = L/L₀ of the container holding `name`, 1.0 outside depth containers."""
