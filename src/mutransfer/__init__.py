@@ -1,5 +1,5 @@
 """mutransfer: the Maximal Update Parametrization (µP) and µTransfer for PyTorch."""
-from . import optim, rules
+from . import limits, optim, rules
 from .attention import attn_logits, attn_scale
 from .depth import residual_branch
 from .coord import coord_check
@@ -12,4 +12,4 @@ from .spec import MuSpec
 
 __version__ = "0.1.0"
 __all__ = ["parametrize", "residual_branch", "coord_check", "CoordCheckResult", "param_groups", "describe", "attn_scale", "attn_logits", "save_shapes", "load_shapes",
-           "WidthShapes", "MuSpec", "optim", "rules", "__version__"]
+           "WidthShapes", "MuSpec", "limits", "optim", "rules", "__version__"]

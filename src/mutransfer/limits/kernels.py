@@ -1,0 +1,132 @@
+"""NNGP and NTK kernels of fully-connected networks in the infinite-width limit.
+
+Convention: the network these kernels describe has `depth` hidden layers and is written in the
+NTK parametrization, each layer h = σ_w·W·x/√fan_in + σ_b·b with W, b ~ N(0, 1):
+
+    K¹(x, x')    = σ_w² ⟨x, x'⟩ / d + σ_b²
+    K^{l+1}      = σ_w² E[φ(u) φ(v)] + σ_b²,   (u, v) ~ N(0, K^l restricted to {x, x'})
+    Θ¹           = K¹
+    Θ^{l+1}      = K^{l+1} + σ_w² E[φ'(u) φ'(v)] · Θ^l
+
+and the output is layer depth+1. The NNGP kernel K is the same for the standard
+parametrization (W ~ N(0, σ_w²/fan_in), b ~ N(0, σ_b²)); the NTK Θ is the NTK parametrization's
+(in the standard parametrization the NTK has no width-independent limit). weight_var = 2 with
+relu keeps the diagonal constant through the layers (He init).
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import numpy as np
+import torch
+
+from .activations import Activation, Fn, get_activation
+from .gaussian import MAX_ORDER, expect_1d, expect_2d
+
+ArrayLike = Union[torch.Tensor, np.ndarray]
+DEFAULT_QUAD_ORDER = 64  # per dimension; see `kernels` for the accuracy
+
+
+def as_inputs(x: ArrayLike, name: str) -> torch.Tensor:
+    """(n, d) float64 tensor; a 1-D array is one feature per point."""
+    if isinstance(x, np.ndarray):
+        x = torch.from_numpy(x)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch tensor or numpy array, got {type(x).__name__}")
+    x = x.detach().to(torch.float64)
+    if x.ndim == 1:
+        x = x[:, None]
+    if x.ndim != 2:
+        raise ValueError(f"{name} must have shape (n, d), got {tuple(x.shape)}")
+    return x
+
+
+def _check(depth: int, weight_var: float, bias_var: float) -> None:
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+        raise ValueError(f"depth (number of hidden layers) must be an integer ≥ 0, got {depth!r}")
+    if not weight_var > 0:
+        raise ValueError(f"weight_var must be positive, got {weight_var!r}")
+    if not bias_var >= 0:
+        raise ValueError(f"bias_var must be ≥ 0, got {bias_var!r}")
+
+
+def _phi_moment(act: Activation, a, b, c, order: int) -> torch.Tensor:
+    if act.phi_moment is not None:
+        return act.phi_moment(a, b, c)
+    return expect_2d(act.fn, act.fn, a, b, c, order)
+
+
+def _dphi_moment(act: Activation, a, b, c, order: int) -> torch.Tensor:
+    if act.dphi_moment is not None:
+        return act.dphi_moment(a, b, c)
+    return expect_2d(act.derivative, act.derivative, a, b, c, order)
+
+
+def _diag_next(act: Activation, d: torch.Tensor, order: int) -> torch.Tensor:
+    if act.phi_moment is not None:
+        return act.phi_moment(d, d, d)
+    return expect_1d(lambda u: act.fn(u) ** 2, d, min(4 * order, MAX_ORDER))
+
+
+def kernels(x1: ArrayLike, x2: Optional[ArrayLike] = None, depth: int = 1, activation: Union[str, Fn] = "relu",
+            weight_var: float = 2.0, bias_var: float = 0.0, *, derivative: Optional[Fn] = None,
+            ntk: bool = True, quad_order: int = DEFAULT_QUAD_ORDER) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(NNGP, NTK) kernels between the rows of x1 and x2 (x2 = x1 when None), each (n1, n2) float64.
+
+    `activation`: "relu", "erf", "identity" (closed forms), "tanh", "gelu", "sigmoid", "softplus",
+    "silu" or any elementwise callable (Gauss–Hermite quadrature of order `quad_order` per
+    dimension; φ' by autograd unless `derivative` is given). `ntk=False` skips the NTK.
+
+    Quadrature accuracy (measured against erf's closed form, 3 hidden layers): with inputs of
+    norm² ≈ d, the default order gives ~1e-8 relative on the NNGP and ~1e-5 on the NTK (φ' is a
+    narrow bump for erf/tanh); order 160 gives < 1e-8 on both, at 6× the cost. Kinks (relu by
+    quadrature) converge slowly; relu's closed form is exact.
+    """
+    _check(depth, weight_var, bias_var)
+    act = get_activation(activation, derivative)
+    a = as_inputs(x1, "x1")
+    b = a if x2 is None else as_inputs(x2, "x2")
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"x1 and x2 have different feature sizes ({a.shape[1]} and {b.shape[1]})")
+    d_in = a.shape[1]
+    k = weight_var * (a @ b.T) / d_in + bias_var
+    d1 = weight_var * (a * a).sum(1) / d_in + bias_var
+    d2 = d1 if x2 is None else weight_var * (b * b).sum(1) / d_in + bias_var
+    theta = k.clone() if ntk else None
+    for _ in range(depth):
+        da, db = d1[:, None], d2[None, :]
+        k_next = weight_var * _phi_moment(act, da, db, k, quad_order) + bias_var
+        if ntk:
+            theta = k_next + weight_var * _dphi_moment(act, da, db, k, quad_order) * theta
+        k = k_next
+        d1 = weight_var * _diag_next(act, d1, quad_order) + bias_var
+        d2 = d1 if x2 is None else weight_var * _diag_next(act, d2, quad_order) + bias_var
+    if x2 is None:  # exactly symmetric
+        k = (k + k.T) / 2
+        theta = None if theta is None else (theta + theta.T) / 2
+    return k, theta
+
+
+def nngp(x1: ArrayLike, x2: Optional[ArrayLike] = None, depth: int = 1, activation: Union[str, Fn] = "relu",
+         weight_var: float = 2.0, bias_var: float = 0.0, **kwargs) -> torch.Tensor:
+    """The NNGP kernel (n1, n2): covariance of the infinitely wide network's outputs at init."""
+    return kernels(x1, x2, depth, activation, weight_var, bias_var, ntk=False, **kwargs)[0]
+
+
+def ntk(x1: ArrayLike, x2: Optional[ArrayLike] = None, depth: int = 1, activation: Union[str, Fn] = "relu",
+        weight_var: float = 2.0, bias_var: float = 0.0, **kwargs) -> torch.Tensor:
+    """The NTK (n1, n2) of the infinitely wide network in the NTK parametrization."""
+    return kernels(x1, x2, depth, activation, weight_var, bias_var, **kwargs)[1]
+
+
+def nngp_diag(x: ArrayLike, depth: int = 1, activation: Union[str, Fn] = "relu", weight_var: float = 2.0,
+              bias_var: float = 0.0, *, derivative: Optional[Fn] = None,
+              quad_order: int = DEFAULT_QUAD_ORDER) -> torch.Tensor:
+    """K(x, x) for every row of x, without the (n, n) matrix."""
+    _check(depth, weight_var, bias_var)
+    act = get_activation(activation, derivative)
+    a = as_inputs(x, "x")
+    d = weight_var * (a * a).sum(1) / a.shape[1] + bias_var
+    for _ in range(depth):
+        d = weight_var * _diag_next(act, d, quad_order) + bias_var
+    return d

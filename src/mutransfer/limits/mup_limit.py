@@ -1,0 +1,284 @@
+"""The µP (feature-learning) limit of a 1-hidden-layer network trained by SGD (Tensor Programs IV).
+
+The finite network of width n, in µP (TP5 Table 3 for one hidden layer):
+
+    f(x) = (1/n) Σ_α v_α φ(u_α · x),   u_α ~ N(0, I/d),  v_α ~ N(0, I_k),
+
+trained by SGD on the loss (1/B) Σ_batch ½‖f(x) − y‖² with learning rate η·n on u and v (µP's
+input-weight lr × n and readout lr × 1/n, for the readout v/n). Each neuron then moves by Θ(1):
+
+    Δv_α = −η Σᵢ χᵢ φ(u_α·xᵢ),   Δu_α = −η Σᵢ (χᵢ·v_α) φ'(u_α·xᵢ) xᵢ,   χᵢ = (f(xᵢ) − yᵢ)/B.
+
+As n → ∞, f(x) = E[v φ(u·x)] over the neurons' law, and each neuron follows these equations as a
+deterministic function of its Gaussian initial value (u₀, v₀). f is exactly 0 at init. Three ways
+to take the expectation:
+
+- ``"linear"`` (φ = identity): (u_t, v_t) = M_t (u₀, v₀) for a (d+k)×(d+k) matrix M_t — an exact
+  finite representation, a "network" of d+k neurons;
+- ``"quadrature"``: u only moves within the span of the training inputs, so a neuron's state is its
+  preactivations on them (h = X u, N numbers), the coefficients a of u − u₀ in that span, and v.
+  h₀ ~ N(0, XXᵀ/d), v₀ ~ N(0, 1): tensor Gauss–Hermite over N+1 dims (few inputs, k = 1); a test
+  input's preactivation adds a conditional Gaussian, integrated in 1-D;
+- ``"monte_carlo"``: `samples` neurons drawn in antithetic pairs (u₀, ±v₀), so f₀ = 0 exactly;
+  the standard error comes from independent groups of neurons (`predict(..., return_error=True)`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Union
+
+import numpy as np
+import torch
+from torch import nn
+
+from .activations import Fn, get_activation
+from .gaussian import nodes
+from .kernels import ArrayLike, as_inputs
+
+METHODS = ("auto", "linear", "quadrature", "monte_carlo")
+
+
+def sgd_batches(n: int, steps: int, batch_size: Optional[int], seed: int = 0) -> list[torch.Tensor]:
+    """The minibatch index sets of `steps` SGD steps (all of 0..n-1 for full batch): shared by the
+    limit and the finite networks so that both see the same data order."""
+    if batch_size is None or batch_size >= n:
+        return [torch.arange(n)] * steps
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randperm(n, generator=g)[:batch_size] for _ in range(steps)]
+
+
+def _targets(y: ArrayLike, n: int) -> torch.Tensor:
+    y = torch.as_tensor(y).detach().to(torch.float64)
+    y = y[:, None] if y.ndim == 1 else y
+    if y.ndim != 2 or y.shape[0] != n:
+        raise ValueError(f"y must have shape ({n},) or ({n}, k), got {tuple(y.shape)}")
+    return y
+
+
+class MuPLimit:
+    """The infinite-width µP limit of f(x) = (1/n) Σ v_α φ(u_α·x): `fit(x, y, steps, lr)`, `predict(x)`."""
+
+    def __init__(self, activation: Union[str, Fn] = "relu", method: str = "auto", *, samples: int = 65536,
+                 groups: int = 16, quad_points: Optional[int] = None, max_nodes: int = 120_000,
+                 derivative: Optional[Fn] = None, seed: int = 0):
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+        if not isinstance(samples, int) or samples < 2 * groups or samples % (2 * groups):
+            raise ValueError(f"samples must be a multiple of 2·groups = {2 * groups}, got {samples!r}")
+        self.act = get_activation(activation, derivative)
+        self.method, self.samples, self.groups = method, samples, groups
+        self.quad_points, self.max_nodes, self.seed = quad_points, max_nodes, seed
+        self._fitted = False
+
+    # ------------------------------------------------------------------ fitting
+
+    def _choose(self, x: torch.Tensor, k: int) -> str:
+        if self.method != "auto":
+            return self.method
+        if self.act.name == "identity":
+            return "linear"
+        rank = int(torch.linalg.matrix_rank(x))
+        return "quadrature" if (k == 1 and rank + 1 <= 4) else "monte_carlo"
+
+    def fit(self, x: ArrayLike, y: ArrayLike, steps: int, lr: float, batch_size: Optional[int] = None,
+            batch_seed: int = 0) -> "MuPLimit":
+        """Train the limit for `steps` SGD steps at learning rate `lr` (see the module docstring)."""
+        x = as_inputs(x, "x")
+        y = _targets(y, x.shape[0])
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"steps must be an integer ≥ 0, got {steps!r}")
+        if not lr > 0:
+            raise ValueError(f"lr must be positive, got {lr!r}")
+        self.x, self.y, self.d, self.k = x, y, x.shape[1], y.shape[1]
+        self.method_used = self._choose(x, self.k)
+        if self.method_used == "linear" and self.act.name != "identity":
+            raise ValueError("method='linear' is exact only for activation='identity'")
+        if self.method_used == "quadrature" and self.k != 1:
+            raise ValueError("method='quadrature' takes one output (y of shape (n,)); use 'monte_carlo'")
+        getattr(self, f"_init_{self.method_used}")()
+        for batch in sgd_batches(len(x), steps, batch_size, batch_seed):
+            getattr(self, f"_step_{self.method_used}")(batch, lr)
+        self._fitted = True
+        return self
+
+    def predict(self, x: ArrayLike, return_error: bool = False, chunk: Optional[int] = None):
+        """f(x) of the limit, (m,) for one output or (m, k); with `return_error`, also the Monte
+        Carlo standard error (zeros for the exact and quadrature methods)."""
+        if not self._fitted:
+            raise ValueError("call fit(x, y, steps, lr) before predict (steps=0 gives the limit at init)")
+        x = as_inputs(x, "x")
+        if x.shape[1] != self.d:
+            raise ValueError(f"x has {x.shape[1]} features; the limit was fitted on {self.d}")
+        fn = getattr(self, f"_predict_{self.method_used}")
+        per_point = {"linear": self.d, "quadrature": 2 * getattr(self, "w", x).shape[0] * 16,
+                     "monte_carlo": self.samples}[self.method_used]
+        chunk = chunk or max(1, 8_000_000 // per_point)
+        parts = [fn(x[s:s + chunk]) for s in range(0, len(x), chunk)]
+        mean, err = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        if self.k == 1:
+            mean, err = mean[:, 0], err[:, 0]
+        return (mean, err) if return_error else mean
+
+    # ------------------------------------------------------------------ linear: exact
+
+    def _init_linear(self) -> None:
+        d, k = self.d, self.k
+        self.M = torch.eye(d + k, dtype=torch.float64)
+        self.cov0 = torch.diag(torch.cat([torch.full((d,), 1.0 / d), torch.ones(k)])).to(torch.float64)
+
+    def _cross(self) -> torch.Tensor:
+        """E[v uᵀ] (k × d) under the current M."""
+        c = self.M @ self.cov0 @ self.M.T
+        return c[self.d:, :self.d]
+
+    def _step_linear(self, batch: torch.Tensor, lr: float) -> None:
+        xb = self.x[batch]
+        chi = (xb @ self._cross().T - self.y[batch]) / len(batch)          # (B, k)
+        g = xb.T @ chi                                                       # (d, k)
+        d, k = self.d, self.k
+        a = torch.eye(d + k, dtype=torch.float64)
+        a[:d, d:] = -lr * g
+        a[d:, :d] = -lr * g.T
+        self.M = a @ self.M
+
+    def _predict_linear(self, x: torch.Tensor):
+        mean = x @ self._cross().T
+        return mean, torch.zeros_like(mean)
+
+    # ------------------------------------------------------------------ quadrature
+
+    def _init_quadrature(self) -> None:
+        gram = self.x @ self.x.T
+        lam, q = torch.linalg.eigh(gram / self.d)
+        keep = lam > lam.max() * 1e-12
+        lam, q = lam[keep], q[:, keep]
+        r = int(keep.sum())
+        order = self.quad_points or max(4, int(self.max_nodes ** (1.0 / (r + 1))))
+        order += order % 2  # even: the v-nodes come in ± pairs, so f₀ = 0 exactly
+        z, w = nodes(order)
+        grids = torch.meshgrid(*([z] * (r + 1)), indexing="ij")
+        wgrid = torch.meshgrid(*([w] * (r + 1)), indexing="ij")
+        zs = torch.stack([g.reshape(-1) for g in grids], 1)                 # (Q, r+1)
+        ws = torch.stack([g.reshape(-1) for g in wgrid], 1).prod(1)
+        half = zs[:, -1] > 0                                                 # pair node v with −v
+        self.w = ws[half]
+        h0 = zs[half, :r] @ (q * lam.sqrt()).T                               # (Q/2, N)
+        v0 = zs[half, -1:]
+        # state of both halves (v₀ and −v₀ share h₀): stacked on a leading axis of 2
+        self.h = torch.stack([h0, h0.clone()])
+        self.v = torch.stack([v0, -v0])
+        self.a = torch.zeros_like(self.h)
+        self.h_init = h0
+        self.gram, self.gram_pinv = gram, torch.linalg.pinv(gram)
+        self.order = order
+
+    def _f_nodes(self, feats: torch.Tensor) -> torch.Tensor:
+        """E[v φ(·)] from per-node features (2, Q/2, m): pairs summed first, then weighted."""
+        return ((self.v * feats).sum(0) * self.w[:, None]).sum(0)
+
+    def _step_quadrature(self, batch: torch.Tensor, lr: float) -> None:
+        phi = self.act.fn(self.h[..., batch])                                 # (2, Q/2, B)
+        f = self._f_nodes(phi)
+        chi = (f - self.y[batch, 0]) / len(batch)                             # (B,)
+        dv = -lr * (phi * chi).sum(-1, keepdim=True)
+        da = torch.zeros_like(self.a)
+        da[..., batch] = -lr * chi * self.v * self.act.derivative(self.h[..., batch])
+        self.v = self.v + dv
+        self.a = self.a + da
+        self.h = self.h + da @ self.gram.T
+
+    def _predict_quadrature(self, x: torch.Tensor):
+        kx = self.x @ x.T                                                     # (N, m)
+        cond_mean = self.h_init @ (self.gram_pinv @ kx)                       # (Q/2, m)
+        cond_var = ((x * x).sum(1) - (kx * (self.gram_pinv @ kx)).sum(0)).clamp_min(0) / self.d
+        shift = self.a @ kx                                                   # (2, Q/2, m)
+        z, w = nodes(max(8, self.order))
+        pre = (cond_mean + shift)[..., None] + cond_var.sqrt()[:, None] * z  # (2, Q/2, m, q)
+        feats = (self.act.fn(pre) * w).sum(-1)
+        mean = self._f_nodes(feats)[:, None]
+        return mean, torch.zeros_like(mean)
+
+    # ------------------------------------------------------------------ Monte Carlo
+
+    def _init_monte_carlo(self) -> None:
+        g = torch.Generator().manual_seed(self.seed)
+        half = self.samples // 2
+        u = torch.randn(half, self.d, generator=g, dtype=torch.float64) / math.sqrt(self.d)
+        v = torch.randn(half, self.k, generator=g, dtype=torch.float64)
+        self.u = torch.stack([u, u.clone()])                                  # (2, half, d): antithetic
+        self.v = torch.stack([v, -v])                                         # (2, half, k)
+
+    def _f_mc(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-group means (groups, m, k): pairs summed first so that f₀ = 0 exactly."""
+        phi = self.act.fn(self.u @ x.T)                                       # (2, half, m)
+        contrib = (phi[..., None] * self.v[:, :, None, :]).sum(0)             # (half, m, k)
+        return contrib.reshape(self.groups, -1, *contrib.shape[1:]).sum(1) / (self.samples // self.groups)
+
+    def _step_monte_carlo(self, batch: torch.Tensor, lr: float) -> None:
+        xb = self.x[batch]
+        pre = self.u @ xb.T                                                   # (2, half, B)
+        phi = self.act.fn(pre)
+        f = ((phi[..., None] * self.v[:, :, None, :]).sum(0).sum(0)) / self.samples  # (B, k)
+        chi = (f - self.y[batch]) / len(batch)
+        dv = -lr * phi @ chi                                                  # (2, half, k)
+        s = (self.v @ chi.T) * self.act.derivative(pre)                       # (2, half, B)
+        du = -lr * s @ xb
+        self.u, self.v = self.u + du, self.v + dv
+
+    def _predict_monte_carlo(self, x: torch.Tensor):
+        per_group = self._f_mc(x)
+        mean = per_group.mean(0)
+        err = per_group.std(0) / math.sqrt(self.groups)
+        return mean, err
+
+
+# ---------------------------------------------------------------------- finite networks
+
+
+class OneHiddenLayer(nn.Module):
+    """f(x) = c_n · Σ_α v_α φ(u_α·x) with u ~ N(0, I/d), v ~ N(0, 1): c_n = 1/n in µP, 1/√n in the
+    NTK parametrization. Train it with `train_finite`, which sets the matching learning rates."""
+
+    def __init__(self, d_in: int, width: int, d_out: int = 1, activation: Union[str, Fn] = "relu",
+                 parametrization: str = "mup", dtype: torch.dtype = torch.float64):
+        super().__init__()
+        if parametrization not in ("mup", "ntk"):
+            raise ValueError(f"parametrization must be 'mup' or 'ntk', got {parametrization!r}")
+        self.u = nn.Parameter(torch.randn(width, d_in, dtype=dtype) / math.sqrt(d_in))
+        self.v = nn.Parameter(torch.randn(d_out, width, dtype=dtype))
+        self.act = get_activation(activation).fn
+        self.parametrization = parametrization
+        self.scale = 1.0 / width if parametrization == "mup" else 1.0 / math.sqrt(width)
+
+    def preactivations(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.u.T
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * self.act(self.preactivations(x)) @ self.v.T
+
+
+def train_finite(model: OneHiddenLayer, x: ArrayLike, y: ArrayLike, steps: int, lr: float,
+                 batch_size: Optional[int] = None, batch_seed: int = 0) -> OneHiddenLayer:
+    """SGD on (1/B) Σ ½‖f − y‖² with the parametrization's lr: η·n (µP) or η (NTK) on u and v."""
+    x = as_inputs(x, "x").to(model.u.dtype)
+    y = _targets(y, x.shape[0]).to(model.u.dtype)
+    width = model.u.shape[0]
+    opt = torch.optim.SGD(model.parameters(), lr=lr * (width if model.parametrization == "mup" else 1.0))
+    for batch in sgd_batches(len(x), steps, batch_size, batch_seed):
+        loss = 0.5 * ((model(x[batch]) - y[batch]) ** 2).sum(1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model
+
+
+def feature_movement(model: OneHiddenLayer, initial: OneHiddenLayer, x: ArrayLike) -> float:
+    """Mean |h_T − h_0| of the hidden preactivations over neurons and inputs."""
+    x = as_inputs(x, "x").to(model.u.dtype)
+    with torch.no_grad():
+        return float((model.preactivations(x) - initial.preactivations(x)).abs().mean())
+
+
+def fitted_slope(widths, errors) -> float:
+    """Least-squares slope of log(error) against log(width)."""
+    return float(np.polyfit(np.log(np.asarray(widths, float)), np.log(np.asarray(errors, float)), 1)[0])

@@ -1,0 +1,227 @@
+"""Infinite-width limits: kernels (closed forms, quadrature, Monte Carlo, PSD), predictions,
+empirical NTK convergence, and the µP limit of a 1-hidden-layer network."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from mutransfer import limits as L
+
+
+def _x(n=6, d=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, d, generator=g, dtype=torch.float64)
+
+
+def test_depth1_relu_nngp_is_the_arccosine_kernel():
+    x = _x().numpy()
+    d, wv = x.shape[1], 1.7
+    norms = np.linalg.norm(x, axis=1)
+    cos = np.clip(x @ x.T / np.outer(norms, norms), -1, 1)
+    theta = np.arccos(cos)
+    arccos1 = np.outer(norms, norms) / np.pi * (np.sin(theta) + (np.pi - theta) * np.cos(theta))  # Cho & Saul, n=1
+    expected = wv * (wv / d) * arccos1 / 2  # E[relu(u)relu(v)] = k₁/2 for u, v with covariance xᵀy·wv/d
+    got = L.nngp(torch.from_numpy(x), depth=1, weight_var=wv).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("name, fn", [("erf", torch.erf), ("relu", torch.relu)])
+def test_closed_forms_match_quadrature(name, fn):
+    x = _x(5, 4)
+    k, t = L.kernels(x, depth=3, activation=name, bias_var=0.1)
+    # relu's kink (and its derivative's jump) converge slowly under quadrature: loose bounds there
+    order, rtol, rtol_ntk = (160, 1e-6, 1e-6) if name == "erf" else (200, 5e-3, 5e-2)
+    kq, tq = L.kernels(x, depth=3, activation=fn, bias_var=0.1, quad_order=order)
+    torch.testing.assert_close(kq, k, rtol=rtol, atol=0)
+    torch.testing.assert_close(tq, t, rtol=rtol_ntk, atol=0)
+    if name == "erf":  # the default order, inputs of norm² = d
+        xn = x / x.norm(dim=1, keepdim=True) * 2
+        k, t = L.kernels(xn, depth=3, activation=name, bias_var=0.1)
+        kd, td = L.kernels(xn, depth=3, activation=fn, bias_var=0.1)
+        torch.testing.assert_close(kd, k, rtol=1e-6, atol=0)
+        torch.testing.assert_close(td, t, rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("activation", ["relu", "erf", "tanh", "gelu"])
+def test_gaussian_moments_match_monte_carlo(activation):
+    """E[φ(u)φ(v)] and E[φ'(u)φ'(v)] against 2·10⁶ Gaussian samples (within 5 standard errors)."""
+    from mutransfer.limits.kernels import _dphi_moment, _phi_moment
+    act = L.get_activation(activation)
+    a, b, c = (torch.tensor(v, dtype=torch.float64) for v in (1.3, 0.7, 0.6))
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(2_000_000, 2, generator=g, dtype=torch.float64)
+    u = a.sqrt() * z[:, 0]
+    rho = c / (a * b).sqrt()
+    v = b.sqrt() * (rho * z[:, 0] + (1 - rho ** 2).sqrt() * z[:, 1])
+    for moment, f in ((_phi_moment, act.fn), (_dphi_moment, act.derivative)):
+        samples = f(u) * f(v)
+        se = samples.std() / math.sqrt(len(samples))
+        assert abs(float(moment(act, a, b, c, 48)) - float(samples.mean())) < 5 * se
+
+
+def test_nngp_matches_wide_random_networks():
+    x = _x(4, 8)
+    expected = L.nngp(x, depth=2, activation="relu", bias_var=0.2)
+    torch.manual_seed(0)
+    mc, se = L.empirical_nngp(lambda: L.NTKMLP(8, 1024, depth=2, bias_var=0.2).double(), x, samples=300)
+    assert ((mc - expected).abs() <= 5 * se + 0.02 * expected.abs().max()).all(), (mc, expected, se)
+
+
+@pytest.mark.parametrize("activation", ["relu", "erf", "tanh"])
+def test_kernels_are_symmetric_psd(activation):
+    x = _x(40, 5, seed=2)
+    k, t = L.kernels(x, depth=3, activation=activation, bias_var=0.05)
+    for m in (k, t):
+        assert torch.equal(m, m.T)
+        eig = torch.linalg.eigvalsh(m)
+        assert eig.min() > -1e-10 * eig.max()
+    k12 = L.nngp(x[:7], x[7:19], depth=3, activation=activation, bias_var=0.05)
+    # a block computed on its own agrees with the full matrix (up to quadrature error for tanh)
+    torch.testing.assert_close(k12, k[:7, 7:19], rtol=0, atol=1e-5 * float(k.abs().max()))
+    torch.testing.assert_close(L.nngp_diag(x, depth=3, activation=activation, bias_var=0.05), k.diagonal(),
+                               rtol=1e-6, atol=0)
+
+
+def test_empirical_ntk_approaches_the_analytic_one():
+    x = _x(6, 8)
+    analytic = L.ntk(x, depth=2)
+    widths, errors = [64, 256, 1024, 4096], []
+    for width in widths:
+        errs = []
+        for seed in range(3):
+            torch.manual_seed(seed)
+            emp = L.empirical_ntk(L.NTKMLP(8, width, depth=2).double(), x)
+            errs.append(float((emp - analytic).norm() / analytic.norm()))
+        errors.append(sum(errs) / len(errs))
+    slope = L.fitted_slope(widths, errors)
+    print(f"empirical NTK relative error {errors} at widths {widths}: slope {slope:+.2f}")
+    assert errors[-1] < 0.1 and errors == sorted(errors, reverse=True)
+    assert -0.8 < slope < -0.3
+
+
+def test_nngp_posterior_mean_and_variance():
+    x, xt = _x(10, 3), _x(5, 3, seed=1)
+    y = torch.sin(x.sum(1))
+    mean, var = L.nngp_predict(x, y, xt, depth=2, bias_var=0.1, jitter=0)
+    kxx = L.nngp(x, depth=2, bias_var=0.1)
+    ksx = L.nngp(xt, x, depth=2, bias_var=0.1)
+    kss = L.nngp(xt, depth=2, bias_var=0.1)
+    expected_mean = ksx @ torch.linalg.solve(kxx, y)
+    expected_var = (kss - ksx @ torch.linalg.solve(kxx, ksx.T)).diagonal()
+    torch.testing.assert_close(mean, expected_mean, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(var, expected_var, rtol=1e-6, atol=1e-10)
+    mean_tr, var_tr = L.nngp_predict(x, y, x, depth=2, bias_var=0.1)
+    torch.testing.assert_close(mean_tr, y, rtol=1e-6, atol=1e-6)
+    assert var_tr.max() < 1e-6 and var.min() > 1e-3
+
+
+def test_ntk_gradient_flow_matches_the_matrix_exponential():
+    x, xt = _x(8, 3), _x(4, 3, seed=1)
+    y = torch.cos(x[:, 0]) + x[:, 1]
+    lr, t = 0.3, 2.5
+    txx, tsx = L.ntk(x, depth=2), L.ntk(xt, x, depth=2)
+    # Independent: integrate df/dt = −lr Θ (f − y) on train and test points jointly, f(0) = 0.
+    ftr, fte = torch.zeros_like(y), torch.zeros(len(xt), dtype=torch.float64)
+    dt = 1e-4
+    for _ in range(int(t / dt)):
+        r = ftr - y
+        ftr, fte = ftr - dt * lr * txx @ r, fte - dt * lr * tsx @ r
+    got = L.ntk_predict(x, y, xt, t=t, lr=lr, depth=2)
+    torch.testing.assert_close(got, fte, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(L.ntk_predict(x, y, xt, t=0.0, depth=2), torch.zeros(4, dtype=torch.float64))
+    inf = L.ntk_predict(x, y, xt, depth=2)
+    torch.testing.assert_close(inf, tsx @ torch.linalg.solve(txx, y), rtol=1e-8, atol=1e-10)
+
+
+def test_kernel_arguments_are_checked():
+    x = _x()
+    with pytest.raises(ValueError, match="depth"):
+        L.nngp(x, depth=-1)
+    with pytest.raises(ValueError, match="weight_var"):
+        L.nngp(x, weight_var=0)
+    with pytest.raises(ValueError, match="unknown activation 'swish2'"):
+        L.nngp(x, activation="swish2")
+    with pytest.raises(ValueError, match="feature sizes"):
+        L.nngp(x, _x(3, 5))
+    with pytest.raises(ValueError, match="y_train"):
+        L.nngp_predict(x, torch.zeros(3), x)
+
+
+# ---------------------------------------------------------------------------- the µP limit
+
+XS = _x(3, 8, seed=5)
+YS = torch.tensor([1.0, -0.5, 0.3], dtype=torch.float64)
+XT = _x(5, 8, seed=6)
+
+
+@pytest.mark.parametrize("activation, method", [("relu", "quadrature"), ("tanh", "monte_carlo"),
+                                                ("identity", "linear")])
+def test_mup_limit_output_is_exactly_zero_at_init(activation, method):
+    lim = L.MuPLimit(activation, method=method, samples=1024).fit(XS, YS, steps=0, lr=0.5)
+    assert torch.equal(lim.predict(XT), torch.zeros(5, dtype=torch.float64))
+
+
+def test_mup_limit_quadrature_and_monte_carlo_agree():
+    quad = L.MuPLimit("tanh", method="quadrature").fit(XS, YS, steps=60, lr=0.5)
+    mc = L.MuPLimit("tanh", method="monte_carlo", samples=65536).fit(XS, YS, steps=60, lr=0.5)
+    mean, err = mc.predict(XT, return_error=True)
+    q = quad.predict(XT)
+    assert (err > 0).all() and err.max() < 0.01
+    assert ((mean - q).abs() < 5 * err + 1e-3).all(), (mean, q, err)
+    assert quad.method_used == "quadrature" and L.MuPLimit("tanh").fit(XS, YS, 1, 0.5).method_used == "quadrature"
+    assert L.MuPLimit("tanh").fit(_x(8, 8), torch.zeros(8), 1, 0.5).method_used == "monte_carlo"
+
+
+def _finite_errors(activation, limit, widths, steps, lr, seeds=8):
+    errors = []
+    for width in widths:
+        errs = []
+        for seed in range(seeds):
+            torch.manual_seed(seed)
+            net = L.train_finite(L.OneHiddenLayer(8, width, activation=activation), XS, YS, steps, lr)
+            with torch.no_grad():
+                errs.append(float((net(XT)[:, 0] - limit).pow(2).mean().sqrt()))
+        errors.append(sum(errs) / len(errs))
+    return errors
+
+
+@pytest.mark.parametrize("activation, method", [("tanh", "quadrature"), ("identity", "linear")])
+def test_finite_mup_networks_approach_the_limit_like_one_over_sqrt_width(activation, method):
+    steps, lr = 60, 0.5
+    limit = L.MuPLimit(activation, method=method).fit(XS, YS, steps=steps, lr=lr).predict(XT)
+    widths = [256, 1024, 4096, 16384]
+    errors = _finite_errors(activation, limit, widths, steps, lr)
+    slope = L.fitted_slope(widths, errors)
+    print(f"{activation}: |finite µP − limit| {[f'{e:.2e}' for e in errors]} at widths {widths}: slope {slope:+.2f}")
+    assert -0.75 < slope < -0.3
+    assert errors[-1] < errors[0] / 4
+
+
+def test_feature_movement_is_order_one_in_mup_and_vanishes_in_ntk():
+    import copy
+    widths, moves = [256, 1024, 4096, 16384], {"mup": [], "ntk": []}
+    for p in moves:
+        for width in widths:
+            torch.manual_seed(0)
+            net = L.OneHiddenLayer(8, width, activation="tanh", parametrization=p)
+            start = copy.deepcopy(net)
+            L.train_finite(net, XS, YS, 60, 0.5)
+            moves[p].append(L.feature_movement(net, start, XS))
+    mup, ntk = L.fitted_slope(widths, moves["mup"]), L.fitted_slope(widths, moves["ntk"])
+    print(f"feature movement slopes: µP {mup:+.2f}, NTK {ntk:+.2f}")
+    assert abs(mup) < 0.1 and -0.6 < ntk < -0.4
+    assert moves["mup"][-1] > 0.05
+
+
+def test_mup_limit_arguments_are_checked():
+    with pytest.raises(ValueError, match="method"):
+        L.MuPLimit(method="exact")
+    with pytest.raises(ValueError, match="identity"):
+        L.MuPLimit("relu", method="linear").fit(XS, YS, 1, 0.1)
+    with pytest.raises(ValueError, match="before predict"):
+        L.MuPLimit().predict(XT)
+    with pytest.raises(ValueError, match="features"):
+        L.MuPLimit().fit(XS, YS, 1, 0.1).predict(_x(2, 3))
+    with pytest.raises(ValueError, match="lr"):
+        L.MuPLimit().fit(XS, YS, 1, 0.0)
