@@ -27,26 +27,33 @@ def test_depth1_relu_nngp_is_the_arccosine_kernel():
 
 
 @pytest.mark.parametrize("name, fn", [("erf", torch.erf), ("relu", torch.relu)])
-def test_closed_forms_match_quadrature(name, fn):
+def test_closed_forms_match_the_numerical_integration(name, fn):
+    """A callable goes through Mehler's series (smooth) or 2-D quadrature (kinks): vs the closed form."""
     x = _x(5, 4)
     k, t = L.kernels(x, depth=3, activation=name, bias_var=0.1)
+    kn, tn = L.kernels(x, depth=3, activation=fn, bias_var=0.1, quad_order=200)
     # relu's kink (and its derivative's jump) converge slowly under quadrature: loose bounds there
-    order, rtol, rtol_ntk = (160, 1e-6, 1e-6) if name == "erf" else (200, 5e-3, 5e-2)
-    kq, tq = L.kernels(x, depth=3, activation=fn, bias_var=0.1, quad_order=order)
-    torch.testing.assert_close(kq, k, rtol=rtol, atol=0)
-    torch.testing.assert_close(tq, t, rtol=rtol_ntk, atol=0)
-    if name == "erf":  # the default order, inputs of norm² = d
-        xn = x / x.norm(dim=1, keepdim=True) * 2
-        k, t = L.kernels(xn, depth=3, activation=name, bias_var=0.1)
-        kd, td = L.kernels(xn, depth=3, activation=fn, bias_var=0.1)
-        torch.testing.assert_close(kd, k, rtol=1e-6, atol=0)
-        torch.testing.assert_close(td, t, rtol=1e-4, atol=0)
+    rtol, rtol_ntk = (1e-9, 1e-9) if name == "erf" else (5e-3, 5e-2)
+    torch.testing.assert_close(kn, k, rtol=rtol, atol=0)
+    torch.testing.assert_close(tn, t, rtol=rtol_ntk, atol=0)
+
+
+def test_series_and_quadrature_agree_for_smooth_activations():
+    from mutransfer.limits.gaussian import expect_2d, hermite_coefficients, mehler
+    a = torch.tensor([0.5, 1.0, 3.0], dtype=torch.float64)
+    b = torch.tensor([2.0, 0.2, 1.0, 4.0], dtype=torch.float64)
+    rho = torch.linspace(-0.95, 0.999, 12, dtype=torch.float64).reshape(3, 4)
+    c = rho * (a[:, None] * b[None, :]).sqrt()
+    for f in (torch.tanh, torch.nn.functional.gelu, torch.sigmoid):
+        series = mehler(hermite_coefficients(f, a, 160), hermite_coefficients(f, b, 160), rho)
+        quad = expect_2d(f, f, a[:, None], b[None, :], c, 200)
+        torch.testing.assert_close(series, quad, rtol=1e-8, atol=1e-12)
 
 
 @pytest.mark.parametrize("activation", ["relu", "erf", "tanh", "gelu"])
 def test_gaussian_moments_match_monte_carlo(activation):
     """E[φ(u)φ(v)] and E[φ'(u)φ'(v)] against 2·10⁶ Gaussian samples (within 5 standard errors)."""
-    from mutransfer.limits.kernels import _dphi_moment, _phi_moment
+    from mutransfer.limits.kernels import _moment
     act = L.get_activation(activation)
     a, b, c = (torch.tensor(v, dtype=torch.float64) for v in (1.3, 0.7, 0.6))
     g = torch.Generator().manual_seed(0)
@@ -54,10 +61,11 @@ def test_gaussian_moments_match_monte_carlo(activation):
     u = a.sqrt() * z[:, 0]
     rho = c / (a * b).sqrt()
     v = b.sqrt() * (rho * z[:, 0] + (1 - rho ** 2).sqrt() * z[:, 1])
-    for moment, f in ((_phi_moment, act.fn), (_dphi_moment, act.derivative)):
+    for f, closed in ((act.fn, act.phi_moment), (act.derivative, act.dphi_moment)):
         samples = f(u) * f(v)
         se = samples.std() / math.sqrt(len(samples))
-        assert abs(float(moment(act, a, b, c, 48)) - float(samples.mean())) < 5 * se
+        value = _moment(f, closed, a[None], b[None], c.reshape(1, 1), False, 64, 160)
+        assert abs(float(value) - float(samples.mean())) < 5 * se
 
 
 def test_nngp_matches_wide_random_networks():

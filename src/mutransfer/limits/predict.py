@@ -31,7 +31,7 @@ def nngp_predict(x_train: ArrayLike, y_train: ArrayLike, x_test: ArrayLike, *, n
         raise ValueError(f"noise_var must be ≥ 0, got {noise_var}")
     ktt = kernels(xtr, None, ntk=False, **kernel_kwargs)[0]
     kst = kernels(xte, xtr, ntk=False, **kernel_kwargs)[0]
-    kss = nngp_diag(xte, **kernel_kwargs)
+    kss = nngp_diag(xte, **{k: v for k, v in kernel_kwargs.items() if k not in ("series_terms", "ntk")})
     reg = noise_var + jitter * float(ktt.diagonal().mean())
     chol = torch.linalg.cholesky(ktt + reg * torch.eye(len(ktt), dtype=ktt.dtype))
     alpha = torch.cholesky_solve(y, chol)
