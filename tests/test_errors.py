@@ -15,7 +15,21 @@ def test_no_width_dim():
 
 
 def test_different_parameter_names():
-    with pytest.raises(ValueError, match=r"different parameter names.*hidden\.1\.weight"):
+    class Net(nn.Module):
+        def __init__(self, w, extra=False):
+            super().__init__()
+            self.inp = nn.Linear(8, w)
+            self.out = nn.Linear(w, 2)
+            if extra:
+                self.gate = nn.Linear(w, w)
+
+    with pytest.raises(ValueError, match=r"different parameter names.*gate\.weight"):
+        mt.parametrize(Net(128, extra=True), base=Net(64), delta=Net(128))
+
+
+def test_more_plain_layers_is_a_depth_change_without_residual_branches():
+    # MLP.hidden holds identical Linear layers: a block container, but with no residual connection
+    with pytest.raises(ValueError, match=r"'hidden'.*no residual connection.*depth_alpha=0"):
         mt.parametrize(MLP(128, depth=3), base=MLP(64, depth=2), delta=MLP(128, depth=2))
 
 
