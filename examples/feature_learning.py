@@ -117,7 +117,7 @@ def plot(results, widths, finite_mse, gap, moves, args, path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     ax = axes[0]
     ax.plot(widths, [finite_mse[w] for w in widths], "-o", color="#1f77b4", label="finite µP networks")
-    styles = {"µP limit": ("#1f77b4", "-"), "NNGP (posterior mean)": ("#d62728", "--"),
+    styles = {"µP limit": ("#2ca02c", "-"), "NNGP (posterior mean)": ("#d62728", "--"),
               "NTK (gradient flow, t = ∞)": ("#ff7f0e", ":")}
     for name, (color, ls) in styles.items():
         ax.axhline(results[name], color=color, ls=ls, lw=2, label=name)
@@ -145,6 +145,9 @@ def plot(results, widths, finite_mse, gap, moves, args, path) -> None:
     ax.legend(fontsize=8)
     for a in axes[1:]:
         a.grid(alpha=0.3, which="both")
+        a.set_xticks(widths)
+        a.set_xticklabels([str(w) for w in widths])
+        a.minorticks_off()
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -233,3 +233,13 @@ def test_mup_limit_arguments_are_checked():
         L.MuPLimit().fit(XS, YS, 1, 0.1).predict(_x(2, 3))
     with pytest.raises(ValueError, match="lr"):
         L.MuPLimit().fit(XS, YS, 1, 0.0)
+
+
+def test_monte_carlo_error_is_honest():
+    """The reported standard error matches the seed-to-seed spread of the Monte Carlo limit."""
+    x, y = _x(32, 8, seed=7), torch.tanh(_x(32, 8, seed=7)[:, 0])
+    runs = [L.MuPLimit("relu", method="monte_carlo", samples=4096, seed=s).fit(x, y, 100, 0.3)
+            .predict(XT, return_error=True) for s in (0, 1)]
+    spread = float((runs[0][0] - runs[1][0]).pow(2).mean().sqrt()) / math.sqrt(2)
+    reported = float(runs[0][1].pow(2).mean().sqrt())
+    assert 0.4 < reported / spread < 2.5, (reported, spread)

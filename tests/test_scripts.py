@@ -54,3 +54,19 @@ def test_depth_transfer_benchmark_quick(tmp_path):
     assert data["depths"] == [2, 4] and set(data["optima"]) == {"CompleteP α=1", "Depth-µP α=½", "no depth scaling"}
     assert all(len(v) == 2 for v in data["optima"].values())
     assert (tmp_path / "d.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_feature_learning_example_quick(tmp_path):
+    out = run(["examples/feature_learning.py", "--quick", "--plot", str(tmp_path / "fl.png")])
+    rows = dict(re.findall(r"\| (.+?) \| ([0-9.]+) \|", out))
+    mup, nngp, ntk = float(rows["µP limit"]), float(rows["NNGP (posterior mean)"]), float(rows["NTK (gradient flow, t = ∞)"])
+    assert mup < 0.75 * min(nngp, ntk), out  # the feature-learning limit beats both kernels
+    assert re.search(r"fitted slope -0\.[3-7]", out), out
+    assert (tmp_path / "fl.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_limits_speed_benchmark_quick():
+    out = run(["benchmarks/limits_speed.py", "--quick", "--repeats", "1"])
+    assert out.count("| NTK+NNGP") == 3

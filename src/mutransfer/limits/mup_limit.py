@@ -19,8 +19,9 @@ to take the expectation:
   preactivations on them (h = X u, N numbers), the coefficients a of u − u₀ in that span, and v.
   h₀ ~ N(0, XXᵀ/d), v₀ ~ N(0, 1): tensor Gauss–Hermite over N+1 dims (few inputs, k = 1); a test
   input's preactivation adds a conditional Gaussian, integrated in 1-D;
-- ``"monte_carlo"``: `samples` neurons drawn in antithetic pairs (u₀, ±v₀), so f₀ = 0 exactly;
-  the standard error comes from independent groups of neurons (`predict(..., return_error=True)`).
+- ``"monte_carlo"``: `samples` neurons drawn in antithetic pairs (u₀, ±v₀), so f₀ = 0 exactly,
+  split into `groups` independent replicas that each train on their own; the prediction is their
+  mean and the standard error their spread / √groups (`predict(..., return_error=True)`).
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ class MuPLimit:
     """The infinite-width µP limit of f(x) = (1/n) Σ v_α φ(u_α·x): `fit(x, y, steps, lr)`, `predict(x)`."""
 
     def __init__(self, activation: Union[str, Fn] = "relu", method: str = "auto", *, samples: int = 65536,
-                 groups: int = 16, quad_points: Optional[int] = None, max_nodes: int = 120_000,
+                 groups: int = 8, quad_points: Optional[int] = None, max_nodes: int = 120_000,
                  derivative: Optional[Fn] = None, seed: int = 0):
         if method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
@@ -201,35 +202,30 @@ class MuPLimit:
     # ------------------------------------------------------------------ Monte Carlo
 
     def _init_monte_carlo(self) -> None:
+        """`groups` independent replicas of samples/groups neurons each, in antithetic pairs."""
         g = torch.Generator().manual_seed(self.seed)
-        half = self.samples // 2
-        u = torch.randn(half, self.d, generator=g, dtype=torch.float64) / math.sqrt(self.d)
-        v = torch.randn(half, self.k, generator=g, dtype=torch.float64)
-        self.u = torch.stack([u, u.clone()])                                  # (2, half, d): antithetic
-        self.v = torch.stack([v, -v])                                         # (2, half, k)
+        r, half = self.groups, self.samples // (2 * self.groups)
+        u = torch.randn(r, half, self.d, generator=g, dtype=torch.float64) / math.sqrt(self.d)
+        v = torch.randn(r, half, self.k, generator=g, dtype=torch.float64)
+        self.u = torch.stack([u, u.clone()], 1)                               # (R, 2, half, d)
+        self.v = torch.stack([v, -v], 1)                                      # (R, 2, half, k)
 
-    def _f_mc(self, x: torch.Tensor) -> torch.Tensor:
-        """Per-group means (groups, m, k): pairs summed first so that f₀ = 0 exactly."""
-        phi = self.act.fn(self.u @ x.T)                                       # (2, half, m)
-        contrib = (phi[..., None] * self.v[:, :, None, :]).sum(0)             # (half, m, k)
-        return contrib.reshape(self.groups, -1, *contrib.shape[1:]).sum(1) / (self.samples // self.groups)
+    def _f_mc(self, pre: torch.Tensor) -> torch.Tensor:
+        """Each replica's f from preactivations (R, 2, half, m): pairs summed first (f₀ = 0 exactly)."""
+        phi = self.act.fn(pre)
+        return (phi[..., None] * self.v[:, :, :, None, :]).sum(1).sum(1) / (2 * self.u.shape[2])  # (R, m, k)
 
     def _step_monte_carlo(self, batch: torch.Tensor, lr: float) -> None:
         xb = self.x[batch]
-        pre = self.u @ xb.T                                                   # (2, half, B)
-        phi = self.act.fn(pre)
-        f = ((phi[..., None] * self.v[:, :, None, :]).sum(0).sum(0)) / self.samples  # (B, k)
-        chi = (f - self.y[batch]) / len(batch)
-        dv = -lr * phi @ chi                                                  # (2, half, k)
-        s = (self.v @ chi.T) * self.act.derivative(pre)                       # (2, half, B)
-        du = -lr * s @ xb
-        self.u, self.v = self.u + du, self.v + dv
+        pre = self.u @ xb.T                                                   # (R, 2, half, B)
+        chi = (self._f_mc(pre) - self.y[batch]) / len(batch)                  # (R, B, k): each replica its own
+        dv = -lr * self.act.fn(pre) @ chi[:, None]                            # (R, 2, half, k)
+        s = (self.v @ chi.transpose(1, 2)[:, None]) * self.act.derivative(pre)
+        self.u, self.v = self.u - lr * s @ xb, self.v + dv
 
     def _predict_monte_carlo(self, x: torch.Tensor):
-        per_group = self._f_mc(x)
-        mean = per_group.mean(0)
-        err = per_group.std(0) / math.sqrt(self.groups)
-        return mean, err
+        per_replica = self._f_mc(self.u @ x.T)
+        return per_replica.mean(0), per_replica.std(0) / math.sqrt(self.groups)
 
 
 # ---------------------------------------------------------------------- finite networks
