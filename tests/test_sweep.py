@@ -263,3 +263,18 @@ def test_a_worker_started_before_the_sweep_waits_for_it(tmp_path):
     assert worker.returncode == 0, err
     for study in studies(Sweep(tmp_path / "run", storage=storage)).values():
         assert len(study.get_trials(states=(TrialState.COMPLETE,))) == 9
+
+
+def test_claim_lock_excludes_other_processes_on_sqlite(tmp_path):
+    """SQLite ignores SELECT … FOR UPDATE, so claims are serialized by a file lock."""
+    from mutransfer.sweep.storage import ClaimLock
+    url = f"sqlite:///{tmp_path / 'sweep.db'}"
+    probe = ("import fcntl, sys\nf = open(sys.argv[1], 'a')\n"
+             "try:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n    print('free')\n"
+             "except BlockingIOError:\n    print('held')\n")
+    lock_file = str(tmp_path / "sweep.db.claim-lock")
+    with ClaimLock(url):
+        held = subprocess.run([sys.executable, "-c", probe, lock_file], capture_output=True, text=True).stdout
+    free = subprocess.run([sys.executable, "-c", probe, lock_file], capture_output=True, text=True).stdout
+    assert held.strip() == "held" and free.strip() == "free"
+    assert ClaimLock("postgresql://u@localhost/db").path is None

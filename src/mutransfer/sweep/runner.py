@@ -27,7 +27,7 @@ from ..progress import Progress
 from .config import SweepConfig, load_config
 from .objective import Objective, Scale, load_objective
 from .space import Choice, Dimension, LogUniform
-from .storage import Heartbeat, default_url, mask_url, open_storage, quiet
+from .storage import ClaimLock, Heartbeat, default_url, mask_url, open_storage, quiet
 
 CONFIG_FILE = "config.toml"
 STORAGE_ENV = "MUTRANSFER_STORAGE"
@@ -191,13 +191,16 @@ class Sweep:
                 trial.set_user_attr("error", f"{type(e).__name__}: {e}"[:500])
                 study.tell(trial, state=TrialState.FAIL)
                 raise
-        trial.set_user_attr("seconds", time.perf_counter() - start)
-        trial.set_user_attr("losses", [l if math.isfinite(l) else None for l in losses])
-        if all(math.isfinite(l) for l in losses):
-            study.tell(trial, sum(losses) / len(losses))
-        else:
-            trial.set_user_attr("diverged", True)
-            study.tell(trial, state=TrialState.FAIL)
+        try:
+            trial.set_user_attr("seconds", time.perf_counter() - start)
+            trial.set_user_attr("losses", [l if math.isfinite(l) else None for l in losses])
+            if all(math.isfinite(l) for l in losses):
+                study.tell(trial, sum(losses) / len(losses), skip_if_finished=True)
+            else:
+                trial.set_user_attr("diverged", True)
+                study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # another worker finished this very trial first (same HPs and seeds: same result)
 
     def finished(self) -> int:
         n = 0
@@ -218,11 +221,12 @@ class Sweep:
             with quiet():
                 for cell in cells:
                     optuna.storages.fail_stale_trials(self.study(*cell))
-            for cell in sorted(cells, key=lambda c: len(self.study(*c).get_trials(deepcopy=False))):
-                trial = self._claim(self.study(*cell))
-                if trial is not None:
-                    claimed = (cell, trial)
-                    break
+            with ClaimLock(self.url):
+                for cell in sorted(cells, key=lambda c: len(self.study(*c).get_trials(deepcopy=False))):
+                    trial = self._claim(self.study(*cell))
+                    if trial is not None:
+                        claimed = (cell, trial)
+                        break
             if claimed is None:
                 running = sum(len(self.study(*c).get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
                               for c in cells)
