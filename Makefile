@@ -43,6 +43,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/coord_check_speed.py
 	scripts/with-postgres.sh $(PY) benchmarks/sweep_throughput.py
 	$(PY) benchmarks/depth_transfer.py
+	$(PY) benchmarks/depth_overhead.py
 	$(PY) benchmarks/limits_speed.py
 
 clean:

@@ -70,3 +70,10 @@ def test_feature_learning_example_quick(tmp_path):
 def test_limits_speed_benchmark_quick():
     out = run(["benchmarks/limits_speed.py", "--quick", "--repeats", "1"])
     assert out.count("| NTK+NNGP") == 3
+
+
+@pytest.mark.slow
+def test_depth_overhead_benchmark_runs():
+    out = run(["benchmarks/depth_overhead.py", "--rounds", "3", "--no-compile"])
+    ratio = float(re.search(r"\| eager \| [0-9.]+ \| [0-9.]+ \| ([0-9.]+) \|", out).group(1))
+    assert 0.5 < ratio < 2.0, out
