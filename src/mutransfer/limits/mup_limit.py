@@ -59,7 +59,7 @@ def _targets(y: ArrayLike, n: int) -> torch.Tensor:
 class MuPLimit:
     """The infinite-width µP limit of f(x) = (1/n) Σ v_α φ(u_α·x): `fit(x, y, steps, lr)`, `predict(x)`."""
 
-    def __init__(self, activation: Union[str, Fn] = "relu", method: str = "auto", *, samples: int = 65536,
+    def __init__(self, activation: Union[str, Fn] = "relu", method: str = "auto", *, samples: int = 16384,
                  groups: int = 8, quad_points: Optional[int] = None, max_nodes: int = 120_000,
                  derivative: Optional[Fn] = None, seed: int = 0):
         if method not in METHODS:
@@ -210,21 +210,24 @@ class MuPLimit:
         self.u = torch.stack([u, u.clone()], 1)                               # (R, 2, half, d)
         self.v = torch.stack([v, -v], 1)                                      # (R, 2, half, k)
 
-    def _f_mc(self, pre: torch.Tensor) -> torch.Tensor:
-        """Each replica's f from preactivations (R, 2, half, m): pairs summed first (f₀ = 0 exactly)."""
-        phi = self.act.fn(pre)
-        return (phi[..., None] * self.v[:, :, :, None, :]).sum(1).sum(1) / (2 * self.u.shape[2])  # (R, m, k)
+    def _f_mc(self, phi: torch.Tensor) -> torch.Tensor:
+        """Each replica's f from activations (R, 2, half, m), (R, m, k). The two antithetic halves are
+        contracted separately and then added: at init they are exact negatives, so f₀ = 0 exactly."""
+        halves = [torch.einsum("rhm,rhk->rmk", phi[:, i], self.v[:, i]) for i in (0, 1)]
+        return (halves[0] + halves[1]) / (2 * self.u.shape[2])
 
     def _step_monte_carlo(self, batch: torch.Tensor, lr: float) -> None:
         xb = self.x[batch]
-        pre = self.u @ xb.T                                                   # (R, 2, half, B)
-        chi = (self._f_mc(pre) - self.y[batch]) / len(batch)                  # (R, B, k): each replica its own
-        dv = -lr * self.act.fn(pre) @ chi[:, None]                            # (R, 2, half, k)
-        s = (self.v @ chi.transpose(1, 2)[:, None]) * self.act.derivative(pre)
-        self.u, self.v = self.u - lr * s @ xb, self.v + dv
+        pre = torch.einsum("rqhd,bd->rqhb", self.u, xb)                       # (R, 2, half, B)
+        phi = self.act.fn(pre)
+        chi = (self._f_mc(phi) - self.y[batch]) / len(batch)                  # (R, B, k): each replica its own
+        dv = torch.einsum("rqhb,rbk->rqhk", phi, chi)
+        s = torch.einsum("rqhk,rbk->rqhb", self.v, chi) * self.act.derivative(pre)
+        du = torch.einsum("rqhb,bd->rqhd", s, xb)
+        self.u, self.v = self.u - lr * du, self.v - lr * dv
 
     def _predict_monte_carlo(self, x: torch.Tensor):
-        per_replica = self._f_mc(self.u @ x.T)
+        per_replica = self._f_mc(self.act.fn(torch.einsum("rqhd,md->rqhm", self.u, x)))
         return per_replica.mean(0), per_replica.std(0) / math.sqrt(self.groups)
 
 
