@@ -67,3 +67,38 @@ def test_llama_roles_and_zero_query():
     assert roles["lm_head.weight"] == "output"
     assert torch.all(m.lm_head.weight == 0) and torch.all(m.model.layers[1].self_attn.q_proj.weight == 0)
     assert m.model.layers[0].self_attn.scaling == pytest.approx(math.sqrt(16) / 64)
+
+
+def _llama_depth(width, layers, seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                   max_position_embeddings=32, tie_word_embeddings=False,
+                                   bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+@pytest.mark.slow
+def test_llama_across_depth_with_named_branches():
+    """HF decoder layers do not trace with torch.fx: the error says how to name the branches."""
+    base, delta = _llama_depth(64, 2), _llama_depth(128, 2)
+    with pytest.raises(ValueError, match=r"residual_branches=\['model\.layers\.\*\.attn'"):
+        mt.parametrize(_llama_depth(128, 8), base=base, delta=delta)
+    model = mt.parametrize(_llama_depth(128, 8), base=base, delta=delta, depth_alpha=1.0,
+                           residual_branches=["model.layers.*.self_attn", "model.layers.*.mlp"])
+    spec = model._mutransfer_spec
+    assert spec.depth == {"model.layers": (2, 8)}
+    # the MLP's output is its down_proj's: folded there; attention returns a tuple: forward multiplier
+    assert set(spec.folded_branches) == {f"model.layers.{i}.mlp.down_proj" for i in range(8)}
+    assert set(spec.branches) == {f"model.layers.{i}.self_attn" for i in range(8)}
+    assert all(c == pytest.approx(0.25) for c in [*spec.branches.values(), *spec.folded_branches.values()])
+    x = torch.randint(0, 128, (2, 16))
+    loss = model(x, labels=x).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+    groups = mt.param_groups(model, 1e-3, "adamw")
+    names = {id(p): n for n, p in model.named_parameters()}
+    lr = {names[id(p)]: g["lr"] for g in groups for p in g["params"]}
+    assert lr["model.layers.5.self_attn.q_proj.weight"] == pytest.approx(1e-3 / 2)          # hidden: 1/m, α=1: ×1
+    assert lr["model.layers.5.mlp.down_proj.weight"] == pytest.approx(1e-3 / 2 / 4)         # folded: × m_L^-1
+    assert lr["model.norm.weight"] == pytest.approx(1e-3)
