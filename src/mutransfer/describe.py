@@ -3,21 +3,23 @@ from __future__ import annotations
 
 from torch import nn
 
-from .rules import factor
 from .spec import require_spec
 
 
 def describe(model: nn.Module) -> str:
     """Table of every parameter: role, width multipliers, init / lr / ε factors vs the base model."""
     spec = require_spec(model, "describe")
-    header = ("parameter", "shape", "role", "m_in", "m_out", "init×", "sgd lr×", "adam lr×", "adam ε×")
+    depth = bool(spec.depth) and spec.depth_alpha > 0
+    header = ("parameter", "shape", "role", "m_in", "m_out") + (("depth", "m_L") if depth else ()) + (
+        "init×", "sgd lr×", "adam lr×", "adam ε×")
     rows = [header]
     for name, info in spec.params.items():
-        rule = spec.rule(name)
         sgd_lr, _ = spec.factors(name, "sgd")
         adam_lr, eps = spec.factors(name, "adam")
         role = info.role + (" (tied readout)" if info.tied_readouts else "")
-        rows.append((name, "×".join(map(str, info.shape)), role, f"{info.m_in:g}", f"{info.m_out:g}",
+        where = ((info.depth_role.replace("_", " ") if info.depth_role != "outside" else "-",
+                  f"{info.m_depth:g}") if depth else ())
+        rows.append((name, "×".join(map(str, info.shape)), role, f"{info.m_in:g}", f"{info.m_out:g}", *where,
                      f"{spec.init_scales.get(name, 1.0):.4g}", f"{sgd_lr:.4g}", f"{adam_lr:.4g}", f"{eps:.4g}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = [f"µP ({spec.formulation}); init rescaled from {spec.init_source}"]
