@@ -102,3 +102,26 @@ def test_llama_across_depth_with_named_branches():
     assert lr["model.layers.5.self_attn.q_proj.weight"] == pytest.approx(1e-3 / 2)          # hidden: 1/m, α=1: ×1
     assert lr["model.layers.5.mlp.down_proj.weight"] == pytest.approx(1e-3 / 2 / 4)         # folded: × m_L^-1
     assert lr["model.norm.weight"] == pytest.approx(1e-3)
+
+
+@pytest.mark.slow
+def test_gpt2_across_depth_with_named_branches():
+    def make(width, layers):
+        torch.manual_seed(0)
+        cfg = transformers.GPT2Config(n_embd=width, n_layer=layers, n_head=4, vocab_size=128, n_positions=32,
+                                      bos_token_id=0, eos_token_id=0)
+        return transformers.GPT2LMHeadModel(cfg).eval()
+
+    model = mt.parametrize(make(128, 6), base=make(64, 2), delta=make(128, 2), depth_alpha=0.5,
+                           residual_branches=["transformer.h.*.attn", "transformer.h.*.mlp"])
+    spec = model._mutransfer_spec
+    assert spec.depth == {"transformer.h": (2, 6)}
+    # Conv1D is not a Linear: both branches keep a forward multiplier (3^-½)
+    assert set(spec.branches) == {f"transformer.h.{i}.{b}" for i in range(6) for b in ("attn", "mlp")}
+    assert spec.folded_branches == {}
+    block, x = model.transformer.h[3], torch.randn(2, 8, 128)
+    mlp_in = block.ln_2(x)
+    unscaled = type(block.mlp)._mutransfer_parent.forward(block.mlp, mlp_in)
+    torch.testing.assert_close(block.mlp(mlp_in), unscaled * 3 ** -0.5)
+    ids = torch.randint(0, 128, (2, 16))
+    assert torch.isfinite(model(ids, labels=ids).loss)
