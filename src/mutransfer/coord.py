@@ -23,7 +23,7 @@ from torch import nn
 
 from . import attention as attn
 from .coord_report import ATTN_SUFFIX, CoordCheckResult, Record
-from .depth import block_containers
+from .depth import block_containers, join_name, split_block
 from .shapes import canonical_name
 from .optim import param_groups
 from .progress import Progress
@@ -120,13 +120,11 @@ def _depth_names(model: nn.Module) -> dict[str, Optional[str]]:
     out: dict[str, Optional[str]] = {}
     for name, _ in model.named_modules():
         for prefix, n in containers.items():
-            head = f"{prefix}." if prefix else ""
-            if not name.startswith(head):
+            hit = split_block(name, prefix)
+            if hit is None or hit[0] == 0 and n > 1:
                 continue
-            index, _, rest = name[len(head):].partition(".")
-            if not index.isdigit() or int(index) == 0 and n > 1:
-                continue
-            new = None if int(index) != n - 1 else ".".join(p for p in (prefix, "last", rest) if p)
+            index, rest = hit
+            new = None if index != n - 1 else join_name(prefix, "last", rest)
             out[name] = new
             out[name + ATTN_SUFFIX] = None if new is None else new + ATTN_SUFFIX
     return out

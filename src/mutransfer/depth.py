@@ -20,7 +20,7 @@ from __future__ import annotations
 import fnmatch
 import operator
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.fx
@@ -52,7 +52,7 @@ def block_containers(shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
     return out
 
 
-def _split(name: str, prefix: str) -> Optional[tuple[int, str]]:
+def split_block(name: str, prefix: str) -> Optional[tuple[int, str]]:
     """(index, rest) when `name` is inside block container `prefix`, else None."""
     head = f"{prefix}." if prefix else ""
     if not name.startswith(head):
@@ -61,8 +61,15 @@ def _split(name: str, prefix: str) -> Optional[tuple[int, str]]:
     return (int(idx), rest) if idx.isdigit() else None
 
 
-def _join(prefix: str, index: int, rest: str) -> str:
-    return ".".join(p for p in (prefix, str(index), rest) if p)
+def join_name(*parts: Union[str, int]) -> str:
+    """Dotted name of the non-empty parts: join_name("blocks", 3, "") == "blocks.3"."""
+    return ".".join(str(p) for p in parts if p != "")
+
+
+def outermost(prefixes: Iterable[str]) -> list[str]:
+    """The containers not nested inside another one (a nested container repeats per block)."""
+    prefixes = list(prefixes)
+    return [p for p in prefixes if not any(q != p and split_block(p, q) is not None for q in prefixes)]
 
 
 @dataclass
@@ -81,9 +88,7 @@ class DepthMap:
         """
         b, o = block_containers(base), block_containers(other)
         found = {p: (b[p], o[p]) for p in b if p in o and b[p] != o[p]}
-        # A nested container inside a depth container repeats per block: keep the outermost.
-        found = {p: v for p, v in found.items() if not any(
-            q != p and _split(p, q) is not None for q in found)}
+        found = {p: found[p] for p in outermost(found)}
         for prefix, l0 in (base_depth or {}).items():
             if prefix not in o:
                 raise ValueError(f"base_depth names '{prefix}', which is not a container of repeated "
@@ -96,7 +101,7 @@ class DepthMap:
     def locate(self, name: str) -> Optional[tuple[str, int, str]]:
         """(container, block index, rest) of a parameter or module name, or None outside blocks."""
         for prefix in sorted(self.containers, key=len, reverse=True):
-            hit = _split(name, prefix)
+            hit = split_block(name, prefix)
             if hit is not None:
                 return prefix, hit[0], hit[1]
         return None
@@ -106,7 +111,7 @@ class DepthMap:
         if hit is None:
             return name
         prefix, i, rest = hit
-        return _join(prefix, i % self.containers[prefix][side], rest)
+        return join_name(prefix, i % self.containers[prefix][side], rest)
 
     def to_base(self, name: str) -> str:
         """The base model's name for `name` of the other model (block i → block i mod L₀)."""
@@ -127,7 +132,7 @@ class DepthMap:
     def normalized(self, name: str) -> str:
         """`name` with its block index replaced by '*' (the same for every block)."""
         hit = self.locate(name)
-        return name if hit is None else ".".join(p for p in (hit[0], "*", hit[2]) if p)
+        return name if hit is None else join_name(hit[0], "*", hit[2])
 
 
 # --------------------------------------------------------------------------- branches
@@ -238,7 +243,7 @@ def _branch_end(module: nn.Module, depth: int = 0) -> Optional[str]:
         return None
     child = str(last.target)
     inner = _branch_end(module.get_submodule(child), depth + 1)
-    return None if inner is None else ".".join(p for p in (child, inner) if p)
+    return None if inner is None else join_name(child, inner)
 
 
 def find_branches(model: nn.Module, depth: DepthMap, patterns: Optional[Iterable[str]]) -> \
@@ -265,10 +270,10 @@ def find_branches(model: nn.Module, depth: DepthMap, patterns: Optional[Iterable
                     raise ValueError(f"residual_branches: '{n}' is not inside a block of a depth container "
                                      f"({', '.join(depth.containers) or 'none found'})")
                 end = _branch_end(modules[n])
-                branches.append(Branch(n, False, None if end is None else ".".join(p for p in (n, end) if p)))
+                branches.append(Branch(n, False, None if end is None else join_name(n, end)))
         return branches, helper_blocks
     for prefix, (_, l) in depth.containers.items():
-        first = modules.get(_join(prefix, 0, ""))
+        first = modules.get(join_name(prefix, 0))
         if first is None:
             raise ValueError(f"depth container '{prefix}': block 0 is not a module")
         try:
@@ -280,12 +285,12 @@ def find_branches(model: nn.Module, depth: DepthMap, patterns: Optional[Iterable
                 f"`x = x + mt.residual_branch(self, branch)` in the block's forward, or pass depth_alpha=0 "
                 f"to change depth without depth scaling") from None
         if kind == "helper":
-            helper_blocks += [_join(prefix, i, "") for i in range(l)]
+            helper_blocks += [join_name(prefix, i) for i in range(l)]
             continue
         ends = {child: (None if tuple_out else _branch_end(first.get_submodule(child))) for child, tuple_out in found}
         for i in range(l):
             for child, tuple_out in found:
                 end = ends[child]
-                branches.append(Branch(_join(prefix, i, child), tuple_out,
-                                       None if end is None else _join(prefix, i, ".".join(p for p in (child, end) if p))))
+                branches.append(Branch(join_name(prefix, i, child), tuple_out,
+                                       None if end is None else join_name(prefix, i, child, end)))
     return branches, helper_blocks

@@ -17,7 +17,7 @@ from torch import nn
 from . import attention as attn
 from . import scaled_forward
 from .roles import ParamInfo, classify
-from .depth import BRANCH_ATTR, Branch, DepthMap, block_containers, find_branches
+from .depth import BRANCH_ATTR, Branch, DepthMap, block_containers, find_branches, outermost
 from .rules import (BRANCH_MULTIPLIER, DEFAULT_DEPTH_ALPHA, Multipliers, check_depth_alpha, depth_factor, factor,
                     formulation_rules)
 from .shapes import WidthShapes, canonical_name
@@ -91,8 +91,8 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
     branches, helper_blocks = (find_branches(model, depth, residual_branches)
                                if depth.containers and alpha > 0 else ([], []))
     branches, folded = _fold_branches(branches, infos, formulation)
-    heads = {canonical_name(n): shapes.attention_head_dims[depth.to_base(canonical_name(n))]
-             for n, _ in model.named_modules() if depth.to_base(canonical_name(n)) in shapes.attention_head_dims}
+    base_of = {canonical_name(n): depth.to_base(canonical_name(n)) for n, _ in model.named_modules()}
+    heads = {n: shapes.attention_head_dims[b] for n, b in base_of.items() if b in shapes.attention_head_dims}
     attention_plan = attn.plan(model, heads, float(attn_mult), attn_base_head_dim) if attention else []
     params = {canonical_name(n): p for n, p in model.named_parameters()}
     zeroing = _readout_zeroing(model, infos, params) if zero_init_readout else []
@@ -151,8 +151,7 @@ def _depth_map(model: nn.Module, shapes: WidthShapes, base_depth) -> DepthMap:
     target = {canonical_name(n): tuple(p.shape) for n, p in model.named_parameters()}
     base = {n: ps.base for n, ps in shapes.params.items()}
     if isinstance(base_depth, int) and not isinstance(base_depth, bool):
-        found = block_containers(target)
-        outer = [p for p in found if not any(q != p and p.startswith(f"{q}.") for q in found)]
+        outer = outermost(block_containers(target))
         if len(outer) != 1:
             raise ValueError(f"base_depth={base_depth} is ambiguous: the model has block containers "
                              f"{', '.join(outer) or 'none'}; pass base_depth={{'container': L0}}")
@@ -187,15 +186,14 @@ def _fold_branches(branches: list[Branch], infos: dict[str, ParamInfo], formulat
 def _install_branch_multipliers(model: nn.Module, depth: DepthMap, alpha: float, branches: list[Branch],
                                 helper_blocks: list[str]) -> dict[str, float]:
     """Multiply every residual branch output by (L/L₀)^-α; returns {module: multiplier}."""
-    rule = BRANCH_MULTIPLIER
     installed = {}
     for b in branches:
-        c = depth_factor(rule, depth.multiplier(b.module), alpha)
+        c = depth_factor(BRANCH_MULTIPLIER, depth.multiplier(b.module), alpha)
         if c != 1.0:
             scaled_forward.install(_module(model, b.module), output_mult=c)
             installed[b.module] = c
     for bname in helper_blocks:
-        c = depth_factor(rule, depth.multiplier(bname), alpha)
+        c = depth_factor(BRANCH_MULTIPLIER, depth.multiplier(bname), alpha)
         setattr(_module(model, bname), BRANCH_ATTR, c)
         installed[bname] = c
     return installed

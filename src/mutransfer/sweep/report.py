@@ -18,7 +18,7 @@ from .analysis import (TrialResult, best, deeper_is_better, drift, load_results,
 from .runner import Sweep
 from .space import Choice, LogUniform
 from .storage import mask_url
-from .transfer import transfer_where
+from .transfer import TRANSFER_RUNS, transfer_where
 
 LABEL = {"mup": "µP", "sp": "SP (standard)"}
 LINESTYLES = ("-", "--", ":", "-.")
@@ -32,11 +32,17 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def _varying(sweep: Sweep) -> tuple[bool, bool]:
+    """(by width, by depth): which axes the curves are drawn along (width when neither varies)."""
+    cfg = sweep.config
+    by_depth = cfg.depths is not None and len(cfg.depths) > 1
+    return len(cfg.widths) > 1 or not by_depth, by_depth
+
+
 def curves(sweep: Sweep) -> list[tuple[int, Optional[int], str]]:
     """(width, depth, legend label) of each plotted curve: one per width, per depth, or per both."""
     cfg = sweep.config
-    by_depth = cfg.depths is not None and len(cfg.depths) > 1
-    by_width = len(cfg.widths) > 1 or not by_depth
+    by_width, by_depth = _varying(sweep)
     out = []
     for w in cfg.widths:
         for d in cfg.depths or [None]:
@@ -49,10 +55,10 @@ def _styles(sweep: Sweep, cmap) -> dict[tuple[int, Optional[int]], tuple]:
     """(color, linestyle) per curve: color by width (by depth when only depth varies), dashes by depth."""
     cfg = sweep.config
     depths = cfg.depths or [None]
-    by_width = len(cfg.widths) > 1 or len(depths) == 1
+    by_width, by_depth = _varying(sweep)
     colored = cfg.widths if by_width else depths
     color = {v: cmap(0.1 + 0.8 * i / max(1, len(colored) - 1)) for i, v in enumerate(colored)}
-    dashed = len(cfg.widths) > 1 and len(depths) > 1
+    dashed = by_width and by_depth
     return {(w, d): (color[w if by_width else d], LINESTYLES[depths.index(d) % len(LINESTYLES)] if dashed else "-")
             for w in cfg.widths for d in depths}
 
@@ -213,7 +219,7 @@ def _transfer_html(sweep: Sweep) -> str:
         return ""
     t = json.loads(path.read_text())
     cells = []
-    for p, label in (("mup", "µP target, µP proxy optimum"), ("sp", "SP target, SP proxy optimum")):
+    for p, label in TRANSFER_RUNS:
         if p in t:
             loss = "diverged" if t[p]["loss"] is None else f"{t[p]['loss']:.4f}"
             cells.append(f"<tr><td>{label}</td><td>{_fmt(t[p]['hparams'].get('lr', '—'))}</td><td>{loss}</td></tr>")
@@ -248,8 +254,7 @@ def write_report(sweep: Sweep, out_dir: Optional[Path] = None) -> Path:
     scope = (f"widths {', '.join(map(str, cfg.widths))} (µP base width {cfg.base_width})"
              + (f", depths {', '.join(map(str, cfg.depths))} (µP base depth {cfg.base_depth})" if depths else ""))
     proxy = f"width {min(cfg.widths)}" + (f" and depth {cfg.proxy_depth}" if depths else "")
-    curve = "width and depth" if depths and len(cfg.widths) > 1 and len(cfg.depths) > 1 else (
-        "depth" if depths and len(cfg.depths) > 1 else "width")
+    curve = " and ".join(axis for axis, varies in zip(("width", "depth"), _varying(sweep)) if varies)
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>µTransfer sweep: {html.escape(cfg.name)}</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}}

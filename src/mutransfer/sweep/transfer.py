@@ -16,6 +16,9 @@ from .analysis import load_results, transferred_hparams
 from .runner import Sweep
 
 
+TRANSFER_RUNS = (("mup", "µP target, µP proxy optimum"), ("sp", "SP target, SP proxy optimum"))
+
+
 def target_depth(sweep: Sweep, depth: Optional[int] = None) -> Optional[int]:
     """`depth`, else the config's target_depth, else the largest swept depth (None without depths)."""
     cfg = sweep.config
@@ -43,7 +46,7 @@ def transfer(sweep: Sweep, width: Optional[int] = None, depth: Optional[int] = N
     if depth is not None:
         out.update(target_depth=depth, proxy_depth=proxy_depth, base_depth=sweep.config.base_depth)
     out["seeds"] = sweep.config.seeds
-    where = f"width {proxy}" + ("" if proxy_depth is None else f", depth {proxy_depth}")
+    where = transfer_where(out, "proxy")
     for p in sweep.config.parametrizations:
         hp = transferred_hparams(sweep, results, proxy, p, proxy_depth)
         if hp is None:
@@ -69,7 +72,7 @@ def transfer_where(out: dict, which: str) -> str:
 
 def format_transfer(out: dict) -> str:
     lines = [f"transfer from {transfer_where(out, 'proxy')} to {transfer_where(out, 'target')}:"]
-    for p, label in (("mup", "µP target, µP proxy optimum"), ("sp", "SP target, SP proxy optimum")):
+    for p, label in TRANSFER_RUNS:
         if p in out:
             loss = "diverged" if out[p]["loss"] is None else f"{out[p]['loss']:.4f}"
             lr = out[p]["hparams"].get("lr")
