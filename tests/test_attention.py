@@ -47,7 +47,10 @@ def test_more_heads_at_fixed_head_dim_changes_nothing():
     torch.manual_seed(0)
     m = GPT(128, n_head=8)
     mt.parametrize(m, base=GPT(32, n_head=2), delta=GPT(64, n_head=4))
-    assert m._mutransfer_spec.attention == []  # d = d₀ = 16
+    # d = d₀ = 16: the modules are left alone, and the scale in effect (measured) is 1/√16
+    assert [(a.module, a.how, a.scale) for a in m._mutransfer_spec.attention] == [
+        ("blocks.0.attn", "unchanged", 0.25), ("blocks.1.attn", "unchanged", 0.25)]
+    assert type(m.blocks[0].attn).__name__ == "CausalSelfAttention"
 
 
 class HandWritten(nn.Module):
@@ -67,7 +70,8 @@ def test_hand_written_attention_through_the_helper():
     plain = HandWritten(64)
     assert mt.attn_scale(plain, 32) == 1 / math.sqrt(32)
     m = mt.parametrize(HandWritten(64), base=HandWritten(16), delta=HandWritten(32), attn_mult=1.5)
-    assert m._mutransfer_spec.attention == [("", "helper", 8, 32)]
+    assert [(a.module, a.how, a.d0, a.d) for a in m._mutransfer_spec.attention] == [("", "helper", 8, 32)]
+    assert m._mutransfer_spec.attention[0].scale == pytest.approx(1.5 * math.sqrt(8) / 32)  # measured
     assert mt.attn_scale(m, 32) == pytest.approx(1.5 * math.sqrt(8) / 32)
 
 

@@ -217,8 +217,10 @@ def test_verdict_threshold_is_growth_per_16x_width():
     # over a 4× range the allowed growth is 1.5^(1/2)
     assert _result({64: 1.0, 256: 1.2}).passed
     assert not _result({64: 1.0, 256: 1.3}).passed
+    # a change that vanishes (the kernel regime, or Adam's ε swamping shrinking gradients) fails too
     shrinking = _result({64: 1.0, 1024: 0.01})
-    assert shrinking.passed and shrinking.warnings  # vanishing updates: a warning, not a failure
+    assert not shrinking.passed and shrinking.failures[0].reason == "vanishes"
+    assert _result({64: 1.0, 1024: 0.5}).passed  # slope −¼: within µP's Θ(1)
 
 
 def test_verdict_uses_the_scatter_across_seeds():

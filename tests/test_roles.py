@@ -102,7 +102,7 @@ def test_gpt_with_tied_embeddings():
     assert group_of(groups, m.wte.weight)["eps"] == pytest.approx(1e-8 / M)
     assert group_of(groups, m.blocks[0].fc.weight)["lr"] == 1 / M
     # attention: head dim grows 16 → 64 at 4 heads, so logits get √16/64 instead of 1/√64
-    assert [(n, k, d0, d) for n, k, d0, d in spec.attention] == [
+    assert [(a.module, a.how, a.d0, a.d) for a in spec.attention] == [
         ("blocks.0.attn", "sdpa", 16, 64), ("blocks.1.attn", "sdpa", 16, 64)]
 
 

@@ -1,41 +1,43 @@
-"""µP attention: logits scaled by α·√d₀/d (equal to 1/√d at the base head dim d₀).
+"""µP attention: logits × α·s₀·d₀/d, where s₀ is the base model's own scale at head dim d₀.
 
-Three paths, all found without editing the model:
+For the usual ``1/√d`` that is α·√d₀/d (equal to 1/√d at base width); for a model that keeps no
+scale in its forward (T5 puts 1/√d into the query's init) it is α·d₀/d. µP needs the logits to
+scale like 1/d because q and k become correlated during training.
 
-1. ``nn.MultiheadAttention`` modules are switched to `MuMultiheadAttention` (same state_dict,
-   same arguments), which passes the µP scale to ``scaled_dot_product_attention``.
-2. Modules whose ``forward`` calls ``torch.nn.functional.scaled_dot_product_attention``
-   (found by reading the forward's source) are switched to a subclass (see
-   `scaled_forward`) whose forward makes the SDPA calls inside it use the µP scale.
-   mutransfer wraps ``F.scaled_dot_product_attention`` once; outside a µP attention module
-   the wrapper calls PyTorch unchanged.
-3. Modules that keep their logit scale in a float attribute ``scaling`` (every Hugging Face
-   attention module does, and passes it to whichever attention kernel is configured) get
-   that attribute multiplied by α·√(d₀/d): no hook, no overhead.
-4. Hand-written attention calls the helper ``mt.attn_scale(self, head_dim)`` in place of
-   ``1 / math.sqrt(head_dim)``; it returns the µP scale on a parametrized module and
-   ``1/√head_dim`` otherwise, so the same model code runs in both parametrizations.
-   ``mt.attn_logits(self, q, k)`` computes the scaled logits with it, and lets the
-   coordinate check record them.
+**Measured, not assumed.** `parametrize` runs a probe forward (see `observe`) on the base and on
+the target: every attention call (``scaled_dot_product_attention`` anywhere, a matmul reaching a
+softmax, ``nn.MultiheadAttention``) is recorded with its head dim and the constant multiplying
+q·kᵀ after any normalisation of q and k (QK-norm). Then, per module, the first that applies:
 
-The base head dim d₀ is read from the base model's attention modules: an attribute
-``head_dim``/``d_head``/``head_size``, or an embedding size (``embed_dim``, ``n_embd``,
-``d_model``, ``hidden_size``, ``dim``) divided by a head count (``num_heads``, ``n_head``,
-``n_heads``, ``num_attention_heads``, ``heads``). When it cannot be found, pass
-``attn_base_head_dim=`` to ``parametrize``. When heads are added at fixed head dim, d = d₀
-and nothing changes.
+1. already µP's scale (more heads at a fixed head dim): left alone;
+2. ``nn.MultiheadAttention``: switched to `MuMultiheadAttention` (same state_dict and arguments);
+3. hand-written attention using the helper ``mt.attn_scale(self, head_dim)`` (or
+   ``mt.attn_logits``): the helper returns the µP scale once the module is parametrized;
+4. a float attribute that holds the scale (``scaling`` in Hugging Face, ``scale`` in timm,
+   ``inv_norm_factor``, ``norm_factor`` as a divisor, …), found by a perturbation test (×2 on the
+   attribute doubles or halves the measured scale): set to µP's value, no overhead;
+5. SDPA calls with no such attribute (the scale computed inline, ``scale=None``): the module's
+   SDPA calls get the correction through the `sdpa` wrapper;
+6. an eager matmul→softmax whose constant cannot be reached: an error naming the module and
+   the one-line change (``mt.attn_scale(self, d)``).
+
+A second probe forward then measures every module again; any scale that is not µP's is an error
+(and the changes are undone). `spec.attention` holds the measured scales that `describe` prints.
 """
 from __future__ import annotations
 
 import inspect
 import math
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .shapes import canonical_name
+from . import scaled_forward, sdpa
+from .observe import AttentionCall
+from .naming import canonical_name
 
 _HEAD_DIM_ATTRS = ("head_dim", "d_head", "head_size", "attention_head_size")
 _EMBED_ATTRS = ("embed_dim", "n_embd", "d_model", "hidden_size", "dim", "all_head_size")
@@ -93,7 +95,11 @@ def base_head_dims(base: nn.Module) -> dict[str, int]:
 
 def attn_scale(module: nn.Module, head_dim: int) -> float:
     """Scale for q·kᵀ in hand-written attention: µP's α·√d₀/d once parametrized, else 1/√d."""
-    cfg = getattr(module, "_mutransfer_attn", None)
+    return mup_logit_scale(getattr(module, "_mutransfer_attn", None), head_dim)
+
+
+def mup_logit_scale(cfg: Optional[tuple[float, int]], head_dim: int) -> float:
+    """α·√d₀/d for a module parametrized with cfg = (α, d₀) (its own 1/√d was µP's at d₀), else 1/√d."""
     if cfg is None:
         return 1.0 / math.sqrt(head_dim)
     alpha, d0 = cfg
@@ -107,34 +113,7 @@ def attn_logits(module: nn.Module, q: torch.Tensor, k: torch.Tensor) -> torch.Te
     (and records) logits computed this way.
     """
     scale = attn_scale(module, q.shape[-1])
-    if LOGIT_RECORDER is not None:
-        LOGIT_RECORDER(q, k, scale, False)
     return (q @ k.transpose(-2, -1)) * scale
-
-
-# --------------------------------------------------------------------------- SDPA path
-
-_ACTIVE: list[tuple[float, int]] = []  # (α, d₀) of the µP attention modules being run
-_torch_sdpa = F.scaled_dot_product_attention
-# Set by the coordinate check while it measures: called with (query, key, scale, is_causal).
-LOGIT_RECORDER: Optional[Callable[[torch.Tensor, torch.Tensor, float, bool], None]] = None
-
-
-def _mup_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
-    if _ACTIVE:
-        alpha, d0 = _ACTIVE[-1]
-        d = query.shape[-1]
-        user = scale if scale is not None else 1.0 / math.sqrt(d)
-        scale = user * alpha * math.sqrt(d0 / d)
-    if LOGIT_RECORDER is not None:
-        LOGIT_RECORDER(query, key, scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]), is_causal)
-    return _torch_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                       is_causal=is_causal, scale=scale, **kwargs)
-
-
-def _install_sdpa_wrapper() -> None:
-    if F.scaled_dot_product_attention is not _mup_sdpa:
-        F.scaled_dot_product_attention = _mup_sdpa
 
 
 # --------------------------------------------------------------------------- nn.MultiheadAttention
@@ -155,8 +134,7 @@ class MuMultiheadAttention(nn.MultiheadAttention):
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
-        alpha, d0 = self._mutransfer_attn
-        scale = alpha * math.sqrt(d0) / self.head_dim
+        scale = mup_logit_scale(self._mutransfer_attn, self.head_dim)
         batched = query.dim() == 3
         if not batched:
             query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
@@ -209,7 +187,7 @@ class MuMultiheadAttention(nn.MultiheadAttention):
             out = F.dropout(weights, dropout, training=self.training) @ v
         else:
             weights = None
-            out = _torch_sdpa(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=scale)
+            out = sdpa.torch_sdpa(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=scale)
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim)
         out = self.out_proj(out)
         if not batched:
@@ -227,12 +205,178 @@ class MuMultiheadAttention(nn.MultiheadAttention):
 # --------------------------------------------------------------------------- installation
 
 
-Plan = list[tuple[nn.Module, str, str, int, Optional[int]]]
+@dataclass(frozen=True)
+class AttentionScale:
+    """The logit scale of one attention module, as parametrize left it (`spec.attention`).
+
+    ``scale`` is what the module computes after `parametrize` (measured on a probe forward when
+    ``verified``), ``target`` µP's α·s₀·d₀/d, ``before`` the module's own scale; ``how`` says what
+    was changed: "unchanged", "attribute <name>", "sdpa", "mha" or "helper".
+    """
+
+    module: str
+    how: str
+    d0: int
+    d: int
+    before: float
+    target: float
+    scale: float
+    verified: bool
 
 
-def plan(model: nn.Module, base_heads: dict[str, int], alpha: float, override_d0: Optional[int] = None) -> Plan:
-    """Find the attention modules that need the µP scale, checking everything before any change."""
-    found: Plan = []
+@dataclass
+class _Fix:
+    module: nn.Module
+    name: str
+    how: str
+    d0: int
+    d: int
+    before: float
+    target: float
+    attr: Optional[str] = None
+    divides: bool = False
+
+
+_SKIP_ATTR_WORDS = ("drop", "eps", "theta", "factor_init", "std", "range")
+
+
+def _candidates(module: nn.Module) -> list[str]:
+    """Float attributes that might multiply (or divide) the logits: the perturbation test decides."""
+    return [k for k, v in vars(module).items() if type(v) is float and v > 0 and not k.startswith("_mutransfer")
+            and not any(w in k.lower() for w in _SKIP_ATTR_WORDS)]
+
+
+def plan(model: nn.Module, calls: dict[str, list[AttentionCall]], base_scale: Callable[[str, int, float], tuple[int, float]],
+         alpha: float, probe: Callable[[], Optional[dict[str, list[AttentionCall]]]]) -> list[_Fix]:
+    """How to give every observed attention module µP's logit scale α·s₀·d₀/d, before any change.
+
+    `calls`: the target's attention calls by module (from a probe forward); `base_scale(name, d, s)`
+    returns (d₀, s₀) of the base model's module; `probe()` re-runs the forward (for the
+    perturbation test that finds the float attribute holding the scale, if any).
+    """
+    modules = {canonical_name(n): m for n, m in model.named_modules()}
+    fixes: list[_Fix] = []
+    for name, found in calls.items():
+        ds = {c.head_dim for c in found}
+        scales = {round(c.scale, 12) for c in found}
+        if len(ds) > 1 or len(scales) > 1:
+            raise ValueError(f"attention module '{name}' computes attention {len(found)} times with different head "
+                             f"dims or scales ({sorted(ds)}, {sorted(scales)}); mutransfer gives one µP scale per "
+                             f"module: compute each attention in its own submodule")
+        d, s = found[0].head_dim, found[0].scale
+        d0, s0 = base_scale(name, d, s)
+        target = alpha * s0 * d0 / d
+        module = modules.get(name, model)
+        if math.isclose(target, s, rel_tol=1e-9):
+            fixes.append(_Fix(module, name, "unchanged", d0, d, s, target))
+            continue
+        kinds = {c.kind for c in found}
+        if isinstance(module, nn.MultiheadAttention):
+            if module.add_zero_attn:
+                raise ValueError(f"nn.MultiheadAttention '{name}' uses add_zero_attn=True, which mutransfer's µP "
+                                 "attention does not support")
+            how = "mha"
+        elif _calls_helper(module):
+            how = "helper"
+        else:
+            how = "sdpa" if kinds == {"sdpa"} else "eager"
+        fixes.append(_Fix(module, name, how, d0, d, s, target))
+    _find_attributes([f for f in fixes if f.how in ("sdpa", "eager")], probe)
+    for f in fixes:
+        if f.how == "eager":
+            raise ValueError(
+                f"attention module '{f.name}' ({type(f.module).__name__}) computes its logits as q·kᵀ × {f.before:.4g} "
+                f"(head dim {f.d}) with a constant mutransfer cannot reach from outside (no float attribute holds it; "
+                f"µP needs {f.target:.4g} = α·s₀·d₀/d with d₀={f.d0}). Write the scale as "
+                f"`mt.attn_scale(self, head_dim)` in its forward (it returns 1/√d until the model is parametrized), "
+                f"keep it in a float attribute such as `self.scaling`, or call "
+                f"F.scaled_dot_product_attention; pass attention=False only if the model already scales its "
+                f"logits the µP way")
+    return fixes
+
+
+def _calls_helper(module: nn.Module) -> bool:
+    forward = type(module).forward
+    try:
+        source = inspect.getsource(forward)
+    except (OSError, TypeError):
+        return False
+    return f"{_HELPER_NAME}(" in source or "attn_logits(" in source
+
+
+def _find_attributes(fixes: list[_Fix], probe) -> None:
+    """Perturbation test: ×2 on a candidate attribute that doubles (halves) the measured scale holds it."""
+    pending = {id(f.module): (f, _candidates(f.module)) for f in fixes}
+    k = 0
+    while any(len(c) > k for _, c in pending.values()):
+        changed = []
+        for f, cands in pending.values():
+            if f.attr is None and len(cands) > k:
+                value = getattr(f.module, cands[k])
+                setattr(f.module, cands[k], value * 2.0)
+                changed.append((f, cands[k], value))
+        if not changed:
+            break
+        try:
+            seen = probe()
+        finally:
+            for f, attr, value in changed:
+                setattr(f.module, attr, value)
+        if seen is None:
+            return
+        for f, attr, _ in changed:
+            now = seen.get(f.name)
+            if not now:
+                continue
+            if math.isclose(now[0].scale, 2.0 * f.before, rel_tol=1e-6):
+                f.attr, f.divides, f.how = attr, False, f"attribute {attr}"
+            elif math.isclose(now[0].scale, 0.5 * f.before, rel_tol=1e-6):
+                f.attr, f.divides, f.how = attr, True, f"attribute {attr}"
+        k += 1
+
+
+def install(fixes: list[_Fix], alpha: float) -> Callable[[], None]:
+    """Give every planned module its µP logit scale; returns a function that undoes it."""
+    undo: list[Callable[[], None]] = []
+    for f in fixes:
+        module = f.module
+        correction = f.target / f.before
+        if f.how == "unchanged":
+            continue
+        if f.attr is not None:
+            old = getattr(module, f.attr)
+            setattr(module, f.attr, old / correction if f.divides else old * correction)
+            undo.append(lambda m=module, a=f.attr, v=old: setattr(m, a, v))
+            continue
+        old_class, had = module.__class__, module.__dict__.get("_mutransfer_attn")
+        undo.append(lambda m=module, c=old_class, h=had: (setattr(m, "__class__", c),
+                                                          m.__dict__.pop("_mutransfer_attn", None),
+                                                          m.__dict__.pop(scaled_forward.SDPA_ATTR, None)))
+        if f.how == "mha":
+            module._mutransfer_attn = (float(alpha), f.d0)
+            module.__class__ = MuMultiheadAttention
+        elif f.how == "helper":
+            module._mutransfer_attn = (float(alpha), f.d0)
+        elif f.how == "sdpa":
+            scaled_forward.install(module, sdpa=correction)
+
+    def revert() -> None:
+        for u in reversed(undo):
+            u()
+    return revert
+
+
+# --------------------------------------------------------------------------- without a probe forward
+
+
+def legacy_plan(model: nn.Module, base_heads: dict[str, int], alpha: float,
+                override_d0: Optional[int] = None) -> list[_Fix]:
+    """Attention found from module attributes and source when no probe forward could run.
+
+    Assumes each module's own scale is 1/√d (what nearly every model computes); parametrize
+    warns that the scales are not verified.
+    """
+    fixes: list[_Fix] = []
     for name, module in model.named_modules():
         kind = attention_kind(module)
         if kind is None:
@@ -240,30 +384,20 @@ def plan(model: nn.Module, base_heads: dict[str, int], alpha: float, override_d0
         cname = canonical_name(name)
         d0 = override_d0 if override_d0 is not None else base_heads.get(cname)
         d = head_dim_of(module)
-        if d0 is None:
+        if d0 is None or d is None:
             raise ValueError(
                 f"attention module '{cname}' ({type(module).__name__}) calls {kind} attention but its "
-                f"base head dim cannot be read from the base model; pass attn_base_head_dim=<head dim "
-                f"of the base model> to parametrize, or attention=False if the model already scales "
-                f"its logits the µP way")
+                f"head dim cannot be read (no probe forward ran); pass example_inputs= to parametrize so that it "
+                f"is measured, attn_base_head_dim=<head dim of the base model>, or attention=False if the "
+                f"model already scales its logits the µP way")
         if kind == "mha" and module.add_zero_attn:
             raise ValueError(f"nn.MultiheadAttention '{cname}' uses add_zero_attn=True, which "
                              "mutransfer's µP attention does not support")
-        if d == d0 and alpha == 1.0:
-            continue  # the user's 1/√d is already µP's scale: leave the module untouched
-        found.append((module, cname, kind, int(d0), d))
-    return found
-
-
-def install(found: Plan, alpha: float) -> list[tuple[str, str, int, Optional[int]]]:
-    """Give every planned attention module the µP logit scale; returns (name, kind, d₀, d)."""
-    for module, _, kind, d0, _ in found:
-        module._mutransfer_attn = (float(alpha), d0)
-        if kind == "mha":
-            module.__class__ = MuMultiheadAttention
-        elif kind == "scaling":
-            module.scaling = module.scaling * float(alpha) * math.sqrt(d0 / head_dim_of(module))
-        elif kind == "sdpa":
-            from . import scaled_forward  # imports this module
-            scaled_forward.install(module, sdpa=True)
-    return [(cname, kind, d0, d) for _, cname, kind, d0, d in found]
+        before = 1.0 / math.sqrt(d)
+        target = alpha * math.sqrt(d0) / d
+        how = {"mha": "mha", "helper": "helper", "sdpa": "sdpa", "scaling": "attribute scaling"}[kind]
+        if math.isclose(target, before, rel_tol=1e-9):
+            how = "unchanged"
+        fixes.append(_Fix(module, cname, how, int(d0), int(d), before, target,
+                          "scaling" if kind == "scaling" else None))
+    return fixes

@@ -24,7 +24,8 @@ from torch import nn
 from . import attention as attn
 from .coord_report import ATTN_SUFFIX, CoordCheckResult, Record
 from .depth import block_containers, join_name, split_block
-from .shapes import canonical_name
+from .naming import canonical_name
+from .observe import recording
 from .optim import param_groups
 from .progress import Progress
 from .rules import optimizer_family
@@ -34,10 +35,14 @@ MODEL_OUTPUT = "(model output)"
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
+OptimizerFactory = Callable[[nn.Module, float], torch.optim.Optimizer]
+
+
 def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequence[int]],
-                data: Sequence[tuple[Any, Any]], optimizer: str = "sgd", lr: float = 0.1, steps: int = 4,
-                seeds: int = 3, loss_fn: Optional[LossFn] = None, *, depths: Optional[Sequence[int]] = None,
-                max_growth: float = 1.5, weight_decay: float = 0.0, progress: bool = True) -> CoordCheckResult:
+                data: Sequence[tuple[Any, Any]], optimizer: Union[str, OptimizerFactory] = "adam", lr: float = 1e-2,
+                steps: int = 4, seeds: int = 3, loss_fn: Optional[LossFn] = None, *,
+                depths: Optional[Sequence[int]] = None, max_growth: float = 1.5, weight_decay: float = 0.0,
+                eps: Optional[float] = None, progress: bool = True) -> CoordCheckResult:
     """Train `make_model(width)` for `steps` steps at each width and seed; return the verdict.
 
     Across depth: give `depths` (at least two) and one width; `make_model(width, depth)` is
@@ -52,7 +57,10 @@ def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequenc
         data: a list of ``(inputs, targets)`` batches; step t trains on batch t mod len(data),
             measurements use the first. Inputs may be a tensor, a tuple (positional
             arguments) or a dict (keyword arguments).
-        optimizer: "sgd", "adam" or "adamw"; `lr` is the base learning rate.
+        optimizer: "sgd", "adam" or "adamw" (groups from `param_groups` for a µP model), or your own
+            ``optimizer(model, lr) -> torch.optim.Optimizer`` to check exactly the optimizer setup you
+            train with; `lr` is the base learning rate.
+        eps: Adam's ε at base width (torch's 1e-8 when None); µP scales it per group.
         loss_fn: ``loss_fn(output, targets)``. By default: the output's ``.loss`` or
             ``["loss"]`` if it has one, else cross-entropy for integer targets and mean
             squared error for float targets, on the output's logits (the output itself, its
@@ -72,7 +80,7 @@ def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequenc
     data = _check_data(data)
     if not callable(make_model):
         raise TypeError(f"make_model must be a function of width returning a model, got {type(make_model).__name__}")
-    family = optimizer_family(optimizer)
+    family = None if callable(optimizer) else optimizer_family(optimizer)
     if not isinstance(lr, (int, float)) or not lr > 0:
         raise ValueError(f"lr must be a positive number, got {lr!r}")
     for name, v in (("steps", steps), ("seeds", seeds)):
@@ -81,6 +89,9 @@ def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequenc
     if not max_growth > 1.0:
         raise ValueError(f"max_growth must be > 1 (allowed growth per 16× width), got {max_growth!r}")
 
+    expected, readouts = (_predictions(make_model, sizes, data[0][0]) if axis == "width" else ({}, {}))
+    head_dims: dict[str, dict[int, int]] = {}
+    out_dims: dict[str, dict[int, set]] = {}
     records: list[Record] = []
     parametrizations = set()
     diverged: list[tuple[int, int, int]] = []
@@ -95,7 +106,12 @@ def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequenc
                 raise TypeError(f"{call} returned {type(model).__name__}, not an nn.Module")
             is_mup = find_spec(model) is not None
             parametrizations.add("µP" if is_mup else "SP")
-            run_records, bad_step = _run(model, data, optimizer, family, lr, weight_decay, steps, loss_fn, is_mup)
+            run_records, bad_step, probe = _run(model, data, optimizer, family, lr, weight_decay, eps, steps, loss_fn,
+                                                is_mup, readouts)
+            for label, d in probe.head_dims.items():
+                head_dims.setdefault(label, {})[size] = d
+            for label, d in probe.out_dims.items():
+                out_dims.setdefault(label, {}).setdefault(size, set()).add(d)
             rename = _depth_names(model) if axis == "depth" else {}
             records += [Record(rename.get(m, m), q, t, size, seed, v) for (m, q, t), v in run_records.items()
                         if rename.get(m, m) is not None]
@@ -103,9 +119,68 @@ def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequenc
                 diverged.append((size, seed, bad_step))
             bar.advance()
     bar.close()
-    return CoordCheckResult(records, widths=list(sizes), steps=steps, seeds=seeds, optimizer=optimizer, lr=float(lr),
+    if axis == "width":
+        # a readout is only predicted to shrink where its output is finite (the same size at every width)
+        expected = {m: e for m, e in expected.items()
+                    if len({d for ds in out_dims.get(m, {}).values() for d in ds}) == 1}
+        for label, by_size in head_dims.items():
+            gamma = _growth_exponent(by_size)
+            if gamma:
+                expected[label] = -0.5 * gamma
+    name = optimizer if isinstance(optimizer, str) else getattr(optimizer, "__name__", "custom optimizer")
+    return CoordCheckResult(records, widths=list(sizes), steps=steps, seeds=seeds, optimizer=name, lr=float(lr),
                             max_growth=max_growth, parametrization="/".join(sorted(parametrizations)),
-                            diverged=diverged, axis=axis, fixed_width=fixed_width)
+                            diverged=diverged, axis=axis, fixed_width=fixed_width, expected=expected)
+
+
+def _growth_exponent(by_size: dict[int, float]) -> float:
+    """Slope of log(value) against log(size) through the smallest and largest size."""
+    sizes = sorted(by_size)
+    if len(sizes) < 2 or by_size[sizes[0]] <= 0:
+        return 0.0
+    return math.log(by_size[sizes[-1]] / by_size[sizes[0]]) / math.log(sizes[-1] / sizes[0])
+
+
+def _predictions(make_model, sizes: list[int], inputs) -> tuple[dict[str, float], dict[str, str]]:
+    """µP's predicted slope of each readout's output at init, and the readouts' biases.
+
+    The two smallest models are compared as base and delta and classified from a probe forward
+    on the measurement inputs (the same rules as `parametrize`, whatever the parametrization of
+    the models): a module holding an output-role weight (or using a tied one as readout) is a
+    readout, whose output at init µP predicts to shrink like fan_in^-½.
+    """
+    import warnings
+
+    from .roles import classify
+    from .shapes import WidthShapes
+    from .observe import observe
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.manual_seed(0)
+            small, wider = make_model(sizes[0]), make_model(sizes[1])
+            shapes = WidthShapes.from_models({n: p.shape for n, p in small.named_parameters()},
+                                             {n: p.shape for n, p in wider.named_parameters()})
+            infos = classify(wider, shapes, observation=observe(wider, inputs))
+    except Exception:  # the prediction is a refinement; without it every curve is held to Θ(1)
+        return {}, {}
+    expected: dict[str, float] = {}
+    readouts: dict[str, str] = {}
+    step = math.log(sizes[1] / sizes[0])
+    for name, info in infos.items():
+        if info.role == "output":
+            modules = [m for m, _ in info.usages]
+        elif info.tied_readouts:
+            modules, info_m_in = info.tied_readouts, info.m_out
+        else:
+            continue
+        m_in = info.m_in if info.role == "output" else info_m_in
+        gamma = math.log(m_in) / step if m_in > 0 else 0.0
+        for m in modules:
+            label = m or MODEL_OUTPUT
+            expected[label] = -0.5 * gamma
+            readouts[label] = f"{m}.bias" if m else "bias"
+    return expected, readouts
 
 
 def _depth_names(model: nn.Module) -> dict[str, Optional[str]]:
@@ -133,11 +208,11 @@ def _depth_names(model: nn.Module) -> dict[str, Optional[str]]:
 # --------------------------------------------------------------------------- one run
 
 
-def _run(model: nn.Module, data, optimizer: str, family: str, lr: float, weight_decay: float, steps: int,
-         loss_fn: Optional[LossFn], is_mup: bool) -> tuple[dict[tuple[str, str, int], float], Optional[int]]:
+def _run(model: nn.Module, data, optimizer, family: Optional[str], lr: float, weight_decay: float,
+         eps: Optional[float], steps: int, loss_fn: Optional[LossFn], is_mup: bool, readouts: dict[str, str]):
     model.train()
-    opt = _make_optimizer(model, optimizer, family, lr, weight_decay, is_mup)
-    probe = _Probe(model)
+    opt = _make_optimizer(model, optimizer, family, lr, weight_decay, eps, is_mup)
+    probe = _Probe(model, readouts)
     out: dict[tuple[str, str, int], float] = {}
     measure_inputs = data[0][0]
     initial = probe.measure(measure_inputs)
@@ -159,16 +234,21 @@ def _run(model: nn.Module, data, optimizer: str, family: str, lr: float, weight_
             if h0 is not None and h0.shape == h.shape:
                 out[(name, "change", t)] = _mean_abs(h - h0)
     probe.close()
-    return out, bad_step
+    return out, bad_step, probe
 
 
-def _make_optimizer(model, optimizer, family, lr, weight_decay, is_mup) -> torch.optim.Optimizer:
-    groups = (param_groups(model, lr, optimizer, weight_decay=weight_decay) if is_mup
+def _make_optimizer(model, optimizer, family, lr, weight_decay, eps, is_mup) -> torch.optim.Optimizer:
+    if callable(optimizer):
+        opt = optimizer(model, lr)
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise TypeError(f"optimizer(model, lr) returned {type(opt).__name__}, not a torch.optim.Optimizer")
+        return opt
+    groups = (param_groups(model, lr, optimizer, weight_decay=weight_decay, eps=eps) if is_mup
               else [{"params": [p for p in model.parameters() if p.requires_grad]}])
     if family == "sgd":
         return torch.optim.SGD(groups, lr=lr, weight_decay=weight_decay)
     cls = torch.optim.AdamW if optimizer.lower() == "adamw" else torch.optim.Adam
-    return cls(groups, lr=lr, weight_decay=weight_decay)
+    return cls(groups, lr=lr, weight_decay=weight_decay, **({} if eps is None else {"eps": eps}))
 
 
 def _args(inputs) -> tuple:
@@ -238,36 +318,36 @@ def _first_float(output) -> Optional[torch.Tensor]:
 
 
 class _Probe:
-    """Forward hooks on every module, attention logit recording, run on demand."""
+    """Forward hooks on every module and attention logits recorded (see `observe`), run on demand."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, readouts: Optional[dict[str, str]] = None):
         self.model = model
         self.active = False
         self.captured: dict[str, torch.Tensor] = {}
-        self.stack: list[tuple[str, nn.Module]] = []
+        self.out_dims: dict[str, int] = {}
+        self.head_dims: dict[str, int] = {}
+        self.readouts = readouts or {}  # label → name of the readout's bias (left out of its output)
         self.handles = []
+        params = dict(model.named_parameters())
+        self.biases = {label: params.get(bias) for label, bias in self.readouts.items()}
         for name, module in model.named_modules():
             label = name or MODEL_OUTPUT
-            self.handles.append(module.register_forward_pre_hook(self._enter(label, module)))
             self.handles.append(module.register_forward_hook(self._leave(label), always_call=True))
             if isinstance(module, nn.MultiheadAttention):
                 self.handles.append(module.register_forward_hook(self._mha(label), with_kwargs=True))
-
-    def _enter(self, label: str, module: nn.Module):
-        def hook(mod, args):
-            if self.active:
-                self.stack.append((label, module))
-        return hook
 
     def _leave(self, label: str):
         def hook(mod, args, output):
             if not self.active:
                 return
-            if self.stack and self.stack[-1][0] == label:
-                self.stack.pop()
             h = _first_float(output)
             if h is not None and label not in self.captured:
+                bias = self.biases.get(label)
+                if isinstance(bias, torch.Tensor) and bias.ndim == 1 and h.shape[-1:] == bias.shape:
+                    h = h - bias  # a readout's bias does not scale with width: measure W·x alone
                 self.captured[label] = h.detach().float().clone()
+                if h.ndim:
+                    self.out_dims[label] = int(h.shape[-1])
         return hook
 
     def _record_logits(self, label: str, q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool) -> None:
@@ -283,15 +363,23 @@ class _Probe:
             keep = torch.ones(n, s, dtype=torch.bool).tril(s - n)
             logits = logits[..., keep]
         self.captured[key] = logits
+        self.head_dims[key] = int(q.shape[-1])
 
-    def _sdpa_recorder(self, q, k, scale, causal) -> None:
-        if not self.stack or isinstance(self.stack[-1][1], nn.MultiheadAttention):
-            return  # nn.MultiheadAttention is recorded from its inputs
-        self._record_logits(self.stack[-1][0], q, k, scale, causal)
+    def _on_attention(self, call, q, k, logits, causal) -> None:
+        label = (call.module or MODEL_OUTPUT) + ATTN_SUFFIX
+        if label in self.captured:
+            return
+        if q is not None and k is not None:
+            self._record_logits(call.module or MODEL_OUTPUT, q, k, call.scale, causal)
+        elif logits is not None:
+            x = logits.detach().float()
+            x = x[torch.isfinite(x) & (x.abs() < 1e30)]  # masked entries (−inf or dtype min) are not logits
+            self.captured[label] = x
+            self.head_dims[label] = call.head_dim
 
     def _mha(self, label: str):
         def hook(mod: nn.MultiheadAttention, args, kwargs, output):
-            if not self.active:
+            if not self.active or label + ATTN_SUFFIX in self.captured:
                 return
             names = ("query", "key", "value")
             query, key = [args[i] if i < len(args) else kwargs[names[i]] for i in range(2)]
@@ -311,25 +399,18 @@ class _Probe:
             q = q.reshape(q.shape[0], q.shape[1], h, hd).transpose(1, 2)
             k = k.reshape(k.shape[0], k.shape[1], h, hd).transpose(1, 2)
             cfg = getattr(mod, "_mutransfer_attn", None)
-            scale = cfg[0] * math.sqrt(cfg[1]) / hd if cfg is not None else 1.0 / math.sqrt(hd)
+            scale = attn.mup_logit_scale(cfg, hd)
             self._record_logits(label, q, k, scale, bool(kwargs.get("is_causal", False)))
         return hook
 
     def measure(self, inputs) -> dict[str, torch.Tensor]:
         """One forward pass on `inputs` without grad; buffers (BatchNorm statistics) restored."""
         buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
-        self.captured, self.stack, self.active = {}, [], True
-        had_wrapper = F.scaled_dot_product_attention is attn._mup_sdpa
-        previous = attn.LOGIT_RECORDER
-        attn._install_sdpa_wrapper()
-        attn.LOGIT_RECORDER = self._sdpa_recorder
+        self.captured, self.active = {}, True
         try:
-            with torch.no_grad():
+            with torch.no_grad(), recording(self.model, on_attention=self._on_attention):
                 self.model(*_args(inputs), **_kwargs(inputs))
         finally:
-            attn.LOGIT_RECORDER = previous
-            if not had_wrapper:
-                F.scaled_dot_product_attention = attn._torch_sdpa
             self.active = False
             with torch.no_grad():
                 for n, b in self.model.named_buffers():

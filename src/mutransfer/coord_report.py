@@ -1,17 +1,23 @@
-"""The coordinate check's verdict: fit how each recorded quantity scales with width.
+"""The coordinate check's verdict: each recorded quantity against the exponent µP predicts.
 
 For each (module, quantity, step), every (width, seed) measurement is fitted by least squares
-as log(value) = slope · log(width) + c. In µP every activation and its change are Θ(1), so the
-slope is ≈ 0 (or negative: a µP readout starts at O(1/√width)); a mis-parametrized layer grows
-like a power of the width. The limit is log(max_growth)/log(16): with the default
-max_growth = 1.5, a quantity may grow at most 1.5× per 16× width. A curve fails when its
-growth is *significant*: slope − 2·SE > limit, SE being the slope's standard error from the
-scatter over seeds and widths. Finite-width dynamics are noisy (attention, a few steps in, can
-jump between runs); the bound keeps such noise from failing a correct model, while the power
-laws of real mistakes (slope ½ to 2, tight across seeds) fail clearly. With one point per width
-(one seed, two widths) SE is 0 and the slope itself is compared. A run whose loss became
-NaN/inf fails outright. Changes that *shrink* steeply (slope < −0.5, the 1/√width
-of the kernel regime: features stop learning) are reported as warnings, not failures.
+as log(value) = slope · log(width) + c, and the slope is compared with µP's prediction:
+
+- activations and their changes since init are Θ(1): slope 0;
+- a readout's output at init shrinks like fan_in^-½ (Table 3 inits the readout ∝ 1/fan_in;
+  Table 8 multiplies it by 1/m): slope −½·γ, γ the growth exponent of its fan_in (1 when the
+  fan_in is the width); its bias is left out of the measurement;
+- attention logits at init shrink like d^-½ (µP scales q·kᵀ by 1/d and q, k are independent at
+  init): slope −½·γ_d, γ_d the growth exponent of the head dim (0 when heads are added).
+
+A curve fails when it grows *significantly* faster than predicted: slope − 2·SE > prediction +
+limit, the limit being log(max_growth)/log(16) (1.5× per 16× width by default) and SE the slope's
+standard error from the scatter over seeds and widths; or when a change since init *vanishes*
+significantly (slope + 2·SE < −½: the kernel regime, or Adam's ε swamping shrinking gradients).
+The bound keeps finite-width noise from failing a correct model, while the power laws of real
+mistakes (attention left at 1/√d keeps its logits Θ(1) at init where µP's shrink like d^-½; a
+readout in SP; unscaled lrs, slope ½ to 2) fail clearly. With one point per width (one seed,
+two widths) SE is 0 and the slope itself is compared. A run whose loss became NaN/inf fails.
 """
 from __future__ import annotations
 
@@ -50,10 +56,13 @@ class Trend:
     slope_se: float  # standard error of the slope
     growth: float  # fitted growth factor from the smallest to the largest width
     passed: bool
+    expected: float = 0.0  # the slope µP predicts (0: Θ(1); −½: shrinks like 1/√width at init)
+    reason: str = ""       # why it failed: "grows" (faster than predicted), "vanishes", "diverged"
 
     def __str__(self) -> str:
         return (f"{self.module} {self.quantity} at step {self.step}: ×{self.growth:.3g} from "
-                f"{self.widths[0]} to {self.widths[-1]} (slope {self.slope:+.2f} ± {self.slope_se:.2f})")
+                f"{self.widths[0]} to {self.widths[-1]} (slope {self.slope:+.2f} ± {self.slope_se:.2f}, "
+                f"µP predicts {self.expected:+.2f})")
 
 
 def _fit_slope(points: list[tuple[int, float]]) -> Optional[tuple[float, float]]:
@@ -71,6 +80,13 @@ def _fit_slope(points: list[tuple[int, float]]) -> Optional[tuple[float, float]]
         return slope, 0.0
     residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in pts) / (n - 2)
     return slope, math.sqrt(residual / sxx)
+
+
+def _excess(t: "Trend") -> float:
+    """How far a trend lies outside the rule, in slope units (inf for diverged runs)."""
+    if t.reason == "vanishes":
+        return VANISHING_SLOPE - (t.slope + 2 * t.slope_se)
+    return t.slope - 2 * t.slope_se - t.expected
 
 
 def _in_numbered_block(module: str) -> bool:
@@ -94,6 +110,7 @@ class CoordCheckResult:
     diverged: list[tuple[int, int, int]] = field(default_factory=list)  # (width, seed, step)
     axis: str = "width"  # "depth": `widths` and Record.width hold depths, at `fixed_width`
     fixed_width: Optional[int] = None
+    expected: dict[str, float] = field(default_factory=dict)  # module → predicted slope of its size at init
 
     def __post_init__(self) -> None:
         self.max_slope = math.log(self.max_growth) / math.log(16)
@@ -110,8 +127,10 @@ class CoordCheckResult:
         for (module, quantity, step), by_width in grouped.items():
             ws = sorted(by_width)
             means = [sum(by_width[w]) / len(by_width[w]) for w in ws]
+            expected = self.expected.get(module, 0.0) if (quantity == "size" and step == 0) else 0.0
             if any(not math.isfinite(m) for m in means):
-                trends.append(Trend(module, quantity, step, tuple(ws), tuple(means), math.inf, 0.0, math.inf, False))
+                trends.append(Trend(module, quantity, step, tuple(ws), tuple(means), math.inf, 0.0, math.inf, False,
+                                    expected, "diverged"))
                 continue
             if len(ws) < 2 or max(means) <= 1e-30:
                 continue  # exactly zero everywhere (e.g. a zero-initialized readout at step 0)
@@ -119,8 +138,12 @@ class CoordCheckResult:
             if fit is None:
                 continue
             slope, se = fit
-            trends.append(Trend(module, quantity, step, tuple(ws), tuple(means), slope, se,
-                                math.exp(slope * span), slope - 2 * se <= self.max_slope))
+            grows = slope - 2 * se > expected + self.max_slope
+            vanishes = (quantity == "change" and step > 0 and slope + 2 * se < VANISHING_SLOPE
+                        and not module.endswith(ATTN_SUFFIX)
+                        and not (self.axis == "depth" and _in_numbered_block(module)))
+            trends.append(Trend(module, quantity, step, tuple(ws), tuple(means), slope, se, math.exp(slope * span),
+                                not (grows or vanishes), expected, "grows" if grows else "vanishes" if vanishes else ""))
         return sorted(trends, key=lambda t: (t.module, t.quantity, t.step))
 
     @property
@@ -129,12 +152,12 @@ class CoordCheckResult:
 
     @property
     def failures(self) -> list[Trend]:
-        """Every (module, quantity, step) that grows too fast, worst first."""
-        return sorted((t for t in self.trends if not t.passed), key=lambda t: -(t.slope - 2 * t.slope_se))
+        """Every (module, quantity, step) that grows faster than µP predicts or whose change vanishes, worst first."""
+        return sorted((t for t in self.trends if not t.passed), key=lambda t: -_excess(t))
 
     @property
     def warnings(self) -> list[Trend]:
-        """Changes that vanish with width (slope < −0.5): µP's feature learning is lost there."""
+        """Changes that seem to vanish with width (slope < −0.5) without significance."""
         return sorted((t for t in self.trends if t.passed and t.quantity == "change" and t.step > 0
                        and t.slope < VANISHING_SLOPE and not t.module.endswith(ATTN_SUFFIX)
                        and not (self.axis == "depth" and _in_numbered_block(t.module))),
@@ -165,6 +188,7 @@ class CoordCheckResult:
                         "std": std, "slope": None if t is None else t.slope,
                         "slope_se": None if t is None else t.slope_se,
                         "growth": None if t is None else t.growth,
+                        "expected": None if t is None else t.expected,
                         "passed": True if t is None else t.passed})
         return out
 
@@ -180,7 +204,7 @@ class CoordCheckResult:
             "passed": self.passed, "parametrization": self.parametrization, "axis": self.axis,
             "fixed_width": self.fixed_width, "widths": self.widths,
             "optimizer": self.optimizer, "lr": self.lr, "steps": self.steps, "seeds": self.seeds,
-            "max_growth": self.max_growth, "max_slope": self.max_slope,
+            "max_growth": self.max_growth, "max_slope": self.max_slope, "expected": dict(self.expected),
             "diverged": [{"width": w, "seed": s, "step": t} for w, s, t in self.diverged],
             "failures": [asdict(t) for t in self.failures],
             "warnings": [asdict(t) for t in self.warnings],
@@ -200,9 +224,11 @@ class CoordCheckResult:
         head = (f"Coordinate check ({self.parametrization}, {self.optimizer} lr={self.lr:g}, {ax}s "
                 f"{', '.join(map(str, self.widths))}{where}, {self.steps} steps × {self.seeds} seeds): "
                 f"{'PASS' if self.passed else 'FAIL'}")
-        rule = (f"rule: no activation or change may grow significantly more than {self.max_growth:g}× per "
-                f"16× {ax} (slope of log size vs log {ax} − 2·SE ≤ {self.max_slope:.3f}; over {w0}→{w1} "
-                f"the limit is ×{(w1 / w0) ** self.max_slope:.2f})")
+        rule = (f"rule: each curve's slope of log size vs log {ax} is compared with the exponent µP predicts "
+                f"(0 for activations and their changes; −½ per doubling of fan_in or head dim for readout outputs "
+                f"and attention logits at init): it fails when slope − 2·SE exceeds the prediction by more than "
+                f"{self.max_slope:.3f} ({self.max_growth:g}× per 16× {ax}; over {w0}→{w1} ×"
+                f"{(w1 / w0) ** self.max_slope:.2f}), or when a change vanishes (slope + 2·SE < {VANISHING_SLOPE})")
         lines = [head, rule]
         if self.seeds * len(self.widths) <= 2:
             lines.append("note: one seed at two widths gives no estimate of noise; use ≥ 3 widths or ≥ 2 seeds")
@@ -210,14 +236,14 @@ class CoordCheckResult:
             lines.append(f"  diverged: {ax} {w}, seed {s}: loss not finite at step {t}")
         fails = self.failures
         if fails:
-            lines.append(f"{len(fails)} of {len(self.trends)} curves grow too fast; worst per module:")
+            lines.append(f"{len(fails)} of {len(self.trends)} curves break the rule; worst per module:")
             lines += self._table(self._worst_per_module(fails))
         else:
-            worst = max(self.trends, key=lambda t: t.slope - 2 * t.slope_se, default=None)
+            worst = max(self.trends, key=_excess, default=None)
             if worst is not None:
                 lines.append(f"all {len(self.trends)} curves within the rule; steepest: {worst}")
         if self.warnings:
-            lines.append(f"{len(self.warnings)} changes vanish with {ax} (slope < {VANISHING_SLOPE}); "
+            lines.append(f"{len(self.warnings)} changes shrink with {ax} (slope < {VANISHING_SLOPE}, not significant); "
                          "µP keeps them Θ(1). Steepest:")
             lines += self._table(self._worst_per_module(self.warnings, worst_is_low=True)[:5])
         return "\n".join(lines)
@@ -227,18 +253,18 @@ class CoordCheckResult:
         best: dict[str, Trend] = {}
         for t in trends:
             cur = best.get(t.module)
-            if cur is None or (t.slope < cur.slope if worst_is_low else
-                               t.slope - 2 * t.slope_se > cur.slope - 2 * cur.slope_se):
+            if cur is None or (t.slope < cur.slope if worst_is_low else _excess(t) > _excess(cur)):
                 best[t.module] = t
-        return sorted(best.values(), key=lambda t: t.slope if worst_is_low else -(t.slope - 2 * t.slope_se))
+        return sorted(best.values(), key=lambda t: t.slope if worst_is_low else -_excess(t))
 
     def _table(self, trends: list[Trend]) -> list[str]:
         wm = max([len("module")] + [len(t.module) for t in trends])
-        out = [f"  {'module':<{wm}}  {'quantity':<8}  {'step':>4}  {'growth':>9}  {'slope':>13}"]
+        out = [f"  {'module':<{wm}}  {'quantity':<8}  {'step':>4}  {'growth':>9}  {'slope':>13}  {'µP':>5}  why"]
         for t in trends:
             growth = "inf" if t.growth == math.inf else f"×{t.growth:.3g}"
             slope = f"{t.slope:+.2f} ± {t.slope_se:.2f}"
-            out.append(f"  {t.module:<{wm}}  {t.quantity:<8}  {t.step:>4}  {growth:>9}  {slope:>13}")
+            out.append(f"  {t.module:<{wm}}  {t.quantity:<8}  {t.step:>4}  {growth:>9}  {slope:>13}  "
+                       f"{t.expected:>+5.2f}  {t.reason}".rstrip())
         return out
 
     # ------------------------------------------------------------------ plot

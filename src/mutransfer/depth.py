@@ -26,6 +26,8 @@ import torch
 import torch.fx
 from torch import nn
 
+from .naming import canonical_name
+
 BRANCH_ATTR = "_mutransfer_branch_mult"
 _TRACED_HELPER: set[int] = set()
 
@@ -253,7 +255,6 @@ def find_branches(model: nn.Module, depth: DepthMap, patterns: Optional[Iterable
     With `patterns`, the named modules are the branches. Otherwise the first block of each
     depth container is traced and the same children of every block are taken.
     """
-    from .shapes import canonical_name
     modules = {canonical_name(n): m for n, m in model.named_modules()}
     branches: list[Branch] = []
     helper_blocks: list[str] = []

@@ -8,15 +8,18 @@ readout or input layers, to a subclass that applies the multiplier (see `scaled_
 from __future__ import annotations
 
 import fnmatch
+import math
 import os
-from typing import Iterable, Mapping, Optional, Union
+import warnings
+from typing import Any, Iterable, Mapping, Optional, Union
 
 import torch
 from torch import nn
 
 from . import attention as attn
 from . import scaled_forward
-from .roles import ParamInfo, classify
+from .observe import Observation, observe, observe_model
+from .roles import MuPWarning, ParamInfo, classify
 from .depth import BRANCH_ATTR, Branch, DepthMap, block_containers, find_branches, outermost
 from .rules import (BRANCH_MULTIPLIER, DEFAULT_DEPTH_ALPHA, Multipliers, check_depth_alpha, depth_factor, factor,
                     formulation_rules)
@@ -44,7 +47,8 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
                 attn_base_head_dim: Optional[int] = None,
                 depth_alpha: float = DEFAULT_DEPTH_ALPHA,
                 residual_branches: Optional[Iterable[str]] = None,
-                base_depth: Optional[Union[int, Mapping[str, int]]] = None) -> nn.Module:
+                base_depth: Optional[Union[int, Mapping[str, int]]] = None,
+                example_inputs: Any = None) -> nn.Module:
     """Put `model` in µP relative to `base` (and `delta`), in place; returns `model`.
 
     Args:
@@ -76,6 +80,12 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
             ["blocks.*.attn", "blocks.*.mlp"]) when tracing the blocks cannot find them.
         base_depth: the base depth L₀ when the base model given is not at it (an int for the
             model's one block container, or {container: L₀}).
+        example_inputs: inputs for the probe forward (a tensor, a tuple of positional arguments or
+            a dict of keyword arguments; small is fine: batch 1, a few tokens). The probe observes
+            how each parameter is used (its role) and measures every attention's logit scale,
+            before and after the change. Without it, inputs are made from the model (Hugging
+            Face's main input and config, timm's input size, or the first layer); if none runs,
+            roles fall back to module types and shapes, with a warning naming what was guessed.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"parametrize needs an nn.Module as `model`, got {type(model).__name__}")
@@ -85,21 +95,26 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
     mults = Multipliers(dict(init_mult or {}), dict(lr_mult or {}), output_mult, attn_mult, embedding_mult)
     rules = formulation_rules(formulation)
     alpha = check_depth_alpha(depth_alpha)
-    shapes = _resolve_shapes(model, base, delta, base_shapes)
+    shapes = _resolve_shapes(model, base, delta, base_shapes, example_inputs)
     depth = _depth_map(model, shapes, base_depth)
-    infos = classify(model, shapes, roles, transposed, depth)
+    seen = observe_model(model, example_inputs)
+    if example_inputs is not None and not seen.ran:
+        raise ValueError(f"parametrize could not run the model on example_inputs ({seen.error}); pass inputs the "
+                         "model's forward accepts (a tensor, a tuple of arguments or a dict of keyword arguments)")
+    infos = classify(model, shapes, roles, transposed, depth, seen)
     branches, helper_blocks = (find_branches(model, depth, residual_branches)
                                if depth.containers and alpha > 0 else ([], []))
     branches, folded = _fold_branches(branches, infos, formulation)
-    base_of = {canonical_name(n): depth.to_base(canonical_name(n)) for n, _ in model.named_modules()}
-    heads = {n: shapes.attention_head_dims[b] for n, b in base_of.items() if b in shapes.attention_head_dims}
-    attention_plan = attn.plan(model, heads, float(attn_mult), attn_base_head_dim) if attention else []
+    attention_plan = (_plan_attention(model, seen, shapes, depth, float(attn_mult), attn_base_head_dim)
+                      if attention else [])
     params = {canonical_name(n): p for n, p in model.named_parameters()}
     zeroing = _readout_zeroing(model, infos, params) if zero_init_readout else []
     zeroing += _query_zeroing(model, zero_init_query) if zero_init_query else []
     multipliers = _forward_multipliers(infos, rules, mults)
 
-    # Everything is checked: from here on the model changes.
+    # Everything is checked: from here on the model changes. Attention first: its scales are measured
+    # again on a probe forward, and a mismatch undoes the change and raises before anything else changes.
+    spec_attention = _install_attention(model, attention_plan, float(attn_mult), seen)
     base_values = None
     if base is not None and not any(p.is_meta for p in base.parameters()):
         base_values = {canonical_name(n): p.detach() for n, p in base.named_parameters()}
@@ -119,14 +134,77 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
     spec.zero_init = [what for what, _ in zeroing]
     _install_multipliers(model, multipliers)
     spec.forward_multipliers = {m: (kind, c) for m, kind, c in multipliers}
-    spec.attention = attn.install(attention_plan, float(attn_mult))
+    spec.attention = spec_attention
     spec.branches = _install_branch_multipliers(model, depth, alpha, branches, helper_blocks)
     spec.folded_branches = {b.end: depth_factor(BRANCH_MULTIPLIER, depth.multiplier(b.end), alpha) for b in folded}
     setattr(model, SPEC_ATTR, spec)
     return model
 
 
-def _resolve_shapes(model, base, delta, base_shapes) -> WidthShapes:
+def _plan_attention(model: nn.Module, seen: Observation, shapes: WidthShapes, depth: DepthMap, alpha: float,
+                    override_d0: Optional[int]) -> list:
+    """The attention modules to rescale, from the probe forward (or, without one, attributes)."""
+    if not seen.ran:
+        base_of = {canonical_name(n): depth.to_base(canonical_name(n)) for n, _ in model.named_modules()}
+        heads = {n: shapes.attention_head_dims[b] for n, b in base_of.items() if b in shapes.attention_head_dims}
+        fixes = attn.legacy_plan(model, heads, alpha, override_d0)
+        if any(f.how != "unchanged" for f in fixes):
+            warnings.warn(f"no probe forward ran ({seen.error}), so the attention scales of "
+                          f"{', '.join(f.name or '<model>' for f in fixes)} are set by assuming that each computes "
+                          f"1/√d, not measured. Pass example_inputs= to parametrize to have them measured and "
+                          f"verified", MuPWarning, stacklevel=3)
+        return fixes
+
+    def base_scale(name: str, d: int, s: float) -> tuple[int, float]:
+        bname = depth.to_base(name)
+        measured = shapes.attention_scales.get(bname)
+        if measured is not None and override_d0 in (None, measured[0]):
+            return measured
+        d0 = override_d0 if override_d0 is not None else shapes.attention_head_dims.get(bname)
+        if d0 is None:
+            raise ValueError(
+                f"attention module '{name}' computes attention at head dim {d} but its base head dim is unknown (the "
+                f"base model's probe forward did not reach it); pass attn_base_head_dim=<head dim of the base "
+                f"model>, example_inputs= that run the base model, or attention=False if the model already "
+                f"scales its logits the µP way")
+        if not math.isclose(s, 1.0 / math.sqrt(d), rel_tol=1e-6):
+            raise ValueError(
+                f"attention module '{name}' computes q·kᵀ × {s:.4g} at head dim {d}, not 1/√d, and the base model's "
+                f"scale was not measured (base_shapes without attention scales, or a base that could not run): "
+                f"pass base= (a real or meta model) with example_inputs=, or save the shapes with this version")
+        return int(d0), 1.0 / math.sqrt(d0)
+
+    def probe():
+        return observe(model, seen.inputs).attention_by_module()
+
+    return attn.plan(model, seen.attention_by_module(), base_scale, alpha, probe)
+
+
+def _install_attention(model: nn.Module, fixes: list, alpha: float, seen: Observation) -> list:
+    """Install the planned scales, measure them on a probe forward, undo and raise on any mismatch."""
+    revert = attn.install(fixes, alpha)
+    if not seen.ran:
+        return [attn.AttentionScale(f.name, f.how, f.d0, f.d, f.before, f.target, f.target, False) for f in fixes]
+    after = observe(model, seen.inputs)
+    calls = after.attention_by_module()
+    out = []
+    for f in fixes:
+        measured = calls.get(f.name)
+        if not after.ran or not measured or not all(math.isclose(c.scale, f.target, rel_tol=1e-5) for c in measured):
+            revert()
+            got = (f"measured {measured[0].scale:.6g}" if measured else
+                   f"no attention call seen ({after.error})" if not after.ran else "no attention call seen")
+            raise ValueError(
+                f"attention module '{f.name}' ({type(f.module).__name__}): after setting µP's logit scale through "
+                f"{f.how}, the probe forward {got} instead of {f.target:.6g} (= α·s₀·d₀/d with α={alpha:g}, "
+                f"d₀={f.d0}, d={f.d}). The model is unchanged. Compute the logits with "
+                f"`mt.attn_scale(self, head_dim)` or F.scaled_dot_product_attention, or pass attention=False if the "
+                f"model already scales them the µP way")
+        out.append(attn.AttentionScale(f.name, f.how, f.d0, f.d, f.before, f.target, measured[0].scale, True))
+    return out
+
+
+def _resolve_shapes(model, base, delta, base_shapes, example_inputs=None) -> WidthShapes:
     if base_shapes is not None:
         if base is not None or delta is not None:
             raise ValueError("pass either base_shapes= or base=/delta=, not both")
@@ -143,7 +221,7 @@ def _resolve_shapes(model, base, delta, base_shapes) -> WidthShapes:
         raise TypeError(f"base must be an nn.Module, got {type(base).__name__}")
     if delta is not None and not isinstance(delta, nn.Module):
         raise TypeError(f"delta must be an nn.Module, got {type(delta).__name__}")
-    return WidthShapes.from_models(base, delta, target=model)
+    return WidthShapes.from_models(base, delta, target=model, example_inputs=example_inputs)
 
 
 def _depth_map(model: nn.Module, shapes: WidthShapes, base_depth) -> DepthMap:

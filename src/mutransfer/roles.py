@@ -25,12 +25,14 @@ the optimizer and gets TP5 Table 8's forward multiplier 1/m_in where it is used 
 from __future__ import annotations
 
 import fnmatch
+import warnings
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional
 
 from torch import nn
 
 from .depth import DepthMap
+from .observe import Observation, Use
 from .rules import ROLES
 from .shapes import ParamShape, WidthShapes, canonical_name
 
@@ -54,6 +56,9 @@ class ParamInfo:
     block: Optional[str] = None      # the depth container holding it (None outside repeated blocks)
     m_depth: float = 1.0             # L/L₀ of that container
     depth_role: str = "outside"      # row of rules.DEPTH_RULES: outside, block, branch_end
+    source: str = "module"           # what settled the role: usage (probe forward), module, shape, override
+    fan_in_dims: tuple[int, ...] = ()
+    fan_out_dims: tuple[int, ...] = ()
 
     @property
     def aliases(self) -> list[str]:
@@ -122,11 +127,72 @@ def _multipliers(name: str, role: str, shape: ParamShape, tshape: tuple[int, ...
     return mult[fi], mult[fo]
 
 
+def _role_from_dims(name: str, shape: ParamShape, fan_in: tuple[int, ...], fan_out: tuple[int, ...], what: str) -> str:
+    extra = [i for i, w in enumerate(shape.width) if w and i not in fan_in and i not in fan_out]
+    if extra:
+        raise ValueError(f"parameter '{name}' has width dim {extra[0]} that is neither its fan_in nor its fan_out "
+                         f"dim in `{what}` (a batch dim that grows with width); set its role with "
+                         f"roles={{'{name}': ...}}")
+    return {(False, False): "scalar", (False, True): "input", (True, False): "output",
+            (True, True): "hidden"}[(any(shape.width[i] for i in fan_in), any(shape.width[i] for i in fan_out))]
+
+
+def _product(mult: tuple[float, ...], dims: Iterable[int]) -> float:
+    out = 1.0
+    for d in dims:
+        out *= mult[d]
+    return out
+
+
+@dataclass
+class _UseRole:
+    module: str
+    owner: Optional[nn.Module]
+    local: str
+    layout: Layout
+    role: str
+    fan_in: tuple[int, ...] = ()
+    fan_out: tuple[int, ...] = ()
+    observed: bool = False
+
+
+def _observed_roles(name: str, shape: ParamShape, uses: list[Use], modules: Mapping[str, nn.Module],
+                    warnings: list[str]) -> list[_UseRole]:
+    """Per-use roles from what the probe forward saw: contractions settle the role; lookups next;
+    elementwise uses (gains, biases, added tensors) make a parameter vector-like."""
+    for op in ("contraction", "lookup", "elementwise"):
+        picked = [u for u in uses if u.op == op]
+        if picked:
+            break
+    out = []
+    for u in dict.fromkeys(picked):
+        if op == "elementwise":
+            n = sum(shape.width)
+            if n > 1:
+                warnings.append(f"'{name}' is used elementwise (in `{u.what}`) but has {n} width dims; treated as "
+                                f"vector-like along its first. Set roles={{'{name}': ...}} to settle it")
+                first = shape.width.index(True)
+                out.append(_UseRole(u.module, modules.get(u.module), "", None, "vector", (), (first,), True))
+                continue
+            role = "scalar" if n == 0 else "vector"
+            dims = tuple(i for i, w in enumerate(shape.width) if w)
+            out.append(_UseRole(u.module, modules.get(u.module), "", None, role, (), dims, True))
+            continue
+        role = _role_from_dims(name, shape, u.fan_in, u.fan_out, u.what)
+        layout = (u.fan_in[0], u.fan_out[0]) if len(u.fan_in) == 1 and len(u.fan_out) == 1 else None
+        out.append(_UseRole(u.module, modules.get(u.module), "", layout, role, u.fan_in, u.fan_out, True))
+    return out
+
+
 def classify(model: nn.Module, shapes: WidthShapes, roles: Optional[Mapping[str, str]] = None,
-             transposed: Iterable[str] = (), depth: Optional[DepthMap] = None) -> dict[str, ParamInfo]:
+             transposed: Iterable[str] = (), depth: Optional[DepthMap] = None,
+             observation: Optional[Observation] = None) -> dict[str, ParamInfo]:
     """Role and width multipliers of every parameter of `model` (keyed by canonical name).
 
     `depth` maps the names of a model deeper (or shallower) than the base onto the base's.
+    `observation` (from a probe forward, see `observe`) gives each parameter's role from how the
+    forward uses it; without it, or for parameters the forward did not use, the module layouts
+    above and the count of width dims decide, and parameters those cannot settle are warned about.
     """
     depth = depth or DepthMap()
     roles = dict(roles or {})
@@ -149,11 +215,16 @@ def classify(model: nn.Module, shapes: WidthShapes, roles: Optional[Mapping[str,
         raise ValueError(f"model and base shapes have different parameter names ({'; '.join(parts)})")
 
     usages: dict[int, list[tuple[str, nn.Module, str]]] = {}
+    modules: dict[str, nn.Module] = {}
     for mname, module in model.named_modules(remove_duplicate=False):
+        modules.setdefault(canonical_name(mname) if mname else "", module)
         for local, p in module._parameters.items():
             if p is not None:
                 usages.setdefault(id(p), []).append((canonical_name(mname) if mname else "", module, local))
 
+    observed = observation.uses if observation is not None and observation.ran else {}
+    warnings: list[str] = []
+    guessed: list[str] = []
     infos: dict[str, ParamInfo] = {}
     params = {id(p): p for p in model.parameters()}
     for pid, name in canonical.items():
@@ -167,45 +238,83 @@ def classify(model: nn.Module, shapes: WidthShapes, roles: Optional[Mapping[str,
         uses = usages.get(pid, [])
         aliases = [f"{m}.{l}" if m else l for m, _, l in uses] or [name]
         is_transposed = any(_match(a, transposed) for a in aliases)
-        per_use = []
-        for mname, module, local in uses:
-            layout = _module_layout(module, local, len(tshape), is_transposed)
-            role = _role_from_layout(name, shape, layout) if layout else _role_from_count(name, shape)
-            per_use.append((mname, module, local, layout, role))
-        if not per_use:
-            per_use = [("", model, name, None, _role_from_count(name, shape))]
-
         override = next((r for pat, r in roles.items() if any(_match(a, [pat]) for a in aliases)), None)
-        use_roles = {u[4] for u in per_use}
+        per_use: list[_UseRole] = []
+        if name in observed and not is_transposed:
+            per_use = _observed_roles(name, shape, observed[name], modules, warnings)
+        if not per_use:
+            for mname, module, local in uses:
+                layout = _module_layout(module, local, len(tshape), is_transposed)
+                if layout:
+                    per_use.append(_UseRole(mname, module, local, layout, _role_from_layout(name, shape, layout),
+                                            (layout[0],), (layout[1],)))
+                else:
+                    per_use.append(_UseRole(mname, module, local, None, _role_from_count(name, shape)))
+                    if override is None and sum(shape.width) >= 1 and len(tshape) >= 2:
+                        guessed.append(name)
+        if not per_use:
+            per_use = [_UseRole("", model, name, None, _role_from_count(name, shape))]
+
+        use_roles = {u.role for u in per_use}
         tied_readouts: list[str] = []
-        layout = next((u[3] for u in per_use if u[3] is not None), None)
+        chosen = next((u for u in per_use if u.layout is not None or u.fan_in or u.fan_out), per_use[0])
         if override is not None:
             role = override
             if is_transposed and len(tshape) >= 2:
-                layout = (0, 1)
+                chosen = _UseRole(chosen.module, chosen.owner, chosen.local, (0, 1), override, (0,), (1,))
         elif len(use_roles) == 1:
             role = use_roles.pop()
         elif use_roles == {"input", "output"}:
             role = "input"
-            layout = next(u[3] for u in per_use if u[4] == "input")
-            tied_readouts = [u[0] for u in per_use if u[4] == "output"]
+            chosen = next(u for u in per_use if u.role == "input")
+            tied_readouts = list(dict.fromkeys(u.module for u in per_use if u.role == "output"))
         else:
-            raise ValueError(f"parameter '{name}' is shared by modules that use it in different roles "
-                             f"({', '.join(sorted(use_roles))}); set its role with roles={{'{name}': ...}}")
+            raise ValueError(f"parameter '{name}' is used in different roles ({', '.join(sorted(use_roles))}"
+                             f"{' in ' + ', '.join(sorted({u.module for u in per_use})) if per_use else ''}); "
+                             f"set its role with roles={{'{name}': ...}}")
 
-        m_in, m_out = _multipliers(name, role, shape, tshape, layout)
+        mult = shape.multipliers(tshape)
+        if chosen.fan_in or chosen.fan_out:
+            m_in, m_out = _product(mult, chosen.fan_in), _product(mult, chosen.fan_out)
+            if role in ("vector", "input") and not chosen.fan_in:
+                m_in = 1.0
+        else:
+            m_in, m_out = _multipliers(name, role, shape, tshape, chosen.layout)
+        if role == "scalar":
+            m_in, m_out = 1.0, 1.0
         module_fan_in_mult = 1.0
-        mname, module, local = per_use[0][:3]
-        if len(tshape) == 1 and local.endswith("bias") and hasattr(module, "weight"):
-            w = getattr(module, "weight")
-            wname = f"{mname}.weight" if mname else "weight"
-            wl = _module_layout(module, "weight", getattr(w, "ndim", 0), is_transposed)
-            wbase = depth.to_base(wname)
-            if wl is not None and wbase in shapes.params:
-                module_fan_in_mult = shapes.params[wbase].multipliers(tuple(w.shape))[wl[0]]
+        if uses:
+            mname, module, local = uses[0]
+            if len(tshape) == 1 and local.endswith("bias") and hasattr(module, "weight"):
+                w = getattr(module, "weight")
+                wname = f"{mname}.weight" if mname else "weight"
+                wl = _module_layout(module, "weight", getattr(w, "ndim", 0), is_transposed)
+                wbase = depth.to_base(wname)
+                if wl is not None and wbase in shapes.params:
+                    module_fan_in_mult = shapes.params[wbase].multipliers(tuple(w.shape))[wl[0]]
         where = depth.locate(name)
-        infos[name] = ParamInfo(name, tshape, role, float(m_in), float(m_out), layout,
-                                [(u[0], u[2]) for u in per_use], tied_readouts, float(module_fan_in_mult),
-                                base_name, where[0] if where else None, depth.multiplier(name),
-                                "block" if where else "outside")
+        source = ("override" if override is not None else "usage" if chosen.observed else
+                  "module" if chosen.layout is not None else "shape")
+        infos[name] = ParamInfo(name, tshape, role, float(m_in), float(m_out), chosen.layout,
+                                [(m, l) for m, _, l in uses] or [("", name)], tied_readouts,
+                                float(module_fan_in_mult), base_name, where[0] if where else None,
+                                depth.multiplier(name), "block" if where else "outside", source,
+                                chosen.fan_in, chosen.fan_out)
+    if guessed:
+        why = ("the probe forward did not use them" if observed else
+               f"no probe forward ran ({observation.error})" if observation is not None and observation.error
+               else "usage was not observed")
+        warnings.append(f"roles of {', '.join(guessed[:6])}{' …' if len(guessed) > 6 else ''} follow their shapes only "
+                        f"({why}): a raw matrix is taken as (fan_out, fan_in). Pass example_inputs= to parametrize "
+                        f"so that usage can be observed, or set roles={{'name': ...}} / transposed=")
+    for w in warnings:
+        _warn(w)
     return infos
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, MuPWarning, stacklevel=4)
+
+
+class MuPWarning(UserWarning):
+    """A decision mutransfer could not establish on the running model (names the parameter and the fix)."""

@@ -18,7 +18,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from . import attention as _attention
+from . import sdpa as _sdpa
+
 
 INPUT_ATTR = "_mutransfer_input_mult"
 OUTPUT_ATTR = "_mutransfer_output_mult"
@@ -43,12 +44,10 @@ def _make(parent: type) -> type:
             else:  # input passed by keyword: scale the first tensor argument
                 first = next(k for k, v in kwargs.items() if isinstance(v, torch.Tensor))
                 kwargs = {**kwargs, first: kwargs[first] * c_in}
-        if self.__dict__.get(SDPA_ATTR, False):
-            _attention._ACTIVE.append(self._mutransfer_attn)
-            try:
+        correction = self.__dict__.get(SDPA_ATTR)
+        if correction is not None:
+            with _sdpa.correcting(correction):
                 out = parent_forward(self, *args, **kwargs)
-            finally:
-                _attention._ACTIVE.pop()
         else:
             out = parent_forward(self, *args, **kwargs)
         c_out = self.__dict__.get(OUTPUT_ATTR, 1.0)
@@ -78,16 +77,17 @@ def scaled_class(parent: type) -> type:
 
 
 def install(module: nn.Module, *, input_mult: Optional[float] = None, output_mult: Optional[float] = None,
-            sdpa: bool = False) -> None:
-    """Give `module` forward multipliers (input ×, output ×) and/or the µP SDPA scale."""
+            sdpa: Optional[float] = None) -> None:
+    """Give `module` forward multipliers (input ×, output ×) and/or a correction of the logit scale of
+    the ``scaled_dot_product_attention`` calls made inside its forward (`sdpa`)."""
     module.__class__ = scaled_class(type(module))
     if input_mult is not None:
         setattr(module, INPUT_ATTR, float(input_mult) * module.__dict__.get(INPUT_ATTR, 1.0))
     if output_mult is not None:
         setattr(module, OUTPUT_ATTR, float(output_mult) * module.__dict__.get(OUTPUT_ATTR, 1.0))
-    if sdpa:
-        _attention._install_sdpa_wrapper()
-        setattr(module, SDPA_ATTR, True)
+    if sdpa is not None:
+        _sdpa.install_wrapper()
+        setattr(module, SDPA_ATTR, float(sdpa))
 
 
 def __getattr__(name: str) -> type:

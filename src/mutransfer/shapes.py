@@ -14,21 +14,12 @@ from typing import Mapping, Union
 import torch
 from torch import nn
 
-# Prefixes that wrappers (torch.compile, DDP, FSDP1, activation checkpointing) add to
-# parameter names; stripped so that names match the user's model.
-_WRAPPER_PREFIXES = ("_orig_mod.", "module.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+from .attention import base_head_dims
+from .depth import DepthMap
+from .naming import canonical_name
+from .observe import observe_model
 
 SHAPES_FORMAT_VERSION = 1
-
-
-def canonical_name(name: str) -> str:
-    """Strip wrapper prefixes that appear anywhere along a dotted parameter name."""
-    parts = [p for p in name.split(".") if p not in ("_orig_mod", "_fsdp_wrapped_module",
-                                                     "_checkpoint_wrapped_module")]
-    out = ".".join(parts)
-    while out.startswith("module."):
-        out = out[len("module."):]
-    return out
 
 
 @dataclass(frozen=True)
@@ -45,17 +36,24 @@ class ParamShape:
 
 @dataclass
 class WidthShapes:
-    """Name → `ParamShape` for every parameter, plus base head dims of attention modules."""
+    """Name → `ParamShape` for every parameter, plus the base model's attention: head dim d₀ and,
+    when a probe forward of the base ran, the logit scale s₀ it computes (module → (d₀, s₀))."""
 
     params: dict[str, ParamShape]
     attention_head_dims: dict[str, int] = field(default_factory=dict)
+    attention_scales: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ building
     @classmethod
     def from_models(cls, base: Union[nn.Module, Mapping[str, tuple]],
                     delta: Union[nn.Module, Mapping[str, tuple], None] = None,
-                    target: Union[nn.Module, Mapping[str, tuple], None] = None) -> "WidthShapes":
-        """Compare base with delta (or with target when no delta is given)."""
+                    target: Union[nn.Module, Mapping[str, tuple], None] = None,
+                    example_inputs=None) -> "WidthShapes":
+        """Compare base with delta (or with target when no delta is given).
+
+        A base given as a module (real or meta) also gets a probe forward (on `example_inputs`, or
+        inputs made for it) that measures the head dim and logit scale of its attention modules.
+        """
         base_shapes = _shapes_of(base, "base")
         if delta is not None:
             other, other_name = _shapes_of(delta, "delta"), "delta"
@@ -63,7 +61,6 @@ class WidthShapes:
             other, other_name = _shapes_of(target, "target"), "target"
         else:
             raise ValueError("width shapes need a `delta` model (or a target) to compare `base` with")
-        from .depth import DepthMap  # depth containers: the other model may have more or fewer blocks
         depth = DepthMap.between(base_shapes, other)
         _check_same_names({depth.normalized(n) for n in base_shapes}, {depth.normalized(n) for n in other},
                           "base", other_name)
@@ -89,8 +86,11 @@ class WidthShapes:
             raise ValueError(f"no width dim found: {hint}")
         shapes = cls(params)
         if isinstance(base, nn.Module):
-            from .attention import base_head_dims  # late import: attention depends on shapes
             shapes.attention_head_dims = base_head_dims(base)
+            seen = observe_model(base, example_inputs)
+            for module, calls in seen.attention_by_module().items():
+                shapes.attention_scales[module] = (calls[0].head_dim, calls[0].scale)
+                shapes.attention_head_dims[module] = calls[0].head_dim
         return shapes
 
     # ------------------------------------------------------------------ JSON
@@ -100,6 +100,7 @@ class WidthShapes:
             "version": SHAPES_FORMAT_VERSION,
             "params": {n: {"base": list(p.base), "width": list(p.width)} for n, p in self.params.items()},
             "attention_head_dims": dict(self.attention_head_dims),
+            "attention_scales": {m: [d, s] for m, (d, s) in self.attention_scales.items()},
         }
 
     def save(self, path: Union[str, os.PathLike]) -> None:
@@ -121,7 +122,8 @@ class WidthShapes:
                 raise ValueError(f"{source}: entry for '{name}' needs lists 'base' and 'width' of equal length")
             params[name] = ParamShape(tuple(int(b) for b in base), tuple(bool(w) for w in width))
         heads = {k: int(v) for k, v in data.get("attention_head_dims", {}).items()}
-        return cls(params, heads)
+        scales = {k: (int(v[0]), float(v[1])) for k, v in data.get("attention_scales", {}).items()}
+        return cls(params, heads, scales)
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike]) -> "WidthShapes":

@@ -75,6 +75,56 @@ class CNN(nn.Module):
         return self.readout(h.mean(dim=(2, 3)))
 
 
+class BasicBlock(nn.Module):
+    """ResNet basic block: relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)).
+
+    The shortcut is the identity, or a strided 1×1 conv + BatchNorm when the block changes the
+    channel count or the resolution (He et al. 2016, option B).
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out_channels)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or in_channels != out_channels:
+            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
+                                          nn.BatchNorm2d(out_channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(h)) + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+    """Small ResNet with BatchNorm for small images, `width` = the stem's channel count.
+
+    Conv stem (3×3, BatchNorm, ReLU), then one stage per entry of `blocks`: stage i has
+    `width · 2^i` channels and `blocks[i]` BasicBlocks, the first of which halves the resolution
+    (from stage 1 on) with a 1×1-conv shortcut; global average pool; linear head. PyTorch's
+    default init. `ResNet(16, blocks=(2, 2, 2))` is CIFAR's ResNet-14 at half width.
+    """
+
+    def __init__(self, width: int, in_channels: int = 3, n_classes: int = 10, blocks: tuple[int, ...] = (1, 1, 1)):
+        super().__init__()
+        self.stem = nn.Conv2d(in_channels, width, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(width)
+        layers, channels = [], width
+        for i, n in enumerate(blocks):
+            out = width * 2 ** i
+            for j in range(n):
+                layers.append(BasicBlock(channels, out, stride=2 if (i > 0 and j == 0) else 1))
+                channels = out
+        self.layers = nn.Sequential(*layers)
+        self.head = nn.Linear(channels, n_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.layers(F.relu(self.bn(self.stem(x))))
+        return self.head(h.mean(dim=(2, 3)))
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, d_model: int, n_head: int):
         super().__init__()
