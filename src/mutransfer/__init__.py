@@ -7,9 +7,10 @@ from .coord_report import CoordCheckResult
 from .describe import describe
 from .optim import param_groups
 from .parametrize import parametrize
+from .roles import MuPWarning
 from .shapes import WidthShapes, load_shapes, save_shapes
 from .spec import MuSpec
 
 __version__ = "0.1.0"
 __all__ = ["parametrize", "residual_branch", "coord_check", "CoordCheckResult", "param_groups", "describe", "attn_scale", "attn_logits", "save_shapes", "load_shapes",
-           "WidthShapes", "MuSpec", "limits", "optim", "rules", "__version__"]
+           "WidthShapes", "MuSpec", "MuPWarning", "limits", "optim", "rules", "__version__"]

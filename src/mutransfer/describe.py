@@ -46,11 +46,19 @@ def describe(model: nn.Module) -> str:
             how.append("folded into " + ", ".join(inside(spec.folded_branches)) + " (init × m_L^-α, no overhead)")
         lines.append(f"depth {prefix or '<model>'}: L₀={l0} → L={l} (m_L={l / l0:g}), α={spec.depth_alpha:g}: "
                      f"residual branch outputs × m_L^-α = {c:.4g}" + (f"; {'; '.join(how)}" if how else ""))
-    for mname, kind, d0, d in spec.attention:
-        alpha = spec.multipliers.attention
-        scale = alpha * d0 ** 0.5 / d if d else None
-        lines.append(f"attention {mname} ({kind}): logits × α·√d₀/d with α={alpha:g}, d₀={d0}, d={d or '?'}"
-                     + (f" → {scale:.4g}" if scale else ""))
+    alpha = spec.multipliers.attention
+    for a in spec.attention:
+        how = "left as it is" if a.how == "unchanged" else f"set through {a.how}"
+        check = ("measured on a probe forward" if a.verified else
+                 "NOT measured: no probe forward ran; assumed the module computed 1/√d")
+        lines.append(f"attention {a.module or '<model>'}: q·kᵀ × {a.scale:.4g} (µP: α·s₀·d₀/d, α={alpha:g}, "
+                     f"d₀={a.d0}, d={a.d}; the model's own was {a.before:.4g}; {how}; {check})")
+    by_source: dict[str, int] = {}
+    for info in spec.params.values():
+        by_source[info.source] = by_source.get(info.source, 0) + 1
+    words = {"usage": "observed usage on a probe forward", "module": "module type", "shape": "shape only",
+             "override": "roles= override"}
+    lines.append("roles from: " + ", ".join(f"{words.get(k, k)} {v}" for k, v in sorted(by_source.items())))
     if spec.zero_init:
         lines.append("zero-initialized: " + ", ".join(spec.zero_init))
     return "\n".join(lines)

@@ -17,8 +17,9 @@ operation                                      fan_in dims of the parameter / fa
 ``einsum``                                     labels summed against another operand / labels kept
                                                in the output only (shared kept labels are batch)
 ``conv*d(x, W)`` (``conv_transpose*d``)        W's dim 1 (0) / dim 0 (1)
-``embedding(ids, W)``, ``W[ids]``,             the looked-up dim / the others (``lookup``)
-``index_select``
+``embedding(ids, W)``                          the looked-up dim / the others (``lookup``)
+``W[ids]``, ``index_select``                   the same (``gather``), unless the rows are then
+                                               contracted (experts gathered per token)
 ``x + P``, ``x * P``, ``cat``, norms' weights  none / all (``elementwise``: vector-like)
 =============================================  =====================================================
 
@@ -57,7 +58,7 @@ class Use:
     """One observed use of a parameter."""
 
     module: str  # the module whose forward made the call ("" for the model itself)
-    op: str      # "contraction", "lookup" or "elementwise"
+    op: str      # "contraction", "lookup" (embedding), "gather" (rows by index), "elementwise"
     fan_in: tuple[int, ...]
     fan_out: tuple[int, ...]
     what: str = ""  # the torch function, for messages
@@ -104,7 +105,7 @@ _RESHAPE = {"view", "reshape", "flatten", "unflatten", "unsqueeze", "squeeze", "
 _SPLIT = {"chunk", "split", "tensor_split", "split_with_sizes", "unsafe_chunk", "unsafe_split", "narrow"}
 _ELEMENTWISE = {"add", "sub", "mul", "div", "true_divide", "addcmul", "addcdiv", "where", "lerp", "maximum",
                 "minimum", "masked_fill", "cat", "concat", "concatenate", "stack", "hstack", "vstack", "rsub"}
-_MATMUL = {"matmul", "mm", "bmm", "mv", "dot", "inner"}
+_MATMUL = {"matmul", "mm", "bmm", "mv", "dot", "inner", "_grouped_mm", "grouped_mm"}  # grouped: (tokens, k) × (E, k, n)
 _MATMUL_ADD = {"baddbmm", "addmm", "addbmm", "addmv"}  # (input, A, B)
 _NORMS = {"layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm", "normalize", "local_response_norm"}
 _SOFTMAX = {"softmax", "log_softmax", "_softmax", "softmin"}
@@ -345,11 +346,15 @@ class _Recorder(TorchFunctionMode):
             return
         elif name == "index_select":
             dim = int(args[1]) % len(dims)
-            self.use(pname, "lookup", dims[dim:dim + 1], dims[:dim] + dims[dim + 1:], name)
+            self.use(pname, "gather", dims[dim:dim + 1], dims[:dim] + dims[dim + 1:], name)
             return
         elif name == "unbind":
             dim = int(args[1] if len(args) > 1 else kwargs.get("dim", 0)) % len(dims)
             new = dims[:dim] + dims[dim + 1:]
+        elif name in ("expand", "expand_as", "broadcast_to", "repeat", "tile"):
+            if not isinstance(out, torch.Tensor) or out.ndim < len(dims):
+                return
+            new = ((),) * (out.ndim - len(dims)) + dims
         elif name in _SPLIT:
             new = dims
         elif name in _SAME_SHAPE:
@@ -394,7 +399,7 @@ class _Recorder(TorchFunctionMode):
                     pos += width
                 else:
                     # rows looked up by index: an embedding table, unless later contracted (fused experts)
-                    self.use(pname, "lookup", dims[pos:pos + 1], dims[:pos] + dims[pos + 1:], "getitem")
+                    self.use(pname, "gather", dims[pos:pos + 1], dims[:pos] + dims[pos + 1:], "getitem")
                     new += [()] * i.ndim
                     pos += 1
                 advanced += 1

@@ -158,12 +158,16 @@ class _UseRole:
 
 def _observed_roles(name: str, shape: ParamShape, uses: list[Use], modules: Mapping[str, nn.Module],
                     warnings: list[str]) -> list[_UseRole]:
-    """Per-use roles from what the probe forward saw: contractions settle the role; lookups next;
-    elementwise uses (gains, biases, added tensors) make a parameter vector-like."""
-    for op in ("contraction", "lookup", "elementwise"):
-        picked = [u for u in uses if u.op == op]
-        if picked:
-            break
+    """Per-use roles from what the probe forward saw: contractions and embedding lookups settle the
+    role (both at once: a tied embedding); rows gathered by index count as a lookup unless the
+    parameter is also contracted (experts gathered per token); elementwise uses (gains, biases,
+    added tensors) make a parameter vector-like."""
+    picked = [u for u in uses if u.op in ("contraction", "lookup")]
+    op = "contraction"
+    if not picked:
+        picked = [u for u in uses if u.op == "gather"]
+    if not picked:
+        picked, op = [u for u in uses if u.op == "elementwise"], "elementwise"
     out = []
     for u in dict.fromkeys(picked):
         if op == "elementwise":

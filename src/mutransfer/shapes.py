@@ -88,6 +88,8 @@ class WidthShapes:
         if isinstance(base, nn.Module):
             shapes.attention_head_dims = base_head_dims(base)
             seen = observe_model(base, example_inputs)
+            if not seen.ran and example_inputs is not None:  # inputs of width size (a bare block) do not fit the base
+                seen = observe_model(base)
             for module, calls in seen.attention_by_module().items():
                 shapes.attention_scales[module] = (calls[0].head_dim, calls[0].scale)
                 shapes.attention_head_dims[module] = calls[0].head_dim
