@@ -113,12 +113,26 @@ def optimum(curve: dict[int, float]) -> int:
     return min(finite, key=finite.get)
 
 
+def interpolated_optimum(curve: dict[int, float]) -> float:
+    """The grid optimum refined by a parabola through log(loss) at it and its two neighbours
+    (the grid optimum itself at an edge or next to a diverged run)."""
+    best = optimum(curve)
+    ks = sorted(curve)
+    i = ks.index(best)
+    if i == 0 or i == len(ks) - 1 or not all(math.isfinite(curve[k]) for k in ks[i - 1:i + 2]):
+        return float(best)
+    (a, b, c), h = (math.log(curve[k]) for k in ks[i - 1:i + 2]), ks[i + 1] - ks[i]
+    return best + 0.5 * h * (a - c) / (a - 2 * b + c) if a - 2 * b + c > 0 else float(best)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--widths", default="8,16,32,64", help="the first is µP's base width")
     ap.add_argument("--optimizers", default="adam,sgd")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--log2-lrs", metavar="LO:HI", help="log2 lr grid LO, LO+1, …, HI for every optimizer "
+                    "(default: Adam -13:-2, SGD -9:1)")
     ap.add_argument("--quick", action="store_true", help="smoke run: widths 8,32, every other lr, 1 seed, 30 steps")
     ap.add_argument("--json", help="also write the losses and optima to this JSON file")
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
@@ -127,7 +141,11 @@ def main(argv=None) -> int:
     widths = [8, 32] if args.quick else [int(w) for w in args.widths.split(",")]
     optimizers = args.optimizers.split(",")
     seeds, steps = (1, 30) if args.quick else (args.seeds, args.steps)
-    grids = {o: list(GRIDS[o])[::2 if args.quick else 1] for o in optimizers}
+    if args.log2_lrs:
+        lo, hi = (int(v) for v in args.log2_lrs.split(":"))
+        grids = {o: list(range(lo, hi + 1)) for o in optimizers}
+    else:
+        grids = {o: list(GRIDS[o])[::2 if args.quick else 1] for o in optimizers}
     base = widths[0]
     digits()  # fail early, in this process, if scikit-learn is missing
 
@@ -151,36 +169,8 @@ def main(argv=None) -> int:
     print(f"µTransfer on a ResNet with BatchNorm (sklearn digits, {len(digits()[0])} training images), "
           f"widths {', '.join(map(str, widths))} (base {base}), batch {BATCH}, {steps} steps, {seeds} seed(s); "
           f"{len(jobs)} runs in {seconds:.0f} s on {args.workers} worker(s)")
-    print("loss = training-set cross-entropy after the last step; optimum = lowest mean over seeds\n")
-    print(f"| optimizer | parametrization | {' | '.join(f'width {w}' for w in widths)} | drift (grid steps) |"
-          f" loss at {widths[-1]}: base lr / own best |")
-    print(f"|---|---|{'---|' * len(widths)}---|---|")
-    summary: dict = {"widths": widths, "base_width": base, "steps": steps, "seeds": seeds, "batch": BATCH,
-                     "seconds": seconds, "grids": grids, "optima": {}, "drift": {}, "transfer": {},
-                     "edge": {}, "losses": {}}
-    edges = []
-    for o in optimizers:
-        for p in PARAMETRIZATIONS:
-            best = [optimum(curves[(o, p, w)]) for w in widths]
-            on_edge = [w for w, b in zip(widths, best) if b in (grids[o][0], grids[o][-1])]
-            edges += [f"{o} {p} width {w}" for w in on_edge]
-            drift = max(best) - min(best)
-            wide = curves[(o, p, widths[-1])]
-            cells = " | ".join(f"{b:+d}{' (edge)' if w in on_edge else ''}" for w, b in zip(widths, best))
-            print(f"| {'Adam' if o == 'adam' else 'SGD m=0.9'} | {p} | {cells} | {drift} | "
-                  f"{wide[best[0]]:.4f} / {wide[best[-1]]:.4f} |")
-            key = f"{o}/{p}"
-            summary["optima"][key] = dict(zip(map(str, widths), best))
-            summary["drift"][key] = drift
-            summary["edge"][key] = on_edge
-            summary["transfer"][key] = {"base_log2_lr": best[0], "loss_at_base_lr": wide[best[0]],
-                                        "own_log2_lr": best[-1], "own_best_loss": wide[best[-1]]}
-            summary["losses"][key] = {str(w): {str(k): v for k, v in curves[(o, p, w)].items()} for w in widths}
-    same = all(curves[(o, "SP", base)] == curves[(o, "µP", base)] for o in optimizers)
-    print(f"\nAt the base width {base} µP is the SP model: losses {'identical' if same else 'DIFFER'}.")
-    summary["base_identical"] = same
-    if edges:
-        print(f"warning: optimum on the edge of the lr grid for {', '.join(edges)}; widen GRIDS")
+    summary = {"steps": steps, "seeds": seeds, "batch": BATCH, "seconds": seconds, "workers": args.workers,
+               **report(curves, optimizers, widths, grids)}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1, ensure_ascii=False)
@@ -188,6 +178,51 @@ def main(argv=None) -> int:
         _plot(curves, optimizers, widths, grids, args.plot, f"{steps} steps, {seeds} seed(s)")
         print(f"figure: {args.plot}")
     return 0
+
+
+def report(curves: dict[tuple, dict[int, float]], optimizers, widths, grids) -> dict:
+    """Print the tables; return the summary (optima, drifts, losses) for the JSON file."""
+    base = widths[0]
+    print("loss = training-set cross-entropy after the last step, mean over seeds; optimum = the grid's lowest; "
+          "drift = max − min optimum across widths\n")
+    print(f"| optimizer | parametrization | {' | '.join(f'width {w}' for w in widths)} | drift (grid steps) |"
+          f" loss at width {widths[-1]}: base's lr / own best |")
+    print(f"|---|---|{'---|' * len(widths)}---|---|")
+    summary: dict = {"widths": widths, "base_width": base, "grids": grids, "optima": {}, "drift": {},
+                     "interpolated": {}, "interpolated_drift": {}, "transfer": {}, "edge": {}, "losses": {}}
+    edges, fine = [], []
+    for o in optimizers:
+        spacing = grids[o][1] - grids[o][0]
+        for p in PARAMETRIZATIONS:
+            key, name = f"{o}/{p}", "Adam" if o == "adam" else "SGD m=0.9"
+            best = [optimum(curves[(o, p, w)]) for w in widths]
+            on_edge = [w for w, b in zip(widths, best) if b in (grids[o][0], grids[o][-1])]
+            edges += [f"{o} {p} width {w}" for w in on_edge]
+            drift = (max(best) - min(best)) // spacing
+            wide = curves[(o, p, widths[-1])]
+            cells = " | ".join(f"{b:+d}{' (edge)' if w in on_edge else ''}" for w, b in zip(widths, best))
+            print(f"| {name} | {p} | {cells} | {drift} | {wide[best[0]]:.4f} / {wide[best[-1]]:.4f} |")
+            sub = [interpolated_optimum(curves[(o, p, w)]) for w in widths]
+            fine.append(f"| {name} | {p} | {' | '.join(f'{v:+.2f}' for v in sub)} | {max(sub) - min(sub):.2f} |")
+            summary["optima"][key] = dict(zip(map(str, widths), best))
+            summary["drift"][key] = drift
+            summary["interpolated"][key] = dict(zip(map(str, widths), sub))
+            summary["interpolated_drift"][key] = max(sub) - min(sub)
+            summary["edge"][key] = on_edge
+            summary["transfer"][key] = {"base_log2_lr": best[0], "loss_at_base_lr": wide[best[0]],
+                                        "own_log2_lr": best[-1], "own_best_loss": wide[best[-1]]}
+            summary["losses"][key] = {str(w): {str(k): v for k, v in curves[(o, p, w)].items()} for w in widths}
+    print("\nbetween grid points (vertex of a parabola through the lowest point and its neighbours, log loss "
+          "vs log2 lr), for near-ties:")
+    print(f"| optimizer | parametrization | {' | '.join(f'width {w}' for w in widths)} | drift (octaves) |")
+    print(f"|---|---|{'---|' * len(widths)}---|")
+    print("\n".join(fine))
+    same = all(curves[(o, "SP", base)] == curves[(o, "µP", base)] for o in optimizers)
+    print(f"\nAt the base width {base} µP is the SP model: losses {'identical' if same else 'DIFFER'}.")
+    summary["base_identical"] = same
+    if edges:
+        print(f"warning: optimum on the edge of the lr grid for {', '.join(edges)}; widen it with --log2-lrs")
+    return summary
 
 
 def _plot(curves, optimizers, widths, grids, path, subtitle) -> None:

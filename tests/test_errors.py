@@ -100,6 +100,7 @@ def test_zero_init_readout_refuses_a_tied_readout():
 
 
 def test_attention_without_a_readable_head_dim():
+    """No head-dim attribute: the head dim is read from the query at call time on the probe forward."""
     class Attn(nn.Module):
         def __init__(self, w):
             super().__init__()
@@ -109,7 +110,15 @@ def test_attention_without_a_readable_head_dim():
             q, k, v = self.qkv(x).chunk(3, -1)
             return torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
-    with pytest.raises(ValueError, match="attention module '' .*attn_base_head_dim="):
-        mt.parametrize(Attn(128), base=Attn(64), delta=Attn(96))
-    m = mt.parametrize(Attn(128), base=Attn(64), delta=Attn(96), attn_base_head_dim=64)
-    assert m._mutransfer_spec.attention == [("", "sdpa", 64, None)]
+    m = mt.parametrize(Attn(128), base=Attn(64), delta=Attn(96))
+    [a] = m._mutransfer_spec.attention
+    assert (a.module, a.how, a.d0, a.d, a.verified) == ("", "sdpa", 64, 128, True)
+    assert a.scale == pytest.approx(8 / 128)
+    # without a probe forward (inputs that cannot be made), the head dim must be given
+    class Opaque(Attn):
+        def forward(self, x, y, z):
+            return super().forward(x)
+
+    with pytest.warns(mt.MuPWarning, match="could not run a probe forward .*example_inputs="):
+        m = mt.parametrize(Opaque(128), base=Opaque(64), delta=Opaque(96))
+    assert m._mutransfer_spec.attention == []  # nothing measured, nothing assumed: said in the warning

@@ -2,11 +2,13 @@
 
 Every entry builds a randomly initialised model from a config (no downloads, no hub) with
 ``make(width, seed=0)``. *Width* is the model's hidden size (d_model / embed_dim; for the CNNs the
-channels of the last stage, earlier stages have width/2); the number of attention heads is FIXED (``HEADS``), so the head dim grows with width
-(the hard case for µP's attention scale); intermediate sizes are proportional to width; vocab,
-classes, image size, sequence length and depth are finite. Dropout is 0 everywhere. Every factory
-works at widths 32, 64, 128, 256 (head dim ≥ 8) and a forward+backward at width 256 takes well
-under a second on two CPU cores.
+channels of the last stage, earlier stages have width/2); the number of attention heads is FIXED
+(``HEADS``), so the head dim grows with width (the hard case for µP's attention scale);
+intermediate sizes are proportional to width; vocab, classes, image size, sequence length and
+depth are finite. Dropout is 0 everywhere. Every factory works at widths 32, 64, 128, 256 (head
+dim ≥ 8). A forward+backward at width 256 takes 10-40 ms on one free CPU thread (T5 and Mamba are
+the slowest); with torch.set_num_threads(2) while another process holds a core, OpenMP contention
+makes it 0.7-2.7 s.
 
     from zoo import ZOO
     e = ZOO["llama"]
@@ -37,7 +39,7 @@ import importlib.util
 import math
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
@@ -120,10 +122,9 @@ class Entry:
     """One architecture: ``make(width, seed=0)``, ``batch(seed=0) -> (inputs, targets)``."""
     make: Callable[..., nn.Module]
     batch: Callable[..., tuple]
-    requires: str = "transformers"      # the package the factory needs
+    requires: Optional[str] = "transformers"   # the package the factory needs (None: torch only)
     family: str = "causal_lm"
     notes: str = ""
-    tags: tuple = field(default_factory=tuple)
 
     def inputs(self, seed: int = 0) -> Any:
         return self.batch(seed)[0]
@@ -369,12 +370,16 @@ def mixtral(width: int, seed: int = 0) -> nn.Module:
 
 
 def mamba(width: int, seed: int = 0) -> nn.Module:
-    """MambaForCausalLM: d_inner = 2·width, state 16, conv 4, time_step_rank = ceil(width/16) (the real
-    default "auto", so x_proj's output mixes a width-like part (dt) with finite parts (B, C)); tied."""
+    """MambaForCausalLM: d_inner = 2·width, state 16, conv 4, time_step_rank 8 at every width; tied.
+
+    The default time_step_rank "auto" (= ceil(width/16)) makes x_proj's output mix a part that grows
+    with width (dt) with finite parts (B, C) in one dim; µP would need a different rule for each
+    part of that one weight, so the zoo keeps the rank fixed (then x_proj is output-like and
+    dt_proj input-like)."""
     tf = _tf()
     torch.manual_seed(seed)
     cfg = tf.MambaConfig(hidden_size=width, num_hidden_layers=LAYERS, vocab_size=VOCAB, state_size=16,
-                         expand=2, conv_kernel=4, **_TOKENS)
+                         expand=2, conv_kernel=4, time_step_rank=8, **_TOKENS)
     return tf.MambaForCausalLM(cfg)
 
 

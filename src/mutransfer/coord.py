@@ -91,6 +91,7 @@ def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequenc
 
     expected, readouts = (_predictions(make_model, sizes, data[0][0]) if axis == "width" else ({}, {}))
     head_dims: dict[str, dict[int, int]] = {}
+    prob_modules: set[str] = set()
     out_dims: dict[str, dict[int, set]] = {}
     records: list[Record] = []
     parametrizations = set()
@@ -108,11 +109,12 @@ def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequenc
             parametrizations.add("µP" if is_mup else "SP")
             run_records, bad_step, probe = _run(model, data, optimizer, family, lr, weight_decay, eps, steps, loss_fn,
                                                 is_mup, readouts)
+            rename = _depth_names(model) if axis == "depth" else {}
+            prob_modules |= {rename.get(m, m) for m in probe.prob_modules if rename.get(m, m) is not None}
             for label, d in probe.head_dims.items():
                 head_dims.setdefault(label, {})[size] = d
             for label, d in probe.out_dims.items():
                 out_dims.setdefault(label, {}).setdefault(size, set()).add(d)
-            rename = _depth_names(model) if axis == "depth" else {}
             records += [Record(rename.get(m, m), q, t, size, seed, v) for (m, q, t), v in run_records.items()
                         if rename.get(m, m) is not None]
             if bad_step is not None:
@@ -130,7 +132,8 @@ def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequenc
     name = optimizer if isinstance(optimizer, str) else getattr(optimizer, "__name__", "custom optimizer")
     return CoordCheckResult(records, widths=list(sizes), steps=steps, seeds=seeds, optimizer=name, lr=float(lr),
                             max_growth=max_growth, parametrization="/".join(sorted(parametrizations)),
-                            diverged=diverged, axis=axis, fixed_width=fixed_width, expected=expected)
+                            diverged=diverged, axis=axis, fixed_width=fixed_width, expected=expected,
+                            attention_probs=sorted(prob_modules))
 
 
 def _growth_exponent(by_size: dict[int, float]) -> float:
@@ -327,6 +330,7 @@ class _Probe:
         self.out_dims: dict[str, int] = {}
         self.head_dims: dict[str, int] = {}
         self.readouts = readouts or {}  # label → name of the readout's bias (left out of its output)
+        self.prob_modules: set[str] = set()  # modules fed attention probabilities
         self.handles = []
         params = dict(model.named_parameters())
         self.biases = {label: params.get(bias) for label, bias in self.readouts.items()}
@@ -408,8 +412,9 @@ class _Probe:
         buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
         self.captured, self.active = {}, True
         try:
-            with torch.no_grad(), recording(self.model, on_attention=self._on_attention):
+            with torch.no_grad(), recording(self.model, on_attention=self._on_attention) as recorder:
                 self.model(*_args(inputs), **_kwargs(inputs))
+            self.prob_modules |= {m or MODEL_OUTPUT for m in recorder.obs.prob_modules}
         finally:
             self.active = False
             with torch.no_grad():

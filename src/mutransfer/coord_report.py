@@ -111,6 +111,8 @@ class CoordCheckResult:
     axis: str = "width"  # "depth": `widths` and Record.width hold depths, at `fixed_width`
     fixed_width: Optional[int] = None
     expected: dict[str, float] = field(default_factory=dict)  # module → predicted slope of its size at init
+    # modules fed attention probabilities: their early changes are cross terms, like the logits'
+    attention_probs: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.max_slope = math.log(self.max_growth) / math.log(16)
@@ -140,7 +142,7 @@ class CoordCheckResult:
             slope, se = fit
             grows = slope - 2 * se > expected + self.max_slope
             vanishes = (quantity == "change" and step > 0 and slope + 2 * se < VANISHING_SLOPE
-                        and not module.endswith(ATTN_SUFFIX)
+                        and not module.endswith(ATTN_SUFFIX) and module not in self.attention_probs
                         and not (self.axis == "depth" and _in_numbered_block(module)))
             trends.append(Trend(module, quantity, step, tuple(ws), tuple(means), slope, se, math.exp(slope * span),
                                 not (grows or vanishes), expected, "grows" if grows else "vanishes" if vanishes else ""))
@@ -188,8 +190,8 @@ class CoordCheckResult:
                         "std": std, "slope": None if t is None else t.slope,
                         "slope_se": None if t is None else t.slope_se,
                         "growth": None if t is None else t.growth,
-                        "expected": None if t is None else t.expected,
-                        "passed": True if t is None else t.passed})
+                        "passed": True if t is None else t.passed,
+                        "expected": None if t is None else t.expected})
         return out
 
     def to_csv(self, path: PathLike) -> None:

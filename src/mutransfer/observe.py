@@ -78,6 +78,11 @@ class AttentionCall:
 class Observation:
     uses: dict[str, list[Use]] = field(default_factory=dict)  # canonical parameter name → uses
     attention: list[AttentionCall] = field(default_factory=list)
+    # module → the constant its (first) input carries from the forward code, where it is not 1
+    # (T5 multiplies the decoder output by d_model^-½ before its tied readout)
+    input_scales: dict[str, float] = field(default_factory=dict)
+    # modules whose (first) input is an attention's probabilities (dropout on them, for example)
+    prob_modules: set[str] = field(default_factory=set)
     error: Optional[str] = None  # why the forward could not run (then nothing was observed)
     inputs: Any = None           # the inputs it ran on
 
@@ -159,6 +164,7 @@ class _Recorder(TorchFunctionMode):
         self.scales: dict[int, tuple[weakref.ref, float, Optional[int]]] = {}
         self.obs = Observation()
         self.on_attention = on_attention
+        self.probs: dict[int, weakref.ref] = {}
         self.failures = 0
 
     # ------------------------------------------------------------ bookkeeping
@@ -483,6 +489,8 @@ class _Recorder(TorchFunctionMode):
             s, logit_dim = self._s(x)
             if logit_dim is not None:
                 self._attention("eager", logit_dim, s, None, None, logits=x)
+                if isinstance(out, torch.Tensor):
+                    self.probs[id(out)] = weakref.ref(out)
             return
         if name in ("linear", "embedding") or name in _CONV or name in _NORMS:
             return  # a parametrized layer or a normalisation: its output starts at scale 1
@@ -634,6 +642,14 @@ def recording(model: nn.Module, on_attention: Optional[Callable] = None):
         name = names.get(id(module))
         if name is not None:
             stack.append(name)
+            if args and isinstance(args[0], torch.Tensor):
+                ref = recorder.probs.get(id(args[0]))
+                if ref is not None and ref() is args[0]:
+                    recorder.obs.prob_modules.add(name)
+            if args and isinstance(args[0], torch.Tensor) and name not in recorder.obs.input_scales:
+                scale = recorder._s(args[0])[0]
+                if scale != 1.0:
+                    recorder.obs.input_scales[name] = scale
 
     def leave(module, args, output):
         name = names.get(id(module))

@@ -101,6 +101,12 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
     if example_inputs is not None and not seen.ran:
         raise ValueError(f"parametrize could not run the model on example_inputs ({seen.error}); pass inputs the "
                          "model's forward accepts (a tensor, a tuple of arguments or a dict of keyword arguments)")
+    if not seen.ran:
+        warnings.warn(f"parametrize could not run a probe forward of {type(model).__name__} ({seen.error}): roles "
+                      f"follow module types and shapes, and attention is found only by attributes and source (an "
+                      f"attention module computed otherwise keeps its own scale). Pass example_inputs= (a tensor, "
+                      f"a tuple of arguments or a dict of keyword arguments) so that both are observed",
+                      MuPWarning, stacklevel=2)
     infos = classify(model, shapes, roles, transposed, depth, seen)
     branches, helper_blocks = (find_branches(model, depth, residual_branches)
                                if depth.containers and alpha > 0 else ([], []))
@@ -110,7 +116,7 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
     params = {canonical_name(n): p for n, p in model.named_parameters()}
     zeroing = _readout_zeroing(model, infos, params) if zero_init_readout else []
     zeroing += _query_zeroing(model, zero_init_query) if zero_init_query else []
-    multipliers = _forward_multipliers(infos, rules, mults)
+    multipliers = _forward_multipliers(infos, rules, mults, _readout_input_ratio(seen, shapes, depth), model)
 
     # Everything is checked: from here on the model changes. Attention first: its scales are measured
     # again on a probe forward, and a mismatch undoes the change and raises before anything else changes.
@@ -374,7 +380,29 @@ def _query_zeroing(model: nn.Module, which) -> Zeroing:
 Multiplied = list[tuple[str, str, float]]  # (module name, "input ×" | "output ×", constant)
 
 
-def _forward_multipliers(infos: dict[str, ParamInfo], rules, mults: Multipliers) -> Multiplied:
+def _readout_input_ratio(seen: Observation, shapes: WidthShapes, depth: DepthMap):
+    """For a readout module: the base's constant on its input over the model's (1 when neither has one).
+
+    A model whose forward multiplies the readout's input by a width-dependent constant (T5's tied
+    readout gets the decoder output × d_model^-½) would add that dependence on top of µP's; the
+    readout's input multiplier takes it back to the base model's value.
+    """
+    def ratio(module: str) -> float:
+        if not seen.ran:
+            return 1.0
+        return shapes.input_scales.get(depth.to_base(module), 1.0) / seen.input_scales.get(module, 1.0)
+    return ratio
+
+
+def _is_layer(model: nn.Module, name: str) -> bool:
+    """A module that holds only a weight (and bias) of its own and no children: its first input is
+    the input of that weight, so an input multiplier acts on the readout alone."""
+    module = _module(model, name)
+    return not list(module.children()) and set(module._parameters) <= {"weight", "bias"}
+
+
+def _forward_multipliers(infos: dict[str, ParamInfo], rules, mults: Multipliers,
+                         input_ratio=lambda module: 1.0, model: Optional[nn.Module] = None) -> Multiplied:
     """Which modules need a forward multiplier, and its value (none in Table 3 at α = 1)."""
     readout_rule = formulation_rules("table8")["output"]
     found: Multiplied = []
@@ -382,7 +410,7 @@ def _forward_multipliers(infos: dict[str, ParamInfo], rules, mults: Multipliers)
         if info.role == "output":
             c = mults.output * factor(rules["output"].forward, info.m_in, info.m_out)
             readouts = [m for m, _ in info.usages]
-            needs_module = info.layout is not None
+            needs_module = model is None or all(_is_layer(model, m) for m in readouts)
         elif info.tied_readouts:
             # Table 8 on a tied readout; its fan_in is the embedding's fan_out.
             c = mults.output * factor(readout_rule.forward, info.m_out, 1.0)
@@ -392,13 +420,14 @@ def _forward_multipliers(infos: dict[str, ParamInfo], rules, mults: Multipliers)
             continue
         else:
             continue
-        if c == 1.0:
+        per_module = {m: c * input_ratio(m) for m in readouts}
+        if all(v == 1.0 for v in per_module.values()):
             continue
         if not needs_module:
-            raise ValueError(f"'{name}' is a readout held as a raw parameter, so its forward multiplier "
-                             f"({c:.4g}) cannot be installed; make the readout an nn.Linear, or use "
-                             "formulation='table3' with output_mult=1")
-        found += [(m, "input ×", c) for m in readouts]
+            raise ValueError(f"'{name}' is a readout held as a raw parameter of a module that does more than apply "
+                             f"it, so its forward multiplier ({c:.4g}) cannot be installed; make the readout an "
+                             "nn.Linear, or use formulation='table3' with output_mult=1")
+        found += [(m, "input ×", v) for m, v in per_module.items() if v != 1.0]
     return found
 
 

@@ -42,6 +42,7 @@ class WidthShapes:
     params: dict[str, ParamShape]
     attention_head_dims: dict[str, int] = field(default_factory=dict)
     attention_scales: dict[str, tuple[int, float]] = field(default_factory=dict)
+    input_scales: dict[str, float] = field(default_factory=dict)  # constants on module inputs, from the probe
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -90,6 +91,7 @@ class WidthShapes:
             seen = observe_model(base, example_inputs)
             if not seen.ran and example_inputs is not None:  # inputs of width size (a bare block) do not fit the base
                 seen = observe_model(base)
+            shapes.input_scales = dict(seen.input_scales)
             for module, calls in seen.attention_by_module().items():
                 shapes.attention_scales[module] = (calls[0].head_dim, calls[0].scale)
                 shapes.attention_head_dims[module] = calls[0].head_dim
@@ -103,6 +105,7 @@ class WidthShapes:
             "params": {n: {"base": list(p.base), "width": list(p.width)} for n, p in self.params.items()},
             "attention_head_dims": dict(self.attention_head_dims),
             "attention_scales": {m: [d, s] for m, (d, s) in self.attention_scales.items()},
+            "input_scales": dict(self.input_scales),
         }
 
     def save(self, path: Union[str, os.PathLike]) -> None:
@@ -125,7 +128,8 @@ class WidthShapes:
             params[name] = ParamShape(tuple(int(b) for b in base), tuple(bool(w) for w in width))
         heads = {k: int(v) for k, v in data.get("attention_head_dims", {}).items()}
         scales = {k: (int(v[0]), float(v[1])) for k, v in data.get("attention_scales", {}).items()}
-        return cls(params, heads, scales)
+        inputs = {k: float(v) for k, v in data.get("input_scales", {}).items()}
+        return cls(params, heads, scales, inputs)
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike]) -> "WidthShapes":
