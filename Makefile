@@ -19,9 +19,15 @@ $(STAMP): pyproject.toml
 # Tests also check Hugging Face models (optional extra), sweeps on PostgreSQL (optional extras;
 # scripts/with-postgres.sh gives them a throwaway server) and compare against Microsoft's `mup`,
 # installed with --no-deps: its metadata pulls torchvision, which breaks beside torch 2.13 CPU.
-$(TEST_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -e ".[test,hf,sweep,postgres]"
-	$(PY) -m pip install --quiet --no-deps mup==1.0.0
+# timm (the zoo tests) also needs torchvision at import, and PyPI's torchvision is a CUDA build that
+# pulls a CUDA torch: timm goes in with --no-deps, torchvision's pure-Python part into its own
+# folder that tests/zoo.py puts on sys.path (its compiled ops stay absent; timm's models do not use
+# them). The last line fails the install if anything replaced the CPU torch.
+$(TEST_STAMP): $(STAMP) Makefile
+	$(PY) -m pip install --quiet -e ".[test,hf,postgres]"
+	$(PY) -m pip install --quiet --no-deps mup==1.0.0 timm==1.0.31
+	$(PY) -m pip install --quiet --no-deps --upgrade --target $(VENV)/torchvision-pyonly torchvision==0.28.0
+	$(PY) -c "import torch, sys; sys.exit(0 if torch.__version__ == '2.13.0+cpu' else 'torch was replaced: ' + torch.__version__)"
 	touch $(TEST_STAMP)
 
 install: $(STAMP)
@@ -38,13 +44,14 @@ test: $(TEST_STAMP)
 test-fast: $(TEST_STAMP)
 	scripts/with-postgres.sh $(PY) -m pytest -q -m "not slow"
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(PY) benchmarks/overhead.py
 	$(PY) benchmarks/coord_check_speed.py
 	scripts/with-postgres.sh $(PY) benchmarks/sweep_throughput.py
 	$(PY) benchmarks/depth_transfer.py
 	$(PY) benchmarks/depth_overhead.py
 	$(PY) benchmarks/limits_speed.py
+	$(PY) benchmarks/coord_power.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache mutransfer-demo

@@ -35,8 +35,8 @@ def test_resnet_roles_under_mup():
 def test_resnet_transfer_benchmark_quick(tmp_path):
     pytest.importorskip("sklearn", reason="the benchmark's data are scikit-learn's digits")
     path, plot = tmp_path / "r.json", tmp_path / "r.png"
-    proc = subprocess.run([sys.executable, "benchmarks/resnet_transfer.py", "--quick", "--json", str(path),
-                           "--plot", str(plot)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "benchmarks/resnet_transfer.py", "--quick", "--workers", "1", "--json",
+                           str(path), "--plot", str(plot)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     out = proc.stdout
     assert "| Adam | µP |" in out and "| SGD m=0.9 | SP |" in out and "drift" in out, out
