@@ -38,7 +38,7 @@ EPS = 1e-2  # comparable to these small models' gradients, as 1e-8 is to a large
 READOUTS = {"gpt2": "tied", "nanogpt": "tied", "llama": "lm_head.weight", "mixtral": "lm_head.weight",
             "timm_vit": "head.weight", "timm_vit_unfused": "head.weight", "qwen2": "tied",
             "mistral": "lm_head.weight", "t5": "tied", "bert": "tied", "vit": "classifier.weight",
-            "gpt_neox": "embed_out.weight", "mamba": "tied", "timm_resnet": "fc.weight", "timm_convnext": "head.fc.weight"}
+            "gpt_neox": "lm_head.weight", "mamba": "tied", "timm_resnet": "fc.weight", "timm_convnext": "head.fc.weight"}
 ROUTERS = {"mixtral": "model.layers.*.mlp.gate.weight"}
 DEFAULT_MODELS = ["gpt2", "llama", "nanogpt", "mixtral", "timm_vit"]
 MISTAKES = ["correct µP", "correct µP, ε=1e-2", "attention at 1/√d", "readout in SP", "router in SP", "hidden Adam lr unscaled",

@@ -66,6 +66,7 @@ from torch import nn
 
 import mutransfer as mt
 from mutransfer import attention as mt_attention
+from mutransfer import sdpa as mt_sdpa
 from mutransfer import scaled_forward
 from mutransfer.recipes import GPT, MLP
 from mutransfer.recipes.models import CausalSelfAttention
@@ -420,27 +421,23 @@ def attention_pieces(model: nn.Module, x: torch.Tensor,
                      calls: int) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
     """Cost of the enter/leave hooks of SDPA attention modules (dispatch, on a trivial module) and
     of the SDPA wrapper, active and passing through, at the model's q/k/v shape."""
-    sdpa = [a for a in model._mutransfer_spec.attention if a[1] == "sdpa"]
+    sdpa = [a for a in model._mutransfer_spec.attention if a.how == "sdpa"]
     if not sdpa:
         return {}, {}
-    _, _, d0, d = sdpa[0]
+    d, correction = sdpa[0].d, sdpa[0].target / sdpa[0].before
     bare, hooked = nn.Identity(), nn.Identity()
-    hooked._mutransfer_attn = (1.0, d0)
-    scaled_forward.install(hooked, sdpa=True)
+    scaled_forward.install(hooked, sdpa=correction)
     t = torch.zeros(1)
     us = sample_us({"bare": lambda: bare(t), "hooked": lambda: hooked(t)}, 20 * calls)
     pieces = {"attention µP forward (push/pop scale)": {"us_per_call": extra_us(us, "hooked", "bare"),
                                              "calls_per_step": len(sdpa)}}
 
-    q = torch.randn(x.shape[0], head_count(model.get_submodule(sdpa[0][0])), x.shape[1], d)
-    torch_sdpa, mup_sdpa = mt_attention._torch_sdpa, mt_attention._mup_sdpa
+    q = torch.randn(x.shape[0], head_count(model.get_submodule(sdpa[0].module)), x.shape[1], d)
+    torch_sdpa, mup_sdpa = mt_sdpa.torch_sdpa, mt_sdpa.mup_sdpa
 
     def active() -> torch.Tensor:  # as inside a µP attention module (push/pop included)
-        mt_attention._ACTIVE.append((1.0, d0))
-        try:
+        with mt_sdpa.correcting(correction):
             return mup_sdpa(q, q, q, is_causal=True)
-        finally:
-            mt_attention._ACTIVE.pop()
 
     us = sample_us({"torch": lambda: torch_sdpa(q, q, q, is_causal=True),
                     "passthrough": lambda: mup_sdpa(q, q, q, is_causal=True), "active": active}, calls)
@@ -483,7 +480,7 @@ def overhead_breakdown(case: Case, plain_step_ms: float, calls: int) -> dict[str
     pieces.update(attn)
     pieces.update(optimizer_piece(model, calls))
     total_us = sum(p["us_per_call"] * p["calls_per_step"] for p in pieces.values())
-    return {"hooks": count_hooks(model), "attention": [list(a) for a in spec.attention],
+    return {"hooks": count_hooks(model), "attention": [[a.module, a.how, a.d0, a.d, a.scale] for a in spec.attention],
             "forward_multipliers": {k: list(v) for k, v in spec.forward_multipliers.items()},
             "pieces_us": pieces, **extra, "total_us_per_step": total_us, "plain_step_ms": plain_step_ms,
             "expected_ratio": 1.0 + total_us / (1e3 * plain_step_ms)}

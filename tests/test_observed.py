@@ -327,3 +327,8 @@ def test_coord_check_catches_gpt2_attention_left_at_one_over_sqrt_d():
     assert not bad.passed
     culprits = [t for t in bad.failures if t.module.endswith("[attn logits]")]
     assert culprits and culprits[0].step == 0 and culprits[0].expected == pytest.approx(-0.5)
+
+
+def test_a_roles_pattern_that_matches_nothing_is_an_error():
+    with pytest.raises(ValueError, match="roles pattern 'embed_out.weight' matches no parameter"):
+        mt.parametrize(NanoGPT(64), base=NanoGPT(32), delta=NanoGPT(48), roles={"embed_out.weight": "output"})

@@ -30,7 +30,7 @@ ROLES = {
     "mistral": {"model.embed_tokens.weight": "input", "model.layers.0.self_attn.o_proj.weight": "hidden",
                 "lm_head.weight": "output"},
     "gpt_neox": {"gpt_neox.embed_in.weight": "input", "gpt_neox.layers.0.attention.query_key_value.weight": "hidden",
-                 "embed_out.weight": "output"},
+                 "lm_head.weight": "output"},
     "bert": {"bert.embeddings.word_embeddings.weight": "input", "bert.embeddings.position_embeddings.weight": "input",
              "bert.encoder.layer.0.attention.self.query.weight": "hidden", "cls.predictions.bias": "scalar"},
     "t5": {"shared.weight": "input", "encoder.block.0.layer.0.SelfAttention.q.weight": "hidden",

@@ -226,6 +226,13 @@ def classify(model: nn.Module, shapes: WidthShapes, roles: Optional[Mapping[str,
             if p is not None:
                 usages.setdefault(id(p), []).append((canonical_name(mname) if mname else "", module, local))
 
+    every_alias = [f"{m}.{l}" if m else l for m, _, l in (u for us in usages.values() for u in us)]
+    every_alias += list(canonical.values())
+    for what, patterns in (("roles", list(roles)), ("transposed", transposed)):
+        for pat in patterns:
+            if not any(_match(a, [pat]) for a in every_alias):
+                raise ValueError(f"{what} pattern '{pat}' matches no parameter of the model; parameter names look "
+                                 f"like '{next(iter(canonical.values()), '')}' (see model.named_parameters())")
     observed = observation.uses if observation is not None and observation.ran else {}
     warnings: list[str] = []
     guessed: list[str] = []
