@@ -332,3 +332,29 @@ def test_coord_check_catches_gpt2_attention_left_at_one_over_sqrt_d():
 def test_a_roles_pattern_that_matches_nothing_is_an_error():
     with pytest.raises(ValueError, match="roles pattern 'embed_out.weight' matches no parameter"):
         mt.parametrize(NanoGPT(64), base=NanoGPT(32), delta=NanoGPT(48), roles={"embed_out.weight": "output"})
+
+
+def _family(name, width):
+    torch.manual_seed(0)
+    common = dict(vocab_size=64, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    if name == "bloom":  # ALiBi, baddbmm(alibi, q, k, alpha=inv_norm_factor)
+        return transformers.BloomForCausalLM(transformers.BloomConfig(hidden_size=width, n_layer=1, n_head=4, **common))
+    if name == "olmo2":  # QK-norm
+        return transformers.Olmo2ForCausalLM(transformers.Olmo2Config(
+            hidden_size=width, intermediate_size=2 * width, num_hidden_layers=1, num_attention_heads=4, **common))
+    if name == "gemma2":  # logit soft-capping, query_pre_attn_scalar, sliding window
+        return transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+            hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=width // 4, query_pre_attn_scalar=width // 4, **common))
+    raise KeyError(name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["bloom", "olmo2", "gemma2"])
+def test_other_attention_families_get_a_measured_mup_scale(name):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", mt.MuPWarning)
+        model = mt.parametrize(_family(name, 256), base=_family(name, 64), delta=_family(name, 128))
+    entries = model._mutransfer_spec.attention
+    assert entries and all(a.verified and a.scale == pytest.approx(math.sqrt(16) / 64) for a in entries)
+    assert all(a.how.startswith("attribute") for a in entries)

@@ -259,6 +259,7 @@ class _Recorder(TorchFunctionMode):
         if name in _MATMUL or name in _MATMUL_ADD or name == "rmatmul":
             ops = list(args[:3])
             if name in _MATMUL_ADD:
+                ops = _add_operands(name, args, kwargs)
                 pb = self._p(ops[0])
                 if pb is not None:
                     self.use(pb[0], "elementwise", (), pb[1], name)
@@ -556,7 +557,7 @@ class _Recorder(TorchFunctionMode):
             d = int(a.shape[subs[0].index(shared[0])]) if len(shared) == 1 and "..." not in subs[0] else None
             alpha = 1.0
         elif name in _MATMUL_ADD:
-            a, b = args[1], args[2]
+            _, a, b = _add_operands(name, args, kwargs)
             d = int(a.shape[-1]) if isinstance(a, torch.Tensor) else None
             alpha = kwargs.get("alpha", 1.0)
             alpha = float(alpha) if isinstance(alpha, (int, float)) else 1.0
@@ -578,6 +579,19 @@ class _Recorder(TorchFunctionMode):
         self.obs.attention.append(call)
         if self.on_attention is not None:
             self.on_attention(call, q, k, logits, causal)
+
+
+def _add_operands(name: str, args, kwargs) -> list:
+    """(input, A, B) of baddbmm/addmm/addbmm/addmv, positional or by keyword (Bloom: batch1=, batch2=)."""
+    first, second = {"addmv": ("mat", "vec")}.get(name, ("mat1", "mat2") if name == "addmm" else ("batch1", "batch2"))
+    ops = list(args[:3]) + [None] * (3 - len(args[:3]))
+    if ops[0] is None:
+        ops[0] = kwargs.get("input")
+    if ops[1] is None:
+        ops[1] = kwargs.get(first)
+    if ops[2] is None:
+        ops[2] = kwargs.get(second)
+    return ops
 
 
 def _einsum_labels(sub: str, ndim: int) -> list[str]:
