@@ -77,3 +77,24 @@ def test_depth_overhead_benchmark_runs():
     out = run(["benchmarks/depth_overhead.py", "--rounds", "3", "--no-compile"])
     ratio = float(re.search(r"\| eager \| [0-9.]+ \| [0-9.]+ \| ([0-9.]+) \|", out).group(1))
     assert 0.5 < ratio < 2.0, out
+
+
+@pytest.mark.slow
+def test_coord_power_benchmark_gets_every_verdict_right_on_nanogpt(tmp_path):
+    path = tmp_path / "power.json"
+    out = run(["benchmarks/coord_power.py", "--models", "nanogpt", "--json", str(path)])
+    data = json.loads(path.read_text())["nanogpt"]
+    assert data["correct µP"]["passed"] and data["correct µP, ε=1e-2"]["passed"]
+    for mistake in ("attention at 1/√d", "readout in SP", "hidden Adam lr unscaled", "ε unscaled"):
+        assert data[mistake]["passed"] is False, mistake
+    assert data["router in SP"] is None
+    assert "| nanogpt | PASS | PASS | FAIL | FAIL | — | FAIL | FAIL |" in out
+
+
+@pytest.mark.slow
+def test_parametrize_speed_benchmark_on_meta(tmp_path):
+    pytest.importorskip("transformers")
+    path = tmp_path / "speed.json"
+    run(["benchmarks/parametrize_speed.py", "--runs", "1", "--json", str(path)])
+    data = json.loads(path.read_text())
+    assert data["params"] > 8e8 and data["verified"] is True

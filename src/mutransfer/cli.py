@@ -50,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="depth scaling: 1 CompleteP (default), 0.5 Depth-µP, 0 off")
     c.add_argument("--optimizer", default="adam", help="sgd, adam or adamw (default adam)")
     c.add_argument("--lr", type=float, help="base learning rate (default: the recipe's for the optimizer)")
+    c.add_argument("--eps", type=float, help="Adam's ε at base width (default torch's 1e-8); µP scales it per group")
     c.add_argument("--steps", type=int, default=4)
     c.add_argument("--seeds", type=int, default=3)
     c.add_argument("--parametrization", choices=("mup", "sp"), default="mup")
@@ -298,7 +299,7 @@ def _run_check(args, make_model: Callable, widths: list, data: list, lr: float, 
     try:
         result = mt.coord_check(make_model, widths, data, optimizer=args.optimizer, lr=lr, steps=args.steps,
                                 seeds=args.seeds, max_growth=args.max_growth, progress=not args.no_progress,
-                                depths=depths)
+                                depths=depths, eps=args.eps)
     except (ValueError, TypeError) as e:
         raise UsageError(str(e)) from None
     result.to_csv(out / "coord_check.csv")
