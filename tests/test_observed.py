@@ -255,6 +255,28 @@ def test_qk_norm_scale_counts_only_what_follows_the_norm():
     assert model._mutransfer_spec.attention[0].how == "attribute scaling"
 
 
+class ScaleOne(nn.Module):
+    """T5-style: no constant on q·kᵀ (the 1/√d would live in the query's init)."""
+
+    def __init__(self, width, n_head=4):
+        super().__init__()
+        self.n_head, self.scaling = n_head, 1.0
+        self.qkv = nn.Linear(width, 3 * width)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.n_head, -1).transpose(1, 2) for z in self.qkv(x).split(c, -1))
+        return ((q @ k.transpose(-2, -1)) * self.scaling).softmax(-1) @ v
+
+
+def test_scale_one_attention_through_a_shapes_file(tmp_path):
+    path = tmp_path / "shapes.json"
+    mt.save_shapes(ScaleOne(32), ScaleOne(64), path)  # the base's scale (1) is measured and saved
+    model = mt.parametrize(ScaleOne(128), base_shapes=path)
+    assert model.scaling == pytest.approx(8 / 32)  # d₀/d, not √(d₀/d)
+    assert model._mutransfer_spec.attention[0].verified
+
+
 # --------------------------------------------------------------------------- Hugging Face
 
 transformers = pytest.importorskip("transformers")

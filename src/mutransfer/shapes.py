@@ -143,9 +143,10 @@ class WidthShapes:
         return cls.from_dict(data, source=f"base_shapes file '{path}'")
 
 
-def save_shapes(base: nn.Module, delta: nn.Module, path: Union[str, os.PathLike]) -> WidthShapes:
-    """Find the width dims of `base` vs `delta` and write them to `path` (JSON)."""
-    shapes = WidthShapes.from_models(base, delta)
+def save_shapes(base: nn.Module, delta: nn.Module, path: Union[str, os.PathLike], example_inputs=None) -> WidthShapes:
+    """Find the width dims of `base` vs `delta` and write them to `path` (JSON), with the base's attention
+    scales measured on a probe forward (on `example_inputs`, or inputs made for it)."""
+    shapes = WidthShapes.from_models(base, delta, example_inputs=example_inputs)
     shapes.save(path)
     return shapes
 
