@@ -53,18 +53,29 @@ def attention_kind(module: nn.Module) -> Optional[str]:
         return "mha"
     if isinstance(getattr(module, "scaling", None), float) and head_dim_of(module) is not None:
         return "scaling"
-    forward = type(module).forward
-    if forward is nn.Module.forward or getattr(forward, "__module__", "").startswith("torch."):
-        return None
-    try:
-        source = inspect.getsource(forward)
-    except (OSError, TypeError):
-        return None
+    source = _forward_source(module)
     if "scaled_dot_product_attention" in source:
         return "sdpa"
-    if f"{_HELPER_NAME}(" in source or "attn_logits(" in source:
+    if _calls_helper(module, source):
         return "helper"
     return None
+
+
+def _forward_source(module: nn.Module) -> str:
+    """The source of the module's own forward ("" for torch's modules or when it cannot be read)."""
+    forward = type(module).forward
+    if forward is nn.Module.forward or getattr(forward, "__module__", "").startswith("torch."):
+        return ""
+    try:
+        return inspect.getsource(forward)
+    except (OSError, TypeError):
+        return ""
+
+
+def _calls_helper(module: nn.Module, source: Optional[str] = None) -> bool:
+    """Whether the module's forward computes its scale with `attn_scale` / `attn_logits`."""
+    source = _forward_source(module) if source is None else source
+    return f"{_HELPER_NAME}(" in source or "attn_logits(" in source
 
 
 def head_dim_of(module: nn.Module) -> Optional[int]:
@@ -293,15 +304,6 @@ def plan(model: nn.Module, calls: dict[str, list[AttentionCall]], base_scale: Ca
                 f"F.scaled_dot_product_attention; pass attention=False only if the model already scales its "
                 f"logits the µP way")
     return fixes
-
-
-def _calls_helper(module: nn.Module) -> bool:
-    forward = type(module).forward
-    try:
-        source = inspect.getsource(forward)
-    except (OSError, TypeError):
-        return False
-    return f"{_HELPER_NAME}(" in source or "attn_logits(" in source
 
 
 def _find_attributes(fixes: list[_Fix], probe) -> None:
