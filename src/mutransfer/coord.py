@@ -172,12 +172,11 @@ def _predictions(make_model, sizes: list[int], inputs) -> tuple[dict[str, float]
     step = math.log(sizes[1] / sizes[0])
     for name, info in infos.items():
         if info.role == "output":
-            modules = [m for m, _ in info.usages]
-        elif info.tied_readouts:
-            modules, info_m_in = info.tied_readouts, info.m_out
+            modules, m_in = [m for m, _ in info.usages], info.m_in
+        elif info.tied_readouts:  # a tied readout's fan_in is the embedding's fan_out
+            modules, m_in = info.tied_readouts, info.m_out
         else:
             continue
-        m_in = info.m_in if info.role == "output" else info_m_in
         gamma = math.log(m_in) / step if m_in > 0 else 0.0
         for m in modules:
             label = m or MODEL_OUTPUT
