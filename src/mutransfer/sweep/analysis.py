@@ -14,6 +14,7 @@ from optuna.trial import TrialState
 
 from .runner import Sweep
 from .space import Choice, LogUniform
+from .verdict import Verdict, judge
 
 AXES = ("width", "depth")
 
@@ -28,33 +29,68 @@ class TrialResult:
     diverged: bool
     seconds: float
     depth: Optional[int] = None  # None when the sweep has no depths
+    losses: tuple = ()  # one loss per seed (NaN where that seed diverged); () when not recorded
+    failed: bool = False  # the objective raised (see `error`); loss is NaN
+    error: str = ""
+    cpu_seconds: float = 0.0  # process CPU time of the trial (all seeds); 0 when not recorded
+
+    @property
+    def ok(self) -> bool:
+        """Completed with a finite loss: usable for optima."""
+        return not (self.diverged or self.failed)
 
 
-def load_results(sweep: Sweep) -> list[TrialResult]:
-    """Every finished trial (completed or diverged) of every (parametrization, width, depth) study."""
+def _trial_kind(t) -> Optional[str]:
+    """'complete', 'diverged', 'failed' or None (running, waiting, interrupted or retried: not a result)."""
+    if t.state == TrialState.COMPLETE:
+        return "complete"
+    if t.state != TrialState.FAIL or t.user_attrs.get("interrupted") or t.user_attrs.get("retried"):
+        return None
+    if t.user_attrs.get("diverged"):
+        return "diverged"
+    return "failed" if t.user_attrs.get("failed") else None
+
+
+def load_results(sweep: Sweep, failed: bool = True) -> list[TrialResult]:
+    """Every finished trial of every (parametrization, width, depth) study: completed, diverged and
+    (with `failed`) failed ones — a failed trial that was retried counts once, as its retry."""
     out = []
     for parametrization, width, depth in sweep.config.cells:
         for t in sweep.study(parametrization, width, depth).get_trials(deepcopy=False):
-            diverged = t.state == TrialState.FAIL and bool(t.user_attrs.get("diverged"))
-            if t.state != TrialState.COMPLETE and not diverged:
+            kind = _trial_kind(t)
+            if kind is None or (kind == "failed" and not failed):
                 continue
             params = {name: t.params.get(name, t.system_attrs.get("fixed_params", {}).get(name))
                       for name in sweep.config.space}
+            losses = tuple(math.nan if v is None else float(v) for v in t.user_attrs.get("losses", ()))
             out.append(TrialResult(parametrization, width, t.number, params,
-                                   math.nan if diverged else float(t.value), diverged,
-                                   float(t.user_attrs.get("seconds", 0.0)), depth))
+                                   float(t.value) if kind == "complete" else math.nan, kind == "diverged",
+                                   float(t.user_attrs.get("seconds", 0.0)), depth, losses, kind == "failed",
+                                   str(t.user_attrs.get("error", "")), float(t.user_attrs.get("cpu_seconds", 0.0))))
     return out
+
+
+def counts(results: list[TrialResult], parametrization: Optional[str] = None) -> dict[str, int]:
+    """{"completed", "diverged", "failed"} trial counts (of one parametrization, or all)."""
+    rs = [r for r in results if parametrization is None or r.parametrization == parametrization]
+    return {"completed": sum(r.ok for r in rs), "diverged": sum(r.diverged for r in rs),
+            "failed": sum(r.failed for r in rs)}
+
+
+def in_cell(results: list[TrialResult], parametrization: str, width: int,
+            depth: Optional[int] = None) -> list[TrialResult]:
+    """The trials of one (parametrization, width, depth) cell, whatever their outcome."""
+    return [r for r in results if r.parametrization == parametrization and r.width == width and r.depth == depth]
 
 
 def best(results: list[TrialResult], parametrization: str, width: int,
          depth: Optional[int] = None) -> Optional[TrialResult]:
     """The lowest-loss trial of one cell; `depth` None matches a sweep without depths."""
-    cell = [r for r in results if r.parametrization == parametrization and r.width == width and r.depth == depth
-            and not r.diverged]
-    return min(cell, key=lambda r: r.loss, default=None)
+    return min((r for r in in_cell(results, parametrization, width, depth) if r.ok), key=lambda r: r.loss,
+               default=None)
 
 
-def _along(sweep: Sweep, along: str, at: Optional[int]) -> list[tuple[int, Optional[int]]]:
+def along_cells(sweep: Sweep, along: str, at: Optional[int] = None) -> list[tuple[int, Optional[int]]]:
     """The (width, depth) cells visited when moving along `along` with the other axis held `at`."""
     cfg = sweep.config
     if along == "width":
@@ -71,7 +107,7 @@ def _along(sweep: Sweep, along: str, at: Optional[int]) -> list[tuple[int, Optio
 def optima(sweep: Sweep, results: list[TrialResult], parametrization: str, along: str = "width",
            at: Optional[int] = None) -> list[TrialResult]:
     """The best trial of each cell along `along` (cells with no finished trial left out)."""
-    return [b for w, d in _along(sweep, along, at) if (b := best(results, parametrization, w, d)) is not None]
+    return [b for w, d in along_cells(sweep, along, at) if (b := best(results, parametrization, w, d)) is not None]
 
 
 def drift(sweep: Sweep, results: list[TrialResult], parametrization: str, name: str, along: str = "width",
@@ -128,3 +164,75 @@ def transferred_hparams(sweep: Sweep, results: list[TrialResult], width: Optiona
     depth = depth or sweep.config.proxy_depth
     b = best(results, parametrization, width, depth)
     return None if b is None else {**sweep.config.fixed, **b.params}
+
+
+# ----------------------------------------------------------------------------- verdicts
+
+
+def axes(sweep: Sweep) -> list[str]:
+    """The axes a verdict is drawn along: width (when several widths, or no depths) and depth."""
+    cfg = sweep.config
+    out = ["width"] if len(cfg.widths) > 1 or cfg.depths is None else []
+    return out + (["depth"] if cfg.depths is not None and len(cfg.depths) > 1 else [])
+
+
+def verdicts(sweep: Sweep, results: list[TrialResult]) -> dict[str, dict[str, Verdict]]:
+    """{parametrization: {axis: Verdict}}: optima with intervals, moves, regret, transferred
+    (see `verdict`); along width at the proxy depth, along depth at the proxy width."""
+    cfg = sweep.config
+    out: dict[str, dict] = {}
+    for p in cfg.parametrizations:
+        out[p] = {}
+        for axis in axes(sweep):
+            cells = [(w if axis == "width" else d, in_cell(results, p, w, d)) for w, d in along_cells(sweep, axis)]
+            v = judge(p, axis, cells, cfg.space, len(cfg.seeds))
+            if v is not None:
+                out[p][axis] = v
+    return out
+
+
+def same_point(results: list[TrialResult], parametrization: str, width: int, depth: Optional[int],
+               params: dict) -> Optional[TrialResult]:
+    """The finished trial of a cell at exactly `params` (a grid point evaluated in several cells)."""
+    return next((r for r in in_cell(results, parametrization, width, depth) if r.params == params and not r.failed),
+                None)
+
+
+def head_to_head(sweep: Sweep, results: list[TrialResult]) -> Optional[dict[str, Any]]:
+    """TP5 Fig. 1's promise at the largest swept width: µP with the proxy's HPs against SP re-tuned
+    there (its own best). None unless both parametrizations were swept on a grid point shared by
+    the proxy and the largest width."""
+    cfg = sweep.config
+    if not {"mup", "sp"} <= set(cfg.parametrizations) or len(cfg.widths) < 2:
+        return None
+    proxy, width, depth = min(cfg.widths), max(cfg.widths), cfg.proxy_depth
+    tuned = best(results, "mup", proxy, depth)
+    sp = best(results, "sp", width, depth)
+    if tuned is None or sp is None:
+        return None
+    at = same_point(results, "mup", width, depth, tuned.params)
+    if at is None:
+        return None
+    mup_best = best(results, "mup", width, depth)
+    loss = math.inf if at.diverged else at.loss
+    return {"width": width, "proxy_width": proxy, "mup_transferred": None if at.diverged else at.loss,
+            "mup_best": None if mup_best is None else mup_best.loss, "sp_retuned": sp.loss,
+            "relative": (loss - sp.loss) / abs(sp.loss) if sp.loss else None}
+
+
+def costs(sweep: Sweep, results: list[TrialResult], transfer: Optional[dict] = None) -> dict[str, Any]:
+    """Compute in CPU seconds (wall seconds where CPU time was not recorded): the whole sweep, the
+    µP proxy cell alone (what tuning costs), and one µP target run from `transfer.json`."""
+    def spent(rs) -> float:
+        return sum(r.cpu_seconds or r.seconds for r in rs)
+
+    cfg = sweep.config
+    proxy = [r for r in in_cell(results, "mup" if "mup" in cfg.parametrizations else cfg.parametrizations[0],
+                                min(cfg.widths), cfg.proxy_depth)]
+    out: dict[str, Any] = {"sweep_cpu_seconds": spent(results), "proxy_cpu_seconds": spent(proxy)}
+    if transfer and "mup" in transfer:
+        target = transfer["mup"].get("cpu_seconds") or transfer["mup"].get("seconds")
+        if target:
+            out.update(target_cpu_seconds=target, proxy_over_target=out["proxy_cpu_seconds"] / target,
+                       sweep_over_target=out["sweep_cpu_seconds"] / target)
+    return out

@@ -13,12 +13,13 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from .analysis import (TrialResult, best, deeper_is_better, drift, load_results, max_drift_steps,
-                       transferred_hparams, wider_is_better)
+from .analysis import (TrialResult, best, costs, counts, deeper_is_better, drift, head_to_head, load_results,
+                       max_drift_steps, transferred_hparams, verdicts, wider_is_better)
 from .runner import Sweep
 from .space import Choice, LogUniform
 from .storage import mask_url
 from .transfer import TRANSFER_RUNS, transfer_where
+from .verdict import CONFIDENCE, Verdict, describe, unit, value_at
 
 LABEL = {"mup": "µP", "sp": "SP (standard)"}
 LINESTYLES = ("-", "--", ":", "-.")
@@ -63,7 +64,11 @@ def _styles(sweep: Sweep, cmap) -> dict[tuple[int, Optional[int]], tuple]:
             for w in cfg.widths for d in depths}
 
 
-def plot_hparam(sweep: Sweep, results: list[TrialResult], name: str, path: Path) -> None:
+def plot_hparam(sweep: Sweep, results: list[TrialResult], name: str, path: Path,
+                fitted: Optional[dict] = None) -> None:
+    """`fitted`: {(parametrization, width, depth): verdict.Optimum} of HP `name`, drawn as a star at
+    the fitted optimum with its interval as a bar (else the best trial is starred)."""
+    fitted = fitted or {}
     import matplotlib
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
@@ -92,11 +97,24 @@ def plot_hparam(sweep: Sweep, results: list[TrialResult], name: str, path: Path)
                     profile[x] = r.loss
             xs = sorted(profile)
             ax.plot(xs, [profile[x] for x in xs], marker="o", linestyle=dashes, ms=3, color=color, label=label)
+            spread = [(x, r) for r in cell for x in [x_of(r.params[name])]
+                      if r.ok and len(r.losses) > 1 and profile.get(x) == r.loss]
+            if spread:  # seed-to-seed range of each plotted point
+                ax.vlines([x for x, _ in spread], [min(r.losses) for _, r in spread],
+                          [max(r.losses) for _, r in spread], color=color, lw=1, alpha=0.7)
             div = sorted({x_of(r.params[name]) for r in cell if r.diverged} - set(profile))
             if div:
                 ax.plot(div, [hi] * len(div), "x", color=color, ms=6)
-            b = best(results, p, w, d)
-            if b is not None:
+            failed = sorted({x_of(r.params[name]) for r in cell if r.failed} - set(profile))
+            if failed:
+                ax.plot(failed, [hi] * len(failed), "v", color="red", ms=7, markeredgecolor=color)
+            o = fitted.get((p, w, d))
+            if o is not None and choices is None:
+                if o.x_interval is not None:
+                    ax.hlines(o.loss, o.x_interval[0], o.x_interval[1], color=color, lw=3, alpha=0.6, zorder=4)
+                ax.plot([o.x], [o.loss], "*", ms=14, color=color, markeredgecolor="red" if o.edge else "black",
+                        zorder=5)
+            elif (b := best(results, p, w, d)) is not None:
                 ax.plot([x_of(b.params[name])], [b.loss], "*", ms=14, color=color, markeredgecolor="black",
                         zorder=5)
         ax.set_title(LABEL[p], fontsize=12)
@@ -110,7 +128,8 @@ def plot_hparam(sweep: Sweep, results: list[TrialResult], name: str, path: Path)
     axes[0][0].set_ylabel("training loss")
     span = hi - lo
     axes[0][0].set_ylim(lo - 0.05 * span, lo + min(span, 3 * max(span / 3, 1e-9)) + 0.08 * span)
-    axes[0][-1].legend(title="★ optimum, × diverged", fontsize=8, title_fontsize=8, loc="upper right")
+    axes[0][-1].legend(title=f"★ fitted optimum, bar: its {round(100 * CONFIDENCE)}% CI\n| seed range, × diverged,"
+                              " ▼ failed", fontsize=8, title_fontsize=8, loc="upper right")
     fig.suptitle(f"{sweep.config.name}: training loss vs {name}", fontsize=12)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -128,14 +147,53 @@ def _drift_entry(sweep: Sweep, results: list[TrialResult], p: str, along: str) -
                 "max_grid_steps": max_drift_steps(sweep, results, p, n, along)} for n in space}
 
 
-def summarize(sweep: Sweep, results: list[TrialResult]) -> dict:
-    """summary.json: optima per cell, drift (at the proxy depth along width, at the proxy width
-    along depth), bigger-is-better checks, the transferred HPs and the sweep's cost."""
+def _load_transfer(sweep: Sweep) -> Optional[dict]:
+    path = sweep.run_dir / "transfer.json"  # written by `mutransfer transfer`
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def verdict_lines(sweep: Sweep, judged: dict[str, dict[str, Verdict]]) -> list[str]:
+    """One sentence per (parametrization, axis), µP first: the verdicts at the top of the report."""
+    lines = []
+    for p in sorted(judged, key=lambda p: p != "mup"):
+        for axis, v in judged[p].items():
+            lines.append(describe(v, f"{LABEL[p].split(' ')[0]} across {axis}s"))
+    return lines
+
+
+def head_to_head_line(h: Optional[dict]) -> Optional[str]:
+    """TP5 Fig. 1's promise, measured: µP with the proxy's HPs against SP re-tuned at the largest width."""
+    if h is None:
+        return None
+    if h["mup_transferred"] is None:
+        return (f"At width {h['width']}, µP with the HPs tuned at width {h['proxy_width']} diverged; SP re-tuned "
+                f"there reaches {h['sp_retuned']:.4g}.")
+    rel = h["relative"]
+    judgement = ("µP is as good or better" if rel is not None and rel <= 0.01 else "SP re-tuned at the large width is "
+                 "better: at this scale µP does not pay off")
+    return (f"At width {h['width']}, µP with the HPs tuned at width {h['proxy_width']} reaches "
+            f"{h['mup_transferred']:.4g}; SP re-tuned at width {h['width']} reaches {h['sp_retuned']:.4g} "
+            f"({'' if rel is None else f'{100 * rel:+.1f}%, '}{judgement}).")
+
+
+def summarize(sweep: Sweep, results: list[TrialResult], judged: Optional[dict] = None) -> dict:
+    """summary.json: the verdict line, per parametrization and axis the optima with intervals, drift
+    with interval, transferred, regret and trial counts (`verdicts`); the grid optima per cell and
+    their drift, bigger-is-better checks, the head-to-head at the largest width, the transferred HPs
+    and the cost."""
     cfg = sweep.config
     ps = cfg.parametrizations
-    summary = {"name": cfg.name, "objective": cfg.objective, "widths": cfg.widths, "proxy_width": min(cfg.widths)}
+    judged = verdicts(sweep, results) if judged is None else judged
+    lines = verdict_lines(sweep, judged)
+    h2h = head_to_head(sweep, results)
+    summary = {"name": cfg.name, "objective": cfg.objective, "verdict": " ".join(lines[:1]), "verdicts": lines,
+               "transferred": {p: bool(judged[p]) and all(v.transferred for v in judged[p].values()) for p in ps},
+               "confidence": CONFIDENCE, "seeds": cfg.seeds,
+               "widths": cfg.widths, "proxy_width": min(cfg.widths)}
     if cfg.depths is not None:
         summary.update(depths=cfg.depths, base_depth=cfg.base_depth, proxy_depth=cfg.proxy_depth)
+    summary["analysis"] = {p: {axis: v.as_dict() for axis, v in judged[p].items()} for p in ps}
+    summary["head_to_head"] = h2h
     summary["transferred_hparams"] = transferred_hparams(sweep, results)
     if cfg.depths is None:
         summary["optima"] = {p: {str(w): _cell_optimum(best(results, p, w)) for w in cfg.widths} for p in ps}
@@ -148,8 +206,10 @@ def summarize(sweep: Sweep, results: list[TrialResult]) -> dict:
     summary["wider_is_better"] = {p: wider_is_better(sweep, results, p) for p in ps}
     if cfg.depths is not None:
         summary["deeper_is_better"] = {p: deeper_is_better(sweep, results, p) for p in ps}
-    summary.update(trials=len(results), diverged=sum(r.diverged for r in results),
-                   sweep_seconds=sum(r.seconds for r in results))
+    c = counts(results)
+    summary.update(trials=len(results), diverged=c["diverged"], failed=c["failed"],
+                   counts={p: counts(results, p) for p in ps}, sweep_seconds=sum(r.seconds for r in results),
+                   cost=costs(sweep, results, _load_transfer(sweep)))
     return summary
 
 
@@ -159,11 +219,12 @@ def _optimum_rows(sweep: Sweep, results: list[TrialResult]) -> str:
     for p, w, d in cfg.cells:
         b = best(results, p, w, d)
         cell = [r for r in results if r.parametrization == p and r.width == w and r.depth == d]
-        n, nd = len(cell), sum(r.diverged for r in cell)
+        n, nd, nf = len(cell), sum(r.diverged for r in cell), sum(r.failed for r in cell)
         depth = "" if d is None else f"<td>{d}</td>"
         values = "".join(f"<td>{_fmt(b.params[k]) if b else '—'}</td>" for k in cfg.space)
         loss = f"{b.loss:.4f}" if b else "—"
-        rows.append(f"<tr><td>{LABEL[p]}</td><td>{w}</td>{depth}{values}<td>{loss}</td><td>{n}</td><td>{nd}</td></tr>")
+        rows.append(f"<tr><td>{LABEL[p]}</td><td>{w}</td>{depth}{values}<td>{loss}</td><td>{n}</td><td>{nd}</td>"
+                    f"<td>{nf}</td></tr>")
     return "".join(rows)
 
 
@@ -213,19 +274,64 @@ def _bigger_is_better_html(sweep: Sweep, results: list[TrialResult]) -> str:
     return out
 
 
-def _transfer_html(sweep: Sweep) -> str:
-    path = sweep.run_dir / "transfer.json"
-    if not path.is_file():  # written by `mutransfer transfer`
+def _transfer_html(sweep: Sweep, summary: dict) -> str:
+    t = _load_transfer(sweep)
+    if t is None:
         return ""
-    t = json.loads(path.read_text())
     cells = []
     for p, label in TRANSFER_RUNS:
         if p in t:
             loss = "diverged" if t[p]["loss"] is None else f"{t[p]['loss']:.4f}"
             cells.append(f"<tr><td>{label}</td><td>{_fmt(t[p]['hparams'].get('lr', '—'))}</td><td>{loss}</td></tr>")
-    ratio = f"<p>Sweep compute over one target run: {t['cost_ratio']:.1f}×.</p>" if "cost_ratio" in t else ""
+    cost = summary["cost"]
+    ratio = ""
+    if "proxy_over_target" in cost:
+        ratio = (f"<p>Compute: tuning at the proxy (µP, {cost['proxy_cpu_seconds']:.0f} CPU s) cost "
+                 f"{cost['proxy_over_target']:.2f}× one target run ({cost['target_cpu_seconds']:.1f} CPU s); "
+                 f"the whole sweep, checks at every width included, {cost['sweep_over_target']:.1f}×.</p>")
     return (f"<h2>Transfer from {transfer_where(t, 'proxy')} to {transfer_where(t, 'target')}</h2>"
             f"<table><tr><th>run</th><th>lr</th><th>training loss</th></tr>{''.join(cells)}</table>{ratio}")
+
+
+def _interval_text(iv, fmt) -> str:
+    return "—" if iv is None else f"{fmt(iv[0])} … {fmt(iv[1])}"
+
+
+def _verdict_rows(sweep: Sweep, judged: dict[str, dict[str, Verdict]]) -> str:
+    """Per parametrization, axis, HP and cell: fitted optimum with interval, move, regret, edge."""
+    rows = []
+    for p, by_axis in judged.items():
+        for axis, v in by_axis.items():
+            for name, h in v.hps.items():
+                for o in h.optima:
+                    move = h.moves.get(o.at)
+                    a_r = v.regret.get(o.at)
+                    value = value_at(h.dim, o.x)
+                    shown = _fmt(value) if not isinstance(value, float) else f"{value:.3g}"
+                    if h.dim.__class__.__name__ == "LogUniform":
+                        shown += f" (log2 {o.x:+.2f})"
+                    ci = _interval_text(o.x_interval, lambda x: f"{x:+.2f}")
+                    mv = "proxy" if move is None else f"{move.value:+.2f}{unit(h.dim)}"
+                    mv_ci = "" if move is None else _interval_text(move.interval, lambda x: f"{x:+.2f}")
+                    rg = "—" if a_r is None else (f"{100 * a_r[1].value:.2f}%" if math.isfinite(a_r[1].value)
+                                                   else "diverged")
+                    rg_ci = "" if a_r is None else _interval_text(a_r[1].interval, lambda x: f"{100 * x:.2f}%")
+                    edge = {-1: "low edge: widen the grid", 1: "high edge: widen the grid"}.get(o.edge, "")
+                    rows.append(f"<tr><td>{LABEL[p]}</td><td>{html.escape(name)}</td><td>{axis} {o.at}</td>"
+                                f"<td>{shown}</td><td>{ci}</td><td>{mv}</td><td>{mv_ci}</td><td>{rg}</td>"
+                                f"<td>{rg_ci}</td><td>{edge}</td></tr>")
+    return "".join(rows)
+
+
+def _failure_rows(results: list[TrialResult]) -> str:
+    rows = []
+    for r in results:
+        if r.failed:
+            where = f"width {r.width}" + ("" if r.depth is None else f", depth {r.depth}")
+            params = ", ".join(f"{k}={_fmt(v)}" for k, v in r.params.items())
+            rows.append(f"<tr><td>{LABEL[r.parametrization]}</td><td>{where}</td><td>{r.number}</td>"
+                        f"<td>{html.escape(params)}</td><td style='text-align:left'>{html.escape(r.error)}</td></tr>")
+    return "".join(rows)
 
 
 def write_report(sweep: Sweep, out_dir: Optional[Path] = None) -> Path:
@@ -236,13 +342,20 @@ def write_report(sweep: Sweep, out_dir: Optional[Path] = None) -> Path:
     if not results:
         raise ValueError(f"{sweep.run_dir}: no finished trials yet; run the sweep first")
     cfg = sweep.config
+    judged = verdicts(sweep, results)
+    summary = summarize(sweep, results, judged)
     images = []
     for name in cfg.space:
+        fitted = {}
+        for p, by_axis in judged.items():
+            for axis, v in by_axis.items():
+                for o in v.hps[name].optima:
+                    key = (p, o.at, cfg.proxy_depth) if axis == "width" else (p, min(cfg.widths), o.at)
+                    fitted.setdefault(key, o)
         png = out / f"loss_vs_{name}.png"
-        plot_hparam(sweep, results, name, png)
+        plot_hparam(sweep, results, name, png, fitted)
         images.append(png.name)
 
-    summary = summarize(sweep, results)
     transferred = summary["transferred_hparams"]
     (out / "transferred.json").write_text(json.dumps(transferred, indent=1))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -255,28 +368,53 @@ def write_report(sweep: Sweep, out_dir: Optional[Path] = None) -> Path:
              + (f", depths {', '.join(map(str, cfg.depths))} (µP base depth {cfg.base_depth})" if depths else ""))
     proxy = f"width {min(cfg.widths)}" + (f" and depth {cfg.proxy_depth}" if depths else "")
     curve = " and ".join(axis for axis, varies in zip(("width", "depth"), _varying(sweep)) if varies)
+    verdict = "".join(f"<li>{html.escape(line)}</li>" for line in summary["verdicts"])
+    h2h = head_to_head_line(summary["head_to_head"])
+    if h2h:
+        verdict += f"<li>{html.escape(h2h)}</li>"
+    c = summary["counts"]
+    count_text = "; ".join(f"{LABEL[p]}: {c[p]['completed']} completed, {c[p]['diverged']} diverged, "
+                           f"{c[p]['failed']} failed" for p in cfg.parametrizations)
+    failures = _failure_rows(results)
+    failure_html = (f"<h2>Failed trials</h2><p>The objective raised; tracebacks are in <code>failures/</code> in the "
+                    f"run directory. <code>mutransfer sweep CONFIG --retry-failed</code> reruns them.</p><table><tr>"
+                    f"<th>parametrization</th><th>where</th><th>trial</th><th>hyperparameters</th><th>error</th></tr>"
+                    f"{failures}</table>") if failures else ""
+    seeds = len(cfg.seeds)
+    uncertainty = (f"{round(100 * CONFIDENCE)}% bootstrap interval over the {seeds} seeds" if seeds > 1 else
+                   "no interval: one seed (add seeds to the config for intervals)")
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>µTransfer sweep: {html.escape(cfg.name)}</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}}
 table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:4px 10px;text-align:right}}
-th{{background:#f3f3f3}}img{{max-width:100%;border:1px solid #eee}}pre{{background:#f6f8fa;padding:1em}}</style></head>
+th{{background:#f3f3f3}}img{{max-width:100%;border:1px solid #eee}}pre{{background:#f6f8fa;padding:1em}}
+.verdict{{background:#f6f8fa;border-left:4px solid #555;padding:.5em 1em}}</style></head>
 <body><h1>µTransfer sweep: {html.escape(cfg.name)}</h1>
+<div class="verdict"><b>Verdict</b><ul>{verdict}</ul></div>
 <p>Objective <code>{html.escape(cfg.objective)}</code>, {scope}, sampler {cfg.sampler}, seeds {cfg.seeds},
-{summary['trials']} trials ({summary['diverged']} diverged),
+{summary['trials']} trials ({count_text}),
 {summary['sweep_seconds']:.0f} s of training. Storage: <code>{html.escape(mask_url(sweep.url))}</code>.</p>
 <h2>Training loss against each hyperparameter</h2>
 {''.join(f'<p><img src="{i}" alt="{i}"></p>' for i in images)}
-<p>One curve per {curve}; ★ marks each curve's optimum. Under µP the optima line up: tune the small model, reuse
-the HPs on the large one. Under SP they move with {'width and depth' if depths else 'width'}.</p>
-<h2>Optimum per {'width and depth' if depths else 'width'}</h2>
-<table><tr><th>parametrization</th><th>width</th>{depth_head}{head}<th>loss</th><th>trials</th><th>diverged</th></tr>{_optimum_rows(sweep, results)}</table>
-<h2>Drift of the optimum across {'widths and depths' if depths else 'widths'}</h2>
+<p>One curve per {curve}, the mean over seeds; a vertical bar is the range over seeds; ★ marks each curve's
+optimum fitted below grid resolution (a parabola through the best point and its neighbours, in log2 for a
+log-scaled HP), the horizontal bar its {uncertainty}; a red-edged ★ sits on the grid's edge.</p>
+<h2>Optimum, move from the proxy and regret</h2>
+<p>Move: the optimum's shift from the proxy's. Regret: the loss with the proxy's best HPs minus that
+{curve}'s own best, relative to it. Transferred when no optimum is on a grid edge and, everywhere, the move's
+interval lies within ±1 octave (one grid step for a uniform HP) or the regret's interval below 1%.</p>
+<table><tr><th>parametrization</th><th>hyperparameter</th><th>where</th><th>fitted optimum</th><th>interval (log2)</th>
+<th>move</th><th>interval</th><th>regret</th><th>interval</th><th></th></tr>{_verdict_rows(sweep, judged)}</table>
+<h2>Best trial per {'width and depth' if depths else 'width'}</h2>
+<table><tr><th>parametrization</th><th>width</th>{depth_head}{head}<th>loss</th><th>trials</th><th>diverged</th><th>failed</th></tr>{_optimum_rows(sweep, results)}</table>
+<h2>Drift of the best grid point across {'widths and depths' if depths else 'widths'}</h2>
 <table><tr><th>parametrization</th><th>hyperparameter</th>{across_head}<th>{'smallest → largest' if depths else 'smallest → largest width'}</th><th>largest move (grid steps)</th></tr>{_drift_rows(sweep, results)}</table>
 {_bigger_is_better_html(sweep, results)}
+{failure_html}
 <h2>Transferred hyperparameters</h2>
 <p>µP optimum at the proxy {proxy} (also in <code>transferred.json</code>):</p>
 <pre>{html.escape(json.dumps(transferred, indent=1))}</pre>
-{_transfer_html(sweep)}
+{_transfer_html(sweep, summary)}
 </body></html>"""
     path = out / "report.html"
     path.write_text(page)

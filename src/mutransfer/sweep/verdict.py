@@ -1,0 +1,394 @@
+"""Did the hyperparameters transfer? Verdicts computed from a sweep's own trials, with uncertainty.
+
+For each parametrization and hyperparameter, along one axis (width, or depth):
+
+- **optimum per cell, below grid resolution**: the loss curve (the profile over the other HPs
+  when several are swept) is fitted by a parabola through its best point and that point's two
+  neighbours, in log2 for a log-scaled HP — the classic parabolic interpolation of a minimum.
+  An optimum on the first or last evaluated point is on the grid's **edge**: the true optimum
+  may lie beyond it, so its position is unknown and the verdict says "widen the grid". A
+  diverged neighbour (NaN loss) counts as evaluated: a best point next to it is not an edge.
+- **interval**: a bootstrap over seeds. Every trial trains once per seed; a resample draws the
+  seeds with replacement (the same draw for every cell, since a seed fixes the data order in
+  every cell), recomputes each trial's mean loss and refits. The interval is the central
+  `CONFIDENCE` quantile range of the refitted values. With one seed there is no interval; with
+  two the bootstrap has three distinct draws, so the interval is coarse — more seeds tighten it.
+- **move** of each cell's optimum from the proxy's (the smallest value on the axis), in octaves
+  for a log HP; the **drift** is the move of the largest cell.
+- **regret** at each cell: the loss there with the proxy's best trial's HPs (the same grid
+  point) minus that cell's own best, relative to the best; known wherever the proxy's point was
+  also evaluated in that cell (grid sweeps), with its own bootstrap interval.
+- **transferred**: no optimum on a grid edge, and at every cell either the move's interval lies
+  within ±`tolerance` (1 octave for a log HP: within a factor of 2) or the regret's interval lies
+  below `max_regret` (1%: moving did not matter there). Anything else is "did not transfer",
+  which includes "cannot tell" (an interval too wide): add seeds or widen the grid.
+
+Everything here reads the trials; no sentence of the report is written without a number behind it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .space import Choice, Dimension, LogUniform, Uniform
+
+CONFIDENCE = 0.90
+N_BOOTSTRAP = 2000
+TOLERANCE_OCTAVES = 1.0
+MAX_REGRET = 0.01
+BOOTSTRAP_SEED = 0  # the report is a deterministic function of the trials
+
+
+# ----------------------------------------------------------------------------- HP coordinates
+
+
+def coordinate(dim: Dimension, value) -> float:
+    """Where a value sits on the axis the optimum is located along: log2 for a log HP, the value
+    for a uniform one, the index for a choice."""
+    if isinstance(dim, Choice):
+        return float(list(dim.values).index(value))
+    return math.log2(value) if isinstance(dim, LogUniform) else float(value)
+
+
+def value_at(dim: Dimension, x: float):
+    """The HP value at coordinate `x` (inverse of `coordinate`)."""
+    if isinstance(dim, Choice):
+        return list(dim.values)[int(round(x))]
+    return 2.0 ** x if isinstance(dim, LogUniform) else x
+
+
+def tolerance(dim: Dimension) -> float:
+    """How far an optimum may move and still count as transferred, in `coordinate` units:
+    1 octave for a log HP, one grid step for a uniform one, 0 (the same choice) for a choice."""
+    if isinstance(dim, LogUniform):
+        return TOLERANCE_OCTAVES
+    if isinstance(dim, Uniform):
+        return (dim.high - dim.low) / max(1, dim.grid - 1)
+    return 0.0
+
+
+def unit(dim: Dimension) -> str:
+    return " octaves" if isinstance(dim, LogUniform) else ""
+
+
+# ----------------------------------------------------------------------------- loss matrices
+
+
+@dataclass
+class CellData:
+    """One cell's usable trials as arrays: HP coordinates per trial and losses per (trial, seed)."""
+
+    x: dict[str, np.ndarray]  # HP name -> coordinate per trial
+    losses: np.ndarray  # (n_trials, n_seeds); +inf for a diverged trial
+    keys: list[tuple]  # each trial's HP values, to find the same point in another cell
+    evaluated: dict[str, np.ndarray] = field(default_factory=dict)  # HP -> sorted coordinates tried
+
+    @property
+    def empty(self) -> bool:
+        return not np.isfinite(self.losses).any()
+
+
+def cell_data(trials: Sequence, space: dict[str, Dimension], n_seeds: int) -> CellData:
+    """Arrays of one cell's completed and diverged trials (failed ones were not evaluated)."""
+    rows, keys, xs = [], [], {n: [] for n in space}
+    for r in trials:
+        if r.failed:
+            continue
+        if r.diverged:
+            row = [math.inf] * n_seeds
+        elif len(r.losses) == n_seeds and all(math.isfinite(v) for v in r.losses):
+            row = list(r.losses)
+        else:  # per-seed losses not recorded: the mean stands for every seed (no spread)
+            row = [r.loss] * n_seeds
+        rows.append(row)
+        keys.append(tuple(r.params[n] for n in space))
+        for n, dim in space.items():
+            xs[n].append(coordinate(dim, r.params[n]))
+    x = {n: np.asarray(v, dtype=float) for n, v in xs.items()}
+    losses = np.asarray(rows, dtype=float).reshape(len(rows), n_seeds)
+    return CellData(x, losses, keys, {n: np.unique(v) for n, v in x.items()})
+
+
+def resample_index(n_seeds: int, n: int = N_BOOTSTRAP) -> np.ndarray:
+    """(n, n_seeds) seed indices drawn with replacement; row 0 is the data itself."""
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    idx = rng.integers(0, n_seeds, size=(n, n_seeds))
+    idx[0] = np.arange(n_seeds)
+    return idx
+
+
+def resampled_means(cell: CellData, idx: np.ndarray) -> np.ndarray:
+    """(n_resamples, n_trials) mean loss of every trial under each seed resample."""
+    if not len(cell.keys):
+        return np.zeros((len(idx), 0))
+    return cell.losses[:, idx].mean(axis=2).T  # (trials, B, S) -> (B, trials)
+
+
+# ----------------------------------------------------------------------------- locating an optimum
+
+
+def profile(x: np.ndarray, means: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """(B, len(grid)): at each evaluated coordinate, the best mean loss over trials there (the
+    profile over the other HPs)."""
+    out = np.full((means.shape[0], len(grid)), np.inf)
+    for j, g in enumerate(grid):
+        cols = np.flatnonzero(x == g)
+        if len(cols):
+            out[:, j] = means[:, cols].min(axis=1)
+    return out
+
+
+def parabolic_minimum(grid: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of y (B, n): the fitted minimum's coordinate and its edge flag (-1 low, +1 high, 0).
+
+    The best point and its two neighbours define a parabola whose vertex lies between the
+    neighbours; a non-finite neighbour or a flat triple leaves the best point itself. A row with
+    no finite value gives NaN.
+    """
+    n = len(grid)
+    finite = np.isfinite(y).any(axis=1)
+    i = np.where(finite, np.argmin(np.where(np.isfinite(y), y, np.inf), axis=1), 0)
+    xs = grid[i].astype(float)
+    edge = np.where(i == 0, -1, np.where(i == n - 1, 1, 0))
+    if n == 1:
+        edge[:] = 0
+    inner = (i > 0) & (i < n - 1)
+    if inner.any():
+        r = np.flatnonzero(inner)
+        ii = i[r]
+        x0, x1, x2 = grid[ii - 1], grid[ii], grid[ii + 1]
+        y0, y1, y2 = y[r, ii - 1], y[r, ii], y[r, ii + 1]
+        ok = np.isfinite(y0) & np.isfinite(y2)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            num = (x1 - x0) ** 2 * (y1 - y2) - (x1 - x2) ** 2 * (y1 - y0)
+            den = (x1 - x0) * (y1 - y2) - (x1 - x2) * (y1 - y0)
+            vertex = x1 - 0.5 * num / den
+        good = ok & np.isfinite(vertex) & (den != 0)
+        xs[r[good]] = np.clip(vertex[good], x0[good], x2[good])
+    xs[~finite] = np.nan
+    return xs, edge
+
+
+def interval(samples: np.ndarray) -> Optional[tuple[float, float]]:
+    """The central CONFIDENCE range of bootstrap samples (row 0 excluded: it is the data); None
+    when there is no spread to estimate (one seed) or no finite sample."""
+    s = samples[1:]
+    s = s[np.isfinite(s)]
+    if len(s) < 2:
+        return None
+    a = (1 - CONFIDENCE) / 2
+    lo, hi = np.quantile(s, [a, 1 - a])
+    return float(lo), float(hi)
+
+
+# ----------------------------------------------------------------------------- verdicts
+
+
+@dataclass
+class Optimum:
+    """One cell's optimum of one HP: fitted coordinate, its interval, the best grid point, the edge."""
+
+    at: int  # the axis value (width or depth)
+    x: float  # fitted coordinate (log2 for a log HP)
+    x_interval: Optional[tuple[float, float]]
+    grid_x: float  # the best evaluated coordinate
+    edge: int  # -1 low edge, +1 high edge, 0 inside
+    loss: float  # best mean loss in the cell
+
+    def as_dict(self, dim: Dimension) -> dict:
+        d = {"value": value_at(dim, self.x), "grid_value": value_at(dim, self.grid_x),
+             "interval": None if self.x_interval is None else [value_at(dim, v) for v in self.x_interval],
+             "edge": {-1: "low", 1: "high"}.get(self.edge), "loss": self.loss}
+        if isinstance(dim, LogUniform):
+            d.update(log2=self.x, log2_interval=None if self.x_interval is None else list(self.x_interval))
+        return d
+
+
+@dataclass
+class Estimate:
+    value: float
+    interval: Optional[tuple[float, float]]
+
+    def as_dict(self) -> dict:
+        return {"value": self.value, "interval": None if self.interval is None else list(self.interval)}
+
+    def within(self, bound: float) -> bool:
+        """Does the interval (the value itself without one) lie within ±bound?"""
+        lo, hi = self.interval if self.interval is not None else (self.value, self.value)
+        return math.isfinite(self.value) and -bound - 1e-9 <= lo and hi <= bound + 1e-9
+
+
+@dataclass
+class HPVerdict:
+    name: str
+    dim: Dimension
+    optima: list[Optimum]
+    moves: dict[int, Estimate]  # axis value -> move of the optimum from the proxy's
+    transferred: bool
+    reasons: list[str]
+
+    @property
+    def drift(self) -> Optional[Estimate]:
+        return self.moves.get(self.optima[-1].at) if len(self.optima) >= 2 else None
+
+
+@dataclass
+class Verdict:
+    """One parametrization along one axis: every HP's optima and moves, regret per cell."""
+
+    parametrization: str
+    axis: str
+    proxy: int
+    hps: dict[str, HPVerdict]
+    regret: dict[int, tuple[Estimate, Estimate]]  # axis value -> (absolute, relative) regret
+    counts: dict[str, int]
+
+    @property
+    def transferred(self) -> bool:
+        return bool(self.hps) and all(h.transferred for h in self.hps.values())
+
+    def as_dict(self) -> dict:
+        return {
+            "axis": self.axis, "proxy": self.proxy, "transferred": self.transferred,
+            "hparams": {n: {"optimum": {str(o.at): o.as_dict(h.dim) for o in h.optima},
+                            "move": {str(k): dict(v.as_dict(), unit=unit(h.dim).strip() or "value")
+                                     for k, v in h.moves.items()},
+                            "drift": None if h.drift is None else dict(h.drift.as_dict(),
+                                                                      unit=unit(h.dim).strip() or "value"),
+                            "tolerance": tolerance(h.dim), "transferred": h.transferred, "reasons": h.reasons}
+                        for n, h in self.hps.items()},
+            "regret": {str(k): {"loss": a.value, "relative": r.value,
+                                "relative_interval": None if r.interval is None else list(r.interval)}
+                       for k, (a, r) in self.regret.items()},
+            "counts": self.counts,
+        }
+
+
+def _regret(proxy: CellData, proxy_means: np.ndarray, cell: CellData, cell_means: np.ndarray
+            ) -> Optional[tuple[Estimate, Estimate]]:
+    """Loss in `cell` at the proxy's best point minus the cell's best, per resample."""
+    index = {k: j for j, k in enumerate(cell.keys)}
+    match = np.array([index.get(k, -1) for k in proxy.keys])
+    if not len(match) or not np.isfinite(proxy_means).any() or not np.isfinite(cell_means).any():
+        return None
+    jstar = np.argmin(np.where(np.isfinite(proxy_means), proxy_means, np.inf), axis=1)
+    k = match[jstar]
+    if k[0] < 0:
+        return None
+    rows = np.arange(len(k))
+    at = np.where(k >= 0, cell_means[rows, np.maximum(k, 0)], np.nan)
+    best = np.min(np.where(np.isfinite(cell_means), cell_means, np.inf), axis=1)
+    absolute = at - best
+    with np.errstate(invalid="ignore", divide="ignore"):
+        relative = np.where(best > 0, absolute / best, np.nan)
+    absolute = np.where(np.isinf(at), np.inf, absolute)
+    relative = np.where(np.isinf(at), np.inf, relative)
+    return (Estimate(float(absolute[0]), interval(absolute)), Estimate(float(relative[0]), interval(relative)))
+
+
+def judge(parametrization: str, axis: str, cells: list[tuple[int, Sequence]], space: dict[str, Dimension],
+          n_seeds: int, n_bootstrap: int = N_BOOTSTRAP) -> Optional[Verdict]:
+    """The verdict along `axis` from `cells` = [(axis value, that cell's trials)], proxy first.
+
+    None when the proxy cell has no usable trial."""
+    cells = sorted(cells, key=lambda c: c[0])
+    idx = resample_index(n_seeds, n_bootstrap if n_seeds > 1 else 1)
+    datas = [(at, cell_data(trials, space, n_seeds)) for at, trials in cells]
+    datas = [(at, d) for at, d in datas if not d.empty]
+    n_counts = {"completed": 0, "diverged": 0, "failed": 0}
+    for _, trials in cells:
+        for r in trials:
+            n_counts["failed" if r.failed else "diverged" if r.diverged else "completed"] += 1
+    if not datas or datas[0][0] != cells[0][0]:
+        return None
+    means = {at: resampled_means(d, idx) for at, d in datas}
+    proxy_at, proxy = datas[0]
+    regret = {}
+    for at, d in datas:
+        r = _regret(proxy, means[proxy_at], d, means[at])
+        if r is not None:
+            regret[at] = r
+    hps = {}
+    for name, dim in space.items():
+        optima, samples = [], {}
+        for at, d in datas:
+            prof = profile(d.x[name], means[at], d.evaluated[name])
+            xs, edge = parabolic_minimum(d.evaluated[name], prof)
+            if isinstance(dim, Choice):  # no interpolation between choices
+                xs = d.evaluated[name][np.argmin(np.where(np.isfinite(prof), prof, np.inf), axis=1)]
+                edge = np.zeros_like(edge)
+            samples[at] = xs
+            grid_x = float(d.evaluated[name][int(np.argmin(np.where(np.isfinite(prof[0]), prof[0], np.inf)))])
+            optima.append(Optimum(at, float(xs[0]), interval(xs), grid_x, int(edge[0]),
+                                  float(np.min(prof[0]))))
+        moves = {at: Estimate(float(samples[at][0] - samples[proxy_at][0]),
+                              interval(samples[at] - samples[proxy_at])) for at, _ in datas[1:]}
+        reasons, tol = [], tolerance(dim)
+        for o in optima:
+            if o.edge:
+                reasons.append(f"edge at {axis} {o.at}")
+        for at, move in moves.items():
+            small_regret = at in regret and regret[at][1].within(MAX_REGRET) and regret[at][1].value >= 0
+            if not move.within(tol) and not small_regret:
+                word = "uncertain" if abs(move.value) <= tol + 1e-9 else "moved"
+                reasons.append(f"{word} at {axis} {at}")
+        if len(optima) < 2:
+            reasons.append(f"fewer than two {axis}s with results")
+        hps[name] = HPVerdict(name, dim, optima, moves, not reasons, reasons)
+    return Verdict(parametrization, axis, proxy_at, hps, regret, n_counts)
+
+
+# ----------------------------------------------------------------------------- sentences
+
+
+def _num(v: float, unit_: str = "") -> str:
+    return f"{v:+.2f}{unit_}"
+
+
+def _ci(iv: Optional[tuple[float, float]], fmt) -> str:
+    return "" if iv is None else f" ({round(100 * CONFIDENCE)}% CI {fmt(iv[0])} … {fmt(iv[1])})"
+
+
+def _pct(v: float) -> str:
+    return "∞" if math.isinf(v) else f"{100 * v:.1f}%"
+
+
+def describe(v: Verdict, label: str) -> str:
+    """One sentence: did `label`'s optimum transfer along the axis, by how much, at what regret."""
+    parts = []
+    for h in v.hps.values():
+        first, last = h.optima[0], h.optima[-1]
+        u = unit(h.dim)
+        if isinstance(h.dim, Choice):
+            chosen = ", ".join(str(value_at(h.dim, o.x)) for o in h.optima)
+            parts.append(f"best {h.name} per {v.axis}: {chosen}")
+        elif h.drift is not None:
+            d = h.drift
+            parts.append(f"{h.name} optimum moved {_num(d.value, u)}{_ci(d.interval, lambda t: _num(t))} "
+                         f"from {v.axis} {first.at} to {last.at}")
+        edges = [o for o in h.optima if o.edge]
+        for o in edges:
+            side = "high" if o.edge > 0 else "low"
+            parts.append(f"{h.name} optimum at {v.axis} {o.at} is on the grid's {side} edge "
+                         f"({value_at(h.dim, o.grid_x):.3g}): widen the grid")
+    last_at = max(v.regret) if v.regret else None
+    if last_at is not None and last_at != v.proxy:
+        a, r = v.regret[last_at]
+        if math.isfinite(r.value):
+            parts.append(f"regret at {v.axis} {last_at}: {_pct(r.value)}{_ci(r.interval, _pct)}")
+        elif math.isinf(a.value):
+            parts.append(f"the proxy's HPs diverge at {v.axis} {last_at}")
+        else:
+            parts.append(f"regret at {v.axis} {last_at}: {a.value:+.4g}")
+    if v.counts["failed"] or v.counts["diverged"]:
+        parts.append(f"{v.counts['diverged']} diverged, {v.counts['failed']} failed trial(s)")
+    reasons = [r for h in v.hps.values() for r in h.reasons]
+    head = f"{label} transferred" if v.transferred else f"{label} did not transfer"
+    if reasons and not any(r.startswith("moved") for r in reasons):
+        why = "an optimum on the grid's edge" if any(r.startswith("edge") for r in reasons) else \
+            f"an interval reaches beyond the tolerance: add seeds"
+        head = f"{label}: cannot tell ({why})"
+    return head + (": " + "; ".join(parts) if parts else "") + "."

@@ -1,0 +1,144 @@
+"""Verdicts from a sweep's own trials: sub-grid optima, bootstrap intervals over seeds, edges, regret."""
+import json
+import math
+import textwrap
+
+import numpy as np
+import pytest
+
+from mutransfer.cli import main
+from mutransfer.sweep.analysis import TrialResult
+from mutransfer.sweep.space import Choice, LogUniform, Uniform
+from mutransfer.sweep.verdict import describe, judge, parabolic_minimum
+
+LR = LogUniform(2 ** -10, 2 ** -2, 9)
+
+
+def cell(p, width, optimum, seeds=2, noise=0.0, curvature=0.1, rng=None, diverge_above=None):
+    """Trials on LR's grid with loss curvature·(log2 lr − optimum)² + 1/width (+ noise per seed)."""
+    rng = rng or np.random.default_rng(0)
+    out = []
+    for i, lr in enumerate(LR.grid_points()):
+        if diverge_above is not None and lr > diverge_above:
+            out.append(TrialResult(p, width, i, {"lr": lr}, math.nan, True, 0.0, None, (math.nan,) * seeds))
+            continue
+        ls = tuple(curvature * (math.log2(lr) - optimum) ** 2 + 1 / width + noise * rng.standard_normal()
+                   for _ in range(seeds))
+        out.append(TrialResult(p, width, i, {"lr": lr}, sum(ls) / seeds, False, 0.0, None, ls))
+    return out
+
+
+def test_parabolic_minimum_is_exact_on_a_parabola_and_flags_edges():
+    grid = np.arange(-10.0, -1.0)
+    y = np.stack([(grid + 6.3) ** 2, (grid + 10.5) ** 2, (grid + 1.2) ** 2, np.full(9, np.inf)])
+    x, edge = parabolic_minimum(grid, y)
+    assert x[0] == pytest.approx(-6.3) and edge[0] == 0
+    assert x[1] == -10 and edge[1] == -1  # beyond the low end: the grid point, flagged
+    assert x[2] == -2 and edge[2] == 1
+    assert math.isnan(x[3])
+
+
+def test_a_diverged_neighbour_is_not_an_edge():
+    v = judge("mup", "width", [(16, cell("mup", 16, -3.5, diverge_above=2 ** -3.5)),
+                               (64, cell("mup", 64, -3.5, diverge_above=2 ** -3.5))], {"lr": LR}, 2)
+    o = v.hps["lr"].optima[0]
+    assert o.edge == 0 and o.grid_x == -4  # best finite point, its high neighbour diverged
+
+
+def test_aligned_optima_transfer_with_an_interval_from_seeds():
+    rng = np.random.default_rng(1)
+    v = judge("mup", "width", [(w, cell("mup", w, -6.3, seeds=4, noise=0.02, rng=rng)) for w in (16, 64, 256)],
+              {"lr": LR}, 4)
+    h = v.hps["lr"]
+    assert [o.x for o in h.optima] == pytest.approx([-6.3] * 3, abs=0.15)
+    lo, hi = h.drift.interval
+    assert lo < h.drift.value < hi and hi - lo < 0.5  # noise 0.02 on a curvature 0.1: a tight interval
+    assert v.transferred and h.reasons == []
+    assert v.regret[256][1].value == pytest.approx(0.0, abs=1e-12)
+    assert describe(v, "µP").startswith("µP transferred: lr optimum moved")
+
+
+def test_a_moving_optimum_does_not_transfer_and_regret_is_measured():
+    v = judge("sp", "width", [(16, cell("sp", 16, -5.0)), (64, cell("sp", 64, -7.0)), (256, cell("sp", 256, -8.2))],
+              {"lr": LR}, 2)
+    h = v.hps["lr"]
+    assert h.drift.value == pytest.approx(-3.2, abs=0.05)
+    assert not v.transferred and "moved at width 64" in h.reasons
+    absolute, relative = v.regret[256]
+    assert absolute.value == pytest.approx(0.1 * 3.2 ** 2 - 0.1 * 0.2 ** 2, rel=1e-9)  # lr 2^-5 vs best grid 2^-8
+    assert relative.value == pytest.approx(absolute.value / (0.1 * 0.04 + 1 / 256))
+    assert "did not transfer" in describe(v, "SP") and "regret at width 256" in describe(v, "SP")
+
+
+def test_an_optimum_on_the_grid_edge_says_widen_the_grid():
+    v = judge("mup", "width", [(16, cell("mup", 16, -9.6)), (64, cell("mup", 64, -10.6))], {"lr": LR}, 2)
+    assert v.hps["lr"].optima[1].edge == -1 and not v.transferred
+    assert abs(v.hps["lr"].drift.value) < 1  # within tolerance, but the true optimum may lie far beyond
+    text = describe(v, "µP")
+    assert "cannot tell" in text and "widen the grid" in text
+    moved = judge("mup", "width", [(16, cell("mup", 16, -6.0)), (64, cell("mup", 64, -11.0))], {"lr": LR}, 2)
+    assert describe(moved, "µP").startswith("µP did not transfer") and "widen the grid" in describe(moved, "µP")
+
+
+def test_a_flat_basin_transfers_by_regret_even_when_the_optimum_moves():
+    flat = judge("mup", "width", [(16, cell("mup", 16, -5.0, curvature=1e-5)),
+                                  (64, cell("mup", 64, -7.5, curvature=1e-5))], {"lr": LR}, 2)
+    assert abs(flat.hps["lr"].drift.value) > 1 and flat.regret[64][1].value < 0.01
+    assert flat.transferred
+
+
+def test_one_seed_gives_no_interval_and_uniform_and_choice_hps_work():
+    space = {"lr": LR, "mom": Uniform(0.0, 0.9, 4), "act": Choice(("relu", "gelu"))}
+    trials = []
+    for w in (16, 64):
+        n = 0
+        for lr in LR.grid_points():
+            for mom in space["mom"].grid_points():
+                for act in ("relu", "gelu"):
+                    loss = (math.log2(lr) + 6) ** 2 + (mom - 0.6) ** 2 + (act == "relu") * 0.5
+                    trials.append(TrialResult("mup", w, n, {"lr": lr, "mom": mom, "act": act}, loss, False, 0.0,
+                                              None, (loss,)))
+                    n += 1
+    v = judge("mup", "width", [(16, trials[:len(trials) // 2]), (64, trials[len(trials) // 2:])], space, 1)
+    assert v.hps["lr"].optima[0].x_interval is None and v.hps["lr"].optima[0].x == pytest.approx(-6)
+    assert v.hps["mom"].optima[0].x == pytest.approx(0.6)  # between grid points 0.6: on the grid here
+    assert v.hps["act"].optima[0].x == 1.0 and v.transferred
+    assert v.as_dict()["hparams"]["act"]["optimum"]["16"]["value"] == "gelu"
+
+
+OBJECTIVE = textwrap.dedent('''
+    import math
+
+    def train(hp, scale):
+        """µP's optimum moves 3 octaves from width 16 to 128; SP's stays put (the opposite of µP's promise)."""
+        target = -4 - (math.log2(scale.width / scale.base_width) if scale.mup else 0)
+        return 0.1 * (math.log2(hp["lr"]) - target) ** 2 + 1.0 / scale.width + 0.001 * scale.seed
+''')
+
+
+def test_the_report_states_what_the_data_show_not_a_fixed_caption(tmp_path):
+    """On main the report printed "Under µP the optima line up … Under SP they move" whatever the data."""
+    (tmp_path / "obj.py").write_text(OBJECTIVE)
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(textwrap.dedent(f'''
+        name = "backwards"
+        objective = "{tmp_path / 'obj.py'}:train"
+        widths = [16, 128]
+        seeds = [0, 1]
+        [space.lr]
+        low = "2**-9"
+        high = "2**-1"
+        grid = 9
+    '''))
+    run = tmp_path / "run"
+    assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
+    assert main(["report", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["transferred"] == {"mup": False, "sp": True}
+    mup = summary["analysis"]["mup"]["width"]["hparams"]["lr"]
+    assert mup["drift"]["value"] == pytest.approx(-3.0, abs=1e-6)
+    assert mup["optimum"]["128"]["log2"] == pytest.approx(-7.0, abs=1e-6)
+    assert summary["analysis"]["sp"]["width"]["regret"]["128"]["relative"] == pytest.approx(0.0)
+    assert summary["verdict"].startswith("µP across widths did not transfer: lr optimum moved -3.00 octaves")
+    html = (run / "report.html").read_text()
+    assert "line up" not in html and "did not transfer" in html and summary["verdict"] in html
