@@ -7,13 +7,12 @@ tuned at the narrowest one — µP's and SP's — and prints how far each optimu
 """
 from __future__ import annotations
 
-import math
+import json
 import time
 from pathlib import Path
 from typing import Union
 
-from .analysis import best, load_results, max_drift_steps
-from .report import write_report
+from .report import head_to_head_line, write_report
 from .runner import run_sweep
 from .transfer import format_transfer, transfer
 
@@ -61,30 +60,39 @@ def run_demo(out: Union[str, Path] = "mutransfer-demo", quick: bool = False, wor
     sweep = run_sweep(config, out / "run", workers=workers, progress=progress)
     transferred = transfer(sweep, max(sweep.config.widths))
     report = write_report(sweep)
-    results = load_results(sweep)
-    moved = {p: max_drift_steps(sweep, results, p, "lr") for p in sweep.config.parametrizations}
-    optima = {p: {w: round(math.log2(b.params["lr"])) for w in sweep.config.widths
-                  if (b := best(results, p, w)) is not None} for p in sweep.config.parametrizations}
-    return {"report": report, "optima": optima, "moved": moved, "transfer": transferred,
+    summary = json.loads((sweep.run_dir / "summary.json").read_text())
+    return {"report": report, "summary": summary, "transfer": transferred,
             "seconds": time.perf_counter() - start, "sweep": sweep}
 
 
 def format_summary(result: dict) -> str:
-    lines = ["", "Optimal log2 learning rate per width:"]
-    widths = sorted(next(iter(result["optima"].values())))
-    lines.append("  width  " + "".join(f"{w:>7d}" for w in widths) + "   moved (grid steps)")
+    """The terminal's account of the demo: every sentence from the run's own summary.json."""
+    s = result["summary"]
+    lines = ["", "Verdict:"] + [f"  {line}" for line in s["verdicts"]]
+    h2h = head_to_head_line(s.get("head_to_head"))
+    if h2h:
+        lines.append(f"  {h2h}")
+    lines += ["", "Fitted optimum log2 lr per width (90% interval over seeds):"]
+    widths = s["widths"]
+    lines.append("  width " + "".join(f"{w:>20d}" for w in widths))
     for p, label in (("mup", "µP"), ("sp", "SP")):
-        row = result["optima"][p]
-        lines.append(f"  {label:<6} " + "".join(f"{row.get(w, float('nan')):>7}" for w in widths)
-                     + f"   {result['moved'][p]:.0f}")
-    lines.append(format_transfer(result["transfer"]))
-    t = result["transfer"]
-    ok = result["moved"]["mup"] <= 1 and result["moved"]["sp"] >= 2
-    win = t["mup"]["loss"] is not None and (t["sp"]["loss"] is None or t["mup"]["loss"] < t["sp"]["loss"])
-    lines.append("")
-    lines.append("µP's optimum stays put while SP's moves: tune small, train big." if ok else
-                 "This run does not show the usual picture (µP ≤ 1 grid step, SP ≥ 2).")
-    if win:
-        lines.append("The µP target trained with the proxy's lr beats the SP target trained with SP's proxy lr.")
+        opt = s["analysis"].get(p, {}).get("width", {}).get("hparams", {}).get("lr", {}).get("optimum", {})
+        cells = []
+        for w in widths:
+            o = opt.get(str(w))
+            if o is None:
+                cells.append("—")
+                continue
+            iv = o.get("log2_interval")
+            text = f"{o['log2']:+.2f}" + (f" [{iv[0]:+.1f},{iv[1]:+.1f}]" if iv else "")
+            cells.append(text + ("!" if o["edge"] else ""))
+        lines.append(f"  {label:<5} " + "".join(f"{c:>20}" for c in cells))
+    if any(o.get("edge") for p in s["analysis"].values() for o in
+           p.get("width", {}).get("hparams", {}).get("lr", {}).get("optimum", {}).values()):
+        lines.append("  (! on the grid's edge)")
+    lines += ["", format_transfer(result["transfer"])]
+    better = s["wider_is_better"]
+    lines.append("Wider is better: " + ", ".join(f"{'µP' if p == 'mup' else 'SP'} {'yes' if v else 'no'}"
+                                                 for p, v in better.items() if v is not None))
     lines.append(f"Report: {result['report']}   ({result['seconds']:.0f} s in all)")
     return "\n".join(lines)

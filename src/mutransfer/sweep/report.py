@@ -76,7 +76,7 @@ def plot_hparam(sweep: Sweep, results: list[TrialResult], name: str, path: Path,
     dim = sweep.config.space[name]
     params = sweep.config.parametrizations
     style = _styles(sweep, plt.get_cmap("viridis"))
-    fig, axes = plt.subplots(1, len(params), figsize=(5.2 * len(params), 4.2), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(params), figsize=(5.2 * len(params), 4.8), sharey=True, squeeze=False)
     finite = [r.loss for r in results if not r.diverged]
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
     choices = list(dim.values) if isinstance(dim, Choice) else None
@@ -128,10 +128,12 @@ def plot_hparam(sweep: Sweep, results: list[TrialResult], name: str, path: Path,
     axes[0][0].set_ylabel("training loss")
     span = hi - lo
     axes[0][0].set_ylim(lo - 0.05 * span, lo + min(span, 3 * max(span / 3, 1e-9)) + 0.08 * span)
-    axes[0][-1].legend(title=f"★ fitted optimum, bar: its {round(100 * CONFIDENCE)}% CI\n| seed range, × diverged,"
-                              " ▼ failed", fontsize=8, title_fontsize=8, loc="upper right")
+    handles, labels = axes[0][-1].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(6, max(1, len(labels))), fontsize=8,
+               title=f"★ fitted optimum (bar: its {round(100 * CONFIDENCE)}% interval)   | range over seeds   "
+                     f"× diverged   ▼ failed", title_fontsize=8, frameon=False)
     fig.suptitle(f"{sweep.config.name}: training loss vs {name}", fontsize=12)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.08 + 0.03 * ((len(labels) - 1) // 6), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

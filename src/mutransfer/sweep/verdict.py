@@ -388,7 +388,11 @@ def describe(v: Verdict, label: str) -> str:
     reasons = [r for h in v.hps.values() for r in h.reasons]
     head = f"{label} transferred" if v.transferred else f"{label} did not transfer"
     if reasons and not any(r.startswith("moved") for r in reasons):
-        why = "an optimum on the grid's edge" if any(r.startswith("edge") for r in reasons) else \
-            f"an interval reaches beyond the tolerance: add seeds"
+        if any(r.startswith("fewer") for r in reasons):
+            why = f"results at one {v.axis} only"
+        elif any(r.startswith("edge") for r in reasons):
+            why = "an optimum on the grid's edge"
+        else:
+            why = "an interval reaches beyond the tolerance: add seeds"
         head = f"{label}: cannot tell ({why})"
     return head + (": " + "; ".join(parts) if parts else "") + "."
