@@ -2,9 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
-import os
 import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -326,38 +323,20 @@ def _parse_widths(text: str, option: str = "--widths") -> list[int]:
 
 
 def _load_module(spec: str, what: str):
-    """Import `spec`'s module part: a dotted module name or a path to a .py file."""
-    module_part = spec.rsplit(":", 1)[0]
-    if module_part.endswith(".py") or os.sep in module_part:
-        path = Path(module_part)
-        if not path.is_file():
-            raise UsageError(f"{what} '{spec}': file {path} not found")
-        mod_spec = importlib.util.spec_from_file_location(path.stem, path)
-        module = importlib.util.module_from_spec(mod_spec)
-        sys.path.insert(0, str(path.parent.resolve()))
-        try:
-            mod_spec.loader.exec_module(module)
-        finally:
-            sys.path.pop(0)
-        return module
-    sys.path.insert(0, os.getcwd())
+    """Import `spec`'s module part (a dotted module name or a path to a .py file); UsageError if not."""
+    from ._loading import load_module
     try:
-        return importlib.import_module(module_part)
-    except ImportError as e:
-        raise UsageError(f"{what} '{spec}': cannot import {module_part} ({e})") from None
-    finally:
-        sys.path.pop(0)
+        return load_module(spec, what)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _load_callable(spec: str, what: str) -> Callable:
-    if ":" not in spec:
-        raise UsageError(f"{what} must look like module:function or path/to/file.py:function, got '{spec}'")
-    module = _load_module(spec, what)
-    name = spec.rsplit(":", 1)[1]
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise UsageError(f"{what} '{spec}': {module.__name__} has no function '{name}'")
-    return fn
+    from ._loading import load_callable
+    try:
+        return load_callable(spec, what)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _load_data(spec: str) -> list:

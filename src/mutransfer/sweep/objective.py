@@ -18,9 +18,11 @@ last steps); NaN or inf marks the trial as diverged.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
+from .._loading import load_callable
 from ..rules import ROLES
 
 Objective = Callable[[dict, "Scale"], float]
@@ -66,16 +68,17 @@ def _number(name: str, value: Any) -> float:
     return float(value)
 
 
-def load_objective(spec: str) -> Objective:
-    """'recipe:NAME' for a built-in, else 'module:function' or 'path/to/file.py:function'."""
+def load_objective(spec: str, base_dir: Optional[Union[str, os.PathLike]] = None) -> Objective:
+    """'recipe:NAME' for a built-in, else 'module:function' or 'path/to/file.py:function'.
+
+    A relative file path is taken from `base_dir` (a sweep: its TOML file's directory; default the
+    current directory); a dotted module is imported from `base_dir` or the current directory.
+    ValueError, naming the file, for anything wrong — an exception raised by the module's import too.
+    """
     kind, _, name = spec.partition(":")
     if kind == "recipe":
         from .recipes import SWEEP_RECIPES
         if name not in SWEEP_RECIPES:
             raise ValueError(f"objective: unknown recipe '{name}'; built-in: {', '.join(SWEEP_RECIPES)}")
         return SWEEP_RECIPES[name]
-    from ..cli import UsageError, _load_callable
-    try:
-        return _load_callable(spec, "objective")
-    except UsageError as e:
-        raise ValueError(str(e)) from None
+    return load_callable(spec, "objective", base_dir)
