@@ -121,3 +121,44 @@ def test_coord_check_depths_bad_arguments_exit_2(tmp_path):
     assert run("coord-check", "--recipe", "resmlp", "--depths", "2", "--out", str(tmp_path), "--no-progress") == 2
     assert run("coord-check", "--recipe", "resmlp", "--depths", "2,4", "--depth-alpha", "2",
                "--out", str(tmp_path), "--no-progress") == 2
+
+
+def _actions(parser, path="mutransfer"):
+    """(command path, action) of every argument of `parser` and its subcommands."""
+    import argparse
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _actions(sub, f"{path} {name}")
+        elif not isinstance(action, argparse._HelpAction):
+            yield path, action
+
+
+def test_every_flag_of_every_subcommand_has_help():
+    import argparse
+
+    from mutransfer.cli import _parser
+    actions = list(_actions(_parser()))
+    assert len(actions) > 30  # the walk reaches the subcommands
+    missing = [f"{path} {'/'.join(a.option_strings) or a.dest}" for path, a in actions
+               if not a.help or a.help == argparse.SUPPRESS]
+    assert not missing, missing
+
+
+def test_version(capsys):
+    from importlib.metadata import version
+    with pytest.raises(SystemExit) as e:
+        run("--version")
+    assert e.value.code == 0
+    assert capsys.readouterr().out == f"mutransfer {version('mutransfer')}\n"
+
+
+def test_coord_check_defaults_to_the_library_optimizer():
+    import inspect
+
+    import mutransfer as mt
+    from mutransfer.cli import _parser
+    from mutransfer.coord import DEFAULT_OPTIMIZER
+    assert inspect.signature(mt.coord_check).parameters["optimizer"].default == DEFAULT_OPTIMIZER
+    args = _parser().parse_args(["coord-check", "--recipe", "mlp"])
+    assert args.optimizer == DEFAULT_OPTIMIZER

@@ -1,7 +1,9 @@
 """Sweeps on SQLite: configs, grid/random/TPE, workers, divergence, kill -9 and resume, report, transfer."""
+import ast
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,10 +20,16 @@ from mutransfer.sweep.analysis import drift, load_results, max_drift_steps
 
 OBJECTIVE = textwrap.dedent('''
     import math, time
+    from pathlib import Path
+
+    FLAG = Path(__file__).parent / "FAIL"  # holds the exception raised above `raise_above`
+    EXCEPTIONS = {"ValueError": ValueError, "KeyboardInterrupt": KeyboardInterrupt, "SystemExit": SystemExit}
 
     def train(hp, scale):
         """A synthetic loss whose optimum is at lr 2^-6 in µP and drifts as 1/width in SP."""
         time.sleep(float(hp.get("sleep", 0)))
+        if hp["lr"] > float(hp.get("raise_above", 1e9)) and FLAG.exists():
+            raise EXCEPTIONS[FLAG.read_text().strip() or "ValueError"](f"boom at lr {hp['lr']:.4g}")
         if hp["lr"] > float(hp.get("diverge_above", 1e9)):
             return float("nan")
         target = -6 - (0 if scale.mup else math.log2(scale.width / scale.base_width))
@@ -190,11 +198,11 @@ def test_bad_config_fails_at_once_with_exit_2(tmp_path, capsys, edit, message):
 
 def test_unreachable_storage_exits_2_without_leaking_credentials(tmp_path, capsys):
     cfg = write(tmp_path, GRID.replace("SLEEP", "0"))
-    start = time.time()
     code = main(["sweep", str(cfg), "--run", str(tmp_path / "run"), "--storage",
                  "sqlite:////nonexistent-dir/x/sweep.db", "--no-progress"])
-    assert code == 2 and time.time() - start < 20
+    assert code == 2
     assert "unreachable" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # nothing left behind: the corrected rerun starts afresh
     assert main(["sweep", str(cfg), "--run", str(tmp_path / "run2"), "--storage",
                  "mysql://bob:hunter2@localhost/db", "--no-progress"]) == 2
     err = capsys.readouterr().err
@@ -231,7 +239,9 @@ def test_a_worker_elsewhere_joins_by_sweep_name_and_storage(tmp_path, monkeypatc
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     assert main(["worker", "synthetic", "--storage", storage, "--no-progress"]) == 0  # nothing left to do
-    assert (elsewhere / "synthetic" / "config.toml").read_text() == cfg.read_text()
+    copy = (elsewhere / "synthetic" / "config.toml").read_text()
+    assert copy == f'config_dir = "{tmp_path}"  # added by mutransfer: relative paths below resolve here\n' + \
+        cfg.read_text()
 
 
 @pytest.mark.slow
@@ -242,12 +252,16 @@ def test_a_worker_dying_right_after_claiming_does_not_block_the_sweep(tmp_path):
     code = ("import os, sys; from mutransfer.sweep import Sweep; s = Sweep(sys.argv[1]); "
             "t = s._claim(s.study('mup', 16)); assert t is not None; os._exit(0)")
     subprocess.run([sys.executable, "-c", code, str(run)], check=True, timeout=120)
+    # Without a first heartbeat the claimed trial never goes stale and the worker waits for it
+    # forever; the timeout only guards against that hang (it is no speed requirement).
+    worker = subprocess.run([sys.executable, "-m", "mutransfer.cli", "worker", str(run), "--no-progress"],
+                            capture_output=True, text=True, timeout=600)
+    assert worker.returncode == 0, worker.stderr
     sweep = Sweep(run)
-    start = time.time()
-    sweep.work(progress=False)
-    assert time.time() - start < 60
     for study in studies(sweep).values():
         assert len(study.get_trials(states=(TrialState.COMPLETE,))) == 9
+    stale = sweep.study("mup", 16).get_trials(states=(TrialState.FAIL,))
+    assert len(stale) == 1 and not stale[0].user_attrs  # failed by its heartbeat going stale, then retried
 
 
 def test_a_worker_started_before_the_sweep_waits_for_it(tmp_path):
@@ -278,3 +292,318 @@ def test_claim_lock_excludes_other_processes_on_sqlite(tmp_path):
     free = subprocess.run([sys.executable, "-c", probe, lock_file], capture_output=True, text=True).stdout
     assert held.strip() == "held" and free.strip() == "free"
     assert ClaimLock("postgresql://u@localhost/db").path is None
+
+
+# ---------------------------------------------------------------------------- failed trials
+
+FAILING = GRID.replace("SLEEP", "0") + "raise_above = 0.03\n"  # lrs 2^-5…2^-2 raise: 4 of 9 per cell
+BIG_LRS = [2.0 ** e for e in (-5, -4, -3, -2)]
+
+
+def test_a_failing_trial_is_recorded_and_the_sweep_goes_on(tmp_path, capsys):
+    cfg = write(tmp_path, FAILING)
+    (tmp_path / "FAIL").write_text("ValueError")
+    run = tmp_path / "run"
+    assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    final = out.strip().splitlines()[-1]
+    assert "36/36 trials done" in final and "16 failed" in final and "--retry-failed" in final, final
+    lines = [line for line in err.splitlines() if " failed: " in line]
+    assert len(lines) == 16, err
+    pattern = (r"trial (\d+) \((mup|sp) width (16|64)\) failed: ValueError: boom at lr \S+ — traceback in "
+               r"(.*failures/synthetic_(mup|sp)_w(16|64)-trial\d+\.txt)")
+    assert all(re.fullmatch(pattern, line) for line in lines), lines
+    assert "Traceback" not in err
+
+    sweep = Sweep(run)
+    for (p, w, _), study in studies(sweep).items():
+        trials = study.get_trials()
+        assert len(trials) == 9
+        failed = [t for t in trials if t.state == TrialState.FAIL]
+        assert sorted(t.params["lr"] for t in failed) == BIG_LRS
+        assert all(t.state == TrialState.COMPLETE for t in trials if t.params["lr"] < 0.03)
+        for t in failed:
+            assert t.user_attrs["failed"] is True and "diverged" not in t.user_attrs
+            assert t.user_attrs["error"] == f"ValueError: boom at lr {t.params['lr']:.4g}"
+            assert "Traceback" in t.user_attrs["traceback"] and "raise EXCEPTIONS" in t.user_attrs["traceback"]
+            text = (run / "failures" / f"synthetic_{p}_w{w}-trial{t.number}.txt").read_text()
+            for line in (f"width: {w}", "depth: None", f"parametrization: {p}", "seed: 0",
+                         f"params: {json.dumps({'lr': t.params['lr']})}", "ValueError: boom at lr"):
+                assert line in text, (line, text)
+            assert "Traceback (most recent call last)" in text and "raise EXCEPTIONS" in text
+    assert sweep.finished() == sweep.total_trials() == 36 and sweep.failed() == 16
+    assert json.loads((run / "run.json").read_text())["failed_trials"] == 16
+
+    numbers = {c: [t.number for t in s.get_trials()] for c, s in studies(sweep).items()}
+    assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0  # a failed trial counts as done
+    assert {c: [t.number for t in s.get_trials()] for c, s in studies(Sweep(run)).items()} == numbers
+    assert "16 failed" in capsys.readouterr().out
+
+
+def test_retry_failed_runs_each_failed_trial_once_more(tmp_path, capsys):
+    cfg = write(tmp_path, FAILING)
+    (tmp_path / "FAIL").write_text("ValueError")
+    run = tmp_path / "run"
+    assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
+    (tmp_path / "FAIL").unlink()  # the bug is fixed
+    capsys.readouterr()
+    assert main(["sweep", str(cfg), "--run", str(run), "--retry-failed", "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert "retrying 16 failed trial(s)" in err and "36/36 trials done, storage" in out.strip().splitlines()[-1]
+    sweep = Sweep(run)
+    for study in studies(sweep).values():
+        complete = study.get_trials(states=(TrialState.COMPLETE,))
+        assert sorted(t.params["lr"] for t in complete) == sorted(GRID_LRS)
+        old = study.get_trials(states=(TrialState.FAIL,))
+        assert len(old) == 4 and all(t.user_attrs["retried"] is True and t.user_attrs["failed"] for t in old)
+        retries = {t.user_attrs["retry_of"]: t.params["lr"] for t in complete if "retry_of" in t.user_attrs}
+        assert retries == {t.number: t.params["lr"] for t in old}
+    assert sweep.failed() == 0 and sweep.finished() == 36
+    assert sweep.retry_failed() == 0  # each failed trial is retried once
+
+
+GRID_LRS = [2.0 ** e for e in range(-10, -1)]
+
+
+def test_random_sampler_counts_failed_trials_and_retries_them(tmp_path):
+    from mutransfer.sweep import run_sweep
+    body = FAILING.replace('sampler = "grid"', 'sampler = "random"\n    n_trials = 6')
+    cfg = write(tmp_path, body)
+    (tmp_path / "FAIL").write_text("ValueError")
+    run = tmp_path / "run"
+    sweep = run_sweep(cfg, run, progress=False)
+    failed = {}
+    for cell, study in studies(sweep).items():
+        trials = study.get_trials()
+        assert len(trials) == 6 and all(t.state in (TrialState.COMPLETE, TrialState.FAIL) for t in trials)
+        failed[cell] = sorted(t.params["lr"] for t in trials if t.state == TrialState.FAIL)
+        assert all(lr > 0.03 for lr in failed[cell])
+    assert sum(map(len, failed.values())) == sweep.failed() > 0
+    run_sweep(cfg, run, progress=False)  # nothing left to run
+    assert sum(len(s.get_trials()) for s in studies(Sweep(run)).values()) == 24
+    (tmp_path / "FAIL").unlink()
+    sweep = run_sweep(cfg, run, progress=False, retry_failed=True)
+    for cell, study in studies(sweep).items():
+        retried = [t for t in study.get_trials(states=(TrialState.COMPLETE,)) if "retry_of" in t.user_attrs]
+        assert sorted(t.params["lr"] for t in retried) == failed[cell]
+        assert len(study.get_trials(states=(TrialState.COMPLETE,))) == 6
+    assert sweep.failed() == 0
+
+
+@pytest.mark.parametrize("kind", ["KeyboardInterrupt", "SystemExit"])
+def test_an_interrupted_trial_is_not_a_failure_and_is_requeued(tmp_path, kind):
+    from mutransfer.sweep import run_sweep
+    body = FAILING.replace("widths = [16, 64]", "widths = [16]").replace(
+        'name = "synthetic"', 'name = "synthetic"\n    parametrizations = ["mup"]')
+    cfg = write(tmp_path, body)
+    (tmp_path / "FAIL").write_text(kind)
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt if kind == "KeyboardInterrupt" else SystemExit):
+        run_sweep(cfg, run, progress=False)
+    study = Sweep(run).study("mup", 16)
+    interrupted = study.get_trials(states=(TrialState.FAIL,))
+    assert len(interrupted) == 1 and interrupted[0].user_attrs["interrupted"] is True
+    assert "failed" not in interrupted[0].user_attrs
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    assert interrupted[0].params["lr"] in [t.system_attrs["fixed_params"]["lr"] for t in waiting]
+    (tmp_path / "FAIL").unlink()
+    sweep = run_sweep(cfg, run, progress=False)
+    assert sorted(t.params["lr"] for t in study.get_trials(states=(TrialState.COMPLETE,))) == GRID_LRS
+    assert sweep.finished() == 9 and sweep.failed() == 0
+
+
+@pytest.mark.slow
+def test_ctrl_c_prints_one_line_exits_130_and_a_rerun_resumes_at_once(tmp_path):
+    cfg = write(tmp_path, GRID.replace("SLEEP", "0.3").replace("widths = [16, 64]", "widths = [16]"))
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "mutransfer.cli", "sweep", str(cfg), "--run", str(run), "--no-progress"]
+    proc = subprocess.Popen(cmd + ["--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    storage = f"sqlite:///{run / 'sweep.db'}"
+    deadline = time.time() + 180  # a guard against a hang, not a speed requirement
+    while time.time() < deadline:
+        time.sleep(0.2)
+        try:
+            trials = [t for p in ("mup", "sp") for t in
+                      optuna.load_study(study_name=f"synthetic/{p}/w16", storage=storage).get_trials()]
+        except Exception:
+            continue
+        done = [t for t in trials if t.state == TrialState.COMPLETE]
+        if len(done) >= 2 and len([t for t in trials if t.state == TrialState.RUNNING]) >= 2:
+            break
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "worker" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    m = re.fullmatch(r"interrupted: (\d+) trials done, rerun to resume", lines[0])
+    assert m, err
+    sweep = Sweep(run)
+    assert int(m.group(1)) == sweep.finished() >= 2
+    interrupted = []
+    for study in studies(sweep).values():
+        assert not study.get_trials(states=(TrialState.RUNNING,))
+        interrupted += study.get_trials(states=(TrialState.FAIL,))
+    # the trials running at the interrupt (in either process) are marked, none is left RUNNING
+    assert interrupted and all(t.user_attrs.get("interrupted") for t in interrupted)
+
+    rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    for study in studies(Sweep(run)).values():
+        assert sorted(t.params["lr"] for t in study.get_trials(states=(TrialState.COMPLETE,))) == GRID_LRS
+        assert not study.get_trials(states=(TrialState.WAITING, TrialState.RUNNING))
+        # every failed trial is one marked at the interrupt: none had to go stale first
+        assert all(t.user_attrs.get("interrupted") for t in study.get_trials(states=(TrialState.FAIL,)))
+
+
+def test_ctrl_c_in_the_demo_prints_one_line_and_exits_130(tmp_path, capsys, monkeypatch):
+    import mutransfer.sweep.demo as demo
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "run_demo", interrupted)
+    assert main(["demo", "--out", str(tmp_path), "--no-progress"]) == 130
+    out, err = capsys.readouterr()
+    assert err == "interrupted: 0 trials done, rerun to resume\n"
+
+
+# ---------------------------------------------------------------------------- bad objectives, paths
+
+
+@pytest.mark.parametrize("source, spec, message", [
+    (None, "obj2.py:train", "not found"),
+    (OBJECTIVE, "obj2.py:nosuch", "has no function 'nosuch'"),
+    ("raise RuntimeError('no GPU here')\n", "obj2.py:train", "RuntimeError: no GPU here"),
+    ("def train(:\n", "obj2.py:train", "SyntaxError"),
+])
+def test_a_bad_objective_leaves_nothing_behind_and_the_corrected_rerun_works(tmp_path, capsys, source, spec,
+                                                                             message):
+    if source is not None:
+        (tmp_path / "obj2.py").write_text(source)
+    cfg = write(tmp_path, GRID.replace("SLEEP", "0").replace('"OBJ:train"', f'"{tmp_path}/{spec}"'))
+    run = tmp_path / "run"
+    assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "obj2.py" in err and "Traceback" not in err, err
+    assert not run.exists()
+    cfg.write_text(cfg.read_text().replace(f"{tmp_path}/{spec}", f"{tmp_path}/obj.py:train"))
+    assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
+
+
+def test_relative_paths_in_the_toml_resolve_next_to_it(tmp_path, monkeypatch):
+    project, elsewhere, third = tmp_path / "project", tmp_path / "elsewhere", tmp_path / "third"
+    for d in (project, elsewhere, third):
+        d.mkdir()
+    (project / "obj.py").write_text(OBJECTIVE)
+    cfg = project / "sweep.toml"
+    cfg.write_text(textwrap.dedent(GRID.replace("SLEEP", "0")).replace('"OBJ:train"', '"obj.py:train"')
+                   .replace('sampler = "grid"', 'sampler = "grid"\nstorage = "sqlite:///rel.db"'))
+    run = tmp_path / "run"
+    monkeypatch.chdir(elsewhere)
+    assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
+    assert (project / "rel.db").is_file() and not (elsewhere / "rel.db").exists()
+    monkeypatch.chdir(third)  # resuming from anywhere: the run's copy of the config still finds both
+    sweep = Sweep(run)
+    assert sweep.url == f"sqlite:///{project / 'rel.db'}"
+    assert sweep.objective({"lr": 2 ** -6}, sweep.scale("mup", 16, None, 0)) == pytest.approx(1 / 16)
+    assert sweep.finished() == 36
+    assert main(["worker", str(run), "--no-progress"]) == 0
+    assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
+
+
+def test_a_module_objective_is_importable_from_the_toml_directory(tmp_path, monkeypatch):
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    (project / "mt_test_toml_dir_objective.py").write_text(OBJECTIVE)
+    cfg = project / "sweep.toml"
+    cfg.write_text(textwrap.dedent(GRID.replace("SLEEP", "0"))
+                   .replace('"OBJ:train"', '"mt_test_toml_dir_objective:train"'))
+    monkeypatch.chdir(elsewhere)
+    assert main(["sweep", str(cfg), "--run", str(tmp_path / "run"), "--no-progress"]) == 0
+    assert Sweep(tmp_path / "run").finished() == 36
+
+
+def test_the_library_does_not_import_the_cli():
+    import mutransfer
+    root = os.path.dirname(mutransfer.__file__)
+    offenders = []
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            if not name.endswith(".py") or path == os.path.join(root, "cli.py"):
+                continue
+            for node in ast.walk(ast.parse(open(path).read())):
+                if isinstance(node, ast.ImportFrom):
+                    module = node.module or ""
+                    names = [a.name for a in node.names]
+                    if module.endswith("cli") or module == "mutransfer.cli" or (module in ("", "mutransfer")
+                                                                                 and "cli" in names):
+                        offenders.append(os.path.relpath(path, root))
+                elif isinstance(node, ast.Import) and any(a.name == "mutransfer.cli" for a in node.names):
+                    offenders.append(os.path.relpath(path, root))
+    assert not offenders
+
+
+def test_loading_errors_are_value_errors_naming_the_file(tmp_path):
+    from mutransfer._loading import load_callable
+    bad = tmp_path / "broken_at_import.py"
+    bad.write_text("import math\nraise KeyError('missing setting')\n")
+    with pytest.raises(ValueError, match=r"broken_at_import\.py.*KeyError: 'missing setting'"):
+        load_callable(f"{bad}:train", "objective")
+    (tmp_path / "fine.py").write_text("def train(hp, scale):\n    return 1.0\n")
+    assert load_callable("fine.py:train", "objective", base_dir=tmp_path)({}, None) == 1.0
+    with pytest.raises(ValueError, match="module:function"):
+        load_callable("no-colon", "objective")
+
+
+# ---------------------------------------------------------------------------- transfer
+
+
+def test_transfer_refuses_a_target_narrower_than_the_proxy_and_warns_at_the_proxy(tmp_path, capsys):
+    cfg = write(tmp_path, GRID.replace("SLEEP", "0"))
+    run = tmp_path / "run"
+    assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["transfer", str(run), "--width", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "--width 8" in err and "proxy width 16" in err
+    assert not (run / "transfer.json").exists()
+    assert main(["transfer", str(run), "--width", "16"]) == 0
+    err = capsys.readouterr().err
+    assert "warning" in err and "--width 16" in err and "proxy width" in err
+    assert json.loads((run / "transfer.json").read_text())["target_width"] == 16
+
+
+def test_transfer_refuses_a_target_shallower_than_the_proxy_depth(tmp_path, capsys):
+    body = GRID.replace("SLEEP", "0").replace("widths = [16, 64]", "widths = [16]\n    depths = [2, 4]")
+    cfg = write(tmp_path, body.replace("grid = 9", "grid = 3"))
+    run = tmp_path / "run"
+    assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["transfer", str(run), "--width", "32", "--depth", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--depth 1" in err and "proxy depth 2" in err
+    assert main(["transfer", str(run), "--width", "32", "--depth", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "warning" in err and "--depth 2" in err
+
+
+def test_transfer_after_the_report_updates_it_and_records_cpu_seconds(tmp_path):
+    cfg = write(tmp_path, GRID.replace("SLEEP", "0"))
+    run = tmp_path / "run"
+    assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
+    assert main(["report", str(run)]) == 0
+    assert "Transfer from" not in (run / "report.html").read_text()
+    assert main(["transfer", str(run), "--width", "64"]) == 0
+    assert "Transfer from width 16 to width 64" in (run / "report.html").read_text()
+    data = json.loads((run / "transfer.json").read_text())
+    for p in ("mup", "sp"):
+        assert isinstance(data[p]["cpu_seconds"], float) and data[p]["cpu_seconds"] >= 0
+        assert isinstance(data[p]["seconds"], float) and data[p]["seconds"] >= 0
+    for study in studies(Sweep(run)).values():
+        for t in study.get_trials():
+            assert isinstance(t.user_attrs["cpu_seconds"], float) and t.user_attrs["cpu_seconds"] >= 0

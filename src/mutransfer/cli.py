@@ -1,12 +1,17 @@
-"""The `mutransfer` command. Exit codes: 0 success/pass, 1 check failed, 2 bad arguments."""
+"""The `mutransfer` command. Exit codes: 0 success/pass, 1 check failed, 2 bad arguments,
+130 interrupted (Ctrl-C)."""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import warnings
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+from .coord import DEFAULT_OPTIMIZER
+
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 class UsageError(Exception):
@@ -24,10 +29,44 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except UsageError as e:
         print(f"mutransfer {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt as e:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # leaving: a second Ctrl-C must not add a traceback
+        print(_interrupted_line(args, e), file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _interrupted_line(args, e: KeyboardInterrupt) -> str:
+    """'interrupted: N trials done, rerun to resume' for a sweep (N: finished trials of the whole
+    sweep), plain 'interrupted' for the other commands."""
+    finished = getattr(e, "finished", None)  # a SweepInterrupted from run_sweep counts them
+    if finished is None:
+        run = {"sweep": lambda: Path(args.run) if args.run else Path("runs") / Path(args.config).stem,
+               "demo": lambda: Path(args.out) / "run", "worker": lambda: Path(args.run)}.get(args.command)
+        if run is None:
+            return "interrupted"
+        finished = 0
+        if (run() / "config.toml").is_file():
+            try:
+                from .sweep import Sweep
+                finished = Sweep(run(), storage=getattr(args, "storage", None)).finished()
+            except Exception:  # the count is a courtesy; the line must be printed whatever happens
+                pass
+    return f"interrupted: {finished} trials done, rerun to resume"
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+        return version("mutransfer")
+    except (ImportError, PackageNotFoundError):  # running from a source tree, not installed
+        from . import __version__
+        return __version__
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mutransfer", description="µP and µTransfer for PyTorch")
+    p.add_argument("--version", action="version", version=f"mutransfer {_version()}",
+                   help="print the version and exit")
     sub = p.add_subparsers(dest="command")
     c = sub.add_parser("coord-check", help="coordinate check with a pass/fail verdict and a plot",
                        description="Train a few steps at several widths and check that no activation grows "
@@ -45,25 +84,33 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--base-depth", type=int, help="µP base depth (default: the smallest depth)")
     c.add_argument("--depth-alpha", type=float, default=1.0,
                    help="depth scaling: 1 CompleteP (default), 0.5 Depth-µP, 0 off")
-    c.add_argument("--optimizer", default="adam", help="sgd, adam or adamw (default adam)")
+    c.add_argument("--optimizer", default=DEFAULT_OPTIMIZER,
+                   help=f"sgd, adam or adamw (default {DEFAULT_OPTIMIZER}, as mt.coord_check)")
     c.add_argument("--lr", type=float, help="base learning rate (default: the recipe's for the optimizer)")
     c.add_argument("--eps", type=float, help="Adam's ε at base width (default torch's 1e-8); µP scales it per group")
-    c.add_argument("--steps", type=int, default=4)
-    c.add_argument("--seeds", type=int, default=3)
-    c.add_argument("--parametrization", choices=("mup", "sp"), default="mup")
+    c.add_argument("--steps", type=int, default=4, help="training steps per width and seed (default 4)")
+    c.add_argument("--seeds", type=int, default=3,
+                   help="seeds (initializations) per width; the verdict fits every (width, seed) point (default 3)")
+    c.add_argument("--parametrization", choices=("mup", "sp"), default="mup",
+                   help="check the model in µP (mup, default) or as it is, in standard parametrization (sp)")
     c.add_argument("--max-growth", type=float, default=1.5, help="allowed growth per 16× width (default 1.5)")
     c.add_argument("--out", default="coord-check", help="directory for the plot, CSV and JSON (default ./coord-check)")
-    c.add_argument("--no-progress", action="store_true")
+    c.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     c.set_defaults(handler=_coord_check)
 
     s = sub.add_parser("sweep", help="run (or resume) a hyperparameter sweep on proxy models",
                        description="Run the sweep described by a TOML config; rerunning the same command "
-                                   "resumes it. Exit 0 when every trial is done, 2 on a bad config or storage.")
-    s.add_argument("config", help="sweep config (TOML)")
+                                   "resumes it. A trial whose objective raises is recorded as failed (traceback "
+                                   "in RUN/failures) and the sweep goes on. Exit 0 when every trial is done "
+                                   "(failed ones included: the last line says how many), 2 on a bad config, "
+                                   "objective or storage, 130 on Ctrl-C (rerun to resume).")
+    s.add_argument("config", help="sweep config (TOML); relative paths in it resolve against its directory")
     s.add_argument("--run", help="run directory (default: runs/<config name>)")
     s.add_argument("--workers", type=int, default=1, help="local worker processes (default 1)")
     s.add_argument("--storage", help="Optuna storage URL (default: sqlite file in the run directory)")
-    s.add_argument("--no-progress", action="store_true")
+    s.add_argument("--retry-failed", action="store_true",
+                   help="run every failed trial (the objective raised) once more with the same hyperparameters")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     s.set_defaults(handler=_sweep)
 
     w = sub.add_parser("worker", help="join a sweep as one more worker (any machine that reaches its storage)")
@@ -71,7 +118,7 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--storage", help="storage URL (or env MUTRANSFER_STORAGE); default: the run's own")
     w.add_argument("--wait", type=float, default=120.0,
                    help="seconds to wait for the sweep to be created by `mutransfer sweep` (default 120)")
-    w.add_argument("--no-progress", action="store_true")
+    w.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     w.set_defaults(handler=_worker)
 
     r = sub.add_parser("report", help="write report.html, plots and transferred.json for a sweep")
@@ -81,9 +128,10 @@ def _parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("transfer", help="train the target with the proxy's optimum (µP) and compare with SP")
     t.add_argument("run", help="run directory")
-    t.add_argument("--width", type=int, help="target width (default: the config's target_width or largest width)")
-    t.add_argument("--depth", type=int, help="target depth, for a sweep over depths (default: the config's "
-                                             "target_depth or largest depth)")
+    t.add_argument("--width", type=int, help="target width, at least the proxy's (the smallest swept width; "
+                                             "default: the config's target_width or largest width)")
+    t.add_argument("--depth", type=int, help="target depth for a sweep over depths, at least the proxy's (default: "
+                                             "the config's target_depth or largest depth)")
     t.add_argument("--storage", help="storage URL (default: the run's own)")
     t.set_defaults(handler=_transfer)
 
@@ -93,7 +141,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="mutransfer-demo", help="output directory (default ./mutransfer-demo)")
     d.add_argument("--quick", action="store_true", help="widths 32, 128, 256 and 6 lrs (about 2 minutes)")
     d.add_argument("--workers", type=int, default=2, help="local worker processes (default 2)")
-    d.add_argument("--no-progress", action="store_true")
+    d.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     d.set_defaults(handler=_demo)
     return p
 
@@ -133,9 +181,13 @@ def _transfer(args) -> int:
     from .sweep.transfer import format_transfer, transfer
     sweep = _open_sweep(args)
     try:
-        out = transfer(sweep, args.width, args.depth)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", UserWarning)
+            out = transfer(sweep, args.width, args.depth)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    for w in caught:
+        print(f"mutransfer transfer: warning: {w.message}", file=sys.stderr)
     print(format_transfer(out))
     return EXIT_PASS
 
@@ -154,12 +206,16 @@ def _sweep(args) -> int:
     if args.workers < 1:
         raise UsageError("--workers must be at least 1")
     try:
-        sweep = run_sweep(config, run_dir, workers=args.workers, storage=args.storage, progress=not args.no_progress)
+        sweep = run_sweep(config, run_dir, workers=args.workers, storage=args.storage, progress=not args.no_progress,
+                          retry_failed=args.retry_failed)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    print(f"sweep {sweep.config.name}: {sweep.finished()}/{sweep.total_trials()} trials done, "
-          f"storage {mask_url(sweep.url)}, run directory {sweep.run_dir}")
-    return EXIT_PASS
+    finished, total, failed = sweep.finished(), sweep.total_trials(), sweep.failed()
+    failures = (f", {failed} failed (tracebacks in {sweep.run_dir / 'failures'}; fix the cause, then rerun with "
+                "--retry-failed)" if failed else "")
+    print(f"sweep {sweep.config.name}: {finished}/{total} trials done{failures}, storage {mask_url(sweep.url)}, "
+          f"run directory {sweep.run_dir}")
+    return EXIT_PASS if finished >= total else EXIT_FAIL
 
 
 def _worker(args) -> int:

@@ -32,6 +32,7 @@ from .rules import optimizer_family
 from .spec import find_spec
 
 MODEL_OUTPUT = "(model output)"
+DEFAULT_OPTIMIZER = "adam"  # coord_check's default, and `mutransfer coord-check --optimizer`'s
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
@@ -39,8 +40,8 @@ OptimizerFactory = Callable[[nn.Module, float], torch.optim.Optimizer]
 
 
 def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequence[int]],
-                data: Sequence[tuple[Any, Any]], optimizer: Union[str, OptimizerFactory] = "adam", lr: float = 1e-2,
-                steps: int = 4, seeds: int = 3, loss_fn: Optional[LossFn] = None, *,
+                data: Sequence[tuple[Any, Any]], optimizer: Union[str, OptimizerFactory] = DEFAULT_OPTIMIZER,
+                lr: float = 1e-2, steps: int = 4, seeds: int = 3, loss_fn: Optional[LossFn] = None, *,
                 depths: Optional[Sequence[int]] = None, max_growth: float = 1.5, weight_decay: float = 0.0,
                 eps: Optional[float] = None, progress: bool = True) -> CoordCheckResult:
     """Train `make_model(width)` for `steps` steps at each width and seed; return the verdict.

@@ -24,9 +24,25 @@ grid = 8
 [fixed]                         # passed to the objective unchanged
 steps = 200
 ```
+
+Relative paths resolve against the TOML file's directory, not the current directory: a file
+objective (``objective = "train.py:train"``), a dotted module (``"mymod:train"`` is imported from
+the TOML's directory, or else the current directory) and an SQLite storage
+(``storage = "sqlite:///sweep.db"``; ``sqlite:////abs/path.db`` is absolute).
+
+The run directory keeps a copy of the config (``config.toml``) with one line added at the top,
+``config_dir = "/absolute/dir/of/the/original/toml"``: the directory relative paths are resolved
+against. A resumed run (`Sweep(run_dir)`, ``mutransfer worker RUN``) reads the copy and so
+resolves them exactly as the first run did, from whatever the current directory is. A worker on
+another machine gets the copy from the storage; where `config_dir` does not exist on that
+machine, the objective's relative path or module is looked up from the worker's current
+directory instead. Rerunning ``mutransfer sweep CONFIG`` with the TOML moved elsewhere (same
+contents) updates `config_dir` in the copy. `config_dir` may be given in a TOML by hand; it
+must then be an absolute path.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -43,7 +59,8 @@ else:  # pragma: no cover
 SAMPLERS = ("grid", "random", "tpe")
 PARAMETRIZATIONS = ("mup", "sp")
 KEYS = {"name", "objective", "widths", "base_width", "target_width", "depths", "base_depth", "target_depth",
-        "parametrizations", "sampler", "n_trials", "seeds", "storage", "space", "fixed"}
+        "parametrizations", "sampler", "n_trials", "seeds", "storage", "space", "fixed", "config_dir"}
+CONFIG_DIR_KEY = "config_dir"
 
 
 @dataclass
@@ -63,6 +80,7 @@ class SweepConfig:
     depths: Optional[list[int]] = None
     base_depth: Optional[int] = None
     target_depth: Optional[int] = None
+    config_dir: Optional[Path] = None  # where relative paths resolve (the TOML's directory); None: cwd
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -76,6 +94,11 @@ class SweepConfig:
         """(parametrization, width, depth) triples, one Optuna study each; depth is None without `depths`."""
         depths: list[Optional[int]] = list(self.depths) if self.depths is not None else [None]
         return [(p, w, d) for p in self.parametrizations for w in self.widths for d in depths]
+
+    @property
+    def contents(self) -> dict[str, Any]:
+        """The config as written, without `config_dir` (where it lives is not what it says)."""
+        return {k: v for k, v in self.raw.items() if k != CONFIG_DIR_KEY}
 
     @property
     def proxy_depth(self) -> Optional[int]:
@@ -127,8 +150,22 @@ def _check_depth_alpha(fixed: dict[str, Any], dims: dict[str, Dimension]) -> Non
                              f"scaling), got {v!r}")
 
 
-def config_from_dict(data: dict[str, Any], source: str = "config") -> SweepConfig:
-    """Validate a config dict; every error names the key and `source`."""
+def resolve_storage(url: str, base_dir: Optional[Path]) -> str:
+    """An SQLite URL with a relative path made absolute against `base_dir`; other URLs unchanged."""
+    prefix = "sqlite:///"
+    if base_dir is None or not url.startswith(prefix) or ":memory:" in url:
+        return url
+    path = url[len(prefix):]
+    if not path or os.path.isabs(path):
+        return url
+    return prefix + str((Path(base_dir) / path).resolve())
+
+
+def config_from_dict(data: dict[str, Any], source: str = "config",
+                     base_dir: Optional[Union[str, os.PathLike]] = None) -> SweepConfig:
+    """Validate a config dict; every error names the key and `source`. Relative paths (objective
+    file or module, SQLite storage) resolve against the `config_dir` key, else `base_dir`, else
+    the current directory."""
     if not isinstance(data, dict):
         raise ValueError(f"{source}: a sweep config must be a table")
     unknown = set(data) - KEYS
@@ -175,15 +212,24 @@ def config_from_dict(data: dict[str, Any], source: str = "config") -> SweepConfi
         name = data.get("name", "sweep")
         if not isinstance(name, str) or not name:
             raise ValueError("name must be a non-empty string")
+        config_dir = Path(base_dir).resolve() if base_dir is not None else None
+        if CONFIG_DIR_KEY in data:
+            given = data[CONFIG_DIR_KEY]
+            if not isinstance(given, str) or not os.path.isabs(given):
+                raise ValueError(f"config_dir must be an absolute path (the directory relative paths resolve "
+                                 f"against; default: the TOML file's directory), got {given!r}")
+            config_dir = Path(given)
     except ValueError as e:
         raise ValueError(f"{source}: {e}") from None
     return SweepConfig(objective=objective, widths=widths, space=dims, name=name, base_width=base_width,
                        target_width=target, parametrizations=list(parametrizations), sampler=sampler,
-                       n_trials=n_trials, seeds=seeds, storage=storage, fixed=dict(fixed), depths=depths,
-                       base_depth=base_depth, target_depth=target_depth, raw=dict(data))
+                       n_trials=n_trials, seeds=seeds, storage=resolve_storage(storage, config_dir),
+                       fixed=dict(fixed), depths=depths, base_depth=base_depth, target_depth=target_depth,
+                       config_dir=config_dir, raw=dict(data))
 
 
 def load_config(path: Union[str, os.PathLike]) -> SweepConfig:
+    """Read and validate a TOML config; relative paths in it resolve against its directory."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"config file {path} not found")
@@ -191,4 +237,17 @@ def load_config(path: Union[str, os.PathLike]) -> SweepConfig:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: not valid TOML ({e})") from None
-    return config_from_dict(data, str(path))
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot read the config ({e})") from None
+    return config_from_dict(data, str(path), base_dir=path.parent)
+
+
+def pinned_text(path: Union[str, os.PathLike], config: SweepConfig) -> str:
+    """The text of the TOML at `path` as the run directory keeps it: with `config_dir` recorded at
+    the top (unless the file sets it), so that the copy resolves relative paths as the original."""
+    text = Path(path).read_text()
+    if CONFIG_DIR_KEY in config.raw or config.config_dir is None:
+        return text
+    quoted = json.dumps(str(config.config_dir)).replace("\x7f", "\\u007f")  # a TOML basic string
+    return (f"{CONFIG_DIR_KEY} = {quoted}  "
+            "# added by mutransfer: relative paths below resolve here\n" + text)

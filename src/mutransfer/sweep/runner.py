@@ -5,34 +5,78 @@ default storage, ``sweep.db``. Any number of workers — local processes or othe
 run `work()` on the same storage; each claims a trial atomically (grid points are enqueued once,
 up front), trains it and records the loss. Diverged trials (NaN/inf loss) are recorded and the
 sweep goes on. A trial whose worker died is retried (see `storage`).
+
+How a finished trial reads (the user attributes are the contract with `analysis` and `report`):
+
+- COMPLETE: a result; `losses` (one per seed), `seconds` (wall), `cpu_seconds` (process CPU time).
+- FAIL with `diverged=True`: a NaN/inf loss; counts as done.
+- FAIL with `failed=True` (and not `retried`): the objective raised. `error` holds
+  "TypeName: message" (≤ 500 characters), `traceback` the traceback's last ~4000 characters;
+  the full text, with width, depth, parametrization, params and seed, is saved as
+  ``<run_dir>/failures/<study name, / replaced by _>-trial<number>.txt``. Counts as done (a
+  rerun does not run it again); `Sweep.retry_failed` (``mutransfer sweep --retry-failed``)
+  queues a new trial with the same params and marks the old one `retried=True`.
+- FAIL with `interrupted=True` (Ctrl-C, SystemExit) or `retried=True`: not a result, not done;
+  a new trial with the same params was queued in its place. A queued replacement carries
+  `retry_of` (the number of the trial it reruns).
+- FAIL with none of these: a trial whose worker died (heartbeat stale); Optuna queued a retry.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
-import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import traceback
 from itertools import product
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from ..progress import Progress
-from .config import SweepConfig, load_config
+from .config import SweepConfig, load_config, pinned_text
 from .objective import Objective, Scale, load_objective
 from .space import Choice, Dimension, LogUniform
-from .storage import ClaimLock, Heartbeat, default_url, mask_url, open_storage, quiet
+from .storage import (ClaimLock, Heartbeat, default_url, mask_url, open_storage, quiet,
+                      set_finished_trial_user_attr)
 
 CONFIG_FILE = "config.toml"
 STORAGE_ENV = "MUTRANSFER_STORAGE"
 POLL_SECONDS = 1.0
+FAILURES_DIR = "failures"
+ERROR_CHARS, TRACEBACK_CHARS = 500, 4000
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C during `run_sweep`: the running trials were marked `interrupted` and queued again,
+    local workers stopped. `finished` trials of `total` are done; rerunning resumes."""
+
+    def __init__(self, finished: int, total: int):
+        super().__init__(f"interrupted: {finished} trials done, rerun to resume")
+        self.finished, self.total = finished, total
+
+
+def trial_outcome(t: FrozenTrial) -> Optional[str]:
+    """'complete', 'diverged' or 'failed' for a trial that is done; None for one that is not
+    (waiting, running, or a FAIL that was interrupted, retried or went stale: each has a
+    replacement in the queue). See the module docstring."""
+    if t.state == TrialState.COMPLETE:
+        return "complete"
+    if t.state != TrialState.FAIL or t.user_attrs.get("interrupted") or t.user_attrs.get("retried"):
+        return None
+    if t.user_attrs.get("diverged"):
+        return "diverged"
+    return "failed" if t.user_attrs.get("failed") else None
 
 
 def study_name(config: SweepConfig, parametrization: str, width: int, depth: Optional[int] = None) -> str:
@@ -73,23 +117,43 @@ class Sweep:
     @classmethod
     def create(cls, config_path: Union[str, os.PathLike], run_dir: Union[str, os.PathLike],
                storage: Optional[str] = None) -> "Sweep":
-        """Make (or reopen) the run directory for `config_path`; a rerun must use the same config."""
-        config = load_config(config_path)  # validates before anything is written
+        """Make (or reopen) the run directory for `config_path`; a rerun must use the same config.
+
+        The config is validated, the objective loaded and an explicitly given storage opened
+        before anything is written: a sweep refused for any of them leaves no run directory
+        behind, so the corrected command starts afresh."""
+        config = load_config(config_path)
+        objective = load_objective(config.objective, config.config_dir)
+        url = storage or os.environ.get(STORAGE_ENV) or config.storage
+        if url:
+            open_storage(url).engine.dispose()
         run_dir = Path(run_dir)
         target = run_dir / CONFIG_FILE
+        text = pinned_text(config_path, config)
         if target.is_file():
-            if load_config(target).raw != config.raw:
+            existing = load_config(target)
+            if existing.contents != config.contents:
                 raise ValueError(f"{run_dir} already holds a sweep with a different config; "
                                  "use a new --run directory or the same config to resume")
+            if existing.config_dir != config.config_dir:  # the same TOML, moved: its paths resolve there now
+                _write_atomically(target, text)
         else:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(config_path, target)
-        return cls(run_dir, storage)
+            try:
+                run_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ValueError(f"run directory {run_dir}: cannot create it ({e.strerror})") from None
+            _write_atomically(target, text)
+        sweep = cls(run_dir, storage)
+        sweep._objective = objective
+        return sweep
 
     @property
     def objective(self) -> Objective:
         if self._objective is None:
-            self._objective = load_objective(self.config.objective)
+            base = self.config.config_dir
+            if base is not None and not base.is_dir():
+                base = None  # a worker on another machine: relative to its current directory
+            self._objective = load_objective(self.config.objective, base)
         return self._objective
 
     def study(self, parametrization: str, width: int, depth: Optional[int] = None) -> optuna.Study:
@@ -157,10 +221,10 @@ class Sweep:
         if self.config.sampler == "grid":
             return None
         counted = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
-        done = len(study.get_trials(deepcopy=False, states=counted))
-        diverged = sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-                       if t.user_attrs.get("diverged"))
-        if done + diverged >= self.config.n_trials:
+        due = len(study.get_trials(deepcopy=False, states=counted))
+        failed = sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+                     if trial_outcome(t) is not None)  # diverged or failed: done, never rerun by itself
+        if due + failed >= self.config.n_trials:
             return None
         with quiet():  # we send the heartbeats ourselves (see Heartbeat)
             trial = study.ask()
@@ -178,21 +242,30 @@ class Sweep:
                      None if depth is None else self.config.base_depth)
 
     def _run(self, study: optuna.Study, trial: optuna.Trial, parametrization: str, width: int,
-             depth: Optional[int] = None) -> None:
-        params = {name: self._suggest(trial, name, dim) for name, dim in self.config.space.items()}
-        hparams = {**self.config.fixed, **params}
-        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
-        start = time.perf_counter()
-        with Heartbeat(self.storage, trial._trial_id):
-            try:
-                losses = [float(self.objective(dict(hparams), self.scale(parametrization, width, depth, seed)))
-                          for seed in self.config.seeds]
-            except Exception as e:
-                trial.set_user_attr("error", f"{type(e).__name__}: {e}"[:500])
-                study.tell(trial, state=TrialState.FAIL)
-                raise
+             depth: Optional[int] = None) -> Optional[str]:
+        """Train one trial on every seed and record it. An exception from the objective marks the
+        trial failed (returns the line to show); Ctrl-C or SystemExit mark it interrupted, queue it
+        again and propagate."""
+        params: dict[str, Any] = {}
         try:
+            params = {name: self._suggest(trial, name, dim) for name, dim in self.config.space.items()}
+            hparams = {**self.config.fixed, **params}
+            trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+            start, cpu_start = time.perf_counter(), time.process_time()
+            losses: list[float] = []
+            error: Optional[tuple[Exception, str, int]] = None
+            with Heartbeat(self.storage, trial._trial_id):
+                for seed in self.config.seeds:
+                    try:
+                        losses.append(float(self.objective(dict(hparams),
+                                                           self.scale(parametrization, width, depth, seed))))
+                    except Exception as e:
+                        error = (e, traceback.format_exc(), seed)
+                        break
             trial.set_user_attr("seconds", time.perf_counter() - start)
+            trial.set_user_attr("cpu_seconds", time.process_time() - cpu_start)
+            if error is not None:
+                return self._failed(study, trial, (parametrization, width, depth), params, *error)
             trial.set_user_attr("losses", [l if math.isfinite(l) else None for l in losses])
             if all(math.isfinite(l) for l in losses):
                 study.tell(trial, sum(losses) / len(losses), skip_if_finished=True)
@@ -201,13 +274,86 @@ class Sweep:
                 study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
         except optuna.exceptions.UpdateFinishedTrialError:
             pass  # another worker finished this very trial first (same HPs and seeds: same result)
+        except BaseException:  # KeyboardInterrupt, SystemExit: not the trial's fault
+            with _sigint_ignored():  # a second Ctrl-C must not cut the bookkeeping short
+                self._interrupted(study, trial, params)
+            raise
+        return None
+
+    def _failed(self, study: optuna.Study, trial: optuna.Trial, cell: tuple[str, int, Optional[int]],
+                params: dict[str, Any], error: Exception, text: str, seed: int) -> str:
+        """Record a trial whose objective raised: FAIL with `failed`, `error`, `traceback`, and the
+        full traceback in the run's failures directory. Returns the line to print."""
+        parametrization, width, depth = cell
+        message = f"{type(error).__name__}: {error}"
+        path = self.run_dir / FAILURES_DIR / f"{study.study_name.replace('/', '_')}-trial{trial.number}.txt"
+        report = "\n".join([
+            f"study: {study.study_name}", f"trial: {trial.number}", f"width: {width}", f"depth: {depth}",
+            f"parametrization: {parametrization}", f"params: {json.dumps(params, default=repr)}",
+            f"fixed: {json.dumps(self.config.fixed, default=repr)}", f"seed: {seed}",
+            f"worker: {socket.gethostname()}:{os.getpid()}", f"error: {message}", "", text])
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(report)
+            where = str(path)
+        except OSError as e:
+            where = f"the trial's user attribute 'traceback' ({path} could not be written: {e.strerror})"
+        trial.set_user_attr("failed", True)
+        trial.set_user_attr("error", message[:ERROR_CHARS])
+        trial.set_user_attr("traceback", text if len(text) <= TRACEBACK_CHARS else "…" + text[-TRACEBACK_CHARS:])
+        try:
+            study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass
+        first = message.strip().splitlines()[0] if message.strip() else type(error).__name__
+        return (f"trial {trial.number} ({cell_label(*cell)}) failed: {first[:ERROR_CHARS]} — "
+                f"traceback in {where}")
+
+    def _interrupted(self, study: optuna.Study, trial: optuna.Trial, params: dict[str, Any]) -> None:
+        """Mark a trial cut off by Ctrl-C as FAIL `interrupted` and queue its params again, so that
+        a rerun takes it at once (not after the heartbeat grace period)."""
+        frozen = self.storage.get_trial(trial._trial_id)
+        if frozen.state.is_finished():
+            return
+        params = {**frozen.system_attrs.get("fixed_params", {}), **frozen.params, **params}
+        trial.set_user_attr("interrupted", True)
+        try:
+            study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return
+        if set(params) >= set(self.config.space):  # else (random/TPE) a new trial is drawn in its place
+            study.enqueue_trial({name: params[name] for name in self.config.space},
+                                user_attrs={"retry_of": trial.number})
+
+    def retry_failed(self) -> int:
+        """Queue every failed trial (the objective raised; not diverged) once more with the same
+        params, marking the old one `retried`. Returns how many were queued."""
+        n = 0
+        with ClaimLock(self.url):
+            for cell in self.config.cells:
+                study = self.study(*cell)
+                for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+                    if trial_outcome(t) != "failed":
+                        continue
+                    params = {**t.system_attrs.get("fixed_params", {}), **t.params}
+                    study.enqueue_trial({name: params[name] for name in self.config.space if name in params},
+                                        user_attrs={"retry_of": t.number})
+                    set_finished_trial_user_attr(self.storage, t._trial_id, "retried", True)
+                    n += 1
+        self._studies.clear()  # their caches still hold the old trials without `retried`
+        return n
+
+    def _outcomes(self) -> list[Optional[str]]:
+        return [trial_outcome(t) for cell in self.config.cells
+                for t in self.study(*cell).get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))]
 
     def finished(self) -> int:
-        n = 0
-        for cell in self.config.cells:
-            for t in self.study(*cell).get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-                n += t.state == TrialState.COMPLETE or bool(t.user_attrs.get("diverged"))
-        return n
+        """Trials done: completed, diverged or failed (not retried)."""
+        return sum(o is not None for o in self._outcomes())
+
+    def failed(self) -> int:
+        """Failed trials (the objective raised) not yet retried."""
+        return sum(o == "failed" for o in self._outcomes())
 
     def work(self, progress: bool = True, max_trials: Optional[int] = None) -> int:
         """Claim and run trials until none is left (waiting for other workers' running trials to
@@ -216,33 +362,64 @@ class Sweep:
         bar = Progress(self.total_trials(), f"sweep {self.config.name}", enabled=progress)
         bar.done = self.finished()
         ran = 0
-        while max_trials is None or ran < max_trials:
-            claimed = None
-            with quiet():
-                for cell in cells:
-                    optuna.storages.fail_stale_trials(self.study(*cell))
-            with ClaimLock(self.url):
-                for cell in sorted(cells, key=lambda c: len(self.study(*c).get_trials(deepcopy=False))):
-                    trial = self._claim(self.study(*cell))
-                    if trial is not None:
-                        claimed = (cell, trial)
+        try:
+            while max_trials is None or ran < max_trials:
+                claimed = None
+                with quiet():
+                    for cell in cells:
+                        optuna.storages.fail_stale_trials(self.study(*cell))
+                with ClaimLock(self.url):
+                    for cell in sorted(cells, key=lambda c: len(self.study(*c).get_trials(deepcopy=False))):
+                        trial = self._claim(self.study(*cell))
+                        if trial is not None:
+                            claimed = (cell, trial)
+                            break
+                if claimed is None:
+                    running = sum(len(self.study(*c).get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+                                  for c in cells)
+                    if not running:
                         break
-            if claimed is None:
-                running = sum(len(self.study(*c).get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-                              for c in cells)
-                if not running:
-                    break
-                bar.update(f"waiting for {running} running trial(s) of other workers")
-                time.sleep(POLL_SECONDS)
-                continue
-            cell, trial = claimed
-            bar.update(f"{cell_label(*cell)} trial {trial.number}")
-            self._run(self.study(*cell), trial, *cell)
-            ran += 1
-            bar.done = self.finished()
-            bar.advance(0)
-        bar.close()
+                    bar.update(f"waiting for {running} running trial(s) of other workers")
+                    time.sleep(POLL_SECONDS)
+                    continue
+                cell, trial = claimed
+                bar.update(f"{cell_label(*cell)} trial {trial.number}")
+                failure = self._run(self.study(*cell), trial, *cell)
+                if failure is not None:
+                    _print_over(bar, failure)
+                ran += 1
+                bar.done = self.finished()
+                bar.advance(0)
+        finally:
+            bar.close()
         return ran
+
+
+def _print_over(bar: Progress, line: str) -> None:
+    """A line on stderr, above the progress bar when it is drawn on a terminal."""
+    if bar.enabled and bar.tty:
+        sys.stderr.write("\r" + " " * 150 + "\r")
+    print(line, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Ignore SIGINT (in the main thread) for the duration: bookkeeping after a Ctrl-C must finish."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write `text` to `path` so that a concurrent reader sees the old file or the new, never half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _fetch_config(storage, name: str, path: Path) -> None:
@@ -254,24 +431,81 @@ def _fetch_config(storage, name: str, path: Path) -> None:
             return
 
 
+# A worker process started by `run_sweep`: Ctrl-C (the terminal sends it to every process of the
+# group) while it is still importing exits at once and quietly; later, `_worker_main` marks its
+# trial interrupted and exits 130 without a traceback.
+_WORKER_CODE = ("import os, signal, sys\n"
+                "signal.signal(signal.SIGINT, lambda *_: os._exit(130))\n"
+                "from mutransfer.sweep.runner import _worker_main\n"
+                "sys.exit(_worker_main(sys.argv[1]))\n")
+
+
+def _worker_main(run_dir: str) -> int:
+    """Entry of a worker process started by `run_sweep` (storage URL in the environment)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        sweep = Sweep(run_dir)
+        sweep.objective
+        sweep.work(progress=False)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # leaving: nothing more to interrupt
+        return EXIT_INTERRUPTED
+    except ValueError as e:
+        print(f"mutransfer worker: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _stop_workers(procs: list[subprocess.Popen], grace: float = 60.0) -> None:
+    """Ctrl-C reached this process: make sure the workers got it too (a signal sent to this
+    process alone did not reach them), let them mark their trials, then wait for them."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                p.send_signal(signal.SIGINT)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def run_sweep(config_path: Union[str, os.PathLike], run_dir: Union[str, os.PathLike], workers: int = 1,
-              storage: Optional[str] = None, progress: bool = True) -> Sweep:
-    """Create/resume the sweep and run it with `workers` local processes (this one included)."""
+              storage: Optional[str] = None, progress: bool = True, retry_failed: bool = False) -> Sweep:
+    """Create/resume the sweep and run it with `workers` local processes (this one included).
+
+    `retry_failed`: first queue every failed trial again (see `Sweep.retry_failed`). Ctrl-C
+    marks the running trials interrupted (queued again), stops the workers and raises
+    `SweepInterrupted` (a KeyboardInterrupt); rerunning resumes."""
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
-    sweep = Sweep.create(config_path, run_dir, storage)
-    sweep.objective  # fail now on a bad objective, not in every worker
+    sweep = Sweep.create(config_path, run_dir, storage)  # config, objective and storage checked first
     sweep.prepare()
+    if retry_failed:
+        n = sweep.retry_failed()
+        print(f"retrying {n} failed trial(s)" if n else "no failed trial to retry", file=sys.stderr)
     env = dict(os.environ, **{STORAGE_ENV: sweep.url})  # not on the command line: it may hold a password
-    procs = [subprocess.Popen([sys.executable, "-m", "mutransfer.cli", "worker", str(sweep.run_dir), "--no-progress"],
-                              env=env) for _ in range(workers - 1)]
+    procs = [subprocess.Popen([sys.executable, "-c", _WORKER_CODE, str(sweep.run_dir)], env=env)
+             for _ in range(workers - 1)]
     try:
         sweep.work(progress=progress)
+    except KeyboardInterrupt:
+        with _sigint_ignored():
+            _stop_workers(procs)
+            raise SweepInterrupted(sweep.finished(), sweep.total_trials()) from None
+    except SystemExit:
+        with _sigint_ignored():
+            _stop_workers(procs)
+        raise
     finally:
         codes = [p.wait() for p in procs]
     if any(codes):
         raise RuntimeError(f"{sum(1 for c in codes if c)} worker process(es) failed (exit codes {codes})")
     with open(sweep.run_dir / "run.json", "w") as f:
         json.dump({"storage": mask_url(sweep.url), "finished_trials": sweep.finished(),
-                   "total_trials": sweep.total_trials()}, f, indent=1)
+                   "failed_trials": sweep.failed(), "total_trials": sweep.total_trials()}, f, indent=1)
     return sweep

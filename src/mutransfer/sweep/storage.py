@@ -133,3 +133,22 @@ class ClaimLock:
             fcntl.flock(self._file, fcntl.LOCK_UN)
             self._file.close()
             self._file = None
+
+
+def set_finished_trial_user_attr(storage: optuna.storages.RDBStorage, trial_id: int, key: str, value) -> None:
+    """Set a user attribute on a trial that has already finished (Optuna's API refuses: finished
+    trials are immutable there). Used for the note `retried` on a failed trial once a retry of it
+    is queued. Studies opened before this call may still show the trial without it (Optuna caches
+    finished trials): open the study again to see it."""
+    import json
+
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    with _create_scoped_session(storage.scoped_session, True) as session:
+        trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
+        attribute = models.TrialUserAttributeModel.find_by_trial_and_key(trial, key, session)
+        if attribute is None:
+            session.add(models.TrialUserAttributeModel(trial_id=trial_id, key=key, value_json=json.dumps(value)))
+        else:
+            attribute.value_json = json.dumps(value)

@@ -4,12 +4,21 @@ The µP target gets the µP optimum found at the proxy (the smallest swept width
 smallest swept depth in a sweep over depths); for comparison the SP target gets the SP optimum
 from the same proxy — what one would do without µP. The cost ratio is the sweep's total
 training time over one µP target run.
+
+The target must be at least as wide (and deep) as the proxy: narrower is refused, equal runs
+with a warning (it transfers nothing). transfer.json holds `target_width`, `proxy_width`
+(`target_depth`, `proxy_depth`, `base_depth` in a sweep over depths), `seeds`, one entry per
+parametrization — `{"hparams", "loss" (None if diverged), "losses" (one per seed), "seconds"
+(wall), "cpu_seconds" (process CPU time, time.process_time)}` — then `sweep_seconds` and
+`cost_ratio` (wall). If the run directory already has a report.html, the report is written
+again so that it shows this transfer.
 """
 from __future__ import annotations
 
 import json
 import math
 import time
+import warnings
 from typing import Optional
 
 from .analysis import load_results, transferred_hparams
@@ -28,8 +37,15 @@ def target_depth(sweep: Sweep, depth: Optional[int] = None) -> Optional[int]:
         return None
     if depth is None:
         depth = cfg.target_depth or max(cfg.depths)
+    proxy = cfg.proxy_depth
     if depth < 1:
-        raise ValueError(f"--depth must be positive, got {depth}")
+        raise ValueError(f"--depth must be positive (at least the proxy depth {proxy}), got {depth}")
+    if depth < proxy:
+        raise ValueError(f"--depth {depth} is below the proxy depth {proxy} (the smallest swept depth): "
+                         f"µTransfer goes from the proxy to a deeper target; give --depth {proxy} or more")
+    if depth == proxy:
+        warnings.warn(f"--depth {depth} equals the proxy depth: the target is the proxy's depth, "
+                      "so nothing is transferred across depth", UserWarning, stacklevel=3)
     return depth
 
 
@@ -37,11 +53,17 @@ def transfer(sweep: Sweep, width: Optional[int] = None, depth: Optional[int] = N
     """Train the target (width, depth) with each parametrization's proxy optimum; writes transfer.json."""
     if width is None:
         width = sweep.config.target_width or max(sweep.config.widths)
+    proxy, proxy_depth = min(sweep.config.widths), sweep.config.proxy_depth
     if width < 1:
-        raise ValueError(f"--width must be positive, got {width}")
+        raise ValueError(f"--width must be positive (at least the proxy width {proxy}), got {width}")
+    if width < proxy:
+        raise ValueError(f"--width {width} is below the proxy width {proxy} (the smallest swept width): "
+                         f"µTransfer goes from the proxy to a wider target; give --width {proxy} or more")
+    if width == proxy:
+        warnings.warn(f"--width {width} equals the proxy width: the target is the proxy itself, "
+                      "so nothing is transferred across width", UserWarning, stacklevel=2)
     depth = target_depth(sweep, depth)
     results = load_results(sweep)
-    proxy, proxy_depth = min(sweep.config.widths), sweep.config.proxy_depth
     out: dict = {"target_width": width, "proxy_width": proxy}
     if depth is not None:
         out.update(target_depth=depth, proxy_depth=proxy_depth, base_depth=sweep.config.base_depth)
@@ -51,16 +73,21 @@ def transfer(sweep: Sweep, width: Optional[int] = None, depth: Optional[int] = N
         hp = transferred_hparams(sweep, results, proxy, p, proxy_depth)
         if hp is None:
             raise ValueError(f"{sweep.run_dir}: no finished {p} trial at the proxy {where}; run the sweep first")
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         losses = [float(sweep.objective(dict(hp), sweep.scale(p, width, depth, seed))) for seed in sweep.config.seeds]
-        seconds = time.perf_counter() - start
+        seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
         loss = sum(losses) / len(losses)
-        out[p] = {"hparams": hp, "loss": loss if math.isfinite(loss) else None, "seconds": seconds}
+        out[p] = {"hparams": hp, "loss": loss if math.isfinite(loss) else None,
+                  "losses": [l if math.isfinite(l) else None for l in losses],
+                  "seconds": seconds, "cpu_seconds": cpu_seconds}
     sweep_seconds = sum(r.seconds for r in results)
     if "mup" in out and out["mup"]["seconds"] > 0:
         out["cost_ratio"] = sweep_seconds / out["mup"]["seconds"]
     out["sweep_seconds"] = sweep_seconds
     (sweep.run_dir / "transfer.json").write_text(json.dumps(out, indent=1))
+    if (sweep.run_dir / "report.html").is_file():  # the report shows the transfer, whatever the order
+        from .report import write_report
+        write_report(sweep)
     return out
 
 
