@@ -12,6 +12,9 @@ fitted optimum with its interval (verdict.judge, as in summary.json's analysis s
 ``--keep DIR`` keeps the run directories there; rerunning with the same settings resumes them
 (a finished sweep runs nothing), so another pruner setting can be compared with the same
 unpruned baseline. ``--quick``: widths 32 and 64, 4 lrs, 30 steps (a smoke run).
+``--ascending`` runs the pruned sweep with its grid enqueued in ascending order instead of centre
+first (what the centre-out order buys; the grid is enqueued by this process, before the workers
+start, so the order holds for every worker).
 """
 from __future__ import annotations
 
@@ -20,10 +23,9 @@ import json
 import math
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from mutransfer.sweep import run_sweep
+from mutransfer.sweep import Sweep, run_sweep
 from mutransfer.sweep.analysis import best, counts, load_results, verdicts
 
 FULL = dict(widths=[32, 64, 128, 256], low=-12, high=-4, grid=9, steps=150)
@@ -59,18 +61,30 @@ threads = 1
 {opts}'''
 
 
-def run(root: Path, c: dict, pruner: str, options: dict, workers: int) -> dict:
-    tag = pruner + "".join(f"-{k}{v}" for k, v in sorted(options.items()))
+def _ascending(self: Sweep) -> list[dict]:
+    names = list(self.config.space)
+    axes = [d.grid_points() for d in self.config.space.values()]
+    return sorted(_CENTRE_OUT(self), key=lambda g: [a.index(g[n]) for n, a in zip(names, axes)])
+
+
+_CENTRE_OUT = Sweep.grid
+
+
+def run(root: Path, c: dict, pruner: str, options: dict, workers: int, ascending: bool = False) -> dict:
+    tag = pruner + "".join(f"-{k}{v}" for k, v in sorted(options.items())) + ("-ascending" if ascending else "")
+    Sweep.grid = _ascending if ascending else _CENTRE_OUT
     d = root / tag
     d.mkdir(parents=True, exist_ok=True)
     cfg = d / "sweep.toml"
     text = config_text(c, pruner, options)
     if not cfg.exists() or cfg.read_text() != text:
         cfg.write_text(text)
-    start = time.perf_counter()
     sweep = run_sweep(cfg, d / "run", workers=workers, progress=False)
-    wall = time.perf_counter() - start
     results = load_results(sweep)
+    trials = [t for cell in sweep.config.cells for t in sweep.study(*cell).get_trials(deepcopy=False)
+              if t.datetime_start is not None and t.datetime_complete is not None]
+    # the sweep's own span (first trial start to last trial end): right for a resumed run too
+    wall = (max(t.datetime_complete for t in trials) - min(t.datetime_start for t in trials)).total_seconds()
     judged = verdicts(sweep, results)
     cells = {}
     for p in sweep.config.parametrizations:
@@ -148,6 +162,7 @@ def main(argv=None) -> int:
     p.add_argument("--pruner", default="median", choices=["median", "successive_halving", "hyperband"])
     p.add_argument("--option", type=_option, action="append", default=[], metavar="KEY=VALUE",
                    help="a [pruner_options] entry (repeatable)")
+    p.add_argument("--ascending", action="store_true", help="pruned run: grid in ascending order, not centre first")
     p.add_argument("--keep", type=Path, help="keep (and resume) the run directories here")
     p.add_argument("--json", type=Path, help="write the numbers here")
     args = p.parse_args(argv)
@@ -156,9 +171,10 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = args.keep or Path(tmp)
         base = run(root, c, "none", {}, args.workers)
-        pruned = run(root, c, args.pruner, options, args.workers)
+        pruned = run(root, c, args.pruner, options, args.workers, args.ascending)
     print(f"Demo GPT sweep: widths {c['widths']}, lr 2^{c['low']} … 2^{c['high']} ({c['grid']} points), "
-          f"{c['steps']} steps, µP and SP, seeds [0, 1], {args.workers} workers\n")
+          f"{c['steps']} steps, µP and SP, seeds [0, 1], {args.workers} workers; pruner {args.pruner} "
+          f"{options or '(defaults)'}, grid {'ascending' if args.ascending else 'centre first'}\n")
     print(table(base, pruned))
     if args.json:
         args.json.write_text(json.dumps({"none": base, "pruned": pruned}, indent=1))

@@ -36,9 +36,14 @@ The pruner's knobs go in an optional ``[pruner_options]`` table (steps are the o
 training steps, as passed to `scale.report`):
 
 - ``"median"`` (recommended; Optuna's MedianPruner): prune when the loss at a step is worse than
-  the median of the finished trials' losses at that step. ``n_startup_trials = 3`` (trials that
-  finish unpruned in a study before it prunes), ``n_warmup_steps = 0`` (no pruning before this
-  step), ``interval_steps = 1``.
+  the median of the finished trials' losses at that step. ``n_startup_trials = 2`` (trials that
+  finish in a study before it prunes: with the centre-out grid, the two middle points),
+  ``n_warmup_steps = 0`` (no pruning before this step), ``interval_steps = 1``. Measured on the
+  demo's GPT sweep (benchmarks/sweep_pruning.py, 2 seeds, 2 workers): 2.2× less CPU time than no
+  pruner, the same best grid lr in all 8 cells (3 startup trials: 1.8×, also the same). A
+  trial that is slower early but best at the end (a low lr) can be pruned when it is not one of
+  the startup trials: raise ``n_warmup_steps`` (e.g. to half the steps) if the optimum may lie
+  far below the middle of the range.
 - ``"successive_halving"`` (SuccessiveHalvingPruner): at rungs of ``min_resource`` ×
   ``reduction_factor``^k steps, keep the best 1/``reduction_factor`` trials. ``min_resource =
   "auto"`` (or a step count ≥ 1), ``reduction_factor = 4`` (≥ 2), ``min_early_stopping_rate = 0``.
@@ -89,7 +94,7 @@ AUTO = "auto"
 # Every option of each pruner with its default; (minimum, allows "auto") validates it.
 PRUNER_OPTIONS: dict[str, dict[str, Any]] = {
     "none": {},
-    "median": {"n_startup_trials": 3, "n_warmup_steps": 0, "interval_steps": 1},
+    "median": {"n_startup_trials": 2, "n_warmup_steps": 0, "interval_steps": 1},
     "successive_halving": {"min_resource": AUTO, "reduction_factor": 4, "min_early_stopping_rate": 0},
     "hyperband": {"min_resource": 1, "max_resource": AUTO, "reduction_factor": 3},
 }
