@@ -142,3 +142,56 @@ def test_the_report_states_what_the_data_show_not_a_fixed_caption(tmp_path):
     assert summary["verdict"].startswith("µP across widths did not transfer: lr optimum moved -3.00 octaves")
     html = (run / "report.html").read_text()
     assert "line up" not in html and "did not transfer" in html and summary["verdict"] in html
+
+
+AXES_OBJECTIVE = textwrap.dedent('''
+    import math
+
+    def train(hp, scale):
+        """µP's optimum stays at 2^-6 across width, batch size and horizon; SP's moves with all three."""
+        shift = math.log2(scale.width / scale.base_width) + math.log2(hp["batch_size"] / 8) / 2 \\
+            + math.log2(hp["steps"] / 10) / 2
+        target = -6 - (0 if scale.mup else shift)
+        return 0.1 * (math.log2(hp["lr"]) - target) ** 2 + 1.0 / scale.width + 1.0 / hp["steps"] + 0.001 * scale.seed
+''')
+
+
+def test_batch_size_and_steps_are_axes_with_drift_and_regret(tmp_path, capsys):
+    (tmp_path / "obj.py").write_text(AXES_OBJECTIVE)
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(textwrap.dedent('''
+        name = "axes"
+        objective = "obj.py:train"
+        widths = [16, 64]
+        batch_sizes = [32, 8]
+        steps = [10, 40]
+        seeds = [0, 1]
+        [space.lr]
+        low = "2**-10"
+        high = "2**-2"
+        grid = 9
+    '''))
+    run = tmp_path / "run"
+    assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
+    from mutransfer.sweep import Sweep
+    sweep = Sweep(run)
+    assert [c[3] for c in sweep.config.all_cells if c[0] == "mup"] == [(), (), (("batch_size", 32),), (("steps", 40),)]
+    assert sweep.config.cells == [(p, w, None) for p in ("mup", "sp") for w in (16, 64)]  # unchanged meaning
+    assert main(["report", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    mup, sp = summary["analysis"]["mup"], summary["analysis"]["sp"]
+    assert set(mup) == {"width", "batch_size", "steps"}
+    assert mup["batch_size"]["hparams"]["lr"]["drift"]["value"] == pytest.approx(0.0, abs=1e-9)
+    assert sp["batch_size"]["hparams"]["lr"]["drift"]["value"] == pytest.approx(-1.0, abs=1e-9)  # ×4 batch
+    assert sp["steps"]["hparams"]["lr"]["drift"]["value"] == pytest.approx(-1.0, abs=1e-9)  # ×4 steps
+    assert sp["width"]["hparams"]["lr"]["drift"]["value"] == pytest.approx(-2.0, abs=1e-9)
+    assert sp["steps"]["regret"]["40"]["relative"] > 0 and mup["steps"]["regret"]["40"]["relative"] == 0
+    assert summary["transferred"] == {"mup": True, "sp": False}
+    for name in ("loss_vs_lr.png", "loss_vs_lr_by_batch_size.png", "loss_vs_lr_by_steps.png"):
+        assert (run / name).read_bytes()[:4] == b"\x89PNG", name
+    assert "µP across batch sizes transferred" in (run / "report.html").read_text()
+    capsys.readouterr()
+    assert main(["transfer", str(run), "--width", "64", "--batch-size", "32", "--steps", "40"]) == 0
+    t = json.loads((run / "transfer.json").read_text())
+    assert t["mup"]["hparams"] == {"lr": 2 ** -6, "batch_size": 32, "steps": 40}
+    assert t["mup"]["loss"] == pytest.approx(1 / 64 + 1 / 40 + 0.0005)

@@ -40,6 +40,13 @@ N_BOOTSTRAP = 2000
 TOLERANCE_OCTAVES = 1.0
 MAX_REGRET = 0.01
 BOOTSTRAP_SEED = 0  # the report is a deterministic function of the trials
+AXIS_NAMES = {"width": ("width", "widths"), "depth": ("depth", "depths"), "batch_size": ("batch size", "batch sizes"),
+              "steps": ("steps", "training horizons")}
+
+
+def axis_name(axis: str, plural: bool = False) -> str:
+    """'batch size' / 'batch sizes' for 'batch_size'; the axis itself when unknown."""
+    return AXIS_NAMES.get(axis, (axis, axis + "s"))[plural]
 
 
 # ----------------------------------------------------------------------------- HP coordinates
@@ -368,28 +375,28 @@ def describe(v: Verdict, label: str) -> str:
         elif h.drift is not None:
             d = h.drift
             parts.append(f"{h.name} optimum moved {_num(d.value, u)}{_ci(d.interval, lambda t: _num(t))} "
-                         f"from {v.axis} {first.at} to {last.at}")
+                         f"from {axis_name(v.axis)} {first.at} to {last.at}")
         edges = [o for o in h.optima if o.edge]
         for o in edges:
             side = "high" if o.edge > 0 else "low"
-            parts.append(f"{h.name} optimum at {v.axis} {o.at} is on the grid's {side} edge "
+            parts.append(f"{h.name} optimum at {axis_name(v.axis)} {o.at} is on the grid's {side} edge "
                          f"({value_at(h.dim, o.grid_x):.3g}): widen the grid")
     last_at = max(v.regret) if v.regret else None
     if last_at is not None and last_at != v.proxy:
         a, r = v.regret[last_at]
         if math.isfinite(r.value):
-            parts.append(f"regret at {v.axis} {last_at}: {_pct(r.value)}{_ci(r.interval, _pct)}")
+            parts.append(f"regret at {axis_name(v.axis)} {last_at}: {_pct(r.value)}{_ci(r.interval, _pct)}")
         elif math.isinf(a.value):
-            parts.append(f"the proxy's HPs diverge at {v.axis} {last_at}")
+            parts.append(f"the proxy's HPs diverge at {axis_name(v.axis)} {last_at}")
         else:
-            parts.append(f"regret at {v.axis} {last_at}: {a.value:+.4g}")
+            parts.append(f"regret at {axis_name(v.axis)} {last_at}: {a.value:+.4g}")
     if v.counts["failed"] or v.counts["diverged"]:
         parts.append(f"{v.counts['diverged']} diverged, {v.counts['failed']} failed trial(s)")
     reasons = [r for h in v.hps.values() for r in h.reasons]
     head = f"{label} transferred" if v.transferred else f"{label} did not transfer"
     if reasons and not any(r.startswith("moved") for r in reasons):
         if any(r.startswith("fewer") for r in reasons):
-            why = f"results at one {v.axis} only"
+            why = f"results at one {axis_name(v.axis)} only"
         elif any(r.startswith("edge") for r in reasons):
             why = "an optimum on the grid's edge"
         else:
