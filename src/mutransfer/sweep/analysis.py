@@ -173,10 +173,10 @@ def transferred_hparams(sweep: Sweep, results: list[TrialResult], width: Optiona
 
 
 def axes(sweep: Sweep) -> list[str]:
-    """The axes a verdict is drawn along: width (when several widths, or no depths), depth, and
-    batch size and horizon (`batch_size`, `steps`) when swept."""
+    """The axes a verdict is drawn along: width, depth, batch size and horizon (`batch_size`,
+    `steps`), each when it has several values (none for a sweep that only tunes at one scale)."""
     cfg = sweep.config
-    out = ["width"] if len(cfg.widths) > 1 or cfg.depths is None else []
+    out = ["width"] if len(cfg.widths) > 1 else []
     out += ["depth"] if cfg.depths is not None and len(cfg.depths) > 1 else []
     return out + [axis for axis, values in cfg.axes.items() if len(values) > 1]
 

@@ -209,10 +209,13 @@ def summarize(sweep: Sweep, results: list[TrialResult], judged: Optional[dict] =
     cfg = sweep.config
     ps = cfg.parametrizations
     judged = verdicts(sweep, results) if judged is None else judged
-    lines = verdict_lines(sweep, judged)
+    lines = verdict_lines(sweep, judged) or [
+        "No transfer verdict: every trial ran at one width and depth, so this sweep tunes at that scale; "
+        "sweep several widths (or depths, batch sizes, horizons) to check a transfer."]
     h2h = head_to_head(sweep, results)
     summary = {"name": cfg.name, "objective": cfg.objective, "verdict": " ".join(lines[:1]), "verdicts": lines,
-               "transferred": {p: bool(judged[p]) and all(v.transferred for v in judged[p].values()) for p in ps},
+               "transferred": {p: all(v.transferred for v in judged[p].values()) if judged[p] else None
+                               for p in ps},
                "confidence": CONFIDENCE, "seeds": cfg.seeds,
                "widths": cfg.widths, "proxy_width": min(cfg.widths)}
     if cfg.depths is not None:
