@@ -29,8 +29,12 @@ from .report import head_to_head_line, write_report
 from .runner import run_sweep
 from .transfer import format_transfer, transfer
 
-FULL = dict(widths=[32, 64, 128, 256], low=-10, high=-4, steps=150, seeds=[0, 1], mult_low=-1, mult_high=4)
-QUICK = dict(widths=[32, 256], low=-10, high=-5, steps=150, seeds=[0, 1], mult_low=0, mult_high=3)
+# lr grids in integer octaves (low..high); output_mult in half octaves (2^mult_low .. 2^mult_high, mult_grid points):
+# at width 32 its loss valley is shallow (1.6% from α=1 to the best) and its floor lies between 2 and 4.
+FULL = dict(widths=[32, 64, 128, 256], low=-10, high=-4, tune_low=-10, tune_high=-4, steps=150, seeds=[0, 1],
+            mult_low=0, mult_high=3, mult_grid=7)
+QUICK = dict(widths=[32, 256], low=-10, high=-5, tune_low=-8, tune_high=-5, steps=150, seeds=[0, 1],
+             mult_low=1, mult_high=2.5, mult_grid=4)
 FIXED = """
 [fixed]
 steps = {steps}
@@ -55,8 +59,8 @@ def _settings(quick: bool) -> dict:
     return QUICK if quick else FULL
 
 
-def _lr(c: dict) -> str:
-    return LR.format(low=c["low"], high=c["high"], n=c["high"] - c["low"] + 1)
+def _lr(low: int, high: int) -> str:
+    return LR.format(low=low, high=high, n=high - low + 1)
 
 
 def tune_config(quick: bool = False) -> str:
@@ -64,9 +68,9 @@ def tune_config(quick: bool = False) -> str:
     c = _settings(quick)
     return (f'# Written by `mutransfer demo` (stage 1: tune at the proxy); `mutransfer sweep` resumes it.\n'
             f'name = "demo-tune{"-quick" if quick else ""}"\nobjective = "recipe:gpt"\nwidths = [{c["widths"][0]}]\n'
-            f'parametrizations = ["mup"]\nsampler = "grid"\nseeds = {c["seeds"]}\n' + _lr(c)
+            f'parametrizations = ["mup"]\nsampler = "grid"\nseeds = {c["seeds"]}\n' + _lr(c["tune_low"], c["tune_high"])
             + f'\n[space.output_mult]\ntype = "log"\nlow = "2**{c["mult_low"]}"\nhigh = "2**{c["mult_high"]}"\n'
-              f'grid = {c["mult_high"] - c["mult_low"] + 1}\n' + FIXED.format(steps=c["steps"]))
+              f'grid = {c["mult_grid"]}\n' + FIXED.format(steps=c["steps"]))
 
 
 def demo_config(quick: bool = False, output_mult: float = 1.0) -> str:
@@ -74,7 +78,7 @@ def demo_config(quick: bool = False, output_mult: float = 1.0) -> str:
     c = _settings(quick)
     return (f'# Written by `mutransfer demo` (stage 2: check the transfer); `mutransfer sweep` resumes it.\n'
             f'name = "demo{"-quick" if quick else ""}"\nobjective = "recipe:gpt"\nwidths = {c["widths"]}\n'
-            f'parametrizations = ["mup", "sp"]\nsampler = "grid"\nseeds = {c["seeds"]}\n' + _lr(c)
+            f'parametrizations = ["mup", "sp"]\nsampler = "grid"\nseeds = {c["seeds"]}\n' + _lr(c["low"], c["high"])
             + FIXED.format(steps=c["steps"])
             + f"# µP's α_output, tuned at width {c['widths'][0]} in stage 1. recipe:gpt applies µP's multipliers\n"
               f"# to µP models only: SP tunes its lr alone, as in TP5 Fig. 1.\noutput_mult = {output_mult!r}\n")
@@ -86,24 +90,35 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
+def _sweep(config: Path, run: Path, workers: int, progress: bool):
+    try:
+        return run_sweep(config, run, workers=workers, progress=progress)
+    except ValueError as e:
+        if "different config" in str(e):  # a demo of another version (or another --quick) ran here
+            raise ValueError(f"{run} holds a demo run with other settings: give another --out, or delete "
+                             f"{run.parent} to start afresh") from None
+        raise
+
+
 def run_demo(out: Union[str, Path] = "mutransfer-demo", quick: bool = False, workers: int = 2,
              progress: bool = True) -> dict:
     start = time.perf_counter()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tune = run_sweep(_write(out / "tune.toml", tune_config(quick)), out / "tune", workers=workers,
-                     progress=progress)
+    tune = _sweep(_write(out / "tune.toml", tune_config(quick)), out / "tune", workers, progress)
     write_report(tune)
     tuned = transferred_hparams(tune, load_results(tune))
     if tuned is None:
         raise ValueError(f"{tune.run_dir}: no finished trial at the proxy; rerun `mutransfer demo` to resume")
-    sweep = run_sweep(_write(out / "demo.toml", demo_config(quick, tuned["output_mult"])), out / "run",
-                      workers=workers, progress=progress)
+    sweep = _sweep(_write(out / "demo.toml", demo_config(quick, tuned["output_mult"])), out / "run", workers,
+                   progress)
     transferred = transfer(sweep, max(sweep.config.widths))
     report = write_report(sweep)
     summary = json.loads((sweep.run_dir / "summary.json").read_text())
+    tune_results = load_results(tune)
     return {"report": report, "summary": summary, "transfer": transferred, "tuned": tuned,
-            "tune_trials": len(load_results(tune)), "seconds": time.perf_counter() - start, "sweep": sweep}
+            "tune_trials": len(tune_results), "tune_cpu_seconds": sum(r.cpu_seconds for r in tune_results),
+            "seconds": time.perf_counter() - start, "sweep": sweep}
 
 
 def format_summary(result: dict) -> str:
@@ -134,6 +149,11 @@ def format_summary(result: dict) -> str:
            p.get("width", {}).get("hparams", {}).get("lr", {}).get("optimum", {}).values()):
         lines.append("  (! on the grid's edge)")
     lines += ["", format_transfer(result["transfer"])]
+    target = result["transfer"].get("mup", {}).get("cpu_seconds")
+    if target:
+        lines.append(f"  stage 1 (tuning lr × output_mult at width {s['proxy_width']}): "
+                     f"{result['tune_cpu_seconds']:.0f} CPU s = {result['tune_cpu_seconds'] / target:.1f}× one "
+                     f"target run")
     better = s["wider_is_better"]
     lines.append("Wider is better: " + ", ".join(f"{'µP' if p == 'mup' else 'SP'} {'yes' if v else 'no'}"
                                                  for p, v in better.items() if v is not None))

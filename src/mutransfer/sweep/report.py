@@ -194,11 +194,17 @@ def head_to_head_line(h: Optional[dict]) -> Optional[str]:
         return (f"At width {h['width']}, µP with the HPs tuned at width {h['proxy_width']} diverged; SP re-tuned "
                 f"there reaches {h['sp_retuned']:.4g}.")
     rel = h["relative"]
-    judgement = ("µP is as good or better" if rel is not None and rel <= 0.01 else "SP re-tuned at the large width is "
-                 "better: at this scale µP does not pay off")
+    if rel is None:
+        judgement = "no relative difference: SP's loss is 0"
+    elif rel <= 0:
+        judgement = "µP is better"
+    elif rel <= 0.01:
+        judgement = "a tie within 1%"
+    else:
+        judgement = "SP re-tuned at the large width is better: at this scale µP does not pay off"
     return (f"At width {h['width']}, µP with the HPs tuned at width {h['proxy_width']} reaches "
-            f"{h['mup_transferred']:.4g}; SP re-tuned at width {h['width']} reaches {h['sp_retuned']:.4g} "
-            f"({'' if rel is None else f'{100 * rel:+.1f}%, '}{judgement}).")
+            f"{h['mup_transferred']:.4f}; SP re-tuned at width {h['width']} reaches {h['sp_retuned']:.4f} "
+            f"({'' if rel is None else f'{100 * rel:+.1f}%: '}{judgement}).")
 
 
 def summarize(sweep: Sweep, results: list[TrialResult], judged: Optional[dict] = None) -> dict:
