@@ -18,6 +18,8 @@ def test_demo_quick_reproduces_the_headline_result(tmp_path, capsys):
     assert summary["transferred_hparams"]["output_mult"] == output_mult  # stage 2 runs µP at the tuned α_output
     mup = summary["analysis"]["mup"]["width"]["hparams"]["lr"]
     sp = summary["analysis"]["sp"]["width"]["hparams"]["lr"]
+    assert len(summary["seeds"]) >= 2 and mup["optimum"]["256"]["log2_interval"] is not None  # error bars
+    assert mup["drift"]["interval"] is not None and summary["analysis"]["mup"]["width"]["regret"]["256"]
     assert summary["transferred"]["mup"] is True, summary["verdicts"]
     assert abs(mup["drift"]["value"]) <= 1 and sp["drift"]["value"] < -1, (mup["drift"], sp["drift"])
     assert summary["wider_is_better"]["mup"] is True
