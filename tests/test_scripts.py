@@ -102,3 +102,19 @@ def test_parametrize_speed_benchmark_on_meta(tmp_path):
     run(["benchmarks/parametrize_speed.py", "--runs", "1", "--json", str(path)])
     data = json.loads(path.read_text())
     assert data["params"] > 8e8 and data["verified"] is True
+
+
+@pytest.mark.slow
+def test_sweep_pruning_benchmark_quick_prints_the_table(tmp_path):
+    path = tmp_path / "pruning.json"
+    out = run(["benchmarks/sweep_pruning.py", "--quick", "--json", str(path)])
+    rows = {m.group(1): (float(m.group(2)), float(m.group(3)))
+            for m in re.finditer(r"^\| (no pruner|pruner median) \| ([0-9.]+) \| ([0-9.]+) \|", out, re.M)}
+    assert set(rows) == {"no pruner", "pruner median"}, out
+    assert all(math.isfinite(v) and v > 0 for pair in rows.values() for v in pair), rows
+    ratio = float(re.search(r"compute ratio \(no pruner / pruner\): ([0-9.]+)x", out).group(1))
+    assert math.isfinite(ratio) and ratio > 0  # no bound: the benchmark reports it
+    cells = re.findall(r"^\| (µP|SP) \| (32|64) \| ([+-]\d+) \| ([+-]\d+) \|", out, re.M)
+    assert len(cells) == 4, out  # the best grid lr of each cell, with and without the pruner
+    data = json.loads(path.read_text())
+    assert data["none"]["counts"]["failed"] == 0 and data["pruned"]["counts"]["failed"] == 0

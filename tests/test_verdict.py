@@ -277,7 +277,7 @@ def test_failed_points_are_counted_shown_and_never_taken_for_an_optimum(tmp_path
     assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
     assert main(["report", str(run)]) == 0
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["failed"] == 4 and summary["counts"]["mup"] == {"completed": 10, "diverged": 0, "failed": 4}
+    assert summary["failed"] == 4 and summary["counts"]["mup"] == {"completed": 10, "diverged": 0, "failed": 4, "pruned": 0}
     width = summary["analysis"]["mup"]["width"]
     assert width["counts"]["failed"] == 4
     assert width["hparams"]["lr"]["optimum"]["64"]["edge"] == "high"  # its neighbour above was never evaluated

@@ -217,6 +217,8 @@ def _sweep(args) -> int:
     finished, total, failed = sweep.finished(), sweep.total_trials(), sweep.failed()
     failures = (f", {failed} failed (tracebacks in {sweep.run_dir / 'failures'}; fix the cause, then rerun with "
                 "--retry-failed)" if failed else "")
+    pruned = sweep.pruned()
+    failures = (f", {pruned} of them pruned" if pruned else "") + failures
     print(f"sweep {sweep.config.name}: {finished}/{total} trials done{failures}, storage {mask_url(sweep.url)}, "
           f"run directory {sweep.run_dir}")
     return EXIT_PASS if finished >= total else EXIT_FAIL

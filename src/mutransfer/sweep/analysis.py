@@ -25,7 +25,7 @@ class TrialResult:
     width: int
     number: int
     params: dict
-    loss: float  # NaN when diverged
+    loss: float  # NaN when diverged, failed or pruned
     diverged: bool
     seconds: float
     depth: Optional[int] = None  # None when the sweep has no depths
@@ -34,17 +34,23 @@ class TrialResult:
     error: str = ""
     cpu_seconds: float = 0.0  # process CPU time of the trial (all seeds); 0 when not recorded
     extra: tuple = ()  # ((axis, value),) in a cell of a further batch size or horizon; () otherwise
+    pruned: bool = False  # stopped early by the sweep's pruner: worse than the study's finished trials
+    pruned_step: Optional[int] = None  # the last step reported before pruning (None: none reported)
+    pruned_loss: float = math.nan  # the loss reported at `pruned_step` (a lower fidelity than `loss`)
 
     @property
     def ok(self) -> bool:
         """Completed with a finite loss: usable for optima."""
-        return not (self.diverged or self.failed)
+        return not (self.diverged or self.failed or self.pruned)
 
 
 def _trial_kind(t) -> Optional[str]:
-    """'complete', 'diverged', 'failed' or None (running, waiting, interrupted or retried: not a result)."""
+    """'complete', 'diverged', 'failed', 'pruned' or None (running, waiting, interrupted or
+    retried: not a result)."""
     if t.state == TrialState.COMPLETE:
         return "complete"
+    if t.state == TrialState.PRUNED:
+        return "pruned"
     if t.state != TrialState.FAIL or t.user_attrs.get("interrupted") or t.user_attrs.get("retried"):
         return None
     if t.user_attrs.get("diverged"):
@@ -53,8 +59,9 @@ def _trial_kind(t) -> Optional[str]:
 
 
 def load_results(sweep: Sweep, failed: bool = True) -> list[TrialResult]:
-    """Every finished trial of every (parametrization, width, depth) study: completed, diverged and
-    (with `failed`) failed ones — a failed trial that was retried counts once, as its retry."""
+    """Every finished trial of every (parametrization, width, depth) study: completed, diverged,
+    pruned (loss NaN, `pruned` set) and (with `failed`) failed ones — a failed trial that was
+    retried counts once, as its retry."""
     out = []
     for parametrization, width, depth, extra in sweep.config.all_cells:
         for t in sweep.study(parametrization, width, depth, extra).get_trials(deepcopy=False):
@@ -64,19 +71,21 @@ def load_results(sweep: Sweep, failed: bool = True) -> list[TrialResult]:
             params = {name: t.params.get(name, t.system_attrs.get("fixed_params", {}).get(name))
                       for name in sweep.config.space}
             losses = tuple(math.nan if v is None else float(v) for v in t.user_attrs.get("losses", ()))
+            step, last = t.user_attrs.get("pruned_step"), t.user_attrs.get("pruned_loss")
             out.append(TrialResult(parametrization, width, t.number, params,
                                    float(t.value) if kind == "complete" else math.nan, kind == "diverged",
                                    float(t.user_attrs.get("seconds", 0.0)), depth, losses, kind == "failed",
                                    str(t.user_attrs.get("error", "")), float(t.user_attrs.get("cpu_seconds", 0.0)),
-                                   extra))
+                                   extra, kind == "pruned", None if step is None else int(step),
+                                   math.nan if last is None else float(last)))
     return out
 
 
 def counts(results: list[TrialResult], parametrization: Optional[str] = None) -> dict[str, int]:
-    """{"completed", "diverged", "failed"} trial counts (of one parametrization, or all)."""
+    """{"completed", "diverged", "failed", "pruned"} trial counts (of one parametrization, or all)."""
     rs = [r for r in results if parametrization is None or r.parametrization == parametrization]
     return {"completed": sum(r.ok for r in rs), "diverged": sum(r.diverged for r in rs),
-            "failed": sum(r.failed for r in rs)}
+            "failed": sum(r.failed for r in rs), "pruned": sum(r.pruned for r in rs)}
 
 
 def in_cell(results: list[TrialResult], parametrization: str, width: int, depth: Optional[int] = None,
@@ -233,8 +242,10 @@ def head_to_head(sweep: Sweep, results: list[TrialResult]) -> Optional[dict[str,
     if at is None:
         return None
     mup_best = best(results, "mup", width, depth)
-    loss = math.inf if at.diverged else at.loss
-    return {"width": width, "proxy_width": proxy, "mup_transferred": None if at.diverged else at.loss,
+    worse = at.diverged or at.pruned  # pruned: stopped early as worse than that study's finished trials
+    loss = math.inf if worse else at.loss
+    return {"width": width, "proxy_width": proxy, "mup_transferred": None if worse else at.loss,
+            "mup_pruned": at.pruned,
             "mup_best": None if mup_best is None else mup_best.loss, "sp_retuned": sp.loss,
             "relative": (loss - sp.loss) / abs(sp.loss) if sp.loss else None}
 

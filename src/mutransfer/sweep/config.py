@@ -16,6 +16,7 @@ sampler = "grid"                # grid | random | tpe
 n_trials = 16                   # random/tpe: trials per (parametrization, width[, depth])
 seeds = [0]                     # every trial trains once per seed; the loss is the mean
 storage = ""                    # default: sqlite file in the run directory; or postgresql://...
+pruner = "none"                 # none | median | successive_halving | hyperband (see Pruning)
 
 [space.lr]
 type = "log"                    # log | uniform | choice
@@ -32,6 +33,30 @@ size and training horizon empirically): the objective receives them as ``hparams
 and ``hparams["steps"]``. They are not crossed with everything: every width (and depth) runs at
 the first (smallest) batch size and horizon, and each further batch size or horizon runs at the
 proxy width and depth only, one study each. The report gives drift and regret along each axis.
+Pruning (multi-fidelity): with a `pruner`, a trial whose objective calls
+``scale.report(step, loss)`` during training (the built-in recipes do, every tenth of their
+steps) is stopped early when its loss so far is worse than the trials already finished in its
+study (one per parametrization × width [× depth]) at the same step. A pruned trial counts as
+finished and as worse than every completed one (like a diverged one); it is never retried.
+Only the first seed's run reports (see `objective`), so a pruned trial trains no further seed.
+The pruner's knobs go in an optional ``[pruner_options]`` table (steps are the objective's own
+training steps, as passed to `scale.report`):
+
+- ``"median"`` (recommended; Optuna's MedianPruner): prune when the loss at a step is worse than
+  the median of the finished trials' losses at that step. ``n_startup_trials = 3`` (trials that
+  finish unpruned in a study before it prunes), ``n_warmup_steps = 0`` (no pruning before this
+  step), ``interval_steps = 1``.
+- ``"successive_halving"`` (SuccessiveHalvingPruner): at rungs of ``min_resource`` ×
+  ``reduction_factor``^k steps, keep the best 1/``reduction_factor`` trials. ``min_resource =
+  "auto"`` (or a step count ≥ 1), ``reduction_factor = 4`` (≥ 2), ``min_early_stopping_rate = 0``.
+- ``"hyperband"`` (HyperbandPruner): successive halving in several brackets. ``min_resource =
+  1``, ``max_resource = "auto"`` (or the objective's step count), ``reduction_factor = 3``.
+
+With a pruner, each study's grid is enqueued centre first, then outwards (points sorted by their
+distance from the middle of the grid, in grid steps, the lower side first on ties): a pruner
+compares a trial with those already finished, and the middle of a well-chosen range is the
+likeliest place for good references, so the clearly bad ends come last and are pruned early.
+Without a pruner the grid runs in ascending order, as always.
 
 Relative paths resolve against the TOML file's directory, not the current directory: a file
 objective (``objective = "train.py:train"``), a dotted module (``"mymod:train"`` is imported from
@@ -66,10 +91,22 @@ else:  # pragma: no cover
 
 SAMPLERS = ("grid", "random", "tpe")
 PARAMETRIZATIONS = ("mup", "sp")
+PRUNERS = ("none", "median", "successive_halving", "hyperband")
+AUTO = "auto"
+# Every option of each pruner with its default; (minimum, allows "auto") validates it.
+PRUNER_OPTIONS: dict[str, dict[str, Any]] = {
+    "none": {},
+    "median": {"n_startup_trials": 3, "n_warmup_steps": 0, "interval_steps": 1},
+    "successive_halving": {"min_resource": AUTO, "reduction_factor": 4, "min_early_stopping_rate": 0},
+    "hyperband": {"min_resource": 1, "max_resource": AUTO, "reduction_factor": 3},
+}
+_OPTION_RULES = {"n_startup_trials": (0, False), "n_warmup_steps": (0, False), "interval_steps": (1, False),
+                 "min_resource": (1, True), "max_resource": (1, True), "reduction_factor": (2, False),
+                 "min_early_stopping_rate": (0, False)}
 EXTRA_AXES = {"batch_sizes": "batch_size", "steps": "steps"}  # config key -> the hyperparameter it sets
-KEYS = {"name", "objective", "widths", "base_width", "target_width", "depths", "base_depth", "target_depth",
-        *EXTRA_AXES,
-        "parametrizations", "sampler", "n_trials", "seeds", "storage", "space", "fixed", "config_dir"}
+KEYS = {*EXTRA_AXES, "name", "objective", "widths", "base_width", "target_width", "depths", "base_depth", "target_depth",
+        "parametrizations", "sampler", "n_trials", "seeds", "storage", "space", "fixed", "config_dir",
+        "pruner", "pruner_options"}
 CONFIG_DIR_KEY = "config_dir"
 
 
@@ -92,6 +129,8 @@ class SweepConfig:
     target_depth: Optional[int] = None
     config_dir: Optional[Path] = None  # where relative paths resolve (the TOML's directory); None: cwd
     axes: dict[str, list[int]] = field(default_factory=dict)  # extra axes: HP name -> values, proxy first
+    pruner: str = "none"
+    pruner_options: dict[str, Any] = field(default_factory=dict)  # given ones; defaults in PRUNER_OPTIONS
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -127,6 +166,18 @@ class SweepConfig:
     def contents(self) -> dict[str, Any]:
         """The config as written, without `config_dir` (where it lives is not what it says)."""
         return {k: v for k, v in self.raw.items() if k != CONFIG_DIR_KEY}
+
+    def optuna_pruner(self) -> Optional["optuna.pruners.BasePruner"]:
+        """The Optuna pruner each study gets (None for ``pruner = "none"``)."""
+        if self.pruner == "none":
+            return None
+        import optuna
+        kw = {**PRUNER_OPTIONS[self.pruner], **self.pruner_options}
+        if self.pruner == "median":
+            return optuna.pruners.MedianPruner(**kw)
+        if self.pruner == "successive_halving":
+            return optuna.pruners.SuccessiveHalvingPruner(**kw)
+        return optuna.pruners.HyperbandPruner(**kw)
 
     @property
     def proxy_depth(self) -> Optional[int]:
@@ -176,6 +227,41 @@ def _check_depth_alpha(fixed: dict[str, Any], dims: dict[str, Dimension]) -> Non
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
             raise ValueError(f"{key} must be a number in [0, 1] (0.5 Depth-µP, 1.0 CompleteP, 0 no depth "
                              f"scaling), got {v!r}")
+
+
+def _pruner_keys(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """`pruner` and `pruner_options`, validated: a known pruner, and only its own options."""
+    pruner = data.get("pruner", "none")
+    if pruner not in PRUNERS:
+        raise ValueError(f"pruner must be one of {', '.join(repr(p) for p in PRUNERS)} (\"median\" is the "
+                         f"recommended one), got {pruner!r}")
+    options = data.get("pruner_options", {})
+    if not isinstance(options, dict):
+        raise ValueError(f"pruner_options must be a table of the pruner's settings, e.g. [pruner_options] "
+                         f"n_startup_trials = 3; got {options!r}")
+    if options and pruner == "none":
+        raise ValueError('pruner_options needs a pruner: set pruner = "median" (or "successive_halving", '
+                         '"hyperband"), or remove pruner_options')
+    allowed = PRUNER_OPTIONS[pruner]
+    unknown = set(options) - set(allowed)
+    if unknown:
+        raise ValueError(f"pruner_options: unknown key(s) {', '.join(sorted(unknown))} for pruner {pruner!r}; "
+                         f"allowed: {', '.join(sorted(allowed))}")
+    for key, value in options.items():
+        minimum, auto = _OPTION_RULES[key]
+        if auto and value == AUTO:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"pruner_options.{key} must be an integer ≥ {minimum}"
+                             + (' or "auto"' if auto else "") + f", got {value!r}")
+    if pruner == "hyperband":
+        if options.get("min_resource") == AUTO:
+            raise ValueError("pruner_options.min_resource must be an integer ≥ 1 for hyperband (\"auto\" is for "
+                             "successive_halving)")
+        lo, hi = options.get("min_resource", allowed["min_resource"]), options.get("max_resource", AUTO)
+        if hi != AUTO and lo != AUTO and hi < lo:
+            raise ValueError(f"pruner_options.max_resource ({hi}) must be at least min_resource ({lo})")
+    return pruner, dict(options)
 
 
 def resolve_storage(url: str, base_dir: Optional[Path]) -> str:
@@ -242,6 +328,7 @@ def config_from_dict(data: dict[str, Any], source: str = "config",
             if hp in axes and (hp in fixed or hp in dims):
                 raise ValueError(f"{hp} is swept by the top-level {key} list; remove {hp} from "
                                  f"{'[fixed]' if hp in fixed else '[space]'}")
+        pruner, pruner_options = _pruner_keys(data)
         name = data.get("name", "sweep")
         if not isinstance(name, str) or not name:
             raise ValueError("name must be a non-empty string")
@@ -258,7 +345,7 @@ def config_from_dict(data: dict[str, Any], source: str = "config",
                        target_width=target, parametrizations=list(parametrizations), sampler=sampler,
                        n_trials=n_trials, seeds=seeds, storage=resolve_storage(storage, config_dir),
                        fixed=dict(fixed), depths=depths, base_depth=base_depth, target_depth=target_depth, axes=axes,
-                       config_dir=config_dir, raw=dict(data))
+                       config_dir=config_dir, pruner=pruner, pruner_options=pruner_options, raw=dict(data))
 
 
 def load_config(path: Union[str, os.PathLike]) -> SweepConfig:

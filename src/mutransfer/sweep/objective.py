@@ -15,18 +15,38 @@ In a sweep over `depths`, `scale.depth` is the number of residual blocks to buil
 
 Any other name is the user's own. The loss should be a training loss (final or mean over the
 last steps); NaN or inf marks the trial as diverged.
+
+**Pruning** (config key ``pruner``): during training the objective may call
+``scale.report(step, loss)`` with a smoothed training loss (e.g. the mean of the last few
+minibatches: a single minibatch loss is too noisy to prune on). In a sweep with a pruner the value
+goes to the trial's Optuna study, and `report` raises `Pruned` when the pruner finds the trial
+worse than the trials already finished in its study at the same step; let it propagate (the
+runner records the trial as pruned). Without a pruner, outside a sweep (``mutransfer transfer``,
+a direct call) or when `scale` was pickled to another process, `report` does nothing. With
+several seeds only the first seed's run reports: a pruner compares the same fidelity (the same
+seed's data and step) across trials, so the later seeds' values, on other data, would compare
+apples with oranges; a trial pruned on its first seed never trains the others. A non-finite loss
+is not reported (return NaN from the objective to mark a diverged trial).
 """
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
+
+import optuna
 
 from .._loading import load_callable
 from ..rules import ROLES
 
 Objective = Callable[[dict, "Scale"], float]
 MULTIPLIER_NAMES = ("output_mult", "attn_mult", "embedding_mult")
+Reporter = Callable[[int, float], None]  # (step, loss); raises Pruned when the trial should stop
+
+
+class Pruned(optuna.TrialPruned):
+    """Raised by `Scale.report` when the sweep's pruner stops the trial; let it propagate."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +54,8 @@ class Scale:
     """Where a trial runs: the model's width and depth, parametrization and seed.
 
     `depth`/`base_depth` are None when the sweep has no `depths`: the objective's own depth.
+    `reporter` is set by the sweep runner (see `report`); it takes no part in equality, hashing,
+    repr or pickling.
     """
 
     width: int
@@ -42,10 +64,27 @@ class Scale:
     seed: int = 0
     depth: Optional[int] = None
     base_depth: Optional[int] = None
+    reporter: Optional[Reporter] = field(default=None, compare=False, repr=False)
 
     @property
     def mup(self) -> bool:
         return self.parametrization == "mup"
+
+    def report(self, step: int, loss: float) -> None:
+        """An intermediate training loss at `step` (≥ 0, increasing): raises `Pruned` when the
+        sweep's pruner stops the trial. A no-op without a pruner or outside a sweep, and for a
+        non-finite loss (the objective's NaN return marks divergence)."""
+        if self.reporter is None:
+            return
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"scale.report: step must be a non-negative integer (the training step), got {step!r}")
+        loss = float(loss)
+        if math.isfinite(loss):
+            self.reporter(step, loss)
+
+    def __reduce__(self):
+        # A reporter talks to the sweep's storage from this process: a copy elsewhere is a plain Scale.
+        return (Scale, (self.width, self.base_width, self.parametrization, self.seed, self.depth, self.base_depth))
 
 
 def mup_kwargs(hparams: dict[str, Any]) -> dict[str, Any]:

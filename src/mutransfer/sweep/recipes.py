@@ -5,6 +5,10 @@ training loss over the last tenth of the steps (NaN if training diverged). The d
 depends only on the seed, so every width and depth sees the same batches. In a sweep over
 `depths`, gpt and resmlp take their number of blocks from `scale.depth` and build the µP base
 and delta models at `scale.base_depth`.
+
+Every tenth of the steps each calls `scale.report(step, loss)` with the mean training loss of the
+last tenth of the steps so far (a single minibatch's loss is too noisy to prune on): in a sweep
+with a pruner, a trial clearly worse than its study's finished ones stops there.
 """
 from __future__ import annotations
 
@@ -53,8 +57,10 @@ def _optimizer(model, hp: dict, scale: Scale, build: Builder,
     return torch.optim.AdamW(groups, lr=lr, weight_decay=wd, betas=(0.9, 0.95))
 
 
-def _train(model, opt, batches, steps: int, loss_of) -> float:
-    warmup = max(1, steps // 10)
+def _train(model, opt, batches, steps: int, loss_of, scale: Optional[Scale] = None) -> float:
+    """Train for `steps`; the mean loss of the last tenth. Reports to `scale` every tenth (the mean
+    of the last tenth so far; not at the end: the returned loss is the final value)."""
+    warmup = window = max(1, steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))  # keeps µP's ratios
     losses = []
     for step in range(steps):
@@ -66,7 +72,11 @@ def _train(model, opt, batches, steps: int, loss_of) -> float:
         opt.step()
         sched.step()
         losses.append(loss.item())
-    tail = losses[-max(1, steps // 10):]
+        done = step + 1
+        if scale is not None and done % window == 0 and done < steps:
+            tail = losses[-window:]
+            scale.report(done, sum(tail) / len(tail))  # raises Pruned when the sweep's pruner says so
+    tail = losses[-window:]
     return sum(tail) / len(tail)
 
 
@@ -104,7 +114,7 @@ def train_gpt(hp: dict, scale: Scale) -> float:
         logits = m(x)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
-    return _train(model, opt, batches, steps, loss_of)
+    return _train(model, opt, batches, steps, loss_of, scale)
 
 
 def train_mlp(hp: dict, scale: Scale) -> float:
@@ -127,7 +137,7 @@ def train_mlp(hp: dict, scale: Scale) -> float:
     torch.manual_seed(scale.seed)
     model = build(scale.width)
     opt = _optimizer(model, hp, scale, build)
-    return _train(model, opt, lambda s: (xs[s], ys[s]), steps, lambda m, x, y: F.cross_entropy(m(x), y))
+    return _train(model, opt, lambda s: (xs[s], ys[s]), steps, lambda m, x, y: F.cross_entropy(m(x), y), scale)
 
 
 TASKS = ("classify", "regress")
@@ -163,7 +173,7 @@ def train_resmlp(hp: dict, scale: Scale) -> float:
     torch.manual_seed(scale.seed)
     model = build(scale.width)
     opt = _optimizer(model, hp, scale, build, base_depth)
-    return _train(model, opt, lambda s: (xs[s], ys[s]), steps, lambda m, x, y: loss_fn(m(x), y))
+    return _train(model, opt, lambda s: (xs[s], ys[s]), steps, lambda m, x, y: loss_fn(m(x), y), scale)
 
 
 SWEEP_RECIPES = {"gpt": train_gpt, "mlp": train_mlp, "resmlp": train_resmlp}

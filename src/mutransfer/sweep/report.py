@@ -101,7 +101,7 @@ def plot_hparam(sweep: Sweep, results: list[TrialResult], name: str, path: Path,
     keys = {key for key, _, _ in lines}
     results = [r for r in results if (r.width, r.depth, r.extra) in keys]
     fig, axes = plt.subplots(1, len(params), figsize=(5.2 * len(params), 4.8), sharey=True, squeeze=False)
-    finite = [r.loss for r in results if not r.diverged]
+    finite = [r.loss for r in results if r.ok]
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
     choices = list(dim.values) if isinstance(dim, Choice) else None
 
@@ -116,7 +116,7 @@ def plot_hparam(sweep: Sweep, results: list[TrialResult], name: str, path: Path,
             profile: dict = {}
             for r in cell:
                 x = x_of(r.params[name])
-                if not r.diverged and (x not in profile or r.loss < profile[x]):
+                if r.ok and (x not in profile or r.loss < profile[x]):
                     profile[x] = r.loss
             xs = sorted(profile)
             ax.plot(xs, [profile[x] for x in xs], marker="o", linestyle=dashes, ms=3, color=color, label=label)
@@ -131,6 +131,11 @@ def plot_hparam(sweep: Sweep, results: list[TrialResult], name: str, path: Path,
             failed = sorted({x_of(r.params[name]) for r in cell if r.failed} - set(profile))
             if failed:
                 ax.plot(failed, [hi] * len(failed), "v", color="red", ms=7, markeredgecolor=color)
+            pruned = [(x, r.pruned_loss if math.isfinite(r.pruned_loss) else hi) for r in cell if r.pruned
+                      for x in [x_of(r.params[name])] if x not in profile]
+            if pruned:  # at the last loss reported before pruning (an earlier step), kept inside the axes
+                ax.plot([x for x, _ in pruned], [min(v, hi + 0.04 * (hi - lo)) for _, v in pruned], "s",
+                        color="grey", ms=4, markeredgecolor=color, alpha=0.8)
             o = fitted.get((p, w, d, extra))
             if o is not None and choices is None:
                 if o.x_interval is not None:
@@ -154,7 +159,7 @@ def plot_hparam(sweep: Sweep, results: list[TrialResult], name: str, path: Path,
     handles, labels = axes[0][-1].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(6, max(1, len(labels))), fontsize=8,
                title=f"★ fitted optimum (bar: its {round(100 * CONFIDENCE)}% interval)   | range over seeds   "
-                     f"× diverged   ▼ failed", title_fontsize=8, frameon=False)
+                     f"× diverged   ▼ failed   ■ pruned (last reported loss)", title_fontsize=8, frameon=False)
     fig.suptitle(f"{sweep.config.name}: training loss vs {name}{title}", fontsize=12)
     fig.tight_layout(rect=(0, 0.08 + 0.03 * ((len(labels) - 1) // 6), 1, 1))
     fig.savefig(path, dpi=110)
@@ -191,7 +196,8 @@ def head_to_head_line(h: Optional[dict]) -> Optional[str]:
     if h is None:
         return None
     if h["mup_transferred"] is None:
-        return (f"At width {h['width']}, µP with the HPs tuned at width {h['proxy_width']} diverged; SP re-tuned "
+        what = "was pruned (worse early on than that width's finished trials)" if h.get("mup_pruned") else "diverged"
+        return (f"At width {h['width']}, µP with the HPs tuned at width {h['proxy_width']} {what}; SP re-tuned "
                 f"there reaches {h['sp_retuned']:.4g}.")
     rel = h["relative"]
     if rel is None:
@@ -241,7 +247,7 @@ def summarize(sweep: Sweep, results: list[TrialResult], judged: Optional[dict] =
     if cfg.depths is not None:
         summary["deeper_is_better"] = {p: deeper_is_better(sweep, results, p) for p in ps}
     c = counts(results)
-    summary.update(trials=len(results), diverged=c["diverged"], failed=c["failed"],
+    summary.update(trials=len(results), diverged=c["diverged"], failed=c["failed"], pruned=c["pruned"],
                    counts={p: counts(results, p) for p in ps}, sweep_seconds=sum(r.seconds for r in results),
                    cost=costs(sweep, results, _load_transfer(sweep)))
     return summary
@@ -253,7 +259,8 @@ def _optimum_rows(sweep: Sweep, results: list[TrialResult]) -> str:
     for p, w, d, extra in cfg.all_cells:
         b = best(results, p, w, d, extra)
         cell = in_cell(results, p, w, d, extra)
-        n, nd, nf = len(cell), sum(r.diverged for r in cell), sum(r.failed for r in cell)
+        n, nd, nf, npr = (len(cell), sum(r.diverged for r in cell), sum(r.failed for r in cell),
+                          sum(r.pruned for r in cell))
         depth = "" if d is None else f"<td>{d}</td>"
         values = "".join(f"<td>{_fmt(b.params[k]) if b else '—'}</td>" for k in cfg.space)
         loss = f"{b.loss:.4f}" if b else "—"
@@ -261,7 +268,7 @@ def _optimum_rows(sweep: Sweep, results: list[TrialResult]) -> str:
             setting = {**cfg.proxy_extra, **dict(extra)}
             depth += "<td>" + ", ".join(f"{k} {v}" for k, v in setting.items()) + "</td>"
         rows.append(f"<tr><td>{LABEL[p]}</td><td>{w}</td>{depth}{values}<td>{loss}</td><td>{n}</td><td>{nd}</td>"
-                    f"<td>{nf}</td></tr>")
+                    f"<td>{nf}</td><td>{npr}</td></tr>")
     return "".join(rows)
 
 
@@ -417,7 +424,7 @@ def write_report(sweep: Sweep, out_dir: Optional[Path] = None) -> Path:
         verdict += f"<li>{html.escape(h2h)}</li>"
     c = summary["counts"]
     count_text = "; ".join(f"{LABEL[p]}: {c[p]['completed']} completed, {c[p]['diverged']} diverged, "
-                           f"{c[p]['failed']} failed" for p in cfg.parametrizations)
+                           f"{c[p]['failed']} failed, {c[p]['pruned']} pruned" for p in cfg.parametrizations)
     failures = _failure_rows(results)
     failure_html = (f"<h2>Failed trials</h2><p>The objective raised; tracebacks are in <code>failures/</code> in the "
                     f"run directory. <code>mutransfer sweep CONFIG --retry-failed</code> reruns them.</p><table><tr>"
@@ -449,7 +456,7 @@ interval lies within ±1 octave (one grid step for a uniform HP) or the regret's
 <table><tr><th>parametrization</th><th>hyperparameter</th><th>where</th><th>fitted optimum</th><th>interval (log2)</th>
 <th>move</th><th>interval</th><th>regret</th><th>interval</th><th></th></tr>{_verdict_rows(sweep, judged)}</table>
 <h2>Best trial per {'width and depth' if depths else 'width'}</h2>
-<table><tr><th>parametrization</th><th>width</th>{depth_head}{head}<th>loss</th><th>trials</th><th>diverged</th><th>failed</th></tr>{_optimum_rows(sweep, results)}</table>
+<table><tr><th>parametrization</th><th>width</th>{depth_head}{head}<th>loss</th><th>trials</th><th>diverged</th><th>failed</th><th>pruned</th></tr>{_optimum_rows(sweep, results)}</table>
 <h2>Drift of the best grid point across {'widths and depths' if depths else 'widths'}</h2>
 <table><tr><th>parametrization</th><th>hyperparameter</th>{across_head}<th>{'smallest → largest' if depths else 'smallest → largest width'}</th><th>largest move (grid steps)</th></tr>{_drift_rows(sweep, results)}</table>
 {_bigger_is_better_html(sweep, results)}

@@ -10,6 +10,10 @@ How a finished trial reads (the user attributes are the contract with `analysis`
 
 - COMPLETE: a result; `losses` (one per seed), `seconds` (wall), `cpu_seconds` (process CPU time).
 - FAIL with `diverged=True`: a NaN/inf loss; counts as done.
+- PRUNED with `pruned=True` (a sweep with a `pruner`): the pruner stopped the trial after
+  `scale.report`; `pruned_step` and `pruned_loss` hold the last reported step and loss (None if
+  none was reported), `losses` the seeds finished before (none: only the first seed reports),
+  plus `seconds` and `cpu_seconds`. Counts as done, never as a failure, and is never rerun.
 - FAIL with `failed=True` (and not `retried`): the objective raised. `error` holds
   "TypeName: message" (≤ 500 characters), `traceback` the traceback's last ~4000 characters;
   the full text, with width, depth, parametrization, params and seed, is saved as
@@ -24,6 +28,7 @@ How a finished trial reads (the user attributes are the contract with `analysis`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -43,7 +48,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ..progress import Progress
 from .config import SweepConfig, load_config, pinned_text
-from .objective import Objective, Scale, load_objective
+from .objective import Objective, Pruned, Scale, load_objective
 from .space import Choice, Dimension, LogUniform
 from .storage import (ClaimLock, Heartbeat, default_url, mask_url, open_storage, quiet,
                       set_finished_trial_user_attr)
@@ -69,11 +74,13 @@ class SweepInterrupted(KeyboardInterrupt):
 
 
 def trial_outcome(t: FrozenTrial) -> Optional[str]:
-    """'complete', 'diverged' or 'failed' for a trial that is done; None for one that is not
-    (waiting, running, or a FAIL that was interrupted, retried or went stale: each has a
+    """'complete', 'diverged', 'failed' or 'pruned' for a trial that is done; None for one that is
+    not (waiting, running, or a FAIL that was interrupted, retried or went stale: each has a
     replacement in the queue). See the module docstring."""
     if t.state == TrialState.COMPLETE:
         return "complete"
+    if t.state == TrialState.PRUNED:
+        return "pruned"
     if t.state != TrialState.FAIL or t.user_attrs.get("interrupted") or t.user_attrs.get("retried"):
         return None
     if t.user_attrs.get("diverged"):
@@ -169,14 +176,21 @@ class Sweep:
             sampler = (optuna.samplers.TPESampler(seed=seed) if self.config.sampler == "tpe"
                        else optuna.samplers.RandomSampler(seed=seed))
             self._studies[key] = optuna.create_study(storage=self.storage, sampler=sampler, direction="minimize",
+                                                     pruner=self.config.optuna_pruner() or optuna.pruners.NopPruner(),
                                                      study_name=study_name(self.config, *key), load_if_exists=True)
         return self._studies[key]
 
     # ------------------------------------------------------------------ preparing
 
     def grid(self) -> list[dict]:
+        """Every grid point, in the order they are enqueued: ascending, or centre first then outwards
+        with a pruner (see `config`: good references first)."""
         names = list(self.config.space)
-        return [dict(zip(names, values)) for values in product(*(d.grid_points() for d in self.config.space.values()))]
+        axes = [d.grid_points() for d in self.config.space.values()]
+        points = list(product(*(range(len(a)) for a in axes)))
+        if self.config.pruner != "none":
+            points = sorted(points, key=lambda ix: _centre_distance(ix, [len(a) for a in axes]))
+        return [{n: a[i] for n, a, i in zip(names, axes, ix)} for ix in points]
 
     def prepare(self) -> None:
         """Create the studies; for a grid sweep, enqueue every grid point once."""
@@ -226,7 +240,7 @@ class Sweep:
                 continue
         if self.config.sampler == "grid":
             return None
-        counted = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
+        counted = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
         due = len(study.get_trials(deepcopy=False, states=counted))
         failed = sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
                      if trial_outcome(t) is not None)  # diverged or failed: done, never rerun by itself
@@ -265,11 +279,19 @@ class Sweep:
             start, cpu_start = time.perf_counter(), time.process_time()
             losses: list[float] = []
             error: Optional[tuple[Exception, str, int]] = None
+            reported: list[tuple[int, float]] = []  # the last (step, loss) sent to the pruner
+            pruned = False
             with Heartbeat(self.storage, trial._trial_id):
-                for seed in self.config.seeds:
+                for i, seed in enumerate(self.config.seeds):
+                    # Only the first seed reports: the pruner compares one fidelity (same data, same
+                    # step) across trials; a trial pruned there trains no further seed.
+                    reporter = self._reporter(trial, reported) if i == 0 and self.config.pruner != "none" else None
+                    scale = dataclasses.replace(self.scale(parametrization, width, depth, seed), reporter=reporter)
                     try:
-                        losses.append(float(self.objective(dict(hparams),
-                                                           self.scale(parametrization, width, depth, seed))))
+                        losses.append(float(self.objective(dict(hparams), scale)))
+                    except optuna.TrialPruned:  # scale.report's Pruned (or the objective's own)
+                        pruned = True
+                        break
                     except Exception as e:
                         error = (e, traceback.format_exc(), seed)
                         break
@@ -278,7 +300,13 @@ class Sweep:
             if error is not None:
                 return self._failed(study, trial, (parametrization, width, depth, extra), params, *error)
             trial.set_user_attr("losses", [l if math.isfinite(l) else None for l in losses])
-            if all(math.isfinite(l) for l in losses):
+            if pruned:
+                step, loss = reported[-1] if reported else (None, None)
+                trial.set_user_attr("pruned", True)
+                trial.set_user_attr("pruned_step", step)
+                trial.set_user_attr("pruned_loss", loss)
+                study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
+            elif all(math.isfinite(l) for l in losses):
                 study.tell(trial, sum(losses) / len(losses), skip_if_finished=True)
             else:
                 trial.set_user_attr("diverged", True)
@@ -290,6 +318,16 @@ class Sweep:
                 self._interrupted(study, trial, params)
             raise
         return None
+
+    @staticmethod
+    def _reporter(trial: optuna.Trial, reported: list[tuple[int, float]]):
+        """`Scale.report`'s callback: the value goes to the trial; Pruned when the pruner says so."""
+        def report(step: int, loss: float) -> None:
+            trial.report(loss, step)
+            reported[:] = [(step, loss)]
+            if trial.should_prune():
+                raise Pruned(f"pruned at step {step} (loss {loss:.4g})")
+        return report
 
     def _failed(self, study: optuna.Study, trial: optuna.Trial, cell: tuple[str, int, Optional[int], tuple],
                 params: dict[str, Any], error: Exception, text: str, seed: int) -> str:
@@ -357,15 +395,20 @@ class Sweep:
 
     def _outcomes(self) -> list[Optional[str]]:
         return [trial_outcome(t) for cell in self.config.all_cells
-                for t in self.study(*cell).get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))]
+                for t in self.study(*cell).get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL,
+                                                                             TrialState.PRUNED))]
 
     def finished(self) -> int:
-        """Trials done: completed, diverged or failed (not retried)."""
+        """Trials done: completed, diverged, pruned or failed (not retried)."""
         return sum(o is not None for o in self._outcomes())
 
     def failed(self) -> int:
         """Failed trials (the objective raised) not yet retried."""
         return sum(o == "failed" for o in self._outcomes())
+
+    def pruned(self) -> int:
+        """Trials stopped early by the pruner (done; not failures)."""
+        return sum(o == "pruned" for o in self._outcomes())
 
     def work(self, progress: bool = True, max_trials: Optional[int] = None) -> int:
         """Claim and run trials until none is left (waiting for other workers' running trials to
@@ -418,6 +461,13 @@ class Sweep:
         finally:
             bar.close()
         return ran
+
+
+def _centre_distance(index: tuple, sizes: list[int]) -> tuple:
+    """Sort key of a grid point (indices per HP): its distance from the grid's middle in grid
+    steps, then the lower side first."""
+    offsets = tuple(i - (n - 1) / 2 for i, n in zip(index, sizes))
+    return (sum(o * o for o in offsets), offsets)
 
 
 def _print_over(bar: Progress, line: str) -> None:
@@ -532,5 +582,5 @@ def run_sweep(config_path: Union[str, os.PathLike], run_dir: Union[str, os.PathL
         raise RuntimeError(f"{sum(1 for c in codes if c)} worker process(es) failed (exit codes {codes})")
     with open(sweep.run_dir / "run.json", "w") as f:
         json.dump({"storage": mask_url(sweep.url), "finished_trials": sweep.finished(),
-                   "failed_trials": sweep.failed(), "total_trials": sweep.total_trials()}, f, indent=1)
+                   "failed_trials": sweep.failed(), "pruned_trials": sweep.pruned(), "total_trials": sweep.total_trials()}, f, indent=1)
     return sweep

@@ -89,7 +89,7 @@ class CellData:
     """One cell's usable trials as arrays: HP coordinates per trial and losses per (trial, seed)."""
 
     x: dict[str, np.ndarray]  # HP name -> coordinate per trial
-    losses: np.ndarray  # (n_trials, n_seeds); +inf for a diverged trial
+    losses: np.ndarray  # (n_trials, n_seeds); +inf for a diverged or pruned trial
     keys: list[tuple]  # each trial's HP values, to find the same point in another cell
     evaluated: dict[str, np.ndarray] = field(default_factory=dict)  # HP -> sorted coordinates tried
 
@@ -99,12 +99,16 @@ class CellData:
 
 
 def cell_data(trials: Sequence, space: dict[str, Dimension], n_seeds: int) -> CellData:
-    """Arrays of one cell's completed and diverged trials (failed ones were not evaluated)."""
+    """Arrays of one cell's completed, diverged and pruned trials (failed ones were not evaluated).
+
+    A pruned trial was stopped because it was worse, at the same step, than trials already finished
+    in its study: it counts as evaluated and worse than any completed one (+inf, like a diverged
+    one), so that it neither wins an optimum nor makes its neighbour a grid edge."""
     rows, keys, xs = [], [], {n: [] for n in space}
     for r in trials:
         if r.failed:
             continue
-        if r.diverged:
+        if r.diverged or getattr(r, "pruned", False):
             row = [math.inf] * n_seeds
         elif len(r.losses) == n_seeds and all(math.isfinite(v) for v in r.losses):
             row = list(r.losses)
@@ -305,10 +309,11 @@ def judge(parametrization: str, axis: str, cells: list[tuple[int, Sequence]], sp
     idx = resample_index(n_seeds, n_bootstrap if n_seeds > 1 else 1)
     datas = [(at, cell_data(trials, space, n_seeds)) for at, trials in cells]
     datas = [(at, d) for at, d in datas if not d.empty]
-    n_counts = {"completed": 0, "diverged": 0, "failed": 0}
+    n_counts = {"completed": 0, "diverged": 0, "failed": 0, "pruned": 0}
     for _, trials in cells:
         for r in trials:
-            n_counts["failed" if r.failed else "diverged" if r.diverged else "completed"] += 1
+            pruned = getattr(r, "pruned", False)
+            n_counts["failed" if r.failed else "diverged" if r.diverged else "pruned" if pruned else "completed"] += 1
     if not datas or datas[0][0] != cells[0][0]:
         return None
     means = {at: resampled_means(d, idx) for at, d in datas}
@@ -387,10 +392,14 @@ def describe(v: Verdict, label: str) -> str:
         if math.isfinite(r.value):
             parts.append(f"regret at {axis_name(v.axis)} {last_at}: {_pct(r.value)}{_ci(r.interval, _pct)}")
         elif math.isinf(a.value):
-            parts.append(f"the proxy's HPs diverge at {axis_name(v.axis)} {last_at}")
+            parts.append(f"the proxy's HPs diverge{' or were pruned' if v.counts.get('pruned') else ''} "
+                         f"at {axis_name(v.axis)} {last_at}")
         else:
             parts.append(f"regret at {axis_name(v.axis)} {last_at}: {a.value:+.4g}")
-    if v.counts["failed"] or v.counts["diverged"]:
+    if v.counts.get("pruned"):
+        parts.append(f"{v.counts['diverged']} diverged, {v.counts['failed']} failed, {v.counts['pruned']} pruned "
+                     "trial(s)")
+    elif v.counts["failed"] or v.counts["diverged"]:
         parts.append(f"{v.counts['diverged']} diverged, {v.counts['failed']} failed trial(s)")
     reasons = [r for h in v.hps.values() for r in h.reasons]
     head = f"{label} transferred" if v.transferred else f"{label} did not transfer"
