@@ -107,6 +107,7 @@ def run_demo(out: Union[str, Path] = "mutransfer-demo", quick: bool = False, wor
     out.mkdir(parents=True, exist_ok=True)
     tune = _sweep(_write(out / "tune.toml", tune_config(quick)), out / "tune", workers, progress)
     write_report(tune)
+    tune_summary = json.loads((tune.run_dir / "summary.json").read_text())
     tuned = transferred_hparams(tune, load_results(tune))
     if tuned is None:
         raise ValueError(f"{tune.run_dir}: no finished trial at the proxy; rerun `mutransfer demo` to resume")
@@ -117,7 +118,7 @@ def run_demo(out: Union[str, Path] = "mutransfer-demo", quick: bool = False, wor
     summary = json.loads((sweep.run_dir / "summary.json").read_text())
     tune_results = load_results(tune)
     return {"report": report, "summary": summary, "transfer": transferred, "tuned": tuned,
-            "tune_trials": len(tune_results), "tune_cpu_seconds": sum(r.cpu_seconds for r in tune_results),
+            "tune_trials": len(tune_results), "tune_optima": tune_summary["verdicts"][1:], "tune_cpu_seconds": sum(r.cpu_seconds for r in tune_results),
             "seconds": time.perf_counter() - start, "sweep": sweep}
 
 
@@ -126,7 +127,8 @@ def format_summary(result: dict) -> str:
     s = result["summary"]
     t = result["tuned"]
     lines = ["", f"Stage 1, tuned at width {s['proxy_width']} (µP, {result['tune_trials']} trials): "
-                 f"lr {t['lr']:.3g}, output_mult {t['output_mult']:g}", "", "Verdict:"] + [f"  {line}" for line in s["verdicts"]]
+                 f"lr {t['lr']:.3g}, output_mult {t['output_mult']:g}"]
+    lines += [f"  {line}" for line in result.get("tune_optima", [])] + ["", "Verdict:"] + [f"  {line}" for line in s["verdicts"]]
     h2h = head_to_head_line(s.get("head_to_head"))
     if h2h:
         lines.append(f"  {h2h}")

@@ -19,7 +19,7 @@ from .runner import Sweep
 from .space import Choice, LogUniform
 from .storage import mask_url
 from .transfer import TRANSFER_RUNS, transfer_where
-from .verdict import CONFIDENCE, Verdict, axis_name, describe, unit, value_at
+from .verdict import CONFIDENCE, Verdict, axis_name, describe, describe_optima, judge, unit, value_at
 
 LABEL = {"mup": "µP", "sp": "SP (standard)"}
 LINESTYLES = ("-", "--", ":", "-.")
@@ -223,7 +223,10 @@ def summarize(sweep: Sweep, results: list[TrialResult], judged: Optional[dict] =
     judged = verdicts(sweep, results) if judged is None else judged
     lines = verdict_lines(sweep, judged) or [
         "No transfer verdict: every trial ran at one width and depth, so this sweep tunes at that scale; "
-        "sweep several widths (or depths, batch sizes, horizons) to check a transfer."]
+        "sweep several widths (or depths, batch sizes, horizons) to check a transfer."] + [
+        describe_optima(v, LABEL[p].split(" ")[0]) for p in cfg.parametrizations
+        if (v := judge(p, "width", [(min(cfg.widths), in_cell(results, p, min(cfg.widths), cfg.proxy_depth))],
+                       cfg.space, len(cfg.seeds))) is not None]
     h2h = head_to_head(sweep, results)
     summary = {"name": cfg.name, "objective": cfg.objective, "verdict": " ".join(lines[:1]), "verdicts": lines,
                "transferred": {p: all(v.transferred for v in judged[p].values()) if judged[p] else None

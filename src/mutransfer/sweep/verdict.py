@@ -412,3 +412,23 @@ def describe(v: Verdict, label: str) -> str:
             why = "an interval reaches beyond the tolerance: add seeds"
         head = f"{label}: cannot tell ({why})"
     return head + (": " + "; ".join(parts) if parts else "") + "."
+
+
+def describe_optima(v: Verdict, label: str) -> str:
+    """One sentence for a sweep at one scale (nothing to transfer yet): each HP's fitted optimum,
+    its interval, and a grid-edge warning."""
+    parts = []
+    for h in v.hps.values():
+        o = h.optima[0]
+        if isinstance(h.dim, Choice):
+            parts.append(f"best {h.name} {value_at(h.dim, o.x)}")
+            continue
+        if isinstance(h.dim, LogUniform):
+            text = f"{h.name} optimum 2^{o.x:.2f}" + _ci(o.x_interval, lambda t: f"2^{t:.2f}")
+        else:
+            text = f"{h.name} optimum {o.x:.4g}" + _ci(o.x_interval, lambda t: f"{t:.4g}")
+        if o.edge:
+            text += (f", on the grid's {'high' if o.edge > 0 else 'low'} edge "
+                     f"({value_at(h.dim, o.grid_x):.3g}): widen the grid")
+        parts.append(text)
+    return f"{label} at {axis_name(v.axis)} {v.proxy}: " + "; ".join(parts) + "."
