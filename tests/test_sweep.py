@@ -110,7 +110,7 @@ def test_rerunning_a_finished_sweep_runs_nothing_and_a_changed_config_is_refused
 
 
 def test_two_local_workers_run_every_trial_once(tmp_path):
-    cfg = write(tmp_path, GRID.replace("SLEEP", "0.2"))
+    cfg = write(tmp_path, GRID.replace("SLEEP", "0.5"))  # long enough for the second process to import torch under load
     run = tmp_path / "run"
     assert main(["sweep", str(cfg), "--run", str(run), "--workers", "2", "--no-progress"]) == 0
     workers = set()

@@ -142,3 +142,146 @@ def test_the_report_states_what_the_data_show_not_a_fixed_caption(tmp_path):
     assert summary["verdict"].startswith("µP across widths did not transfer: lr optimum moved -3.00 octaves")
     html = (run / "report.html").read_text()
     assert "line up" not in html and "did not transfer" in html and summary["verdict"] in html
+
+
+AXES_OBJECTIVE = textwrap.dedent('''
+    import math
+
+    def train(hp, scale):
+        """µP's optimum stays at 2^-6 across width, batch size and horizon; SP's moves with all three."""
+        shift = math.log2(scale.width / scale.base_width) + math.log2(hp["batch_size"] / 8) / 2 \\
+            + math.log2(hp["steps"] / 10) / 2
+        target = -6 - (0 if scale.mup else shift)
+        return 0.1 * (math.log2(hp["lr"]) - target) ** 2 + 1.0 / scale.width + 1.0 / hp["steps"] + 0.001 * scale.seed
+''')
+
+
+def test_batch_size_and_steps_are_axes_with_drift_and_regret(tmp_path, capsys):
+    (tmp_path / "obj.py").write_text(AXES_OBJECTIVE)
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(textwrap.dedent('''
+        name = "axes"
+        objective = "obj.py:train"
+        widths = [16, 64]
+        batch_sizes = [32, 8]
+        steps = [10, 40]
+        seeds = [0, 1]
+        [space.lr]
+        low = "2**-10"
+        high = "2**-2"
+        grid = 9
+    '''))
+    run = tmp_path / "run"
+    assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
+    from mutransfer.sweep import Sweep
+    sweep = Sweep(run)
+    assert [c[3] for c in sweep.config.all_cells if c[0] == "mup"] == [(), (), (("batch_size", 32),), (("steps", 40),)]
+    assert sweep.config.cells == [(p, w, None) for p in ("mup", "sp") for w in (16, 64)]  # unchanged meaning
+    assert main(["report", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    mup, sp = summary["analysis"]["mup"], summary["analysis"]["sp"]
+    assert set(mup) == {"width", "batch_size", "steps"}
+    assert mup["batch_size"]["hparams"]["lr"]["drift"]["value"] == pytest.approx(0.0, abs=1e-9)
+    assert sp["batch_size"]["hparams"]["lr"]["drift"]["value"] == pytest.approx(-1.0, abs=1e-9)  # ×4 batch
+    assert sp["steps"]["hparams"]["lr"]["drift"]["value"] == pytest.approx(-1.0, abs=1e-9)  # ×4 steps
+    assert sp["width"]["hparams"]["lr"]["drift"]["value"] == pytest.approx(-2.0, abs=1e-9)
+    assert sp["steps"]["regret"]["40"]["relative"] > 0 and mup["steps"]["regret"]["40"]["relative"] == 0
+    assert summary["transferred"] == {"mup": True, "sp": False}
+    for name in ("loss_vs_lr.png", "loss_vs_lr_by_batch_size.png", "loss_vs_lr_by_steps.png"):
+        assert (run / name).read_bytes()[:4] == b"\x89PNG", name
+    assert "µP across batch sizes transferred" in (run / "report.html").read_text()
+    capsys.readouterr()
+    assert main(["transfer", str(run), "--width", "64", "--batch-size", "32", "--steps", "40"]) == 0
+    t = json.loads((run / "transfer.json").read_text())
+    assert t["mup"]["hparams"] == {"lr": 2 ** -6, "batch_size": 32, "steps": 40}
+    assert t["mup"]["loss"] == pytest.approx(1 / 64 + 1 / 40 + 0.0005)
+
+
+SETUP_OBJECTIVE = textwrap.dedent('''
+    import math, time
+    _LOADED = []
+
+    def burn(seconds):
+        end = time.process_time() + seconds
+        while time.process_time() < end:
+            pass
+
+    def train(hp, scale):
+        """One-time setup of 1 CPU s per process (like loading a dataset), then 0.002 CPU s × width."""
+        if not _LOADED:
+            burn(1.0)
+            _LOADED.append(True)
+        burn(0.002 * scale.width)
+        return (math.log2(hp["lr"]) + 6) ** 2 + 1.0 / scale.width
+''')
+
+
+def test_the_target_run_is_costed_without_one_time_setup(tmp_path, capsys):
+    """On main a fresh `mutransfer transfer` process timed its imports and data loading as the target run."""
+    (tmp_path / "obj.py").write_text(SETUP_OBJECTIVE)
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(textwrap.dedent('''
+        name = "setup"
+        objective = "obj.py:train"
+        widths = [16, 32]
+        parametrizations = ["mup"]
+        seeds = [0, 1, 2]
+        [space.lr]
+        low = "2**-7"
+        high = "2**-5"
+        grid = 3
+    '''))
+    run = tmp_path / "run"
+    assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
+    import subprocess, sys
+    proc = subprocess.run([sys.executable, "-m", "mutransfer.cli", "transfer", str(run), "--width", "128"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    t = json.loads((run / "transfer.json").read_text())
+    per_seed = t["mup"]["cpu_seconds_per_seed"]
+    assert per_seed[0] > per_seed[1] + 0.5  # the first seed paid the setup
+    assert t["mup"]["cpu_seconds"] == pytest.approx(3 * 0.002 * 128, rel=0.3)  # training alone
+    work = 3 * 3 * 0.002 * (16 + 32)  # 3 lrs × 3 seeds at widths 16 and 32, plus the sweep process's one setup
+    assert t["sweep_cpu_seconds"] == pytest.approx(work + 1.0, rel=0.3)
+    assert t["proxy_cpu_seconds"] >= 0.7 * 3 * 3 * 0.002 * 16
+    assert t["proxy_cost_ratio"] == pytest.approx(t["proxy_cpu_seconds"] / t["mup"]["cpu_seconds"])
+    assert "tuning at the proxy / one target run" in proc.stdout
+
+
+FAILING_OBJECTIVE = textwrap.dedent('''
+    import math
+
+    def train(hp, scale):
+        if scale.width == 64 and hp["lr"] > 2 ** -6.5:
+            raise RuntimeError("out of memory (simulated)")
+        return 0.1 * (math.log2(hp["lr"]) + 6.2) ** 2 + 1.0 / scale.width + 0.001 * scale.seed
+''')
+
+
+def test_failed_points_are_counted_shown_and_never_taken_for_an_optimum(tmp_path):
+    """On main the report said "N trials (0 diverged)" and picked width 64's optimum from the points left."""
+    (tmp_path / "obj.py").write_text(FAILING_OBJECTIVE)
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(textwrap.dedent('''
+        name = "failing"
+        objective = "obj.py:train"
+        widths = [16, 64]
+        parametrizations = ["mup"]
+        seeds = [0, 1]
+        [space.lr]
+        low = "2**-9"
+        high = "2**-3"
+        grid = 7
+    '''))
+    run = tmp_path / "run"
+    assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
+    assert main(["report", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["failed"] == 4 and summary["counts"]["mup"] == {"completed": 10, "diverged": 0, "failed": 4, "pruned": 0}
+    width = summary["analysis"]["mup"]["width"]
+    assert width["counts"]["failed"] == 4
+    assert width["hparams"]["lr"]["optimum"]["64"]["edge"] == "high"  # its neighbour above was never evaluated
+    assert summary["transferred"]["mup"] is False and "cannot tell" in summary["verdict"]
+    assert "4 failed" in summary["verdict"]
+    html = (run / "report.html").read_text()
+    assert "Failed trials" in html and "out of memory (simulated)" in html and "--retry-failed" in html

@@ -132,6 +132,10 @@ def _parser() -> argparse.ArgumentParser:
                                              "default: the config's target_width or largest width)")
     t.add_argument("--depth", type=int, help="target depth for a sweep over depths, at least the proxy's (default: "
                                              "the config's target_depth or largest depth)")
+    t.add_argument("--batch-size", type=int, help="the target's batch size, passed to the objective as "
+                                                  "hparams['batch_size'] (default: the proxy's)")
+    t.add_argument("--steps", type=int, help="the target's training steps, passed to the objective as "
+                                             "hparams['steps'] (default: the proxy's)")
     t.add_argument("--storage", help="storage URL (default: the run's own)")
     t.set_defaults(handler=_transfer)
 
@@ -183,7 +187,7 @@ def _transfer(args) -> int:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", UserWarning)
-            out = transfer(sweep, args.width, args.depth)
+            out = transfer(sweep, args.width, args.depth, args.batch_size, args.steps)
     except ValueError as e:
         raise UsageError(str(e)) from None
     for w in caught:

@@ -33,6 +33,7 @@ class TrialResult:
     failed: bool = False  # the objective raised (see `error`); loss is NaN
     error: str = ""
     cpu_seconds: float = 0.0  # process CPU time of the trial (all seeds); 0 when not recorded
+    extra: tuple = ()  # ((axis, value),) in a cell of a further batch size or horizon; () otherwise
     pruned: bool = False  # stopped early by the sweep's pruner: worse than the study's finished trials
     pruned_step: Optional[int] = None  # the last step reported before pruning (None: none reported)
     pruned_loss: float = math.nan  # the loss reported at `pruned_step` (a lower fidelity than `loss`)
@@ -62,8 +63,8 @@ def load_results(sweep: Sweep, failed: bool = True) -> list[TrialResult]:
     pruned (loss NaN, `pruned` set) and (with `failed`) failed ones — a failed trial that was
     retried counts once, as its retry."""
     out = []
-    for parametrization, width, depth in sweep.config.cells:
-        for t in sweep.study(parametrization, width, depth).get_trials(deepcopy=False):
+    for parametrization, width, depth, extra in sweep.config.all_cells:
+        for t in sweep.study(parametrization, width, depth, extra).get_trials(deepcopy=False):
             kind = _trial_kind(t)
             if kind is None or (kind == "failed" and not failed):
                 continue
@@ -75,7 +76,7 @@ def load_results(sweep: Sweep, failed: bool = True) -> list[TrialResult]:
                                    float(t.value) if kind == "complete" else math.nan, kind == "diverged",
                                    float(t.user_attrs.get("seconds", 0.0)), depth, losses, kind == "failed",
                                    str(t.user_attrs.get("error", "")), float(t.user_attrs.get("cpu_seconds", 0.0)),
-                                   kind == "pruned", None if step is None else int(step),
+                                   extra, kind == "pruned", None if step is None else int(step),
                                    math.nan if last is None else float(last)))
     return out
 
@@ -87,16 +88,17 @@ def counts(results: list[TrialResult], parametrization: Optional[str] = None) ->
             "failed": sum(r.failed for r in rs), "pruned": sum(r.pruned for r in rs)}
 
 
-def in_cell(results: list[TrialResult], parametrization: str, width: int,
-            depth: Optional[int] = None) -> list[TrialResult]:
-    """The trials of one (parametrization, width, depth) cell, whatever their outcome."""
-    return [r for r in results if r.parametrization == parametrization and r.width == width and r.depth == depth]
+def in_cell(results: list[TrialResult], parametrization: str, width: int, depth: Optional[int] = None,
+            extra: tuple = ()) -> list[TrialResult]:
+    """The trials of one (parametrization, width, depth[, extra]) cell, whatever their outcome."""
+    return [r for r in results if r.parametrization == parametrization and r.width == width and r.depth == depth
+            and r.extra == tuple(extra)]
 
 
-def best(results: list[TrialResult], parametrization: str, width: int,
-         depth: Optional[int] = None) -> Optional[TrialResult]:
+def best(results: list[TrialResult], parametrization: str, width: int, depth: Optional[int] = None,
+         extra: tuple = ()) -> Optional[TrialResult]:
     """The lowest-loss trial of one cell; `depth` None matches a sweep without depths."""
-    return min((r for r in in_cell(results, parametrization, width, depth) if r.ok), key=lambda r: r.loss,
+    return min((r for r in in_cell(results, parametrization, width, depth, extra) if r.ok), key=lambda r: r.loss,
                default=None)
 
 
@@ -180,10 +182,27 @@ def transferred_hparams(sweep: Sweep, results: list[TrialResult], width: Optiona
 
 
 def axes(sweep: Sweep) -> list[str]:
-    """The axes a verdict is drawn along: width (when several widths, or no depths) and depth."""
+    """The axes a verdict is drawn along: width, depth, batch size and horizon (`batch_size`,
+    `steps`), each when it has several values (none for a sweep that only tunes at one scale)."""
     cfg = sweep.config
-    out = ["width"] if len(cfg.widths) > 1 or cfg.depths is None else []
-    return out + (["depth"] if cfg.depths is not None and len(cfg.depths) > 1 else [])
+    out = ["width"] if len(cfg.widths) > 1 else []
+    out += ["depth"] if cfg.depths is not None and len(cfg.depths) > 1 else []
+    return out + [axis for axis, values in cfg.axes.items() if len(values) > 1]
+
+
+def cells_along(sweep: Sweep, results: list[TrialResult], parametrization: str, axis: str
+                ) -> list[tuple[int, list[TrialResult]]]:
+    """[(axis value, that cell's trials)] along `axis`, proxy first: widths at the proxy depth,
+    depths at the proxy width, batch sizes or horizons at the proxy width and depth."""
+    cfg = sweep.config
+    if axis in ("width", "depth"):
+        return [(w if axis == "width" else d, in_cell(results, parametrization, w, d))
+                for w, d in along_cells(sweep, axis)]
+    if axis not in cfg.axes:
+        raise ValueError(f"axis must be one of {', '.join(axes(sweep))}, got {axis!r}")
+    values = cfg.axes[axis]
+    return [(v, in_cell(results, parametrization, min(cfg.widths), cfg.proxy_depth,
+                        () if v == values[0] else ((axis, v),))) for v in values]
 
 
 def verdicts(sweep: Sweep, results: list[TrialResult]) -> dict[str, dict[str, Verdict]]:
@@ -194,8 +213,7 @@ def verdicts(sweep: Sweep, results: list[TrialResult]) -> dict[str, dict[str, Ve
     for p in cfg.parametrizations:
         out[p] = {}
         for axis in axes(sweep):
-            cells = [(w if axis == "width" else d, in_cell(results, p, w, d)) for w, d in along_cells(sweep, axis)]
-            v = judge(p, axis, cells, cfg.space, len(cfg.seeds))
+            v = judge(p, axis, cells_along(sweep, results, p, axis), cfg.space, len(cfg.seeds))
             if v is not None:
                 out[p][axis] = v
     return out

@@ -9,6 +9,8 @@ target_width = 512              # for `mutransfer transfer` (optional)
 depths = [2, 4, 8]              # proxy depths swept (optional; the objective reads scale.depth)
 base_depth = 2                  # µP base depth (default: the smallest depth)
 target_depth = 32               # for `mutransfer transfer` (optional)
+batch_sizes = [16, 32, 64]      # batch sizes swept at the proxy width (optional; hparams["batch_size"])
+steps = [100, 200, 400]         # training horizons swept at the proxy width (optional; hparams["steps"])
 parametrizations = ["mup", "sp"]
 sampler = "grid"                # grid | random | tpe
 n_trials = 16                   # random/tpe: trials per (parametrization, width[, depth])
@@ -26,6 +28,11 @@ grid = 8
 steps = 200
 ```
 
+`batch_sizes` and `steps` are axes like width and depth (TP5 finds HPs transfer across batch
+size and training horizon empirically): the objective receives them as ``hparams["batch_size"]``
+and ``hparams["steps"]``. They are not crossed with everything: every width (and depth) runs at
+the first (smallest) batch size and horizon, and each further batch size or horizon runs at the
+proxy width and depth only, one study each. The report gives drift and regret along each axis.
 Pruning (multi-fidelity): with a `pruner`, a trial whose objective calls
 ``scale.report(step, loss)`` during training (the built-in recipes do, every tenth of their
 steps) is stopped early when its loss so far is worse than the trials already finished in its
@@ -101,7 +108,8 @@ PRUNER_OPTIONS: dict[str, dict[str, Any]] = {
 _OPTION_RULES = {"n_startup_trials": (0, False), "n_warmup_steps": (0, False), "interval_steps": (1, False),
                  "min_resource": (1, True), "max_resource": (1, True), "reduction_factor": (2, False),
                  "min_early_stopping_rate": (0, False)}
-KEYS = {"name", "objective", "widths", "base_width", "target_width", "depths", "base_depth", "target_depth",
+EXTRA_AXES = {"batch_sizes": "batch_size", "steps": "steps"}  # config key -> the hyperparameter it sets
+KEYS = {*EXTRA_AXES, "name", "objective", "widths", "base_width", "target_width", "depths", "base_depth", "target_depth",
         "parametrizations", "sampler", "n_trials", "seeds", "storage", "space", "fixed", "config_dir",
         "pruner", "pruner_options"}
 CONFIG_DIR_KEY = "config_dir"
@@ -125,6 +133,7 @@ class SweepConfig:
     base_depth: Optional[int] = None
     target_depth: Optional[int] = None
     config_dir: Optional[Path] = None  # where relative paths resolve (the TOML's directory); None: cwd
+    axes: dict[str, list[int]] = field(default_factory=dict)  # extra axes: HP name -> values, proxy first
     pruner: str = "none"
     pruner_options: dict[str, Any] = field(default_factory=dict)  # given ones; defaults in PRUNER_OPTIONS
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -137,9 +146,26 @@ class SweepConfig:
 
     @property
     def cells(self) -> list[tuple[str, int, Optional[int]]]:
-        """(parametrization, width, depth) triples, one Optuna study each; depth is None without `depths`."""
+        """(parametrization, width, depth) of the width × depth grid; depth is None without `depths`.
+        `all_cells` adds the cells of further batch sizes and horizons."""
         depths: list[Optional[int]] = list(self.depths) if self.depths is not None else [None]
         return [(p, w, d) for p in self.parametrizations for w in self.widths for d in depths]
+
+    @property
+    def all_cells(self) -> list[tuple[str, int, Optional[int], tuple]]:
+        """(parametrization, width, depth, extra), one Optuna study each. `extra` is () for every
+        width × depth cell (they run at the proxy batch size and horizon, `proxy_extra`) and
+        ((axis, value),) for a further batch size or horizon, which runs at the proxy width and depth."""
+        out = [(*cell, ()) for cell in self.cells]
+        for axis, values in self.axes.items():
+            out += [(p, min(self.widths), self.proxy_depth, ((axis, v),)) for p in self.parametrizations
+                    for v in values[1:]]
+        return out
+
+    @property
+    def proxy_extra(self) -> dict[str, int]:
+        """The batch size and horizon every width × depth cell runs at: each extra axis's first value."""
+        return {axis: values[0] for axis, values in self.axes.items()}
 
     @property
     def contents(self) -> dict[str, Any]:
@@ -292,6 +318,7 @@ def config_from_dict(data: dict[str, Any], source: str = "config",
         if target is not None:
             _positive_int("target_width", target)
         depths, base_depth, target_depth = _depth_keys(data)
+        axes = {hp: sorted(_int_list(key, data[key], 1)) for key, hp in EXTRA_AXES.items() if key in data}
         storage = data.get("storage", "")
         if not isinstance(storage, str):
             raise ValueError("storage must be a URL string (sqlite:///path or postgresql://...)")
@@ -302,6 +329,10 @@ def config_from_dict(data: dict[str, Any], source: str = "config",
         if overlap:
             raise ValueError(f"{', '.join(sorted(overlap))} is both swept ([space]) and fixed ([fixed])")
         _check_depth_alpha(fixed, dims)
+        for key, hp in EXTRA_AXES.items():
+            if hp in axes and (hp in fixed or hp in dims):
+                raise ValueError(f"{hp} is swept by the top-level {key} list; remove {hp} from "
+                                 f"{'[fixed]' if hp in fixed else '[space]'}")
         pruner, pruner_options = _pruner_keys(data)
         name = data.get("name", "sweep")
         if not isinstance(name, str) or not name:
@@ -318,7 +349,7 @@ def config_from_dict(data: dict[str, Any], source: str = "config",
     return SweepConfig(objective=objective, widths=widths, space=dims, name=name, base_width=base_width,
                        target_width=target, parametrizations=list(parametrizations), sampler=sampler,
                        n_trials=n_trials, seeds=seeds, storage=resolve_storage(storage, config_dir),
-                       fixed=dict(fixed), depths=depths, base_depth=base_depth, target_depth=target_depth,
+                       fixed=dict(fixed), depths=depths, base_depth=base_depth, target_depth=target_depth, axes=axes,
                        config_dir=config_dir, pruner=pruner, pruner_options=pruner_options, raw=dict(data))
 
 

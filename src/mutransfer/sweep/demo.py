@@ -1,9 +1,21 @@
-"""`mutransfer demo`: TP5's headline figure on a laptop, end to end.
+"""`mutransfer demo`: TP5's headline figure (Fig. 1) on a laptop, end to end, the way µTransfer is used.
 
-A byte-level GPT (2 layers, untied readout, PyTorch's default init) learns text made from the
-Python standard library's own docstrings. The demo sweeps Adam's learning rate at four widths in
-standard parametrization and in µP, writes the report, then trains the widest model with the lr
-tuned at the narrowest one — µP's and SP's — and prints how far each optimum moved.
+A byte-level GPT (2 layers, 4 heads, untied readout, PyTorch's default init) learns text made
+from the Python standard library's own docstrings, with AdamW for 150 steps.
+
+1. **Tune at the proxy** (width 32, µP only): Adam's lr × the output multiplier α_output, HPs
+   TP5 tunes on the small model (its Table 1: multipliers transfer). Cheap at width 32.
+2. **Check the transfer** (widths 32 → 256, µP with the tuned α_output, and SP): an lr sweep at
+   every width, 2 seeds: the figure with µP's optima lined up and SP's moving, the verdict with
+   bootstrap intervals, regret per width, and µP at width 256 against SP re-tuned there.
+3. **Transfer**: train width 256 with the proxy's HPs, µP and SP, and count the compute.
+
+Why α_output: measured while building this demo (README, "What the demo shows"): with α_output
+left at 1, µP at width 256 stays 4–5% behind SP re-tuned at 256 — µP's readout starts 1/m
+smaller than the proxy's and its logits take steps to grow. The base width (64), the horizon
+(300 steps) and the attention scale do not explain the gap, and TP5's zero-init readout (D.2)
+makes it worse here. SP tunes only its lr, as in TP5 Fig. 1: at the base width SP and µP are the
+same model, so an α_output tuned there is the one µP carries to width 256.
 """
 from __future__ import annotations
 
@@ -12,32 +24,20 @@ import time
 from pathlib import Path
 from typing import Union
 
+from .analysis import load_results, transferred_hparams
 from .report import head_to_head_line, write_report
 from .runner import run_sweep
 from .transfer import format_transfer, transfer
 
-FULL = dict(widths=[32, 64, 128, 256], low=-12, high=-4, steps=150)
-QUICK = dict(widths=[32, 128, 256], low=-10, high=-5, steps=150)
-
-
-def demo_config(quick: bool = False) -> str:
-    c = QUICK if quick else FULL
-    return f'''# Written by `mutransfer demo`; rerun with `mutransfer sweep` to resume or extend.
-name = "demo{'-quick' if quick else ''}"
-objective = "recipe:gpt"
-widths = {c["widths"]}
-parametrizations = ["mup", "sp"]
-sampler = "grid"
-seeds = [0]
-
-[space.lr]
-type = "log"
-low = "2**{c["low"]}"
-high = "2**{c["high"]}"
-grid = {c["high"] - c["low"] + 1}
-
+# lr grids in integer octaves (low..high); output_mult in half octaves (2^mult_low .. 2^mult_high, mult_grid points):
+# at width 32 its loss valley is shallow (1.6% from α=1 to the best) and its floor lies between 2 and 4.
+FULL = dict(widths=[32, 64, 128, 256], low=-10, high=-4, tune_low=-10, tune_high=-4, steps=150, seeds=[0, 1],
+            mult_low=0, mult_high=3, mult_grid=7)
+QUICK = dict(widths=[32, 256], low=-10, high=-5, tune_low=-8, tune_high=-5, steps=150, seeds=[0, 1],
+             mult_low=1, mult_high=2.5, mult_grid=4)
+FIXED = """
 [fixed]
-steps = {c["steps"]}
+steps = {steps}
 batch_size = 16
 seq_len = 32
 n_layer = 2
@@ -45,7 +45,59 @@ n_head = 4
 tied = false
 init_std = "default"
 threads = 1
-'''
+"""
+LR = """
+[space.lr]
+type = "log"
+low = "2**{low}"
+high = "2**{high}"
+grid = {n}
+"""
+
+
+def _settings(quick: bool) -> dict:
+    return QUICK if quick else FULL
+
+
+def _lr(low: int, high: int) -> str:
+    return LR.format(low=low, high=high, n=high - low + 1)
+
+
+def tune_config(quick: bool = False) -> str:
+    """Stage 1: lr × output_mult at the proxy width, µP only."""
+    c = _settings(quick)
+    return (f'# Written by `mutransfer demo` (stage 1: tune at the proxy); `mutransfer sweep` resumes it.\n'
+            f'name = "demo-tune{"-quick" if quick else ""}"\nobjective = "recipe:gpt"\nwidths = [{c["widths"][0]}]\n'
+            f'parametrizations = ["mup"]\nsampler = "grid"\nseeds = {c["seeds"]}\n' + _lr(c["tune_low"], c["tune_high"])
+            + f'\n[space.output_mult]\ntype = "log"\nlow = "2**{c["mult_low"]}"\nhigh = "2**{c["mult_high"]}"\n'
+              f'grid = {c["mult_grid"]}\n' + FIXED.format(steps=c["steps"]))
+
+
+def demo_config(quick: bool = False, output_mult: float = 1.0) -> str:
+    """Stage 2: the lr sweep at every width, µP (with the proxy's output_mult) and SP."""
+    c = _settings(quick)
+    return (f'# Written by `mutransfer demo` (stage 2: check the transfer); `mutransfer sweep` resumes it.\n'
+            f'name = "demo{"-quick" if quick else ""}"\nobjective = "recipe:gpt"\nwidths = {c["widths"]}\n'
+            f'parametrizations = ["mup", "sp"]\nsampler = "grid"\nseeds = {c["seeds"]}\n' + _lr(c["low"], c["high"])
+            + FIXED.format(steps=c["steps"])
+            + f"# µP's α_output, tuned at width {c['widths'][0]} in stage 1. recipe:gpt applies µP's multipliers\n"
+              f"# to µP models only: SP tunes its lr alone, as in TP5 Fig. 1.\noutput_mult = {output_mult!r}\n")
+
+
+def _write(path: Path, text: str) -> Path:
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return path
+
+
+def _sweep(config: Path, run: Path, workers: int, progress: bool):
+    try:
+        return run_sweep(config, run, workers=workers, progress=progress)
+    except ValueError as e:
+        if "different config" in str(e):  # a demo of another version (or another --quick) ran here
+            raise ValueError(f"{run} holds a demo run with other settings: give another --out, or delete "
+                             f"{run.parent} to start afresh") from None
+        raise
 
 
 def run_demo(out: Union[str, Path] = "mutransfer-demo", quick: bool = False, workers: int = 2,
@@ -53,22 +105,30 @@ def run_demo(out: Union[str, Path] = "mutransfer-demo", quick: bool = False, wor
     start = time.perf_counter()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    config = out / "demo.toml"
-    text = demo_config(quick)
-    if not config.exists() or config.read_text() != text:
-        config.write_text(text)
-    sweep = run_sweep(config, out / "run", workers=workers, progress=progress)
+    tune = _sweep(_write(out / "tune.toml", tune_config(quick)), out / "tune", workers, progress)
+    write_report(tune)
+    tune_summary = json.loads((tune.run_dir / "summary.json").read_text())
+    tuned = transferred_hparams(tune, load_results(tune))
+    if tuned is None:
+        raise ValueError(f"{tune.run_dir}: no finished trial at the proxy; rerun `mutransfer demo` to resume")
+    sweep = _sweep(_write(out / "demo.toml", demo_config(quick, tuned["output_mult"])), out / "run", workers,
+                   progress)
     transferred = transfer(sweep, max(sweep.config.widths))
     report = write_report(sweep)
     summary = json.loads((sweep.run_dir / "summary.json").read_text())
-    return {"report": report, "summary": summary, "transfer": transferred,
+    tune_results = load_results(tune)
+    return {"report": report, "summary": summary, "transfer": transferred, "tuned": tuned,
+            "tune_trials": len(tune_results), "tune_optima": tune_summary["verdicts"][1:], "tune_cpu_seconds": sum(r.cpu_seconds for r in tune_results),
             "seconds": time.perf_counter() - start, "sweep": sweep}
 
 
 def format_summary(result: dict) -> str:
     """The terminal's account of the demo: every sentence from the run's own summary.json."""
     s = result["summary"]
-    lines = ["", "Verdict:"] + [f"  {line}" for line in s["verdicts"]]
+    t = result["tuned"]
+    lines = ["", f"Stage 1, tuned at width {s['proxy_width']} (µP, {result['tune_trials']} trials): "
+                 f"lr {t['lr']:.3g}, output_mult {t['output_mult']:g}"]
+    lines += [f"  {line}" for line in result.get("tune_optima", [])] + ["", "Verdict:"] + [f"  {line}" for line in s["verdicts"]]
     h2h = head_to_head_line(s.get("head_to_head"))
     if h2h:
         lines.append(f"  {h2h}")
@@ -91,6 +151,11 @@ def format_summary(result: dict) -> str:
            p.get("width", {}).get("hparams", {}).get("lr", {}).get("optimum", {}).values()):
         lines.append("  (! on the grid's edge)")
     lines += ["", format_transfer(result["transfer"])]
+    target = result["transfer"].get("mup", {}).get("cpu_seconds")
+    if target:
+        lines.append(f"  stage 1 (tuning lr × output_mult at width {s['proxy_width']}): "
+                     f"{result['tune_cpu_seconds']:.0f} CPU s = {result['tune_cpu_seconds'] / target:.1f}× one "
+                     f"target run")
     better = s["wider_is_better"]
     lines.append("Wider is better: " + ", ".join(f"{'µP' if p == 'mup' else 'SP'} {'yes' if v else 'no'}"
                                                  for p, v in better.items() if v is not None))

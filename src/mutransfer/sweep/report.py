@@ -13,13 +13,13 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from .analysis import (TrialResult, best, costs, counts, deeper_is_better, drift, head_to_head, load_results,
+from .analysis import (TrialResult, best, costs, in_cell, counts, deeper_is_better, drift, head_to_head, load_results,
                        max_drift_steps, transferred_hparams, verdicts, wider_is_better)
 from .runner import Sweep
 from .space import Choice, LogUniform
 from .storage import mask_url
 from .transfer import TRANSFER_RUNS, transfer_where
-from .verdict import CONFIDENCE, Verdict, describe, unit, value_at
+from .verdict import CONFIDENCE, Verdict, axis_name, describe, describe_optima, judge, unit, value_at
 
 LABEL = {"mup": "µP", "sp": "SP (standard)"}
 LINESTYLES = ("-", "--", ":", "-.")
@@ -64,10 +64,30 @@ def _styles(sweep: Sweep, cmap) -> dict[tuple[int, Optional[int]], tuple]:
             for w in cfg.widths for d in depths}
 
 
+def cell_of(sweep: Sweep, axis: str, at: int) -> tuple:
+    """(width, depth, extra) of the cell at value `at` along `axis` (the others at the proxy)."""
+    cfg = sweep.config
+    if axis == "width":
+        return at, cfg.proxy_depth, ()
+    if axis == "depth":
+        return min(cfg.widths), at, ()
+    return min(cfg.widths), cfg.proxy_depth, () if at == cfg.axes[axis][0] else ((axis, at),)
+
+
+def axis_lines(sweep: Sweep, axis: str, cmap) -> list[tuple[tuple, str, tuple]]:
+    """The curves along a further batch-size or horizon axis: one per value, at the proxy width and depth."""
+    cfg = sweep.config
+    values = cfg.axes[axis]
+    return [((min(cfg.widths), cfg.proxy_depth, () if v == values[0] else ((axis, v),)), f"{axis} {v}",
+             (cmap(0.1 + 0.8 * i / max(1, len(values) - 1)), "-")) for i, v in enumerate(values)]
+
+
 def plot_hparam(sweep: Sweep, results: list[TrialResult], name: str, path: Path,
-                fitted: Optional[dict] = None) -> None:
-    """`fitted`: {(parametrization, width, depth): verdict.Optimum} of HP `name`, drawn as a star at
-    the fitted optimum with its interval as a bar (else the best trial is starred)."""
+                fitted: Optional[dict] = None, lines: Optional[list[tuple[tuple, str, tuple]]] = None,
+                title: str = "") -> None:
+    """`fitted`: {(parametrization, width, depth, extra): verdict.Optimum} of HP `name`, drawn as a
+    star at the fitted optimum with its interval as a bar (else the best trial is starred).
+    `lines`: [((width, depth, extra), label, (color, linestyle))], default one per width/depth."""
     fitted = fitted or {}
     import matplotlib
     matplotlib.use("Agg", force=False)
@@ -75,7 +95,11 @@ def plot_hparam(sweep: Sweep, results: list[TrialResult], name: str, path: Path,
 
     dim = sweep.config.space[name]
     params = sweep.config.parametrizations
-    style = _styles(sweep, plt.get_cmap("viridis"))
+    if lines is None:
+        style = _styles(sweep, plt.get_cmap("viridis"))
+        lines = [((w, d, ()), label, style[(w, d)]) for w, d, label in curves(sweep)]
+    keys = {key for key, _, _ in lines}
+    results = [r for r in results if (r.width, r.depth, r.extra) in keys]
     fig, axes = plt.subplots(1, len(params), figsize=(5.2 * len(params), 4.8), sharey=True, squeeze=False)
     finite = [r.loss for r in results if r.ok]
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
@@ -87,9 +111,8 @@ def plot_hparam(sweep: Sweep, results: list[TrialResult], name: str, path: Path,
         return math.log2(v) if isinstance(dim, LogUniform) else v
 
     for ax, p in zip(axes[0], params):
-        for w, d, label in curves(sweep):
-            color, dashes = style[(w, d)]
-            cell = [r for r in results if r.parametrization == p and r.width == w and r.depth == d]
+        for (w, d, extra), label, (color, dashes) in lines:
+            cell = in_cell(results, p, w, d, extra)
             profile: dict = {}
             for r in cell:
                 x = x_of(r.params[name])
@@ -113,13 +136,13 @@ def plot_hparam(sweep: Sweep, results: list[TrialResult], name: str, path: Path,
             if pruned:  # at the last loss reported before pruning (an earlier step), kept inside the axes
                 ax.plot([x for x, _ in pruned], [min(v, hi + 0.04 * (hi - lo)) for _, v in pruned], "s",
                         color="grey", ms=4, markeredgecolor=color, alpha=0.8)
-            o = fitted.get((p, w, d))
+            o = fitted.get((p, w, d, extra))
             if o is not None and choices is None:
                 if o.x_interval is not None:
                     ax.hlines(o.loss, o.x_interval[0], o.x_interval[1], color=color, lw=3, alpha=0.6, zorder=4)
                 ax.plot([o.x], [o.loss], "*", ms=14, color=color, markeredgecolor="red" if o.edge else "black",
                         zorder=5)
-            elif (b := best(results, p, w, d)) is not None:
+            elif (b := best(results, p, w, d, extra)) is not None:
                 ax.plot([x_of(b.params[name])], [b.loss], "*", ms=14, color=color, markeredgecolor="black",
                         zorder=5)
         ax.set_title(LABEL[p], fontsize=12)
@@ -137,7 +160,7 @@ def plot_hparam(sweep: Sweep, results: list[TrialResult], name: str, path: Path,
     fig.legend(handles, labels, loc="lower center", ncol=min(6, max(1, len(labels))), fontsize=8,
                title=f"★ fitted optimum (bar: its {round(100 * CONFIDENCE)}% interval)   | range over seeds   "
                      f"× diverged   ▼ failed   ■ pruned (last reported loss)", title_fontsize=8, frameon=False)
-    fig.suptitle(f"{sweep.config.name}: training loss vs {name}", fontsize=12)
+    fig.suptitle(f"{sweep.config.name}: training loss vs {name}{title}", fontsize=12)
     fig.tight_layout(rect=(0, 0.08 + 0.03 * ((len(labels) - 1) // 6), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -164,7 +187,7 @@ def verdict_lines(sweep: Sweep, judged: dict[str, dict[str, Verdict]]) -> list[s
     lines = []
     for p in sorted(judged, key=lambda p: p != "mup"):
         for axis, v in judged[p].items():
-            lines.append(describe(v, f"{LABEL[p].split(' ')[0]} across {axis}s"))
+            lines.append(describe(v, f"{LABEL[p].split(' ')[0]} across {axis_name(axis, plural=True)}"))
     return lines
 
 
@@ -177,11 +200,17 @@ def head_to_head_line(h: Optional[dict]) -> Optional[str]:
         return (f"At width {h['width']}, µP with the HPs tuned at width {h['proxy_width']} {what}; SP re-tuned "
                 f"there reaches {h['sp_retuned']:.4g}.")
     rel = h["relative"]
-    judgement = ("µP is as good or better" if rel is not None and rel <= 0.01 else "SP re-tuned at the large width is "
-                 "better: at this scale µP does not pay off")
+    if rel is None:
+        judgement = "no relative difference: SP's loss is 0"
+    elif rel <= 0:
+        judgement = "µP is better"
+    elif rel <= 0.01:
+        judgement = "a tie within 1%"
+    else:
+        judgement = "SP re-tuned at the large width is better: at this scale µP does not pay off"
     return (f"At width {h['width']}, µP with the HPs tuned at width {h['proxy_width']} reaches "
-            f"{h['mup_transferred']:.4g}; SP re-tuned at width {h['width']} reaches {h['sp_retuned']:.4g} "
-            f"({'' if rel is None else f'{100 * rel:+.1f}%, '}{judgement}).")
+            f"{h['mup_transferred']:.4f}; SP re-tuned at width {h['width']} reaches {h['sp_retuned']:.4f} "
+            f"({'' if rel is None else f'{100 * rel:+.1f}%: '}{judgement}).")
 
 
 def summarize(sweep: Sweep, results: list[TrialResult], judged: Optional[dict] = None) -> dict:
@@ -192,10 +221,16 @@ def summarize(sweep: Sweep, results: list[TrialResult], judged: Optional[dict] =
     cfg = sweep.config
     ps = cfg.parametrizations
     judged = verdicts(sweep, results) if judged is None else judged
-    lines = verdict_lines(sweep, judged)
+    lines = verdict_lines(sweep, judged) or [
+        "No transfer verdict: every trial ran at one width and depth, so this sweep tunes at that scale; "
+        "sweep several widths (or depths, batch sizes, horizons) to check a transfer."] + [
+        describe_optima(v, LABEL[p].split(" ")[0]) for p in cfg.parametrizations
+        if (v := judge(p, "width", [(min(cfg.widths), in_cell(results, p, min(cfg.widths), cfg.proxy_depth))],
+                       cfg.space, len(cfg.seeds))) is not None]
     h2h = head_to_head(sweep, results)
     summary = {"name": cfg.name, "objective": cfg.objective, "verdict": " ".join(lines[:1]), "verdicts": lines,
-               "transferred": {p: bool(judged[p]) and all(v.transferred for v in judged[p].values()) for p in ps},
+               "transferred": {p: all(v.transferred for v in judged[p].values()) if judged[p] else None
+                               for p in ps},
                "confidence": CONFIDENCE, "seeds": cfg.seeds,
                "widths": cfg.widths, "proxy_width": min(cfg.widths)}
     if cfg.depths is not None:
@@ -224,14 +259,17 @@ def summarize(sweep: Sweep, results: list[TrialResult], judged: Optional[dict] =
 def _optimum_rows(sweep: Sweep, results: list[TrialResult]) -> str:
     cfg = sweep.config
     rows = []
-    for p, w, d in cfg.cells:
-        b = best(results, p, w, d)
-        cell = [r for r in results if r.parametrization == p and r.width == w and r.depth == d]
+    for p, w, d, extra in cfg.all_cells:
+        b = best(results, p, w, d, extra)
+        cell = in_cell(results, p, w, d, extra)
         n, nd, nf, npr = (len(cell), sum(r.diverged for r in cell), sum(r.failed for r in cell),
                           sum(r.pruned for r in cell))
         depth = "" if d is None else f"<td>{d}</td>"
         values = "".join(f"<td>{_fmt(b.params[k]) if b else '—'}</td>" for k in cfg.space)
         loss = f"{b.loss:.4f}" if b else "—"
+        if cfg.axes:
+            setting = {**cfg.proxy_extra, **dict(extra)}
+            depth += "<td>" + ", ".join(f"{k} {v}" for k, v in setting.items()) + "</td>"
         rows.append(f"<tr><td>{LABEL[p]}</td><td>{w}</td>{depth}{values}<td>{loss}</td><td>{n}</td><td>{nd}</td>"
                     f"<td>{nf}</td><td>{npr}</td></tr>")
     return "".join(rows)
@@ -326,7 +364,7 @@ def _verdict_rows(sweep: Sweep, judged: dict[str, dict[str, Verdict]]) -> str:
                                                    else "diverged")
                     rg_ci = "" if a_r is None else _interval_text(a_r[1].interval, lambda x: f"{100 * x:.2f}%")
                     edge = {-1: "low edge: widen the grid", 1: "high edge: widen the grid"}.get(o.edge, "")
-                    rows.append(f"<tr><td>{LABEL[p]}</td><td>{html.escape(name)}</td><td>{axis} {o.at}</td>"
+                    rows.append(f"<tr><td>{LABEL[p]}</td><td>{html.escape(name)}</td><td>{axis_name(axis)} {o.at}</td>"
                                 f"<td>{shown}</td><td>{ci}</td><td>{mv}</td><td>{mv_ci}</td><td>{rg}</td>"
                                 f"<td>{rg_ci}</td><td>{edge}</td></tr>")
     return "".join(rows)
@@ -359,18 +397,24 @@ def write_report(sweep: Sweep, out_dir: Optional[Path] = None) -> Path:
         for p, by_axis in judged.items():
             for axis, v in by_axis.items():
                 for o in v.hps[name].optima:
-                    key = (p, o.at, cfg.proxy_depth) if axis == "width" else (p, min(cfg.widths), o.at)
-                    fitted.setdefault(key, o)
+                    fitted.setdefault((p, *cell_of(sweep, axis, o.at)), o)
         png = out / f"loss_vs_{name}.png"
         plot_hparam(sweep, results, name, png, fitted)
         images.append(png.name)
+        for axis in cfg.axes:
+            if len(cfg.axes[axis]) > 1:
+                import matplotlib.pyplot as plt
+                png = out / f"loss_vs_{name}_by_{axis}.png"
+                plot_hparam(sweep, results, name, png, fitted, axis_lines(sweep, axis, plt.get_cmap("plasma")),
+                            f" across {axis} (width {min(cfg.widths)})")
+                images.append(png.name)
 
     transferred = summary["transferred_hparams"]
     (out / "transferred.json").write_text(json.dumps(transferred, indent=1))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
 
     depths = cfg.depths is not None
-    depth_head = "<th>depth</th>" if depths else ""
+    depth_head = ("<th>depth</th>" if depths else "") + ("<th>batch size / steps</th>" if cfg.axes else "")
     across_head = "<th>across</th>" if depths else ""
     head = "".join(f"<th>best {html.escape(k)}</th>" for k in cfg.space)
     scope = (f"widths {', '.join(map(str, cfg.widths))} (µP base width {cfg.base_width})"

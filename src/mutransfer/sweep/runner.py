@@ -56,6 +56,8 @@ from .storage import (ClaimLock, Heartbeat, default_url, mask_url, open_storage,
 CONFIG_FILE = "config.toml"
 STORAGE_ENV = "MUTRANSFER_STORAGE"
 POLL_SECONDS = 1.0
+STALE_CHECK_SECONDS = 2.0  # how often a worker looks for trials whose worker died (grace period: 8 s)
+COUNT_SECONDS = 5.0  # how often the progress bar recounts every worker's finished trials
 FAILURES_DIR = "failures"
 ERROR_CHARS, TRACEBACK_CHARS = 500, 4000
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
@@ -86,15 +88,18 @@ def trial_outcome(t: FrozenTrial) -> Optional[str]:
     return "failed" if t.user_attrs.get("failed") else None
 
 
-def study_name(config: SweepConfig, parametrization: str, width: int, depth: Optional[int] = None) -> str:
-    """`{name}/{parametrization}/w{width}`, plus `/d{depth}` in a sweep over depths."""
-    name = f"{config.name}/{parametrization}/w{width}"
-    return name if depth is None else f"{name}/d{depth}"
+def study_name(config: SweepConfig, parametrization: str, width: int, depth: Optional[int] = None,
+               extra: tuple = ()) -> str:
+    """`{name}/{parametrization}/w{width}`, plus `/d{depth}` in a sweep over depths and
+    `/batch_size{b}` or `/steps{s}` for a further batch size or horizon."""
+    name = f"{config.name}/{parametrization}/w{width}" + ("" if depth is None else f"/d{depth}")
+    return name + "".join(f"/{axis}{value}" for axis, value in extra)
 
 
-def cell_label(parametrization: str, width: int, depth: Optional[int] = None) -> str:
-    """'mup width 32' or 'mup width 32 depth 4', for progress lines."""
-    return f"{parametrization} width {width}" + ("" if depth is None else f" depth {depth}")
+def cell_label(parametrization: str, width: int, depth: Optional[int] = None, extra: tuple = ()) -> str:
+    """'mup width 32', 'mup width 32 depth 4' or 'mup width 32 batch_size 64', for progress lines."""
+    return (f"{parametrization} width {width}" + ("" if depth is None else f" depth {depth}")
+            + "".join(f" {axis} {value}" for axis, value in extra))
 
 
 class Sweep:
@@ -163,10 +168,11 @@ class Sweep:
             self._objective = load_objective(self.config.objective, base)
         return self._objective
 
-    def study(self, parametrization: str, width: int, depth: Optional[int] = None) -> optuna.Study:
-        key = (parametrization, width, depth)
+    def study(self, parametrization: str, width: int, depth: Optional[int] = None, extra: tuple = ()) -> optuna.Study:
+        key = (parametrization, width, depth, tuple(extra))
         if key not in self._studies:
-            seed = (1000 * width + (parametrization == "sp") + 7919 * (depth or 0)) % 2 ** 32
+            seed = (1000 * width + (parametrization == "sp") + 7919 * (depth or 0)
+                    + sum(104729 * v for _, v in extra)) % 2 ** 32
             sampler = (optuna.samplers.TPESampler(seed=seed) if self.config.sampler == "tpe"
                        else optuna.samplers.RandomSampler(seed=seed))
             self._studies[key] = optuna.create_study(storage=self.storage, sampler=sampler, direction="minimize",
@@ -188,7 +194,7 @@ class Sweep:
 
     def prepare(self) -> None:
         """Create the studies; for a grid sweep, enqueue every grid point once."""
-        for cell in self.config.cells:
+        for cell in self.config.all_cells:
             study = self.study(*cell)
             if "config_toml" not in study.user_attrs:  # lets workers elsewhere join by name
                 study.set_user_attr("config_toml", (self.run_dir / CONFIG_FILE).read_text())
@@ -200,7 +206,7 @@ class Sweep:
     def prepared(self) -> bool:
         """Has `prepare` run (every study exists and, for a grid, is enqueued)?"""
         names = {s.study_name: s for s in optuna.study.get_all_study_summaries(self.storage, include_best_trial=False)}
-        for cell in self.config.cells:
+        for cell in self.config.all_cells:
             summary = names.get(study_name(self.config, *cell))
             if summary is None or (self.config.sampler == "grid" and not summary.user_attrs.get("enqueued")):
                 return False
@@ -217,7 +223,7 @@ class Sweep:
 
     def total_trials(self) -> int:
         per_cell = len(self.grid()) if self.config.sampler == "grid" else self.config.n_trials
-        return per_cell * len(self.config.cells)
+        return per_cell * len(self.config.all_cells)
 
     # ------------------------------------------------------------------ working
 
@@ -255,15 +261,20 @@ class Sweep:
         return Scale(width, self.config.base_width, parametrization, seed, depth,
                      None if depth is None else self.config.base_depth)
 
+    def hparams(self, params: dict[str, Any], extra: tuple = ()) -> dict[str, Any]:
+        """What the objective receives: [fixed], the swept values, and the cell's batch size and
+        horizon (the proxy's unless the cell is one of a further batch size or horizon)."""
+        return {**self.config.fixed, **params, **self.config.proxy_extra, **dict(extra)}
+
     def _run(self, study: optuna.Study, trial: optuna.Trial, parametrization: str, width: int,
-             depth: Optional[int] = None) -> Optional[str]:
+             depth: Optional[int] = None, extra: tuple = ()) -> Optional[str]:
         """Train one trial on every seed and record it. An exception from the objective marks the
         trial failed (returns the line to show); Ctrl-C or SystemExit mark it interrupted, queue it
         again and propagate."""
         params: dict[str, Any] = {}
         try:
             params = {name: self._suggest(trial, name, dim) for name, dim in self.config.space.items()}
-            hparams = {**self.config.fixed, **params}
+            hparams = self.hparams(params, extra)
             trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
             start, cpu_start = time.perf_counter(), time.process_time()
             losses: list[float] = []
@@ -287,7 +298,7 @@ class Sweep:
             trial.set_user_attr("seconds", time.perf_counter() - start)
             trial.set_user_attr("cpu_seconds", time.process_time() - cpu_start)
             if error is not None:
-                return self._failed(study, trial, (parametrization, width, depth), params, *error)
+                return self._failed(study, trial, (parametrization, width, depth, extra), params, *error)
             trial.set_user_attr("losses", [l if math.isfinite(l) else None for l in losses])
             if pruned:
                 step, loss = reported[-1] if reported else (None, None)
@@ -318,15 +329,16 @@ class Sweep:
                 raise Pruned(f"pruned at step {step} (loss {loss:.4g})")
         return report
 
-    def _failed(self, study: optuna.Study, trial: optuna.Trial, cell: tuple[str, int, Optional[int]],
+    def _failed(self, study: optuna.Study, trial: optuna.Trial, cell: tuple[str, int, Optional[int], tuple],
                 params: dict[str, Any], error: Exception, text: str, seed: int) -> str:
         """Record a trial whose objective raised: FAIL with `failed`, `error`, `traceback`, and the
         full traceback in the run's failures directory. Returns the line to print."""
-        parametrization, width, depth = cell
+        parametrization, width, depth, extra = cell
         message = f"{type(error).__name__}: {error}"
         path = self.run_dir / FAILURES_DIR / f"{study.study_name.replace('/', '_')}-trial{trial.number}.txt"
         report = "\n".join([
             f"study: {study.study_name}", f"trial: {trial.number}", f"width: {width}", f"depth: {depth}",
+            *(f"{axis}: {value}" for axis, value in extra),
             f"parametrization: {parametrization}", f"params: {json.dumps(params, default=repr)}",
             f"fixed: {json.dumps(self.config.fixed, default=repr)}", f"seed: {seed}",
             f"worker: {socket.gethostname()}:{os.getpid()}", f"error: {message}", "", text])
@@ -368,7 +380,7 @@ class Sweep:
         params, marking the old one `retried`. Returns how many were queued."""
         n = 0
         with ClaimLock(self.url):
-            for cell in self.config.cells:
+            for cell in self.config.all_cells:
                 study = self.study(*cell)
                 for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
                     if trial_outcome(t) != "failed":
@@ -382,7 +394,7 @@ class Sweep:
         return n
 
     def _outcomes(self) -> list[Optional[str]]:
-        return [trial_outcome(t) for cell in self.config.cells
+        return [trial_outcome(t) for cell in self.config.all_cells
                 for t in self.study(*cell).get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL,
                                                                              TrialState.PRUNED))]
 
@@ -401,18 +413,26 @@ class Sweep:
     def work(self, progress: bool = True, max_trials: Optional[int] = None) -> int:
         """Claim and run trials until none is left (waiting for other workers' running trials to
         finish or go stale, so that a dead worker's trial is retried). Returns trials run here."""
-        cells = self.config.cells
+        cells = self.config.all_cells
         bar = Progress(self.total_trials(), f"sweep {self.config.name}", enabled=progress)
         bar.done = self.finished()
+        counted = stale_checked = time.monotonic()
         ran = 0
         try:
             while max_trials is None or ran < max_trials:
                 claimed = None
-                with quiet():
-                    for cell in cells:
-                        optuna.storages.fail_stale_trials(self.study(*cell))
+                # Bookkeeping reads every trial of every cell, so it runs on a clock, not per trial:
+                # per trial it cost 0.1-0.3 s of database reads, serialized across workers.
+                if time.monotonic() >= stale_checked:
+                    with quiet():
+                        for cell in cells:
+                            optuna.storages.fail_stale_trials(self.study(*cell))
+                    stale_checked = time.monotonic() + STALE_CHECK_SECONDS
+                # Cells in turn (each worker from its own offset), so all progress evenly; the
+                # claim lock is held for the claim alone.
+                start = (os.getpid() + ran) % len(cells)
                 with ClaimLock(self.url):
-                    for cell in sorted(cells, key=lambda c: len(self.study(*c).get_trials(deepcopy=False))):
+                    for cell in cells[start:] + cells[:start]:
                         trial = self._claim(self.study(*cell))
                         if trial is not None:
                             claimed = (cell, trial)
@@ -422,6 +442,7 @@ class Sweep:
                                   for c in cells)
                     if not running:
                         break
+                    stale_checked = time.monotonic()  # while waiting, look for dead workers' trials at once
                     bar.update(f"waiting for {running} running trial(s) of other workers")
                     time.sleep(POLL_SECONDS)
                     continue
@@ -431,8 +452,12 @@ class Sweep:
                 if failure is not None:
                     _print_over(bar, failure)
                 ran += 1
-                bar.done = self.finished()
-                bar.advance(0)
+                if time.monotonic() >= counted:  # other workers' trials too, now and then
+                    bar.done = self.finished()
+                    counted = time.monotonic() + COUNT_SECONDS
+                    bar.advance(0)
+                else:
+                    bar.advance(1)
         finally:
             bar.close()
         return ran

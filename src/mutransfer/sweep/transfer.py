@@ -2,15 +2,20 @@
 
 The µP target gets the µP optimum found at the proxy (the smallest swept width, and the
 smallest swept depth in a sweep over depths); for comparison the SP target gets the SP optimum
-from the same proxy — what one would do without µP. The cost ratio is the sweep's total
-training time over one µP target run.
+from the same proxy — what one would do without µP. Compute is counted in CPU seconds (process
+time, so that workers sharing cores do not inflate it): the µP proxy cell alone (what tuning
+costs) and the whole sweep (checks at every width included), each over one µP target run. In a
+sweep over batch sizes or horizons the target runs at the proxy's batch size and horizon unless
+`batch_size` / `steps` are given.
 
 The target must be at least as wide (and deep) as the proxy: narrower is refused, equal runs
 with a warning (it transfers nothing). transfer.json holds `target_width`, `proxy_width`
 (`target_depth`, `proxy_depth`, `base_depth` in a sweep over depths), `seeds`, one entry per
 parametrization — `{"hparams", "loss" (None if diverged), "losses" (one per seed), "seconds"
-(wall), "cpu_seconds" (process CPU time, time.process_time)}` — then `sweep_seconds` and
-`cost_ratio` (wall). If the run directory already has a report.html, the report is written
+(wall), "cpu_seconds" (process CPU time of training: the cheapest seed's × the number of seeds,
+so that one-time setup in a fresh process is left out), "cpu_seconds_per_seed"}` — then `sweep_seconds` (wall),
+`sweep_cpu_seconds`, `proxy_cpu_seconds`, `cost_ratio` (sweep CPU over the µP target's CPU) and
+`proxy_cost_ratio` (µP proxy cell CPU over the µP target's CPU). If the run directory already has a report.html, the report is written
 again so that it shows this transfer.
 """
 from __future__ import annotations
@@ -21,7 +26,7 @@ import time
 import warnings
 from typing import Optional
 
-from .analysis import load_results, transferred_hparams
+from .analysis import costs, load_results, transferred_hparams
 from .runner import Sweep
 
 
@@ -49,8 +54,10 @@ def target_depth(sweep: Sweep, depth: Optional[int] = None) -> Optional[int]:
     return depth
 
 
-def transfer(sweep: Sweep, width: Optional[int] = None, depth: Optional[int] = None) -> dict:
-    """Train the target (width, depth) with each parametrization's proxy optimum; writes transfer.json."""
+def transfer(sweep: Sweep, width: Optional[int] = None, depth: Optional[int] = None,
+             batch_size: Optional[int] = None, steps: Optional[int] = None) -> dict:
+    """Train the target (width, depth) with each parametrization's proxy optimum; writes transfer.json.
+    `batch_size` / `steps`: the target's, where the objective reads them (default: the proxy's)."""
     if width is None:
         width = sweep.config.target_width or max(sweep.config.widths)
     proxy, proxy_depth = min(sweep.config.widths), sweep.config.proxy_depth
@@ -67,23 +74,38 @@ def transfer(sweep: Sweep, width: Optional[int] = None, depth: Optional[int] = N
     out: dict = {"target_width": width, "proxy_width": proxy}
     if depth is not None:
         out.update(target_depth=depth, proxy_depth=proxy_depth, base_depth=sweep.config.base_depth)
+    overrides = {}
+    for key, value in (("batch_size", batch_size), ("steps", steps)):
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"--{key.replace('_', '-')} must be a positive integer, got {value!r}")
+            overrides[key] = value
+    out.update(overrides)
     out["seeds"] = sweep.config.seeds
     where = transfer_where(out, "proxy")
     for p in sweep.config.parametrizations:
         hp = transferred_hparams(sweep, results, proxy, p, proxy_depth)
         if hp is None:
             raise ValueError(f"{sweep.run_dir}: no finished {p} trial at the proxy {where}; run the sweep first")
-        start, cpu_start = time.perf_counter(), time.process_time()
-        losses = [float(sweep.objective(dict(hp), sweep.scale(p, width, depth, seed))) for seed in sweep.config.seeds]
-        seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+        hp = {**hp, **sweep.config.proxy_extra, **overrides}
+        start, losses, per_seed = time.perf_counter(), [], []
+        for seed in sweep.config.seeds:
+            cpu_start = time.process_time()
+            losses.append(float(sweep.objective(dict(hp), sweep.scale(p, width, depth, seed))))
+            per_seed.append(time.process_time() - cpu_start)
+        seconds = time.perf_counter() - start
         loss = sum(losses) / len(losses)
+        # The first call in a process also pays one-time setup (imports, loading data: 1.6 CPU s
+        # for recipe:gpt's text); every seed trains the same model, so the cheapest seed × seeds
+        # counts the training alone (with one seed, setup cannot be told apart and is included).
         out[p] = {"hparams": hp, "loss": loss if math.isfinite(loss) else None,
-                  "losses": [l if math.isfinite(l) else None for l in losses],
-                  "seconds": seconds, "cpu_seconds": cpu_seconds}
-    sweep_seconds = sum(r.seconds for r in results)
-    if "mup" in out and out["mup"]["seconds"] > 0:
-        out["cost_ratio"] = sweep_seconds / out["mup"]["seconds"]
-    out["sweep_seconds"] = sweep_seconds
+                  "losses": [l if math.isfinite(l) else None for l in losses], "seconds": seconds,
+                  "cpu_seconds": min(per_seed) * len(per_seed), "cpu_seconds_per_seed": per_seed}
+    cost = costs(sweep, results, out)
+    out.update(sweep_seconds=sum(r.seconds for r in results), sweep_cpu_seconds=cost["sweep_cpu_seconds"],
+               proxy_cpu_seconds=cost["proxy_cpu_seconds"])
+    if "sweep_over_target" in cost:
+        out.update(cost_ratio=cost["sweep_over_target"], proxy_cost_ratio=cost["proxy_over_target"])
     (sweep.run_dir / "transfer.json").write_text(json.dumps(out, indent=1))
     if (sweep.run_dir / "report.html").is_file():  # the report shows the transfer, whatever the order
         from .report import write_report
@@ -106,6 +128,10 @@ def format_transfer(out: dict) -> str:
             lines.append(f"  {label:<30} loss {loss}" + (f"  (lr {lr:.3g})" if lr is not None else "")
                          + f"  {out[p]['seconds']:.1f} s")
     if "cost_ratio" in out:
+        target = out["mup"]["cpu_seconds"]
+        if "proxy_cost_ratio" in out:
+            lines.append(f"  tuning at the proxy / one target run: {out['proxy_cost_ratio']:.2f}× "
+                         f"({out['proxy_cpu_seconds']:.0f} CPU s over {target:.1f} CPU s)")
         lines.append(f"  sweep compute / one target run: {out['cost_ratio']:.1f}× "
-                     f"({out['sweep_seconds']:.0f} s over {out['mup']['seconds']:.1f} s)")
+                     f"({out['sweep_cpu_seconds']:.0f} CPU s over {target:.1f} CPU s; the sweep checks every width)")
     return "\n".join(lines)

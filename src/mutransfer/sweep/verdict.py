@@ -40,6 +40,13 @@ N_BOOTSTRAP = 2000
 TOLERANCE_OCTAVES = 1.0
 MAX_REGRET = 0.01
 BOOTSTRAP_SEED = 0  # the report is a deterministic function of the trials
+AXIS_NAMES = {"width": ("width", "widths"), "depth": ("depth", "depths"), "batch_size": ("batch size", "batch sizes"),
+              "steps": ("steps", "training horizons")}
+
+
+def axis_name(axis: str, plural: bool = False) -> str:
+    """'batch size' / 'batch sizes' for 'batch_size'; the axis itself when unknown."""
+    return AXIS_NAMES.get(axis, (axis, axis + "s"))[plural]
 
 
 # ----------------------------------------------------------------------------- HP coordinates
@@ -373,22 +380,22 @@ def describe(v: Verdict, label: str) -> str:
         elif h.drift is not None:
             d = h.drift
             parts.append(f"{h.name} optimum moved {_num(d.value, u)}{_ci(d.interval, lambda t: _num(t))} "
-                         f"from {v.axis} {first.at} to {last.at}")
+                         f"from {axis_name(v.axis)} {first.at} to {last.at}")
         edges = [o for o in h.optima if o.edge]
         for o in edges:
             side = "high" if o.edge > 0 else "low"
-            parts.append(f"{h.name} optimum at {v.axis} {o.at} is on the grid's {side} edge "
+            parts.append(f"{h.name} optimum at {axis_name(v.axis)} {o.at} is on the grid's {side} edge "
                          f"({value_at(h.dim, o.grid_x):.3g}): widen the grid")
     last_at = max(v.regret) if v.regret else None
     if last_at is not None and last_at != v.proxy:
         a, r = v.regret[last_at]
         if math.isfinite(r.value):
-            parts.append(f"regret at {v.axis} {last_at}: {_pct(r.value)}{_ci(r.interval, _pct)}")
+            parts.append(f"regret at {axis_name(v.axis)} {last_at}: {_pct(r.value)}{_ci(r.interval, _pct)}")
         elif math.isinf(a.value):
             parts.append(f"the proxy's HPs diverge{' or were pruned' if v.counts.get('pruned') else ''} "
-                         f"at {v.axis} {last_at}")
+                         f"at {axis_name(v.axis)} {last_at}")
         else:
-            parts.append(f"regret at {v.axis} {last_at}: {a.value:+.4g}")
+            parts.append(f"regret at {axis_name(v.axis)} {last_at}: {a.value:+.4g}")
     if v.counts.get("pruned"):
         parts.append(f"{v.counts['diverged']} diverged, {v.counts['failed']} failed, {v.counts['pruned']} pruned "
                      "trial(s)")
@@ -398,10 +405,30 @@ def describe(v: Verdict, label: str) -> str:
     head = f"{label} transferred" if v.transferred else f"{label} did not transfer"
     if reasons and not any(r.startswith("moved") for r in reasons):
         if any(r.startswith("fewer") for r in reasons):
-            why = f"results at one {v.axis} only"
+            why = f"results at one {axis_name(v.axis)} only"
         elif any(r.startswith("edge") for r in reasons):
             why = "an optimum on the grid's edge"
         else:
             why = "an interval reaches beyond the tolerance: add seeds"
         head = f"{label}: cannot tell ({why})"
     return head + (": " + "; ".join(parts) if parts else "") + "."
+
+
+def describe_optima(v: Verdict, label: str) -> str:
+    """One sentence for a sweep at one scale (nothing to transfer yet): each HP's fitted optimum,
+    its interval, and a grid-edge warning."""
+    parts = []
+    for h in v.hps.values():
+        o = h.optima[0]
+        if isinstance(h.dim, Choice):
+            parts.append(f"best {h.name} {value_at(h.dim, o.x)}")
+            continue
+        if isinstance(h.dim, LogUniform):
+            text = f"{h.name} optimum 2^{o.x:.2f}" + _ci(o.x_interval, lambda t: f"2^{t:.2f}")
+        else:
+            text = f"{h.name} optimum {o.x:.4g}" + _ci(o.x_interval, lambda t: f"{t:.4g}")
+        if o.edge:
+            text += (f", on the grid's {'high' if o.edge > 0 else 'low'} edge "
+                     f"({value_at(h.dim, o.grid_x):.3g}): widen the grid")
+        parts.append(text)
+    return f"{label} at {axis_name(v.axis)} {v.proxy}: " + "; ".join(parts) + "."
