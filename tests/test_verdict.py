@@ -63,7 +63,7 @@ def test_a_moving_optimum_does_not_transfer_and_regret_is_measured():
               {"lr": LR}, 2)
     h = v.hps["lr"]
     assert h.drift.value == pytest.approx(-3.2, abs=0.05)
-    assert not v.transferred and "moved at width 64" in h.reasons
+    assert not v.transferred and "regret at width 64" in h.reasons  # 2 octaves on a sharp curve: 10× the best
     absolute, relative = v.regret[256]
     assert absolute.value == pytest.approx(0.1 * 3.2 ** 2 - 0.1 * 0.2 ** 2, rel=1e-9)  # lr 2^-5 vs best grid 2^-8
     assert relative.value == pytest.approx(absolute.value / (0.1 * 0.04 + 1 / 256))
@@ -280,8 +280,82 @@ def test_failed_points_are_counted_shown_and_never_taken_for_an_optimum(tmp_path
     assert summary["failed"] == 4 and summary["counts"]["mup"] == {"completed": 10, "diverged": 0, "failed": 4, "pruned": 0}
     width = summary["analysis"]["mup"]["width"]
     assert width["counts"]["failed"] == 4
-    assert width["hparams"]["lr"]["optimum"]["64"]["edge"] == "high"  # its neighbour above was never evaluated
+    assert width["hparams"]["lr"]["optimum"]["64"]["edge"] == "unevaluated neighbour above"  # it failed
     assert summary["transferred"]["mup"] is False and "cannot tell" in summary["verdict"]
     assert "4 failed" in summary["verdict"]
     html = (run / "report.html").read_text()
     assert "Failed trials" in html and "out of memory (simulated)" in html and "--retry-failed" in html
+
+
+# ---------------------------------------------------------------- defects a user test found (each failed before)
+
+
+def test_the_proxys_hps_diverging_at_a_width_is_not_a_transfer():
+    v = judge("mup", "width", [(16, cell("mup", 16, -6.0)), (64, cell("mup", 64, -7.0, diverge_above=2 ** -6.5))],
+              {"lr": LR}, 2)
+    assert math.isinf(v.regret[64][0].value) and not v.transferred
+    assert describe(v, "µP").startswith("µP did not transfer") and "diverge at width 64" in describe(v, "µP")
+
+
+def test_a_small_move_with_a_large_regret_is_not_a_transfer():
+    v = judge("sp", "width", [(16, cell("sp", 16, -6.0, curvature=1.0)), (64, cell("sp", 64, -6.9, curvature=1.0))],
+              {"lr": LR}, 2)
+    assert abs(v.hps["lr"].drift.value) < 1 and v.regret[64][1].value > 0.05
+    assert not v.transferred and "regret at width 64" in v.hps["lr"].reasons
+
+
+def test_a_hyperparameter_without_effect_is_cannot_tell_not_a_move_or_an_edge():
+    rng = np.random.default_rng(3)
+    noisy = judge("mup", "width", [(w, cell("mup", w, -6.0, seeds=3, noise=0.05, curvature=0.0, rng=rng))
+                                   for w in (16, 64)], {"lr": LR}, 3)
+    text = describe(noisy, "µP")
+    assert text.startswith("µP: cannot tell (a hyperparameter without measurable effect)"), text
+    assert all(o.flat and o.x_interval is None for o in noisy.hps["lr"].optima)
+    constant = judge("mup", "width", [(w, cell("mup", w, -6.0, curvature=0.0)) for w in (16, 64)], {"lr": LR}, 2)
+    assert "widen the grid" not in describe(constant, "µP") and "no measurable effect" in describe(constant, "µP")
+
+
+def test_an_optimum_on_an_edge_or_beside_a_diverged_point_has_no_false_precision():
+    edge = judge("mup", "width", [(w, cell("mup", w, -12.0)) for w in (16, 64)], {"lr": LR}, 2)
+    assert edge.hps["lr"].optima[0].x_interval is None and edge.hps["lr"].drift.interval is None
+    assert "CI" not in describe(edge, "µP").split("regret")[0]
+    beside = judge("mup", "width", [(w, cell("mup", w, -4.2, diverge_above=2 ** -4.5)) for w in (16, 64)],
+                   {"lr": LR}, 2)
+    lo, hi = beside.hps["lr"].optima[0].x_interval
+    assert lo <= -5.5 and hi >= -4.5  # best grid point -5, its neighbour above diverged: no parabola there
+
+
+def test_negative_losses_give_absolute_regret_and_valid_json(tmp_path):
+    (tmp_path / "obj.py").write_text("import math\ndef train(hp, scale):\n"
+                                     "    return (math.log2(hp['lr']) + 6 + (0 if scale.mup else math.log2(scale.width / 16))) ** 2 - 5\n")
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(textwrap.dedent('''
+        name = "negative"
+        objective = "obj.py:train"
+        widths = [16, 64]
+        seeds = [0, 1]
+        [space.lr]
+        low = "2**-10"
+        high = "2**-2"
+        grid = 9
+    '''))
+    run = tmp_path / "run"
+    assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
+    assert main(["report", str(run)]) == 0
+    text = (run / "summary.json").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    summary = json.loads(text)
+    assert summary["analysis"]["sp"]["width"]["regret"]["64"]["relative"] is None
+    assert summary["analysis"]["sp"]["width"]["regret"]["64"]["loss"] == pytest.approx(4.0)
+    assert "in loss units" in summary["verdicts"][1]
+    assert "<td>diverged</td>" not in (run / "report.html").read_text()  # the regret column said so
+
+
+def test_the_head_to_head_says_tie_or_cannot_tell_from_its_interval():
+    from mutransfer.sweep.report import head_to_head_line
+    base = {"width": 256, "proxy_width": 32, "mup_transferred": 2.0, "sp_retuned": 2.0, "mup_pruned": False}
+    assert "as good (within 1%)" in head_to_head_line({**base, "relative": 0.0, "relative_interval": (0.0, 0.0)})
+    assert "as good (within 1%)" in head_to_head_line({**base, "relative": -0.009, "relative_interval": None})
+    assert "cannot be told apart" in head_to_head_line({**base, "relative": 0.05, "relative_interval": (-0.02, 0.12)})
+    assert "SP re-tuned" in head_to_head_line({**base, "relative": 0.05, "relative_interval": (0.03, 0.07)})
+    assert "µP is better" in head_to_head_line({**base, "relative": -0.05, "relative_interval": (-0.07, -0.03)})

@@ -10,11 +10,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import numpy as np
 from optuna.trial import TrialState
 
 from .runner import Sweep
 from .space import Choice, LogUniform
-from .verdict import Verdict, judge
+from .verdict import Verdict, interval, judge, resample_index
 
 AXES = ("width", "depth")
 
@@ -150,11 +151,12 @@ def max_drift_steps(sweep: Sweep, results: list[TrialResult], parametrization: s
 
 def bigger_is_better(sweep: Sweep, results: list[TrialResult], parametrization: str, along: str = "width",
                      at: Optional[int] = None) -> Optional[bool]:
-    """Does the best loss decrease (not increase by more than 1%) as width (or depth) grows?"""
+    """Does the best loss decrease as width (or depth) grows: lower at the largest than at the
+    smallest, and never up by more than 1% from one to the next? (Exact ties are not "better".)"""
     losses = [b.loss for b in optima(sweep, results, parametrization, along, at)]
     if len(losses) < 2:
         return None
-    return all(b <= a * 1.01 for a, b in zip(losses, losses[1:]))
+    return losses[-1] < losses[0] and all(b <= a + 0.01 * abs(a) for a, b in zip(losses, losses[1:]))
 
 
 def wider_is_better(sweep: Sweep, results: list[TrialResult], parametrization: str,
@@ -213,7 +215,8 @@ def verdicts(sweep: Sweep, results: list[TrialResult]) -> dict[str, dict[str, Ve
     for p in cfg.parametrizations:
         out[p] = {}
         for axis in axes(sweep):
-            v = judge(p, axis, cells_along(sweep, results, p, axis), cfg.space, len(cfg.seeds))
+            v = judge(p, axis, cells_along(sweep, results, p, axis), cfg.space, len(cfg.seeds),
+                      grid=cfg.sampler == "grid")
             if v is not None:
                 out[p][axis] = v
     return out
@@ -244,10 +247,19 @@ def head_to_head(sweep: Sweep, results: list[TrialResult]) -> Optional[dict[str,
     mup_best = best(results, "mup", width, depth)
     worse = at.diverged or at.pruned  # pruned: stopped early as worse than that study's finished trials
     loss = math.inf if worse else at.loss
-    return {"width": width, "proxy_width": proxy, "mup_transferred": None if worse else at.loss,
-            "mup_pruned": at.pruned,
-            "mup_best": None if mup_best is None else mup_best.loss, "sp_retuned": sp.loss,
-            "relative": (loss - sp.loss) / abs(sp.loss) if sp.loss else None}
+    out = {"width": width, "proxy_width": proxy, "mup_transferred": None if worse else at.loss,
+           "mup_pruned": at.pruned,
+           "mup_best": None if mup_best is None else mup_best.loss, "sp_retuned": sp.loss,
+           "relative": (loss - sp.loss) / abs(sp.loss) if sp.loss else None, "relative_interval": None}
+    n = len(cfg.seeds)
+    rivals = [r.losses for r in in_cell(results, "sp", width, depth) if r.ok and len(r.losses) == n]
+    if n > 1 and not worse and sp.loss and len(at.losses) == n and rivals:
+        # The same bootstrap over seeds as the verdicts: µP's point and SP's re-selected best.
+        idx = resample_index(n)
+        mup = np.asarray(at.losses)[idx].mean(axis=1)
+        sp_best = np.asarray(rivals)[:, idx].mean(axis=2).min(axis=0)
+        out["relative_interval"] = interval((mup - sp_best) / np.abs(sp_best))
+    return out
 
 
 def costs(sweep: Sweep, results: list[TrialResult], transfer: Optional[dict] = None) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Optional
 
+from .analysis import axes as verdict_axes
 from .analysis import (TrialResult, best, costs, in_cell, counts, deeper_is_better, drift, head_to_head, load_results,
                        max_drift_steps, transferred_hparams, verdicts, wider_is_better)
 from .runner import Sweep
@@ -101,9 +102,16 @@ def plot_hparam(sweep: Sweep, results: list[TrialResult], name: str, path: Path,
     keys = {key for key, _, _ in lines}
     results = [r for r in results if (r.width, r.depth, r.extra) in keys]
     fig, axes = plt.subplots(1, len(params), figsize=(5.2 * len(params), 4.8), sharey=True, squeeze=False)
-    finite = [r.loss for r in results if r.ok]
-    lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
     choices = list(dim.values) if isinstance(dim, Choice) else None
+    # The y-range of what is drawn: each curve's profile over the other HPs (per cell, the best loss
+    # at each value of this HP), so a secondary HP's curves are not squashed by the lr's range.
+    drawn: dict = {}
+    for r in results:
+        if r.ok:
+            key = (r.parametrization, r.width, r.depth, r.extra, r.params[name])
+            drawn[key] = min(drawn.get(key, math.inf), r.loss)
+    finite = list(drawn.values())
+    lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
 
     def x_of(v):
         if choices is not None:
@@ -199,18 +207,34 @@ def head_to_head_line(h: Optional[dict]) -> Optional[str]:
         what = "was pruned (worse early on than that width's finished trials)" if h.get("mup_pruned") else "diverged"
         return (f"At width {h['width']}, µP with the HPs tuned at width {h['proxy_width']} {what}; SP re-tuned "
                 f"there reaches {h['sp_retuned']:.4g}.")
-    rel = h["relative"]
+    rel, iv = h["relative"], h.get("relative_interval")
+    lo, hi = iv if iv is not None else (rel, rel)
     if rel is None:
         judgement = "no relative difference: SP's loss is 0"
-    elif rel <= 0:
+    elif hi < -0.01:
         judgement = "µP is better"
-    elif rel <= 0.01:
-        judgement = "a tie within 1%"
-    else:
+    elif hi <= 0.01:
+        judgement = "µP is as good (within 1%) or better"
+    elif lo > 0.01:
         judgement = "SP re-tuned at the large width is better: at this scale µP does not pay off"
+    else:
+        judgement = "within the noise the two cannot be told apart: add seeds"
+    ci = "" if iv is None else f" (90% CI {100 * iv[0]:+.1f}% … {100 * iv[1]:+.1f}%)"
     return (f"At width {h['width']}, µP with the HPs tuned at width {h['proxy_width']} reaches "
             f"{h['mup_transferred']:.4f}; SP re-tuned at width {h['width']} reaches {h['sp_retuned']:.4f} "
-            f"({'' if rel is None else f'{100 * rel:+.1f}%: '}{judgement}).")
+            f"({'' if rel is None else f'{100 * rel:+.1f}%{ci}: '}{judgement}).")
+
+
+def _plain(value):
+    """JSON for pipelines: NaN and ±inf become null (a diverged loss, an unknown ratio); grid values
+    lose their float noise (0.19999999999999998 → 0.2)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float):
+        return float(f"{value:.12g}") if math.isfinite(value) else None
+    return value
 
 
 def summarize(sweep: Sweep, results: list[TrialResult], judged: Optional[dict] = None) -> dict:
@@ -221,7 +245,18 @@ def summarize(sweep: Sweep, results: list[TrialResult], judged: Optional[dict] =
     cfg = sweep.config
     ps = cfg.parametrizations
     judged = verdicts(sweep, results) if judged is None else judged
-    lines = verdict_lines(sweep, judged) or [
+    lines = verdict_lines(sweep, judged)
+    for p in ps:
+        if verdict_axes(sweep) and not judged[p]:
+            c = counts(results, p)
+            lines.append(f"{LABEL[p].split(' ')[0]}: no verdict: no completed trial at the proxy "
+                         f"({c['diverged']} diverged, {c['failed']} failed, {c['pruned']} pruned); "
+                         f"fix the objective or the ranges and rerun")
+    done, total = sweep.finished(), sweep.total_trials()
+    if done < total:
+        lines.insert(0, f"The sweep is unfinished ({done} of {total} trials done): every verdict below is "
+                        f"provisional; finish it with `mutransfer sweep` and report again.")
+    lines = lines or [
         "No transfer verdict: every trial ran at one width and depth, so this sweep tunes at that scale; "
         "sweep several widths (or depths, batch sizes, horizons) to check a transfer."] + [
         describe_optima(v, LABEL[p].split(" ")[0]) for p in cfg.parametrizations
@@ -333,9 +368,9 @@ def _transfer_html(sweep: Sweep, summary: dict) -> str:
     cost = summary["cost"]
     ratio = ""
     if "proxy_over_target" in cost:
-        ratio = (f"<p>Compute: tuning at the proxy (µP, {cost['proxy_cpu_seconds']:.0f} CPU s) cost "
-                 f"{cost['proxy_over_target']:.2f}× one target run ({cost['target_cpu_seconds']:.1f} CPU s); "
-                 f"the whole sweep, checks at every width included, {cost['sweep_over_target']:.1f}×.</p>")
+        ratio = (f"<p>Compute: tuning at the proxy (µP, {cost['proxy_cpu_seconds']:.3g} CPU s) cost "
+                 f"{cost['proxy_over_target']:.3g}× one target run ({cost['target_cpu_seconds']:.3g} CPU s); "
+                 f"the whole sweep, checks at every width included, {cost['sweep_over_target']:.3g}×.</p>")
     return (f"<h2>Transfer from {transfer_where(t, 'proxy')} to {transfer_where(t, 'target')}</h2>"
             f"<table><tr><th>run</th><th>lr</th><th>training loss</th></tr>{''.join(cells)}</table>{ratio}")
 
@@ -354,16 +389,28 @@ def _verdict_rows(sweep: Sweep, judged: dict[str, dict[str, Verdict]]) -> str:
                     move = h.moves.get(o.at)
                     a_r = v.regret.get(o.at)
                     value = value_at(h.dim, o.x)
+                    log = isinstance(h.dim, LogUniform)
                     shown = _fmt(value) if not isinstance(value, float) else f"{value:.3g}"
-                    if h.dim.__class__.__name__ == "LogUniform":
+                    if log:
                         shown += f" (log2 {o.x:+.2f})"
-                    ci = _interval_text(o.x_interval, lambda x: f"{x:+.2f}")
+                    if isinstance(h.dim, Choice):
+                        ci = "—"
+                    else:
+                        ci = _interval_text(o.x_interval, (lambda x: f"log2 {x:+.2f}") if log else (lambda x: f"{x:.4g}"))
                     mv = "proxy" if move is None else f"{move.value:+.2f}{unit(h.dim)}"
                     mv_ci = "" if move is None else _interval_text(move.interval, lambda x: f"{x:+.2f}")
-                    rg = "—" if a_r is None else (f"{100 * a_r[1].value:.2f}%" if math.isfinite(a_r[1].value)
-                                                   else "diverged")
+                    if a_r is None:
+                        rg = "—"
+                    elif math.isinf(a_r[0].value):
+                        rg = "diverged"
+                    elif math.isfinite(a_r[1].value):
+                        rg = f"{100 * a_r[1].value:.2f}%"
+                    else:
+                        rg = f"{a_r[0].value:+.4g} (loss)"
                     rg_ci = "" if a_r is None else _interval_text(a_r[1].interval, lambda x: f"{100 * x:.2f}%")
-                    edge = {-1: "low edge: widen the grid", 1: "high edge: widen the grid"}.get(o.edge, "")
+                    edge = ("flat: no measurable effect" if o.flat else
+                            {-1: "low edge: widen the grid", 1: "high edge: widen the grid",
+                             -2: "unevaluated point below", 2: "unevaluated point above"}.get(o.edge, ""))
                     rows.append(f"<tr><td>{LABEL[p]}</td><td>{html.escape(name)}</td><td>{axis_name(axis)} {o.at}</td>"
                                 f"<td>{shown}</td><td>{ci}</td><td>{mv}</td><td>{mv_ci}</td><td>{rg}</td>"
                                 f"<td>{rg_ci}</td><td>{edge}</td></tr>")
@@ -410,8 +457,8 @@ def write_report(sweep: Sweep, out_dir: Optional[Path] = None) -> Path:
                 images.append(png.name)
 
     transferred = summary["transferred_hparams"]
-    (out / "transferred.json").write_text(json.dumps(transferred, indent=1))
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out / "transferred.json").write_text(json.dumps(_plain(transferred), indent=1, allow_nan=False))
+    (out / "summary.json").write_text(json.dumps(_plain(summary), indent=1, allow_nan=False))
 
     depths = cfg.depths is not None
     depth_head = ("<th>depth</th>" if depths else "") + ("<th>batch size / steps</th>" if cfg.axes else "")
@@ -435,7 +482,7 @@ def write_report(sweep: Sweep, out_dir: Optional[Path] = None) -> Path:
                     f"{failures}</table>") if failures else ""
     seeds = len(cfg.seeds)
     uncertainty = (f"{round(100 * CONFIDENCE)}% bootstrap interval over the {seeds} seeds" if seeds > 1 else
-                   "no interval: one seed (add seeds to the config for intervals)")
+                   "interval (with one seed it spans only the grid's resolution; add seeds for noise)")
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>µTransfer sweep: {html.escape(cfg.name)}</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}}
@@ -456,8 +503,8 @@ log-scaled HP), the horizontal bar its {uncertainty}; a red-edged ★ sits on th
 <p>Move: the optimum's shift from the proxy's. Regret: the loss with the proxy's best HPs minus that
 {curve}'s own best, relative to it. Transferred when no optimum is on a grid edge and, everywhere, the move's
 interval lies within ±1 octave (one grid step for a uniform HP) or the regret's interval below 1%.</p>
-<table><tr><th>parametrization</th><th>hyperparameter</th><th>where</th><th>fitted optimum</th><th>interval (log2)</th>
-<th>move</th><th>interval</th><th>regret</th><th>interval</th><th></th></tr>{_verdict_rows(sweep, judged)}</table>
+<table><tr><th>parametrization</th><th>hyperparameter</th><th>where</th><th>fitted optimum</th><th>interval</th>
+<th>move</th><th>interval</th><th>regret</th><th>interval</th><th>note</th></tr>{_verdict_rows(sweep, judged)}</table>
 <h2>Best trial per {'width and depth' if depths else 'width'}</h2>
 <table><tr><th>parametrization</th><th>width</th>{depth_head}{head}<th>loss</th><th>trials</th><th>diverged</th><th>failed</th><th>pruned</th></tr>{_optimum_rows(sweep, results)}</table>
 <h2>Drift of the best grid point across {'widths and depths' if depths else 'widths'}</h2>

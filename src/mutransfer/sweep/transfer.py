@@ -81,6 +81,15 @@ def transfer(sweep: Sweep, width: Optional[int] = None, depth: Optional[int] = N
                 raise ValueError(f"--{key.replace('_', '-')} must be a positive integer, got {value!r}")
             overrides[key] = value
     out.update(overrides)
+    if overrides:  # does the sweep say the HPs carry over to that batch size or horizon?
+        from .analysis import verdicts
+        judged = verdicts(sweep, load_results(sweep)).get("mup", {})
+        for key in overrides:
+            v = judged.get(key)
+            if v is not None and not v.transferred:
+                warnings.warn(f"the sweep did not find µP's HPs to transfer across {key.replace('_', ' ')} "
+                              f"({', '.join(h.reasons[0] for h in v.hps.values() if h.reasons)}); the proxy's "
+                              f"HPs may be off at {key} {overrides[key]}", UserWarning, stacklevel=2)
     out["seeds"] = sweep.config.seeds
     where = transfer_where(out, "proxy")
     for p in sweep.config.parametrizations:
@@ -114,9 +123,13 @@ def transfer(sweep: Sweep, width: Optional[int] = None, depth: Optional[int] = N
 
 
 def transfer_where(out: dict, which: str) -> str:
-    """'width 32' or 'width 32, depth 2': the "proxy" or "target" of a transfer result."""
+    """'width 32' or 'width 32, depth 2' (and the target's batch size and steps when given): the
+    "proxy" or "target" of a transfer result."""
     depth = out.get(f"{which}_depth")
-    return f"width {out[f'{which}_width']}" + ("" if depth is None else f", depth {depth}")
+    where = f"width {out[f'{which}_width']}" + ("" if depth is None else f", depth {depth}")
+    if which == "target":
+        where += "".join(f", {k.replace('_', ' ')} {out[k]}" for k in ("batch_size", "steps") if k in out)
+    return where
 
 
 def format_transfer(out: dict) -> str:
@@ -130,8 +143,8 @@ def format_transfer(out: dict) -> str:
     if "cost_ratio" in out:
         target = out["mup"]["cpu_seconds"]
         if "proxy_cost_ratio" in out:
-            lines.append(f"  tuning at the proxy / one target run: {out['proxy_cost_ratio']:.2f}× "
-                         f"({out['proxy_cpu_seconds']:.0f} CPU s over {target:.1f} CPU s)")
-        lines.append(f"  sweep compute / one target run: {out['cost_ratio']:.1f}× "
-                     f"({out['sweep_cpu_seconds']:.0f} CPU s over {target:.1f} CPU s; the sweep checks every width)")
+            lines.append(f"  tuning at the proxy / one target run: {out['proxy_cost_ratio']:.3g}× "
+                         f"({out['proxy_cpu_seconds']:.3g} CPU s over {target:.3g} CPU s)")
+        lines.append(f"  sweep compute / one target run: {out['cost_ratio']:.3g}× "
+                     f"({out['sweep_cpu_seconds']:.3g} CPU s over {target:.3g} CPU s; the sweep checks every width)")
     return "\n".join(lines)

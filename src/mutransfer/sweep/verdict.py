@@ -49,6 +49,9 @@ def axis_name(axis: str, plural: bool = False) -> str:
     return AXIS_NAMES.get(axis, (axis, axis + "s"))[plural]
 
 
+EDGE_NAMES = {-1: "low", 1: "high", -2: "unevaluated neighbour below", 2: "unevaluated neighbour above"}
+
+
 # ----------------------------------------------------------------------------- HP coordinates
 
 
@@ -206,13 +209,19 @@ class Optimum:
     x: float  # fitted coordinate (log2 for a log HP)
     x_interval: Optional[tuple[float, float]]
     grid_x: float  # the best evaluated coordinate
-    edge: int  # -1 low edge, +1 high edge, 0 inside
+    edge: int  # -1/+1 on the grid's low/high edge, -2/+2 beside a grid point not evaluated, 0 inside
     loss: float  # best mean loss in the cell
+    flat: bool = False  # the HP has no measurable effect on the loss in this cell
+
+    @property
+    def located(self) -> bool:
+        """Is the optimum's position known (inside the evaluated range, the loss not flat)?"""
+        return not self.edge and not self.flat
 
     def as_dict(self, dim: Dimension) -> dict:
         d = {"value": value_at(dim, self.x), "grid_value": value_at(dim, self.grid_x),
              "interval": None if self.x_interval is None else [value_at(dim, v) for v in self.x_interval],
-             "edge": {-1: "low", 1: "high"}.get(self.edge), "loss": self.loss}
+             "edge": EDGE_NAMES.get(self.edge), "flat": self.flat, "loss": self.loss}
         if isinstance(dim, LogUniform):
             d.update(log2=self.x, log2_interval=None if self.x_interval is None else list(self.x_interval))
         return d
@@ -300,10 +309,88 @@ def _regret(proxy: CellData, proxy_means: np.ndarray, cell: CellData, cell_means
     return (Estimate(float(absolute[0]), interval(absolute)), Estimate(float(relative[0]), interval(relative)))
 
 
+def _locate(coords: np.ndarray, prof: np.ndarray, dim: Dimension, grid: Optional[np.ndarray], n_seeds: int,
+            noise: float) -> tuple[np.ndarray, int, float, float, bool]:
+    """Per resample, the fitted optimum; for the data (row 0): its edge code, the quantisation
+    extents (how far below/above the fitted point the optimum may lie given the points evaluated)
+    and whether the loss is flat in this HP."""
+    xs, edges = parabolic_minimum(coords, prof)
+    row = prof[0]
+    finite = row[np.isfinite(row)]
+    i = int(np.argmin(np.where(np.isfinite(row), row, np.inf)))
+    spread = float(finite.max() - finite.min()) if len(finite) else 0.0
+    flat = len(finite) >= 2 and (spread <= 1e-9 * (1.0 + abs(float(finite.min())))
+                                 or (noise > 0 and _within_noise(finite, noise)))
+    if isinstance(dim, Choice):  # no interpolation between choices
+        xs = coords[np.argmin(np.where(np.isfinite(prof), prof, np.inf), axis=1)]
+        return xs, 0, 0.0, 0.0, flat
+    edge = int(edges[0])
+    if grid is not None and len(grid) > 1:  # a grid sampler: edges are the grid's, gaps are points not evaluated
+        g = int(np.argmin(np.abs(grid - coords[i])))
+        if g == 0 or g == len(grid) - 1:
+            edge = -1 if g == 0 else 1
+        else:
+            below, above = grid[g - 1], grid[g + 1]
+            edge = -2 if not np.isclose(coords, below).any() else 2 if not np.isclose(coords, above).any() else 0
+    if flat:
+        edge = 0
+    fitted = (0 < i < len(coords) - 1 and np.isfinite(row[i - 1]) and np.isfinite(row[i + 1])
+              and (row[i - 1] != row[i] or row[i + 1] != row[i]))
+    q_lo = q_hi = 0.0
+    if not fitted or grid is None:  # the best point alone, or scattered samples: up to the neighbours' midpoints
+        left = (coords[i - 1] + coords[i]) / 2 if i > 0 else coords[i]
+        right = (coords[i] + coords[i + 1]) / 2 if i < len(coords) - 1 else coords[i]
+        q_lo, q_hi = float(xs[0] - left), float(right - xs[0])
+    return xs, edge, max(0.0, q_lo), max(0.0, q_hi), bool(flat)
+
+
+def _within_noise(y: np.ndarray, se: float) -> bool:
+    """Could the curve's values differ by seed noise alone? A chi-square test of equal means (each
+    with standard error `se`) at the 1% level; its quantile by Wilson–Hilferty."""
+    k = len(y) - 1
+    chi2 = float(((y - y.mean()) ** 2).sum()) / se ** 2
+    quantile = k * (1 - 2 / (9 * k) + 2.326 * math.sqrt(2 / (9 * k))) ** 3
+    return chi2 < quantile
+
+
+def _hull(iv: Optional[tuple[float, float]], lo: float, hi: float, point: float) -> Optional[tuple[float, float]]:
+    """The bootstrap interval widened to [point - lo, point + hi] (None when neither says anything)."""
+    if iv is None and lo == 0 and hi == 0:
+        return None
+    a, b = iv if iv is not None else (point, point)
+    return min(a, point - lo), max(b, point + hi)
+
+
+def _noise(d: CellData, idx: np.ndarray) -> float:
+    """The typical standard error of a trial's mean loss over seeds (0 with one seed)."""
+    if d.losses.shape[1] < 2:
+        return 0.0
+    finite = d.losses[np.isfinite(d.losses).all(axis=1)]
+    if not len(finite):
+        return 0.0
+    return float(np.median(finite.std(axis=1, ddof=1)) / math.sqrt(d.losses.shape[1]))
+
+
+PASS, FAIL, UNSURE = "pass", "fail", "unsure"
+
+
+def _status(est: Optional[Estimate], low: float, high: float) -> str:
+    """PASS when the interval (the value without one) lies in [low, high], FAIL when it lies
+    wholly outside, UNSURE otherwise or without an estimate."""
+    if est is None or not math.isfinite(est.value):
+        return UNSURE
+    a, b = est.interval if est.interval is not None else (est.value, est.value)
+    if low - 1e-12 <= a and b <= high + 1e-12:
+        return PASS
+    return FAIL if b < low or a > high else UNSURE
+
+
 def judge(parametrization: str, axis: str, cells: list[tuple[int, Sequence]], space: dict[str, Dimension],
-          n_seeds: int, n_bootstrap: int = N_BOOTSTRAP) -> Optional[Verdict]:
+          n_seeds: int, n_bootstrap: int = N_BOOTSTRAP, grid: bool = True) -> Optional[Verdict]:
     """The verdict along `axis` from `cells` = [(axis value, that cell's trials)], proxy first.
 
+    `grid`: the trials sit on the space's grid (edges are the grid's own; the parabolic fit is
+    trusted); otherwise intervals also span half the distance to the neighbouring samples.
     None when the proxy cell has no usable trial."""
     cells = sorted(cells, key=lambda c: c[0])
     idx = resample_index(n_seeds, n_bootstrap if n_seeds > 1 else 1)
@@ -325,28 +412,51 @@ def judge(parametrization: str, axis: str, cells: list[tuple[int, Sequence]], sp
             regret[at] = r
     hps = {}
     for name, dim in space.items():
-        optima, samples = [], {}
+        grid_coords = (np.array([coordinate(dim, v) for v in dim.grid_points()])
+                       if grid and not isinstance(dim, Choice) else None)
+        optima, samples, quant = [], {}, {}
         for at, d in datas:
-            prof = profile(d.x[name], means[at], d.evaluated[name])
-            xs, edge = parabolic_minimum(d.evaluated[name], prof)
-            if isinstance(dim, Choice):  # no interpolation between choices
-                xs = d.evaluated[name][np.argmin(np.where(np.isfinite(prof), prof, np.inf), axis=1)]
-                edge = np.zeros_like(edge)
-            samples[at] = xs
-            grid_x = float(d.evaluated[name][int(np.argmin(np.where(np.isfinite(prof[0]), prof[0], np.inf)))])
-            optima.append(Optimum(at, float(xs[0]), interval(xs), grid_x, int(edge[0]),
-                                  float(np.min(prof[0]))))
-        moves = {at: Estimate(float(samples[at][0] - samples[proxy_at][0]),
-                              interval(samples[at] - samples[proxy_at])) for at, _ in datas[1:]}
+            coords = d.evaluated[name]
+            prof = profile(d.x[name], means[at], coords)
+            xs, edge, q_lo, q_hi, flat = _locate(coords, prof, dim, grid_coords, n_seeds, _noise(d, idx))
+            samples[at], quant[at] = xs, (q_lo, q_hi)
+            grid_x = float(coords[int(np.argmin(np.where(np.isfinite(prof[0]), prof[0], np.inf)))])
+            located = not edge and not flat
+            iv = _hull(interval(xs), q_lo, q_hi, float(xs[0])) if located else None
+            optima.append(Optimum(at, float(xs[0]), iv, grid_x, edge, float(np.min(prof[0])), flat))
+        by_at = {o.at: o for o in optima}
+        moves = {}
+        for at, _ in datas[1:]:
+            m = float(samples[at][0] - samples[proxy_at][0])
+            if by_at[at].located and by_at[proxy_at].located:
+                (wl, wh), (pl, ph) = quant[at], quant[proxy_at]
+                moves[at] = Estimate(m, _hull(interval(samples[at] - samples[proxy_at]), wl + ph, wh + pl, m))
+            else:
+                moves[at] = Estimate(m, None) if not isinstance(dim, Choice) else Estimate(m, None)
         reasons, tol = [], tolerance(dim)
         for o in optima:
-            if o.edge:
-                reasons.append(f"edge at {axis} {o.at}")
+            if o.flat:
+                reasons.append(f"flat at {axis} {o.at}")
+            elif o.edge:
+                reasons.append(f"{'edge' if abs(o.edge) == 1 else 'gap'} at {axis} {o.at}")
         for at, move in moves.items():
-            small_regret = at in regret and regret[at][1].within(MAX_REGRET) and regret[at][1].value >= 0
-            if not move.within(tol) and not small_regret:
-                word = "uncertain" if abs(move.value) <= tol + 1e-9 else "moved"
-                reasons.append(f"{word} at {axis} {at}")
+            a_r = regret.get(at)
+            rel = a_r[1] if a_r is not None else None
+            if a_r is not None and math.isinf(a_r[0].value):
+                reasons.append(f"diverges at {axis} {at}")
+                continue
+            regret_status = _status(rel, -math.inf, MAX_REGRET) if rel is not None and math.isfinite(rel.value) else (
+                PASS if a_r is not None and a_r[0].value == 0 else UNSURE)
+            located = by_at[at].located and by_at[proxy_at].located
+            move_status = _status(move, -tol, tol) if located else UNSURE
+            if regret_status == FAIL:
+                reasons.append(f"regret at {axis} {at}")
+            elif regret_status == PASS or move_status == PASS:
+                continue
+            elif move_status == FAIL:
+                reasons.append(f"moved at {axis} {at}")
+            else:
+                reasons.append(f"uncertain at {axis} {at}")
         if len(optima) < 2:
             reasons.append(f"fewer than two {axis}s with results")
         hps[name] = HPVerdict(name, dim, optima, moves, not reasons, reasons)
@@ -368,48 +478,70 @@ def _pct(v: float) -> str:
     return "∞" if math.isinf(v) else f"{100 * v:.1f}%"
 
 
+def _where_unknown(h: "HPVerdict", o: Optimum, axis: str) -> Optional[str]:
+    """Why an optimum's position is unknown (edge, unevaluated neighbour, flat loss), or None."""
+    at = f"{axis_name(axis)} {o.at}"
+    if o.flat:
+        return f"{h.name} has no measurable effect on the loss at {at} (the curve is flat within seed noise)"
+    if abs(o.edge) == 1:
+        return (f"{h.name} optimum at {at} is on the grid's {'high' if o.edge > 0 else 'low'} edge "
+                f"({value_at(h.dim, o.grid_x):.3g}): widen the grid")
+    if abs(o.edge) == 2:
+        return (f"{h.name} optimum at {at} ({value_at(h.dim, o.grid_x):.3g}) is next to a grid point not evaluated "
+                f"(failed or not run yet): retry or finish the sweep")
+    return None
+
+
 def describe(v: Verdict, label: str) -> str:
-    """One sentence: did `label`'s optimum transfer along the axis, by how much, at what regret."""
+    """One sentence: did `label`'s optimum transfer along the axis, by how much, at what regret.
+
+    The head is "transferred", "did not transfer" (the optimum moved beyond the tolerance and the
+    regret is not small, the regret is significantly above `MAX_REGRET`, or the proxy's HPs
+    diverge), or "cannot tell" (an optimum's position unknown, or intervals too wide)."""
     parts = []
     for h in v.hps.values():
         first, last = h.optima[0], h.optima[-1]
         u = unit(h.dim)
         if isinstance(h.dim, Choice):
             chosen = ", ".join(str(value_at(h.dim, o.x)) for o in h.optima)
-            parts.append(f"best {h.name} per {v.axis}: {chosen}")
-        elif h.drift is not None:
+            parts.append(f"best {h.name} per {axis_name(v.axis)}: {chosen}")
+        elif h.drift is not None and first.located and last.located:
             d = h.drift
             parts.append(f"{h.name} optimum moved {_num(d.value, u)}{_ci(d.interval, lambda t: _num(t))} "
                          f"from {axis_name(v.axis)} {first.at} to {last.at}")
-        edges = [o for o in h.optima if o.edge]
-        for o in edges:
-            side = "high" if o.edge > 0 else "low"
-            parts.append(f"{h.name} optimum at {axis_name(v.axis)} {o.at} is on the grid's {side} edge "
-                         f"({value_at(h.dim, o.grid_x):.3g}): widen the grid")
+        parts += [text for o in h.optima if (text := _where_unknown(h, o, v.axis))]
     last_at = max(v.regret) if v.regret else None
     if last_at is not None and last_at != v.proxy:
         a, r = v.regret[last_at]
-        if math.isfinite(r.value):
-            parts.append(f"regret at {axis_name(v.axis)} {last_at}: {_pct(r.value)}{_ci(r.interval, _pct)}")
-        elif math.isinf(a.value):
+        if math.isinf(a.value):
             parts.append(f"the proxy's HPs diverge{' or were pruned' if v.counts.get('pruned') else ''} "
                          f"at {axis_name(v.axis)} {last_at}")
+        elif math.isfinite(r.value):
+            parts.append(f"regret at {axis_name(v.axis)} {last_at}: {_pct(r.value)}{_ci(r.interval, _pct)}")
         else:
-            parts.append(f"regret at {axis_name(v.axis)} {last_at}: {a.value:+.4g}")
+            parts.append(f"regret at {axis_name(v.axis)} {last_at}: {a.value:+.4g} in loss units (a relative "
+                         f"regret needs a positive best loss)")
     if v.counts.get("pruned"):
         parts.append(f"{v.counts['diverged']} diverged, {v.counts['failed']} failed, {v.counts['pruned']} pruned "
                      "trial(s)")
     elif v.counts["failed"] or v.counts["diverged"]:
         parts.append(f"{v.counts['diverged']} diverged, {v.counts['failed']} failed trial(s)")
     reasons = [r for h in v.hps.values() for r in h.reasons]
-    head = f"{label} transferred" if v.transferred else f"{label} did not transfer"
-    if reasons and not any(r.startswith("moved") for r in reasons):
+    if v.transferred:
+        head = f"{label} transferred"
+    elif any(r.split(" ")[0] in ("moved", "regret", "diverges") for r in reasons):
+        head = f"{label} did not transfer"
+    else:
         if any(r.startswith("fewer") for r in reasons):
             why = f"results at one {axis_name(v.axis)} only"
+        elif any(r.startswith("flat") for r in reasons):
+            why = "a hyperparameter without measurable effect"
         elif any(r.startswith("edge") for r in reasons):
             why = "an optimum on the grid's edge"
+        elif any(r.startswith("gap") for r in reasons):
+            why = "an optimum next to a point not evaluated"
         else:
-            why = "an interval reaches beyond the tolerance: add seeds"
+            why = "intervals too wide to decide: add seeds"
         head = f"{label}: cannot tell ({why})"
     return head + (": " + "; ".join(parts) if parts else "") + "."
 
@@ -427,8 +559,6 @@ def describe_optima(v: Verdict, label: str) -> str:
             text = f"{h.name} optimum 2^{o.x:.2f}" + _ci(o.x_interval, lambda t: f"2^{t:.2f}")
         else:
             text = f"{h.name} optimum {o.x:.4g}" + _ci(o.x_interval, lambda t: f"{t:.4g}")
-        if o.edge:
-            text += (f", on the grid's {'high' if o.edge > 0 else 'low'} edge "
-                     f"({value_at(h.dim, o.grid_x):.3g}): widen the grid")
-        parts.append(text)
+        unknown = _where_unknown(h, o, v.axis)
+        parts.append(text if unknown is None else f"{text} — {unknown}")
     return f"{label} at {axis_name(v.axis)} {v.proxy}: " + "; ".join(parts) + "."
