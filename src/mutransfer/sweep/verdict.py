@@ -5,23 +5,30 @@ For each parametrization and hyperparameter, along one axis (width, or depth):
 - **optimum per cell, below grid resolution**: the loss curve (the profile over the other HPs
   when several are swept) is fitted by a parabola through its best point and that point's two
   neighbours, in log2 for a log-scaled HP — the classic parabolic interpolation of a minimum.
-  An optimum on the first or last evaluated point is on the grid's **edge**: the true optimum
-  may lie beyond it, so its position is unknown and the verdict says "widen the grid". A
-  diverged neighbour (NaN loss) counts as evaluated: a best point next to it is not an edge.
+  Its position is *unknown* when the best point is on the grid's **edge** (the optimum may lie
+  beyond: "widen the grid"), beside a grid point that was not evaluated (failed, or not run yet),
+  or when the curve is **flat** (a chi-square test finds its spread within seed noise: the HP has
+  no measurable effect there). A diverged or pruned neighbour counts as evaluated and worse.
 - **interval**: a bootstrap over seeds. Every trial trains once per seed; a resample draws the
   seeds with replacement (the same draw for every cell, since a seed fixes the data order in
   every cell), recomputes each trial's mean loss and refits. The interval is the central
-  `CONFIDENCE` quantile range of the refitted values. With one seed there is no interval; with
-  two the bootstrap has three distinct draws, so the interval is coarse — more seeds tighten it.
+  `CONFIDENCE` quantile range of the refitted values, widened to the midpoints with the
+  neighbouring points where no parabola fits (a non-finite neighbour) and always for random/TPE
+  samples (scattered points; the bootstrap only sees seed noise). With two seeds the bootstrap
+  has three distinct draws, so the interval is coarse — more seeds tighten it.
 - **move** of each cell's optimum from the proxy's (the smallest value on the axis), in octaves
   for a log HP; the **drift** is the move of the largest cell.
 - **regret** at each cell: the loss there with the proxy's best trial's HPs (the same grid
-  point) minus that cell's own best, relative to the best; known wherever the proxy's point was
-  also evaluated in that cell (grid sweeps), with its own bootstrap interval.
-- **transferred**: no optimum on a grid edge, and at every cell either the move's interval lies
-  within ±`tolerance` (1 octave for a log HP: within a factor of 2) or the regret's interval lies
-  below `max_regret` (1%: moving did not matter there). Anything else is "did not transfer",
-  which includes "cannot tell" (an interval too wide): add seeds or widen the grid.
+  point) minus that cell's own best, relative to the best (absolute when the best loss is not
+  positive); known wherever the proxy's point was also evaluated there (grid sweeps), with its
+  own bootstrap interval. Each cell's best is picked on the same noisy data, so regret leans high
+  under noise; the verdict only fails it when its whole interval lies above `MAX_REGRET`.
+- **transferred**: every optimum located, and at every cell the proxy's HPs do not diverge, the
+  regret is not significantly above `MAX_REGRET` (2%), and either the regret's interval lies
+  below it or the move's interval within ±`tolerance` (1 octave for a log HP: a factor of 2).
+  **Did not transfer**: the proxy's HPs diverge, the regret lies wholly above 2%, or the move
+  lies wholly beyond the tolerance (and the regret is not small). Everything else is **cannot
+  tell**, with the reason (edge, unevaluated neighbour, flat curve, intervals too wide).
 
 Everything here reads the trials; no sentence of the report is written without a number behind it.
 """
@@ -38,7 +45,7 @@ from .space import Choice, Dimension, LogUniform, Uniform
 CONFIDENCE = 0.90
 N_BOOTSTRAP = 2000
 TOLERANCE_OCTAVES = 1.0
-MAX_REGRET = 0.01
+MAX_REGRET = 0.02  # a relative regret this small does not matter in practice (≈ one grid step of lr off)
 BOOTSTRAP_SEED = 0  # the report is a deterministic function of the trials
 AXIS_NAMES = {"width": ("width", "widths"), "depth": ("depth", "depths"), "batch_size": ("batch size", "batch sizes"),
               "steps": ("steps", "training horizons")}
