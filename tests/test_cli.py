@@ -145,6 +145,37 @@ def test_every_flag_of_every_subcommand_has_help():
     assert not missing, missing
 
 
+def test_every_subcommand_describes_itself_and_its_exit_codes():
+    import argparse
+
+    from mutransfer.cli import _parser
+    subs = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name, sub in subs.items():
+        text = sub.description or ""
+        assert "Exit 0" in text and " 2 " in text and "130" in text, (name, text)
+    worker_run = next(a for a in subs["worker"]._actions if a.dest == "run").help
+    assert "run directory" in worker_run and "the sweep's name" in worker_run and "--storage" in worker_run
+
+
+def test_ctrl_c_while_the_command_imports_ends_quietly_with_130():
+    """The `mutransfer` script imports the package (torch: seconds) before `main`: a Ctrl-C then
+    prints one line, not an import traceback. `main` gives Ctrl-C back to Python; a library
+    import (another program) is left alone."""
+    signalled = ("import os, signal, sys, time\nsys.argv[0] = '/venv/bin/' + sys.argv[1]\n"
+                 # as a fresh shell's process (a test before may have left SIGINT ignored, which children inherit)
+                 "signal.signal(signal.SIGINT, signal.default_int_handler)\nimport mutransfer\n"
+                 "if sys.argv[2] == 'main':\n    from mutransfer.cli import main\n    main([])\n"
+                 "try:\n    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(30)\n"
+                 "except KeyboardInterrupt:\n    print('KeyboardInterrupt')\n")
+    command = subprocess.run([sys.executable, "-c", signalled, "mutransfer", "-"], capture_output=True, text=True,
+                             timeout=120)
+    assert command.returncode == 130 and command.stderr == "interrupted\n", command
+    for name, when in (("mutransfer", "main"), ("train.py", "-")):
+        other = subprocess.run([sys.executable, "-c", signalled, name, when], capture_output=True, text=True,
+                               timeout=120)
+        assert other.returncode == 0 and other.stdout.endswith("KeyboardInterrupt\n"), other
+
+
 def test_version(capsys):
     from importlib.metadata import version
     with pytest.raises(SystemExit) as e:

@@ -23,7 +23,8 @@ OBJECTIVE = textwrap.dedent('''
     from pathlib import Path
 
     FLAG = Path(__file__).parent / "FAIL"  # holds the exception raised above `raise_above`
-    EXCEPTIONS = {"ValueError": ValueError, "KeyboardInterrupt": KeyboardInterrupt, "SystemExit": SystemExit}
+    EXCEPTIONS = {"ValueError": ValueError, "KeyboardInterrupt": KeyboardInterrupt,
+                  "sys.exit(3)": lambda message: SystemExit(3)}
 
     def train(hp, scale):
         """A synthetic loss whose optimum is at lr 2^-6 in µP and drifts as 1/width in SP."""
@@ -104,9 +105,13 @@ def test_rerunning_a_finished_sweep_runs_nothing_and_a_changed_config_is_refused
     numbers = {c: [t.number for t in s.get_trials()] for c, s in studies(Sweep(run)).items()}
     assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
     assert {c: [t.number for t in s.get_trials()] for c, s in studies(Sweep(run)).items()} == numbers
-    cfg.write_text(cfg.read_text().replace("grid = 9", "grid = 5"))
+    cfg.write_text(cfg.read_text().replace("grid = 9", "grid = 5").replace('low = "2**-10"', 'low = "2**-12"'))
     assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 2
-    assert "different config" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "different config" in err
+    # which keys differ, old → new as written, and where to run the new config instead
+    assert 'space.lr.low: "2**-10" → "2**-12"' in err and "space.lr.grid: 9 → 5" in err, err
+    assert f"--run {tmp_path / 'run-2'}" in err, err
 
 
 def test_two_local_workers_run_every_trial_once(tmp_path):
@@ -187,6 +192,15 @@ def test_kill_9_then_rerun_resumes_without_losing_trials(tmp_path):
     (lambda s: s.replace('sampler = "grid"', 'sampler = "cmaes"'), "sampler"),
     (lambda s: s.replace("widths = [16, 64]", "widths = []"), "widths"),
     (lambda s: s.replace("widths = [16, 64]", "widths = [16, 64"), "not valid TOML"),
+    # a repeated choice is one grid point for Optuna but two in the count: the sweep never finished
+    (lambda s: s.replace("[fixed]", '[space.act]\n    type = "choice"\n    values = ["a", "a", "b"]\n    [fixed]'),
+     'space.act.values has duplicates: "a" and "a"'),
+    (lambda s: s.replace("[fixed]", '[space.act]\n    type = "choice"\n    values = [1, true]\n    [fixed]'),
+     "space.act.values has duplicates: 1 and true"),
+    (lambda s: s.replace("widths = [16, 64]", "widths = [16, 64]\n    target_width = 8"),
+     "target_width (8) is below the smallest of widths (16)"),
+    (lambda s: s.replace("widths = [16, 64]", "widths = [16, 64]\n    depths = [2, 4]\n    target_depth = 1"),
+     "target_depth (1) is below the smallest of depths (2)"),
 ])
 def test_bad_config_fails_at_once_with_exit_2(tmp_path, capsys, edit, message):
     cfg = write(tmp_path, edit(GRID.replace("SLEEP", "0")))
@@ -213,6 +227,15 @@ def test_unknown_objective_fails_at_once(tmp_path, capsys):
     cfg = write(tmp_path, GRID.replace("SLEEP", "0").replace('"OBJ:train"', '"recipe:resnet"'))
     assert main(["sweep", str(cfg), "--run", str(tmp_path / "run"), "--no-progress"]) == 2
     assert "unknown recipe" in capsys.readouterr().err
+
+
+def test_the_example_in_the_config_docstring_validates():
+    from mutransfer.sweep import config as config_module
+    from mutransfer.sweep.config import tomllib  # tomli before Python 3.11
+    block = re.search(r"```toml\n(.*?)```", config_module.__doc__, re.S)
+    assert block, "the config module's docstring has no ```toml example"
+    cfg = config_from_dict(tomllib.loads(block.group(1)), "the docstring example")
+    assert cfg.name == "gpt-lr" and cfg.target_width == 512 and cfg.axes["steps"] == [100, 200, 400]
 
 
 def test_mask_url():
@@ -262,6 +285,58 @@ def test_a_worker_dying_right_after_claiming_does_not_block_the_sweep(tmp_path):
         assert len(study.get_trials(states=(TrialState.COMPLETE,))) == 9
     stale = sweep.study("mup", 16).get_trials(states=(TrialState.FAIL,))
     assert len(stale) == 1 and not stale[0].user_attrs  # failed by its heartbeat going stale, then retried
+
+
+DIES = textwrap.dedent('''
+    import os, signal, sys, time
+    from pathlib import Path
+
+    MARK = Path(__file__).parent / "died"
+
+    def train(hp, scale):
+        if sys.argv[0] == "-c":  # the worker process run_sweep started: its first trial kills it
+            if not MARK.exists():
+                MARK.touch()
+                os.kill(os.getpid(), getattr(signal, hp["signal"]))
+                time.sleep(60)  # the signal ends the process first
+        else:  # the main process: its first trial waits until the worker is dead (a guard, not a timing)
+            deadline = time.monotonic() + 300
+            while not MARK.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        return (hp["lr"] - 0.01) ** 2
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, shown", [("SIGKILL", "-9 (killed by SIGKILL)"), ("SIGINT", "130 (interrupted)")])
+def test_a_dead_worker_process_is_a_warning_when_every_trial_finished(tmp_path, capsys, sig, shown):
+    """A local worker killed (or sent SIGINT on its own: a sweep started with `&`) while this
+    process goes on: its trial is retried here, the sweep completes, the exit is a warning line."""
+    (tmp_path / "dies.py").write_text(DIES)
+    cfg = write(tmp_path, f'''
+        name = "dies"
+        objective = "dies.py:train"
+        widths = [16]
+        parametrizations = ["mup"]
+        [space.lr]
+        low = "2**-10"
+        high = "2**-2"
+        grid = 3
+        [fixed]
+        signal = "{sig}"
+    ''', objective=False)
+    run = tmp_path / "run"
+    assert main(["sweep", str(cfg), "--run", str(run), "--workers", "2", "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert (tmp_path / "died").exists()  # the worker did run (and die on) a trial
+    assert "3/3 trials done, storage" in out.strip().splitlines()[-1], (out, err)
+    warnings = [line for line in err.splitlines() if "worker process" in line]
+    assert len(warnings) == 1 and re.fullmatch(rf"warning: worker process \d+ exited with {re.escape(shown)}; its "
+                                                r"trials were retried", warnings[0]), err
+    study = Sweep(run).study("mup", 16)
+    assert sorted(t.params["lr"] for t in study.get_trials(states=(TrialState.COMPLETE,))) == \
+        [2.0 ** -10, 2.0 ** -6, 2.0 ** -2]
+    assert json.loads((run / "run.json").read_text())["finished_trials"] == 3
 
 
 def test_a_worker_started_before_the_sweep_waits_for_it(tmp_path):
@@ -360,6 +435,20 @@ def test_retry_failed_runs_each_failed_trial_once_more(tmp_path, capsys):
         assert retries == {t.number: t.params["lr"] for t in old}
     assert sweep.failed() == 0 and sweep.finished() == 36
     assert sweep.retry_failed() == 0  # each failed trial is retried once
+    assert not list((run / "failures").iterdir())  # the retried trials' tracebacks are gone: nothing is failing
+
+
+def test_a_retry_that_fails_again_replaces_the_old_traceback_file(tmp_path, capsys):
+    cfg = write(tmp_path, FAILING)
+    (tmp_path / "FAIL").write_text("ValueError")
+    run = tmp_path / "run"
+    assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
+    assert main(["sweep", str(cfg), "--run", str(run), "--retry-failed", "--no-progress"]) == 0  # not fixed
+    sweep = Sweep(run)
+    current = {f"synthetic_{p}_w{w}-trial{t.number}.txt" for (p, w, _), study in studies(sweep).items()
+               for t in study.get_trials(states=(TrialState.FAIL,)) if "retried" not in t.user_attrs}
+    assert len(current) == 16 and sweep.failed() == 16
+    assert {f.name for f in (run / "failures").iterdir()} == current  # one file per current failure
 
 
 GRID_LRS = [2.0 ** e for e in range(-10, -1)]
@@ -390,7 +479,7 @@ def test_random_sampler_counts_failed_trials_and_retries_them(tmp_path):
     assert sweep.failed() == 0
 
 
-@pytest.mark.parametrize("kind", ["KeyboardInterrupt", "SystemExit"])
+@pytest.mark.parametrize("kind", ["KeyboardInterrupt"])
 def test_an_interrupted_trial_is_not_a_failure_and_is_requeued(tmp_path, kind):
     from mutransfer.sweep import run_sweep
     body = FAILING.replace("widths = [16, 64]", "widths = [16]").replace(
@@ -398,7 +487,7 @@ def test_an_interrupted_trial_is_not_a_failure_and_is_requeued(tmp_path, kind):
     cfg = write(tmp_path, body)
     (tmp_path / "FAIL").write_text(kind)
     run = tmp_path / "run"
-    with pytest.raises(KeyboardInterrupt if kind == "KeyboardInterrupt" else SystemExit):
+    with pytest.raises(KeyboardInterrupt):
         run_sweep(cfg, run, progress=False)
     study = Sweep(run).study("mup", 16)
     interrupted = study.get_trials(states=(TrialState.FAIL,))
@@ -411,6 +500,85 @@ def test_an_interrupted_trial_is_not_a_failure_and_is_requeued(tmp_path, kind):
     sweep = run_sweep(cfg, run, progress=False)
     assert sorted(t.params["lr"] for t in study.get_trials(states=(TrialState.COMPLETE,))) == GRID_LRS
     assert sweep.finished() == 9 and sweep.failed() == 0
+
+
+def test_an_objective_calling_sys_exit_fails_its_trial_and_the_sweep_goes_on(tmp_path, capsys):
+    """argparse's parse_args calls sys.exit: that is the trial's failure, not the sweep's end (it
+    used to end the sweep and requeue the trial, so that every rerun died the same way)."""
+    cfg = write(tmp_path, FAILING)
+    (tmp_path / "FAIL").write_text("sys.exit(3)")
+    run = tmp_path / "run"
+    assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert "36/36 trials done, 16 failed" in out.strip().splitlines()[-1]
+    lines = [line for line in err.splitlines() if " failed: " in line]
+    assert len(lines) == 16 and all("failed: the objective called sys.exit(3) (argparse's parse_args" in line
+                                    for line in lines), err
+    sweep = Sweep(run)
+    for study in studies(sweep).values():
+        failed = study.get_trials(states=(TrialState.FAIL,))
+        assert sorted(t.params["lr"] for t in failed) == BIG_LRS
+        assert all(t.user_attrs["failed"] and "interrupted" not in t.user_attrs for t in failed)
+        assert all(t.user_attrs["error"].startswith("the objective called sys.exit(3)") for t in failed)
+        assert not study.get_trials(states=(TrialState.WAITING, TrialState.RUNNING))
+
+
+RETURNS = textwrap.dedent('''
+    import math
+    def train(hp, scale):
+        loss = (math.log2(hp["lr"]) + 6) ** 2
+        kind = hp["returns"]
+        if kind == "numpy":
+            import numpy
+            return numpy.float32(loss)
+        if kind == "tensor":
+            import torch
+            return torch.tensor(loss)
+        if kind == "int":
+            return int(loss)
+        return {"none": None, "string": str(loss), "list": [loss], "bool": True}[kind]
+''')
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("none", r"the objective returned None; it must return the training loss as a float"),
+    ("string", r"the objective returned '(0|16)\.0' \(str\); it must return the training loss as a float"),
+    ("list", r"the objective returned \[(0|16)\.0\] \(list\); it must return the training loss as a float"),
+    ("bool", r"the objective returned True \(bool\); it must return the training loss as a float"),
+    ("numpy", None), ("tensor", None), ("int", None),
+])
+def test_an_objective_must_return_a_number(tmp_path, capsys, kind, message):
+    """None, a string or a list fails the trial with what was wrong (not a TypeError from inside the
+    runner, not a string read as a number); a sweep where every trial failed exits 1 and says so."""
+    (tmp_path / "ret.py").write_text(RETURNS)
+    cfg = write(tmp_path, f'''
+        name = "ret"
+        objective = "ret.py:train"
+        widths = [16]
+        parametrizations = ["mup"]
+        [space.lr]
+        low = "2**-10"
+        high = "2**-2"
+        grid = 3
+        [fixed]
+        returns = "{kind}"
+    ''', objective=False)
+    run = tmp_path / "run"
+    code = main(["sweep", str(cfg), "--run", str(run), "--no-progress"])
+    out, err = capsys.readouterr()
+    final = out.strip().splitlines()[-1]
+    trials = Sweep(run).study("mup", 16).get_trials()
+    if message is None:
+        assert code == 0 and "3/3 trials done, storage" in final, (out, err)
+        assert sorted(t.value for t in trials) == [0.0, 16.0, 16.0]
+        return
+    assert code == 1, (out, err)
+    assert "3/3 trials done, every one failed" in final and "no trial completed" in final, final
+    lines = [line for line in err.splitlines() if " failed: " in line]
+    assert len(lines) == 3 and all(re.search("failed: " + message, line) for line in lines), err
+    assert "Traceback" not in err and "runner.py" not in err
+    assert all(re.match(message, t.user_attrs["error"]) for t in trials)
+    assert all("runner.py" not in f.read_text() for f in (run / "failures").iterdir())
 
 
 @pytest.mark.slow

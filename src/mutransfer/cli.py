@@ -19,6 +19,9 @@ class UsageError(Exception):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    package = sys.modules.get(__package__)
+    if signal.getsignal(signal.SIGINT) is getattr(package, "_interrupted_while_importing", None):
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # imports done: Ctrl-C handled below
     parser = _parser()
     args = parser.parse_args(argv)  # exits with 2 on unknown flags
     if not getattr(args, "command", None):
@@ -70,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command")
     c = sub.add_parser("coord-check", help="coordinate check with a pass/fail verdict and a plot",
                        description="Train a few steps at several widths and check that no activation grows "
-                                   "with width. Exit 0 on PASS, 1 on FAIL, 2 on bad arguments.")
+                                   "with width. Exit 0 on PASS, 1 on FAIL, 2 on bad arguments, 130 on Ctrl-C.")
     c.add_argument("factory", nargs="?", help="module:function (or path/to/file.py:function) returning the "
                                               "model at a given width")
     c.add_argument("--recipe", help="built-in model instead of a factory: mlp, cnn, gpt or resmlp")
@@ -102,8 +105,9 @@ def _parser() -> argparse.ArgumentParser:
                        description="Run the sweep described by a TOML config; rerunning the same command "
                                    "resumes it. A trial whose objective raises is recorded as failed (traceback "
                                    "in RUN/failures) and the sweep goes on. Exit 0 when every trial is done "
-                                   "(failed ones included: the last line says how many), 2 on a bad config, "
-                                   "objective or storage, 130 on Ctrl-C (rerun to resume).")
+                                   "(failed ones included: the last line says how many), 1 when trials are "
+                                   "left unfinished or none completed (every one failed or diverged: no result), "
+                                   "2 on a bad config, objective or storage, 130 on Ctrl-C (rerun to resume).")
     s.add_argument("config", help="sweep config (TOML); relative paths in it resolve against its directory")
     s.add_argument("--run", help="run directory (default: runs/<config name>)")
     s.add_argument("--workers", type=int, default=1, help="local worker processes (default 1)")
@@ -113,20 +117,39 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     s.set_defaults(handler=_sweep)
 
-    w = sub.add_parser("worker", help="join a sweep as one more worker (any machine that reaches its storage)")
-    w.add_argument("run", help="run directory holding config.toml")
+    w = sub.add_parser("worker", help="join a sweep as one more worker (any machine that reaches its storage)",
+                       description="Join a running sweep as one more worker: claim trials, train them and record "
+                                   "the losses until none is left (waiting up to --wait seconds for `mutransfer "
+                                   "sweep` to create it). On another machine, pass the sweep's name with --storage "
+                                   "(or MUTRANSFER_STORAGE): the config is fetched from the storage. A trial whose "
+                                   "objective raises is recorded as failed and the worker goes on. Exit 0 when no "
+                                   "trial is left, 2 on a bad run directory, storage or objective, 130 on Ctrl-C "
+                                   "(its running trial is queued again).")
+    w.add_argument("run", help="the sweep's run directory (holding config.toml); or, with --storage or "
+                               "MUTRANSFER_STORAGE, the sweep's name (its `name` key): the config is then fetched "
+                               "from the storage into a directory of that name under the current directory")
     w.add_argument("--storage", help="storage URL (or env MUTRANSFER_STORAGE); default: the run's own")
     w.add_argument("--wait", type=float, default=120.0,
                    help="seconds to wait for the sweep to be created by `mutransfer sweep` (default 120)")
     w.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     w.set_defaults(handler=_worker)
 
-    r = sub.add_parser("report", help="write report.html, plots and transferred.json for a sweep")
+    r = sub.add_parser("report", help="write report.html, plots and transferred.json for a sweep",
+                       description="Analyse a sweep's finished trials (it may still be running) and write "
+                                   "RUN/report.html with its plots, summary.json and transferred.json (the "
+                                   "hyperparameters to use at the target). Exit 0 when the report is written, "
+                                   "2 on a bad run directory or storage or a sweep without results, "
+                                   "130 on Ctrl-C.")
     r.add_argument("run", help="run directory")
     r.add_argument("--storage", help="storage URL (default: the run's own)")
     r.set_defaults(handler=_report)
 
-    t = sub.add_parser("transfer", help="train the target with the proxy's optimum (µP) and compare with SP")
+    t = sub.add_parser("transfer", help="train the target with the proxy's optimum (µP) and compare with SP",
+                       description="Train the target model (--width, --depth) once with the µP proxy's best "
+                                   "hyperparameters transferred as they are, and with SP's, and print both losses "
+                                   "(recorded in RUN/transfer.json and the report). Exit 0 when the target was "
+                                   "trained, 2 on a bad run directory, storage or target, or a sweep without "
+                                   "results, 130 on Ctrl-C.")
     t.add_argument("run", help="run directory")
     t.add_argument("--width", type=int, help="target width, at least the proxy's (the smallest swept width; "
                                              "default: the config's target_width or largest width)")
@@ -141,7 +164,8 @@ def _parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="LR sweep of a byte-level GPT at 4 widths, SP vs µP, report and transfer",
                        description="Reproduces TP5's headline figure on a laptop (about 5 minutes on 2 cores). "
-                                   "Rerunning resumes.")
+                                   "Rerunning resumes. Exit 0 when done, 2 on bad arguments, 130 on Ctrl-C "
+                                   "(rerun to resume).")
     d.add_argument("--out", default="mutransfer-demo", help="output directory (default ./mutransfer-demo)")
     d.add_argument("--quick", action="store_true", help="widths 32, 128, 256 and 6 lrs (about 2 minutes)")
     d.add_argument("--workers", type=int, default=2, help="local worker processes (default 2)")
@@ -215,13 +239,18 @@ def _sweep(args) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     finished, total, failed = sweep.finished(), sweep.total_trials(), sweep.failed()
-    failures = (f", {failed} failed (tracebacks in {sweep.run_dir / 'failures'}; fix the cause, then rerun with "
+    completed = sweep.completed()
+    how_many = "every one" if failed == finished else str(failed)
+    failures = (f", {how_many} failed (tracebacks in {sweep.run_dir / 'failures'}; fix the cause, then rerun with "
                 "--retry-failed)" if failed else "")
     pruned = sweep.pruned()
     failures = (f", {pruned} of them pruned" if pruned else "") + failures
+    useless = finished >= total and completed == 0  # every trial failed, diverged or was pruned
+    if useless:
+        failures += ": no trial completed, so there is no result"
     print(f"sweep {sweep.config.name}: {finished}/{total} trials done{failures}, storage {mask_url(sweep.url)}, "
           f"run directory {sweep.run_dir}")
-    return EXIT_PASS if finished >= total else EXIT_FAIL
+    return EXIT_PASS if finished >= total and not useless else EXIT_FAIL
 
 
 def _worker(args) -> int:

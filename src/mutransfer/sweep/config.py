@@ -25,7 +25,7 @@ high = "2**-5"
 grid = 8
 
 [fixed]                         # passed to the objective unchanged
-steps = 200
+seq_len = 64                    # (not steps or batch_size here: the lists above sweep them)
 ```
 
 `batch_sizes` and `steps` are axes like width and depth (TP5 finds HPs transfer across batch
@@ -206,6 +206,14 @@ def _positive_int(key: str, value) -> int:
     return value
 
 
+def _at_least_the_proxy(key: str, value: int, swept_key: str, swept: list[int]) -> None:
+    """A target is where the proxy's HPs transfer to: not below the smallest swept value (the proxy)."""
+    if value < min(swept):
+        raise ValueError(f"{key} ({value}) is below the smallest of {swept_key} ({min(swept)}), the proxy the "
+                         f"hyperparameters transfer from; set {key} to at least {min(swept)} (usually larger than "
+                         f"every one of {swept_key}), or remove it")
+
+
 def _depth_keys(data: dict[str, Any]) -> tuple[Optional[list[int]], Optional[int], Optional[int]]:
     """`depths`, `base_depth` (default: the smallest depth) and `target_depth`, validated."""
     if "depths" not in data:
@@ -316,8 +324,10 @@ def config_from_dict(data: dict[str, Any], source: str = "config",
         base_width = _positive_int("base_width", data.get("base_width", min(widths)))
         target = data.get("target_width")
         if target is not None:
-            _positive_int("target_width", target)
+            _at_least_the_proxy("target_width", _positive_int("target_width", target), "widths", widths)
         depths, base_depth, target_depth = _depth_keys(data)
+        if target_depth is not None:
+            _at_least_the_proxy("target_depth", target_depth, "depths", depths)
         axes = {hp: sorted(_int_list(key, data[key], 1)) for key, hp in EXTRA_AXES.items() if key in data}
         storage = data.get("storage", "")
         if not isinstance(storage, str):

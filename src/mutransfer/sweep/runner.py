@@ -14,13 +14,16 @@ How a finished trial reads (the user attributes are the contract with `analysis`
   `scale.report`; `pruned_step` and `pruned_loss` hold the last reported step and loss (None if
   none was reported), `losses` the seeds finished before (none: only the first seed reports),
   plus `seconds` and `cpu_seconds`. Counts as done, never as a failure, and is never rerun.
-- FAIL with `failed=True` (and not `retried`): the objective raised. `error` holds
-  "TypeName: message" (≤ 500 characters), `traceback` the traceback's last ~4000 characters;
+- FAIL with `failed=True` (and not `retried`): the objective raised, called `sys.exit()` or
+  returned something other than a number. `error` holds "TypeName: message" (or what was wrong:
+  "the objective returned None; …", "the objective called sys.exit(2) …"; ≤ 500 characters),
+  `traceback` the traceback's last ~4000 characters (empty for a bad return value);
   the full text, with width, depth, parametrization, params and seed, is saved as
   ``<run_dir>/failures/<study name, / replaced by _>-trial<number>.txt``. Counts as done (a
   rerun does not run it again); `Sweep.retry_failed` (``mutransfer sweep --retry-failed``)
-  queues a new trial with the same params and marks the old one `retried=True`.
-- FAIL with `interrupted=True` (Ctrl-C, SystemExit) or `retried=True`: not a result, not done;
+  queues a new trial with the same params and marks the old one `retried=True`; when the new
+  trial finishes, the old one's file is removed (its traceback stays in its user attributes).
+- FAIL with `interrupted=True` (Ctrl-C) or `retried=True`: not a result, not done;
   a new trial with the same params was queued in its place. A queued replacement carries
   `retry_of` (the number of the trial it reruns).
 - FAIL with none of these: a trial whose worker died (heartbeat stale); Optuna queued a retry.
@@ -145,8 +148,12 @@ class Sweep:
         if target.is_file():
             existing = load_config(target)
             if existing.contents != config.contents:
-                raise ValueError(f"{run_dir} already holds a sweep with a different config; "
-                                 "use a new --run directory or the same config to resume")
+                changes = _differences(existing.contents, config.contents) or ["values differ in type only"]
+                shown = "; ".join(changes[:10]) + (f"; and {len(changes) - 10} more" if len(changes) > 10 else "")
+                raise ValueError(f"{run_dir} already holds a sweep with a different config ({target} → "
+                                 f"{config_path}: {shown}). To run this config, pass a new --run directory "
+                                 f"(e.g. --run {_free_sibling(run_dir)}); to resume that sweep, rerun it with "
+                                 "its own config")
             if existing.config_dir != config.config_dir:  # the same TOML, moved: its paths resolve there now
                 _write_atomically(target, text)
         else:
@@ -269,8 +276,9 @@ class Sweep:
     def _run(self, study: optuna.Study, trial: optuna.Trial, parametrization: str, width: int,
              depth: Optional[int] = None, extra: tuple = ()) -> Optional[str]:
         """Train one trial on every seed and record it. An exception from the objective marks the
-        trial failed (returns the line to show); Ctrl-C or SystemExit mark it interrupted, queue it
-        again and propagate."""
+        trial failed (returns the line to show), and so do its `sys.exit()` (argparse's parse_args
+        calls it) and a return value that is not a number; Ctrl-C marks it interrupted, queues it
+        again and propagates."""
         params: dict[str, Any] = {}
         try:
             params = {name: self._suggest(trial, name, dim) for name, dim in self.config.space.items()}
@@ -278,7 +286,7 @@ class Sweep:
             trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
             start, cpu_start = time.perf_counter(), time.process_time()
             losses: list[float] = []
-            error: Optional[tuple[Exception, str, int]] = None
+            error: Optional[tuple[BaseException, str, int, Optional[str]]] = None  # (+ message to show)
             reported: list[tuple[int, float]] = []  # the last (step, loss) sent to the pruner
             pruned = False
             with Heartbeat(self.storage, trial._trial_id):
@@ -288,17 +296,27 @@ class Sweep:
                     reporter = self._reporter(trial, reported) if i == 0 and self.config.pruner != "none" else None
                     scale = dataclasses.replace(self.scale(parametrization, width, depth, seed), reporter=reporter)
                     try:
-                        losses.append(float(self.objective(dict(hparams), scale)))
+                        value = self.objective(dict(hparams), scale)
                     except optuna.TrialPruned:  # scale.report's Pruned (or the objective's own)
                         pruned = True
                         break
-                    except Exception as e:
-                        error = (e, traceback.format_exc(), seed)
+                    except SystemExit as e:  # the objective's own sys.exit (argparse!): its trial failed
+                        error = (e, traceback.format_exc(), seed, _exit_message(e))
                         break
+                    except Exception as e:
+                        error = (e, traceback.format_exc(), seed, None)
+                        break
+                    loss, problem = _as_loss(value)
+                    if problem is not None:  # the objective's return value: no traceback to show
+                        error = (TypeError(problem), "", seed, problem)
+                        break
+                    losses.append(loss)
             trial.set_user_attr("seconds", time.perf_counter() - start)
             trial.set_user_attr("cpu_seconds", time.process_time() - cpu_start)
             if error is not None:
-                return self._failed(study, trial, (parametrization, width, depth, extra), params, *error)
+                line = self._failed(study, trial, (parametrization, width, depth, extra), params, *error)
+                self._resolved(study, trial)  # the new failure's file replaces the old one's
+                return line
             trial.set_user_attr("losses", [l if math.isfinite(l) else None for l in losses])
             if pruned:
                 step, loss = reported[-1] if reported else (None, None)
@@ -311,9 +329,10 @@ class Sweep:
             else:
                 trial.set_user_attr("diverged", True)
                 study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+            self._resolved(study, trial)
         except optuna.exceptions.UpdateFinishedTrialError:
             pass  # another worker finished this very trial first (same HPs and seeds: same result)
-        except BaseException:  # KeyboardInterrupt, SystemExit: not the trial's fault
+        except BaseException:  # KeyboardInterrupt (Ctrl-C), or SystemExit from outside the objective
             with _sigint_ignored():  # a second Ctrl-C must not cut the bookkeeping short
                 self._interrupted(study, trial, params)
             raise
@@ -329,13 +348,35 @@ class Sweep:
                 raise Pruned(f"pruned at step {step} (loss {loss:.4g})")
         return report
 
+    def _failure_path(self, study: optuna.Study, number: int) -> Path:
+        return self.run_dir / FAILURES_DIR / f"{study.study_name.replace('/', '_')}-trial{number}.txt"
+
+    def _resolved(self, study: optuna.Study, trial: optuna.Trial) -> None:
+        """A rerun of a failed trial (`retry_failed`) has finished: the old trial's traceback file
+        goes, so that the failures directory lists current failures only (the old trial keeps its
+        traceback in its user attributes)."""
+        old = trial.user_attrs.get("retry_of")
+        for _ in range(1000):  # back through reruns that were interrupted, to the failed trial
+            if old is None:
+                return
+            with contextlib.suppress(OSError):
+                self._failure_path(study, old).unlink(missing_ok=True)
+            try:
+                previous = self.storage.get_trial(
+                    self.storage.get_trial_id_from_study_id_trial_number(study._study_id, old))
+            except KeyError:
+                return
+            old = previous.user_attrs.get("retry_of") if previous.user_attrs.get("interrupted") else None
+
     def _failed(self, study: optuna.Study, trial: optuna.Trial, cell: tuple[str, int, Optional[int], tuple],
-                params: dict[str, Any], error: Exception, text: str, seed: int) -> str:
-        """Record a trial whose objective raised: FAIL with `failed`, `error`, `traceback`, and the
-        full traceback in the run's failures directory. Returns the line to print."""
+                params: dict[str, Any], error: BaseException, text: str, seed: int,
+                message: Optional[str] = None) -> str:
+        """Record a trial whose objective raised (or returned no number: `message` says so, `text`
+        is empty): FAIL with `failed`, `error`, `traceback`, and the full text in the run's failures
+        directory. Returns the line to print."""
         parametrization, width, depth, extra = cell
-        message = f"{type(error).__name__}: {error}"
-        path = self.run_dir / FAILURES_DIR / f"{study.study_name.replace('/', '_')}-trial{trial.number}.txt"
+        message = message or f"{type(error).__name__}: {error}"
+        path = self._failure_path(study, trial.number)
         report = "\n".join([
             f"study: {study.study_name}", f"trial: {trial.number}", f"width: {width}", f"depth: {depth}",
             *(f"{axis}: {value}" for axis, value in extra),
@@ -357,7 +398,7 @@ class Sweep:
             pass
         first = message.strip().splitlines()[0] if message.strip() else type(error).__name__
         return (f"trial {trial.number} ({cell_label(*cell)}) failed: {first[:ERROR_CHARS]} — "
-                f"traceback in {where}")
+                f"{'traceback' if text else 'details'} in {where}")
 
     def _interrupted(self, study: optuna.Study, trial: optuna.Trial, params: dict[str, Any]) -> None:
         """Mark a trial cut off by Ctrl-C as FAIL `interrupted` and queue its params again, so that
@@ -401,6 +442,10 @@ class Sweep:
     def finished(self) -> int:
         """Trials done: completed, diverged, pruned or failed (not retried)."""
         return sum(o is not None for o in self._outcomes())
+
+    def completed(self) -> int:
+        """Trials with a result (COMPLETE): not diverged, pruned or failed."""
+        return sum(o == "complete" for o in self._outcomes())
 
     def failed(self) -> int:
         """Failed trials (the objective raised) not yet retried."""
@@ -463,6 +508,38 @@ class Sweep:
         return ran
 
 
+def _as_loss(value: Any) -> tuple[float, Optional[str]]:
+    """The objective's return value as a float, or (nan, what is wrong with it). Numbers only:
+    int, float, a NumPy scalar or a one-element tensor/array (`.item()`); not bool, not a string."""
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        try:
+            item = value.item()
+        except (ValueError, RuntimeError, TypeError):  # more than one element
+            shape = tuple(getattr(value, "shape", ()))
+            return math.nan, (f"the objective returned a {type(value).__name__} of shape {shape}; it must return "
+                              "the training loss as a float (a single number)")
+        if isinstance(item, (int, float)) and not isinstance(item, bool):
+            return float(item), None
+        value = item
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value), None
+    if value is None:
+        return math.nan, ("the objective returned None; it must return the training loss as a float "
+                          "(a missing return statement?)")
+    shown = repr(value)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return math.nan, (f"the objective returned {shown} ({type(value).__name__}); it must return the training "
+                      "loss as a float")
+
+
+def _exit_message(e: SystemExit) -> str:
+    """The failure message of an objective that called sys.exit."""
+    code = "" if e.code is None else repr(e.code)
+    return (f"the objective called sys.exit({code}) (argparse's parse_args does this on arguments it does not "
+            "know, e.g. the sweep's command line: pass it its own list, parse_args([])): raise an exception "
+            "instead to fail a trial")
+
+
 def _centre_distance(index: tuple, sizes: list[int]) -> tuple:
     """Sort key of a grid point (indices per HP): its distance from the grid's middle in grid
     steps, then the lower side first."""
@@ -488,6 +565,37 @@ def _sigint_ignored() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _differences(old: Any, new: Any, key: str = "") -> list[str]:
+    """'space.lr.low: "2**-10" → "2**-12"' for every key whose value differs (tables compared key by key)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for k in list(old) + [k for k in new if k not in old]:
+            out += _differences(old.get(k, _ABSENT), new.get(k, _ABSENT), f"{key}.{k}" if key else str(k))
+        return out
+    if old == new and type(old) is type(new):
+        return []
+    return [f"{key}: {_shown(old)} → {_shown(new)}"]
+
+
+_ABSENT = object()
+
+
+def _shown(value: Any) -> str:
+    if value is _ABSENT:
+        return "(not set)"
+    text = json.dumps(value, default=str, ensure_ascii=False)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _free_sibling(run_dir: Path) -> Path:
+    """`run_dir` with the first suffix -2, -3, … that names no existing path."""
+    for i in range(2, 1000):
+        candidate = run_dir.with_name(f"{run_dir.name}-{i}")
+        if not candidate.exists():
+            return candidate
+    return run_dir.with_name(f"{run_dir.name}-new")
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -529,6 +637,18 @@ def _worker_main(run_dir: str) -> int:
         print(f"mutransfer worker: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _exit_reason(code: int) -> str:
+    """' (killed by SIGKILL)' for a negative exit code, ' (interrupted)' for 130, else ''."""
+    if code == EXIT_INTERRUPTED:
+        return " (interrupted)"
+    if code < 0:
+        try:
+            return f" (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            return ""
+    return ""
 
 
 def _stop_workers(procs: list[subprocess.Popen], grace: float = 60.0) -> None:
@@ -578,8 +698,15 @@ def run_sweep(config_path: Union[str, os.PathLike], run_dir: Union[str, os.PathL
         raise
     finally:
         codes = [p.wait() for p in procs]
-    if any(codes):
-        raise RuntimeError(f"{sum(1 for c in codes if c)} worker process(es) failed (exit codes {codes})")
+    failed = [(p.pid, c) for p, c in zip(procs, codes) if c]
+    if failed:
+        unfinished = sweep.total_trials() - sweep.finished()
+        if unfinished > 0:
+            raise RuntimeError(f"{len(failed)} worker process(es) failed (exit codes {[c for _, c in failed]}) "
+                               f"and {unfinished} trial(s) are unfinished; rerun to resume")
+        for pid, code in failed:  # this process ran what they left: the sweep is complete
+            print(f"warning: worker process {pid} exited with {code}{_exit_reason(code)}; its trials were retried",
+                  file=sys.stderr, flush=True)
     with open(sweep.run_dir / "run.json", "w") as f:
         json.dump({"storage": mask_url(sweep.url), "finished_trials": sweep.finished(),
                    "failed_trials": sweep.failed(), "pruned_trials": sweep.pruned(), "total_trials": sweep.total_trials()}, f, indent=1)

@@ -1,6 +1,7 @@
 """Hyperparameter search spaces: log-uniform, uniform and choice, with their grids."""
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, Union
@@ -84,6 +85,7 @@ def dimension_from_dict(name: str, spec: dict) -> Dimension:
         values = spec.get("values")
         if not isinstance(values, list) or not values:
             raise ValueError(f"space.{name}.values must be a non-empty list")
+        _check_distinct(name, values)
         return Choice(tuple(values))
     if kind not in ("log", "uniform"):
         raise ValueError(f"space.{name}.type must be \"log\", \"uniform\" or \"choice\", got {kind!r}")
@@ -101,3 +103,21 @@ def dimension_from_dict(name: str, spec: dict) -> Dimension:
             raise ValueError(f"space.{name}: a log range needs low > 0, got {low:g}")
         return LogUniform(low, high, grid)
     return Uniform(low, high, grid)
+
+
+def _check_distinct(name: str, values: list) -> None:
+    """Each choice once: a repeated value (1 and 1.0, true and 1 count as the same, as in Python)
+    would be one grid point for Optuna but two for the sweep's count, which then never finishes."""
+    for i, a in enumerate(values):
+        for b in values[:i]:
+            if a == b:
+                ta, tb = _toml(a), _toml(b)
+                same = "" if type(a) is type(b) else (
+                    f" ({tb} == {ta} in Python; if both are meant, write them as strings: \"{tb}\", \"{ta}\")")
+                raise ValueError(f"space.{name}.values has duplicates: {tb} and {ta} are the same choice{same}; "
+                                 "list each value once")
+
+
+def _toml(value) -> str:
+    """A value as written in TOML (true, "a", 1.5), for messages."""
+    return json.dumps(value, default=repr)
