@@ -219,7 +219,7 @@ def head_to_head_line(h: Optional[dict]) -> Optional[str]:
         judgement = "SP re-tuned at the large width is better: at this scale µP does not pay off"
     else:
         judgement = "within the noise the two cannot be told apart: add seeds"
-    ci = "" if iv is None else f" (90% CI {100 * iv[0]:+.1f}% … {100 * iv[1]:+.1f}%)"
+    ci = "" if iv is None else f", 90% CI {100 * iv[0]:+.1f}% … {100 * iv[1]:+.1f}%"
     return (f"At width {h['width']}, µP with the HPs tuned at width {h['proxy_width']} reaches "
             f"{h['mup_transferred']:.4f}; SP re-tuned at width {h['width']} reaches {h['sp_retuned']:.4f} "
             f"({'' if rel is None else f'{100 * rel:+.1f}%{ci}: '}{judgement}).")
@@ -396,7 +396,7 @@ def _verdict_rows(sweep: Sweep, judged: dict[str, dict[str, Verdict]]) -> str:
                     if isinstance(h.dim, Choice):
                         ci = "—"
                     else:
-                        ci = _interval_text(o.x_interval, (lambda x: f"log2 {x:+.2f}") if log else (lambda x: f"{x:.4g}"))
+                        ci = _interval_text(o.x_interval, (lambda x: f"{x:+.2f}") if log else (lambda x: f"{x:.4g}"))
                     mv = "proxy" if move is None else f"{move.value:+.2f}{unit(h.dim)}"
                     mv_ci = "" if move is None else _interval_text(move.interval, lambda x: f"{x:+.2f}")
                     if a_r is None:
@@ -501,8 +501,10 @@ optimum fitted below grid resolution (a parabola through the best point and its 
 log-scaled HP), the horizontal bar its {uncertainty}; a red-edged ★ sits on the grid's edge.</p>
 <h2>Optimum, move from the proxy and regret</h2>
 <p>Move: the optimum's shift from the proxy's. Regret: the loss with the proxy's best HPs minus that
-{curve}'s own best, relative to it. Transferred when no optimum is on a grid edge and, everywhere, the move's
-interval lies within ±1 octave (one grid step for a uniform HP) or the regret's interval below 1%.</p>
+{curve}'s own best, relative to it. Transferred when every optimum is located (not on a grid edge, beside an
+unevaluated point or on a flat curve) and, everywhere, the proxy's HPs do not diverge, the regret is not
+significantly above 2%, and either the regret's interval lies below 2% or the move's within ±1 octave (one grid
+step for a uniform HP). Intervals are {round(100 * CONFIDENCE)}%; log-scaled HPs in log2.</p>
 <table><tr><th>parametrization</th><th>hyperparameter</th><th>where</th><th>fitted optimum</th><th>interval</th>
 <th>move</th><th>interval</th><th>regret</th><th>interval</th><th>note</th></tr>{_verdict_rows(sweep, judged)}</table>
 <h2>Best trial per {'width and depth' if depths else 'width'}</h2>
