@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
-from optuna.trial import TrialState
 
-from .runner import Sweep
+from .runner import Sweep, trial_outcome
 from .space import Choice, LogUniform
 from .verdict import Verdict, interval, judge, resample_index
 
@@ -45,20 +44,6 @@ class TrialResult:
         return not (self.diverged or self.failed or self.pruned)
 
 
-def _trial_kind(t) -> Optional[str]:
-    """'complete', 'diverged', 'failed', 'pruned' or None (running, waiting, interrupted or
-    retried: not a result)."""
-    if t.state == TrialState.COMPLETE:
-        return "complete"
-    if t.state == TrialState.PRUNED:
-        return "pruned"
-    if t.state != TrialState.FAIL or t.user_attrs.get("interrupted") or t.user_attrs.get("retried"):
-        return None
-    if t.user_attrs.get("diverged"):
-        return "diverged"
-    return "failed" if t.user_attrs.get("failed") else None
-
-
 def load_results(sweep: Sweep, failed: bool = True) -> list[TrialResult]:
     """Every finished trial of every (parametrization, width, depth) study: completed, diverged,
     pruned (loss NaN, `pruned` set) and (with `failed`) failed ones — a failed trial that was
@@ -66,7 +51,7 @@ def load_results(sweep: Sweep, failed: bool = True) -> list[TrialResult]:
     out = []
     for parametrization, width, depth, extra in sweep.config.all_cells:
         for t in sweep.study(parametrization, width, depth, extra).get_trials(deepcopy=False):
-            kind = _trial_kind(t)
+            kind = trial_outcome(t)  # the runner's rule: one home for what counts as a result
             if kind is None or (kind == "failed" and not failed):
                 continue
             params = {name: t.params.get(name, t.system_attrs.get("fixed_params", {}).get(name))
