@@ -15,7 +15,7 @@ def test_demo_quick_reproduces_the_headline_result(tmp_path, capsys):
     assert tune["transferred"] == {"mup": None} and tune["verdict"].startswith("No transfer verdict")
     output_mult = tune["transferred_hparams"]["output_mult"]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["transferred_hparams"]["output_mult"] == output_mult  # stage 2 runs µP at the tuned α_output
+    assert summary["transferred_hparams"]["output_mult"] == pytest.approx(output_mult)  # stage 2: the tuned α_output
     mup = summary["analysis"]["mup"]["width"]["hparams"]["lr"]
     sp = summary["analysis"]["sp"]["width"]["hparams"]["lr"]
     assert len(summary["seeds"]) >= 2 and mup["optimum"]["256"]["log2_interval"] is not None  # error bars
@@ -28,7 +28,7 @@ def test_demo_quick_reproduces_the_headline_result(tmp_path, capsys):
     transfer = json.loads((tmp_path / "run" / "transfer.json").read_text())
     assert transfer["target_width"] == 256 and transfer["proxy_width"] == 32
     assert transfer["mup"]["loss"] < transfer["sp"]["loss"]
-    assert transfer["mup"]["hparams"]["output_mult"] == output_mult and transfer["proxy_cost_ratio"] > 0
+    assert transfer["mup"]["hparams"]["output_mult"] == pytest.approx(output_mult) and transfer["proxy_cost_ratio"] > 0
     for name in ("report.html", "loss_vs_lr.png", "transferred.json"):
         assert (tmp_path / "run" / name).stat().st_size > 0
     assert summary["verdict"] in out and "report.html" in out and "µP across widths transferred" in out

@@ -242,6 +242,10 @@ class Sweep:
                     # A first heartbeat at once: a trial with none is never found stale, so a worker
                     # dying before its heartbeat thread starts would block the sweep for good.
                     self.storage.record_heartbeat(frozen._trial_id)
+                    # The study's cached storage must know the trial before it can take params:
+                    # a trial queued by another process (a retry, an interrupted run) is not in it
+                    # yet, so read the study's trials once (incremental in Optuna's cache).
+                    study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
                     return optuna.Trial(study, frozen._trial_id)
             except optuna.exceptions.UpdateFinishedTrialError:
                 continue
