@@ -33,7 +33,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"mutransfer {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as e:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # leaving: a second Ctrl-C must not add a traceback
+        if argv is None:  # the command itself, about to exit: a second Ctrl-C must not add a traceback.
+            # Called in-process (main([...]): tests, scripts), SIGINT is left as it was: an ignored
+            # SIGINT would be inherited by every process started afterwards.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         print(_interrupted_line(args, e), file=sys.stderr)
         return EXIT_INTERRUPTED
 
