@@ -586,8 +586,11 @@ def test_ctrl_c_prints_one_line_exits_130_and_a_rerun_resumes_at_once(tmp_path):
     cfg = write(tmp_path, GRID.replace("SLEEP", "0.3").replace("widths = [16, 64]", "widths = [16]"))
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "mutransfer.cli", "sweep", str(cfg), "--run", str(run), "--no-progress"]
+    # As from a terminal: SIGINT at its default in the child. Under `make test` pytest may run with
+    # SIGINT ignored (a background job of a non-interactive shell), and an ignored SIGINT is
+    # inherited through exec: the sweep would never see the Ctrl-C.
     proc = subprocess.Popen(cmd + ["--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     storage = f"sqlite:///{run / 'sweep.db'}"
     deadline = time.time() + 180  # a guard against a hang, not a speed requirement
     while time.time() < deadline:
