@@ -42,16 +42,20 @@ def target_depth(sweep: Sweep, depth: Optional[int] = None) -> Optional[int]:
         return None
     if depth is None:
         depth = cfg.target_depth or max(cfg.depths)
-    proxy = cfg.proxy_depth
-    if depth < 1:
-        raise ValueError(f"--depth must be positive (at least the proxy depth {proxy}), got {depth}")
-    if depth < proxy:
-        raise ValueError(f"--depth {depth} is below the proxy depth {proxy} (the smallest swept depth): "
-                         f"µTransfer goes from the proxy to a deeper target; give --depth {proxy} or more")
-    if depth == proxy:
-        warnings.warn(f"--depth {depth} equals the proxy depth: the target is the proxy's depth, "
-                      "so nothing is transferred across depth", UserWarning, stacklevel=3)
+    _check_target("depth", depth, cfg.proxy_depth, "deeper", "the proxy's depth", stacklevel=3)
     return depth
+
+
+def _check_target(axis: str, value: int, proxy: int, bigger: str, same: str, stacklevel: int) -> None:
+    """A target below the proxy along `axis` is refused; equal to it, a warning (nothing transfers)."""
+    if value < 1:
+        raise ValueError(f"--{axis} must be positive (at least the proxy {axis} {proxy}), got {value}")
+    if value < proxy:
+        raise ValueError(f"--{axis} {value} is below the proxy {axis} {proxy} (the smallest swept {axis}): "
+                         f"µTransfer goes from the proxy to a {bigger} target; give --{axis} {proxy} or more")
+    if value == proxy:
+        warnings.warn(f"--{axis} {value} equals the proxy {axis}: the target is {same}, "
+                      f"so nothing is transferred across {axis}", UserWarning, stacklevel=stacklevel + 1)
 
 
 def transfer(sweep: Sweep, width: Optional[int] = None, depth: Optional[int] = None,
@@ -61,14 +65,7 @@ def transfer(sweep: Sweep, width: Optional[int] = None, depth: Optional[int] = N
     if width is None:
         width = sweep.config.target_width or max(sweep.config.widths)
     proxy, proxy_depth = min(sweep.config.widths), sweep.config.proxy_depth
-    if width < 1:
-        raise ValueError(f"--width must be positive (at least the proxy width {proxy}), got {width}")
-    if width < proxy:
-        raise ValueError(f"--width {width} is below the proxy width {proxy} (the smallest swept width): "
-                         f"µTransfer goes from the proxy to a wider target; give --width {proxy} or more")
-    if width == proxy:
-        warnings.warn(f"--width {width} equals the proxy width: the target is the proxy itself, "
-                      "so nothing is transferred across width", UserWarning, stacklevel=2)
+    _check_target("width", width, proxy, "wider", "the proxy itself", stacklevel=2)
     depth = target_depth(sweep, depth)
     results = load_results(sweep)
     out: dict = {"target_width": width, "proxy_width": proxy}
