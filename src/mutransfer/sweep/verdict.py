@@ -316,7 +316,7 @@ def _regret(proxy: CellData, proxy_means: np.ndarray, cell: CellData, cell_means
     return (Estimate(float(absolute[0]), interval(absolute)), Estimate(float(relative[0]), interval(relative)))
 
 
-def _locate(coords: np.ndarray, prof: np.ndarray, dim: Dimension, grid: Optional[np.ndarray], n_seeds: int,
+def _locate(coords: np.ndarray, prof: np.ndarray, dim: Dimension, grid: Optional[np.ndarray],
             noise: float) -> tuple[np.ndarray, int, float, float, bool]:
     """Per resample, the fitted optimum; for the data (row 0): its edge code, the quantisation
     extents (how far below/above the fitted point the optimum may lie given the points evaluated)
@@ -368,7 +368,7 @@ def _hull(iv: Optional[tuple[float, float]], lo: float, hi: float, point: float)
     return min(a, point - lo), max(b, point + hi)
 
 
-def _noise(d: CellData, idx: np.ndarray) -> float:
+def _noise(d: CellData) -> float:
     """The typical standard error of a trial's mean loss over seeds (0 with one seed)."""
     if d.losses.shape[1] < 2:
         return 0.0
@@ -425,7 +425,7 @@ def judge(parametrization: str, axis: str, cells: list[tuple[int, Sequence]], sp
         for at, d in datas:
             coords = d.evaluated[name]
             prof = profile(d.x[name], means[at], coords)
-            xs, edge, q_lo, q_hi, flat = _locate(coords, prof, dim, grid_coords, n_seeds, _noise(d, idx))
+            xs, edge, q_lo, q_hi, flat = _locate(coords, prof, dim, grid_coords, _noise(d))
             samples[at], quant[at] = xs, (q_lo, q_hi)
             grid_x = float(coords[int(np.argmin(np.where(np.isfinite(prof[0]), prof[0], np.inf)))])
             located = not edge and not flat
@@ -439,7 +439,7 @@ def judge(parametrization: str, axis: str, cells: list[tuple[int, Sequence]], sp
                 (wl, wh), (pl, ph) = quant[at], quant[proxy_at]
                 moves[at] = Estimate(m, _hull(interval(samples[at] - samples[proxy_at]), wl + ph, wh + pl, m))
             else:
-                moves[at] = Estimate(m, None) if not isinstance(dim, Choice) else Estimate(m, None)
+                moves[at] = Estimate(m, None)  # an optimum without a position: no interval
         reasons, tol = [], tolerance(dim)
         for o in optima:
             if o.flat:
