@@ -27,6 +27,7 @@ from pathlib import Path
 
 from mutransfer.sweep import Sweep, run_sweep
 from mutransfer.sweep.analysis import best, counts, load_results, verdicts
+from mutransfer.sweep.demo import FIXED as DEMO_FIXED  # the demo's GPT settings
 
 FULL = dict(widths=[32, 64, 128, 256], low=-12, high=-4, grid=9, steps=150)
 QUICK = dict(widths=[32, 64], low=-10, high=-4, grid=4, steps=30)
@@ -48,17 +49,7 @@ type = "log"
 low = "2**{c["low"]}"
 high = "2**{c["high"]}"
 grid = {c["grid"]}
-
-[fixed]
-steps = {c["steps"]}
-batch_size = 16
-seq_len = 32
-n_layer = 2
-n_head = 4
-tied = false
-init_std = "default"
-threads = 1
-{opts}'''
+{DEMO_FIXED.format(steps=c["steps"])}{opts}'''
 
 
 def _ascending(self: Sweep) -> list[dict]:
