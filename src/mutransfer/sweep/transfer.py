@@ -80,7 +80,7 @@ def transfer(sweep: Sweep, width: Optional[int] = None, depth: Optional[int] = N
     out.update(overrides)
     if overrides:  # does the sweep say the HPs carry over to that batch size or horizon?
         from .analysis import verdicts
-        judged = verdicts(sweep, load_results(sweep)).get("mup", {})
+        judged = verdicts(sweep, results).get("mup", {})
         for key in overrides:
             v = judged.get(key)
             if v is not None and not v.transferred:
