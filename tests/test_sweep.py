@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import optuna
 import pytest
@@ -583,7 +584,9 @@ def test_an_objective_must_return_a_number(tmp_path, capsys, kind, message):
 
 @pytest.mark.slow
 def test_ctrl_c_prints_one_line_exits_130_and_a_rerun_resumes_at_once(tmp_path):
-    cfg = write(tmp_path, GRID.replace("SLEEP", "0.3").replace("widths = [16, 64]", "widths = [16]"))
+    # trials long against the gap between seeing two running and the Ctrl-C reaching them (0.3 s
+    # trials once let both finish in that gap: nothing was left to mark interrupted)
+    cfg = write(tmp_path, GRID.replace("SLEEP", "0.8").replace("widths = [16, 64]", "widths = [16]"))
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "mutransfer.cli", "sweep", str(cfg), "--run", str(run), "--no-progress"]
     # As from a terminal: SIGINT at its default in the child. Under `make test` pytest may run with
@@ -662,6 +665,26 @@ def test_a_bad_objective_leaves_nothing_behind_and_the_corrected_rerun_works(tmp
     assert not run.exists()
     cfg.write_text(cfg.read_text().replace(f"{tmp_path}/{spec}", f"{tmp_path}/obj.py:train"))
     assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
+
+
+def _children() -> set[int]:
+    """This process's child processes not yet reaped (Linux /proc)."""
+    pids = set()
+    for task in Path("/proc/self/task").iterdir():
+        pids |= {int(p) for p in (task / "children").read_text().split()}
+    return pids
+
+
+def test_a_refused_sweep_with_workers_leaves_no_worker_running(tmp_path, capsys):
+    # the workers start before the sweep is checked (they warm up meanwhile): a refused sweep
+    # must send them away, not leave them waiting or running
+    before = _children()
+    cfg = write(tmp_path, GRID.replace("SLEEP", "0").replace('"OBJ:train"', f'"{tmp_path}/obj2.py:train"'))
+    run = tmp_path / "run"
+    assert main(["sweep", str(cfg), "--run", str(run), "--workers", "3", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "not found" in err and "Traceback" not in err and "worker" not in err, err
+    assert _children() == before and not run.exists()
 
 
 def test_relative_paths_in_the_toml_resolve_next_to_it(tmp_path, monkeypatch):
