@@ -19,6 +19,7 @@ from .depth import residual_branch
 from .coord import coord_check
 from .coord_report import CoordCheckResult
 from .describe import describe
+from .export import export
 from .optim import param_groups
 from .parametrize import parametrize
 from .roles import MuPWarning
@@ -26,5 +27,5 @@ from .shapes import WidthShapes, load_shapes, save_shapes
 from .spec import MuSpec
 
 __version__ = "0.1.0"
-__all__ = ["parametrize", "residual_branch", "coord_check", "CoordCheckResult", "param_groups", "describe", "attn_scale", "attn_logits", "save_shapes", "load_shapes",
+__all__ = ["parametrize", "residual_branch", "coord_check", "CoordCheckResult", "param_groups", "describe", "export", "attn_scale", "attn_logits", "save_shapes", "load_shapes",
            "WidthShapes", "MuSpec", "MuPWarning", "limits", "optim", "rules", "__version__"]

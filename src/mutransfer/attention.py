@@ -222,7 +222,8 @@ class AttentionScale:
 
     ``scale`` is what the module computes after `parametrize` (measured on a probe forward when
     ``verified``), ``target`` µP's α·s₀·d₀/d, ``before`` the module's own scale; ``how`` says what
-    was changed: "unchanged", "attribute <name>", "sdpa", "mha" or "helper".
+    was changed: "unchanged", "attribute <name>", "sdpa", "mha" or "helper". ``attribute_value``:
+    for "attribute <name>", the value the attribute held before (what `export` puts back).
     """
 
     module: str
@@ -233,6 +234,7 @@ class AttentionScale:
     target: float
     scale: float
     verified: bool
+    attribute_value: Optional[float] = None
 
 
 @dataclass

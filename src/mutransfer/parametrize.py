@@ -188,9 +188,11 @@ def _plan_attention(model: nn.Module, seen: Observation, shapes: WidthShapes, de
 
 def _install_attention(model: nn.Module, fixes: list, alpha: float, seen: Observation) -> list:
     """Install the planned scales, measure them on a probe forward, undo and raise on any mismatch."""
+    originals = {f.name: getattr(f.module, f.attr) for f in fixes if f.attr is not None}
     revert = attn.install(fixes, alpha)
     if not seen.ran:
-        return [attn.AttentionScale(f.name, f.how, f.d0, f.d, f.before, f.target, f.target, False) for f in fixes]
+        return [attn.AttentionScale(f.name, f.how, f.d0, f.d, f.before, f.target, f.target, False,
+                                    originals.get(f.name)) for f in fixes]
     after = observe(model, seen.inputs)
     calls = after.attention_by_module()
     out = []
@@ -206,7 +208,8 @@ def _install_attention(model: nn.Module, fixes: list, alpha: float, seen: Observ
                 f"d₀={f.d0}, d={f.d}). The model is unchanged. Compute the logits with "
                 f"`mt.attn_scale(self, head_dim)` or F.scaled_dot_product_attention, or pass attention=False if the "
                 f"model already scales them the µP way")
-        out.append(attn.AttentionScale(f.name, f.how, f.d0, f.d, f.before, f.target, measured[0].scale, True))
+        out.append(attn.AttentionScale(f.name, f.how, f.d0, f.d, f.before, f.target, measured[0].scale, True,
+                                       originals.get(f.name)))
     return out
 
 
