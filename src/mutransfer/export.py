@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -42,6 +43,7 @@ from . import scaled_forward
 from .attention import MuMultiheadAttention, mup_logit_scale
 from .depth import BRANCH_ATTR, _branch_end
 from .naming import canonical_name
+from .roles import MuPWarning
 from .observe import _to_device, call_model, example_inputs as _example_inputs
 from .spec import SPEC_ATTR, find_spec
 
@@ -206,10 +208,10 @@ class _Folder:
 
     # ---- where each constant goes
 
-    def _scale(self, module: nn.Module, c: float, part: Optional[tuple[int, int, int]] = None,
+    def _scale(self, module: nn.Module, c: float, part: Optional[tuple[int, torch.Tensor]] = None,
                bias: bool = True) -> Callable[[], None]:
-        """Multiply a layer's weight (and bias) by c, or a slice (dim, start, stop) of them; returns
-        the undo. Refuses a parameter that other modules share (it would change them too)."""
+        """Multiply a layer's weight (and bias) by c, or the rows (dim, indices) of them; returns the
+        undo. Refuses a parameter that other modules share (it would change them too)."""
         touched = []
         for pname in ("weight", "bias") if bias else ("weight",):
             p = module._parameters.get(pname)
@@ -218,21 +220,30 @@ class _Folder:
             if len(self.owners.get(id(p), [])) > 1:
                 raise _Shared(self.owners[id(p)])
             if part is None:
-                view = p
+                p.mul_(c)
+                touched.append((p, None, None))
             else:
-                dim, start, stop = part
+                dim, index = part
                 dim = 0 if p.dim() == 1 else dim
-                view = p.narrow(dim, start, stop - start)
-            view.mul_(c)
-            touched.append(view)
+                p.index_copy_(dim, index, p.index_select(dim, index) * c)
+                touched.append((p, dim, index))
 
         def undo() -> None:
-            for v in touched:
-                v.div_(c)
+            for p, dim, index in touched:
+                if index is None:
+                    p.div_(c)
+                else:
+                    p.index_copy_(dim, index, p.index_select(dim, index) / c)
         return undo
 
     def _fold_output(self, c: _Constant, calls) -> None:
         module = self.modules[c.module]
+        if c.module not in calls:  # its forward never runs (the parent uses its weight directly)
+            warnings.warn(f"export: '{canonical_name(c.module)}' ({type(module).__name__}) carries a µP output "
+                          f"multiplier ×{c.factor:.6g}, but its forward does not run on the probe (its parameters are "
+                          "used directly by another module), so the multiplier had no effect on the µP model; the "
+                          "export leaves it out", MuPWarning, stacklevel=4)
+            return
         for pname in ("weight", "bias"):
             p = module._parameters.get(pname)
             if p is not None:
@@ -280,7 +291,8 @@ class _Folder:
         """The ratio of µP's logit scale to the plain one: into q (or k) — its projection, the q
         rows of a fused projection, or the query norm's gain."""
         module = self.modules[c.module]
-        for layer, part in _query_candidates(module):
+        heads = {a.module: a.d for a in self.spec.attention}
+        for layer, part in _query_candidates(module, heads.get(canonical_name(c.module))):
             try:
                 undo = self._scale(layer, c.factor, part)
             except _Shared:
@@ -355,7 +367,8 @@ class _Folder:
         calls: dict[str, tuple] = {}
 
         def hook(module, args, kwargs, name):
-            calls.setdefault(name, (args, kwargs))
+            if name not in calls:  # a copy: a KV cache among them is filled as the forward goes on
+                calls[name] = _copied((args, kwargs))
         handles = [m.register_forward_pre_hook(lambda mod, a, k, n=n: hook(mod, a, k, n), with_kwargs=True)
                    for n, m in self.reference.named_modules()]
         try:
@@ -369,8 +382,10 @@ class _Folder:
         if name not in calls:
             raise ValueError(f"export: module '{canonical_name(name)}' did not run on the probe forward, so where its "
                              "µP constant can be folded cannot be checked; pass example_inputs= that reach it")
-        args, kwargs = calls[name]
-        return _error(self.modules[name](*args, **kwargs), self.ref_modules[name](*args, **kwargs))
+        args, kwargs = _copied(calls[name])
+        mine = self.modules[name](*args, **kwargs)
+        args, kwargs = _copied(calls[name])
+        return _error(mine, self.ref_modules[name](*args, **kwargs))
 
     def _module_matches(self, name: str, calls) -> bool:
         return self._module_error(name, calls) <= self.rtol
@@ -397,6 +412,14 @@ def _holder(model: nn.Module) -> Optional[nn.Module]:
     return None
 
 
+def _copied(obj):
+    """A deep copy where one can be made (a module's inputs, a cache object), else the object."""
+    try:
+        return copy.deepcopy(obj)
+    except Exception:
+        return obj
+
+
 def _is_layer(module: nn.Module) -> bool:
     return not list(module.children()) and "weight" in module._parameters
 
@@ -405,9 +428,10 @@ def _layers(module: nn.Module):
     return [(n, m) for n, m in module.named_modules() if _is_layer(m)]
 
 
-def _query_candidates(module: nn.Module) -> list[tuple[nn.Module, Optional[tuple[int, int, int]]]]:
+def _query_candidates(module: nn.Module, head_dim: Optional[int]) -> list[tuple[nn.Module, Optional[tuple]]]:
     """Where a logit factor may go, most likely first: the query projection, the key projection,
-    the q rows of a fused projection (either weight layout), the query norm, any other layer."""
+    the q rows of a fused projection (either weight layout; q, k, v in thirds or interleaved per
+    head as GPT-NeoX), the query norm, any other layer."""
     layers = _layers(module)
     last = lambda n: n.rsplit(".", 1)[-1]  # noqa: E731
     out: list = []
@@ -417,8 +441,12 @@ def _query_candidates(module: nn.Module) -> list[tuple[nn.Module, Optional[tuple
         if last(n) in _FUSED_NAMES:
             w = m._parameters["weight"]
             for dim in dict.fromkeys((0, w.dim() - 1)):
-                if w.shape[dim] % 3 == 0:
-                    out.append((m, (dim, 0, w.shape[dim] // 3)))
+                n_out = w.shape[dim]
+                if n_out % 3 == 0:
+                    out.append((m, (dim, torch.arange(n_out // 3))))
+                    if head_dim and n_out % (3 * head_dim) == 0:
+                        rows = torch.arange(n_out).view(-1, 3, head_dim)[:, 0].reshape(-1)
+                        out.append((m, (dim, rows)))
     out += [(m, None) for n, m in layers if last(n) in _QUERY_NORM_NAMES]
     out += [(m, None) for _, m in layers if not any(m is o for o, _ in out)]
     return out
@@ -442,10 +470,12 @@ def _error(a, b) -> float:
     worst = 0.0
     for x, y in zip(ta, tb):
         x, y = x.detach().double(), y.detach().double()
+        finite = torch.isfinite(y)
+        if not torch.equal(finite, torch.isfinite(x)) or not torch.equal(x[~finite], y[~finite]):
+            return math.inf  # masks (-inf) must agree exactly
+        x, y = x[finite], y[finite]
         scale = float(y.abs().max()) if y.numel() else 0.0
         diff = float((x - y).abs().max()) if y.numel() else 0.0
-        if not math.isfinite(diff):
-            return math.inf
         worst = max(worst, diff / scale if scale > 0 else diff)
     return worst
 
