@@ -17,6 +17,8 @@ Where tracing cannot see the branches, name them (``residual_branches=["blocks.*
 """
 from __future__ import annotations
 
+import contextlib
+
 import fnmatch
 import operator
 from dataclasses import dataclass, field
@@ -140,6 +142,20 @@ class DepthMap:
 # --------------------------------------------------------------------------- branches
 
 
+_BRANCH_OUTPUTS: Optional[list] = None  # (block, branch output) of each call, while `branch_outputs` records
+
+
+@contextlib.contextmanager
+def branch_outputs():
+    """Record the branch outputs passed to `residual_branch` during a forward (for `export`)."""
+    global _BRANCH_OUTPUTS
+    _BRANCH_OUTPUTS, outer = [], _BRANCH_OUTPUTS
+    try:
+        yield _BRANCH_OUTPUTS
+    finally:
+        _BRANCH_OUTPUTS = outer
+
+
 def residual_branch(block: nn.Module, out):
     """Scale a residual branch's output by its block's depth multiplier m_L^-α.
 
@@ -150,6 +166,8 @@ def residual_branch(block: nn.Module, out):
     if isinstance(out, torch.fx.Proxy):
         _TRACED_HELPER.add(id(block))
         return out
+    if _BRANCH_OUTPUTS is not None:
+        _BRANCH_OUTPUTS.append((block, out))
     c = block.__dict__.get(BRANCH_ATTR, 1.0)
     return out if c == 1.0 else out * c
 

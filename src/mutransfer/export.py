@@ -41,7 +41,7 @@ from torch import nn
 
 from . import scaled_forward
 from .attention import MuMultiheadAttention, mup_logit_scale
-from .depth import BRANCH_ATTR, _branch_end
+from .depth import BRANCH_ATTR, _branch_end, branch_outputs
 from .naming import canonical_name
 from .roles import MuPWarning
 from .observe import _to_device, call_model, example_inputs as _example_inputs
@@ -239,7 +239,7 @@ class _Folder:
     def _fold_output(self, c: _Constant, calls) -> None:
         module = self.modules[c.module]
         if c.module not in calls:  # its forward never runs (the parent uses its weight directly)
-            warnings.warn(f"export: '{canonical_name(c.module)}' ({type(module).__name__}) carries a µP output "
+            warnings.warn(f"export: '{canonical_name(c.module)}' ({_class_name(module)}) carries a µP output "
                           f"multiplier ×{c.factor:.6g}, but its forward does not run on the probe (its parameters are "
                           "used directly by another module), so the multiplier had no effect on the µP model; the "
                           "export leaves it out", MuPWarning, stacklevel=4)
@@ -251,8 +251,24 @@ class _Folder:
                 self.applied[id(p)] = self.applied.get(id(p), 1.0) * c.factor
 
     def _fold_branch(self, c: _Constant, calls) -> None:
-        """Output × c of a module: into the layer that ends it (found by tracing, else searched)."""
+        """Output × c of a module: into the layer that ends it (found by tracing, else searched).
+        A block calling `mt.residual_branch`: into the layers whose outputs it was given."""
         module = self.modules[c.module]
+        if "_mutransfer_parent" not in type(self.ref_modules[c.module]).__dict__:  # the helper's multiplier
+            ends = self._helper_ends(c.module)
+            if ends:
+                undos = []
+                try:
+                    for layer in ends:
+                        undos.append(self._scale(layer, c.factor))
+                except _Shared:
+                    pass
+                else:
+                    if self._module_matches(c.module, calls):
+                        return
+                for u in reversed(undos):
+                    u()
+            return self._greedy(c, calls, "the residual branch multiplier", "the layers that end its branches")
         end = _branch_end(module)
         if end is not None:
             try:
@@ -265,6 +281,23 @@ class _Folder:
                 undo()
         self._greedy(c, calls, "the residual branch multiplier", "its last layer (a Linear/Conv whose output is the "
                      "branch's, used by nothing else)")
+
+    def _helper_ends(self, block: str) -> list[nn.Module]:
+        """The layers (of `plain`) whose outputs the block passed to `residual_branch` on the probe."""
+        made: dict[int, str] = {}
+        hooks = [m.register_forward_hook(lambda mod, i, o, n=n: made.__setitem__(id(o), n))
+                 for n, m in self.reference.named_modules() if _is_layer(m)]
+        try:
+            with branch_outputs() as seen:
+                call_model(self.reference, self.inputs)
+        finally:
+            for h in hooks:
+                h.remove()
+        target = self.ref_modules[block]
+        names = [made.get(id(out)) for b, out in seen if b is target]
+        if not names or None in names:
+            return []
+        return [self.modules[n] for n in dict.fromkeys(names)]
 
     def _greedy(self, c: _Constant, calls, what: str, where: str) -> None:
         """Fold c into layers of the module one at a time, last first, keeping each that brings the
@@ -283,7 +316,7 @@ class _Folder:
                 error = now
             else:
                 undo()
-        raise ValueError(f"export: {what} of '{canonical_name(c.module)}' ({type(module).__name__}, ×{c.factor:.6g}) "
+        raise ValueError(f"export: {what} of '{canonical_name(c.module)}' ({_class_name(module)}, ×{c.factor:.6g}) "
                          f"cannot be folded into {where}: no layer of it takes the factor with the module's output "
                          "unchanged; the model cannot be made plain")
 
@@ -300,7 +333,7 @@ class _Folder:
             if self._module_matches(c.module, calls):
                 return
             undo()
-        raise ValueError(f"export: attention module '{canonical_name(c.module)}' ({type(module).__name__}) needs its "
+        raise ValueError(f"export: attention module '{canonical_name(c.module)}' ({_class_name(module)}) needs its "
                          f"logits ×{c.factor:.6g} (µP's scale over the plain one) and no query or key projection, "
                          "fused qkv projection or query norm inside it takes the factor with the module's output "
                          "unchanged; compute q with a Linear inside the attention module (or keep the model in µP "
@@ -312,7 +345,7 @@ class _Folder:
         module = self.modules[c.module]
         weight = module._parameters.get("weight")
         if weight is None:
-            raise ValueError(f"export: readout '{canonical_name(c.module)}' ({type(module).__name__}) has no weight "
+            raise ValueError(f"export: readout '{canonical_name(c.module)}' ({_class_name(module)}) has no weight "
                              "parameter to take its multiplier")
         need = c.factor / self.applied.get(id(weight), 1.0)
         if need == 1.0:
@@ -418,6 +451,11 @@ def _copied(obj):
         return copy.deepcopy(obj)
     except Exception:
         return obj
+
+
+def _class_name(module: nn.Module) -> str:
+    """The user's class name (not mutransfer's MuScaled subclass)."""
+    return type(module).__dict__.get("_mutransfer_parent", type(module)).__name__
 
 
 def _is_layer(module: nn.Module) -> bool:
