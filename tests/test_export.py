@@ -300,3 +300,47 @@ def test_zero_initialised_readout_and_query_still_fold_correctly():
     fresh.load_state_dict(mt.export(m).state_dict())
     with torch.no_grad():
         assert rel(fresh.eval()(x).logits, m(x).logits) <= RTOL
+
+
+# ---------------------------------------------------------------------------- the command
+
+
+BUILD = """
+import mutransfer as mt
+from mutransfer.recipes import GPT
+
+def build():
+    return mt.parametrize(GPT(128), base=GPT(32), delta=GPT(64))
+"""
+
+
+def test_the_export_command_writes_a_checkpoint_the_plain_class_loads(tmp_path, capsys):
+    from mutransfer.cli import main
+    from mutransfer.recipes import GPT
+    (tmp_path / "build.py").write_text(BUILD)
+    torch.manual_seed(0)
+    m = mt.parametrize(GPT(128), base=GPT(32), delta=GPT(64), output_mult=2.0)  # trained: values differ from build()
+    torch.save({"model": m.state_dict(), "opt": {}}, tmp_path / "ckpt.pt")
+    out = tmp_path / "plain.pt"
+    assert main(["export", str(tmp_path / "ckpt.pt"), "--build", f"{tmp_path}/build.py:build", "--out", str(out)]) == 0
+    assert "exported state_dict" in capsys.readouterr().out
+    fresh = GPT(128)
+    fresh.load_state_dict(torch.load(out))
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("b", tmp_path / "build.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mu = mod.build()
+    mu.load_state_dict(torch.load(tmp_path / "ckpt.pt")["model"])
+    x = torch.randint(0, 256, (2, 16))
+    with torch.no_grad():
+        assert rel(fresh(x), mu(x)) <= RTOL
+    # bad inputs: a clear message and exit 2, nothing written
+    assert main(["export", str(tmp_path / "nope.pt"), "--build", f"{tmp_path}/build.py:build", "--out",
+                 str(tmp_path / "x.pt")]) == 2
+    assert "not found" in capsys.readouterr().err
+    (tmp_path / "plainbuild.py").write_text("from mutransfer.recipes import GPT\ndef build():\n    return GPT(128)\n")
+    assert main(["export", str(tmp_path / "ckpt.pt"), "--build", f"{tmp_path}/plainbuild.py:build", "--out",
+                 str(tmp_path / "x.pt")]) == 2
+    assert "not a model put in µP" in capsys.readouterr().err
+    assert not (tmp_path / "x.pt").exists()
