@@ -171,7 +171,7 @@ def _parser() -> argparse.ArgumentParser:
                                    "weights (mt.export) and write the plain model: save_pretrained for a Hugging Face "
                                    "model (OUT is a directory), else its state_dict with torch.save (OUT is a file). "
                                    "The result loads into the plain class with the same outputs. Exit 0 when "
-                                   "written, 2 on bad arguments or a model that cannot be made plain.")
+                                   "written, 2 on bad arguments or a model that cannot be made plain, 130 on Ctrl-C.")
     e.add_argument("checkpoint", help="a torch.save file: a state_dict, or a dict holding it under 'model' or "
                                       "'state_dict'")
     e.add_argument("--build", required=True, help="module:function or path/to/file.py:function returning the µP "
