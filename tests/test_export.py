@@ -344,3 +344,17 @@ def test_the_export_command_writes_a_checkpoint_the_plain_class_loads(tmp_path, 
                  str(tmp_path / "x.pt")]) == 2
     assert "not a model put in µP" in capsys.readouterr().err
     assert not (tmp_path / "x.pt").exists()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_models_are_folded_in_float32_and_keep_their_dtype(dtype):
+    torch.manual_seed(0)
+    m = mt.parametrize(GPT(128).to(dtype), base=GPT(32).to(dtype), delta=GPT(64).to(dtype), output_mult=3.0,
+                       attn_mult=1.3)
+    plain = mt.export(m)
+    assert {p.dtype for p in plain.parameters()} == {dtype}
+    x = ZOO["nanogpt"].inputs()
+    fresh = GPT(128).to(dtype)
+    fresh.load_state_dict(plain.state_dict())
+    with torch.no_grad():
+        assert rel(run(fresh.eval(), x)[0].float(), run(m.eval(), x)[0].float()) <= 8 * torch.finfo(dtype).eps

@@ -26,7 +26,10 @@ query) are filled with random values, so that a fold cannot pass by multiplying 
 exported model is then checked against the µP model on the probe; a mismatch above `rtol`, or a
 constant with no place to go, is a ValueError naming the module — never a wrong checkpoint.
 
-Memory: two copies of the model besides the original while it works.
+Low precision (float16/bfloat16): the folds are decided and checked on float32 copies, then the
+weights are rounded back to the model's dtypes and compared with the µP model at that precision
+(tolerance 8 ε of the dtype). Memory: two copies of the model (float32 for a low-precision model)
+besides the original while it works.
 """
 from __future__ import annotations
 
@@ -85,6 +88,10 @@ def export(model: nn.Module, example_inputs: Any = None, *, untie: bool = False,
         with torch.no_grad(), caching:
             inputs = _probe_inputs(root, example_inputs)
             reference = copy.deepcopy(root).eval()  # decisions are taken on this copy, zeros filled
+            low = _low_precision(reference)
+            if low is not None:  # decide in float32: bf16 rounding would hide which fold is right
+                reference.float()
+                inputs = _cast_floats(inputs, torch.float32)
             filled = _fill_zeros(reference)
             plain = copy.deepcopy(reference)
             _Folder(reference, plain, inputs, spec, rtol).fold(untie)
@@ -92,7 +99,12 @@ def export(model: nn.Module, example_inputs: Any = None, *, untie: bool = False,
             params = dict(plain.named_parameters(remove_duplicate=False))
             for name in filled:
                 params[name].zero_()
-            _check(plain, root, inputs, rtol, "the exported model (with the model's own values)")
+            final_rtol = rtol
+            if low is not None:
+                _restore_dtypes(plain, root)
+                inputs = _cast_floats(inputs, low)
+                final_rtol = max(rtol, 8 * torch.finfo(low).eps)  # the folded weights rounded to `low`
+            _check(plain, root, inputs, final_rtol, "the exported model (with the model's own values)")
     finally:
         root.train(training)
     caching.restore(plain)
@@ -544,6 +556,35 @@ def _probe_inputs(model: nn.Module, inputs):
             errors.append(f"{type(e).__name__}: {e}")
     raise ValueError(f"export could not make inputs for a probe forward of {type(model).__name__} "
                      f"({'; '.join(errors) or 'no input layer found'}); pass example_inputs=")
+
+
+def _low_precision(model: nn.Module) -> Optional[torch.dtype]:
+    """float16/bfloat16 if any parameter is stored in it, else None."""
+    for p in model.parameters():
+        if p.dtype in (torch.float16, torch.bfloat16):
+            return p.dtype
+    return None
+
+
+def _cast_floats(obj, dtype: torch.dtype):
+    """Floating-point tensors of (nested) inputs cast to dtype."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(dtype) if obj.is_floating_point() else obj
+    if isinstance(obj, dict):
+        return {k: _cast_floats(v, dtype) for k, v in obj.items()}
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_cast_floats(v, dtype) for v in obj)
+    return obj
+
+
+def _restore_dtypes(plain: nn.Module, original: nn.Module) -> None:
+    """Every parameter and buffer of `plain` back to the dtype it has in `original`."""
+    params = dict(original.named_parameters(remove_duplicate=False))
+    buffers = dict(original.named_buffers(remove_duplicate=False))
+    for name, p in plain.named_parameters(remove_duplicate=False):
+        p.data = p.data.to(params[name].dtype)
+    for name, b in plain.named_buffers(remove_duplicate=False):
+        b.data = b.data.to(buffers[name].dtype)
 
 
 def _fill_zeros(model: nn.Module) -> list[str]:
