@@ -27,7 +27,7 @@ import time
 import torch
 
 from mutransfer.sweep.objective import Scale
-from mutransfer.sweep.recipes import train_gpt, train_resmlp
+from mutransfer.sweep.objectives import train_gpt, train_resmlp
 
 VARIANTS = [("CompleteP α=1", "mup", 1.0), ("Depth-µP α=½", "mup", 0.5), ("no depth scaling", "sp", None)]
 MODELS = {"resmlp": (train_resmlp, {"steps": 150, "batch_size": 64}, range(-12, -3)),

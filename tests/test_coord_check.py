@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import mutransfer as mt
-from mutransfer.coord_report import CoordCheckResult, Record
+from mutransfer.coord import CoordCheckResult, Record
 from mutransfer.recipes import CNN, GPT, MLP, MHATransformer, get_recipe
 
 MLP_DATA = get_recipe("mlp").data()

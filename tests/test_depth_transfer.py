@@ -9,7 +9,7 @@ import mutransfer as mt
 from mutransfer.recipes.data import text_batches
 from mutransfer.recipes.models import GPT
 from mutransfer.sweep.objective import Scale
-from mutransfer.sweep.recipes import train_gpt, train_resmlp
+from mutransfer.sweep.objectives import train_gpt, train_resmlp
 
 pytestmark = pytest.mark.slow
 

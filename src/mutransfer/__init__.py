@@ -17,7 +17,7 @@ from . import limits, optim, rules
 from .attention import attn_logits, attn_scale
 from .depth import residual_branch
 from .coord import coord_check
-from .coord_report import CoordCheckResult
+from .coord import CoordCheckResult
 from .describe import describe
 from .export import export
 from .optim import param_groups

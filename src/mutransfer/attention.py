@@ -39,6 +39,9 @@ from . import scaled_forward, sdpa
 from .observe import AttentionCall
 from .naming import canonical_name
 
+__all__ = ["attention_kind", "head_dim_of", "base_head_dims", "attn_scale", "mup_logit_scale", "attn_logits",
+           "MuMultiheadAttention", "AttentionScale", "plan", "install", "legacy_plan"]
+
 _HEAD_DIM_ATTRS = ("head_dim", "d_head", "head_size", "attention_head_size")
 _EMBED_ATTRS = ("embed_dim", "n_embd", "d_model", "hidden_size", "dim", "all_head_size")
 _HEADS_ATTRS = ("num_heads", "n_head", "n_heads", "num_attention_heads", "heads")

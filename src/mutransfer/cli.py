@@ -11,6 +11,8 @@ from typing import Callable, Optional, Sequence
 
 from .coord import DEFAULT_OPTIMIZER
 
+__all__ = ["main"]
+
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 

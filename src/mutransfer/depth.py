@@ -30,6 +30,9 @@ from torch import nn
 
 from .naming import canonical_name
 
+__all__ = ["BRANCH_ATTR", "block_containers", "split_block", "join_name", "outermost", "DepthMap",
+           "branch_outputs", "residual_branch", "trace_branches", "Branch", "branch_end", "find_branches"]
+
 BRANCH_ATTR = "_mutransfer_branch_mult"
 _TRACED_HELPER: set[int] = set()
 
@@ -247,7 +250,7 @@ class Branch:
 _LINEAR = (nn.Linear, nn.modules.conv._ConvNd)
 
 
-def _branch_end(module: nn.Module, depth: int = 0) -> Optional[str]:
+def branch_end(module: nn.Module, depth: int = 0) -> Optional[str]:
     """Relative name of the Linear/Conv layer whose output is `module`'s output ("" for itself)."""
     if isinstance(module, _LINEAR):
         return ""
@@ -262,7 +265,7 @@ def _branch_end(module: nn.Module, depth: int = 0) -> Optional[str]:
     if not isinstance(last, torch.fx.Node) or last.op != "call_module":
         return None
     child = str(last.target)
-    inner = _branch_end(module.get_submodule(child), depth + 1)
+    inner = branch_end(module.get_submodule(child), depth + 1)
     return None if inner is None else join_name(child, inner)
 
 
@@ -288,7 +291,7 @@ def find_branches(model: nn.Module, depth: DepthMap, patterns: Optional[Iterable
                 if depth.locate(n) is None:
                     raise ValueError(f"residual_branches: '{n}' is not inside a block of a depth container "
                                      f"({', '.join(depth.containers) or 'none found'})")
-                end = _branch_end(modules[n])
+                end = branch_end(modules[n])
                 branches.append(Branch(n, False, None if end is None else join_name(n, end)))
         return branches, helper_blocks
     for prefix, (_, l) in depth.containers.items():
@@ -306,7 +309,7 @@ def find_branches(model: nn.Module, depth: DepthMap, patterns: Optional[Iterable
         if kind == "helper":
             helper_blocks += [join_name(prefix, i) for i in range(l)]
             continue
-        ends = {child: (None if tuple_out else _branch_end(first.get_submodule(child))) for child, tuple_out in found}
+        ends = {child: (None if tuple_out else branch_end(first.get_submodule(child))) for child, tuple_out in found}
         for i in range(l):
             for child, tuple_out in found:
                 end = ends[child]

@@ -5,6 +5,8 @@ from torch import nn
 
 from .spec import require_spec
 
+__all__ = ["describe"]
+
 
 def describe(model: nn.Module) -> str:
     """Table of every parameter: role, width multipliers, init / lr / ε factors vs the base model."""

@@ -44,11 +44,13 @@ from torch import nn
 
 from . import scaled_forward
 from .attention import MuMultiheadAttention, mup_logit_scale
-from .depth import BRANCH_ATTR, _branch_end, branch_outputs
+from .depth import BRANCH_ATTR, branch_end, branch_outputs
 from .naming import canonical_name
 from .roles import MuPWarning
-from .observe import _to_device, call_model, example_inputs as _example_inputs
-from .spec import SPEC_ATTR, find_spec
+from .observe import call_model, example_inputs as probe_candidates, to_device
+from .spec import SPEC_ATTR, find_spec, spec_holder
+
+__all__ = ["RTOL", "export"]
 
 RTOL = 1e-5
 _QUERY_NAMES = ("q_proj", "query", "to_q", "wq", "q", "w_q", "q_lin", "query_proj", "q_attn")
@@ -77,7 +79,7 @@ def export(model: nn.Module, example_inputs: Any = None, *, untie: bool = False,
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"export needs an nn.Module, got {type(model).__name__}")
-    root = _holder(model)
+    root = spec_holder(model)
     if root is None:
         raise ValueError(f"export: the model ({type(model).__name__}) was never parametrized; it is plain already "
                          "(save it as it is), or call mt.parametrize first")
@@ -281,7 +283,7 @@ class _Folder:
                 for u in reversed(undos):
                     u()
             return self._greedy(c, calls, "the residual branch multiplier", "the layers that end its branches")
-        end = _branch_end(module)
+        end = branch_end(module)
         if end is not None:
             try:
                 undo = self._scale(module.get_submodule(end) if end else module, c.factor)
@@ -444,19 +446,6 @@ class _Shared(Exception):
 # --------------------------------------------------------------------------- helpers
 
 
-def _holder(model: nn.Module) -> Optional[nn.Module]:
-    """The module that carries the spec (the user's model inside DDP / torch.compile wrappers)."""
-    seen = 0
-    while model is not None and seen < 8:
-        if SPEC_ATTR in model.__dict__:
-            return model
-        model = next((getattr(model, a) for a in ("_orig_mod", "module", "_fsdp_wrapped_module",
-                                                  "_checkpoint_wrapped_module")
-                      if isinstance(getattr(model, a, None), nn.Module)), None)
-        seen += 1
-    return None
-
-
 def _copied(obj):
     """A deep copy where one can be made (a module's inputs, a cache object), else the object."""
     try:
@@ -539,7 +528,7 @@ def _check(plain: nn.Module, reference: nn.Module, inputs, rtol: float, what: st
 
 def _probe_inputs(model: nn.Module, inputs):
     if inputs is not None:
-        inputs = _to_device(inputs, model)
+        inputs = to_device(inputs, model)
         try:
             call_model(model.eval(), inputs)
         except Exception as e:
@@ -548,7 +537,7 @@ def _probe_inputs(model: nn.Module, inputs):
                              "arguments)") from None
         return inputs
     errors = []
-    for cand in _example_inputs(model):
+    for cand in probe_candidates(model):
         try:
             call_model(model.eval(), cand)
             return cand

@@ -50,6 +50,9 @@ from torch.overrides import TorchFunctionMode
 
 from .naming import canonical_name
 
+__all__ = ["Dims", "Use", "AttentionCall", "Observation", "recording", "observe", "call_model",
+           "example_inputs", "observe_model", "to_device"]
+
 Dims = tuple[tuple[int, ...], ...]  # per tensor dim: the parameter dims it came from
 
 
@@ -771,7 +774,7 @@ def example_inputs(model: nn.Module) -> list[Any]:
 def observe_model(model: nn.Module, inputs: Any = None) -> Observation:
     """`observe` with the given inputs, or with the first candidate of `example_inputs` that runs."""
     if inputs is not None:
-        return observe(model, _to_device(inputs, model))
+        return observe(model, to_device(inputs, model))
     candidates = example_inputs(model)
     if not candidates:
         return Observation(error="no example inputs could be made for it")
@@ -784,7 +787,7 @@ def observe_model(model: nn.Module, inputs: Any = None) -> Observation:
     return Observation(error="; ".join(dict.fromkeys(e for e in errors if e)))
 
 
-def _to_device(inputs, model: nn.Module):
+def to_device(inputs, model: nn.Module):
     p = next(model.parameters(), None)
     if p is None:
         return inputs

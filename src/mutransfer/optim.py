@@ -18,6 +18,9 @@ from .rules import DEFAULT_WEIGHT_DECAY_POLICY, WEIGHT_DECAY_POLICIES, optimizer
 from .shapes import canonical_name
 from .spec import require_spec
 
+__all__ = ["LR_FACTOR_KEY", "param_groups", "SGD", "Adam", "AdamW", "scaled_lrs", "check_lr_ratios",
+           "OneCycleLR"]
+
 LR_FACTOR_KEY = "mup_lr_factor"
 
 

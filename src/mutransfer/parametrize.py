@@ -26,6 +26,8 @@ from .rules import (BRANCH_MULTIPLIER, DEFAULT_DEPTH_ALPHA, Multipliers, check_d
 from .shapes import WidthShapes, canonical_name
 from .spec import SPEC_ATTR, MuSpec, find_spec
 
+__all__ = ["BaseShapes", "parametrize", "Zeroing", "Multiplied"]
+
 BaseShapes = Union[str, os.PathLike, WidthShapes, Mapping]
 _QUERY_MODULE_NAMES = ("q_proj", "query", "to_q", "wq", "q", "w_q", "q_lin", "query_proj")
 _FUSED_QKV_NAMES = ("qkv", "c_attn", "wqkv", "qkv_proj", "to_qkv", "in_proj", "query_key_value")

@@ -4,6 +4,8 @@ from __future__ import annotations
 import sys
 import time
 
+__all__ = ["Progress"]
+
 
 class Progress:
     def __init__(self, total: int, label: str, enabled: bool = True, width: int = 24):

@@ -34,7 +34,10 @@ from torch import nn
 from .depth import DepthMap
 from .observe import Observation, Use
 from .rules import ROLES
-from .shapes import ParamShape, WidthShapes, canonical_name
+from .naming import canonical_name, listed_differences
+from .shapes import ParamShape, WidthShapes
+
+__all__ = ["Layout", "ParamInfo", "classify", "MuPWarning"]
 
 Layout = Optional[tuple[int, int]]  # (fan_in dim, fan_out dim) or None when not a weight matrix
 
@@ -211,12 +214,8 @@ def classify(model: nn.Module, shapes: WidthShapes, roles: Optional[Mapping[str,
     missing = sorted(n for n in canonical.values() if depth.to_base(n) not in shapes.params)
     extra = sorted({depth.normalized(n) for n in shapes.params} - {depth.normalized(n) for n in canonical.values()})
     if missing or extra:
-        parts = []
-        if missing:
-            parts.append(f"not in the base shapes: {', '.join(missing[:5])}")
-        if extra:
-            parts.append(f"only in the base shapes: {', '.join(extra[:5])}")
-        raise ValueError(f"model and base shapes have different parameter names ({'; '.join(parts)})")
+        parts = listed_differences(("not in the base shapes", missing), ("only in the base shapes", extra))
+        raise ValueError(f"model and base shapes have different parameter names ({parts})")
 
     usages: dict[int, list[tuple[str, nn.Module, str]]] = {}
     modules: dict[str, nn.Module] = {}

@@ -25,6 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+__all__ = ["Exponents", "ROLES", "Rule", "TABLE3", "TABLE8", "FORMULATIONS", "OPTIMIZER_FAMILIES",
+           "WEIGHT_DECAY_POLICIES", "DEFAULT_WEIGHT_DECAY_POLICY", "DepthRule", "BRANCH_MULTIPLIER",
+           "DEPTH_RULES", "DEFAULT_DEPTH_ALPHA", "depth_factor", "check_depth_alpha", "factor",
+           "optimizer_family", "formulation_rules", "Multipliers"]
+
 Exponents = tuple[float, float]  # exponents of (m_in, m_out)
 
 ROLES = ("input", "vector", "hidden", "output", "scalar")

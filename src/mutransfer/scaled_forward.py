@@ -20,6 +20,8 @@ from torch import nn
 
 from . import sdpa as _sdpa
 
+__all__ = ["INPUT_ATTR", "OUTPUT_ATTR", "SDPA_ATTR", "scaled_class", "install"]
+
 
 INPUT_ATTR = "_mutransfer_input_mult"
 OUTPUT_ATTR = "_mutransfer_output_mult"

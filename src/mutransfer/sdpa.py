@@ -13,6 +13,8 @@ import math
 
 import torch.nn.functional as F
 
+__all__ = ["torch_sdpa", "mup_sdpa", "install_wrapper", "correcting"]
+
 _ACTIVE: list[float] = []  # corrections of the µP attention modules being run, innermost last
 torch_sdpa = F.scaled_dot_product_attention
 

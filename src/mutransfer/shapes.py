@@ -16,8 +16,10 @@ from torch import nn
 
 from .attention import base_head_dims
 from .depth import DepthMap
-from .naming import canonical_name
+from .naming import canonical_name, listed_differences
 from .observe import observe_model
+
+__all__ = ["SHAPES_FORMAT_VERSION", "ParamShape", "WidthShapes", "save_shapes", "load_shapes"]
 
 SHAPES_FORMAT_VERSION = 1
 
@@ -173,10 +175,6 @@ def _check_same_names(a, b, a_name: str, b_name: str) -> None:
     only_a = sorted(set(a) - set(b))
     only_b = sorted(set(b) - set(a))
     if only_a or only_b:
-        parts = []
-        if only_a:
-            parts.append(f"only in {a_name}: {', '.join(only_a[:5])}{' …' if len(only_a) > 5 else ''}")
-        if only_b:
-            parts.append(f"only in {b_name}: {', '.join(only_b[:5])}{' …' if len(only_b) > 5 else ''}")
-        raise ValueError(f"{a_name} and {b_name} have different parameter names ({'; '.join(parts)}); "
+        parts = listed_differences((f"only in {a_name}", only_a), (f"only in {b_name}", only_b))
+        raise ValueError(f"{a_name} and {b_name} have different parameter names ({parts}); "
                          "they must be the same architecture at different widths")

@@ -10,6 +10,8 @@ from .roles import ParamInfo
 from .rules import DEPTH_RULES, DepthRule, Multipliers, Rule, depth_factor, factor, formulation_rules
 from .shapes import WidthShapes
 
+__all__ = ["SPEC_ATTR", "MuSpec", "spec_holder", "find_spec", "require_spec"]
+
 SPEC_ATTR = "_mutransfer_spec"
 # Attributes under which wrappers keep the user's model: torch.compile, DDP/DataParallel, FSDP1.
 _WRAPPED_ATTRS = ("_orig_mod", "module", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
@@ -56,16 +58,22 @@ class MuSpec:
         return lr_f, eps_f
 
 
-def find_spec(model: nn.Module) -> Optional[MuSpec]:
+def spec_holder(model: nn.Module) -> Optional[nn.Module]:
+    """The module that carries the spec: the model itself or the user's model inside wrappers
+    (torch.compile, DDP/DataParallel, FSDP1, activation checkpointing); None if never parametrized."""
     seen = 0
     while model is not None and seen < 8:
-        spec = model.__dict__.get(SPEC_ATTR)
-        if spec is not None:
-            return spec
+        if SPEC_ATTR in model.__dict__:
+            return model
         model = next((getattr(model, a) for a in _WRAPPED_ATTRS
                       if isinstance(getattr(model, a, None), nn.Module)), None)
         seen += 1
     return None
+
+
+def find_spec(model: nn.Module) -> Optional[MuSpec]:
+    holder = spec_holder(model)
+    return None if holder is None else holder.__dict__[SPEC_ATTR]
 
 
 def require_spec(model: nn.Module, caller: str) -> MuSpec:

@@ -14,6 +14,8 @@ from typing import Callable, Optional, Union
 import torch
 import torch.nn.functional as F
 
+__all__ = ["Fn", "Moments", "Activation", "get_activation"]
+
 Fn = Callable[[torch.Tensor], torch.Tensor]
 Moments = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (a, b, c) -> E[...]
 

@@ -11,6 +11,8 @@ from torch import nn
 from .activations import Fn, get_activation
 from .kernels import ArrayLike, as_inputs
 
+__all__ = ["NTKLinear", "NTKMLP", "empirical_ntk", "empirical_nngp"]
+
 
 class NTKLinear(nn.Module):
     """h = σ_w · W x / √fan_in + σ_b · b with W, b ~ N(0, 1) (NTK parametrization)."""

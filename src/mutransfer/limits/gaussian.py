@@ -18,6 +18,9 @@ import torch
 
 from .activations import Fn
 
+__all__ = ["MAX_ORDER", "nodes", "expect_1d", "weighted_hermite", "hermite_coefficients", "converged",
+           "mehler", "expect_2d"]
+
 # Elements of the (pairs × nodes²) work array per chunk: ~128 MB in float64.
 _CHUNK_ELEMENTS = 16_000_000
 MAX_ORDER = 400

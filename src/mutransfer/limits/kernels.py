@@ -23,6 +23,9 @@ import torch
 from .activations import Activation, Fn, get_activation
 from .gaussian import MAX_ORDER, converged, expect_1d, expect_2d, hermite_coefficients, mehler
 
+__all__ = ["ArrayLike", "DEFAULT_QUAD_ORDER", "DEFAULT_SERIES_TERMS", "as_inputs", "kernels", "nngp", "ntk",
+           "nngp_diag"]
+
 ArrayLike = Union[torch.Tensor, np.ndarray]
 DEFAULT_QUAD_ORDER = 64  # per dimension, for the 2-D quadrature fallback
 DEFAULT_SERIES_TERMS = 240  # Hermite coefficients in Mehler's series

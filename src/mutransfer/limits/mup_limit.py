@@ -36,6 +36,9 @@ from .activations import Fn, get_activation
 from .gaussian import nodes
 from .kernels import ArrayLike, as_inputs
 
+__all__ = ["METHODS", "sgd_batches", "MuPLimit", "OneHiddenLayer", "train_finite", "feature_movement",
+           "fitted_slope"]
+
 METHODS = ("auto", "linear", "quadrature", "monte_carlo")
 
 

@@ -7,6 +7,8 @@ import torch
 
 from .kernels import ArrayLike, as_inputs, kernels, nngp_diag
 
+__all__ = ["nngp_predict", "ntk_predict"]
+
 
 def _targets(y: ArrayLike, n: int) -> tuple[torch.Tensor, bool]:
     y = torch.as_tensor(y).detach().to(torch.float64)

@@ -10,6 +10,8 @@ from functools import lru_cache
 
 import torch
 
+__all__ = ["stdlib_text", "text_batches", "gaussian_batches", "image_batches"]
+
 _DOC_MODULES = ("collections", "itertools", "functools", "json", "re", "string", "textwrap", "argparse",
                 "pathlib", "statistics", "fractions", "decimal", "heapq", "bisect", "difflib", "calendar",
                 "csv", "logging", "inspect", "dataclasses", "unittest", "subprocess", "shutil")

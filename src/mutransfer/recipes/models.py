@@ -11,6 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+__all__ = ["MLP", "ResBlock", "ResMLP", "CNN", "BasicBlock", "ResNet", "CausalSelfAttention", "Block", "GPT",
+           "MHATransformer"]
+
 
 class MLP(nn.Module):
     """`depth` hidden layers of size `width`, ReLU, PyTorch default init."""

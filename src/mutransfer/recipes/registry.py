@@ -9,6 +9,8 @@ from torch import nn
 from .data import gaussian_batches, image_batches, text_batches
 from .models import CNN, GPT, MLP, ResMLP
 
+__all__ = ["Recipe", "RECIPES", "get_recipe"]
+
 
 @dataclass(frozen=True)
 class Recipe:

@@ -16,6 +16,10 @@ from .runner import Sweep, trial_outcome
 from .space import Choice, LogUniform
 from .verdict import Verdict, interval, judge, resample_index
 
+__all__ = ["AXES", "TrialResult", "load_results", "counts", "in_cell", "best", "along_cells", "optima",
+           "drift", "max_drift_steps", "bigger_is_better", "wider_is_better", "deeper_is_better",
+           "transferred_hparams", "axes", "cells_along", "verdicts", "same_point", "head_to_head", "costs"]
+
 AXES = ("width", "depth")
 
 

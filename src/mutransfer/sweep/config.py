@@ -89,6 +89,10 @@ from typing import Any, Optional, Union
 
 from .space import Choice, Dimension, dimension_from_dict
 
+__all__ = ["SAMPLERS", "PARAMETRIZATIONS", "PRUNERS", "AUTO", "PRUNER_OPTIONS", "EXTRA_AXES", "KEYS",
+           "CONFIG_DIR_KEY", "SweepConfig", "resolve_storage", "config_from_dict", "load_config",
+           "pinned_text"]
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover

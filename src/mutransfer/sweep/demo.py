@@ -29,6 +29,8 @@ from .report import head_to_head_line, write_report
 from .runner import run_sweep
 from .transfer import format_transfer, transfer
 
+__all__ = ["FULL", "QUICK", "FIXED", "LR", "tune_config", "demo_config", "run_demo", "format_summary"]
+
 # lr grids in integer octaves (low..high); output_mult in half octaves (2^mult_low .. 2^mult_high, mult_grid points):
 # at width 32 its loss valley is shallow (1.6% from α=1 to the best) and its floor lies between 2 and 4.
 FULL = dict(widths=[32, 64, 128, 256], low=-10, high=-4, tune_low=-10, tune_high=-4, steps=150, seeds=[0, 1],

@@ -31,14 +31,14 @@ is not reported (return NaN from the objective to mark a diverged trial).
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional
 
 import optuna
 
-from .._loading import load_callable
 from ..rules import ROLES
+
+__all__ = ["Objective", "MULTIPLIER_NAMES", "Reporter", "Pruned", "Scale", "mup_kwargs"]
 
 Objective = Callable[[dict, "Scale"], float]
 MULTIPLIER_NAMES = ("output_mult", "attn_mult", "embedding_mult")
@@ -105,19 +105,3 @@ def _number(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {value!r}")
     return float(value)
-
-
-def load_objective(spec: str, base_dir: Optional[Union[str, os.PathLike]] = None) -> Objective:
-    """'recipe:NAME' for a built-in, else 'module:function' or 'path/to/file.py:function'.
-
-    A relative file path is taken from `base_dir` (a sweep: its TOML file's directory; default the
-    current directory); a dotted module is imported from `base_dir` or the current directory.
-    ValueError, naming the file, for anything wrong — an exception raised by the module's import too.
-    """
-    kind, _, name = spec.partition(":")
-    if kind == "recipe":
-        from .recipes import SWEEP_RECIPES
-        if name not in SWEEP_RECIPES:
-            raise ValueError(f"objective: unknown recipe '{name}'; built-in: {', '.join(SWEEP_RECIPES)}")
-        return SWEEP_RECIPES[name]
-    return load_callable(spec, "objective", base_dir)

@@ -19,8 +19,24 @@ from .analysis import (TrialResult, best, costs, in_cell, counts, deeper_is_bett
 from .runner import Sweep
 from .space import Choice, LogUniform
 from .storage import mask_url
-from .transfer import TRANSFER_RUNS, transfer_where
 from .verdict import CONFIDENCE, Verdict, axis_name, describe, describe_optima, judge, unit, value_at
+
+__all__ = ["TRANSFER_RUNS", "transfer_where", "LABEL", "LINESTYLES", "curves", "cell_of", "axis_lines",
+           "plot_hparam", "verdict_lines", "head_to_head_line", "summarize", "write_report"]
+
+# The two target runs of `transfer`, in the order they are shown.
+TRANSFER_RUNS = (("mup", "µP target, µP proxy optimum"), ("sp", "SP target, SP proxy optimum"))
+
+
+def transfer_where(out: dict, which: str) -> str:
+    """'width 32' or 'width 32, depth 2' (and the target's batch size and steps when given): the
+    "proxy" or "target" of a transfer result."""
+    depth = out.get(f"{which}_depth")
+    where = f"width {out[f'{which}_width']}" + ("" if depth is None else f", depth {depth}")
+    if which == "target":
+        where += "".join(f", {k.replace('_', ' ')} {out[k]}" for k in ("batch_size", "steps") if k in out)
+    return where
+
 
 LABEL = {"mup": "µP", "sp": "SP (standard)"}
 LINESTYLES = ("-", "--", ":", "-.")

@@ -51,10 +51,15 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ..progress import Progress
 from .config import SweepConfig, load_config, pinned_text
-from .objective import Objective, Pruned, Scale, load_objective
+from .objective import Objective, Pruned, Scale
+from .objectives import load_objective
 from .space import Choice, Dimension, LogUniform
 from .storage import (ClaimLock, Heartbeat, default_url, mask_url, open_storage, quiet,
                       set_finished_trial_user_attr)
+
+__all__ = ["CONFIG_FILE", "STORAGE_ENV", "POLL_SECONDS", "FIRST_WAIT_SECONDS", "STALE_CHECK_SECONDS",
+           "COUNT_SECONDS", "FAILURES_DIR", "EXIT_INTERRUPTED", "SweepInterrupted", "trial_outcome",
+           "study_name", "cell_label", "Sweep", "run_sweep"]
 
 CONFIG_FILE = "config.toml"
 STORAGE_ENV = "MUTRANSFER_STORAGE"

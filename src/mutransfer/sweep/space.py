@@ -8,6 +8,8 @@ from typing import Any, Union
 
 import optuna
 
+__all__ = ["LogUniform", "Uniform", "Choice", "Dimension", "SPACE_KEYS", "dimension_from_dict"]
+
 
 @dataclass(frozen=True)
 class LogUniform:

@@ -16,6 +16,9 @@ from typing import Iterator
 
 import optuna
 
+__all__ = ["quiet", "HEARTBEAT_INTERVAL", "GRACE_PERIOD", "mask_url", "default_url", "open_storage",
+           "Heartbeat", "ClaimLock", "set_finished_trial_user_attr"]
+
 
 
 @contextlib.contextmanager

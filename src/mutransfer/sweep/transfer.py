@@ -27,10 +27,12 @@ import warnings
 from typing import Optional
 
 from .analysis import costs, load_results, transferred_hparams
+from .report import TRANSFER_RUNS, transfer_where, write_report
 from .runner import Sweep
 
+__all__ = ["target_depth", "transfer", "format_transfer"]
 
-TRANSFER_RUNS = (("mup", "µP target, µP proxy optimum"), ("sp", "SP target, SP proxy optimum"))
+
 
 
 def target_depth(sweep: Sweep, depth: Optional[int] = None) -> Optional[int]:
@@ -114,19 +116,8 @@ def transfer(sweep: Sweep, width: Optional[int] = None, depth: Optional[int] = N
         out.update(cost_ratio=cost["sweep_over_target"], proxy_cost_ratio=cost["proxy_over_target"])
     (sweep.run_dir / "transfer.json").write_text(json.dumps(out, indent=1))
     if (sweep.run_dir / "report.html").is_file():  # the report shows the transfer, whatever the order
-        from .report import write_report
         write_report(sweep)
     return out
-
-
-def transfer_where(out: dict, which: str) -> str:
-    """'width 32' or 'width 32, depth 2' (and the target's batch size and steps when given): the
-    "proxy" or "target" of a transfer result."""
-    depth = out.get(f"{which}_depth")
-    where = f"width {out[f'{which}_width']}" + ("" if depth is None else f", depth {depth}")
-    if which == "target":
-        where += "".join(f", {k.replace('_', ' ')} {out[k]}" for k in ("batch_size", "steps") if k in out)
-    return where
 
 
 def format_transfer(out: dict) -> str:

@@ -42,6 +42,11 @@ import numpy as np
 
 from .space import Choice, Dimension, LogUniform, Uniform
 
+__all__ = ["CONFIDENCE", "N_BOOTSTRAP", "TOLERANCE_OCTAVES", "MAX_REGRET", "BOOTSTRAP_SEED", "AXIS_NAMES",
+           "axis_name", "EDGE_NAMES", "coordinate", "value_at", "tolerance", "unit", "CellData", "cell_data",
+           "resample_index", "resampled_means", "profile", "parabolic_minimum", "interval", "Optimum",
+           "Estimate", "HPVerdict", "Verdict", "judge", "describe", "describe_optima"]
+
 CONFIDENCE = 0.90
 N_BOOTSTRAP = 2000
 TOLERANCE_OCTAVES = 1.0

@@ -28,6 +28,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Optional, Union
 
+__all__ = ["PathLike", "VANISHING_SLOPE", "ATTN_SUFFIX", "Record", "Trend", "CoordCheckResult"]
+
 PathLike = Union[str, os.PathLike]
 VANISHING_SLOPE = -0.5
 ATTN_SUFFIX = " [attn logits]"  # attention logits' changes start as O(1/√d) cross terms: no warning
@@ -274,5 +276,5 @@ class CoordCheckResult:
     def plot(self, path: PathLike, max_legend: int = 12) -> None:
         """Log-log curves of every module against width: one panel for the size at init, one per
         step for the change since init. Failing curves are drawn thick and named in the legend."""
-        from .coord_plot import plot_result
+        from .plot import plot_result
         plot_result(self, path, max_legend=max_legend)

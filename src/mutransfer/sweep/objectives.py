@@ -13,7 +13,8 @@ with a pruner, a trial clearly worse than its study's finished ones stops there.
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+import os
+from typing import Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +23,10 @@ from .. import optim as mt_optim
 from ..parametrize import parametrize
 from ..recipes.data import stdlib_text
 from ..recipes.models import GPT, MLP, ResMLP
-from .objective import Scale, mup_kwargs
+from .._loading import load_callable
+from .objective import Objective, Scale, mup_kwargs
+
+__all__ = ["Builder", "train_gpt", "train_mlp", "TASKS", "train_resmlp", "SWEEP_RECIPES", "load_objective"]
 
 
 def _threads(hp: dict) -> None:
@@ -177,3 +181,18 @@ def train_resmlp(hp: dict, scale: Scale) -> float:
 
 
 SWEEP_RECIPES = {"gpt": train_gpt, "mlp": train_mlp, "resmlp": train_resmlp}
+
+
+def load_objective(spec: str, base_dir: Optional[Union[str, os.PathLike]] = None) -> Objective:
+    """'recipe:NAME' for a built-in, else 'module:function' or 'path/to/file.py:function'.
+
+    A relative file path is taken from `base_dir` (a sweep: its TOML file's directory; default the
+    current directory); a dotted module is imported from `base_dir` or the current directory.
+    ValueError, naming the file, for anything wrong — an exception raised by the module's import too.
+    """
+    kind, _, name = spec.partition(":")
+    if kind == "recipe":
+        if name not in SWEEP_RECIPES:
+            raise ValueError(f"objective: unknown recipe '{name}'; built-in: {', '.join(SWEEP_RECIPES)}")
+        return SWEEP_RECIPES[name]
+    return load_callable(spec, "objective", base_dir)

@@ -4,8 +4,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Union
 
+__all__ = ["plot_result"]
+
 if TYPE_CHECKING:
-    from .coord_report import CoordCheckResult
+    from .report import CoordCheckResult
 
 
 def _matplotlib():

@@ -21,15 +21,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import attention as attn
-from .coord_report import ATTN_SUFFIX, CoordCheckResult, Record
-from .depth import block_containers, join_name, split_block
-from .naming import canonical_name
-from .observe import recording
-from .optim import param_groups
-from .progress import Progress
-from .rules import optimizer_family
-from .spec import find_spec
+from .. import attention as attn
+from .report import ATTN_SUFFIX, CoordCheckResult, Record
+from ..depth import block_containers, join_name, split_block
+from ..naming import canonical_name
+from ..observe import recording
+from ..optim import param_groups
+from ..progress import Progress
+from ..rules import optimizer_family
+from ..spec import find_spec
+
+__all__ = ["MODEL_OUTPUT", "DEFAULT_OPTIMIZER", "LossFn", "OptimizerFactory", "coord_check"]
 
 MODEL_OUTPUT = "(model output)"
 DEFAULT_OPTIMIZER = "adam"  # coord_check's default, and `mutransfer coord-check --optimizer`'s
@@ -155,9 +157,9 @@ def _predictions(make_model, sizes: list[int], inputs) -> tuple[dict[str, float]
     """
     import warnings
 
-    from .roles import classify
-    from .shapes import WidthShapes
-    from .observe import observe
+    from ..roles import classify
+    from ..shapes import WidthShapes
+    from ..observe import observe
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

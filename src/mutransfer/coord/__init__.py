@@ -1,0 +1,7 @@
+"""The coordinate check (TP5 appendix D.1): train a few steps at several widths and test whether
+every activation scales as µP predicts. `run` trains and records, `report` holds the records and
+the verdict (slopes against the exponents µP predicts), `plot` draws them."""
+from .report import ATTN_SUFFIX, CoordCheckResult, Record, Trend
+from .run import DEFAULT_OPTIMIZER, MODEL_OUTPUT, coord_check
+
+__all__ = ["coord_check", "CoordCheckResult", "Record", "Trend", "DEFAULT_OPTIMIZER", "MODEL_OUTPUT", "ATTN_SUFFIX"]

@@ -1,0 +1,160 @@
+"""The package's layers, read from its source: imports point one way, no module reaches into
+another's private names. (See docs/ARCHITECTURE.md.)"""
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = "mutransfer"
+
+# Each layer may import the layers after it in this list, never one before it.
+LAYERS = ["cli", "sweep", "coord", "core"]
+STANDALONE = ("limits", "recipes")  # import nothing of the package but themselves
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def imports(path: Path):
+    """(target module, names, alias → module) of every import outside `if TYPE_CHECKING:`."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    tree = ast.parse(path.read_text())
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and _type_checking(node)
+            for child in node.body for n in ast.walk(child)}
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target == PACKAGE or target.startswith(PACKAGE + "."):
+                for alias in node.names:
+                    sub = f"{target}.{alias.name}"
+                    if (SRC / Path(*sub.split("."))).with_suffix(".py").is_file() or \
+                            (SRC / Path(*sub.split(".")) / "__init__.py").is_file():
+                        found.append((sub, [], {alias.asname or alias.name: sub}))
+                    else:
+                        found.append((target, [alias.name], {}))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == PACKAGE or alias.name.startswith(PACKAGE + "."):
+                    found.append((alias.name, [], {alias.asname or alias.name: alias.name}))
+    return tree, found
+
+
+def graph():
+    edges, trees = {}, {}
+    for path in sorted((SRC / PACKAGE).rglob("*.py")):
+        mod = module_name(path)
+        tree, found = imports(path)
+        trees[mod] = (tree, found)
+        edges[mod] = {t for t, _, _ in found if t != mod}
+    return edges, trees
+
+
+def layer(mod: str) -> str:
+    parts = mod.split(".")
+    if len(parts) == 1:
+        return "top"
+    head = parts[1]
+    if head in ("cli", "sweep", "coord") or head in STANDALONE:
+        return head
+    return "core"
+
+
+def test_no_import_circle():
+    edges, _ = graph()
+    # the package's own __init__ re-exports: an edge into it is an edge into what it lists
+    state, stack, cycles = {}, [], []
+
+    def visit(m):
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(edges.get(m, ())):
+            if t == PACKAGE:  # `from .. import optim` resolves to the submodule; the root itself is not a layer
+                continue
+            if state.get(t) == 1:
+                cycles.append(stack[stack.index(t):] + [t])
+            elif t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m)
+    assert not cycles, "import circles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_imports_point_one_way():
+    edges, _ = graph()
+    wrong = []
+    for mod, targets in edges.items():
+        src = layer(mod)
+        for t in targets:
+            if t == PACKAGE or src == "top":
+                continue
+            dst = layer(t)
+            if src in STANDALONE or dst in STANDALONE:
+                if src != dst and src in STANDALONE:
+                    wrong.append(f"{mod} -> {t} ({src} stands alone)")
+                continue
+            if dst == "cli" and src != "cli":
+                wrong.append(f"{mod} -> {t} (nothing imports the CLI)")
+            elif src in LAYERS and dst in LAYERS and LAYERS.index(dst) < LAYERS.index(src):
+                wrong.append(f"{mod} -> {t} ({src} is below {dst})")
+    assert not wrong, "imports against the layers: " + "; ".join(sorted(wrong))
+
+
+def test_no_module_uses_another_modules_private_names():
+    _, trees = graph()
+    wrong = []
+    for mod, (tree, found) in trees.items():
+        aliases = {}
+        for target, names, bound in found:
+            aliases.update(bound)
+            for n in names:
+                if n.startswith("_") and not n.startswith("__") and target != mod:
+                    wrong.append(f"{mod}: from {target} import {n}")
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                    and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and aliases[node.value.id] != mod):
+                wrong.append(f"{mod}: {node.value.id}.{node.attr} ({aliases[node.value.id]})")
+    assert not wrong, "private names used across modules: " + "; ".join(sorted(set(wrong)))
+
+
+def test_every_public_module_declares_its_names():
+    missing = []
+    for path in sorted((SRC / PACKAGE).rglob("*.py")):
+        mod = module_name(path)
+        if any(p.startswith("_") and p != "__init__" for p in path.relative_to(SRC).with_suffix("").parts):
+            continue  # internal modules
+        tree = ast.parse(path.read_text())
+        if not any(isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in n.targets)
+                   for n in tree.body):
+            missing.append(mod)
+    assert not missing, "public modules without __all__: " + ", ".join(missing)
+
+
+@pytest.mark.parametrize("mod", ["mutransfer.cli"])
+def test_the_cli_is_a_leaf(mod):
+    edges, _ = graph()
+    assert not [m for m, t in edges.items() if mod in t and m != mod]
