@@ -2,25 +2,25 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Union
+from typing import Any, Union
 
 __all__ = ["plot_result"]
-
-if TYPE_CHECKING:
-    from .report import CoordCheckResult
 
 
 def _matplotlib():
     try:
         import matplotlib
     except ImportError:
-        raise ImportError("plotting needs matplotlib: pip install 'mutransfer[plots]'") from None
+        raise ImportError("plotting needs matplotlib, a dependency of mutransfer that is missing here: "
+                          "pip install matplotlib") from None
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
     return plt
 
 
-def plot_result(result: "CoordCheckResult", path: Union[str, os.PathLike], max_legend: int = 12) -> None:
+def plot_result(result: Any, path: Union[str, os.PathLike], max_legend: int = 12) -> None:
+    """Draw a `CoordCheckResult` (its trends, steps and verdict; duck-typed, so that this module
+    does not import the report that calls it) to `path`."""
     plt = _matplotlib()
     from matplotlib.lines import Line2D
 
