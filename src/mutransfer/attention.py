@@ -39,7 +39,7 @@ from . import scaled_forward, sdpa
 from .observe import AttentionCall
 from .naming import canonical_name
 
-__all__ = ["attention_kind", "head_dim_of", "base_head_dims", "attn_scale", "mup_logit_scale", "attn_logits",
+__all__ = ["mha_in_projections", "attention_kind", "head_dim_of", "base_head_dims", "attn_scale", "mup_logit_scale", "attn_logits",
            "MuMultiheadAttention", "AttentionScale", "plan", "install", "legacy_plan"]
 
 _HEAD_DIM_ATTRS = ("head_dim", "d_head", "head_size", "attention_head_size")
@@ -139,6 +139,16 @@ def _as_additive(mask: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[t
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, float("-inf"))
 
 
+def mha_in_projections(mod: nn.MultiheadAttention) -> tuple[tuple[torch.Tensor, Optional[torch.Tensor]], ...]:
+    """((w_q, b_q), (w_k, b_k), (w_v, b_v)) of an nn.MultiheadAttention, fused or not."""
+    if mod._qkv_same_embed_dim:
+        ws = mod.in_proj_weight.chunk(3)
+    else:
+        ws = (mod.q_proj_weight, mod.k_proj_weight, mod.v_proj_weight)
+    bs = mod.in_proj_bias.chunk(3) if mod.in_proj_bias is not None else (None, None, None)
+    return tuple(zip(ws, bs))
+
+
 class MuMultiheadAttention(nn.MultiheadAttention):
     """nn.MultiheadAttention whose logits use the µP scale stored in `_mutransfer_attn`.
 
@@ -157,13 +167,7 @@ class MuMultiheadAttention(nn.MultiheadAttention):
         elif self.batch_first:
             query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
         tgt_len, bsz, _ = query.shape
-        if self._qkv_same_embed_dim:
-            w_q, w_k, w_v = self.in_proj_weight.chunk(3)
-        else:
-            w_q, w_k, w_v = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
-        b_q = b_k = b_v = None
-        if self.in_proj_bias is not None:
-            b_q, b_k, b_v = self.in_proj_bias.chunk(3)
+        (w_q, b_q), (w_k, b_k), (w_v, b_v) = mha_in_projections(self)
         q, k, v = F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
         dtype = q.dtype
         attn_mask = _as_additive(attn_mask, dtype)
@@ -400,8 +404,7 @@ def legacy_plan(model: nn.Module, base_heads: dict[str, int], alpha: float,
         if kind == "mha" and module.add_zero_attn:
             raise ValueError(f"nn.MultiheadAttention '{cname}' uses add_zero_attn=True, which "
                              "mutransfer's µP attention does not support")
-        before = 1.0 / math.sqrt(d)
-        target = alpha * math.sqrt(d0) / d
+        before, target = mup_logit_scale(None, d), mup_logit_scale((alpha, d0), d)
         how = {"mha": "mha", "helper": "helper", "sdpa": "sdpa", "scaling": "attribute scaling"}[kind]
         if math.isclose(target, before, rel_tol=1e-9):
             how = "unchanged"

@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from . import scaled_forward
-from .attention import MuMultiheadAttention, mup_logit_scale
+from .attention import MuMultiheadAttention, mha_in_projections, mup_logit_scale
 from .depth import BRANCH_ATTR, branch_end, branch_outputs
 from .naming import canonical_name
 from .roles import MuPWarning
@@ -212,13 +212,10 @@ class _Folder:
         raise ValueError(f"export: no module '{name}' in the model")
 
     def _scale_mha_query(self, module: nn.MultiheadAttention, c: float) -> None:
-        e = module.embed_dim
-        if module._qkv_same_embed_dim:
-            module.in_proj_weight[:e].mul_(c)
-        else:
-            module.q_proj_weight.mul_(c)
-        if module.in_proj_bias is not None:
-            module.in_proj_bias[:e].mul_(c)
+        (w_q, b_q), _, _ = mha_in_projections(module)  # views into in_proj_weight/bias when fused
+        w_q.mul_(c)
+        if b_q is not None:
+            b_q.mul_(c)
 
     # ---- where each constant goes
 

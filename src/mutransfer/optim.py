@@ -16,9 +16,9 @@ from torch import nn
 
 from .rules import DEFAULT_WEIGHT_DECAY_POLICY, WEIGHT_DECAY_POLICIES, optimizer_family
 from .shapes import canonical_name
-from .spec import require_spec
+from .spec import find_spec, require_spec
 
-__all__ = ["LR_FACTOR_KEY", "param_groups", "SGD", "Adam", "AdamW", "scaled_lrs", "check_lr_ratios",
+__all__ = ["LR_FACTOR_KEY", "param_groups", "build_optimizer", "SGD", "Adam", "AdamW", "scaled_lrs", "check_lr_ratios",
            "OneCycleLR"]
 
 LR_FACTOR_KEY = "mup_lr_factor"
@@ -91,22 +91,44 @@ def param_groups(model: nn.Module, lr: float, optimizer: str = "adam", *,
     return out
 
 
-def _make(cls, family: str):
+def build_optimizer(model: nn.Module, optimizer: str, lr: float, *, weight_decay: float = 0.0,
+                    eps: Optional[float] = None, mup: Optional[bool] = None,
+                    weight_decay_policy: str = DEFAULT_WEIGHT_DECAY_POLICY, groups=None,
+                    **kwargs) -> torch.optim.Optimizer:
+    """The torch optimizer named `optimizer` ("sgd", "adamw", or another Adam-like name → Adam).
+
+    With `mup` (default: whether the model was parametrized) its groups are `param_groups`' µP
+    groups, else every trainable parameter in one group (standard parametrization). Other keyword
+    arguments (momentum, betas, …) go to the optimizer. The one place the library builds one.
+    """
+    family = optimizer_family(optimizer)
+    if mup is None:
+        mup = find_spec(model) is not None
+    if mup:
+        pg = param_groups(model, lr, optimizer, weight_decay=weight_decay, eps=eps,
+                          weight_decay_policy=weight_decay_policy, groups=groups)
+    else:
+        pg = list(groups) if groups is not None else [{"params": [p for p in model.parameters() if p.requires_grad]}]
+    if family == "sgd":
+        return torch.optim.SGD(pg, lr=lr, weight_decay=weight_decay, **kwargs)
+    cls = torch.optim.AdamW if optimizer.lower() == "adamw" else torch.optim.Adam
+    return cls(pg, lr=lr, weight_decay=weight_decay, **({} if eps is None else {"eps": eps}), **kwargs)
+
+
+def _named(name: str, cls: type):
     def build(model: nn.Module, lr: float, *, weight_decay: float = 0.0, eps: Optional[float] = None,
               weight_decay_policy: str = DEFAULT_WEIGHT_DECAY_POLICY, groups=None, **kwargs):
-        extra = {} if eps is None or family == "sgd" else {"eps": eps}
-        pg = param_groups(model, lr, cls.__name__.lower(), weight_decay=weight_decay, eps=eps,
-                          weight_decay_policy=weight_decay_policy, groups=groups)
-        return cls(pg, lr=lr, weight_decay=weight_decay, **extra, **kwargs)
+        return build_optimizer(model, name, lr, weight_decay=weight_decay, eps=eps, mup=True,
+                               weight_decay_policy=weight_decay_policy, groups=groups, **kwargs)
     build.__name__ = cls.__name__
-    build.__doc__ = (f"torch.optim.{cls.__name__} over `param_groups(model, lr, '{cls.__name__.lower()}', …)`; "
+    build.__doc__ = (f"torch.optim.{cls.__name__} over `param_groups(model, lr, '{name}', …)`; "
                      "other keyword arguments go to the optimizer.")
     return build
 
 
-SGD = _make(torch.optim.SGD, "sgd")
-Adam = _make(torch.optim.Adam, "adam")
-AdamW = _make(torch.optim.AdamW, "adam")
+SGD = _named("sgd", torch.optim.SGD)
+Adam = _named("adam", torch.optim.Adam)
+AdamW = _named("adamw", torch.optim.AdamW)
 
 
 def scaled_lrs(optimizer: torch.optim.Optimizer, value: float) -> list[float]:

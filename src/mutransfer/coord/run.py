@@ -26,7 +26,7 @@ from .report import ATTN_SUFFIX, CoordCheckResult, Record
 from ..depth import block_containers, join_name, split_block
 from ..naming import canonical_name
 from ..observe import recording
-from ..optim import param_groups
+from ..optim import build_optimizer
 from ..progress import Progress
 from ..rules import optimizer_family
 from ..spec import find_spec
@@ -216,7 +216,7 @@ def _depth_names(model: nn.Module) -> dict[str, Optional[str]]:
 def _run(model: nn.Module, data, optimizer, family: Optional[str], lr: float, weight_decay: float,
          eps: Optional[float], steps: int, loss_fn: Optional[LossFn], is_mup: bool, readouts: dict[str, str]):
     model.train()
-    opt = _make_optimizer(model, optimizer, family, lr, weight_decay, eps, is_mup)
+    opt = _make_optimizer(model, optimizer, lr, weight_decay, eps, is_mup)
     probe = _Probe(model, readouts)
     out: dict[tuple[str, str, int], float] = {}
     measure_inputs = data[0][0]
@@ -242,18 +242,13 @@ def _run(model: nn.Module, data, optimizer, family: Optional[str], lr: float, we
     return out, bad_step, probe
 
 
-def _make_optimizer(model, optimizer, family, lr, weight_decay, eps, is_mup) -> torch.optim.Optimizer:
+def _make_optimizer(model, optimizer, lr, weight_decay, eps, is_mup) -> torch.optim.Optimizer:
     if callable(optimizer):
         opt = optimizer(model, lr)
         if not isinstance(opt, torch.optim.Optimizer):
             raise TypeError(f"optimizer(model, lr) returned {type(opt).__name__}, not a torch.optim.Optimizer")
         return opt
-    groups = (param_groups(model, lr, optimizer, weight_decay=weight_decay, eps=eps) if is_mup
-              else [{"params": [p for p in model.parameters() if p.requires_grad]}])
-    if family == "sgd":
-        return torch.optim.SGD(groups, lr=lr, weight_decay=weight_decay)
-    cls = torch.optim.AdamW if optimizer.lower() == "adamw" else torch.optim.Adam
-    return cls(groups, lr=lr, weight_decay=weight_decay, **({} if eps is None else {"eps": eps}))
+    return build_optimizer(model, optimizer, lr, weight_decay=weight_decay, eps=eps, mup=is_mup)
 
 
 def _args(inputs) -> tuple:
@@ -389,13 +384,7 @@ class _Probe:
                 return
             names = ("query", "key", "value")
             query, key = [args[i] if i < len(args) else kwargs[names[i]] for i in range(2)]
-            if mod._qkv_same_embed_dim:
-                w_q, w_k, _ = mod.in_proj_weight.chunk(3)
-            else:
-                w_q, w_k = mod.q_proj_weight, mod.k_proj_weight
-            b_q = b_k = None
-            if mod.in_proj_bias is not None:
-                b_q, b_k, _ = mod.in_proj_bias.chunk(3)
+            (w_q, b_q), (w_k, b_k), _ = attn.mha_in_projections(mod)
             q, k = F.linear(query, w_q, b_q), F.linear(key, w_k, b_k)
             if q.dim() == 2:
                 q, k = q.unsqueeze(0), k.unsqueeze(0)

@@ -55,10 +55,7 @@ def _optimizer(model, hp: dict, scale: Scale, build: Builder,
     if scale.mup:
         parametrize(model, base=build(scale.base_width, base_depth),
                     delta=build(2 * scale.base_width, base_depth), **mup_kwargs(hp))
-        groups = mt_optim.param_groups(model, lr, "adamw", weight_decay=wd)
-    else:
-        groups = [{"params": list(model.parameters())}]
-    return torch.optim.AdamW(groups, lr=lr, weight_decay=wd, betas=(0.9, 0.95))
+    return mt_optim.build_optimizer(model, "adamw", lr, weight_decay=wd, mup=scale.mup, betas=(0.9, 0.95))
 
 
 def _train(model, opt, batches, steps: int, loss_of, scale: Optional[Scale] = None) -> float:

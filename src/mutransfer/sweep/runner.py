@@ -55,7 +55,7 @@ from .objective import Objective, Pruned, Scale
 from .objectives import load_objective
 from .space import Choice, Dimension, LogUniform
 from .storage import (ClaimLock, Heartbeat, default_url, mask_url, open_storage, quiet,
-                      set_finished_trial_user_attr)
+                      set_finished_trial_user_attr, study_id, trial_id)
 
 __all__ = ["CONFIG_FILE", "STORAGE_ENV", "POLL_SECONDS", "FIRST_WAIT_SECONDS", "STALE_CHECK_SECONDS",
            "COUNT_SECONDS", "FAILURES_DIR", "EXIT_INTERRUPTED", "SweepInterrupted", "trial_outcome",
@@ -245,17 +245,17 @@ class Sweep:
 
     def _claim(self, study: optuna.Study) -> Optional[optuna.Trial]:
         """Atomically take a waiting trial, or (random/TPE) start a new one while trials are due."""
-        for frozen in self.storage.get_all_trials(study._study_id, deepcopy=False, states=(TrialState.WAITING,)):
+        for frozen in self.storage.get_all_trials(study_id(study), deepcopy=False, states=(TrialState.WAITING,)):
             try:
-                if self.storage.set_trial_state_values(frozen._trial_id, TrialState.RUNNING):
+                if self.storage.set_trial_state_values(trial_id(frozen), TrialState.RUNNING):
                     # A first heartbeat at once: a trial with none is never found stale, so a worker
                     # dying before its heartbeat thread starts would block the sweep for good.
-                    self.storage.record_heartbeat(frozen._trial_id)
+                    self.storage.record_heartbeat(trial_id(frozen))
                     # The study's cached storage must know the trial before it can take params:
                     # a trial queued by another process (a retry, an interrupted run) is not in it
                     # yet, so read the study's trials once (incremental in Optuna's cache).
                     study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                    return optuna.Trial(study, frozen._trial_id)
+                    return optuna.Trial(study, trial_id(frozen))
             except optuna.exceptions.UpdateFinishedTrialError:
                 continue
         if self.config.sampler == "grid":
@@ -268,7 +268,7 @@ class Sweep:
             return None
         with quiet():  # we send the heartbeats ourselves (see Heartbeat)
             trial = study.ask()
-        self.storage.record_heartbeat(trial._trial_id)
+        self.storage.record_heartbeat(trial_id(trial))
         return trial
 
     def _suggest(self, trial: optuna.Trial, name: str, dim: Dimension):
@@ -302,7 +302,7 @@ class Sweep:
             error: Optional[tuple[BaseException, str, int, Optional[str]]] = None  # (+ message to show)
             reported: list[tuple[int, float]] = []  # the last (step, loss) sent to the pruner
             pruned = False
-            with Heartbeat(self.storage, trial._trial_id):
+            with Heartbeat(self.storage, trial_id(trial)):
                 for i, seed in enumerate(self.config.seeds):
                     # Only the first seed reports: the pruner compares one fidelity (same data, same
                     # step) across trials; a trial pruned there trains no further seed.
@@ -376,7 +376,7 @@ class Sweep:
                 self._failure_path(study, old).unlink(missing_ok=True)
             try:
                 previous = self.storage.get_trial(
-                    self.storage.get_trial_id_from_study_id_trial_number(study._study_id, old))
+                    self.storage.get_trial_id_from_study_id_trial_number(study_id(study), old))
             except KeyError:
                 return
             old = previous.user_attrs.get("retry_of") if previous.user_attrs.get("interrupted") else None
@@ -416,7 +416,7 @@ class Sweep:
     def _interrupted(self, study: optuna.Study, trial: optuna.Trial, params: dict[str, Any]) -> None:
         """Mark a trial cut off by Ctrl-C as FAIL `interrupted` and queue its params again, so that
         a rerun takes it at once (not after the heartbeat grace period)."""
-        frozen = self.storage.get_trial(trial._trial_id)
+        frozen = self.storage.get_trial(trial_id(trial))
         if frozen.state.is_finished():
             return
         params = {**frozen.system_attrs.get("fixed_params", {}), **frozen.params, **params}
@@ -442,7 +442,7 @@ class Sweep:
                     params = {**t.system_attrs.get("fixed_params", {}), **t.params}
                     study.enqueue_trial({name: params[name] for name in self.config.space if name in params},
                                         user_attrs={"retry_of": t.number})
-                    set_finished_trial_user_attr(self.storage, t._trial_id, "retried", True)
+                    set_finished_trial_user_attr(self.storage, trial_id(t), "retried", True)
                     n += 1
         self._studies.clear()  # their caches still hold the old trials without `retried`
         return n

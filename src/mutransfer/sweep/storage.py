@@ -16,7 +16,7 @@ from typing import Iterator
 
 import optuna
 
-__all__ = ["quiet", "HEARTBEAT_INTERVAL", "GRACE_PERIOD", "mask_url", "default_url", "open_storage",
+__all__ = ["study_id", "trial_id", "quiet", "HEARTBEAT_INTERVAL", "GRACE_PERIOD", "mask_url", "default_url", "open_storage",
            "Heartbeat", "ClaimLock", "set_finished_trial_user_attr"]
 
 
@@ -180,3 +180,16 @@ def set_finished_trial_user_attr(storage: optuna.storages.RDBStorage, trial_id: 
             session.add(models.TrialUserAttributeModel(trial_id=trial_id, key=key, value_json=json.dumps(value)))
         else:
             attribute.value_json = json.dumps(value)
+
+
+# Optuna exposes no public accessor for the storage ids of a study or trial (a Study's and a
+# FrozenTrial's ``_study_id`` / ``_trial_id``); the runner needs them to claim trials and
+# record heartbeats through the storage. These two functions are the only readers.
+def study_id(study: optuna.Study) -> int:
+    """The storage id of an Optuna study."""
+    return study._study_id
+
+
+def trial_id(trial) -> int:
+    """The storage id of an Optuna Trial or FrozenTrial."""
+    return trial._trial_id
