@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from .coord import DEFAULT_OPTIMIZER
+from .rules import check_depth_alpha
 
 __all__ = ["main"]
 
@@ -407,8 +408,10 @@ def _coord_check_depth(args, build: Callable, data: list, label: str, default_wi
         raise UsageError("--lr is required with a factory (try 1e-2 for adam, 0.1 for sgd)")
     if lr <= 0 or width <= 0 or base_width <= 0 or base_depth <= 0:
         raise UsageError("--lr, --width, --base-width and --base-depth must be positive")
-    if not 0 <= args.depth_alpha <= 1:
-        raise UsageError(f"--depth-alpha must lie in [0, 1], got {args.depth_alpha:g}")
+    try:
+        check_depth_alpha(args.depth_alpha, "--depth-alpha")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
     def make_model(w: int, depth: int) -> torch.nn.Module:
         return _as_requested(build(w, depth), args, label, f"width {w}, depth {depth}",

@@ -130,12 +130,15 @@ def depth_factor(exponent: tuple[float, float], m_depth: float, alpha: float) ->
     return 1.0 if (m_depth == 1.0 or e == 0.0) else float(m_depth ** e)
 
 
-def check_depth_alpha(alpha) -> float:
+def check_depth_alpha(alpha, name: str = "depth_alpha") -> float:
+    """`alpha` as a float in [0, 1]; TypeError/ValueError naming `name` otherwise (the one check of
+    depth_alpha: parametrize, the sweep config and the CLI)."""
+    message = (f"{name} must be a number in [0, 1] (0.5 Depth-µP, 1.0 CompleteP, 0 no depth scaling), "
+               f"got {alpha!r}")
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-        raise TypeError(f"depth_alpha must be a number (0.5 Depth-µP, 1.0 CompleteP, 0 off), got {alpha!r}")
+        raise TypeError(message)
     if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"depth_alpha must lie in [0, 1] (0.5 Depth-µP, 1.0 CompleteP, 0 no depth "
-                         f"scaling), got {alpha!r}")
+        raise ValueError(message)
     return float(alpha)
 
 

@@ -87,6 +87,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from ..rules import check_depth_alpha
 from .space import Choice, Dimension, dimension_from_dict
 
 __all__ = ["SAMPLERS", "PARAMETRIZATIONS", "PRUNERS", "AUTO", "PRUNER_OPTIONS", "EXTRA_AXES", "KEYS",
@@ -241,9 +242,10 @@ def _check_depth_alpha(fixed: dict[str, Any], dims: dict[str, Dimension]) -> Non
     else:
         return
     for v in values:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
-            raise ValueError(f"{key} must be a number in [0, 1] (0.5 Depth-µP, 1.0 CompleteP, 0 no depth "
-                             f"scaling), got {v!r}")
+        try:
+            check_depth_alpha(v, key)
+        except TypeError as e:  # a config error, whatever its kind
+            raise ValueError(str(e)) from None
 
 
 def _pruner_keys(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
