@@ -29,13 +29,13 @@ def describe(model: nn.Module) -> str:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
-    if spec.forward_multipliers:
-        lines.append("forward multipliers: " + ", ".join(
-            f"{m or '<model>'} {kind}{c:.4g}" for m, (kind, c) in spec.forward_multipliers.items()))
+    if spec.forward_constants:
+        lines.append("forward constants: " + ", ".join(
+            f"{m or '<model>'} {kind}{c:.4g}" for m, (kind, c) in spec.forward_constants.items()))
     elif not spec.branches:
-        lines.append("forward multipliers: none (zero forward overhead)")
+        lines.append("forward constants: none (zero forward overhead)")
     else:
-        lines.append(f"forward multipliers: residual branches only ({len(spec.branches)})")
+        lines.append(f"forward constants: residual branch multipliers only ({len(spec.branches)})")
     for prefix, (l0, l) in spec.depth.items():
         def inside(names):
             return sorted({".".join("*" if p.isdigit() else p for p in m.split("."))

@@ -21,7 +21,8 @@ from . import scaled_forward
 from .observe import Observation, observe, observe_model
 from .roles import MuPWarning, ParamInfo, classify
 from .depth import BRANCH_ATTR, Branch, DepthMap, block_containers, find_branches, outermost
-from .rules import (BRANCH_MULTIPLIER, DEFAULT_DEPTH_ALPHA, Multipliers, check_depth_alpha, depth_factor, factor,
+from .rules import (BRANCH_MULTIPLIER, DEFAULT_DEPTH_ALPHA, DEFAULT_FORMULATION, NO_MULTIPLIERS, READOUT_MULTIPLIER,
+                    TunableMultipliers, check_depth_alpha, depth_factor, factor, formulation_name,
                     formulation_rules)
 from .shapes import WidthShapes, canonical_name
 from .spec import SPEC_ATTR, MuSpec, find_spec
@@ -35,7 +36,7 @@ _FUSED_QKV_NAMES = ("qkv", "c_attn", "wqkv", "qkv_proj", "to_qkv", "in_proj", "q
 
 def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optional[nn.Module] = None, *,
                 base_shapes: Optional[BaseShapes] = None,
-                formulation: str = "table3",
+                formulation: str = DEFAULT_FORMULATION,
                 init_mult: Optional[Mapping[str, float]] = None,
                 lr_mult: Optional[Mapping[str, float]] = None,
                 output_mult: float = 1.0,
@@ -64,7 +65,8 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
             that differ between base and model are the width dims.
         base_shapes: instead of base/delta, a `WidthShapes`, its dict, or a JSON path
             written by `mt.save_shapes`. The init is then rescaled by the assumption above.
-        formulation: "table3" (TP5 Table 3, no multipliers, default) or "table8" (readout
+        formulation: "no_multipliers" (TP5 Table 3: init and lr carry the scaling; default; alias
+            "table3") or "readout_multiplier" (Table 8, alias "table8": readout
             multiplier 1/m, as the `mup` package). Tied readouts always use Table 8.
         init_mult, lr_mult: per-role tunable factors, e.g. {"hidden": 2.0}.
         output_mult, attn_mult, embedding_mult: α_output, α_attention, α_embedding.
@@ -94,7 +96,8 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
     if find_spec(model) is not None:
         raise ValueError(f"parametrize was already called on this {type(model).__name__}; it rescales the "
                          "init, so calling it twice would apply µP twice. Build a fresh model instead")
-    mults = Multipliers(dict(init_mult or {}), dict(lr_mult or {}), output_mult, attn_mult, embedding_mult)
+    mults = TunableMultipliers(dict(init_mult or {}), dict(lr_mult or {}), output_mult, attn_mult, embedding_mult)
+    formulation = formulation_name(formulation)
     rules = formulation_rules(formulation)
     alpha = check_depth_alpha(depth_alpha)
     shapes = _resolve_shapes(model, base, delta, base_shapes, example_inputs)
@@ -141,7 +144,7 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
             tensor.zero_()
     spec.zero_init = [what for what, _ in zeroing]
     _install_multipliers(model, multipliers)
-    spec.forward_multipliers = {m: (kind, c) for m, kind, c in multipliers}
+    spec.forward_constants = {m: (kind, c) for m, kind, c in multipliers}
     spec.attention = spec_attention
     spec.branches = _install_branch_multipliers(model, depth, alpha, branches, helper_blocks)
     spec.folded_branches = {b.end: depth_factor(BRANCH_MULTIPLIER, depth.multiplier(b.end), alpha) for b in folded}
@@ -258,7 +261,7 @@ def _fold_branches(branches: list[Branch], infos: dict[str, ParamInfo], formulat
     multiplier folded into that layer's parameters ("branch_end" depth rule); its parameters must
     belong to that layer alone. Everything else keeps a forward multiplier.
     """
-    if formulation != "table3":
+    if formulation != NO_MULTIPLIERS:
         return branches, []
     keep, folded = [], []
     for b in branches:
@@ -382,7 +385,7 @@ def _query_zeroing(model: nn.Module, which) -> Zeroing:
     return found
 
 
-Multiplied = list[tuple[str, str, float]]  # (module name, "input ×" | "output ×", constant)
+Multiplied = list[tuple[str, scaled_forward.Side, float]]  # (module name, input or output, constant)
 
 
 def _readout_input_ratio(seen: Observation, shapes: WidthShapes, depth: DepthMap):
@@ -406,10 +409,10 @@ def _is_layer(model: nn.Module, name: str) -> bool:
     return not list(module.children()) and set(module._parameters) <= {"weight", "bias"}
 
 
-def _forward_multipliers(infos: dict[str, ParamInfo], rules, mults: Multipliers,
+def _forward_multipliers(infos: dict[str, ParamInfo], rules, mults: TunableMultipliers,
                          input_ratio=lambda module: 1.0, model: Optional[nn.Module] = None) -> Multiplied:
     """Which modules need a forward multiplier, and its value (none in Table 3 at α = 1)."""
-    readout_rule = formulation_rules("table8")["output"]
+    readout_rule = formulation_rules(READOUT_MULTIPLIER)["output"]
     found: Multiplied = []
     for name, info in infos.items():
         if info.role == "output":
@@ -421,7 +424,7 @@ def _forward_multipliers(infos: dict[str, ParamInfo], rules, mults: Multipliers,
             c = mults.output * factor(readout_rule.forward, info.m_out, 1.0)
             readouts, needs_module = info.tied_readouts, True
         elif info.role == "input" and mults.embedding != 1.0 and info.layout is not None:
-            found += [(m, "output ×", mults.embedding) for m, local in info.usages if local == "weight"]
+            found += [(m, scaled_forward.Side.OUTPUT, mults.embedding) for m, local in info.usages if local == "weight"]
             continue
         else:
             continue
@@ -431,15 +434,15 @@ def _forward_multipliers(infos: dict[str, ParamInfo], rules, mults: Multipliers,
         if not needs_module:
             raise ValueError(f"'{name}' is a readout held as a raw parameter of a module that does more than apply "
                              f"it, so its forward multiplier ({c:.4g}) cannot be installed; make the readout an "
-                             "nn.Linear, or use formulation='table3' with output_mult=1")
-        found += [(m, "input ×", v) for m, v in per_module.items() if v != 1.0]
+                             "nn.Linear, or use formulation='no_multipliers' with output_mult=1")
+        found += [(m, scaled_forward.Side.INPUT, v) for m, v in per_module.items() if v != 1.0]
     return found
 
 
 def _install_multipliers(model: nn.Module, multipliers: Multiplied) -> None:
     for mname, kind, c in multipliers:
         module = _module(model, mname)
-        if kind == "input ×":
+        if kind is scaled_forward.Side.INPUT:
             scaled_forward.install(module, input_mult=c)
         else:
             scaled_forward.install(module, output_mult=c)

@@ -28,7 +28,8 @@ from typing import Mapping
 __all__ = ["Exponents", "ROLES", "Rule", "TABLE3", "TABLE8", "FORMULATIONS", "OPTIMIZER_FAMILIES",
            "WEIGHT_DECAY_POLICIES", "DEFAULT_WEIGHT_DECAY_POLICY", "DepthRule", "BRANCH_MULTIPLIER",
            "DEPTH_RULES", "DEFAULT_DEPTH_ALPHA", "depth_factor", "check_depth_alpha", "factor",
-           "optimizer_family", "formulation_rules", "Multipliers"]
+           "optimizer_family", "formulation_rules", "formulation_name", "Multipliers", "TunableMultipliers",
+           "NO_MULTIPLIERS", "READOUT_MULTIPLIER", "FORMULATION_ALIASES", "DEFAULT_FORMULATION"]
 
 Exponents = tuple[float, float]  # exponents of (m_in, m_out)
 
@@ -62,7 +63,11 @@ TABLE8: dict[str, Rule] = {
     "output":  Rule((0.0, 0.0),  (-1.0, 0.0), (1.0, 0.0),  (0.0, 0.0), (-1.0, 0.0)),
 }
 
-FORMULATIONS: dict[str, dict[str, Rule]] = {"table3": TABLE3, "table8": TABLE8}
+# Formulation names that read without the paper; TP5's table numbers are accepted as aliases.
+NO_MULTIPLIERS, READOUT_MULTIPLIER = "no_multipliers", "readout_multiplier"
+FORMULATIONS: dict[str, dict[str, Rule]] = {NO_MULTIPLIERS: TABLE3, READOUT_MULTIPLIER: TABLE8}
+FORMULATION_ALIASES = {"table3": NO_MULTIPLIERS, "table8": READOUT_MULTIPLIER}
+DEFAULT_FORMULATION = NO_MULTIPLIERS
 
 # Optimizer names → the family whose lr column applies. SGD momentum and Nesterov are linear
 # in the gradient, so they follow SGD; entrywise-normalising optimizers follow Adam.
@@ -162,16 +167,27 @@ def optimizer_family(name: str) -> str:
     return OPTIMIZER_FAMILIES[key]
 
 
+def formulation_name(name: str) -> str:
+    """The canonical name of a formulation: "no_multipliers" (TP5 Table 3, alias "table3") or
+    "readout_multiplier" (Table 8, alias "table8")."""
+    canonical = FORMULATION_ALIASES.get(name, name) if isinstance(name, str) else name
+    if canonical not in FORMULATIONS:
+        raise ValueError(f"unknown formulation {name!r}; use 'no_multipliers' (TP5 Table 3: init and lr carry the "
+                         "scaling, no forward multiplier; default; alias 'table3') or 'readout_multiplier' (Table 8: "
+                         "the readout multiplies by 1/m, as the mup package; alias 'table8')")
+    return canonical
+
+
 def formulation_rules(name: str) -> dict[str, Rule]:
-    if name not in FORMULATIONS:
-        raise ValueError(f"unknown formulation '{name}'; use 'table3' (no multipliers, default) or "
-                         "'table8' (output multiplier, as in the mup package)")
-    return FORMULATIONS[name]
+    return FORMULATIONS[formulation_name(name)]
 
 
 @dataclass
-class Multipliers:
-    """Tunable constants (µTransfer HPs). They apply at every width, base included.
+class TunableMultipliers:
+    """Tunable multipliers (µTransfer HPs: α_output, α_attention, α_embedding, per-role init and lr
+    factors). They apply at every width, base included. Distinct words in this library: the
+    *width ratio* m = width / base width (fixed by the shapes), these *tunable multipliers* (HPs
+    you sweep), and *forward constants* (the few factors µP puts in a forward pass, `spec.forward_constants`).
 
     ``init`` and ``lr`` are per-role factors; ``output`` (α_output) multiplies the readout's
     forward pass, ``attention`` (α_attention) the attention logits, ``embedding``
@@ -204,3 +220,6 @@ class Multipliers:
 
     def lr_mult(self, role: str) -> float:
         return float(self.lr.get(role, 1.0))
+
+
+Multipliers = TunableMultipliers  # the earlier name, kept for code that imports it

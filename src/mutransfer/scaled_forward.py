@@ -13,6 +13,7 @@ plain float attributes of the module. Parameters, buffers, state_dict keys and
 from __future__ import annotations
 
 import importlib
+from enum import Enum
 from typing import Optional
 
 import torch
@@ -20,7 +21,21 @@ from torch import nn
 
 from . import sdpa as _sdpa
 
-__all__ = ["INPUT_ATTR", "OUTPUT_ATTR", "SDPA_ATTR", "scaled_class", "install"]
+__all__ = ["Side", "INPUT_ATTR", "OUTPUT_ATTR", "SDPA_ATTR", "scaled_class", "install"]
+
+
+class Side(str, Enum):
+    """Where a forward constant multiplies: a module's input or its output. Compares equal to its
+    text ("input ×", "output ×"), which is how `describe` prints it."""
+
+    INPUT = "input ×"
+    OUTPUT = "output ×"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
 
 INPUT_ATTR = "_mutransfer_input_mult"

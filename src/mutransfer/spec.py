@@ -7,7 +7,7 @@ from typing import Optional
 from torch import nn
 
 from .roles import ParamInfo
-from .rules import DEPTH_RULES, DepthRule, Multipliers, Rule, depth_factor, factor, formulation_rules
+from .rules import DEPTH_RULES, DepthRule, Rule, TunableMultipliers, depth_factor, factor, formulation_rules
 from .shapes import WidthShapes
 
 __all__ = ["SPEC_ATTR", "MuSpec", "spec_holder", "find_spec", "require_spec"]
@@ -29,16 +29,22 @@ class MuSpec:
     shapes: WidthShapes
     params: dict[str, ParamInfo]
     formulation: str
-    multipliers: Multipliers
+    multipliers: TunableMultipliers  # the tunable ones (α_output, …), as passed to parametrize
     init_scales: dict[str, float] = field(default_factory=dict)
     init_source: str = "base values"
-    forward_multipliers: dict[str, tuple[str, float]] = field(default_factory=dict)
+    # module → (Side.INPUT or Side.OUTPUT, constant): the forward constants parametrize installed
+    forward_constants: dict[str, tuple[str, float]] = field(default_factory=dict)
     attention: list[tuple[str, str, int, Optional[int]]] = field(default_factory=list)
     zero_init: list[str] = field(default_factory=list)
     depth_alpha: float = 0.0
     depth: dict[str, tuple[int, int]] = field(default_factory=dict)  # container → (L₀, L)
     branches: dict[str, float] = field(default_factory=dict)  # module (or helper block) → multiplier
     folded_branches: dict[str, float] = field(default_factory=dict)  # layer holding a folded multiplier
+
+    @property
+    def forward_multipliers(self) -> dict[str, tuple[str, float]]:
+        """The earlier name of `forward_constants`."""
+        return self.forward_constants
 
     def rule(self, name: str) -> Rule:
         return formulation_rules(self.formulation)[self.params[name].role]
