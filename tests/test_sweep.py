@@ -801,3 +801,24 @@ def test_transfer_after_the_report_updates_it_and_records_cpu_seconds(tmp_path):
     for study in studies(Sweep(run)).values():
         for t in study.get_trials():
             assert isinstance(t.user_attrs["cpu_seconds"], float) and t.user_attrs["cpu_seconds"] >= 0
+
+
+def test_a_sweep_leaves_optunas_log_level_as_it_found_it(tmp_path, capsys):
+    from mutransfer.sweep import run_sweep
+    before = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.INFO)  # a user who wants Optuna's own lines elsewhere
+    try:
+        cfg = write(tmp_path, GRID.replace("SLEEP", "0").replace("widths = [16, 64]", "widths = [16]"))
+        run_sweep(cfg, tmp_path / "run", progress=False)
+        assert optuna.logging.get_verbosity() == optuna.logging.INFO
+        err = capsys.readouterr().err
+        assert "A new study created" not in err and "finished with value" not in err, err[-500:]
+    finally:
+        optuna.logging.set_verbosity(before)
+
+
+def test_importing_the_sweep_module_does_not_change_optunas_log_level():
+    code = ("import optuna; v = optuna.logging.get_verbosity(); import mutransfer.sweep.runner, mutransfer.cli; "
+            "print(v == optuna.logging.get_verbosity())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "True", out.stderr[-2000:]

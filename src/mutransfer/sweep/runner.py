@@ -55,7 +55,7 @@ from .objective import Objective, Pruned, Scale
 from .objectives import load_objective
 from .space import Choice, Dimension, LogUniform
 from .storage import (ClaimLock, Heartbeat, default_url, mask_url, open_storage, quiet,
-                      set_finished_trial_user_attr, study_id, trial_id)
+                      optuna_logs_quiet, set_finished_trial_user_attr, study_id, trial_id)
 
 __all__ = ["CONFIG_FILE", "STORAGE_ENV", "POLL_SECONDS", "FIRST_WAIT_SECONDS", "STALE_CHECK_SECONDS",
            "COUNT_SECONDS", "FAILURES_DIR", "EXIT_INTERRUPTED", "SweepInterrupted", "trial_outcome",
@@ -73,7 +73,6 @@ COUNT_SECONDS = 5.0  # how often the progress bar recounts every worker's finish
 FAILURES_DIR = "failures"
 ERROR_CHARS, TRACEBACK_CHARS = 500, 4000
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
-optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 class SweepInterrupted(KeyboardInterrupt):
@@ -184,6 +183,7 @@ class Sweep:
             self._objective = load_objective(self.config.objective, base)
         return self._objective
 
+    @optuna_logs_quiet()
     def study(self, parametrization: str, width: int, depth: Optional[int] = None, extra: tuple = ()) -> optuna.Study:
         key = (parametrization, width, depth, tuple(extra))
         if key not in self._studies:
@@ -208,6 +208,7 @@ class Sweep:
             points = sorted(points, key=lambda ix: _centre_distance(ix, [len(a) for a in axes]))
         return [{n: a[i] for n, a, i in zip(names, axes, ix)} for ix in points]
 
+    @optuna_logs_quiet()
     def prepare(self) -> None:
         """Create the studies; for a grid sweep, enqueue every grid point once."""
         for cell in self.config.all_cells:
@@ -468,6 +469,7 @@ class Sweep:
         """Trials stopped early by the pruner (done; not failures)."""
         return sum(o == "pruned" for o in self._outcomes())
 
+    @optuna_logs_quiet()
     def work(self, progress: bool = True, max_trials: Optional[int] = None, wait_for_others: bool = True) -> int:
         """Claim and run trials until none is left; then, with `wait_for_others`, wait for other
         workers' running trials to finish or go stale (a dead worker's trial is retried here).
@@ -731,6 +733,7 @@ def _release(procs: list[subprocess.Popen], url: Optional[str]) -> None:
             p.wait()
 
 
+@optuna_logs_quiet()
 def run_sweep(config_path: Union[str, os.PathLike], run_dir: Union[str, os.PathLike], workers: int = 1,
               storage: Optional[str] = None, progress: bool = True, retry_failed: bool = False) -> Sweep:
     """Create/resume the sweep and run it with `workers` local processes (this one included).

@@ -6,8 +6,6 @@ import math
 from dataclasses import dataclass
 from typing import Any, Union
 
-import optuna
-
 __all__ = ["LogUniform", "Uniform", "Choice", "Dimension", "SPACE_KEYS", "dimension_from_dict"]
 
 
@@ -25,8 +23,6 @@ class LogUniform:
         a, b = math.log2(self.low), math.log2(self.high)
         return [2 ** (a + (b - a) * i / (self.grid - 1)) for i in range(self.grid)]
 
-    def distribution(self) -> optuna.distributions.BaseDistribution:
-        return optuna.distributions.FloatDistribution(self.low, self.high, log=True)
 
 
 @dataclass(frozen=True)
@@ -40,8 +36,6 @@ class Uniform:
             return [(self.low + self.high) / 2]
         return [self.low + (self.high - self.low) * i / (self.grid - 1) for i in range(self.grid)]
 
-    def distribution(self) -> optuna.distributions.BaseDistribution:
-        return optuna.distributions.FloatDistribution(self.low, self.high)
 
 
 @dataclass(frozen=True)
@@ -51,8 +45,6 @@ class Choice:
     def grid_points(self) -> list[Any]:
         return list(self.values)
 
-    def distribution(self) -> optuna.distributions.BaseDistribution:
-        return optuna.distributions.CategoricalDistribution(self.values)
 
 
 Dimension = Union[LogUniform, Uniform, Choice]

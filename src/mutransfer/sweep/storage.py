@@ -16,7 +16,7 @@ from typing import Iterator
 
 import optuna
 
-__all__ = ["study_id", "trial_id", "quiet", "HEARTBEAT_INTERVAL", "GRACE_PERIOD", "mask_url", "default_url", "open_storage",
+__all__ = ["optuna_logs_quiet", "study_id", "trial_id", "quiet", "HEARTBEAT_INTERVAL", "GRACE_PERIOD", "mask_url", "default_url", "open_storage",
            "Heartbeat", "ClaimLock", "set_finished_trial_user_attr"]
 
 
@@ -29,6 +29,18 @@ def quiet() -> Iterator[None]:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
         yield
+
+
+@contextlib.contextmanager
+def optuna_logs_quiet() -> Iterator[None]:
+    """Optuna's INFO lines ("A new study created", "Trial 3 finished with value …") off while the
+    sweep works, the caller's log level back afterwards (importing mutransfer changes nothing)."""
+    old = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(max(old, optuna.logging.WARNING))
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(old)
 
 HEARTBEAT_INTERVAL = 2  # seconds
 GRACE_PERIOD = 8  # seconds without a heartbeat before a running trial counts as dead
