@@ -48,7 +48,7 @@ from .depth import BRANCH_ATTR, branch_end, branch_outputs
 from .naming import canonical_name
 from .roles import MuPWarning
 from .observe import call_model, example_inputs as probe_candidates, to_device
-from .spec import SPEC_ATTR, find_spec, spec_holder
+from .spec import SPEC_ATTR, require_spec, spec_holder
 
 __all__ = ["RTOL", "export"]
 
@@ -77,13 +77,8 @@ def export(model: nn.Module, example_inputs: Any = None, *, untie: bool = False,
     For Hugging Face models: ``export(model).save_pretrained(dir)``, then plain
     ``from_pretrained(dir)`` gives the same outputs.
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"export needs an nn.Module, got {type(model).__name__}")
+    spec = require_spec(model, "export")  # a plain model needs no export: save it as it is
     root = spec_holder(model)
-    if root is None:
-        raise ValueError(f"export: the model ({type(model).__name__}) was never parametrized; it is plain already "
-                         "(save it as it is), or call mt.parametrize first")
-    spec = find_spec(root)
     training = root.training
     caching = _no_cache(root)
     try:
