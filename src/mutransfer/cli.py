@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from .coord import DEFAULT_OPTIMIZER
+from .coord import DEFAULT_OPTIMIZER, check_widths
 from .rules import check_depth_alpha
 
 __all__ = ["main"]
@@ -475,9 +475,10 @@ def _parse_widths(text: str, option: str = "--widths") -> list[int]:
         widths = [int(w) for w in text.replace(" ", "").split(",") if w]
     except ValueError:
         raise UsageError(f"{option} must be comma-separated integers, got '{text}'") from None
-    if len(set(widths)) < 2 or any(w <= 0 for w in widths):
-        raise UsageError(f"{option} needs at least two different positive values, got '{text}'")
-    return sorted(set(widths))
+    try:
+        return check_widths(widths, option)
+    except (TypeError, ValueError) as e:
+        raise UsageError(str(e)) from None
 
 
 def _load_module(spec: str, what: str):

@@ -2,6 +2,6 @@
 every activation scales as µP predicts. `run` trains and records, `report` holds the records and
 the verdict (slopes against the exponents µP predicts), `plot` draws them."""
 from .report import ATTN_SUFFIX, CoordCheckResult, Record, Trend
-from .run import DEFAULT_OPTIMIZER, MODEL_OUTPUT, coord_check
+from .run import DEFAULT_OPTIMIZER, MODEL_OUTPUT, check_widths, coord_check
 
-__all__ = ["coord_check", "CoordCheckResult", "Record", "Trend", "DEFAULT_OPTIMIZER", "MODEL_OUTPUT", "ATTN_SUFFIX"]
+__all__ = ["coord_check", "check_widths", "CoordCheckResult", "Record", "Trend", "DEFAULT_OPTIMIZER", "MODEL_OUTPUT", "ATTN_SUFFIX"]

@@ -31,7 +31,7 @@ from ..progress import Progress
 from ..rules import optimizer_family
 from ..spec import find_spec
 
-__all__ = ["MODEL_OUTPUT", "DEFAULT_OPTIMIZER", "LossFn", "OptimizerFactory", "coord_check"]
+__all__ = ["check_widths", "MODEL_OUTPUT", "DEFAULT_OPTIMIZER", "LossFn", "OptimizerFactory", "coord_check"]
 
 MODEL_OUTPUT = "(model output)"
 DEFAULT_OPTIMIZER = "adam"  # coord_check's default, and `mutransfer coord-check --optimizer`'s
@@ -77,9 +77,9 @@ def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequenc
         if len(set(widths)) != 1:
             raise ValueError(f"a coordinate check across depth takes one width (widths={widths}); check width "
                              "and depth in two runs")
-        axis, sizes, fixed_width = "depth", _check_widths(depths, "depths"), int(widths[0])
+        axis, sizes, fixed_width = "depth", check_widths(depths, "depths"), int(widths[0])
     else:
-        axis, sizes, fixed_width = "width", _check_widths(widths), None
+        axis, sizes, fixed_width = "width", check_widths(widths), None
     data = _check_data(data)
     if not callable(make_model):
         raise TypeError(f"make_model must be a function of width returning a model, got {type(make_model).__name__}")
@@ -422,7 +422,8 @@ class _Probe:
 # --------------------------------------------------------------------------- argument checks
 
 
-def _check_widths(widths: Iterable[int], what: str = "widths") -> list[int]:
+def check_widths(widths: Iterable[int], what: str = "widths") -> list[int]:
+    """Sorted distinct widths (or depths), at least two, all positive; the one check of a width list."""
     try:
         widths = [int(w) for w in widths]
     except (TypeError, ValueError):
