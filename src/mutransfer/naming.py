@@ -1,18 +1,20 @@
 """Parameter and module names as the user wrote them, through wrappers."""
 from __future__ import annotations
 
-__all__ = ["canonical_name", "listed_differences"]
+__all__ = ["WRAPPER_ATTRS", "DDP_ATTR", "canonical_name", "listed_differences"]
 
-# Name parts that wrappers (torch.compile, FSDP1, activation checkpointing) insert; DDP/DataParallel
-# add a leading "module.".
-_WRAPPER_PARTS = ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
+# Attributes under which wrappers keep the user's model — torch.compile, FSDP1, activation
+# checkpointing — and so name parts they insert; DDP/DataParallel keep it under "module" and add a
+# leading "module.". The one list of them (`spec` walks through the same attributes).
+WRAPPER_ATTRS = ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
+DDP_ATTR = "module"
 
 
 def canonical_name(name: str) -> str:
     """Strip wrapper prefixes that appear anywhere along a dotted parameter name."""
-    out = ".".join(p for p in name.split(".") if p not in _WRAPPER_PARTS)
-    while out.startswith("module."):
-        out = out[len("module."):]
+    out = ".".join(p for p in name.split(".") if p not in WRAPPER_ATTRS)
+    while out.startswith(DDP_ATTR + "."):
+        out = out[len(DDP_ATTR) + 1:]
     return out
 
 

@@ -6,6 +6,7 @@ from typing import Optional
 
 from torch import nn
 
+from .naming import DDP_ATTR, WRAPPER_ATTRS
 from .roles import ParamInfo
 from .rules import DEPTH_RULES, DepthRule, Rule, TunableMultipliers, depth_factor, factor, formulation_rules
 from .shapes import WidthShapes
@@ -13,8 +14,8 @@ from .shapes import WidthShapes
 __all__ = ["SPEC_ATTR", "MuSpec", "spec_holder", "find_spec", "require_spec"]
 
 SPEC_ATTR = "_mutransfer_spec"
-# Attributes under which wrappers keep the user's model: torch.compile, DDP/DataParallel, FSDP1.
-_WRAPPED_ATTRS = ("_orig_mod", "module", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
+# Attributes under which wrappers keep the user's model: torch.compile, DDP/DataParallel, FSDP1, checkpointing.
+_WRAPPED_ATTRS = (WRAPPER_ATTRS[0], DDP_ATTR) + WRAPPER_ATTRS[1:]
 
 
 @dataclass
