@@ -208,6 +208,14 @@ def _demo(args) -> int:
     return EXIT_PASS
 
 
+def _existing_file(path: str, what: str) -> Path:
+    """`path` as a Path; a usage error naming it when there is no such file."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"{what} {p} not found")
+    return p
+
+
 def _export(args) -> int:
     import torch
 
@@ -215,9 +223,7 @@ def _export(args) -> int:
     from .export import export
     from .spec import find_spec
 
-    ckpt_path = Path(args.checkpoint)
-    if not ckpt_path.is_file():
-        raise UsageError(f"checkpoint {ckpt_path} not found")
+    ckpt_path = _existing_file(args.checkpoint, "checkpoint")
     try:
         build = load_callable(args.build, "--build")
         model = build()
@@ -292,9 +298,7 @@ def _sweep(args) -> int:
     from .sweep import run_sweep
     from .sweep.storage import mask_url
 
-    config = Path(args.config)
-    if not config.is_file():
-        raise UsageError(f"config file {config} not found")
+    config = _existing_file(args.config, "config file")
     run_dir = Path(args.run) if args.run else Path("runs") / config.stem
     if args.workers < 1:
         raise UsageError("--workers must be at least 1")
