@@ -6,29 +6,17 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import mutransfer as mt
 from mutransfer.recipes import GPT, text_batches
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
+from train_plain import train as steps  # noqa: E402  (the example's own loop: the test runs what users copy)
 
 
 def build(width=128):
     return mt.parametrize(GPT(width), base=GPT(32), delta=GPT(64))
-
-
-def steps(model, opt, sched, batches):
-    losses = []
-    for x, y in batches:
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-    return losses
 
 
 def make_opt(model):
