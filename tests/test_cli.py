@@ -111,6 +111,7 @@ def test_coord_check_across_depth_passes_with_depth_scaling_and_fails_without(tm
     assert "PASS" in out and "depths 2, 4, 8, 16, 32, width 64" in out
     data = json.loads((tmp_path / "on" / "coord_check.json").read_text())
     assert data["axis"] == "depth" and data["widths"] == [2, 4, 8, 16, 32]
+    assert data["sizes"] == [2, 4, 8, 16, 32]
     assert run(*args, "--depth-alpha", "0", "--out", str(tmp_path / "off")) == 1
     assert "blocks.last" in capsys.readouterr().out
     assert (tmp_path / "off" / "coord_check.png").stat().st_size > 0

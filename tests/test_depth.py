@@ -309,3 +309,12 @@ def test_coord_check_depth_arguments():
         mt.coord_check(lambda w, d: ResMLP(w, depth=d), widths=[32, 64], depths=[2, 4], data=data)
     with pytest.raises(ValueError, match="depths"):
         mt.coord_check(lambda w, d: ResMLP(w, depth=d), widths=32, depths=[2], data=data)
+
+
+def test_a_depth_check_names_its_sizes_depths():
+    from mutransfer.coord import CoordCheckResult
+    r = CoordCheckResult([], widths=[2, 4, 8], steps=1, seeds=1, optimizer="adam", lr=1e-3, axis="depth",
+                         fixed_width=64)
+    assert r.sizes == r.depths == [2, 4, 8] and r.to_dict()["sizes"] == [2, 4, 8]
+    w = CoordCheckResult([], widths=[32, 64], steps=1, seeds=1, optimizer="adam", lr=1e-3)
+    assert w.depths is None and w.sizes == [32, 64]

@@ -120,6 +120,17 @@ class CoordCheckResult:
         self.max_slope = math.log(self.max_growth) / math.log(16)
         self.trends = self._trends()
 
+    @property
+    def sizes(self) -> list[int]:
+        """The sizes checked along `axis`: widths, or depths (at `fixed_width`) for a depth check.
+        (`widths` holds the same list, under its first name.)"""
+        return self.widths
+
+    @property
+    def depths(self) -> Optional[list[int]]:
+        """The depths of a depth check, else None."""
+        return self.widths if self.axis == "depth" else None
+
     # ------------------------------------------------------------------ verdict
 
     def _trends(self) -> list[Trend]:
@@ -206,7 +217,7 @@ class CoordCheckResult:
     def to_dict(self) -> dict:
         return {
             "passed": self.passed, "parametrization": self.parametrization, "axis": self.axis,
-            "fixed_width": self.fixed_width, "widths": self.widths,
+            "fixed_width": self.fixed_width, "sizes": self.sizes, "widths": self.widths,
             "optimizer": self.optimizer, "lr": self.lr, "steps": self.steps, "seeds": self.seeds,
             "max_growth": self.max_growth, "max_slope": self.max_slope, "expected": dict(self.expected),
             "diverged": [{"width": w, "seed": s, "step": t} for w, s, t in self.diverged],
