@@ -72,3 +72,34 @@ def test_zero_init_query_of_multihead_attention_and_by_pattern():
     assert torch.all(m.hidden[0].weight == 0)
     with pytest.raises(ValueError, match="no query projection found"):
         mt.parametrize(MLP(128), base=MLP(32), delta=MLP(64), zero_init_query=True)
+
+
+def test_embedding_mult_reaches_a_tied_token_embedding():
+    # α_embedding used to skip an embedding tied to the readout (nanoGPT's wte): silently not in effect
+    from mutransfer.recipes import GPT
+    torch.manual_seed(0)
+    m = mt.parametrize(GPT(128), base=GPT(32), delta=GPT(64), embedding_mult=2.0)
+    consts = m._mutransfer_spec.forward_constants
+    assert consts["wte"] == ("output ×", 2.0) and consts["wpe"] == ("output ×", 2.0)
+    assert consts["lm_head"][0] == "input ×"  # the readout keeps its own multiplier only
+    idx = torch.randint(0, 256, (2, 8))
+    assert torch.equal(m.wte(idx), 2.0 * torch.nn.functional.embedding(idx, m.wte.weight))
+    assert m.lm_head.weight is m.wte.weight
+
+
+def test_a_multiplier_for_a_module_that_never_runs_is_left_out_with_a_warning():
+    transformers = pytest.importorskip("transformers")
+
+    def mamba(w):
+        torch.manual_seed(0)
+        return transformers.MambaForCausalLM(transformers.MambaConfig(
+            hidden_size=w, num_hidden_layers=1, vocab_size=64, state_size=4, expand=2, conv_kernel=2,
+            time_step_rank=4, use_cache=False))
+
+    with pytest.warns(mt.MuPWarning, match=r"'backbone\.layers\.0\.mixer\.dt_proj'.*never runs"):
+        m = mt.parametrize(mamba(64), base=mamba(16), delta=mamba(32), embedding_mult=1.5)
+    consts = m._mutransfer_spec.forward_constants
+    assert "backbone.layers.0.mixer.dt_proj" not in consts  # not described as in effect
+    assert consts["backbone.embeddings"] == ("output ×", 1.5)
+    line = next(x for x in mt.describe(m).splitlines() if x.startswith("forward constants:"))
+    assert "dt_proj" not in line and "backbone.embeddings output ×1.5" in line

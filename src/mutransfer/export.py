@@ -139,23 +139,38 @@ class _Folder:
     def fold(self, untie: bool) -> None:
         constants = self._constants()
         calls = self._calls()
-        order = {"output": 0, "branch": 1, "attention": 2, "input": 3}
-        for c in sorted(constants, key=lambda c: order[c.kind]):
-            c.remove()
-            if c.factor == 1.0:
-                continue
+        for c in constants:  # output constants first: they may scale a weight that readouts share
             if c.kind == "output":
-                self._fold_output(c, calls)
+                c.remove()
+                if c.factor != 1.0:
+                    self._fold_output(c, calls)
+        order = {"branch": 0, "attention": 1, "input": 2}
+        rest = [c for c in constants if c.kind != "output"] + self._readers_of_scaled_weights(constants, calls)
+        for c in sorted(rest, key=lambda c: order[c.kind]):
+            c.remove()
+            if c.kind == "input":  # even at ×1: its weight may now carry another module's factor
+                self._fold_readout(c, untie)
+            elif c.factor == 1.0:
+                continue
             elif c.kind == "branch":
                 self._fold_branch(c, calls)
-            elif c.kind == "attention":
-                self._fold_attention(c, calls)
             else:
-                self._fold_readout(c, untie)
+                self._fold_attention(c, calls)
         for module in self.modules.values():  # every constant gone: the user's own classes again
             parent = type(module).__dict__.get("_mutransfer_parent")
             if parent is not None and not any(a in module.__dict__ for a in _ATTRS):
                 module.__class__ = parent
+
+    def _readers_of_scaled_weights(self, constants: list[_Constant], calls) -> list[_Constant]:
+        """Modules that ran and share a weight an output constant was folded into, with no constant
+        of their own (a tied readout whose multiplier came out as 1): each must undo that factor."""
+        own = {c.module for c in constants if c.kind in ("output", "input")}
+        out = []
+        for name, module in self.modules.items():
+            w = module._parameters.get("weight")
+            if w is not None and id(w) in self.applied and name in calls and name not in own:
+                out.append(_Constant(name, "input", 1.0, lambda: None))
+        return out
 
     # ---- the constants, and how to take each out
 
@@ -252,9 +267,18 @@ class _Folder:
             return
         for pname in ("weight", "bias"):
             p = module._parameters.get(pname)
-            if p is not None:
-                p.mul_(c.factor)
-                self.applied[id(p)] = self.applied.get(id(p), 1.0) * c.factor
+            if p is None:
+                continue
+            if id(p) in self.applied:
+                # a weight shared by several lookups (T5's encoder, decoder and `shared` embeddings): each
+                # carries the same output constant, and the weight takes it once
+                if math.isclose(self.applied[id(p)], c.factor, rel_tol=1e-12):
+                    continue
+                raise ValueError(f"export: '{canonical_name(c.module)}' multiplies its output by {c.factor:.6g} "
+                                 f"but shares {pname} with {', '.join(self.owners[id(p)])}, which another module "
+                                 f"multiplies by {self.applied[id(p)]:.6g}: one weight cannot take both")
+            p.mul_(c.factor)
+            self.applied[id(p)] = c.factor
 
     def _fold_branch(self, c: _Constant, calls) -> None:
         """Output × c of a module: into the layer that ends it (found by tracing, else searched).

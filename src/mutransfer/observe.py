@@ -86,6 +86,7 @@ class Observation:
     input_scales: dict[str, float] = field(default_factory=dict)
     # modules whose (first) input is an attention's probabilities (dropout on them, for example)
     prob_modules: set[str] = field(default_factory=set)
+    called: set[str] = field(default_factory=set)  # modules whose forward ran
     error: Optional[str] = None  # why the forward could not run (then nothing was observed)
     inputs: Any = None           # the inputs it ran on
 
@@ -659,6 +660,7 @@ def recording(model: nn.Module, on_attention: Optional[Callable] = None):
         name = names.get(id(module))
         if name is not None:
             stack.append(name)
+            recorder.obs.called.add(name)
             if args and isinstance(args[0], torch.Tensor):
                 ref = recorder.probs.get(id(args[0]))
                 if ref is not None and ref() is args[0]:

@@ -122,6 +122,8 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
     zeroing = _readout_zeroing(model, infos, params) if zero_init_readout else []
     zeroing += _query_zeroing(model, zero_init_query) if zero_init_query else []
     multipliers = _forward_multipliers(infos, rules, mults, _readout_input_ratio(seen, shapes, depth), model)
+    if seen.ran:
+        multipliers = _in_effect(multipliers, seen)
 
     # Everything is checked: from here on the model changes. Attention first: its scales are measured
     # again on a probe forward, and a mismatch undoes the change and raises before anything else changes.
@@ -415,6 +417,10 @@ def _forward_multipliers(infos: dict[str, ParamInfo], rules, mults: TunableMulti
     readout_rule = formulation_rules(READOUT_MULTIPLIER)["output"]
     found: Multiplied = []
     for name, info in infos.items():
+        if info.role == "input" and mults.embedding != 1.0 and info.layout is not None:
+            # α_embedding on the lookup / input projection — a tied embedding's too (not on its readout)
+            found += [(m, scaled_forward.Side.OUTPUT, mults.embedding) for m, local in info.usages
+                      if local == "weight" and m not in info.tied_readouts]
         if info.role == "output":
             c = mults.output * factor(rules["output"].forward, info.m_in, info.m_out)
             readouts = [m for m, _ in info.usages]
@@ -423,9 +429,6 @@ def _forward_multipliers(infos: dict[str, ParamInfo], rules, mults: TunableMulti
             # Table 8 on a tied readout; its fan_in is the embedding's fan_out.
             c = mults.output * factor(readout_rule.forward, info.m_out, 1.0)
             readouts, needs_module = info.tied_readouts, True
-        elif info.role == "input" and mults.embedding != 1.0 and info.layout is not None:
-            found += [(m, scaled_forward.Side.OUTPUT, mults.embedding) for m, local in info.usages if local == "weight"]
-            continue
         else:
             continue
         per_module = {m: c * input_ratio(m) for m in readouts}
@@ -437,6 +440,24 @@ def _forward_multipliers(infos: dict[str, ParamInfo], rules, mults: TunableMulti
                              "nn.Linear, or use formulation='no_multipliers' with output_mult=1")
         found += [(m, scaled_forward.Side.INPUT, v) for m, v in per_module.items() if v != 1.0]
     return found
+
+
+def _in_effect(multipliers: Multiplied, seen: Observation) -> Multiplied:
+    """The forward constants whose module's forward ran on the probe. A constant on a module that
+    never runs (its parent uses its weight directly, as HF Mamba's mixer does with `dt_proj`)
+    would have no effect: it is left out, with a warning naming the module, not recorded as if it
+    were in effect."""
+    kept = []
+    for mname, side, c in multipliers:
+        if mname and mname not in seen.called:
+            warnings.warn(f"parametrize: '{mname}' should get a forward constant ({side}{c:.4g}: α_output, "
+                          f"α_embedding or the readout's 1/m), but its forward never runs on the probe (another module "
+                          f"uses its parameters directly), so no multiplier can be installed on it; it is left out. "
+                          f"Call the module instead of reading its weight, or keep the multiplier at 1 "
+                          f"(output_mult / embedding_mult)", MuPWarning, stacklevel=3)
+            continue
+        kept.append((mname, side, c))
+    return kept
 
 
 def _install_multipliers(model: nn.Module, multipliers: Multiplied) -> None:
