@@ -142,6 +142,9 @@ class InlineEager(nn.Module):
 
 
 def test_usage_of_raw_router_fused_experts_and_raw_readout():
+    # seeded: the init scale below is the ratio of two single draws' rms (noisy for small tensors),
+    # and without a seed it depended on which tests ran before
+    torch.manual_seed(0)
     model = mt.parametrize(RawMoE(256), base=RawMoE(32), delta=RawMoE(64))
     spec = model._mutransfer_spec
     info = spec.params
