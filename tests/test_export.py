@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import mutransfer as mt
+from test_depth import Stack
 from zoo import GPT, ZOO, loss_of, run
 
 RTOL = 1e-5
@@ -105,18 +106,8 @@ class HelperBlock(nn.Module):
         return x + mt.residual_branch(self, self.fc(F.gelu(x)))
 
 
-class HelperNet(nn.Module):
-    def __init__(self, width, depth=2):
-        super().__init__()
-        self.inp = nn.Linear(8, width)
-        self.blocks = nn.ModuleList([HelperBlock(width) for _ in range(depth)])
-        self.out = nn.Linear(width, 3)
-
-    def forward(self, x):
-        h = self.inp(x)
-        for b in self.blocks:
-            h = b(h)
-        return self.out(h)
+def HelperNet(width, depth=2):
+    return Stack(width, depth, HelperBlock)  # test_depth's stack of blocks, with the helper blocks
 
 
 @pytest.mark.parametrize("make, kwargs", [
