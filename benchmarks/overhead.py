@@ -66,7 +66,7 @@ from torch import nn
 
 import mutransfer as mt
 from mutransfer import attention as mt_attention
-from mutransfer import sdpa as mt_sdpa
+from mutransfer import _sdpa as mt_sdpa
 from mutransfer import scaled_forward
 from mutransfer.recipes import GPT, MLP
 from mutransfer.recipes.models import CausalSelfAttention

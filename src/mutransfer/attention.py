@@ -35,9 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import scaled_forward, sdpa
-from .observe import AttentionCall
-from .naming import canonical_name
+from . import _sdpa as sdpa, scaled_forward
+from ._observe import AttentionCall
+from ._naming import canonical_name
 
 __all__ = ["mha_in_projections", "attention_kind", "head_dim_of", "base_head_dims", "attn_scale", "mup_logit_scale", "attn_logits",
            "MuMultiheadAttention", "AttentionScale", "plan", "install", "legacy_plan"]

@@ -28,7 +28,7 @@ import torch
 import torch.fx
 from torch import nn
 
-from .naming import canonical_name
+from ._naming import canonical_name
 
 __all__ = ["BRANCH_ATTR", "block_containers", "split_block", "join_name", "outermost", "DepthMap",
            "branch_outputs", "residual_branch", "trace_branches", "Branch", "branch_end", "find_branches"]

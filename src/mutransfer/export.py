@@ -45,9 +45,9 @@ from torch import nn
 from . import scaled_forward
 from .attention import MuMultiheadAttention, mha_in_projections, mup_logit_scale
 from .depth import BRANCH_ATTR, branch_end, branch_outputs
-from .naming import canonical_name
+from ._naming import canonical_name
 from .roles import MuPWarning
-from .observe import call_model, example_inputs as probe_candidates, to_device
+from ._observe import call_model, example_inputs as probe_candidates, to_device
 from .spec import SPEC_ATTR, require_spec, spec_holder
 
 __all__ = ["RTOL", "export"]

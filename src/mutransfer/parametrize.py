@@ -18,7 +18,7 @@ from torch import nn
 
 from . import attention as attn
 from . import scaled_forward
-from .observe import Observation, observe, observe_model
+from ._observe import Observation, observe, observe_model
 from .roles import MuPWarning, ParamInfo, classify
 from .depth import BRANCH_ATTR, Branch, DepthMap, block_containers, find_branches, outermost
 from .rules import (BRANCH_MULTIPLIER, DEFAULT_DEPTH_ALPHA, DEFAULT_FORMULATION, NO_MULTIPLIERS, READOUT_MULTIPLIER,

@@ -32,9 +32,9 @@ from typing import Iterable, Mapping, Optional
 from torch import nn
 
 from .depth import DepthMap
-from .observe import Observation, Use
+from ._observe import Observation, Use
 from .rules import ROLES
-from .naming import canonical_name, listed_differences
+from ._naming import canonical_name, listed_differences
 from .shapes import ParamShape, WidthShapes
 
 __all__ = ["Layout", "ParamInfo", "classify", "MuPWarning"]

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from . import sdpa as _sdpa
+from . import _sdpa
 
 __all__ = ["Side", "INPUT_ATTR", "OUTPUT_ATTR", "SDPA_ATTR", "scaled_class", "install"]
 

@@ -16,8 +16,8 @@ from torch import nn
 
 from .attention import base_head_dims
 from .depth import DepthMap
-from .naming import canonical_name, listed_differences
-from .observe import observe_model
+from ._naming import canonical_name, listed_differences
+from ._observe import observe_model
 
 __all__ = ["SHAPES_FORMAT_VERSION", "ParamShape", "WidthShapes", "save_shapes", "load_shapes"]
 

@@ -6,7 +6,7 @@ from typing import Optional
 
 from torch import nn
 
-from .naming import DDP_ATTR, WRAPPER_ATTRS
+from ._naming import DDP_ATTR, WRAPPER_ATTRS
 from .roles import ParamInfo
 from .rules import DEPTH_RULES, DepthRule, Rule, TunableMultipliers, depth_factor, factor, formulation_rules
 from .shapes import WidthShapes

@@ -24,10 +24,10 @@ from torch import nn
 from .. import attention as attn
 from .report import ATTN_SUFFIX, CoordCheckResult, Record
 from ..depth import block_containers, join_name, split_block
-from ..naming import canonical_name
-from ..observe import recording
+from .._naming import canonical_name
+from .._observe import recording
 from ..optim import build_optimizer
-from ..progress import Progress
+from .._progress import Progress
 from ..rules import optimizer_family
 from ..spec import find_spec
 
@@ -159,7 +159,7 @@ def _predictions(make_model, sizes: list[int], inputs) -> tuple[dict[str, float]
 
     from ..roles import classify
     from ..shapes import WidthShapes
-    from ..observe import observe
+    from .._observe import observe
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -49,7 +49,7 @@ from typing import Any, Iterator, Optional, Union
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from ..progress import Progress
+from .._progress import Progress
 from .config import SweepConfig, load_config, pinned_text
 from .objective import Objective, Pruned, Scale
 from .objectives import load_objective

@@ -48,7 +48,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from .naming import canonical_name
+from ._naming import canonical_name
 
 __all__ = ["Dims", "Use", "AttentionCall", "Observation", "recording", "observe", "call_model",
            "example_inputs", "observe_model", "to_device"]
