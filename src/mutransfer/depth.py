@@ -30,7 +30,7 @@ from torch import nn
 
 from ._naming import canonical_name
 
-__all__ = ["BRANCH_ATTR", "block_containers", "split_block", "join_name", "outermost", "DepthMap",
+__all__ = ["block_pattern", "in_numbered_block", "BRANCH_ATTR", "block_containers", "split_block", "join_name", "outermost", "DepthMap",
            "branch_outputs", "residual_branch", "trace_branches", "Branch", "branch_end", "find_branches"]
 
 BRANCH_ATTR = "_mutransfer_branch_mult"
@@ -66,6 +66,16 @@ def split_block(name: str, prefix: str) -> Optional[tuple[int, str]]:
         return None
     idx, _, rest = name[len(head):].partition(".")
     return (int(idx), rest) if idx.isdigit() else None
+
+
+def block_pattern(name: str) -> str:
+    """The name with every block index as "*": "blocks.3.attn" → "blocks.*.attn"."""
+    return ".".join("*" if p.isdigit() else p for p in name.split("."))
+
+
+def in_numbered_block(name: str) -> bool:
+    """Whether the name lies inside an indexed block (a part that is a number)."""
+    return any(p.isdigit() for p in name.split("."))
 
 
 def join_name(*parts: Union[str, int]) -> str:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from .depth import block_pattern
 from .spec import require_spec
 
 __all__ = ["describe"]
@@ -38,8 +39,7 @@ def describe(model: nn.Module) -> str:
         lines.append(f"forward constants: residual branch multipliers only ({len(spec.branches)})")
     for prefix, (l0, l) in spec.depth.items():
         def inside(names):
-            return sorted({".".join("*" if p.isdigit() else p for p in m.split("."))
-                           for m in names if m.startswith(f"{prefix}.") or not prefix})
+            return sorted({block_pattern(m) for m in names if m.startswith(f"{prefix}.") or not prefix})
         c = (l / l0) ** -spec.depth_alpha if spec.depth_alpha else 1.0
         how = []
         if inside(spec.branches):

@@ -28,6 +28,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Optional, Union
 
+from ..depth import in_numbered_block
+
 __all__ = ["PathLike", "VANISHING_SLOPE", "ATTN_SUFFIX", "Record", "Trend", "CoordCheckResult"]
 
 PathLike = Union[str, os.PathLike]
@@ -93,8 +95,8 @@ def _excess(t: "Trend") -> float:
 
 def _in_numbered_block(module: str) -> bool:
     """A module inside a block: across depth its own change is 1/L of the stream's (depth-µP)."""
-    parts = module.replace(ATTN_SUFFIX, "").split(".")
-    return any(part.isdigit() for part in parts) or "last" in parts[:-1]
+    name = module.replace(ATTN_SUFFIX, "")
+    return in_numbered_block(name) or "last" in name.split(".")[:-1]
 
 
 @dataclass
