@@ -131,6 +131,7 @@ class _Folder:
         self.modules = dict(plain.named_modules())
         self.ref_modules = dict(reference.named_modules())
         self.applied: dict[int, float] = {}  # id(parameter) → factor folded into it so far
+        self._branch_ends: Optional[dict[int, list[Optional[str]]]] = None  # see _helper_ends
         self.owners: dict[int, list[str]] = {}
         for mname, m in plain.named_modules(remove_duplicate=False):
             for pname, p in m.named_parameters(recurse=False, remove_duplicate=False):
@@ -314,17 +315,20 @@ class _Folder:
 
     def _helper_ends(self, block: str) -> list[nn.Module]:
         """The layers (of `plain`) whose outputs the block passed to `residual_branch` on the probe."""
-        made: dict[int, str] = {}
-        hooks = [m.register_forward_hook(lambda mod, i, o, n=n: made.__setitem__(id(o), n))
-                 for n, m in self.reference.named_modules() if _is_layer(m)]
-        try:
-            with branch_outputs() as seen:
-                call_model(self.reference, self.inputs)
-        finally:
-            for h in hooks:
-                h.remove()
-        target = self.ref_modules[block]
-        names = [made.get(id(out)) for b, out in seen if b is target]
+        if self._branch_ends is None:  # one probe forward serves every block
+            made: dict[int, str] = {}
+            hooks = [m.register_forward_hook(lambda mod, i, o, n=n: made.__setitem__(id(o), n))
+                     for n, m in self.reference.named_modules() if _is_layer(m)]
+            try:
+                with branch_outputs() as seen:
+                    call_model(self.reference, self.inputs)
+            finally:
+                for h in hooks:
+                    h.remove()
+            self._branch_ends = {}
+            for b, out in seen:
+                self._branch_ends.setdefault(id(b), []).append(made.get(id(out)))
+        names = self._branch_ends.get(id(self.ref_modules[block]), [])
         if not names or None in names:
             return []
         return [self.modules[n] for n in dict.fromkeys(names)]

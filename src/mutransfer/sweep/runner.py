@@ -183,18 +183,22 @@ class Sweep:
             self._objective = load_objective(self.config.objective, base)
         return self._objective
 
-    @optuna_logs_quiet()
     def study(self, parametrization: str, width: int, depth: Optional[int] = None, extra: tuple = ()) -> optuna.Study:
         key = (parametrization, width, depth, tuple(extra))
         if key not in self._studies:
-            seed = (1000 * width + (parametrization == "sp") + 7919 * (depth or 0)
-                    + sum(104729 * v for _, v in extra)) % 2 ** 32
-            sampler = (optuna.samplers.TPESampler(seed=seed) if self.config.sampler == "tpe"
-                       else optuna.samplers.RandomSampler(seed=seed))
-            self._studies[key] = optuna.create_study(storage=self.storage, sampler=sampler, direction="minimize",
-                                                     pruner=self.config.optuna_pruner() or optuna.pruners.NopPruner(),
-                                                     study_name=study_name(self.config, *key), load_if_exists=True)
+            self._studies[key] = self._create_study(*key)
         return self._studies[key]
+
+    @optuna_logs_quiet()  # on creation only: study() runs in the work loop, and a log-level change clears logging's caches
+    def _create_study(self, parametrization: str, width: int, depth: Optional[int], extra: tuple) -> optuna.Study:
+        seed = (1000 * width + (parametrization == "sp") + 7919 * (depth or 0)
+                + sum(104729 * v for _, v in extra)) % 2 ** 32
+        sampler = (optuna.samplers.TPESampler(seed=seed) if self.config.sampler == "tpe"
+                   else optuna.samplers.RandomSampler(seed=seed))
+        return optuna.create_study(storage=self.storage, sampler=sampler, direction="minimize",
+                                   pruner=self.config.optuna_pruner() or optuna.pruners.NopPruner(),
+                                   study_name=study_name(self.config, parametrization, width, depth, extra),
+                                   load_if_exists=True)
 
     # ------------------------------------------------------------------ preparing
 
@@ -640,7 +644,7 @@ def _fetch_config(storage, name: str, path: Path) -> None:
 # parent's "go" and the storage URL on stdin (not on the command line: it may hold a password);
 # end of input without them: the sweep was refused, leave quietly. Ctrl-C
 # (the terminal sends it to every process of the group) before it works exits at once and
-# quietly; later, `_worker_main` marks its trial interrupted and exits 130 without a traceback.
+# quietly; later, `_worker_entry` marks its trial interrupted and exits 130 without a traceback.
 _WORKER_CODE = ("import os, signal, sys\n"
                 "signal.signal(signal.SIGINT, lambda *_: os._exit(130))\n"
                 "from mutransfer.sweep.runner import _worker_entry\n"
