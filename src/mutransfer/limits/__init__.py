@@ -1,7 +1,9 @@
-"""Infinite-width limits: NNGP/NTK kernels of fully-connected networks and the µP
-feature-learning limit of a 1-hidden-layer network (`MuPLimit`).
+"""Infinite-width limits: NNGP/NTK kernels of any traced torch.nn module (and the closed
+recursion for fully-connected networks) and the µP feature-learning limit of a 1-hidden-layer
+network (`MuPLimit`).
 
     import mutransfer as mt
+    K = mt.limits.nngp(model, x1, x2)                 # (n1, n2), float64, one output unit
     K = mt.limits.nngp(x, depth=3)                    # (n, n), float64
     T = mt.limits.ntk(x, x_test, depth=3, activation="erf")
     mean, var = mt.limits.nngp_predict(x, y, x_test, depth=3)
@@ -9,10 +11,13 @@ feature-learning limit of a 1-hidden-layer network (`MuPLimit`).
 """
 from .activations import get_activation
 from .empirical import NTKMLP, empirical_nngp, empirical_ntk
-from .kernels import kernels, nngp, nngp_diag, ntk
+from .kernels import kernels, mlp_kernels, nngp, nngp_diag, ntk
+from .monte_carlo import monte_carlo_kernels
+from .traced import KernelWarning, ModelKernels, model_kernel_diag, model_kernels
 from .mup_limit import MuPLimit, OneHiddenLayer, feature_movement, fitted_slope, sgd_batches, train_finite
 from .predict import nngp_predict, ntk_predict
 
-__all__ = ["kernels", "nngp", "ntk", "nngp_diag", "nngp_predict", "ntk_predict", "empirical_ntk", "empirical_nngp",
+__all__ = ["kernels", "mlp_kernels", "model_kernels", "model_kernel_diag", "ModelKernels", "KernelWarning",
+           "monte_carlo_kernels", "nngp", "ntk", "nngp_diag", "nngp_predict", "ntk_predict", "empirical_ntk", "empirical_nngp",
            "NTKMLP", "MuPLimit", "OneHiddenLayer", "train_finite", "feature_movement", "fitted_slope",
            "sgd_batches", "get_activation"]

@@ -14,7 +14,7 @@ from typing import Callable, Optional, Union
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Fn", "Moments", "Activation", "get_activation"]
+__all__ = ["Fn", "Moments", "Activation", "get_activation", "autograd_derivative"]
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
 Moments = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (a, b, c) -> E[...]
@@ -53,7 +53,7 @@ class Activation:
     dphi_moment: Optional[Moments] = None  # closed-form E[φ'(u)φ'(v)]
 
 
-def _autograd_derivative(fn: Fn) -> Fn:
+def autograd_derivative(fn: Fn) -> Fn:
     def derivative(x: torch.Tensor) -> torch.Tensor:
         with torch.enable_grad():
             z = x.detach().requires_grad_(True)
@@ -68,10 +68,10 @@ _NAMED: dict[str, Activation] = {
     "identity": Activation("identity", lambda x: x, torch.ones_like,
                            lambda a, b, c: c, lambda a, b, c: torch.ones_like(c)),
     "tanh": Activation("tanh", torch.tanh, lambda x: 1 - torch.tanh(x) ** 2),
-    "gelu": Activation("gelu", F.gelu, _autograd_derivative(F.gelu)),
+    "gelu": Activation("gelu", F.gelu, autograd_derivative(F.gelu)),
     "sigmoid": Activation("sigmoid", torch.sigmoid, lambda x: torch.sigmoid(x) * (1 - torch.sigmoid(x))),
     "softplus": Activation("softplus", F.softplus, torch.sigmoid),
-    "silu": Activation("silu", F.silu, _autograd_derivative(F.silu)),
+    "silu": Activation("silu", F.silu, autograd_derivative(F.silu)),
 }
 _NAMED["linear"] = _NAMED["identity"]
 
@@ -90,4 +90,4 @@ def get_activation(activation: Union[str, Fn], derivative: Optional[Fn] = None) 
     if not callable(activation):
         raise TypeError(f"activation must be a name or an elementwise callable, got {type(activation).__name__}")
     name = getattr(activation, "__name__", "callable")
-    return Activation(name, activation, derivative or _autograd_derivative(activation))
+    return Activation(name, activation, derivative or autograd_derivative(activation))

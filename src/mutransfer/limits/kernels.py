@@ -20,11 +20,13 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
+from torch import nn
+
 from .activations import Activation, Fn, get_activation
 from .gaussian import MAX_ORDER, converged, expect_1d, expect_2d, hermite_coefficients, mehler
 
-__all__ = ["ArrayLike", "DEFAULT_QUAD_ORDER", "DEFAULT_SERIES_TERMS", "as_inputs", "kernels", "nngp", "ntk",
-           "nngp_diag"]
+__all__ = ["ArrayLike", "DEFAULT_QUAD_ORDER", "DEFAULT_SERIES_TERMS", "as_inputs", "kernels", "mlp_kernels", "nngp",
+           "ntk", "nngp_diag"]
 
 ArrayLike = Union[torch.Tensor, np.ndarray]
 DEFAULT_QUAD_ORDER = 64  # per dimension, for the 2-D quadrature fallback
@@ -74,7 +76,40 @@ def _diag_next(act: Activation, d: torch.Tensor, order: int) -> torch.Tensor:
     return expect_1d(lambda u: act.fn(u) ** 2, d, min(4 * order, MAX_ORDER))
 
 
-def kernels(x1: ArrayLike, x2: Optional[ArrayLike] = None, depth: int = 1, activation: Union[str, Fn] = "relu",
+def _model_call(fn_name: str, first, rest: tuple, kwargs: dict):
+    """`f(model, x1, x2=None, weight_var=2.0, bias_var=0.0, **options)` → ModelKernels."""
+    from .traced import model_kernels
+    names = ("x1", "x2", "weight_var", "bias_var")
+    if len(rest) > len(names):
+        raise TypeError(f"{fn_name}(model, x1, x2=None, weight_var=2.0, bias_var=0.0, ...) takes at most "
+                        f"{len(names)} positional arguments after the model")
+    bound = dict(zip(names, rest))
+    for key in bound:
+        if key in kwargs:
+            raise TypeError(f"{fn_name}() got two values for {key}")
+    bad = {"depth", "activation", "derivative", "quad_order", "series_terms"} & set(kwargs)
+    if bad:
+        raise TypeError(f"{fn_name}(model, ...) reads the architecture from the model; drop {sorted(bad)}")
+    if "x1" not in bound and "x1" not in kwargs:
+        raise TypeError(f"{fn_name}(model, x1, ...) needs the inputs x1")
+    return model_kernels(first, **bound, **kwargs)
+
+
+def kernels(x1, x2=None, *args, **kwargs):
+    """(NNGP, NTK) kernels, each (n1, n2) float64. Two forms:
+
+    - `kernels(model, x1, x2=None, weight_var=2.0, bias_var=0.0, *, ntk=True, exact=False,
+      samples=32)`: any `torch.nn.Module`, traced (see `model_kernels`);
+    - `kernels(x1, x2=None, depth=1, activation="relu", weight_var=2.0, bias_var=0.0, ...)`: a
+      fully-connected network with `depth` hidden layers (see `mlp_kernels`).
+    """
+    if isinstance(x1, nn.Module):
+        r = _model_call("kernels", x1, (x2,) + args if x2 is not None or args else (), kwargs)
+        return r.nngp, r.ntk
+    return mlp_kernels(x1, x2, *args, **kwargs)
+
+
+def mlp_kernels(x1: ArrayLike, x2: Optional[ArrayLike] = None, depth: int = 1, activation: Union[str, Fn] = "relu",
             weight_var: float = 2.0, bias_var: float = 0.0, *, derivative: Optional[Fn] = None,
             ntk: bool = True, quad_order: int = DEFAULT_QUAD_ORDER,
             series_terms: int = DEFAULT_SERIES_TERMS) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -114,16 +149,32 @@ def kernels(x1: ArrayLike, x2: Optional[ArrayLike] = None, depth: int = 1, activ
     return k, theta
 
 
-def nngp(x1: ArrayLike, x2: Optional[ArrayLike] = None, depth: int = 1, activation: Union[str, Fn] = "relu",
-         weight_var: float = 2.0, bias_var: float = 0.0, **kwargs) -> torch.Tensor:
-    """The NNGP kernel (n1, n2): covariance of the infinitely wide network's outputs at init."""
-    return kernels(x1, x2, depth, activation, weight_var, bias_var, ntk=False, **kwargs)[0]
+def nngp(x1, x2=None, *args, **kwargs) -> torch.Tensor:
+    """The NNGP kernel (n1, n2): covariance of the infinitely wide network's outputs at init.
+    `nngp(model, x1, x2=None, weight_var=2.0, bias_var=0.0, ...)` for any module (a Monte Carlo
+    estimate carries `.std_error`), or `nngp(x1, x2=None, depth=1, activation="relu", ...)`."""
+    if isinstance(x1, nn.Module):
+        r = _model_call("nngp", x1, (x2,) + args if x2 is not None or args else (), dict(kwargs, ntk=False))
+        if r.nngp_std_error is not None:
+            r.nngp.std_error = r.nngp_std_error
+        return r.nngp
+    return _mlp(x1, x2, *args, ntk=False, **kwargs)[0]
 
 
-def ntk(x1: ArrayLike, x2: Optional[ArrayLike] = None, depth: int = 1, activation: Union[str, Fn] = "relu",
-        weight_var: float = 2.0, bias_var: float = 0.0, **kwargs) -> torch.Tensor:
-    """The NTK (n1, n2) of the infinitely wide network in the NTK parametrization."""
-    return kernels(x1, x2, depth, activation, weight_var, bias_var, **kwargs)[1]
+def ntk(x1, x2=None, *args, **kwargs) -> torch.Tensor:
+    """The NTK (n1, n2) of the infinitely wide network in the NTK parametrization.
+    `ntk(model, x1, x2=None, weight_var=2.0, bias_var=0.0, ...)` or `ntk(x1, x2=None, depth=1, ...)`."""
+    if isinstance(x1, nn.Module):
+        r = _model_call("ntk", x1, (x2,) + args if x2 is not None or args else (), kwargs)
+        if r.ntk_std_error is not None:
+            r.ntk.std_error = r.ntk_std_error
+        return r.ntk
+    return _mlp(x1, x2, *args, **kwargs)[1]
+
+
+def _mlp(x1, x2=None, depth: int = 1, activation: Union[str, Fn] = "relu", weight_var: float = 2.0,
+         bias_var: float = 0.0, **kwargs):
+    return mlp_kernels(x1, x2, depth, activation, weight_var, bias_var, **kwargs)
 
 
 def nngp_diag(x: ArrayLike, depth: int = 1, activation: Union[str, Fn] = "relu", weight_var: float = 2.0,

@@ -5,6 +5,8 @@ from typing import Optional
 
 import torch
 
+from torch import nn
+
 from .kernels import ArrayLike, as_inputs, kernels, nngp_diag
 
 __all__ = ["nngp_predict", "ntk_predict"]
@@ -19,21 +21,63 @@ def _targets(y: ArrayLike, n: int) -> tuple[torch.Tensor, bool]:
     return y, squeeze
 
 
-def nngp_predict(x_train: ArrayLike, y_train: ArrayLike, x_test: ArrayLike, *, noise_var: float = 0.0,
-                 jitter: float = 1e-10, **kernel_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+class _ModelKernels:
+    """The three kernel blocks a prediction needs, from a model (any nn.Module) or from the
+    fully-connected recursion's keyword arguments."""
+
+    def __init__(self, model, kernel_kwargs: dict):
+        self.model, self.kw = model, kernel_kwargs
+
+    def inputs(self, x, name):
+        if self.model is None:
+            return as_inputs(x, name)
+        from .program import prepare_inputs
+        return prepare_inputs(x, name)
+
+    def pair(self, a, b, ntk: bool):
+        if self.model is None:
+            return kernels(a, b, ntk=ntk, **self.kw)
+        from .traced import model_kernels
+        r = model_kernels(self.model, a, b, ntk=ntk, **self.kw)
+        return r.nngp, r.ntk
+
+    def diag(self, x):
+        if self.model is None:
+            return nngp_diag(x, **{k: v for k, v in self.kw.items() if k not in ("series_terms", "ntk")})
+        from .traced import model_kernel_diag
+        return model_kernel_diag(self.model, x, **self.kw)
+
+
+def _split(args, kernel_kwargs, n: int):
+    named = [kernel_kwargs.pop(k) for k in ("x_train", "y_train", "x_test") if k in kernel_kwargs]
+    args = tuple(args) + tuple(named)
+    if args and isinstance(args[0], nn.Module):
+        if len(args) != n + 1:
+            raise TypeError(f"with a model first, pass exactly {n} arrays after it")
+        return _ModelKernels(args[0], kernel_kwargs), args[1:]
+    if len(args) != n:
+        raise TypeError(f"expected {n} arrays (x_train, y_train, x_test), got {len(args)} arguments")
+    return _ModelKernels(None, kernel_kwargs), args
+
+
+def nngp_predict(*args, noise_var: float = 0.0, jitter: float = 1e-10,
+                 **kernel_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
     """Posterior (mean, variance) at x_test of the NNGP (exact Bayesian inference, Gaussian noise).
 
     mean = K*ₓ (Kₓₓ + σ²I)⁻¹ y,  var = K** − K*ₓ (Kₓₓ + σ²I)⁻¹ Kₓ*  (per test point; the same for
     every output column). `jitter` × mean diagonal is added for numerical stability.
-    Kernel arguments (depth, activation, weight_var, bias_var, ...) as in `kernels`.
+    `nngp_predict(x_train, y_train, x_test, depth=..., activation=..., ...)` for the fully-connected
+    kernels, or `nngp_predict(model, x_train, y_train, x_test, weight_var=..., bias_var=...)` for
+    any module (`model_kernels`).
     """
-    xtr, xte = as_inputs(x_train, "x_train"), as_inputs(x_test, "x_test")
+    src, (x_train, y_train, x_test) = _split(args, kernel_kwargs, 3)
+    xtr, xte = src.inputs(x_train, "x_train"), src.inputs(x_test, "x_test")
     y, squeeze = _targets(y_train, xtr.shape[0])
     if noise_var < 0:
         raise ValueError(f"noise_var must be ≥ 0, got {noise_var}")
-    ktt = kernels(xtr, None, ntk=False, **kernel_kwargs)[0]
-    kst = kernels(xte, xtr, ntk=False, **kernel_kwargs)[0]
-    kss = nngp_diag(xte, **{k: v for k, v in kernel_kwargs.items() if k not in ("series_terms", "ntk")})
+    ktt = src.pair(xtr, None, False)[0]
+    kst = src.pair(xte, xtr, False)[0]
+    kss = src.diag(xte)
     reg = noise_var + jitter * float(ktt.diagonal().mean())
     chol = torch.linalg.cholesky(ktt + reg * torch.eye(len(ktt), dtype=ktt.dtype))
     alpha = torch.cholesky_solve(y, chol)
@@ -43,20 +87,21 @@ def nngp_predict(x_train: ArrayLike, y_train: ArrayLike, x_test: ArrayLike, *, n
     return (mean[:, 0] if squeeze else mean), var
 
 
-def ntk_predict(x_train: ArrayLike, y_train: ArrayLike, x_test: ArrayLike, *, t: Optional[float] = None,
-                lr: float = 1.0, **kernel_kwargs) -> torch.Tensor:
+def ntk_predict(*args, t: Optional[float] = None, lr: float = 1.0, **kernel_kwargs) -> torch.Tensor:
     """Mean prediction at x_test of the infinitely wide network trained by gradient flow on MSE.
 
     Loss ½ Σᵢ (f(xᵢ) − yᵢ)², so df/dt = −lr · Θ (f − y). Averaged over initializations (f₀ has
     mean 0): f_t(x*) = Θ*ₓ Θₓₓ⁻¹ (I − exp(−lr Θₓₓ t)) y; `t=None` is t = ∞ (kernel regression
-    with the NTK). Kernel arguments (depth, activation, weight_var, bias_var, ...) as in `kernels`.
+    with the NTK). Kernel arguments (depth, activation, weight_var, bias_var, ...) as in `kernels`;
+    or `ntk_predict(model, x_train, y_train, x_test, ...)` for any module.
     """
-    xtr, xte = as_inputs(x_train, "x_train"), as_inputs(x_test, "x_test")
+    src, (x_train, y_train, x_test) = _split(args, kernel_kwargs, 3)
+    xtr, xte = src.inputs(x_train, "x_train"), src.inputs(x_test, "x_test")
     y, squeeze = _targets(y_train, xtr.shape[0])
     if t is not None and t < 0:
         raise ValueError(f"t must be ≥ 0 (or None for t = ∞), got {t}")
-    theta_tt = kernels(xtr, None, **kernel_kwargs)[1]
-    theta_st = kernels(xte, xtr, **kernel_kwargs)[1]
+    theta_tt = src.pair(xtr, None, True)[1]
+    theta_st = src.pair(xte, xtr, True)[1]
     lam, vec = torch.linalg.eigh(theta_tt)
     lam = lam.clamp_min(0)
     if t is None:

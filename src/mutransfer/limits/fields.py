@@ -1,0 +1,256 @@
+"""What a tensor of an infinitely wide network is, per coordinate of its width axis: the
+objects the master theorem (TP1/TP2) propagates through a traced module.
+
+Every Linear/Conv output is a **basis** Gaussian family Z_j: its coordinates are iid across the
+width, centred, jointly Gaussian across inputs and positions, with covariance K_j and (for the
+NTK) tangent kernel Θ_j. Two different layers give independent families with zero cross tangent
+kernel (their weight matrices are independent), so one basis is all a layer has to store.
+
+Any other width tensor is a **field**: a sum of terms c_t · f_t(g_t), each an elementwise
+function f_t of one Gaussian combination g_t = Σ_j a_tj Z_j. A nonlinearity can be applied
+exactly only where the field is a function of a single combination (the master theorem needs
+Gaussian inputs to its nonlinearities); sums of anything are exact. Between two terms,
+
+    E[f_t(g_t(x)) f_s(g_s(x'))]   with   Cov = Σ_j a_tj a_sj K_j(x, x')
+
+is a 2-D Gaussian expectation: closed forms for the identity, relu (and so leaky relu, abs),
+its step derivative, erf, a constant; Mehler's series otherwise (see `gaussian`). The tangent
+kernel of a field is Σ_ts c_t c_s E[f_t'(g_t) f_s'(g_s')] · Σ_j a_tj a_sj Θ_j.
+
+Kernels are kept in three blocks: `x` (cross, x1 × x2: (n1, n2, …)), `a` and `b` (each input
+with itself, batch-diagonal: (n, …)); spatial positions either `full` (…, *S, *S) or diagonal
+(…, *S). A concatenation along the width gives a field of several parts, each a fraction of
+the coordinates.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from .activations import Fn, autograd_derivative
+from .gaussian import MAX_ORDER, expect_1d, expect_2d, hermite_coefficients
+
+__all__ = ["Layout", "Basis", "Elem", "Term", "Field", "IDENTITY", "ONE", "RELU", "STEP", "ERF", "ERF_D",
+           "generic", "BLOCKS"]
+
+BLOCKS = ("x", "a", "b")
+_SERIES_TERMS = 240
+_QUAD_ORDER = 64
+_FALLBACK_ORDER = 160  # 2-D quadrature where Mehler's series does not converge
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Spatial sizes S (in kernel order) and whether the kernel keeps every pair of positions."""
+    spatial: tuple[int, ...]
+    full: bool
+
+    def batch_dims(self, block: str) -> int:
+        return 2 if block == "x" else 1
+
+    def diagonal(self, k: torch.Tensor, block: str) -> torch.Tensor:
+        """The same-position entries (…, *S) of a kernel in this layout."""
+        if not self.full or not self.spatial:
+            return k
+        nb, ns = self.batch_dims(block), len(self.spatial)
+        p = math.prod(self.spatial)
+        flat = k.reshape(*k.shape[:nb], p, p)
+        return flat.diagonal(dim1=-2, dim2=-1).reshape(*k.shape[:nb], *self.spatial)
+
+    def sides(self, da: torch.Tensor, db: torch.Tensor, block: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Same-position variances of side A (da, (n_a, *S)) and side B broadcast against a block."""
+        ns = len(self.spatial)
+        if block == "x":
+            va, vb = da[:, None], db[None, :]
+            if self.full:
+                va = va.reshape(*va.shape, *([1] * ns))
+                vb = vb.reshape(*vb.shape[:2], *([1] * ns), *vb.shape[2:])
+            return va, vb
+        if self.full:
+            return da.reshape(*da.shape, *([1] * ns)), db.reshape(db.shape[0], *([1] * ns), *db.shape[1:])
+        return da, db
+
+
+@dataclass
+class Basis:
+    """One layer's output family: kernels per block and the cross tangent kernel, all in `layout`.
+    `support`: the layer outputs it is a function of (itself, unless it is derived by LayerNorm)."""
+    id: int
+    layout: Layout
+    k: dict[str, torch.Tensor]
+    ntk: Optional[torch.Tensor]
+    support: frozenset[int]
+
+
+@dataclass(frozen=True)
+class Elem:
+    """An elementwise function with what the expectations need: its kind (closed forms are chosen
+    by kind), the callable, and its derivative as another Elem (None: zero)."""
+    kind: str
+    fn: Fn
+    name: str
+    derivative: Optional[Callable[[], Optional["Elem"]]] = None
+
+    def d(self) -> Optional["Elem"]:
+        return None if self.derivative is None else self.derivative()
+
+
+def _one(x):
+    return torch.ones_like(x)
+
+
+def _step(x):
+    return (x > 0).to(x.dtype)
+
+
+def _erf_d(x):
+    return (2 / math.sqrt(math.pi)) * torch.exp(-x * x)
+
+
+ONE = Elem("one", _one, "1")
+IDENTITY = Elem("identity", lambda x: x, "identity", lambda: ONE)
+STEP = Elem("step", _step, "step")
+RELU = Elem("relu", torch.relu, "relu", lambda: STEP)
+ERF_D = Elem("erf_d", _erf_d, "erf'", None)
+ERF = Elem("erf", torch.erf, "erf", lambda: ERF_D)
+
+
+def generic(fn: Fn, name: str, derivative: Optional[Fn] = None) -> Elem:
+    """Any elementwise function; its derivative by autograd unless given."""
+    d = derivative or autograd_derivative(fn)
+    return Elem("generic", fn, name, lambda: Elem("generic", d, f"{name}'", lambda: generic(d, f"{name}'")))
+
+
+object.__setattr__(ERF_D, "derivative", lambda: generic(_erf_d, "erf'"))  # (erf')' for a later NTK
+
+
+@dataclass(frozen=True)
+class Term:
+    """coef · f(Σ_j a_j Z_j); `combo` is ((basis id, a_j), ...) sorted; empty for a constant."""
+    coef: float
+    f: Elem
+    combo: tuple[tuple[int, float], ...]
+
+
+@dataclass
+class Field:
+    """A width tensor: parts (fraction of the width, terms); axes: the tensor's axes, each a tuple
+    of atoms ('B' batch, 'W' width, int spatial index into layout.spatial); sizes: atom → size."""
+    parts: list[tuple[float, list[Term]]]
+    axes: list[tuple]
+    sizes: dict
+    layout: Layout
+    # spatial atoms merged into the width axis (a Flatten): a layer that contracts them averages
+    # their same-position kernel
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def spatial_atoms(self) -> list[int]:
+        return list(range(len(self.layout.spatial)))
+
+    def shape(self, batch: int) -> tuple[int, ...]:
+        out = []
+        for ax in self.axes:
+            out.append(math.prod(batch if a == "B" else self.sizes[a] for a in ax))
+        return tuple(out)
+
+
+# ---- expectations of pairs of elementwise functions of a bivariate Gaussian -----------------------
+
+def _relu_relu(a, b, c):
+    s = torch.sqrt(a * b)
+    cos = torch.where(s > 0, c / s.clamp_min(1e-300), torch.zeros_like(c)).clamp(-1, 1)
+    theta = torch.arccos(cos)
+    return s / (2 * math.pi) * (torch.sqrt((1 - cos * cos).clamp_min(0)) + (math.pi - theta) * cos)
+
+
+def _step_step(a, b, c):
+    s = torch.sqrt(a * b)
+    cos = torch.where(s > 0, c / s.clamp_min(1e-300), torch.zeros_like(c)).clamp(-1, 1)
+    return (math.pi - torch.arccos(cos)) / (2 * math.pi)
+
+
+def _erf_erf(a, b, c):
+    return (2 / math.pi) * torch.arcsin((2 * c / torch.sqrt((1 + 2 * a) * (1 + 2 * b))).clamp(-1, 1))
+
+
+def _erfd_erfd(a, b, c):
+    return (4 / math.pi) / torch.sqrt((1 + 2 * a) * (1 + 2 * b) - 4 * c * c)
+
+
+def _identity_step(a, b, c):  # E[u · 1(v > 0)] = Cov(u, v) · density of v at 0 = c / √(2π b)
+    return torch.where(b > 0, c / torch.sqrt(2 * math.pi * b.clamp_min(1e-300)), torch.zeros_like(c))
+
+
+_CLOSED = {("relu", "relu"): _relu_relu, ("step", "step"): _step_step, ("erf", "erf"): _erf_erf,
+           ("erf_d", "erf_d"): _erfd_erfd, ("identity", "identity"): lambda a, b, c: c,
+           ("identity", "step"): _identity_step}
+
+
+def mean(f: Elem, v: torch.Tensor) -> torch.Tensor:
+    """E[f(u)], u ~ N(0, v), elementwise."""
+    if f.kind in ("identity", "erf"):
+        return torch.zeros_like(v)
+    if f.kind == "one":
+        return torch.ones_like(v)
+    if f.kind == "relu":
+        return torch.sqrt(v.clamp_min(0) / (2 * math.pi))
+    if f.kind == "step":
+        return torch.where(v > 0, torch.full_like(v, 0.5), torch.zeros_like(v))
+    if f.kind == "erf_d":
+        return (2 / math.sqrt(math.pi)) / torch.sqrt(1 + 2 * v)
+    flat = v.reshape(-1)
+    uniq, inv = torch.unique(flat, return_inverse=True)
+    return expect_1d(f.fn, uniq, min(4 * _QUAD_ORDER, MAX_ORDER))[inv].reshape(v.shape)
+
+
+def _coefficients(f: Elem, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hermite coefficients of f at every distinct variance in v: (unique coeffs, inverse index)."""
+    uniq, inv = torch.unique(v.reshape(-1), return_inverse=True)
+    return hermite_coefficients(f.fn, uniq, _SERIES_TERMS), inv
+
+
+def expect(f: Elem, g: Elem, va: torch.Tensor, vb: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """E[f(u) g(v)] for (u, v) centred Gaussian with Var u = va, Var v = vb, Cov = c (broadcast)."""
+    va, vb, c = torch.broadcast_tensors(va, vb, c)
+    key = (f.kind, g.kind)
+    if key in _CLOSED:
+        return _CLOSED[key](va, vb, c)
+    if (key[1], key[0]) in _CLOSED:
+        return _CLOSED[(key[1], key[0])](vb, va, c)
+    if f.kind == "one":
+        return mean(g, vb)
+    if g.kind == "one":
+        return mean(f, va)
+    if f.kind == "identity" or g.kind == "identity":  # Stein: E[u h(v)] = Cov(u, v) E[h'(v)]
+        other, v_other = (g, vb) if f.kind == "identity" else (f, va)
+        d = other.d()
+        return c * (torch.zeros_like(c) if d is None else mean(d, v_other))
+    # Mehler's series for every entry where at least one side's Hermite coefficients decay; 2-D
+    # Gauss–Hermite quadrature (order _FALLBACK_ORDER) for the rest (two kinks, or huge variances)
+    ca, ia = _coefficients(f, va)
+    cb, ib = _coefficients(g, vb)
+    ok = (_row_converged(ca)[ia] | _row_converged(cb)[ib]).reshape(c.shape)
+    out = torch.empty_like(c)
+    if ok.any():
+        fa, fb = ca[ia.reshape(c.shape)[ok]], cb[ib.reshape(c.shape)[ok]]
+        s = torch.sqrt(va[ok] * vb[ok])
+        rho = torch.where(s > 0, c[ok] / s.clamp_min(1e-300), torch.zeros_like(s)).clamp(-1, 1)
+        acc = torch.zeros_like(rho)
+        for k in range(fa.shape[1] - 1, -1, -1):
+            acc.mul_(rho).add_(fa[:, k] * fb[:, k])
+        out[ok] = acc
+    if not ok.all():
+        bad = ~ok
+        out[bad] = expect_2d(f.fn, g.fn, va[bad], vb[bad], c[bad], _FALLBACK_ORDER)
+    return out
+
+
+def _row_converged(coeffs: torch.Tensor, tol: float = 1e-4) -> torch.Tensor:
+    """Per row of Hermite coefficients: does the last tenth fall below `tol` × the norm?"""
+    tail = coeffs[:, -max(2, coeffs.shape[1] // 10):].abs().amax(1)
+    return tail <= tol * coeffs.norm(dim=1).clamp_min(1e-300)
+

@@ -1,0 +1,183 @@
+"""One propagation rule per layer, on kernel tensors. Each works on one block of a kernel in a
+`Layout` (see `fields`): `x` (n1, n2, …) or `a`/`b` (n, …), spatial positions full (*S, *S) or
+diagonal (*S). Costs are per block; n1·n2 is the number of input pairs, P the positions.
+
+Conventions (the PyTorch layer, and where neural-tangents defines the same layer, its name):
+
+- `nn.Linear` = `stax.Dense(parameterization="ntk")`: K' = σ_w² K + σ_b²; Θ' = K' + σ_w² Θ.
+  On the network's input, K = ⟨x, x'⟩ / fan_in. A Linear on (n, *T, C) acts per position.
+  Cost O(n1·n2·P) (diagonal) or O(n1·n2·P²) (full).
+- `nn.Conv{1,2,3}d` = `stax.Conv`: K'[p, p'] = σ_w²/|filter| Σ_o K[s·p + d·o, s·p' + d·o] + σ_b², the
+  input zero-padded as PyTorch pads (`padding=k//2` for odd k at stride 1 is neural-tangents'
+  `SAME`; `padding=0` is `VALID`; `padding_mode="circular"` is `CIRCULAR`; reflect and replicate
+  pad the kernel the same way). The diagonal needs only the diagonal. Cost
+  O(n1·n2·P·Σ k_i) diagonal, O(n1·n2·P²·Σ k_i) full (the filter sum is separable per axis).
+- `nn.AvgPool*` = `stax.AvgPool`: `count_include_pad=True` (PyTorch's default) is
+  `normalize_edges=False`, `False` is `True`. Needs the full kernel. Cost O(n1·n2·P²·Σ k_i).
+- global mean (`AdaptiveAvgPool*(1)`, `x.mean(dims)`) = `stax.GlobalAvgPool`: the mean of K over
+  all pairs of positions. Needs the full kernel; cost O(n1·n2·P²).
+- `nn.Flatten` then Linear = `stax.Flatten` then `Dense`: the mean of the same-position kernel
+  (the fan-in counts channels × positions). Needs the diagonal only.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from .fields import Layout
+
+__all__ = ["AxisOp", "pad_index", "conv", "pool", "pool_mean", "contract_diagonal", "global_mean", "to_layout",
+           "input_kernel"]
+
+
+class AxisOp:
+    """A sliding window along one spatial axis: size k, stride s, dilation d, padding (lo, hi) in
+    `mode` (zeros, circular, reflect, replicate); `out` output positions."""
+
+    def __init__(self, length: int, k: int, s: int, d: int, lo: int, hi: int, mode: str = "zeros"):
+        self.length, self.k, self.s, self.d, self.lo, self.hi, self.mode = length, k, s, d, lo, hi, mode
+        self.out = (length + lo + hi - d * (k - 1) - 1) // s + 1
+        if self.out < 1:
+            raise ValueError(f"a window of {k} (dilation {d}) does not fit {length} positions padded by "
+                             f"({lo}, {hi})")
+        self.index = pad_index(length, lo, hi, mode)
+
+    def counts(self) -> torch.Tensor:
+        """Real (non-padding) positions in each window."""
+        real = (self.index >= 0).to(torch.float64)
+        return sum(real[self.d * t: self.d * t + self.s * (self.out - 1) + 1: self.s] for t in range(self.k))
+
+
+def pad_index(length: int, lo: int, hi: int, mode: str) -> torch.Tensor:
+    """For each padded position, the input position it reads, or −1 for a zero."""
+    q = torch.arange(-lo, length + hi)
+    if mode == "zeros":
+        return torch.where((q >= 0) & (q < length), q, torch.full_like(q, -1))
+    if mode == "circular":
+        return q % length
+    if mode == "replicate":
+        return q.clamp(0, length - 1)
+    if mode == "reflect":
+        period = 2 * (length - 1)
+        r = q.abs() % period if period else torch.zeros_like(q)
+        return torch.where(r >= length, period - r, r)
+    raise ValueError(f"padding mode {mode!r} is not one of zeros, circular, reflect, replicate")
+
+
+def _padded(k: torch.Tensor, dim: int, op: AxisOp) -> torch.Tensor:
+    idx = op.index
+    out = k.index_select(dim, idx.clamp_min(0))
+    if (idx < 0).any():
+        shape = [1] * k.ndim
+        shape[dim] = len(idx)
+        out = out * (idx >= 0).to(k.dtype).reshape(shape)
+    return out
+
+
+def _axes(layout: Layout, block: str, atom: int) -> tuple[int, ...]:
+    nb, ns = layout.batch_dims(block), len(layout.spatial)
+    return (nb + atom, nb + ns + atom) if layout.full else (nb + atom,)
+
+
+def _window(k: torch.Tensor, dim: int, op: AxisOp, t: int) -> torch.Tensor:
+    start = op.d * t
+    return k.narrow(dim, start, op.s * (op.out - 1) + 1)[(slice(None),) * dim + (slice(None, None, op.s),)]
+
+
+def conv(k: torch.Tensor, layout: Layout, block: str, ops: dict[int, AxisOp]) -> torch.Tensor:
+    """Σ over filter offsets of K at the same offset on both sides, averaged over the filter;
+    `ops` maps a spatial atom to its window."""
+    for atom, op in ops.items():
+        dims = _axes(layout, block, atom)
+        for dim in dims:
+            k = _padded(k, dim, op)
+        total = None
+        for t in range(op.k):
+            part = k
+            for dim in dims:
+                part = _window(part, dim, op, t)
+            total = part if total is None else total + part
+        k = total / op.k
+    return k
+
+
+def pool(k: torch.Tensor, layout: Layout, block: str, ops: dict[int, AxisOp], count_include_pad: bool) -> torch.Tensor:
+    """Average pooling of a full kernel: the window sum on each side independently."""
+    if not layout.full:
+        raise ValueError("average pooling needs the full spatial kernel")
+    for atom, op in ops.items():
+        norm = torch.full((op.out,), float(op.k), dtype=k.dtype) if count_include_pad else op.counts()
+        for dim in _axes(layout, block, atom):
+            k = _padded(k, dim, op)
+            k = sum(_window(k, dim, op, t) for t in range(op.k))
+            shape = [1] * k.ndim
+            shape[dim] = op.out
+            k = k / norm.reshape(shape)
+    return k
+
+
+def pool_mean(m: torch.Tensor, ops: dict[int, AxisOp], count_include_pad: bool) -> torch.Tensor:
+    """Average pooling of a per-position mean (n, *S)."""
+    for atom, op in ops.items():
+        dim = 1 + atom
+        norm = torch.full((op.out,), float(op.k), dtype=m.dtype) if count_include_pad else op.counts()
+        m = _padded(m, dim, op)
+        m = sum(_window(m, dim, op, t) for t in range(op.k))
+        shape = [1] * m.ndim
+        shape[dim] = op.out
+        m = m / norm.reshape(shape)
+    return m
+
+
+def contract_diagonal(k: torch.Tensor, layout: Layout, block: str, atoms: Sequence[int]) -> torch.Tensor:
+    """Mean over the listed spatial atoms of the same-position kernel (a Linear after Flatten);
+    the kernel comes back in `layout` without those atoms."""
+    if not atoms:
+        return k
+    nb, ns = layout.batch_dims(block), len(layout.spatial)
+    keep = [a for a in range(ns) if a not in atoms]
+    if layout.full:
+        # move the contracted pairs to the end, take their diagonal, average
+        perm = list(range(nb)) + [nb + a for a in keep] + [nb + ns + a for a in keep] + \
+            [nb + a for a in atoms] + [nb + ns + a for a in atoms]
+        k = k.permute(perm)
+        p = math.prod(layout.spatial[a] for a in atoms)
+        k = k.reshape(*k.shape[:nb + 2 * len(keep)], p, p)
+        return k.diagonal(dim1=-2, dim2=-1).mean(-1)
+    return k.mean(dim=tuple(nb + a for a in atoms))
+
+
+def global_mean(k: torch.Tensor, layout: Layout, block: str, atoms: Sequence[int]) -> torch.Tensor:
+    """Mean over all pairs of positions of the listed atoms (global average pooling)."""
+    if not atoms:
+        return k
+    if not layout.full:
+        raise ValueError("a global mean needs the full spatial kernel")
+    nb, ns = layout.batch_dims(block), len(layout.spatial)
+    return k.mean(dim=tuple(nb + a for a in atoms) + tuple(nb + ns + a for a in atoms))
+
+
+def to_layout(k: torch.Tensor, have: Layout, want: Layout, block: str) -> torch.Tensor:
+    if have.full == want.full or not have.spatial:
+        return k
+    if want.full:
+        raise RuntimeError("internal: a kernel kept diagonal was asked for in full")
+    return have.diagonal(k, block)
+
+
+def input_kernel(a: torch.Tensor, b: torch.Tensor, layout: Layout, block: str) -> torch.Tensor:
+    """⟨x, x'⟩ / C of the network's input, channels on axis 1 for (n, C, *S) images, last for
+    (n, *T, C) sequences (the caller moves them last): a (n, *S, C) and b (m, *S, C)."""
+    c = a.shape[-1]
+    ns = a.ndim - 2
+    sp = "".join(chr(ord("p") + i) for i in range(ns))
+    sq = "".join(chr(ord("f") + i) for i in range(ns))
+    if block == "x":
+        if layout.full:
+            return torch.einsum(f"i{sp}c,j{sq}c->ij{sp}{sq}", a, b) / c
+        return torch.einsum(f"i{sp}c,j{sp}c->ij{sp}", a, b) / c
+    if layout.full:
+        return torch.einsum(f"i{sp}c,i{sq}c->i{sp}{sq}", a, b) / c
+    return (a * b).sum(-1) / c
