@@ -34,7 +34,7 @@ from .activations import Fn, autograd_derivative
 from .gaussian import MAX_ORDER, expect_1d, expect_2d, hermite_coefficients
 
 __all__ = ["Layout", "Basis", "Elem", "Term", "Field", "IDENTITY", "ONE", "RELU", "STEP", "ERF", "ERF_D",
-           "generic", "BLOCKS"]
+           "generic", "BLOCKS", "expect", "expect_both", "mean"]
 
 BLOCKS = ("x", "a", "b")
 _SERIES_TERMS = 240
@@ -160,16 +160,29 @@ class Field:
 
 # ---- expectations of pairs of elementwise functions of a bivariate Gaussian -----------------------
 
-def _relu_relu(a, b, c):
+def _cos(a, b, c):
     s = torch.sqrt(a * b)
-    cos = torch.where(s > 0, c / s.clamp_min(1e-300), torch.zeros_like(c)).clamp(-1, 1)
-    theta = torch.arccos(cos)
-    return s / (2 * math.pi) * (torch.sqrt((1 - cos * cos).clamp_min(0)) + (math.pi - theta) * cos)
+    return s, (c / s.clamp_min(1e-300)).clamp_(-1, 1)  # s = 0 only where c = 0
+
+
+def _relu_both(a, b, c, dphi: bool):
+    """E[relu(u) relu(v)] = √(ab)(sin θ + (π − θ) cos θ)/(2π) and E[1(u>0)1(v>0)] = (π − θ)/(2π),
+    cos θ = c/√(ab) (the arc-cosine kernels), sharing θ; written to make few passes over memory.
+    (sin θ from the clamped cos keeps x = x' exact, where ab − c² would cancel.)"""
+    s = (a * b).sqrt_()
+    cos = torch.div(c, s).nan_to_num_(0.0).clamp_(-1, 1)  # s = 0 only where c = 0
+    rest = torch.arccos(cos).neg_().add_(math.pi)  # π − θ
+    sin = torch.mul(cos, cos).neg_().add_(1).clamp_(min=0).sqrt_()
+    phi = torch.addcmul(sin, rest, cos).mul_(s).div_(2 * math.pi)
+    return phi, (rest.div_(2 * math.pi) if dphi else None)
+
+
+def _relu_relu(a, b, c):
+    return _relu_both(a, b, c, False)[0]
 
 
 def _step_step(a, b, c):
-    s = torch.sqrt(a * b)
-    cos = torch.where(s > 0, c / s.clamp_min(1e-300), torch.zeros_like(c)).clamp(-1, 1)
+    _, cos = _cos(a, b, c)
     return (math.pi - torch.arccos(cos)) / (2 * math.pi)
 
 
@@ -211,6 +224,19 @@ def _coefficients(f: Elem, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     """Hermite coefficients of f at every distinct variance in v: (unique coeffs, inverse index)."""
     uniq, inv = torch.unique(v.reshape(-1), return_inverse=True)
     return hermite_coefficients(f.fn, uniq, _SERIES_TERMS), inv
+
+
+def expect_both(f: Elem, g: Elem, va: torch.Tensor, vb: torch.Tensor, c: torch.Tensor,
+                derivative: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(E[f(u) g(v)], E[f'(u) g'(v)] or None): what one pair of terms gives the NNGP and the NTK."""
+    if f.kind == "relu" and g.kind == "relu":
+        va, vb, c = torch.broadcast_tensors(va, vb, c)
+        return _relu_both(va, vb, c, derivative)
+    value = expect(f, g, va, vb, c)
+    if not derivative:
+        return value, None
+    df, dg = f.d(), g.d()
+    return value, (None if df is None or dg is None else expect(df, dg, va, vb, c))
 
 
 def expect(f: Elem, g: Elem, va: torch.Tensor, vb: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

@@ -91,6 +91,9 @@ def conv(k: torch.Tensor, layout: Layout, block: str, ops: dict[int, AxisOp]) ->
     `ops` maps a spatial atom to its window."""
     for atom, op in ops.items():
         dims = _axes(layout, block, atom)
+        if op.mode == "zeros":
+            k = _conv_zeros(k, dims, op)
+            continue
         for dim in dims:
             k = _padded(k, dim, op)
         total = None
@@ -101,6 +104,44 @@ def conv(k: torch.Tensor, layout: Layout, block: str, ops: dict[int, AxisOp]) ->
             total = part if total is None else total + part
         k = total / op.k
     return k
+
+
+def _conv_zeros(k: torch.Tensor, dims: tuple[int, ...], op: AxisOp) -> torch.Tensor:
+    """The zero-padded filter sum without padding copies: for each offset t, output o reads input
+    q = s·o + d·t − lo where that is inside; the same o-range on every paired axis."""
+    shape = list(k.shape)
+    for dim in dims:
+        shape[dim] = op.out
+    out = None
+    for t in sorted(range(op.k), key=lambda t: t != op.k // 2):  # the centre offset first: it covers all
+        shift = op.d * t - op.lo
+        if out is None:
+            if shift >= 0 and op.s * (op.out - 1) + shift <= op.length - 1:
+                src = k
+                for dim in dims:
+                    src = src.narrow(dim, shift, op.s * (op.out - 1) + 1)
+                    if op.s > 1:
+                        src = src[(slice(None),) * dim + (slice(None, None, op.s),)]
+                out = src.clone()
+                continue
+            out = k.new_zeros(shape)
+        shift = op.d * t - op.lo
+        o_lo = max(0, -(shift // op.s) if shift < 0 else 0)
+        while op.s * o_lo + shift < 0:
+            o_lo += 1
+        o_hi = min(op.out - 1, (op.length - 1 - shift) // op.s)
+        if o_hi < o_lo:
+            continue
+        n = o_hi - o_lo + 1
+        q0 = op.s * o_lo + shift
+        src, dst = k, out
+        for dim in dims:
+            src = src.narrow(dim, q0, op.s * (n - 1) + 1)
+            if op.s > 1:
+                src = src[(slice(None),) * dim + (slice(None, None, op.s),)]
+            dst = dst.narrow(dim, o_lo, n)
+        dst.add_(src)
+    return out.div_(op.k)
 
 
 def pool(k: torch.Tensor, layout: Layout, block: str, ops: dict[int, AxisOp], count_include_pad: bool) -> torch.Tensor:

@@ -23,11 +23,11 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from . import layers as L
-from .fields import (ERF, IDENTITY, ONE, RELU, Basis, Elem, Field, Layout, Term, expect, generic, mean)
+from .fields import ERF, IDENTITY, ONE, RELU, Basis, Elem, Field, Layout, Term, expect_both, generic, mean
 
 __all__ = ["NotExact", "trace", "program_kernels", "prepare_inputs"]
 
-_CHUNK_ELEMENTS = 24_000_000  # float64 entries of one (chunk, n2, *S, *S) kernel block: ~190 MB
+_CHUNK_ELEMENTS = 32_000_000  # float64 entries of one (chunk, n2, *S, *S) kernel block: ~256 MB
 
 
 class NotExact(Exception):
@@ -190,23 +190,22 @@ class _Run:
 
     # -- field kernels
     def _combo_k(self, g1, g2, block: str, layout: Layout) -> torch.Tensor:
-        out = None
-        d2 = dict(g2)
-        for j, a in g1:
-            if j in d2:
-                b = self.bases[j]
-                kk = L.to_layout(b.k[block], b.layout, layout, block) * (a * d2[j])
-                out = kk if out is None else out + kk
-        return out
+        return self._combo_sum(g1, g2, lambda b: L.to_layout(b.k[block], b.layout, layout, block))
 
     def _combo_ntk(self, g1, g2, layout: Layout):
-        out = None
+        return self._combo_sum(g1, g2, lambda b: L.to_layout(b.ntk, b.layout, layout, "x"))
+
+    def _combo_sum(self, g1, g2, get):
+        """Σ_j a_j a'_j · get(basis j) over the bases both combinations use (a read-only result)."""
         d2 = dict(g2)
-        for j, a in g1:
-            if j in d2:
-                b = self.bases[j]
-                kk = L.to_layout(b.ntk, b.layout, layout, "x") * (a * d2[j])
-                out = kk if out is None else out + kk
+        pairs = [(self.bases[j], a * d2[j]) for j, a in g1 if j in d2]
+        if not pairs:
+            return None
+        if len(pairs) == 1 and pairs[0][1] == 1.0:
+            return get(pairs[0][0])
+        out = get(pairs[0][0]) * pairs[0][1]
+        for b, w in pairs[1:]:
+            out.add_(get(b), alpha=w)
         return out
 
     def _combo_var(self, g, side: str, layout: Layout) -> torch.Tensor:
@@ -232,59 +231,45 @@ class _Run:
 
     def field_kernel(self, f: Field, block: str) -> torch.Tensor:
         """E[h(x) h(x')] of one width coordinate, in f.layout."""
-        lay = f.layout
-        sa, sb = ("a", "b") if block == "x" else (block, block)
-        total = 0.0
-        for frac, terms in f.parts:
-            part = 0.0
-            for t in terms:
-                ot = self._opaque(t)
-                for s in terms:
-                    os_ = self._opaque(s)
-                    if ot is not None or os_ is not None:
-                        if ot is not None and os_ is not None and ot.id == os_.id:
-                            v = L.to_layout(ot.k[block], ot.layout, lay, block)
-                        else:  # independent (checked in the structure pass): product of means
-                            ma, mb = self._term_mean(t, sa, lay) / t.coef, self._term_mean(s, sb, lay) / s.coef
-                            v = self._outer(ma, mb, lay, block)
-                    else:
-                        c = self._combo_k(t.combo, s.combo, block, lay)
-                        va, vb = lay.sides(self._combo_var(t.combo, sa, lay), self._combo_var(s.combo, sb, lay), block)
-                        if c is None:
-                            c = torch.zeros(torch.broadcast_shapes(va.shape, vb.shape), dtype=torch.float64)
-                        v = expect(t.f, s.f, va, vb, c)
-                    part = part + (t.coef * s.coef) * v
-            total = total + frac * part
-        return total
-
-    def _outer(self, ma, mb, lay: Layout, block: str):
-        va, vb = lay.sides(ma, mb, block)
-        return va * vb
+        return self.field_kernels(f, block, False)[0]
 
     def field_ntk(self, f: Field) -> Optional[torch.Tensor]:
+        return self.field_kernels(f, "x", True)[1]
+
+    def field_kernels(self, f: Field, block: str, ntk: bool):
+        """(kernel, tangent kernel or None) of one width coordinate in f.layout: Σ over pairs of
+        terms of E[f_t f_s] and E[f_t' f_s'] · Θ of their combinations."""
         lay = f.layout
-        total = 0.0
+        sa, sb = ("a", "b") if block == "x" else (block, block)
+        k_total, t_total = 0.0, 0.0
         for frac, terms in f.parts:
-            part = 0.0
+            k_part, t_part = 0.0, 0.0
             for t in terms:
                 ot = self._opaque(t)
                 for s in terms:
                     os_ = self._opaque(s)
+                    w = t.coef * s.coef
                     if ot is not None or os_ is not None:
                         if ot is not None and os_ is not None and ot.id == os_.id:
-                            part = part + (t.coef * s.coef) * L.to_layout(ot.ntk, ot.layout, lay, "x")
+                            k_part = _acc(k_part, L.to_layout(ot.k[block], ot.layout, lay, block), w)
+                            if ntk:
+                                t_part = _acc(t_part, L.to_layout(ot.ntk, ot.layout, lay, "x"), w)
+                        else:  # independent (checked in the structure pass): product of means; no Θ
+                            ma, mb = self._term_mean(t, sa, lay) / t.coef, self._term_mean(s, sb, lay) / s.coef
+                            k_part = _acc(k_part, self._outer(ma, mb, lay, block), w)
                         continue
-                    th = self._combo_ntk(t.combo, s.combo, lay)
-                    dt, ds = t.f.d(), s.f.d()
-                    if th is None or dt is None or ds is None:
-                        continue
-                    va, vb = lay.sides(self._combo_var(t.combo, "a", lay), self._combo_var(s.combo, "b", lay), "x")
-                    c = self._combo_k(t.combo, s.combo, "x", lay)
-                    part = part + (t.coef * s.coef) * expect(dt, ds, va, vb, c) * th
-            total = total + frac * part
-        if isinstance(total, float):
-            return None
-        return total
+                    c = self._combo_k(t.combo, s.combo, block, lay)
+                    va, vb = lay.sides(self._combo_var(t.combo, sa, lay), self._combo_var(s.combo, sb, lay), block)
+                    if c is None:
+                        c = torch.zeros(torch.broadcast_shapes(va.shape, vb.shape), dtype=torch.float64)
+                    th = self._combo_ntk(t.combo, s.combo, lay) if ntk else None
+                    v, dv = expect_both(t.f, s.f, va, vb, c, th is not None)
+                    k_part = _acc(k_part, v, w)
+                    if th is not None and dv is not None:
+                        t_part = _acc(t_part, dv * th, w)
+            k_total = _acc(k_total, k_part, frac)
+            t_total = _acc(t_total, t_part, frac)
+        return k_total, (None if isinstance(t_total, float) else t_total)
 
     def field_means(self, f: Field, side: str) -> torch.Tensor:
         total = 0.0
@@ -645,18 +630,19 @@ class _Run:
         lay = self.layout_here(spatial)
         k = ntk = None
         if self.compute:
-            k = {}
+            k, th = {}, None
             for blk in self._blocks():
-                kin = self.field_kernel(x, blk)
+                kin, th_b = self.field_kernels(x, blk, self.want_ntk and blk == "x")
+                th = th_b if blk == "x" else th
                 kin = L.contract_diagonal(kin, x.layout, blk, contracted)
                 k[blk] = self._affine(L.to_layout(kin, Layout(spatial, x.layout.full), lay, blk), bias)
             k = self._fill(k)
             if self.want_ntk:
-                th = self.field_ntk(x)
-                ntk = k["x"].clone()
                 if th is not None:
                     th = L.contract_diagonal(th, x.layout, "x", contracted)
-                    ntk = ntk + self.wv * L.to_layout(th, Layout(spatial, x.layout.full), lay, "x")
+                    ntk = torch.add(k["x"], L.to_layout(th, Layout(spatial, x.layout.full), lay, "x"), alpha=self.wv)
+                else:
+                    ntk = k["x"].clone()
         bid = self.new_basis(lay, k, ntk)
         axes = [tuple(renum[a] if a in renum else a for a in ax) for ax in x.axes[:-1]] + [("W",)]
         sizes = {renum[a]: s for a, s in x.sizes.items() if a in renum}
@@ -677,8 +663,8 @@ class _Run:
         return (xa, xa) if blk == "a" else (xb, xb)
 
     def _affine(self, k: torch.Tensor, bias) -> torch.Tensor:
-        k = self.wv * k
-        return k + self.bv if bias is not None else k
+        """σ_w² K (+ σ_b²), one pass, out of place."""
+        return torch.add(torch.tensor(self.bv if bias is not None else 0.0, dtype=k.dtype), k, alpha=self.wv)
 
     def conv(self, x, weight, stride, padding, dilation, groups, padding_mode, kernel_size, bias):
         w = weight.weight if isinstance(weight, nn.Module) else weight
@@ -731,7 +717,7 @@ class _Run:
         lay = self.layout_here(spatial_out)
         k = ntk = None
         if self.compute:
-            k = {}
+            k, th = {}, None
             if src_layout is None:
                 inner = Layout(in_sizes, lay.full)
             else:
@@ -741,16 +727,18 @@ class _Run:
                     xa_, xb_ = self._input_sides(x.a, x.b, blk)
                     kin = L.input_kernel(xa_.movedim(1, -1), xb_.movedim(1, -1), inner, blk)
                 else:
-                    kin = L.to_layout(self.field_kernel(x, blk), src_layout, inner, blk)
+                    kin, th_b = self.field_kernels(x, blk, self.want_ntk and blk == "x")
+                    th = th_b if blk == "x" else th
+                    kin = L.to_layout(kin, src_layout, inner, blk)
                 k[blk] = self._affine(L.conv(kin, inner, blk, ops), bias)
+                del kin
             k = self._fill(k)
             if self.want_ntk:
-                ntk = k["x"].clone()
-                if src_layout is not None:
-                    th = self.field_ntk(x)
-                    if th is not None:
-                        th = L.to_layout(th, src_layout, inner, "x")
-                        ntk = ntk + self.wv * L.conv(th, inner, "x", ops)
+                if src_layout is not None and th is not None:
+                    th = L.to_layout(th, src_layout, inner, "x")
+                    ntk = torch.add(k["x"], L.conv(th, inner, "x", ops), alpha=self.wv)
+                else:
+                    ntk = k["x"].clone()
         bid = self.new_basis(lay, k, ntk)
         axes = [("B",), ("W",)] + [(a,) for a in atoms]
         sizes = {a: spatial_out[a] for a in range(n_sp)}
@@ -945,16 +933,16 @@ class _Run:
         xin = replace(x, layout=replace(x.layout, full=True)) if x.layout.spatial else x
         mid = Layout(tuple(sizes_after), True)
         if self.compute:
-            k = {}
+            k, th = {}, None
             for blk in self._blocks():
-                kk = self.field_kernel(xin, blk)
+                kk, th_b = self.field_kernels(xin, blk, self.want_ntk and blk == "x")
+                th = th_b if blk == "x" else th
                 if ops:
                     kk = L.pool(kk, xin.layout, blk, ops, count_include_pad)
                 kk = L.global_mean(kk, mid, blk, global_atoms)
                 k[blk] = L.to_layout(kk, Layout(spatial, True), lay, blk)
             k = self._fill(k)
             if self.want_ntk:
-                th = self.field_ntk(xin)
                 if th is None:
                     ntk = torch.zeros_like(k["x"])
                 else:
@@ -987,6 +975,15 @@ class _Run:
         sizes = {renum[a]: spatial[renum[a]] for a in keep}
         sizes["W"] = x.sizes["W"]
         return Field([(1.0, [Term(1.0, IDENTITY, ((bid, 1.0),))])], axes, sizes, lay)
+
+
+def _acc(total, v, w: float):
+    """total + w·v, out of place (v may be a stored kernel); `total` 0.0 means empty."""
+    if isinstance(v, float) and v == 0.0:
+        return total
+    if isinstance(total, float):
+        return v if w == 1.0 else v * w
+    return total + (v if w == 1.0 else v * w)
 
 
 def _needs(gm: fx.GraphModule, requires: dict) -> dict:
@@ -1034,29 +1031,42 @@ def program_kernels(model: nn.Module, x1, x2=None, weight_var: float = 2.0, bias
         raise NotExact("the model's output is not a single tensor computed through a Linear or Conv "
                        f"(got {type(out).__name__})")
     full = _needs(gm, probe.requires)
-    # chunk the rows of x1 so one full block stays near _CHUNK_ELEMENTS
-    lay_sizes = [math.prod(bs.layout.spatial) ** (2 if full.get(n, False) else 1)
-                 for n, bs in [(None, b_) for b_ in probe.bases.values()]]
-    per_row = len(b) * max([1] + lay_sizes) * 4
+    # chunks of x1 rows, so one block stays near _CHUNK_ELEMENTS; with x2 = x1 only the upper
+    # triangle of row chunks is computed (the kernel is symmetric), the rest mirrored
+    per_row = len(b) * max([1] + [math.prod(bs.layout.spatial) ** 2 for bs in probe.bases.values()])
     rows = max(1, min(len(a), _CHUNK_ELEMENTS // max(1, per_row)))
     if self_only:
         run = _Run(gm, a, a, False, weight_var, bias_var, True, full, False)
         res = run.run()
         return res.layout.diagonal(run.field_kernel(res, "a"), "a"), None
-    ks, ts = [], []
-    for s in range(0, len(a), rows):
-        xa = a[s:s + rows]
-        run = _Run(gm, xa, b, same and rows >= len(a), weight_var, bias_var, True, full, ntk)
-        if same and rows < len(a):
-            run.same = False
+    if rows >= len(a):
+        run = _Run(gm, a, b, same, weight_var, bias_var, True, full, ntk)
         res = run.run()
-        ks.append(res.layout.diagonal(run.field_kernel(res, "x"), "x"))
-        if ntk:
-            th = run.field_ntk(res)
-            ts.append(res.layout.diagonal(th, "x") if th is not None else torch.zeros_like(ks[-1]))
-    k = torch.cat(ks)
-    t = torch.cat(ts) if ntk else None
-    if same:
-        k = (k + k.transpose(0, 1)) / 2 if k.ndim == 2 else k
-        t = None if t is None else ((t + t.transpose(0, 1)) / 2 if t.ndim == 2 else t)
+        kk, th = run.field_kernels(res, "x", ntk)
+        k = res.layout.diagonal(kk, "x")
+        t = (res.layout.diagonal(th, "x") if th is not None else torch.zeros_like(k)) if ntk else None
+    else:
+        k = torch.empty(len(a), len(b), dtype=torch.float64)
+        t = torch.empty_like(k) if ntk else None
+        for s in range(0, len(a), rows):
+            e = min(len(a), s + rows)
+            cols = slice(s, None) if same else slice(None)
+            run = _Run(gm, a[s:e], b[cols], False, weight_var, bias_var, True, full, ntk)
+            res = run.run()
+            kk, th = run.field_kernels(res, "x", ntk)
+            kk = res.layout.diagonal(kk, "x")
+            if k.shape[2:] != kk.shape[2:]:
+                k = k.new_empty(len(a), len(b), *kk.shape[2:])
+                t = torch.empty_like(k) if ntk else None
+            k[s:e, cols] = kk
+            if same:
+                k[s:, s:e] = kk.transpose(0, 1)
+            if ntk:
+                tt = res.layout.diagonal(th, "x") if th is not None else torch.zeros_like(kk)
+                t[s:e, cols] = tt
+                if same:
+                    t[s:, s:e] = tt.transpose(0, 1)
+    if same and k.ndim == 2:
+        k = (k + k.T) / 2
+        t = None if t is None else (t + t.T) / 2
     return k, t
