@@ -34,12 +34,12 @@ from .activations import Fn, autograd_derivative
 from .gaussian import MAX_ORDER, expect_1d, expect_2d, hermite_coefficients
 
 __all__ = ["Layout", "Basis", "Elem", "Term", "Field", "IDENTITY", "ONE", "RELU", "STEP", "ERF", "ERF_D",
-           "generic", "BLOCKS", "expect", "expect_both", "mean"]
+           "generic", "elem_of", "FALLBACK_ORDER", "BLOCKS", "expect", "expect_both", "mean"]
 
 BLOCKS = ("x", "a", "b")
 _SERIES_TERMS = 240
 _QUAD_ORDER = 64
-_FALLBACK_ORDER = 160  # 2-D quadrature where Mehler's series does not converge
+FALLBACK_ORDER = 160  # 2-D quadrature where Mehler's series does not converge
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,15 @@ STEP = Elem("step", _step, "step")
 RELU = Elem("relu", torch.relu, "relu", lambda: STEP)
 ERF_D = Elem("erf_d", _erf_d, "erf'", None)
 ERF = Elem("erf", torch.erf, "erf", lambda: ERF_D)
+
+
+def elem_of(act) -> Elem:
+    """The Elem of an `activations.Activation`: closed forms for relu, erf and the identity unless a
+    derivative was supplied, the generic machinery otherwise."""
+    closed = {"relu": RELU, "erf": ERF, "identity": IDENTITY}
+    if act.name in closed and act.dphi_moment is not None:
+        return closed[act.name]
+    return generic(act.fn, act.name, act.derivative)
 
 
 def generic(fn: Fn, name: str, derivative: Optional[Fn] = None) -> Elem:
@@ -220,29 +229,33 @@ def mean(f: Elem, v: torch.Tensor) -> torch.Tensor:
     return expect_1d(f.fn, uniq, min(4 * _QUAD_ORDER, MAX_ORDER))[inv].reshape(v.shape)
 
 
-def _coefficients(f: Elem, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _coefficients(f: Elem, v: torch.Tensor, terms: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Hermite coefficients of f at every distinct variance in v: (unique coeffs, inverse index)."""
     uniq, inv = torch.unique(v.reshape(-1), return_inverse=True)
-    return hermite_coefficients(f.fn, uniq, _SERIES_TERMS), inv
+    return hermite_coefficients(f.fn, uniq, terms), inv
 
 
-def expect_both(f: Elem, g: Elem, va: torch.Tensor, vb: torch.Tensor, c: torch.Tensor,
-                derivative: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def expect_both(f: Elem, g: Elem, va: torch.Tensor, vb: torch.Tensor, c: torch.Tensor, derivative: bool,
+                **options) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(E[f(u) g(v)], E[f'(u) g'(v)] or None): what one pair of terms gives the NNGP and the NTK."""
     if f.kind == "relu" and g.kind == "relu":
         va, vb, c = torch.broadcast_tensors(va, vb, c)
         return _relu_both(va, vb, c, derivative)
-    value = expect(f, g, va, vb, c)
+    value = expect(f, g, va, vb, c, **options)
     if not derivative:
         return value, None
     df, dg = f.d(), g.d()
-    return value, (None if df is None or dg is None else expect(df, dg, va, vb, c))
+    return value, (None if df is None or dg is None else expect(df, dg, va, vb, c, **options))
 
 
-def expect(f: Elem, g: Elem, va: torch.Tensor, vb: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """E[f(u) g(v)] for (u, v) centred Gaussian with Var u = va, Var v = vb, Cov = c (broadcast)."""
-    va, vb, c = torch.broadcast_tensors(va, vb, c)
+def expect(f: Elem, g: Elem, va: torch.Tensor, vb: torch.Tensor, c: torch.Tensor, *, terms: int = _SERIES_TERMS,
+           fallback_order: int = FALLBACK_ORDER) -> torch.Tensor:
+    """E[f(u) g(v)] for (u, v) centred Gaussian with Var u = va, Var v = vb, Cov = c (broadcast).
+    Closed forms by kind; else Mehler's series with `terms` Hermite coefficients wherever one side's
+    coefficients decay, 2-D Gauss–Hermite quadrature of `fallback_order` per dimension elsewhere."""
     key = (f.kind, g.kind)
+    if key in _CLOSED or (key[1], key[0]) in _CLOSED or "one" in key or "identity" in key:
+        va, vb, c = torch.broadcast_tensors(va, vb, c)
     if key in _CLOSED:
         return _CLOSED[key](va, vb, c)
     if (key[1], key[0]) in _CLOSED:
@@ -255,23 +268,23 @@ def expect(f: Elem, g: Elem, va: torch.Tensor, vb: torch.Tensor, c: torch.Tensor
         other, v_other = (g, vb) if f.kind == "identity" else (f, va)
         d = other.d()
         return c * (torch.zeros_like(c) if d is None else mean(d, v_other))
-    # Mehler's series for every entry where at least one side's Hermite coefficients decay; 2-D
-    # Gauss–Hermite quadrature (order _FALLBACK_ORDER) for the rest (two kinks, or huge variances)
-    ca, ia = _coefficients(f, va)
-    cb, ib = _coefficients(g, vb)
-    ok = (_row_converged(ca)[ia] | _row_converged(cb)[ib]).reshape(c.shape)
-    out = torch.empty_like(c)
-    if ok.any():
-        fa, fb = ca[ia.reshape(c.shape)[ok]], cb[ib.reshape(c.shape)[ok]]
-        s = torch.sqrt(va[ok] * vb[ok])
-        rho = torch.where(s > 0, c[ok] / s.clamp_min(1e-300), torch.zeros_like(s)).clamp(-1, 1)
-        acc = torch.zeros_like(rho)
-        for k in range(fa.shape[1] - 1, -1, -1):
-            acc.mul_(rho).add_(fa[:, k] * fb[:, k])
-        out[ok] = acc
+    # Mehler's series (Horner in ρ, the coefficients broadcast from each side's own shape: va is
+    # (n1, 1, …) and vb (1, n2, …) in a cross block) wherever at least one side's Hermite
+    # coefficients decay; 2-D Gauss–Hermite quadrature for the rest (two kinks, huge variances)
+    shape = torch.broadcast_shapes(va.shape, vb.shape, c.shape)
+    ca, ia = _coefficients(f, va, terms)
+    cb, ib = _coefficients(g, vb, terms)
+    fa = ca[ia].reshape(*va.shape, terms)
+    fb = cb[ib].reshape(*vb.shape, terms)
+    ok = (_row_converged(ca)[ia].reshape(va.shape) | _row_converged(cb)[ib].reshape(vb.shape)).expand(shape)
+    rho = (c / torch.sqrt(va * vb)).nan_to_num_(0.0).clamp_(-1, 1).expand(shape)
+    out = torch.zeros(shape, dtype=c.dtype)
+    for k in range(terms - 1, -1, -1):
+        out.mul_(rho).add_(fa[..., k] * fb[..., k])
     if not ok.all():
         bad = ~ok
-        out[bad] = expect_2d(f.fn, g.fn, va[bad], vb[bad], c[bad], _FALLBACK_ORDER)
+        vab, vbb, cb_ = (t.expand(shape)[bad] for t in (va, vb, c))
+        out[bad] = expect_2d(f.fn, g.fn, vab, vbb, cb_, fallback_order)
     return out
 
 

@@ -23,13 +23,14 @@ import torch
 from torch import nn
 
 from .activations import Activation, Fn, get_activation
-from .gaussian import MAX_ORDER, converged, expect_1d, expect_2d, hermite_coefficients, mehler
+from .fields import FALLBACK_ORDER, elem_of, expect_both
+from .gaussian import MAX_ORDER, expect_1d
 
 __all__ = ["ArrayLike", "DEFAULT_QUAD_ORDER", "DEFAULT_SERIES_TERMS", "as_inputs", "kernels", "mlp_kernels", "nngp",
            "ntk", "nngp_diag"]
 
 ArrayLike = Union[torch.Tensor, np.ndarray]
-DEFAULT_QUAD_ORDER = 64  # per dimension, for the 2-D quadrature fallback
+DEFAULT_QUAD_ORDER = FALLBACK_ORDER  # per dimension, for the 2-D quadrature fallback
 DEFAULT_SERIES_TERMS = 240  # Hermite coefficients in Mehler's series
 
 
@@ -54,20 +55,6 @@ def _check(depth: int, weight_var: float, bias_var: float) -> None:
         raise ValueError(f"weight_var must be positive, got {weight_var!r}")
     if not bias_var >= 0:
         raise ValueError(f"bias_var must be ≥ 0, got {bias_var!r}")
-
-
-def _moment(f: Fn, closed, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, same: bool, order: int,
-            terms: int) -> torch.Tensor:
-    """E[f(u) f(v)] for the (n1, n2) matrix of covariances c, variances a (n1,) and b (n2,)."""
-    if closed is not None:
-        return closed(a[:, None], b[None, :], c)
-    ca = hermite_coefficients(f, a, terms)
-    cb = ca if same else hermite_coefficients(f, b, terms)
-    if converged(ca) and converged(cb):
-        s = torch.sqrt(a[:, None] * b[None, :])
-        rho = torch.where(s > 0, c / s.clamp_min(1e-300), torch.zeros_like(c)).clamp(-1, 1)
-        return mehler(ca, cb, rho)
-    return expect_2d(f, f, a[:, None], b[None, :], c, order)
 
 
 def _diag_next(act: Activation, d: torch.Tensor, order: int) -> torch.Tensor:
@@ -121,7 +108,8 @@ def mlp_kernels(x1: ArrayLike, x2: Optional[ArrayLike] = None, depth: int = 1, a
     series with `series_terms` Hermite coefficients (see `gaussian`): ~1e-8 relative or better for smooth
     activations (tests check against erf's closed form), at the cost of `series_terms` (n1 × n2)
     multiply-adds per layer. Where the coefficients do not decay (kinks, jumps) it falls back to
-    2-D Gauss–Hermite quadrature of order `quad_order` per dimension (~1e-3, slow).
+    2-D Gauss–Hermite quadrature of order `quad_order` per dimension, only for the entries whose
+    coefficients do not decay on either side (~1e-4 at kinks, slow).
     """
     _check(depth, weight_var, bias_var)
     act = get_activation(activation, derivative)
@@ -134,12 +122,12 @@ def mlp_kernels(x1: ArrayLike, x2: Optional[ArrayLike] = None, depth: int = 1, a
     d1 = weight_var * (a * a).sum(1) / d_in + bias_var
     d2 = d1 if x2 is None else weight_var * (b * b).sum(1) / d_in + bias_var
     theta = k.clone() if ntk else None
-    same = x2 is None
+    phi = elem_of(act)
     for _ in range(depth):
-        k_next = weight_var * _moment(act.fn, act.phi_moment, d1, d2, k, same, quad_order, series_terms) + bias_var
+        e, de = expect_both(phi, phi, d1[:, None], d2[None, :], k, ntk, terms=series_terms, fallback_order=quad_order)
+        k_next = weight_var * e + bias_var
         if ntk:
-            dphi = _moment(act.derivative, act.dphi_moment, d1, d2, k, same, quad_order, series_terms)
-            theta = k_next + weight_var * dphi * theta
+            theta = k_next + weight_var * de * theta
         k = k_next
         d1 = weight_var * _diag_next(act, d1, quad_order) + bias_var
         d2 = d1 if x2 is None else weight_var * _diag_next(act, d2, quad_order) + bias_var

@@ -5,7 +5,8 @@ the exact ones (wide finite networks agree within their standard errors).
 Every Linear and Conv gets W ~ N(0, weight_var/fan_in), b ~ N(0, bias_var), and its gradients are
 taken with respect to the NTK parametrization's unit-variance weights (a factor weight_var/fan_in
 on ⟨∂f/∂W, ∂f/∂W'⟩, bias_var on the bias's). Every other parameter keeps the module's own
-init (`reset_parameters()`) and PyTorch's gradient scale. The module runs in eval mode. The
+init (`reset_parameters()`) and PyTorch's gradient scale; frozen parameters (requires_grad=False)
+are not in the NTK. The module runs in eval mode. The
 standard error is over samples; a finite width adds its own O(1/width) bias, which it does not
 include.
 """
@@ -77,10 +78,10 @@ def monte_carlo_kernels(model: nn.Module, x1: torch.Tensor, x2: Optional[torch.T
         ks.append(fa @ fb.T / fa.shape[1])
         if not ntk:
             continue
-        params = {n: p.detach() for n, p in net.named_parameters()}
+        params = {n: p.detach() for n, p in net.named_parameters() if p.requires_grad}
 
         def f(p, x):
-            return functional_call(net, p, (x[None],)).reshape(-1)
+            return functional_call(net, p, (x[None],), strict=False).reshape(-1)
 
         def jac(x):
             parts = []

@@ -613,7 +613,7 @@ class _Run:
                 k = {blk: self._affine(L.input_kernel(*self._input_sides(xa, xb, blk), lay, blk), bias)
                      for blk in self._blocks()}
                 k = self._fill(k)
-                ntk = k["x"].clone() if self.want_ntk else None
+                ntk = self._own_ntk(k["x"], weight, bias) if self.want_ntk else None
             bid = self.new_basis(lay, k, ntk)
             return Field([(1.0, [Term(1.0, IDENTITY, ((bid, 1.0),))])], axes, sizes, lay)
         x = self._as_field(x)
@@ -640,9 +640,10 @@ class _Run:
             if self.want_ntk:
                 if th is not None:
                     th = L.contract_diagonal(th, x.layout, "x", contracted)
-                    ntk = torch.add(k["x"], L.to_layout(th, Layout(spatial, x.layout.full), lay, "x"), alpha=self.wv)
+                    ntk = torch.add(self._own_ntk(k["x"], weight, bias),
+                                    L.to_layout(th, Layout(spatial, x.layout.full), lay, "x"), alpha=self.wv)
                 else:
-                    ntk = k["x"].clone()
+                    ntk = self._own_ntk(k["x"], weight, bias)
         bid = self.new_basis(lay, k, ntk)
         axes = [tuple(renum[a] if a in renum else a for a in ax) for ax in x.axes[:-1]] + [("W",)]
         sizes = {renum[a]: s for a, s in x.sizes.items() if a in renum}
@@ -661,6 +662,19 @@ class _Run:
         if blk == "x":
             return xa, xb
         return (xa, xa) if blk == "a" else (xb, xb)
+
+    def _own_ntk(self, k: torch.Tensor, weight, bias) -> torch.Tensor:
+        """The layer's own parameters' part of Θ: σ_w² K_in for a trained weight, σ_b² for a trained
+        bias (k = σ_w² K_in + σ_b² when it has a bias). Frozen parameters (requires_grad=False) do
+        not train, so they add nothing."""
+        w_tr = bool(getattr(weight, "requires_grad", True))
+        b_tr = bias is not None and bool(getattr(bias, "requires_grad", True))
+        has_b = bias is not None
+        if w_tr and (b_tr or not has_b):
+            return k.clone()
+        if w_tr:  # bias frozen
+            return k - self.bv
+        return torch.full_like(k, self.bv if b_tr else 0.0)
 
     def _affine(self, k: torch.Tensor, bias) -> torch.Tensor:
         """σ_w² K (+ σ_b²), one pass, out of place."""
@@ -736,9 +750,9 @@ class _Run:
             if self.want_ntk:
                 if src_layout is not None and th is not None:
                     th = L.to_layout(th, src_layout, inner, "x")
-                    ntk = torch.add(k["x"], L.conv(th, inner, "x", ops), alpha=self.wv)
+                    ntk = torch.add(self._own_ntk(k["x"], w, bias), L.conv(th, inner, "x", ops), alpha=self.wv)
                 else:
-                    ntk = k["x"].clone()
+                    ntk = self._own_ntk(k["x"], w, bias)
         bid = self.new_basis(lay, k, ntk)
         axes = [("B",), ("W",)] + [(a,) for a in atoms]
         sizes = {a: spatial_out[a] for a in range(n_sp)}
@@ -760,6 +774,10 @@ class _Run:
             self.fail("LayerNorm whose weight is not all ones at init")
         if bias is not None and not torch.all(bias == 0):
             self.fail("LayerNorm whose bias is not all zeros at init")
+        if self.want_ntk and weight is not None and weight.requires_grad:
+            self.fail("LayerNorm with a trained gain: its tangent kernel is LN(h)_i(x)·LN(h)_i(x') per coordinate, "
+                      "correlated with the coordinate, which the NTK rules here do not carry (use "
+                      "elementwise_affine=False or freeze the gain with requires_grad_(False))")
         lay = self.layout_here(x.layout.spatial)
         k = ntk = None
         if self.compute:
@@ -776,9 +794,7 @@ class _Run:
                 va, vb = lay.sides(self._combo_var(g, "a", lay), self._combo_var(g, "b", lay), "x")
                 scale = 1 / torch.sqrt((va + eps) * (vb + eps))
                 ntk = torch.zeros_like(k["x"]) if th is None else th * scale
-                if weight is not None:  # gain: ∂y_i/∂γ_i = LN_i; bias: 1 (PyTorch's own scale)
-                    ntk = ntk + k["x"]
-                if bias is not None:
+                if bias is not None and bias.requires_grad:  # ∂y_i/∂β_i = 1 at PyTorch's own scale
                     ntk = ntk + 1.0
         support = frozenset().union(*(self.bases[j].support for j, _ in g)) if g else frozenset()
         bid = self.new_basis(lay, k, ntk, support)
@@ -792,7 +808,7 @@ class _Run:
         """Any view/permute: the axes are regroupings of atoms (the batch, the width, positions);
         splitting an atom (the width into heads, a position axis in two) has no rule."""
         x = self._as_field(x)
-        batch = 2
+        batch = self.xa.shape[0]  # the side-A batch: sizes read off the data (x.shape[0]) are side A's
         labels, shape = [], []
         for ax in x.axes:
             for a in ax:
@@ -813,7 +829,7 @@ class _Run:
         for d in range(moved.ndim):
             size = moved.shape[d]
             if size == 1:
-                new_axes.append(())
+                new_axes.append(("B",) if d == 0 and batch == 1 else ())
                 continue
             line = moved.movedim(d, -1).reshape(-1, size)[0]
             group = self._atoms_of_axis((line - line[0]).long(), size, strides_atom)
