@@ -671,7 +671,7 @@ class _Run:
         b_tr = bias is not None and bool(getattr(bias, "requires_grad", True))
         has_b = bias is not None
         if w_tr and (b_tr or not has_b):
-            return k.clone()
+            return k  # read-only: kernels are never changed in place once stored
         if w_tr:  # bias frozen
             return k - self.bv
         return torch.full_like(k, self.bv if b_tr else 0.0)
