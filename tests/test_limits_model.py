@@ -392,3 +392,46 @@ def test_a_flatten_head_keeps_only_the_diagonal_of_the_spatial_kernel():
     k, t = limits.kernels(model, x, None, WV, BV)
     assert time.perf_counter() - start < 10
     assert k.shape == (100, 100) and torch.isfinite(t).all()
+
+
+def test_torch_export_traces_what_fx_cannot():
+    """Python control flow on a shape stops torch.fx; torch.export specialises it and the ATen
+    graph goes through the same rules."""
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.o = nn.Linear(4, 8), nn.Linear(8, 1)
+
+        def forward(self, x):
+            if x.shape[-1] > 3:
+                x = x * 0.5
+            h = F.gelu(self.a(x)).view(x.shape[0], 8, 1).flatten(1)
+            return self.o(h)
+
+    with pytest.raises(Exception):
+        torch.fx.symbolic_trace(Branchy())
+    x = torch.randn(5, 4, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        k, t = limits.kernels(Branchy(), x, None, WV, BV)
+    k0, t0 = limits.kernels(0.5 * x, depth=1, activation="gelu", weight_var=WV, bias_var=BV)
+    torch.testing.assert_close(k, k0, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(t, t0, rtol=1e-12, atol=1e-12)
+
+
+def test_explicit_padding_equals_the_convolutions_own():
+    """F.pad(mode="circular") then an unpadded conv = a conv with padding_mode="circular"."""
+    class Padded(nn.Module):
+        def __init__(self, w=8):
+            super().__init__()
+            self.c1, self.c2, self.o = nn.Conv2d(2, w, 3), nn.Conv2d(w, w, 3, padding=1), nn.Linear(w, 1)
+
+        def forward(self, x):
+            h = torch.relu(self.c1(F.pad(x, (1, 1, 1, 1), mode="circular")))
+            return self.o(torch.relu(self.c2(h)).mean(dim=(2, 3)))
+
+    own = nn.Sequential(nn.Conv2d(2, 8, 3, padding=1, padding_mode="circular"), nn.ReLU(),
+                        nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 1))
+    x = torch.randn(3, 2, 5, 5, dtype=torch.float64)
+    for got, want in zip(limits.kernels(Padded(), x, None, WV, BV), limits.kernels(own, x, None, WV, BV)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

@@ -44,13 +44,25 @@ def _target_name(node: fx.Node) -> str:
     return t if isinstance(t, str) else getattr(t, "__name__", repr(t))
 
 
-def trace(model: nn.Module) -> fx.GraphModule:
-    """torch.fx graph of `model`; torch.nn's own layers stay whole (fx's default leaves)."""
+def trace(model: nn.Module, example: Optional[torch.Tensor] = None) -> fx.GraphModule:
+    """torch.fx graph of `model` (torch.nn's own layers stay whole: fx's default leaves); where fx
+    cannot trace it (Python control flow on shapes, say) and an `example` input is given,
+    torch.export's ATen graph, with the batch axis dynamic."""
     try:
         return fx.symbolic_trace(model)
-    except Exception as e:  # data-dependent control flow, unsupported Python
-        raise NotExact(f"torch.fx cannot trace {type(model).__name__} ({type(e).__name__}: "
-                       f"{str(e).splitlines()[0] if str(e) else ''})") from e
+    except Exception as e:  # control flow on traced values, unsupported Python
+        fx_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    if example is None:
+        raise NotExact(f"torch.fx cannot trace {type(model).__name__} ({fx_error})")
+    try:
+        batch = torch.export.Dim("batch")
+        ep = torch.export.export(model, (example,), dynamic_shapes=({0: batch},), strict=False)
+        gm = ep.module()
+        gm._mutransfer_exported = True
+        return gm
+    except Exception as e:
+        raise NotExact(f"neither torch.fx ({fx_error}) nor torch.export ({type(e).__name__}: "
+                       f"{str(e).splitlines()[0] if str(e) else ''}) can trace {type(model).__name__}") from e
 
 
 # ---- values --------------------------------------------------------------------------------------
@@ -141,14 +153,47 @@ _FN_ACT = {torch.relu: "relu", F.relu: "relu", torch.tanh: "tanh", F.tanh: "tanh
            F.celu: "celu", F.selu: "selu", torch.selu: "selu", F.softplus: "softplus", F.mish: "mish",
            F.hardtanh: "hardtanh", F.softsign: "softsign", torch.erf: "erf", torch.special.erf: "erf",
            torch.abs: "abs", torch.sin: "sin", torch.cos: "cos", torch.exp: "exp"}
+_POSITIONAL = {"leaky_relu": ("negative_slope",), "softplus": ("beta", "threshold"), "hardtanh": ("min_val", "max_val"),
+               "elu": ("alpha",), "celu": ("alpha",), "gelu": ("approximate",)}
 _METHOD_ACT = {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "erf": "erf", "abs": "abs", "sin": "sin",
                "cos": "cos", "exp": "exp"}
 _MODULE_KW = {nn.LeakyReLU: ("negative_slope",), nn.ELU: ("alpha",), nn.CELU: ("alpha",), nn.GELU: ("approximate",),
               nn.Softplus: ("beta", "threshold"), nn.Hardtanh: ("min_val", "max_val")}
 
 
+def _aten_table() -> dict:
+    """ATen ops of a torch.export graph → the torch functions the rules know (same arguments)."""
+    aten = torch.ops.aten
+    table = {aten.linear: F.linear, aten.conv1d: F.conv1d, aten.conv2d: F.conv2d, aten.conv3d: F.conv3d,
+             aten.relu: torch.relu, aten.tanh: torch.tanh, aten.sigmoid: torch.sigmoid, aten.erf: torch.erf,
+             aten.abs: torch.abs, aten.gelu: F.gelu, aten.silu: F.silu, aten.leaky_relu: F.leaky_relu,
+             aten.softplus: F.softplus, aten.hardtanh: F.hardtanh, aten.mish: F.mish, aten.sin: torch.sin,
+             aten.cos: torch.cos, aten.exp: torch.exp, aten.add: torch.add, aten.sub: torch.sub, aten.mul: torch.mul,
+             aten.div: torch.div, aten.neg: torch.neg, aten.view: torch.reshape, aten.reshape: torch.reshape,
+             aten._unsafe_view: torch.reshape, aten.flatten: torch.flatten, aten.permute: torch.permute,
+             aten.transpose: torch.transpose, aten.unsqueeze: torch.unsqueeze, aten.squeeze: torch.squeeze,
+             aten.mean: torch.mean, aten.sum: torch.sum, aten.cat: torch.cat, aten.dropout: F.dropout,
+             aten.adaptive_avg_pool1d: F.adaptive_avg_pool1d, aten.adaptive_avg_pool2d: F.adaptive_avg_pool2d,
+             aten.adaptive_avg_pool3d: F.adaptive_avg_pool3d, aten.avg_pool1d: F.avg_pool1d,
+             aten.avg_pool2d: F.avg_pool2d, aten.avg_pool3d: F.avg_pool3d, aten.layer_norm: F.layer_norm,
+             aten.pad: F.pad}
+    return table
+
+
+_ATEN = _aten_table()
+_ATEN_IDENTITY = {torch.ops.aten.clone, torch.ops.aten.contiguous, torch.ops.aten.alias, torch.ops.aten.detach}
+
 _LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _LAYER_FNS = (F.linear, F.conv1d, F.conv2d, F.conv3d, torch.conv1d, torch.conv2d, torch.conv3d)
+_LAYER_ATEN = {torch.ops.aten.linear, torch.ops.aten.conv1d, torch.ops.aten.conv2d, torch.ops.aten.conv3d}
+
+
+class _Alias:
+    """An ATen node seen as the torch function with the same arguments."""
+
+    def __init__(self, node: fx.Node, target):
+        self.node, self.target, self.op = node, target, "call_function"
+        self.name, self.all_input_nodes = node.name, node.all_input_nodes
 
 
 # ---- the run -----------------------------------------------------------------------------------------
@@ -168,6 +213,7 @@ class _Run:
         self._params = dict(gm.named_parameters())
         self._params.update(dict(gm.named_buffers()))
         self._float64: dict[str, nn.Module] = {}
+        self.originals: dict[str, torch.Tensor] = {}  # torch.export copies parameters; the model's own say requires_grad
 
     # -- helpers
     def fail(self, what: str):
@@ -314,8 +360,11 @@ class _Run:
                     self.fail(f"the model takes more than one input ('{node.name}')")
                 continue
             if node.op == "output":
-                out = fx.node.map_arg(node.args[0], lambda n: env[n])
-                self.need(node.args[0], "diag") if isinstance(node.args[0], fx.Node) else None
+                result = node.args[0]
+                while isinstance(result, (tuple, list)) and len(result) == 1:  # torch.export's pytree output
+                    result = result[0]
+                out = fx.node.map_arg(result, lambda n: env[n])
+                self.need(result, "diag") if isinstance(result, fx.Node) else None
                 break
             args = fx.node.map_arg(node.args, lambda n: env[n])
             kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n])
@@ -323,11 +372,23 @@ class _Run:
         return out
 
     def eval(self, node: fx.Node, args, kwargs):
+        if node.op == "call_module" and str(node.target).startswith("_guards"):
+            return None  # torch.export's shape guards
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            packet = node.target.overloadpacket
+            if packet is torch.ops.aten.sym_size and isinstance(args[0], Field):
+                return self.size(args[0], args[1])
+            if packet is torch.ops.aten.layer_norm:
+                args = args[:5]
+            if packet in _ATEN_IDENTITY and (_has(args, Field)):
+                return args[0]
+            if packet in _ATEN and (_has(args, Field) or _has(kwargs, Field) or packet in _LAYER_ATEN):
+                node = _Alias(node, _ATEN[packet])
         if node.op == "get_attr":
             obj = self.gm
             for part in node.target.split("."):
                 obj = getattr(obj, part)
-            return obj
+            return self.originals.get(node.target, obj)
         fields = _has(args, Field) or _has(kwargs, Field)
         layer = (node.op == "call_module" and isinstance(self.gm.get_submodule(node.target), _LAYERS)) or \
             (node.op == "call_function" and node.target in _LAYER_FNS)
@@ -418,9 +479,8 @@ class _Run:
     def function(self, fn, args, kwargs):
         if fn in _FN_ACT:
             name = _FN_ACT[fn]
-            kw = dict(kwargs)
-            if name == "leaky_relu" and len(args) > 1:
-                kw["negative_slope"] = args[1]
+            kw = dict(zip(_POSITIONAL.get(name, ()), args[1:]))
+            kw.update(kwargs)
             return self.activate(args[0], name, **kw)
         if fn in (operator.add, torch.add, operator.sub, torch.sub, operator.iadd, operator.isub):
             a, b = args[0], args[1]
@@ -472,6 +532,11 @@ class _Run:
                                  vals.get("padding", 0), vals.get("count_include_pad", True))
         if fn in (F.adaptive_avg_pool1d, F.adaptive_avg_pool2d, F.adaptive_avg_pool3d):
             return self.adaptive_pool(args[0], args[1] if len(args) > 1 else kwargs["output_size"])
+        if fn is F.pad:
+            names = ("pad", "mode", "value")
+            vals = dict(zip(names, args[1:]))
+            vals.update(kwargs)
+            return self.pad(args[0], vals["pad"], vals.get("mode", "constant") or "constant", vals.get("value"))
         if fn is F.layer_norm:
             names = ("normalized_shape", "weight", "bias", "eps")
             vals = dict(zip(names, args[1:]))
@@ -920,6 +985,26 @@ class _Run:
                 self.fail(f"adaptive average pooling of {n} positions to {o} (not a whole window)")
         return self._pool_field(x, globals_, ops, True)
 
+    def pad(self, x, pads, mode: str, value):
+        """F.pad on position axes: the kernel read through the padding's index map (zeros: 0)."""
+        x = self._as_field(x)
+        if mode == "constant" and value not in (None, 0, 0.0):
+            self.fail(f"padding with the constant {value} (only zeros keep the kernel's rules)")
+        modes = {"constant": "zeros", "circular": "circular", "reflect": "reflect", "replicate": "replicate"}
+        if mode not in modes:
+            self.fail(f"padding mode {mode!r}")
+        pads = list(pads)
+        ops = {}
+        for i in range(len(pads) // 2):
+            lo, hi = pads[2 * i], pads[2 * i + 1]
+            ax = x.axes[len(x.axes) - 1 - i]
+            if lo == hi == 0:
+                continue
+            if len(ax) != 1 or ax[0] in ("W", "B"):
+                self.fail(f"padding axis {len(x.axes) - 1 - i} ({ax}), which is not one position axis")
+            ops[ax[0]] = L.AxisOp(x.sizes[ax[0]], 1, 1, 1, lo, hi, modes[mode])
+        return self._pool_field(x, [], ops, True) if ops else x
+
     def avg_pool(self, x, kernel_size, stride, padding, count_include_pad):
         x = self._as_field(x)
         nd = len(x.axes) - 2
@@ -1040,8 +1125,16 @@ def program_kernels(model: nn.Module, x1, x2=None, weight_var: float = 2.0, bias
     if a.shape[1:] != b.shape[1:]:
         raise ValueError(f"x1 and x2 must have the same shape after the batch axis, got {tuple(a.shape)} and "
                          f"{tuple(b.shape)}")
-    gm = gm if gm is not None else trace(model)
-    probe = _Run(gm, a[:1], b[:1], same, weight_var, bias_var, False, {}, ntk)
+    dtype = next((p.dtype for p in model.parameters()), torch.float32)
+    gm = gm if gm is not None else trace(model, a[:2].to(dtype) if len(a) >= 2 else torch.cat([a, a]).to(dtype))
+    originals = dict(model.named_parameters())
+    originals.update(dict(model.named_buffers()))
+
+    def make_run(*args) -> _Run:  # every run reads the model's own parameters (requires_grad)
+        run = _Run(*args)
+        run.originals = originals
+        return run
+    probe = make_run(gm, a[:1], b[:1], same, weight_var, bias_var, False, {}, ntk)
     out = probe.run()
     if not isinstance(out, Field):
         raise NotExact("the model's output is not a single tensor computed through a Linear or Conv "
@@ -1052,11 +1145,11 @@ def program_kernels(model: nn.Module, x1, x2=None, weight_var: float = 2.0, bias
     per_row = len(b) * max([1] + [math.prod(bs.layout.spatial) ** 2 for bs in probe.bases.values()])
     rows = max(1, min(len(a), _CHUNK_ELEMENTS // max(1, per_row)))
     if self_only:
-        run = _Run(gm, a, a, False, weight_var, bias_var, True, full, False)
+        run = make_run(gm, a, a, False, weight_var, bias_var, True, full, False)
         res = run.run()
         return res.layout.diagonal(run.field_kernel(res, "a"), "a"), None
     if rows >= len(a):
-        run = _Run(gm, a, b, same, weight_var, bias_var, True, full, ntk)
+        run = make_run(gm, a, b, same, weight_var, bias_var, True, full, ntk)
         res = run.run()
         kk, th = run.field_kernels(res, "x", ntk)
         k = res.layout.diagonal(kk, "x")
@@ -1067,7 +1160,7 @@ def program_kernels(model: nn.Module, x1, x2=None, weight_var: float = 2.0, bias
         for s in range(0, len(a), rows):
             e = min(len(a), s + rows)
             cols = slice(s, None) if same else slice(None)
-            run = _Run(gm, a[s:e], b[cols], False, weight_var, bias_var, True, full, ntk)
+            run = make_run(gm, a[s:e], b[cols], False, weight_var, bias_var, True, full, ntk)
             res = run.run()
             kk, th = run.field_kernels(res, "x", ntk)
             kk = res.layout.diagonal(kk, "x")
