@@ -25,7 +25,7 @@ from torch import nn
 
 from mutransfer import limits
 
-# name: (torch model builder, neural-tangents layers as source, input shape (NHWC / NLC for nt))
+# row label: (architecture key, input shape; images NHWC as neural-tangents takes them)
 CASES = {
     "CNN-GAP, 5 conv layers (3×3, SAME), 200 × 8×8×3": ("cnn_gap", (200, 8, 8, 3)),
     "CNN-Flatten, 5 conv layers, 200 × 8×8×3": ("cnn_flatten", (200, 8, 8, 3)),

@@ -435,3 +435,28 @@ def test_explicit_padding_equals_the_convolutions_own():
     x = torch.randn(3, 2, 5, 5, dtype=torch.float64)
     for got, want in zip(limits.kernels(Padded(), x, None, WV, BV), limits.kernels(own, x, None, WV, BV)):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_diagonal_only_where_it_suffices_gives_the_all_full_answer(monkeypatch):
+    """One conv output feeds a global mean (needs the full spatial kernel) and a Flatten head
+    (needs its diagonal), through a sum with a branch nothing else needs in full: the same
+    kernels as keeping everything full."""
+    class TwoHeads(nn.Module):
+        def __init__(self, w=8):
+            super().__init__()
+            self.c1, self.c2 = nn.Conv2d(2, w, 3, padding=1), nn.Conv2d(2, w, 3, padding=1)
+            self.o1, self.o2 = nn.Linear(w, 1), nn.Linear(w * 16, 1)
+
+        def forward(self, x):
+            h = self.c1(x)
+            s = h + self.c2(x)
+            return self.o1(torch.relu(h).mean(dim=(2, 3))) + self.o2(torch.erf(s).view(x.size(0), -1))
+
+    x = torch.randn(3, 2, 4, 4, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # exact, no Monte Carlo
+        lazy = limits.kernels(TwoHeads(), x, None, WV, BV)
+    monkeypatch.setattr(program, "_needs", lambda gm, requires: {n: True for n in gm.graph.nodes})
+    full = limits.kernels(TwoHeads(), x, None, WV, BV)
+    for got, want in zip(lazy, full):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

@@ -75,6 +75,21 @@ def test_limits_speed_benchmark_quick():
 
 
 @pytest.mark.slow
+def test_kernel_speed_benchmark_quick():
+    out = run(["benchmarks/kernel_speed.py", "--quick", "--nt-python", ""])
+    rows = re.findall(r"^\| (CNN|ResMLP).+?\| ([0-9.]+) \| – \|", out, re.M)
+    assert len(rows) == 4, out
+
+
+@pytest.mark.slow
+def test_cnn_kernels_digits_example_quick(tmp_path):
+    out = run(["examples/cnn_kernels_digits.py", "--quick", "--figure", str(tmp_path / "d.png")])
+    rows = dict(re.findall(r"^\| (.+?) \| ([0-9.]+) \|", out, re.M))
+    assert float(rows["NNGP posterior mean"]) > 0.5 and float(rows["NTK gradient flow, t = ∞"]) > 0.5, out
+    assert (tmp_path / "d.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
 def test_depth_overhead_benchmark_runs():
     out = run(["benchmarks/depth_overhead.py", "--rounds", "3", "--no-compile"])
     m = re.search(r"\| eager \| [0-9.]+ \| [0-9.]+ \| ([0-9.]+) \|", out)

@@ -139,6 +139,8 @@ def _elementwise(name: str, node: fx.Node, **kw) -> Callable[[tuple], list[tuple
     if name == "softplus":
         beta, threshold = float(kw.get("beta", 1.0)), float(kw.get("threshold", 20.0))
         return [(1.0, generic(lambda x: F.softplus(x, beta, threshold), "softplus"), 1.0)]
+    if name == "relu6":
+        return [(1.0, generic(F.relu6, "relu6"), 1.0)]
     if name == "hardtanh":
         lo, hi = float(kw.get("min_val", -1.0)), float(kw.get("max_val", 1.0))
         return [(1.0, generic(lambda x: F.hardtanh(x, lo, hi), "hardtanh"), 1.0)]
@@ -147,11 +149,11 @@ def _elementwise(name: str, node: fx.Node, **kw) -> Callable[[tuple], list[tuple
 
 _MODULE_ACT = {nn.ReLU: "relu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid", nn.SiLU: "silu", nn.GELU: "gelu",
                nn.LeakyReLU: "leaky_relu", nn.ELU: "elu", nn.CELU: "celu", nn.SELU: "selu", nn.Softplus: "softplus",
-               nn.Mish: "mish", nn.Hardtanh: "hardtanh", nn.Softsign: "softsign"}
+               nn.Mish: "mish", nn.Hardtanh: "hardtanh", nn.Softsign: "softsign", nn.ReLU6: "relu6"}
 _FN_ACT = {torch.relu: "relu", F.relu: "relu", torch.tanh: "tanh", F.tanh: "tanh", torch.sigmoid: "sigmoid",
            F.sigmoid: "sigmoid", F.silu: "silu", F.gelu: "gelu", F.leaky_relu: "leaky_relu", F.elu: "elu",
            F.celu: "celu", F.selu: "selu", torch.selu: "selu", F.softplus: "softplus", F.mish: "mish",
-           F.hardtanh: "hardtanh", F.softsign: "softsign", torch.erf: "erf", torch.special.erf: "erf",
+           F.hardtanh: "hardtanh", F.softsign: "softsign", F.relu6: "relu6", torch.erf: "erf", torch.special.erf: "erf",
            torch.abs: "abs", torch.sin: "sin", torch.cos: "cos", torch.exp: "exp"}
 _POSITIONAL = {"leaky_relu": ("negative_slope",), "softplus": ("beta", "threshold"), "hardtanh": ("min_val", "max_val"),
                "elu": ("alpha",), "celu": ("alpha",), "gelu": ("approximate",)}
@@ -451,6 +453,9 @@ class _Run:
 
     def method(self, name: str, args, kwargs):
         x = args[0]
+        if name.endswith("_") and not name.startswith("_") and name[:-1] in _METHOD_ACT.keys() | {
+                "add", "sub", "mul", "div", "neg"}:
+            name = name[:-1]  # x.relu_(), x.add_(y): the same value as the out-of-place op
         if name in _METHOD_ACT:
             return self.activate(x, _METHOD_ACT[name])
         if name in ("contiguous", "float", "double", "clone", "detach"):
@@ -628,7 +633,7 @@ class _Run:
             parts = [(p[0], [replace(t, coef=t.coef * ca) for t in p[1]] + [replace(t, coef=t.coef * cb) for t in q[1]])
                      for p, q in zip(a.parts, b.parts)]
             self.check_independent(parts)
-            return replace(a, parts=parts)
+            return replace(a, parts=parts, layout=_common_layout(a, b))
         if isinstance(a, Field) and sb is not None:
             return replace(a, parts=[(fr, [replace(t, coef=t.coef * ca) for t in ts] + [Term(sb * cb, ONE, ())])
                                      for fr, ts in a.parts])
@@ -656,7 +661,8 @@ class _Run:
                 lam = [db[j] / da[j] for j in da]
                 if max(lam) - min(lam) <= 1e-12 * max(1.0, abs(max(lam))):
                     l0 = lam[0]
-                    return replace(a, parts=[(1.0, [Term(1.0, generic(lambda u: fa(u) * fb(l0 * u), "product"), ga)])])
+                    return replace(a, parts=[(1.0, [Term(1.0, generic(lambda u: fa(u) * fb(l0 * u), "product"), ga)])],
+                                   layout=_common_layout(a, b))
         self.fail("a product of two width tensors that are not functions of one Gaussian (a gated unit) has no "
                   "exact rule here")
 
@@ -940,7 +946,7 @@ class _Run:
         parts = [(fr * v.sizes["W"] / total, ts) for v in xs for fr, ts in v.parts]
         sizes = dict(xs[0].sizes)
         sizes["W"] = total
-        return replace(xs[0], parts=parts, sizes=sizes)
+        return replace(xs[0], parts=parts, sizes=sizes, layout=_common_layout(*xs))
 
     def reduce(self, x, how: str, dim=None, keepdim=False, **kw):
         x = self._as_field(x)
@@ -1076,6 +1082,12 @@ class _Run:
         sizes = {renum[a]: spatial[renum[a]] for a in keep}
         sizes["W"] = x.sizes["W"]
         return Field([(1.0, [Term(1.0, IDENTITY, ((bid, 1.0),))])], axes, sizes, lay)
+
+
+def _common_layout(*fields: Field) -> Layout:
+    """Where branches meet, the diagonal unless every branch kept the full spatial kernel (a branch
+    that some other consumer needed in full may have it; the others need not)."""
+    return replace(fields[0].layout, full=all(f.layout.full for f in fields))
 
 
 def _acc(total, v, w: float):
