@@ -8,7 +8,7 @@ is trained by full-batch gradient descent on ½·mean‖f − y‖², centred (f
 random function at init does not count), and approaches the NTK's gradient-flow prediction at
 the same time t as its width grows.
 
-    .venv/bin/python examples/cnn_kernels_digits.py            # ~4 minutes on 2 cores
+    .venv/bin/python examples/cnn_kernels_digits.py --figure docs/limits_cnn_digits.png
     .venv/bin/python examples/cnn_kernels_digits.py --quick    # seconds (smoke test)
 
 Needs scikit-learn for the data (`pip install scikit-learn`, or the `test` extra).
@@ -45,9 +45,11 @@ def digits(n_train: int, n_test: int, seed: int = 0):
 
 
 def train_finite(width: int, x, y, xt, lr: float, steps: int, weight_var: float, bias_var: float, seed: int):
-    """Full-batch GD in the NTK parametrization; returns the centred test predictions."""
+    """Full-batch GD in the NTK parametrization, float32 (the kernels are float64); returns the
+    centred test predictions in float64."""
     torch.manual_seed(seed)
-    net = cnn(width).double()
+    net = cnn(width)
+    x, y, xt = x.float(), y.float(), xt.float()
     factors = limits.layer_factors(net, weight_var, bias_var)
     with torch.no_grad():
         for name, p in net.named_parameters():  # W ~ N(0, σ_w²/fan_in), b ~ N(0, σ_b²)
@@ -61,7 +63,7 @@ def train_finite(width: int, x, y, xt, lr: float, steps: int, weight_var: float,
         loss.backward()
         opt.step()
     with torch.no_grad():
-        return net(xt) - f0_test
+        return (net(xt) - f0_test).double()
 
 
 def main(argv=None) -> int:
@@ -79,14 +81,16 @@ def main(argv=None) -> int:
     model = cnn(8)
 
     start = time.perf_counter()
-    theta = limits.ntk(model, x, None, wv, bv)
-    lam_max = float(torch.linalg.eigvalsh(theta)[-1])
+    # the kernels once (nngp_predict(model, ...) and ntk_predict(model, ...) would compute them per call)
+    k_train, theta_train = limits.kernels(model, x, None, wv, bv)
+    k_test, theta_test = limits.kernels(model, xt, x, wv, bv)
+    kernel_seconds = time.perf_counter() - start
+    lam_max = float(torch.linalg.eigvalsh(theta_train)[-1])
     lr = n_train / lam_max  # stable: GD on ½·mean‖f − y‖² contracts at rate lr·λ/n ≤ 1
     t = steps * lr / n_train  # the same time for the kernel flow df/dt = −Θ(f − y)
-    nngp_mean, _ = limits.nngp_predict(model, x, y, xt, weight_var=wv, bias_var=bv, noise_var=1e-4)
-    ntk_t = limits.ntk_predict(model, x, y, xt, t=t, weight_var=wv, bias_var=bv)
-    ntk_inf = limits.ntk_predict(model, x, y, xt, weight_var=wv, bias_var=bv)
-    kernel_seconds = time.perf_counter() - start
+    nngp_mean, _ = limits.gp_posterior(k_train, k_test, y, noise_var=1e-4)
+    ntk_t = limits.gradient_flow(theta_train, theta_test, y, t=t)
+    ntk_inf = limits.gradient_flow(theta_train, theta_test, y)
 
     def accuracy(pred):
         return float((pred.argmax(1) == labels_t).double().mean())
@@ -120,8 +124,8 @@ def main(argv=None) -> int:
         import matplotlib.pyplot as plt
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
         a1.plot(ws, [finite[w][0] for w in ws], "o-", label="finite CNN (NTK param., GD)")
-        for (name, acc, _), style in zip(rows[:3], ("--", ":", "-.")):
-            a1.axhline(acc, linestyle=style, color="k" if style == ":" else None, label=name.split(" (")[0])
+        for (name, acc, _), style, color in zip(rows[:3], ("--", ":", "-."), ("tab:green", "k", "tab:red")):
+            a1.axhline(acc, linestyle=style, color=color, label=name.split(" (")[0])
         a1.set_xscale("log", base=2)
         a1.set_xlabel("width (channels)")
         a1.set_ylabel("test accuracy")

@@ -86,8 +86,9 @@ def _window(k: torch.Tensor, dim: int, op: AxisOp, t: int) -> torch.Tensor:
     return k.narrow(dim, start, op.s * (op.out - 1) + 1)[(slice(None),) * dim + (slice(None, None, op.s),)]
 
 
-def conv(k: torch.Tensor, layout: Layout, block: str, ops: dict[int, AxisOp]) -> torch.Tensor:
-    """Σ over filter offsets of K at the same offset on both sides, averaged over the filter;
+def conv(k: torch.Tensor, layout: Layout, block: str, ops: dict[int, AxisOp], average: bool = True) -> torch.Tensor:
+    """Σ over filter offsets of K at the same offset on both sides, averaged over the filter
+    (`average=False`: the sum, for a caller that folds 1/|filter| into its own scaling);
     `ops` maps a spatial atom to its window."""
     for atom, op in ops.items():
         dims = _axes(layout, block, atom)
@@ -102,8 +103,8 @@ def conv(k: torch.Tensor, layout: Layout, block: str, ops: dict[int, AxisOp]) ->
             for dim in dims:
                 part = _window(part, dim, op, t)
             total = part if total is None else total + part
-        k = total / op.k
-    return k
+        k = total
+    return k / math.prod(op.k for op in ops.values()) if average else k
 
 
 def _conv_zeros(k: torch.Tensor, dims: tuple[int, ...], op: AxisOp) -> torch.Tensor:
@@ -141,7 +142,7 @@ def _conv_zeros(k: torch.Tensor, dims: tuple[int, ...], op: AxisOp) -> torch.Ten
                 src = src[(slice(None),) * dim + (slice(None, None, op.s),)]
             dst = dst.narrow(dim, o_lo, n)
         dst.add_(src)
-    return out.div_(op.k)
+    return out
 
 
 def pool(k: torch.Tensor, layout: Layout, block: str, ops: dict[int, AxisOp], count_include_pad: bool) -> torch.Tensor:

@@ -9,7 +9,7 @@ from torch import nn
 
 from .kernels import ArrayLike, as_inputs, kernels, nngp_diag
 
-__all__ = ["nngp_predict", "ntk_predict"]
+__all__ = ["nngp_predict", "ntk_predict", "gp_posterior", "gradient_flow"]
 
 
 def _targets(y: ArrayLike, n: int) -> tuple[torch.Tensor, bool]:
@@ -78,12 +78,7 @@ def nngp_predict(*args, noise_var: float = 0.0, jitter: float = 1e-10,
     ktt = src.pair(xtr, None, False)[0]
     kst = src.pair(xte, xtr, False)[0]
     kss = src.diag(xte)
-    reg = noise_var + jitter * float(ktt.diagonal().mean())
-    chol = torch.linalg.cholesky(ktt + reg * torch.eye(len(ktt), dtype=ktt.dtype))
-    alpha = torch.cholesky_solve(y, chol)
-    mean = kst @ alpha
-    v = torch.linalg.solve_triangular(chol, kst.T, upper=False)
-    var = (kss - (v * v).sum(0)).clamp_min(0)
+    mean, var = gp_posterior(ktt, kst, y, kss, noise_var=noise_var, jitter=jitter)
     return (mean[:, 0] if squeeze else mean), var
 
 
@@ -102,12 +97,36 @@ def ntk_predict(*args, t: Optional[float] = None, lr: float = 1.0, **kernel_kwar
         raise ValueError(f"t must be ≥ 0 (or None for t = ∞), got {t}")
     theta_tt = src.pair(xtr, None, True)[1]
     theta_st = src.pair(xte, xtr, True)[1]
-    lam, vec = torch.linalg.eigh(theta_tt)
+    mean = gradient_flow(theta_tt, theta_st, y, t=t, lr=lr)
+    return mean[:, 0] if squeeze else mean
+
+
+def gp_posterior(k_train: torch.Tensor, k_test_train: torch.Tensor, y: torch.Tensor,
+                 k_test_diag: Optional[torch.Tensor] = None, *, noise_var: float = 0.0,
+                 jitter: float = 1e-10) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """GP posterior from kernels you already have: mean K*ₓ (Kₓₓ + σ²I)⁻¹ y (y (n, k)) and, given
+    K(x*, x*), the variance per test point."""
+    if noise_var < 0:
+        raise ValueError(f"noise_var must be ≥ 0, got {noise_var}")
+    reg = noise_var + jitter * float(k_train.diagonal().mean())
+    chol = torch.linalg.cholesky(k_train + reg * torch.eye(len(k_train), dtype=k_train.dtype))
+    mean = k_test_train @ torch.cholesky_solve(y, chol)
+    if k_test_diag is None:
+        return mean, None
+    v = torch.linalg.solve_triangular(chol, k_test_train.T, upper=False)
+    return mean, (k_test_diag - (v * v).sum(0)).clamp_min(0)
+
+
+def gradient_flow(theta_train: torch.Tensor, theta_test_train: torch.Tensor, y: torch.Tensor,
+                  t: Optional[float] = None, lr: float = 1.0) -> torch.Tensor:
+    """Θ*ₓ Θₓₓ⁻¹ (I − exp(−lr Θₓₓ t)) y from kernels you already have; t=None is t = ∞."""
+    if t is not None and t < 0:
+        raise ValueError(f"t must be ≥ 0 (or None for t = ∞), got {t}")
+    lam, vec = torch.linalg.eigh(theta_train)
     lam = lam.clamp_min(0)
     if t is None:
         gain = torch.where(lam > lam.max() * 1e-13, 1 / lam.clamp_min(1e-300), torch.zeros_like(lam))
     else:  # (1 − e^{−lr λ t}) / λ, → lr·t as λ → 0
         x = lr * t * lam
         gain = torch.where(x > 1e-8, -torch.expm1(-x) / lam.clamp_min(1e-300), lr * t * (1 - x / 2))
-    mean = theta_st @ (vec @ (gain[:, None] * (vec.T @ y)))
-    return mean[:, 0] if squeeze else mean
+    return theta_test_train @ (vec @ (gain[:, None] * (vec.T @ y)))

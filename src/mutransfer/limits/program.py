@@ -27,7 +27,7 @@ from .fields import ERF, IDENTITY, ONE, RELU, Basis, Elem, Field, Layout, Term, 
 
 __all__ = ["NotExact", "trace", "program_kernels", "prepare_inputs"]
 
-_CHUNK_ELEMENTS = 32_000_000  # float64 entries of one (chunk, n2, *S, *S) kernel block: ~256 MB
+_CHUNK_ELEMENTS = 4_000_000  # float64 entries of one (chunk, n2, *S, *S) block: 32 MB, so a layer's passes stay in cache
 
 
 class NotExact(Exception):
@@ -215,6 +215,7 @@ class _Run:
         self._params = dict(gm.named_parameters())
         self._params.update(dict(gm.named_buffers()))
         self._float64: dict[str, nn.Module] = {}
+        self.self_only = False  # only each input with itself (the 'a' block): K(x, x) per row
         self.originals: dict[str, torch.Tensor] = {}  # torch.export copies parameters; the model's own say requires_grad
 
     # -- helpers
@@ -722,10 +723,12 @@ class _Run:
         return Field([(1.0, [Term(1.0, IDENTITY, ((bid, 1.0),))])], axes, sizes, lay)
 
     def _blocks(self):
+        if self.self_only:
+            return ("a",)
         return ("x", "a") if self.same else ("x", "a", "b")
 
     def _fill(self, k: dict) -> dict:
-        if self.same:
+        if self.same or self.self_only:
             k["b"] = k["a"]
         return k
 
@@ -747,9 +750,9 @@ class _Run:
             return k - self.bv
         return torch.full_like(k, self.bv if b_tr else 0.0)
 
-    def _affine(self, k: torch.Tensor, bias) -> torch.Tensor:
-        """σ_w² K (+ σ_b²), one pass, out of place."""
-        return torch.add(torch.tensor(self.bv if bias is not None else 0.0, dtype=k.dtype), k, alpha=self.wv)
+    def _affine(self, k: torch.Tensor, bias, scale: float = 1.0) -> torch.Tensor:
+        """σ_w² · scale · K (+ σ_b²), one pass, out of place."""
+        return torch.add(torch.tensor(self.bv if bias is not None else 0.0, dtype=k.dtype), k, alpha=self.wv * scale)
 
     def conv(self, x, weight, stride, padding, dilation, groups, padding_mode, kernel_size, bias):
         w = weight.weight if isinstance(weight, nn.Module) else weight
@@ -795,6 +798,7 @@ class _Run:
             except ValueError as e:
                 self.fail(str(e))
         n_sp = len(src_layout.spatial) if src_layout is not None else nd
+        filter_size = math.prod(kernel_size)
         sizes_after = list(src_layout.spatial) if src_layout is not None else list(in_sizes)
         for a, op in ops.items():
             sizes_after[a] = op.out
@@ -815,13 +819,14 @@ class _Run:
                     kin, th_b = self.field_kernels(x, blk, self.want_ntk and blk == "x")
                     th = th_b if blk == "x" else th
                     kin = L.to_layout(kin, src_layout, inner, blk)
-                k[blk] = self._affine(L.conv(kin, inner, blk, ops), bias)
+                k[blk] = self._affine(L.conv(kin, inner, blk, ops, average=False), bias, 1.0 / filter_size)
                 del kin
             k = self._fill(k)
             if self.want_ntk:
                 if src_layout is not None and th is not None:
                     th = L.to_layout(th, src_layout, inner, "x")
-                    ntk = torch.add(self._own_ntk(k["x"], w, bias), L.conv(th, inner, "x", ops), alpha=self.wv)
+                    ntk = torch.add(self._own_ntk(k["x"], w, bias), L.conv(th, inner, "x", ops, average=False),
+                                    alpha=self.wv / filter_size)
                 else:
                     ntk = self._own_ntk(k["x"], w, bias)
         bid = self.new_basis(lay, k, ntk)
@@ -1157,7 +1162,8 @@ def program_kernels(model: nn.Module, x1, x2=None, weight_var: float = 2.0, bias
     per_row = len(b) * max([1] + [math.prod(bs.layout.spatial) ** 2 for bs in probe.bases.values()])
     rows = max(1, min(len(a), _CHUNK_ELEMENTS // max(1, per_row)))
     if self_only:
-        run = make_run(gm, a, a, False, weight_var, bias_var, True, full, False)
+        run = make_run(gm, a, a, True, weight_var, bias_var, True, full, False)
+        run.self_only = True
         res = run.run()
         return res.layout.diagonal(run.field_kernel(res, "a"), "a"), None
     if rows >= len(a):
