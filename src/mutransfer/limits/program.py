@@ -233,7 +233,7 @@ class _Run:
                   means: Optional[dict] = None, gaussian: bool = True) -> int:
         bid = len(self.bases)
         b = Basis(bid, layout, k or {}, ntk, frozenset(support) | {bid})
-        b.means, b.gaussian = means, gaussian
+        b.means, b.gaussian, b.node = means, gaussian, self.node
         self.bases[bid] = b
         return bid
 
@@ -1159,7 +1159,8 @@ def program_kernels(model: nn.Module, x1, x2=None, weight_var: float = 2.0, bias
     full = _needs(gm, probe.requires)
     # chunks of x1 rows, so one block stays near _CHUNK_ELEMENTS; with x2 = x1 only the upper
     # triangle of row chunks is computed (the kernel is symmetric), the rest mirrored
-    per_row = len(b) * max([1] + [math.prod(bs.layout.spatial) ** 2 for bs in probe.bases.values()])
+    per_row = len(b) * max([1] + [math.prod(bs.layout.spatial) ** (2 if full.get(bs.node) else 1)
+                                  for bs in probe.bases.values()])
     rows = max(1, min(len(a), _CHUNK_ELEMENTS // max(1, per_row)))
     if self_only:
         run = make_run(gm, a, a, True, weight_var, bias_var, True, full, False)
