@@ -460,3 +460,24 @@ def test_diagonal_only_where_it_suffices_gives_the_all_full_answer(monkeypatch):
     full = limits.kernels(TwoHeads(), x, None, WV, BV)
     for got, want in zip(lazy, full):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_a_sum_of_independent_pooled_relu_branches():
+    """Two conv branches, each relu then a global mean (non-Gaussian, with a mean), summed:
+    K = K₁ + K₂ + m₁m₂' + m₂m₁' — the means matter. Against wide finite networks."""
+    class TwoBranches(nn.Module):
+        def __init__(self, w):
+            super().__init__()
+            self.c1, self.c2, self.o = nn.Conv2d(2, w, 3, padding=1), nn.Conv2d(2, w, 2), nn.Linear(w, 1)
+
+        def forward(self, x):
+            return self.o(torch.relu(self.c1(x)).mean(dim=(2, 3)) + torch.relu(self.c2(x)).mean(dim=(2, 3)))
+
+    x = torch.randn(4, 2, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        exact = limits.model_kernels(TwoBranches(8), x, None, WV, BV, exact=True)
+    mc = limits.monte_carlo_kernels(TwoBranches(512), x, None, WV, BV, samples=32, seed=2)
+    for kind in ("nngp", "ntk"):
+        z = (getattr(exact, kind) - mc[kind]).abs() / mc[f"{kind}_se"]
+        assert z.max() < 4.0, (kind, z.max())

@@ -25,7 +25,7 @@ the coordinates.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -55,7 +55,7 @@ class Layout:
         """The same-position entries (…, *S) of a kernel in this layout."""
         if not self.full or not self.spatial:
             return k
-        nb, ns = self.batch_dims(block), len(self.spatial)
+        nb = self.batch_dims(block)
         p = math.prod(self.spatial)
         flat = k.reshape(*k.shape[:nb], p, p)
         return flat.diagonal(dim1=-2, dim2=-1).reshape(*k.shape[:nb], *self.spatial)
@@ -152,13 +152,6 @@ class Field:
     axes: list[tuple]
     sizes: dict
     layout: Layout
-    # spatial atoms merged into the width axis (a Flatten): a layer that contracts them averages
-    # their same-position kernel
-    meta: dict = field(default_factory=dict)
-
-    @property
-    def spatial_atoms(self) -> list[int]:
-        return list(range(len(self.layout.spatial)))
 
     def shape(self, batch: int) -> tuple[int, ...]:
         out = []

@@ -210,10 +210,7 @@ class _Run:
         self.compute, self.full, self.want_ntk = compute, full, want_ntk
         self.bases: dict[int, Basis] = {}
         self.requires: dict[fx.Node, list[tuple[fx.Node, str]]] = {}
-        self.layer_of: dict[int, nn.Module] = {}
         self.node: Optional[fx.Node] = None
-        self._params = dict(gm.named_parameters())
-        self._params.update(dict(gm.named_buffers()))
         self._float64: dict[str, nn.Module] = {}
         self.self_only = False  # only each input with itself (the 'a' block): K(x, x) per row
         self.originals: dict[str, torch.Tensor] = {}  # torch.export copies parameters; the model's own say requires_grad
@@ -319,6 +316,12 @@ class _Run:
             k_total = _acc(k_total, k_part, frac)
             t_total = _acc(t_total, t_part, frac)
         return k_total, (None if isinstance(t_total, float) else t_total)
+
+    @staticmethod
+    def _outer(ma: torch.Tensor, mb: torch.Tensor, lay: Layout, block: str) -> torch.Tensor:
+        """E[A]·E[B'] for independent A (side a) and B (side b), broadcast to the block."""
+        va, vb = lay.sides(ma, mb, block)
+        return va * vb
 
     def field_means(self, f: Field, side: str) -> torch.Tensor:
         total = 0.0
@@ -761,7 +764,7 @@ class _Run:
         nd = len(kernel_size)
         c_in = w.shape[1]
         if isinstance(x, Pair):
-            xa, xb = x.a, x.b
+            xa = x.a
             if xa.ndim != nd + 2 or xa.shape[1] != c_in:
                 self.fail(f"input of {tuple(xa.shape)} into a {nd}-d convolution with {c_in} input channels")
             in_sizes = tuple(xa.shape[2:])
