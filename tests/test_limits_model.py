@@ -481,3 +481,18 @@ def test_a_sum_of_independent_pooled_relu_branches():
     for kind in ("nngp", "ntk"):
         z = (getattr(exact, kind) - mc[kind]).abs() / mc[f"{kind}_se"]
         assert z.max() < 4.0, (kind, z.max())
+
+
+def test_a_layer_applied_twice_is_not_taken_for_two_independent_layers():
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.h, self.o = nn.Linear(3, 8), nn.Linear(8, 8), nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.o(torch.relu(self.h(torch.relu(self.h(torch.relu(self.a(x)))))))
+
+    with pytest.raises(ValueError, match=r"weight used by two layer calls \(first at graph node 'h'\).*node 'h_1'"):
+        limits.nngp(Twice(), torch.randn(3, 3), exact=True)
+    with pytest.warns(limits.KernelWarning, match="weight sharing"):
+        limits.nngp(Twice(), torch.randn(3, 3), samples=3)

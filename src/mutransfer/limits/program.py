@@ -213,6 +213,7 @@ class _Run:
         self.node: Optional[fx.Node] = None
         self._float64: dict[str, nn.Module] = {}
         self.self_only = False  # only each input with itself (the 'a' block): K(x, x) per row
+        self.used_weights: dict[int, str] = {}
         self.originals: dict[str, torch.Tensor] = {}  # torch.export copies parameters; the model's own say requires_grad
 
     # -- helpers
@@ -670,9 +671,19 @@ class _Run:
         self.fail("a product of two width tensors that are not functions of one Gaussian (a gated unit) has no "
                   "exact rule here")
 
+    def _shared(self, weight: torch.Tensor):
+        """A weight used by a second layer call (weight sharing, a module applied twice): its
+        outputs are correlated and its NTK gets cross terms the rules here do not carry."""
+        key = weight.data_ptr()
+        if key in self.used_weights:
+            self.fail(f"a weight used by two layer calls (first at graph node '{self.used_weights[key]}'): "
+                      "weight sharing has no exact rule here")
+        self.used_weights[key] = self.node.name
+
     def linear(self, x, weight, bias, module):
         if isinstance(weight, Field) or not isinstance(weight, torch.Tensor):
             self.fail("a linear layer whose weight is computed from the network's activations")
+        self._shared(weight)
         fan_in, fan_out = weight.shape[1], weight.shape[0]
         if isinstance(x, Pair):  # the input layer
             xa, xb = x.a, x.b
@@ -759,6 +770,7 @@ class _Run:
 
     def conv(self, x, weight, stride, padding, dilation, groups, padding_mode, kernel_size, bias):
         w = weight.weight if isinstance(weight, nn.Module) else weight
+        self._shared(w)
         if groups != 1:
             self.fail(f"a convolution with groups={groups} (each group's fan-in stays finite)")
         nd = len(kernel_size)
