@@ -18,6 +18,10 @@ Conventions (the PyTorch layer, and where neural-tangents defines the same layer
   all pairs of positions. Needs the full kernel; cost O(n1·n2·P²).
 - `nn.Flatten` then Linear = `stax.Flatten` then `Dense`: the mean of the same-position kernel
   (the fan-in counts channels × positions). Needs the diagonal only.
+- elementwise nonlinearities (`fields.expect`): per pair of terms of the value, relu/erf/identity
+  closed forms O(n1·n2·P) or O(n1·n2·P²); Mehler's series × its 240 terms; the 2-D quadrature
+  fallback × 160² nodes, only on entries where it is needed. `nn.LayerNorm` (= `stax.LayerNorm`,
+  eps as the module's: PyTorch's default 1e-5, neural-tangents' 1e-12), `+`, `torch.cat`: one pass.
 """
 from __future__ import annotations
 
