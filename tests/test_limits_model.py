@@ -496,3 +496,23 @@ def test_a_layer_applied_twice_is_not_taken_for_two_independent_layers():
         limits.nngp(Twice(), torch.randn(3, 3), exact=True)
     with pytest.warns(limits.KernelWarning, match="weight sharing"):
         limits.nngp(Twice(), torch.randn(3, 3), samples=3)
+
+
+def test_output_shapes_squeezed_and_tuples():
+    class Squeezed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.o = nn.Linear(3, 8), nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.o(torch.relu(self.a(x))).squeeze(-1)
+
+    class Pair(Squeezed):
+        def forward(self, x):
+            return self.o(torch.relu(self.a(x))), x
+
+    x = torch.randn(4, 3, dtype=torch.float64)
+    torch.testing.assert_close(limits.nngp(Squeezed(), x, exact=True), limits.nngp(x, depth=1), rtol=1e-13, atol=1e-13)
+    with pytest.raises(ValueError, match="returns tuple; the kernels need one output tensor"):
+        with pytest.warns(limits.KernelWarning):
+            limits.nngp(Pair(), x)

@@ -56,6 +56,13 @@ def _resample(model: nn.Module, weight_var: float, bias_var: float, g: torch.Gen
     return own
 
 
+def _output(out, n: int) -> torch.Tensor:
+    if not isinstance(out, torch.Tensor):
+        raise ValueError(f"the model returns {type(out).__name__}; the kernels need one output tensor (batch "
+                         "axis first): wrap the model so that forward returns it")
+    return out.reshape(n, -1)
+
+
 def monte_carlo_kernels(model: nn.Module, x1: torch.Tensor, x2: Optional[torch.Tensor] = None,
                         weight_var: float = 2.0, bias_var: float = 0.0, *, samples: int = 32, ntk: bool = True,
                         seed: int = 0, chunk: int = 64) -> dict:
@@ -73,15 +80,15 @@ def monte_carlo_kernels(model: nn.Module, x1: torch.Tensor, x2: Optional[torch.T
     for _ in range(samples):
         own = _resample(net, weight_var, bias_var, g)
         with torch.no_grad():
-            fa = net(a).reshape(len(a), -1)
-            fb = fa if x2 is None else net(b).reshape(len(b), -1)
+            fa = _output(net(a), len(a))
+            fb = fa if x2 is None else _output(net(b), len(b))
         ks.append(fa @ fb.T / fa.shape[1])
         if not ntk:
             continue
         params = {n: p.detach() for n, p in net.named_parameters() if p.requires_grad}
 
         def f(p, x):
-            return functional_call(net, p, (x[None],), strict=False).reshape(-1)
+            return _output(functional_call(net, p, (x[None],), strict=False), 1).reshape(-1)
 
         def jac(x):
             parts = []
