@@ -149,31 +149,31 @@ def _conv_zeros(k: torch.Tensor, dims: tuple[int, ...], op: AxisOp) -> torch.Ten
     return out
 
 
+def _window_mean(t: torch.Tensor, dim: int, op: AxisOp, count_include_pad: bool) -> torch.Tensor:
+    """The windows of `op` along one axis, summed and divided by the window size (or by the real
+    positions in it)."""
+    norm = torch.full((op.out,), float(op.k), dtype=t.dtype) if count_include_pad else op.counts()
+    t = _padded(t, dim, op)
+    t = sum(_window(t, dim, op, i) for i in range(op.k))
+    shape = [1] * t.ndim
+    shape[dim] = op.out
+    return t / norm.reshape(shape)
+
+
 def pool(k: torch.Tensor, layout: Layout, block: str, ops: dict[int, AxisOp], count_include_pad: bool) -> torch.Tensor:
-    """Average pooling of a full kernel: the window sum on each side independently."""
+    """Average pooling of a full kernel: the window mean on each side independently."""
     if not layout.full:
         raise ValueError("average pooling needs the full spatial kernel")
     for atom, op in ops.items():
-        norm = torch.full((op.out,), float(op.k), dtype=k.dtype) if count_include_pad else op.counts()
         for dim in _axes(layout, block, atom):
-            k = _padded(k, dim, op)
-            k = sum(_window(k, dim, op, t) for t in range(op.k))
-            shape = [1] * k.ndim
-            shape[dim] = op.out
-            k = k / norm.reshape(shape)
+            k = _window_mean(k, dim, op, count_include_pad)
     return k
 
 
 def pool_mean(m: torch.Tensor, ops: dict[int, AxisOp], count_include_pad: bool) -> torch.Tensor:
     """Average pooling of a per-position mean (n, *S)."""
     for atom, op in ops.items():
-        dim = 1 + atom
-        norm = torch.full((op.out,), float(op.k), dtype=m.dtype) if count_include_pad else op.counts()
-        m = _padded(m, dim, op)
-        m = sum(_window(m, dim, op, t) for t in range(op.k))
-        shape = [1] * m.ndim
-        shape[dim] = op.out
-        m = m / norm.reshape(shape)
+        m = _window_mean(m, 1 + atom, op, count_include_pad)
     return m
 
 
