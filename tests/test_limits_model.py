@@ -515,3 +515,34 @@ def test_output_shapes_squeezed_and_tuples():
     torch.testing.assert_close(limits.nngp(Squeezed(), x, exact=True), limits.nngp(x, depth=1), rtol=1e-13, atol=1e-13)
     with pytest.raises(ValueError, match="returns tuple; the kernels need one output tensor"):
         limits.nngp(Pair(), x)
+
+
+def test_sign_clamp_and_powers_written_as_tensor_ops():
+    """sign: E = 1 − 2θ/π and no NTK through it (neural-tangents' Sign); clamp(min=0) is relu
+    exactly; clamp(max=0) is −relu(−u); x**2 against the fully-connected recursion."""
+    class Net(nn.Module):
+        def __init__(self, op):
+            super().__init__()
+            self.a, self.o, self.op = nn.Linear(3, 8, bias=False), nn.Linear(8, 1, bias=False), op
+
+        def forward(self, x):
+            return self.o(self.op(self.a(x)))
+
+    x = torch.randn(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    kh = WV * x @ x.T / 3
+    d = kh.diagonal()
+    theta = torch.arccos((kh / torch.sqrt(d[:, None] * d[None, :])).clamp(-1, 1))
+    k, t = limits.kernels(Net(torch.sign), x, None, WV, 0.0)
+    torch.testing.assert_close(k, WV * (1 - 2 * theta / math.pi), rtol=1e-7, atol=1e-7)
+    torch.testing.assert_close(t, k, rtol=1e-13, atol=1e-13)  # only the readout trains through a sign
+    relu = limits.kernels(x, depth=1, weight_var=WV)
+    for op in (lambda h: torch.clamp(h, min=0), lambda h: h.clamp_min(0), lambda h: -torch.clamp(-h, max=0)):
+        for got, want in zip(limits.kernels(Net(op), x, None, WV, 0.0), relu):
+            torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-8)  # arccos at cos θ = 1 − ε
+    square = limits.kernels(x, depth=1, activation=lambda u: u * u, weight_var=WV)
+    for op in (lambda h: h ** 2, torch.square, lambda h: h.pow(2)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = limits.kernels(Net(op), x, None, WV, 0.0)
+        for g, w in zip(got, square):
+            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9)

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from . import layers as L
-from .fields import ERF, IDENTITY, ONE, RELU, Basis, Elem, Field, Layout, Term, expect_both, generic, mean
+from .fields import ERF, IDENTITY, ONE, RELU, STEP, Basis, Elem, Field, Layout, Term, expect_both, generic, mean
 
 __all__ = ["NotExact", "trace", "program_kernels", "prepare_inputs"]
 
@@ -139,6 +139,18 @@ def _elementwise(name: str, node: fx.Node, **kw) -> Callable[[tuple], list[tuple
     if name == "softplus":
         beta, threshold = float(kw.get("beta", 1.0)), float(kw.get("threshold", 20.0))
         return [(1.0, generic(lambda x: F.softplus(x, beta, threshold), "softplus"), 1.0)]
+    if name == "sign":  # 2·1(u > 0) − 1: the step's closed form; its derivative is 0 a.e.
+        return [(2.0, STEP, 1.0), (-1.0, ONE, 1.0)]
+    if name == "clamp":
+        lo, hi = kw.get("min"), kw.get("max")
+        if lo is not None and hi is None and float(lo) == 0.0:
+            return [(1.0, RELU, 1.0)]
+        if hi is not None and lo is None and float(hi) == 0.0:  # min(u, 0) = −relu(−u)
+            return [(-1.0, RELU, -1.0)]
+        return [(1.0, generic(lambda x: torch.clamp(x, lo, hi), "clamp"), 1.0)]
+    if name == "pow":
+        e = kw.get("exponent")
+        return [(1.0, generic(lambda x: torch.pow(x, e), f"pow {e}"), 1.0)]
     if name == "relu6":
         return [(1.0, generic(F.relu6, "relu6"), 1.0)]
     if name == "hardtanh":
@@ -484,6 +496,17 @@ class _Run:
             return self.function(fn, args, kwargs)
         if name in ("mean", "sum"):
             return self.reduce(x, name, *args[1:], **kwargs)
+        if name in ("clamp", "clip", "clamp_min", "clamp_max"):
+            names = {"clamp_min": ("min",), "clamp_max": ("max",)}.get(name, ("min", "max"))
+            kw = dict(zip(names, args[1:]))
+            kw.update(kwargs)
+            return self._clamp(x, kw.get("min"), kw.get("max"))
+        if name in ("pow", "__pow__"):
+            return self._pow(x, args[1] if len(args) > 1 else kwargs.get("exponent"))
+        if name == "square":
+            return self._pow(x, 2)
+        if name == "sign":
+            return self.activate(x, "sign")
         self.fail(f"no exact rule for the method .{name}() on a width tensor")
 
     def function(self, fn, args, kwargs):
@@ -492,6 +515,17 @@ class _Run:
             kw = dict(zip(_POSITIONAL.get(name, ()), args[1:]))
             kw.update(kwargs)
             return self.activate(args[0], name, **kw)
+        if fn in (torch.clamp, torch.clip, torch.clamp_min, torch.clamp_max):
+            names = {torch.clamp_min: ("min",), torch.clamp_max: ("max",)}.get(fn, ("min", "max"))
+            kw = dict(zip(names, args[1:]))
+            kw.update(kwargs)
+            return self._clamp(args[0], kw.get("min"), kw.get("max"))
+        if fn in (operator.pow, torch.pow) and isinstance(args[0], Field):
+            return self._pow(args[0], args[1] if len(args) > 1 else kwargs.get("exponent"))
+        if fn is torch.square:
+            return self._pow(args[0], 2)
+        if fn is torch.sign:
+            return self.activate(args[0], "sign")
         if fn in (operator.add, torch.add, operator.sub, torch.sub, operator.iadd, operator.isub):
             a, b = args[0], args[1]
             alpha = kwargs.get("alpha", 1)
@@ -591,6 +625,18 @@ class _Run:
                 new = [Term(1.0, generic(comp, f"{name}∘…"), g)]
             parts.append((frac, new))
         return replace(x, parts=parts)
+
+    def _clamp(self, x, lo, hi):
+        for v, what in ((lo, "min"), (hi, "max")):
+            if v is not None and _scalar(v) is None:
+                self.fail(f"clamp with a tensor {what}")
+        return self.activate(x, "clamp", min=None if lo is None else _scalar(lo), max=None if hi is None else _scalar(hi))
+
+    def _pow(self, x, exponent):
+        e = _scalar(exponent)
+        if e is None or isinstance(exponent, Field):
+            self.fail("a power with a tensor exponent")
+        return self.activate(x, "pow", exponent=e)
 
     def _one_gaussian(self, terms: list[Term]):
         """(g, None) if the terms sum to the Gaussian g; (g, F) if they are F(g) for one Gaussian g
