@@ -83,6 +83,9 @@ class Basis:
     k: dict[str, torch.Tensor]
     ntk: Optional[torch.Tensor]
     support: frozenset[int]
+    gaussian: bool = True  # False: a pooled non-Gaussian value, known by its kernels and `means`
+    means: Optional[dict[str, torch.Tensor]] = None  # per side 'a'/'b', (n, *S)
+    node: object = None  # the graph node that made it (its layout follows that node's needs)
 
 
 @dataclass(frozen=True)
@@ -114,8 +117,6 @@ ONE = Elem("one", _one, "1")
 IDENTITY = Elem("identity", lambda x: x, "identity", lambda: ONE)
 STEP = Elem("step", _step, "step")
 RELU = Elem("relu", torch.relu, "relu", lambda: STEP)
-ERF_D = Elem("erf_d", _erf_d, "erf'", None)
-ERF = Elem("erf", torch.erf, "erf", lambda: ERF_D)
 
 
 def elem_of(act) -> Elem:
@@ -133,7 +134,8 @@ def generic(fn: Fn, name: str, derivative: Optional[Fn] = None) -> Elem:
     return Elem("generic", fn, name, lambda: Elem("generic", d, f"{name}'", lambda: generic(d, f"{name}'")))
 
 
-object.__setattr__(ERF_D, "derivative", lambda: generic(_erf_d, "erf'"))  # (erf')' for a later NTK
+ERF_D = Elem("erf_d", _erf_d, "erf'", lambda: generic(_erf_d, "erf'"))  # (erf')' by autograd, if ever needed
+ERF = Elem("erf", torch.erf, "erf", lambda: ERF_D)
 
 
 @dataclass(frozen=True)

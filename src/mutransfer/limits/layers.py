@@ -29,10 +29,15 @@ import math
 from typing import Sequence
 
 import torch
+from torch import nn
 
 from .fields import Layout
 
-__all__ = ["AxisOp", "pad_index", "conv", "pool", "pool_mean", "contract_diagonal", "global_mean", "to_layout",
+# The layers whose weights are the width limit's random matrices (the rules below and the Monte
+# Carlo networks treat exactly these): W ~ N(0, σ_w²/fan_in), b ~ N(0, σ_b²).
+LAYER_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+__all__ = ["LAYER_TYPES", "AxisOp", "pad_index", "conv", "pool", "pool_mean", "contract_diagonal", "global_mean", "to_layout",
            "input_kernel"]
 
 

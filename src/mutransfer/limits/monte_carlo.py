@@ -19,9 +19,10 @@ from typing import Optional
 import torch
 from torch import nn
 
+from .layers import LAYER_TYPES
+
 __all__ = ["layer_factors", "monte_carlo_kernels"]
 
-_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
 def layer_factors(model: nn.Module, weight_var: float, bias_var: float) -> dict[str, float]:
@@ -30,9 +31,9 @@ def layer_factors(model: nn.Module, weight_var: float, bias_var: float) -> dict[
     for mname, m in model.named_modules():
         for pname, p in m.named_parameters(recurse=False):
             full = f"{mname}.{pname}" if mname else pname
-            if isinstance(m, _LAYERS) and pname == "weight":
+            if isinstance(m, LAYER_TYPES) and pname == "weight":
                 factors[full] = weight_var / (p[0].numel())
-            elif isinstance(m, _LAYERS) and pname == "bias":
+            elif isinstance(m, LAYER_TYPES) and pname == "bias":
                 factors[full] = bias_var
             else:
                 factors[full] = 1.0
@@ -44,7 +45,7 @@ def _resample(model: nn.Module, weight_var: float, bias_var: float, g: torch.Gen
     own = []
     with torch.no_grad():
         for mname, m in model.named_modules():
-            if isinstance(m, _LAYERS):
+            if isinstance(m, LAYER_TYPES):
                 w = m.weight
                 w.copy_(torch.randn(w.shape, generator=g, dtype=w.dtype) * math.sqrt(weight_var / w[0].numel()))
                 if m.bias is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -114,7 +114,7 @@ def _gelu_tanh(x):
     return F.gelu(x, approximate="tanh")
 
 
-def _elementwise(name: str, node: fx.Node, **kw) -> Callable[[tuple], list[tuple[float, Elem, float]]]:
+def _elementwise(name: str, node: fx.Node, **kw) -> list[tuple[float, Elem, float]]:
     """A nonlinearity as a list of (coef, Elem, sign) to apply to one Gaussian u: φ(u) = Σ coef·f(sign·u)."""
     if name == "relu":
         return [(1.0, RELU, 1.0)]
@@ -167,6 +167,12 @@ _FN_ACT = {torch.relu: "relu", F.relu: "relu", torch.tanh: "tanh", F.tanh: "tanh
            F.celu: "celu", F.selu: "selu", torch.selu: "selu", F.softplus: "softplus", F.mish: "mish",
            F.hardtanh: "hardtanh", F.softsign: "softsign", F.relu6: "relu6", torch.erf: "erf", torch.special.erf: "erf",
            torch.abs: "abs", torch.sin: "sin", torch.cos: "cos", torch.exp: "exp"}
+_METHOD_FN = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "neg": torch.neg,
+              "__add__": operator.add, "__radd__": operator.add, "__sub__": operator.sub, "__mul__": operator.mul,
+              "__rmul__": operator.mul, "__truediv__": operator.truediv, "__neg__": operator.neg,
+              "pow": torch.pow, "__pow__": torch.pow, "square": torch.square, "sign": torch.sign,
+              "clamp": torch.clamp, "clip": torch.clip, "clamp_min": torch.clamp_min, "clamp_max": torch.clamp_max,
+              "mean": torch.mean, "sum": torch.sum}
 _POSITIONAL = {"leaky_relu": ("negative_slope",), "softplus": ("beta", "threshold"), "hardtanh": ("min_val", "max_val"),
                "elu": ("alpha",), "celu": ("alpha",), "gelu": ("approximate",)}
 _METHOD_ACT = {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "erf": "erf", "abs": "abs", "sin": "sin",
@@ -197,7 +203,6 @@ def _aten_table() -> dict:
 _ATEN = _aten_table()
 _ATEN_IDENTITY = {torch.ops.aten.clone, torch.ops.aten.contiguous, torch.ops.aten.alias, torch.ops.aten.detach}
 
-_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _LAYER_FNS = (F.linear, F.conv1d, F.conv2d, F.conv3d, torch.conv1d, torch.conv2d, torch.conv3d)
 _LAYER_ATEN = {torch.ops.aten.linear, torch.ops.aten.conv1d, torch.ops.aten.conv2d, torch.ops.aten.conv3d}
 
@@ -216,7 +221,8 @@ class _Run:
     """One pass over the graph. `compute=False` is the structure pass (no kernel tensors)."""
 
     def __init__(self, gm: fx.GraphModule, xa: torch.Tensor, xb: torch.Tensor, same: bool, weight_var: float,
-                 bias_var: float, compute: bool, full: dict, want_ntk: bool):
+                 bias_var: float, compute: bool, full: dict, want_ntk: bool, *, originals: dict,
+                 self_only: bool = False):
         self.gm, self.xa, self.xb, self.same = gm, xa, xb, same
         self.wv, self.bv = weight_var, bias_var
         self.compute, self.full, self.want_ntk = compute, full, want_ntk
@@ -224,9 +230,9 @@ class _Run:
         self.requires: dict[fx.Node, list[tuple[fx.Node, str]]] = {}
         self.node: Optional[fx.Node] = None
         self._float64: dict[str, nn.Module] = {}
-        self.self_only = False  # only each input with itself (the 'a' block): K(x, x) per row
+        self.self_only = self_only  # only each input with itself (the 'a' block): K(x, x) per row
         self.used_weights: dict[int, str] = {}
-        self.originals: dict[str, torch.Tensor] = {}  # torch.export copies parameters; the model's own say requires_grad
+        self.originals = originals  # torch.export copies parameters; the model's own say requires_grad
 
     # -- helpers
     def fail(self, what: str):
@@ -242,10 +248,13 @@ class _Run:
     def new_basis(self, layout: Layout, k: Optional[dict], ntk, support: frozenset = frozenset(),
                   means: Optional[dict] = None, gaussian: bool = True) -> int:
         bid = len(self.bases)
-        b = Basis(bid, layout, k or {}, ntk, frozenset(support) | {bid})
-        b.means, b.gaussian, b.node = means, gaussian, self.node
-        self.bases[bid] = b
+        self.bases[bid] = Basis(bid, layout, k or {}, ntk, frozenset(support) | {bid}, gaussian, means, self.node)
         return bid
+
+    @staticmethod
+    def _field_of(bid: int, axes: list, sizes: dict, layout: Layout) -> Field:
+        """A width tensor that is one basis family itself."""
+        return Field([(1.0, [Term(1.0, IDENTITY, ((bid, 1.0),))])], axes, sizes, layout)
 
     # -- field kernels
     def _combo_k(self, g1, g2, block: str, layout: Layout) -> torch.Tensor:
@@ -283,17 +292,15 @@ class _Run:
         return None
 
     def _term_mean(self, t: Term, side: str, layout: Layout) -> torch.Tensor:
+        """E[f(g)] of a term on one side, per point and position (its coefficient not applied)."""
         o = self._opaque(t)
         if o is not None:
-            return t.coef * o.means[side]
-        return t.coef * mean(t.f, self._combo_var(t.combo, side, layout))
+            return o.means[side]
+        return mean(t.f, self._combo_var(t.combo, side, layout))
 
     def field_kernel(self, f: Field, block: str) -> torch.Tensor:
         """E[h(x) h(x')] of one width coordinate, in f.layout."""
         return self.field_kernels(f, block, False)[0]
-
-    def field_ntk(self, f: Field) -> Optional[torch.Tensor]:
-        return self.field_kernels(f, "x", True)[1]
 
     def field_kernels(self, f: Field, block: str, ntk: bool):
         """(kernel, tangent kernel or None) of one width coordinate in f.layout: Σ over pairs of
@@ -314,8 +321,8 @@ class _Run:
                             if ntk:
                                 t_part = _acc(t_part, L.to_layout(ot.ntk, ot.layout, lay, "x"), w)
                         else:  # independent (checked in the structure pass): product of means; no Θ
-                            ma, mb = self._term_mean(t, sa, lay) / t.coef, self._term_mean(s, sb, lay) / s.coef
-                            k_part = _acc(k_part, self._outer(ma, mb, lay, block), w)
+                            k_part = _acc(k_part, self._outer(self._term_mean(t, sa, lay), self._term_mean(s, sb, lay),
+                                                              lay, block), w)
                         continue
                     c = self._combo_k(t.combo, s.combo, block, lay)
                     va, vb = lay.sides(self._combo_var(t.combo, sa, lay), self._combo_var(s.combo, sb, lay), block)
@@ -330,6 +337,15 @@ class _Run:
             t_total = _acc(t_total, t_part, frac)
         return k_total, (None if isinstance(t_total, float) else t_total)
 
+    def input_kernels(self, x: Field) -> tuple[dict, Optional[torch.Tensor]]:
+        """What a layer reads of its input: the kernel of x in each block this run computes, in
+        x.layout, and (when the NTK is wanted) its tangent kernel, computed with the cross block."""
+        k, th = {}, None
+        for blk in self._blocks():
+            k[blk], t = self.field_kernels(x, blk, self.want_ntk and blk == "x")
+            th = t if blk == "x" else th
+        return k, th
+
     @staticmethod
     def _outer(ma: torch.Tensor, mb: torch.Tensor, lay: Layout, block: str) -> torch.Tensor:
         """E[A]·E[B'] for independent A (side a) and B (side b), broadcast to the block."""
@@ -339,7 +355,7 @@ class _Run:
     def field_means(self, f: Field, side: str) -> torch.Tensor:
         total = 0.0
         for frac, terms in f.parts:
-            total = total + frac * sum(self._term_mean(t, side, f.layout) for t in terms)
+            total = total + frac * sum(t.coef * self._term_mean(t, side, f.layout) for t in terms)
         return total
 
     # -- structure checks
@@ -354,14 +370,7 @@ class _Run:
                 for k in ids:
                     if j < k and (self.bases[j].support & self.bases[k].support):
                         self.fail("a sum of a derived tensor (LayerNorm or pooling output) and a tensor it was "
-                                  "computed from")
-            opaque = [t for t in terms if self._opaque(t) is not None]
-            if opaque and len({t.combo[0][0] for t in opaque}) > 1:
-                ids_o = [t.combo[0][0] for t in opaque]
-                for j in ids_o:
-                    for k in ids_o:
-                        if j < k and (self.bases[j].support & self.bases[k].support):
-                            self.fail("a sum of two pooled tensors that share inputs")
+                                  "computed from, or of two derived from the same tensor")
 
     # -- per node
     def run(self):
@@ -409,7 +418,7 @@ class _Run:
                 obj = getattr(obj, part)
             return self.originals.get(node.target, obj)
         fields = _has(args, Field) or _has(kwargs, Field)
-        layer = (node.op == "call_module" and isinstance(self.gm.get_submodule(node.target), _LAYERS)) or \
+        layer = (node.op == "call_module" and isinstance(self.gm.get_submodule(node.target), L.LAYER_TYPES)) or \
             (node.op == "call_function" and node.target in _LAYER_FNS)
         if layer and (_has(args, Pair) or _has(kwargs, Pair)):  # the network's input layer
             fields = True
@@ -445,7 +454,7 @@ class _Run:
         if isinstance(m, (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)):
             return x
         if isinstance(m, nn.Linear):
-            return self.linear(x, m.weight, m.bias, m)
+            return self.linear(x, m.weight, m.bias)
         if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
             return self.conv(x, m, m.stride, m.padding, m.dilation, m.groups, m.padding_mode, m.kernel_size, m.bias)
         for cls, name in _MODULE_ACT.items():
@@ -475,38 +484,17 @@ class _Run:
             name = name[:-1]  # x.relu_(), x.add_(y): the same value as the out-of-place op
         if name in _METHOD_ACT:
             return self.activate(x, _METHOD_ACT[name])
-        if name in ("contiguous", "float", "double", "clone", "detach"):
-            return x
-        if name == "to":
+        if name in ("contiguous", "float", "double", "clone", "detach", "to"):
             return x
         if name in ("view", "reshape", "flatten", "permute", "transpose", "unsqueeze", "squeeze", "unflatten",
-                    "swapaxes", "movedim", "expand_as") and isinstance(x, Field):
+                    "swapaxes", "movedim") and isinstance(x, Field):
             rest = [_side(a, 0) for a in args[1:]]
             kw = {k: _side(v, 0) for k, v in kwargs.items()}
-            if name == "expand_as":
-                self.fail("expand_as on a width tensor has no rule")
             return self.reshape_like(x, lambda t: getattr(t, name)(*rest, **kw))
         if name == "size" and isinstance(x, Field):
             return self.size(x, *args[1:], **kwargs)
-        if name in ("add", "sub", "mul", "div", "__add__", "__sub__", "__mul__", "__truediv__", "__radd__",
-                    "__rmul__", "neg", "__neg__"):
-            fn = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv,
-                  "neg": operator.neg}.get(name.strip("_").replace("truediv", "div").replace("radd", "add")
-                                           .replace("rmul", "mul"))
-            return self.function(fn, args, kwargs)
-        if name in ("mean", "sum"):
-            return self.reduce(x, name, *args[1:], **kwargs)
-        if name in ("clamp", "clip", "clamp_min", "clamp_max"):
-            names = {"clamp_min": ("min",), "clamp_max": ("max",)}.get(name, ("min", "max"))
-            kw = dict(zip(names, args[1:]))
-            kw.update(kwargs)
-            return self._clamp(x, kw.get("min"), kw.get("max"))
-        if name in ("pow", "__pow__"):
-            return self._pow(x, args[1] if len(args) > 1 else kwargs.get("exponent"))
-        if name == "square":
-            return self._pow(x, 2)
-        if name == "sign":
-            return self.activate(x, "sign")
+        if name in _METHOD_FN:  # x.f(*rest) is f(x, *rest)
+            return self.function(_METHOD_FN[name], args, kwargs)
         self.fail(f"no exact rule for the method .{name}() on a width tensor")
 
     def function(self, fn, args, kwargs):
@@ -520,7 +508,7 @@ class _Run:
             kw = dict(zip(names, args[1:]))
             kw.update(kwargs)
             return self._clamp(args[0], kw.get("min"), kw.get("max"))
-        if fn in (operator.pow, torch.pow) and isinstance(args[0], Field):
+        if fn in (operator.pow, torch.pow):
             return self._pow(args[0], args[1] if len(args) > 1 else kwargs.get("exponent"))
         if fn is torch.square:
             return self._pow(args[0], 2)
@@ -544,7 +532,7 @@ class _Run:
         if fn in (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout):
             return args[0]
         if fn is F.linear:
-            return self.linear(args[0], args[1], args[2] if len(args) > 2 else kwargs.get("bias"), None)
+            return self.linear(args[0], args[1], args[2] if len(args) > 2 else kwargs.get("bias"))
         if fn in (F.conv1d, F.conv2d, F.conv3d, torch.conv1d, torch.conv2d, torch.conv3d):
             x, w = args[0], args[1]
             names = ("bias", "stride", "padding", "dilation", "groups")
@@ -655,20 +643,16 @@ class _Run:
             return lin_combo, None
         # pick a reference direction and express every term as f(λ·u)
         ref = lin_combo or next(t.combo for t in others if t.combo)
-        ref_d = dict(ref)
         pieces = []
         for t in terms:
             if not t.combo:
                 pieces.append((t.coef, t.f, 0.0))
                 continue
-            d = dict(t.combo)
-            if set(d) != set(ref_d):
-                self.fail("a nonlinearity applied to a sum of non-Gaussian tensors of different layer outputs "
-                          "(the master theorem needs one Gaussian input)")
-            lam = [d[j] / ref_d[j] for j in d]
-            if max(lam) - min(lam) > 1e-12 * max(1.0, abs(max(lam))):
-                self.fail("a nonlinearity applied to a sum of non-Gaussian tensors of different combinations")
-            pieces.append((t.coef, t.f, lam[0]))
+            lam = _ratio(t.combo, ref)
+            if lam is None:
+                self.fail("a nonlinearity applied to a sum of non-Gaussian tensors of different Gaussian "
+                          "combinations (the master theorem needs one Gaussian input)")
+            pieces.append((t.coef, t.f, lam))
 
         def fn(u):
             return sum(c * (f.fn(lam * u) if f.kind != "one" else torch.ones_like(u)) for c, f, lam in pieces)
@@ -707,13 +691,10 @@ class _Run:
             gb, fb = self._one_gaussian(b.parts[0][1])
             fa = fa or (lambda u: u)
             fb = fb or (lambda u: u)
-            da, db = dict(ga), dict(gb)
-            if ga and gb and set(da) == set(db):
-                lam = [db[j] / da[j] for j in da]
-                if max(lam) - min(lam) <= 1e-12 * max(1.0, abs(max(lam))):
-                    l0 = lam[0]
-                    return replace(a, parts=[(1.0, [Term(1.0, generic(lambda u: fa(u) * fb(l0 * u), "product"), ga)])],
-                                   layout=_common_layout(a, b))
+            lam = _ratio(gb, ga) if ga and gb else None
+            if lam is not None:
+                return replace(a, parts=[(1.0, [Term(1.0, generic(lambda u: fa(u) * fb(lam * u), "product"), ga)])],
+                               layout=_common_layout(a, b))
         self.fail("a product of two width tensors that are not functions of one Gaussian (a gated unit) has no "
                   "exact rule here")
 
@@ -726,7 +707,7 @@ class _Run:
                       "weight sharing has no exact rule here")
         self.used_weights[key] = self.node.name
 
-    def linear(self, x, weight, bias, module):
+    def linear(self, x, weight, bias):
         if isinstance(weight, Field) or not isinstance(weight, torch.Tensor):
             self.fail("a linear layer whose weight is computed from the network's activations")
         self._shared(weight)
@@ -746,8 +727,7 @@ class _Run:
                      for blk in self._blocks()}
                 k = self._fill(k)
                 ntk = self._own_ntk(k["x"], weight, bias) if self.want_ntk else None
-            bid = self.new_basis(lay, k, ntk)
-            return Field([(1.0, [Term(1.0, IDENTITY, ((bid, 1.0),))])], axes, sizes, lay)
+            return self._field_of(self.new_basis(lay, k, ntk), axes, sizes, lay)
         x = self._as_field(x)
         last = x.axes[-1]
         if "W" not in last:
@@ -762,10 +742,8 @@ class _Run:
         lay = self.layout_here(spatial)
         k = ntk = None
         if self.compute:
-            k, th = {}, None
-            for blk in self._blocks():
-                kin, th_b = self.field_kernels(x, blk, self.want_ntk and blk == "x")
-                th = th_b if blk == "x" else th
+            k, th = self.input_kernels(x)
+            for blk, kin in k.items():
                 kin = L.contract_diagonal(kin, x.layout, blk, contracted)
                 k[blk] = self._affine(L.to_layout(kin, Layout(spatial, x.layout.full), lay, blk), bias)
             k = self._fill(k)
@@ -776,11 +754,10 @@ class _Run:
                                     L.to_layout(th, Layout(spatial, x.layout.full), lay, "x"), alpha=self.wv)
                 else:
                     ntk = self._own_ntk(k["x"], weight, bias)
-        bid = self.new_basis(lay, k, ntk)
         axes = [tuple(renum[a] if a in renum else a for a in ax) for ax in x.axes[:-1]] + [("W",)]
         sizes = {renum[a]: s for a, s in x.sizes.items() if a in renum}
         sizes["W"] = fan_out
-        return Field([(1.0, [Term(1.0, IDENTITY, ((bid, 1.0),))])], axes, sizes, lay)
+        return self._field_of(self.new_basis(lay, k, ntk), axes, sizes, lay)
 
     def _blocks(self):
         if self.self_only:
@@ -867,21 +844,18 @@ class _Run:
         lay = self.layout_here(spatial_out)
         k = ntk = None
         if self.compute:
-            k, th = {}, None
             if src_layout is None:
                 inner = Layout(in_sizes, lay.full)
+                k, th = {}, None
+                for blk in self._blocks():
+                    xa_, xb_ = self._input_sides(x.a, x.b, blk)
+                    k[blk] = L.input_kernel(xa_.movedim(1, -1), xb_.movedim(1, -1), inner, blk)
             else:
                 inner = replace(src_layout, full=lay.full)
-            for blk in self._blocks():
-                if src_layout is None:
-                    xa_, xb_ = self._input_sides(x.a, x.b, blk)
-                    kin = L.input_kernel(xa_.movedim(1, -1), xb_.movedim(1, -1), inner, blk)
-                else:
-                    kin, th_b = self.field_kernels(x, blk, self.want_ntk and blk == "x")
-                    th = th_b if blk == "x" else th
-                    kin = L.to_layout(kin, src_layout, inner, blk)
+                k, th = self.input_kernels(x)
+                k = {blk: L.to_layout(kin, src_layout, inner, blk) for blk, kin in k.items()}
+            for blk, kin in k.items():
                 k[blk] = self._affine(L.conv(kin, inner, blk, ops, average=False), bias, 1.0 / filter_size)
-                del kin
             k = self._fill(k)
             if self.want_ntk:
                 if src_layout is not None and th is not None:
@@ -890,11 +864,10 @@ class _Run:
                                     alpha=self.wv / filter_size)
                 else:
                     ntk = self._own_ntk(k["x"], w, bias)
-        bid = self.new_basis(lay, k, ntk)
         axes = [("B",), ("W",)] + [(a,) for a in atoms]
         sizes = {a: spatial_out[a] for a in range(n_sp)}
         sizes["W"] = w.shape[0]
-        return Field([(1.0, [Term(1.0, IDENTITY, ((bid, 1.0),))])], axes, sizes, lay)
+        return self._field_of(self.new_basis(lay, k, ntk), axes, sizes, lay)
 
     def layer_norm(self, x, normalized_shape, weight, bias, eps):
         x = self._as_field(x)
@@ -918,24 +891,20 @@ class _Run:
         lay = self.layout_here(x.layout.spatial)
         k = ntk = None
         if self.compute:
-            k = {}
-            xin = replace(x, layout=lay)
-            for blk in self._blocks():
+            k, th = self.input_kernels(replace(x, layout=lay))
+            scale = {}
+            for blk, kin in k.items():
                 sa, sb = ("a", "b") if blk == "x" else (blk, blk)
-                kin = self.field_kernel(xin, blk)
                 va, vb = lay.sides(self._combo_var(g, sa, lay), self._combo_var(g, sb, lay), blk)
-                k[blk] = kin / torch.sqrt((va + eps) * (vb + eps))
+                scale[blk] = torch.rsqrt((va + eps) * (vb + eps))
+                k[blk] = kin * scale[blk]
             k = self._fill(k)
             if self.want_ntk:
-                th = self.field_ntk(xin)
-                va, vb = lay.sides(self._combo_var(g, "a", lay), self._combo_var(g, "b", lay), "x")
-                scale = 1 / torch.sqrt((va + eps) * (vb + eps))
-                ntk = torch.zeros_like(k["x"]) if th is None else th * scale
+                ntk = torch.zeros_like(k["x"]) if th is None else th * scale["x"]
                 if bias is not None and bias.requires_grad:  # ∂y_i/∂β_i = 1 at PyTorch's own scale
                     ntk = ntk + 1.0
         support = frozenset().union(*(self.bases[j].support for j, _ in g)) if g else frozenset()
-        bid = self.new_basis(lay, k, ntk, support)
-        return replace(x, parts=[(1.0, [Term(1.0, IDENTITY, ((bid, 1.0),))])], layout=lay)
+        return self._field_of(self.new_basis(lay, k, ntk, support), x.axes, x.sizes, lay)
 
     def flatten(self, x, start_dim=0, end_dim=-1):
         x = self._as_field(x)
@@ -1106,10 +1075,8 @@ class _Run:
         xin = replace(x, layout=replace(x.layout, full=True)) if x.layout.spatial else x
         mid = Layout(tuple(sizes_after), True)
         if self.compute:
-            k, th = {}, None
-            for blk in self._blocks():
-                kk, th_b = self.field_kernels(xin, blk, self.want_ntk and blk == "x")
-                th = th_b if blk == "x" else th
+            k, th = self.input_kernels(xin)
+            for blk, kk in k.items():
                 if ops:
                     kk = L.pool(kk, xin.layout, blk, ops, count_include_pad)
                 kk = L.global_mean(kk, mid, blk, global_atoms)
@@ -1147,7 +1114,16 @@ class _Run:
             axes.append(new)
         sizes = {renum[a]: spatial[renum[a]] for a in keep}
         sizes["W"] = x.sizes["W"]
-        return Field([(1.0, [Term(1.0, IDENTITY, ((bid, 1.0),))])], axes, sizes, lay)
+        return self._field_of(bid, axes, sizes, lay)
+
+
+def _ratio(combo, ref) -> Optional[float]:
+    """λ if the Gaussian combination `combo` is λ·`ref` (same layer outputs, proportional weights)."""
+    d, r = dict(combo), dict(ref)
+    if set(d) != set(r):
+        return None
+    lam = [d[j] / r[j] for j in d]
+    return lam[0] if max(lam) - min(lam) <= 1e-12 * max(1.0, abs(max(lam))) else None
 
 
 def _common_layout(*fields: Field) -> Layout:
@@ -1208,53 +1184,46 @@ def program_kernels(model: nn.Module, x1, x2=None, weight_var: float = 2.0, bias
     originals = dict(model.named_parameters())
     originals.update(dict(model.named_buffers()))
 
-    def make_run(*args) -> _Run:  # every run reads the model's own parameters (requires_grad)
-        run = _Run(*args)
-        run.originals = originals
-        return run
-    probe = make_run(gm, a[:1], b[:1], same, weight_var, bias_var, False, {}, ntk)
+    def make_run(xa, xb, same_inputs, compute, needs, want_ntk, self_only=False) -> _Run:
+        return _Run(gm, xa, xb, same_inputs, weight_var, bias_var, compute, needs, want_ntk, originals=originals,
+                    self_only=self_only)
+    probe = make_run(a[:1], b[:1], same, False, {}, ntk)
     out = probe.run()
     if not isinstance(out, Field):
         raise NotExact("the model's output is not a single tensor computed through a Linear or Conv "
                        f"(got {type(out).__name__})")
     full = _needs(gm, probe.requires)
+    if self_only:
+        run = make_run(a, a, True, True, full, False, self_only=True)
+        res = run.run()
+        return res.layout.diagonal(run.field_kernel(res, "a"), "a"), None
     # chunks of x1 rows, so one block stays near _CHUNK_ELEMENTS; with x2 = x1 only the upper
     # triangle of row chunks is computed (the kernel is symmetric), the rest mirrored
     per_row = len(b) * max([1] + [math.prod(bs.layout.spatial) ** (2 if full.get(bs.node) else 1)
                                   for bs in probe.bases.values()])
     rows = max(1, min(len(a), _CHUNK_ELEMENTS // max(1, per_row)))
-    if self_only:
-        run = make_run(gm, a, a, True, weight_var, bias_var, True, full, False)
-        run.self_only = True
-        res = run.run()
-        return res.layout.diagonal(run.field_kernel(res, "a"), "a"), None
-    if rows >= len(a):
-        run = make_run(gm, a, b, same, weight_var, bias_var, True, full, ntk)
+    k = t = None
+    for s in range(0, len(a), rows):
+        e = min(len(a), s + rows)
+        whole = s == 0 and e == len(a)
+        cols = slice(s, None) if same else slice(None)
+        run = make_run(a[s:e], b[cols], same and whole, True, full, ntk)
         res = run.run()
         kk, th = run.field_kernels(res, "x", ntk)
-        k = res.layout.diagonal(kk, "x")
-        t = (res.layout.diagonal(th, "x") if th is not None else torch.zeros_like(k)) if ntk else None
-    else:
-        k = torch.empty(len(a), len(b), dtype=torch.float64)
-        t = torch.empty_like(k) if ntk else None
-        for s in range(0, len(a), rows):
-            e = min(len(a), s + rows)
-            cols = slice(s, None) if same else slice(None)
-            run = make_run(gm, a[s:e], b[cols], False, weight_var, bias_var, True, full, ntk)
-            res = run.run()
-            kk, th = run.field_kernels(res, "x", ntk)
-            kk = res.layout.diagonal(kk, "x")
-            if k.shape[2:] != kk.shape[2:]:
-                k = k.new_empty(len(a), len(b), *kk.shape[2:])
-                t = torch.empty_like(k) if ntk else None
-            k[s:e, cols] = kk
+        kk = res.layout.diagonal(kk, "x")
+        tt = (res.layout.diagonal(th, "x") if th is not None else torch.zeros_like(kk)) if ntk else None
+        if whole:
+            k, t = kk, tt
+            break
+        if k is None:
+            k = kk.new_empty(len(a), len(b), *kk.shape[2:])
+            t = torch.empty_like(k) if ntk else None
+        for dest, part in ((k, kk), (t, tt)):
+            if dest is None:
+                continue
+            dest[s:e, cols] = part
             if same:
-                k[s:, s:e] = kk.transpose(0, 1)
-            if ntk:
-                tt = res.layout.diagonal(th, "x") if th is not None else torch.zeros_like(kk)
-                t[s:e, cols] = tt
-                if same:
-                    t[s:, s:e] = tt.transpose(0, 1)
+                dest[s:, s:e] = part.transpose(0, 1)
     if same and k.ndim == 2:
         k = (k + k.T) / 2
         t = None if t is None else (t + t.T) / 2
