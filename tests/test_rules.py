@@ -31,8 +31,10 @@ def test_factor_is_exactly_one_at_base_width():
 
 
 def test_unknown_names():
-    with pytest.raises(ValueError, match="unknown optimizer 'lion'"):
-        rules.optimizer_family("lion")
+    with pytest.raises(ValueError, match="unknown optimizer 'shampoo'"):
+        rules.optimizer_family("shampoo")
+    with pytest.raises(TypeError, match="optimizer must be a name"):
+        rules.optimizer_rule(None)
     with pytest.raises(ValueError, match="unknown formulation"):
         rules.formulation_rules("table5")
     with pytest.raises(ValueError, match="unknown role 'embedding'"):
@@ -57,3 +59,31 @@ def test_depth_rules_eps_follows_the_gradient_and_branch_end_is_the_abc_shift_of
     assert rules.depth_factor(block.adam_eps, 4.0, 1.0) == 0.25
     assert all(rules.depth_factor(c, 1.0, a) == 1.0 for r in rules.DEPTH_RULES.values()
                for c in (r.init, r.sgd_lr, r.adam_lr, r.adam_eps) for a in (0.5, 1.0))
+
+
+@pytest.mark.parametrize("table", ["table3", "table8"])
+def test_every_optimizer_column_follows_from_the_entry_size_column(table):
+    # The identities the table's docstring derives: the spectral step of a low-rank aligned update is
+    # its entry size × √(fan_in·fan_out); Adafactor's step carries RMS(W) ∝ init; SOAP's ε sits next to
+    # the rotated gradient, whose scale is a gradient entry × √(fan_in·fan_out).
+    for role, rule in rules.formulation_rules(table).items():
+        for k in range(2):
+            if role != "scalar":
+                assert rule.spectral_lr[k] == rule.adam_lr[k] + 0.5, (table, role)
+                assert rule.spectral_eps[k] == rule.adam_eps[k] + 0.5, (table, role)
+            assert rule.adafactor_lr[k] == rule.adam_lr[k] - rule.init[k], (table, role)
+
+
+def test_depth_columns_of_normalised_updates_move_alike():
+    for name, rule in rules.DEPTH_RULES.items():
+        assert rule.spectral_lr == rule.adam_lr and rule.spectral_eps == rule.adam_eps, name
+        for k in range(2):
+            assert rule.adafactor_lr[k] == rule.adam_lr[k] - rule.init[k], name
+
+
+def test_every_optimizer_reads_existing_columns():
+    for name, r in rules.OPTIMIZERS.items():
+        cols = [r.lr, *r.eps] + ([r.unpreconditioned[0], *r.unpreconditioned[1]] if r.unpreconditioned else [])
+        for c in cols:
+            assert hasattr(rules.TABLE3["hidden"], c) and hasattr(rules.DEPTH_RULES["block"], c), (name, c)
+        assert r.partner is None or r.partner in rules.OPTIMIZERS

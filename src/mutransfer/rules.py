@@ -15,18 +15,43 @@ Roles (TP5 §4, Table 3 and Table 8):
 - ``output`` fan_in width, fan_out finite: the readout
 - ``scalar`` no width dim: nothing scales
 
-Columns: ``init`` (init std), ``forward`` (a multiplier applied in the forward pass),
-``sgd_lr``, ``adam_lr``, ``adam_eps``. Adam's ε must scale like the gradient of the
-group, and the gradient scales as ``adam_lr / sgd_lr`` (both give the same Θ(1) update), so
-``adam_eps = adam_lr - sgd_lr`` holds row by row; the tests check that identity.
+Columns: ``init`` (init std), ``forward`` (a multiplier applied in the forward pass), then one
+lr column per *kind of update* and the ε columns that go with them (`OPTIMIZERS` says which
+optimizer reads which column). µP asks the same of every optimizer: after a step, ``ΔW·x`` is
+Θ(1) per coordinate (feature learning, nothing blows up). What differs is how the size of an
+optimizer's step depends on the lr, so each kind gets its lr column:
+
+- ``sgd_lr``: *linear* updates, ΔW = −lr·(a linear function of past gradients): SGD, momentum,
+  Nesterov, heavy ball. The step scales with the gradient, which differs per role.
+- ``adam_lr``: *entrywise-normalised* updates, every entry of ΔW is Θ(lr) whatever the gradient's
+  scale: Adam/AdamW/Adamax/NAdam/RAdam/RMSprop/Adagrad (g/√v) and Lion (sign of a momentum; its
+  entries are exactly ±lr). This column is the entry size µP wants for ΔW, so it is the
+  reference the other columns are written against.
+- ``spectral_lr``: *spectrally normalised* updates, ‖ΔW‖₂ = Θ(lr): Muon (Newton–Schulz
+  orthogonalisation: every singular value ≈ 1) and SOAP (Adam in the eigenbasis of Shampoo's
+  factors). The spectral condition (Yang, Simon & Bernstein 2023): ‖ΔW‖₂ = Θ(√(fan_out/fan_in)).
+  The µP update of a matrix is low-rank and aligned with the inputs (rank ≤ batch·steps while
+  the width grows), so its spectral norm is its entry size × √(fan_out·fan_in):
+  ``spectral_lr = adam_lr + (½, ½)``. Hidden: (−½, ½) = √(m_out/m_in).
+- ``adafactor_lr``: *parameter-relative* updates, entries Θ(lr·RMS(W)): Adafactor as torch and
+  the paper run it (step α = max(ε₂, RMS(W))·ρ). RMS(W) scales like the init std, so
+  ``adafactor_lr = adam_lr − init`` (hidden: 1/√m_in; readout and input: 1).
+
+ε columns. An ε that is added to a gradient statistic must scale like that statistic, or it
+dominates at one end of the width range: ``adam_eps`` (Adam's ε next to √v, Adafactor's ε₁ that
+floors √v) scales like a gradient entry, which is ``adam_lr − sgd_lr`` (a linear and a normalised
+step of the same size differ by exactly the gradient's scale); ``spectral_eps`` (SOAP's ε, next to
+√v of the *rotated* gradient, whose one large entry is the gradient's Frobenius norm of the
+low-rank update) is ``adam_eps + (½, ½)``. Adafactor's ε₂ floors RMS(W), so it scales like the
+init: it reads ``init``. The tests check every one of these identities row by row.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Optional
 
 __all__ = ["Exponents", "ROLES", "Rule", "TABLE3", "TABLE8", "FORMULATIONS", "OPTIMIZER_FAMILIES",
-           "WEIGHT_DECAY_POLICIES", "DEFAULT_WEIGHT_DECAY_POLICY", "DepthRule", "BRANCH_MULTIPLIER",
+           "WEIGHT_DECAY_POLICIES", "OPTIMIZERS", "OptimizerRule", "optimizer_rule", "DEFAULT_WEIGHT_DECAY_POLICY", "DepthRule", "BRANCH_MULTIPLIER",
            "DEPTH_RULES", "DEFAULT_DEPTH_ALPHA", "depth_factor", "check_depth_alpha", "factor",
            "optimizer_family", "formulation_rules", "formulation_name", "Multipliers", "TunableMultipliers",
            "NO_MULTIPLIERS", "READOUT_MULTIPLIER", "FORMULATION_ALIASES", "DEFAULT_FORMULATION"]
@@ -43,24 +68,28 @@ class Rule:
     sgd_lr: Exponents
     adam_lr: Exponents
     adam_eps: Exponents
+    spectral_lr: Exponents
+    spectral_eps: Exponents
+    adafactor_lr: Exponents
 
 
 # TP5 Table 3: µP without forward multipliers. Zero forward overhead; the default.
 TABLE3: dict[str, Rule] = {
-    #                 init         forward     sgd_lr      adam_lr     adam_eps
-    "input":   Rule((0.0, 0.0),  (0.0, 0.0), (0.0, 1.0),  (0.0, 0.0), (0.0, -1.0)),
-    "vector":  Rule((0.0, 0.0),  (0.0, 0.0), (0.0, 1.0),  (0.0, 0.0), (0.0, -1.0)),
-    "hidden":  Rule((-0.5, 0.0), (0.0, 0.0), (-1.0, 1.0), (-1.0, 0.0), (0.0, -1.0)),
-    "output":  Rule((-1.0, 0.0), (0.0, 0.0), (-1.0, 0.0), (-1.0, 0.0), (0.0, 0.0)),
-    "scalar":  Rule((0.0, 0.0),  (0.0, 0.0), (0.0, 0.0),  (0.0, 0.0), (0.0, 0.0)),
+    #                 init         forward     sgd_lr       adam_lr      adam_eps     spectral_lr  spectral_eps  adafactor_lr
+    "input":   Rule((0.0, 0.0),  (0.0, 0.0), (0.0, 1.0),  (0.0, 0.0),  (0.0, -1.0), (0.5, 0.5),  (0.5, -0.5),  (0.0, 0.0)),
+    "vector":  Rule((0.0, 0.0),  (0.0, 0.0), (0.0, 1.0),  (0.0, 0.0),  (0.0, -1.0), (0.5, 0.5),  (0.5, -0.5),  (0.0, 0.0)),
+    "hidden":  Rule((-0.5, 0.0), (0.0, 0.0), (-1.0, 1.0), (-1.0, 0.0), (0.0, -1.0), (-0.5, 0.5), (0.5, -0.5),  (-0.5, 0.0)),
+    "output":  Rule((-1.0, 0.0), (0.0, 0.0), (-1.0, 0.0), (-1.0, 0.0), (0.0, 0.0),  (-0.5, 0.5), (0.5, 0.5),   (0.0, 0.0)),
+    "scalar":  Rule((0.0, 0.0),  (0.0, 0.0), (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0),   (0.0, 0.0)),
 }
+# (input/vector: m_in ≡ 1, so their spectral exponents of m_in are written as the identity gives them)
 
 # TP5 Table 8: the readout gets a forward multiplier 1/m_in and is treated like the other
 # vector-like parameters. This is what the `mup` package does, and it is the only way to
 # tie the input embedding to the readout (both then share the `input` init and lr).
 TABLE8: dict[str, Rule] = {
     **TABLE3,
-    "output":  Rule((0.0, 0.0),  (-1.0, 0.0), (1.0, 0.0),  (0.0, 0.0), (-1.0, 0.0)),
+    "output":  Rule((0.0, 0.0),  (-1.0, 0.0), (1.0, 0.0),  (0.0, 0.0),  (-1.0, 0.0), (0.5, 0.5),  (-0.5, 0.5),  (0.0, 0.0)),
 }
 
 # Formulation names that read without the paper; TP5's table numbers are accepted as aliases.
@@ -69,18 +98,76 @@ FORMULATIONS: dict[str, dict[str, Rule]] = {NO_MULTIPLIERS: TABLE3, READOUT_MULT
 FORMULATION_ALIASES = {"table3": NO_MULTIPLIERS, "table8": READOUT_MULTIPLIER}
 DEFAULT_FORMULATION = NO_MULTIPLIERS
 
-# Optimizer names → the family whose lr column applies. SGD momentum and Nesterov are linear
-# in the gradient, so they follow SGD; entrywise-normalising optimizers follow Adam.
-OPTIMIZER_FAMILIES: dict[str, str] = {
-    "sgd": "sgd",
-    "adam": "adam",
-    "adamw": "adam",
-    "adamax": "adam",
-    "nadam": "adam",
-    "radam": "adam",
-    "rmsprop": "adam",
-    "adagrad": "adam",
+
+@dataclass(frozen=True)
+class OptimizerRule:
+    """Which columns of the tables one optimizer reads.
+
+    ``lr``: the lr column of its update kind. ``eps``: the columns its ε option(s) follow, in the
+    optimizer's own order (Adafactor's ``eps=(ε₁, ε₂)``); empty when it has none that scales.
+    ``unpreconditioned``: the columns (lr, ε) for tensors the optimizer does not precondition
+    (SOAP leaves 1-D tensors to plain Adam). ``partner``: the optimizer that takes the parameters
+    this one does not (Muon updates hidden matrices only; the rest go to AdamW, as it is run).
+    ``depth``: the depth column (rules.DEPTH_RULES) of its lr; see the derivation there.
+    """
+
+    lr: str
+    eps: tuple[str, ...] = ()
+    kind: str = "entrywise"
+    unpreconditioned: Optional[tuple[str, tuple[str, ...]]] = None
+    partner: Optional[str] = None
+    note: str = ""
+
+
+_ADAM = OptimizerRule("adam_lr", ("adam_eps",), "entrywise")
+# Every optimizer the library builds µP groups for. Derivations (the lr columns above say why each
+# kind gets its column):
+OPTIMIZERS: dict[str, OptimizerRule] = {
+    # SGD, with or without momentum / Nesterov: ΔW is a fixed linear combination of past gradients,
+    # so the step scales with the gradient exactly as plain SGD's does. Momentum and Nesterov do not
+    # change any exponent (they transfer as HPs, TP5 Table 1). No ε.
+    "sgd": OptimizerRule("sgd_lr", (), "linear", note="momentum and nesterov as torch.optim.SGD"),
+    # Adam and relatives: g/√v has Θ(1) entries whatever the gradient's scale (TP4b: µP for
+    # entrywise adaptive optimizers). ε sits next to √v: gradient-scaled.
+    "adam": _ADAM, "adamw": _ADAM, "adamax": _ADAM, "nadam": _ADAM, "radam": _ADAM, "rmsprop": _ADAM,
+    "adagrad": _ADAM,
+    # Lion (Chen et al. 2023): ΔW = −lr·sign(β₁m + (1−β₁)g), every entry exactly ±lr: Adam's column
+    # with no ε at all. Its decoupled decay is lr·wd per step, like AdamW.
+    "lion": OptimizerRule("adam_lr", (), "entrywise", note="sign updates; no ε"),
+    # Adafactor as torch runs it (and the paper): U = g/√V̂ with V̂ factored from row and column
+    # means (for a rank-one gradient δxᵀ, V̂ = (δ²)(x²)ᵀ exactly, so U = sign(δ)sign(x)ᵀ as Adam),
+    # then the step α = max(ε₂, RMS(W))·ρ_t with ρ_t = min(lr, 1/√t): relative to the parameter.
+    # lr: adam − init (RMS(W) carries the init's scaling). ε₁ floors √V̂: gradient-scaled (adam_eps).
+    # ε₂ floors RMS(W): init-scaled, so a zero-initialised readout steps by ε₂·ρ/m_in as µP wants.
+    # Update clipping U/max(1, RMS(U)/d) divides by an average of Θ(1) entries that converges as
+    # the width grows: width-consistent, nothing to scale. The 1/√t cap of ρ_t is the same number
+    # for every group and would flatten µP's ratios once 1/√t < lr; mt.optim.Adafactor scales the
+    # cap by each group's factor (see optimizers.Adafactor).
+    "adafactor": OptimizerRule("adafactor_lr", ("adam_eps", "init"), "relative",
+                               note="torch.optim.Adafactor: relative step; ε = (ε₁, ε₂)"),
+    # Muon (Jordan et al. 2024; torch.optim.Muon): the momentum of a 2-D matrix orthogonalised by
+    # Newton–Schulz, every singular value ≈ 1, so ‖ΔW‖₂ = lr·adjust(shape): the spectral column,
+    # divided by how torch's `adjust_lr_fn` changes between the base shape and this one (so the
+    # product is µP's, never both: see optim.muon_adjust_ratio). Its ε only guards a division by
+    # the Frobenius norm (scale-free): not scaled. Only hidden matrices: embeddings, readout,
+    # vectors, scalars and tensors that are not 2-D go to the AdamW partner with Adam's columns.
+    "muon": OptimizerRule("spectral_lr", (), "spectral", partner="adamw",
+                          note="torch.optim.Muon for hidden matrices, AdamW for the rest"),
+    # SOAP (Vyas et al. 2024; pytorch_optimizer.SOAP): Adam run in the eigenbasis of Shampoo's
+    # factors GGᵀ and GᵀG. A rank-r gradient rotates into an r×r block, Adam makes its entries
+    # Θ(1), and rotating back gives ‖ΔW‖₂ = Θ(lr): spectral, like Muon, with its ε next to √v of
+    # the rotated gradient (spectral_eps). 1-D tensors are not rotated (precondition_1d=False):
+    # Adam's columns. Every width dim must be rotated (≤ max_precondition_dim) at every width,
+    # else the update kind changes between proxy and target: refused, naming the parameter.
+    # (Shampoo itself, L^-¼GR^-¼, is not scale-invariant — its step grows like √‖G‖ — and has
+    # no width-independent exponent without grafting; SOAP is the family member offered.)
+    "soap": OptimizerRule("spectral_lr", ("spectral_eps",), "spectral",
+                          unpreconditioned=("adam_lr", ("adam_eps",)), note="pytorch_optimizer.SOAP"),
 }
+# The earlier name → "sgd"/"adam" map, for code that imports it.
+OPTIMIZER_FAMILIES: dict[str, str] = {k: ("sgd" if r.kind == "linear" else "adam") for k, r in OPTIMIZERS.items()
+                                      if r.kind in ("linear", "entrywise") and k != "lion"}
+# A family name used by older callers of MuSpec.factors: "sgd"/"adam" name their own rows.
 
 # Weight decay: torch's AdamW and SGD decay by lr·wd per step, so a group whose lr shrinks
 # also decays more slowly. "lr_wd_constant" divides wd by the group's lr factor, keeping the
@@ -98,16 +185,20 @@ DEFAULT_WEIGHT_DECAY_POLICY = "lr_wd_constant"
 # Why (the derivations the tests check numerically): behind the branch multiplier, the gradient
 # of every parameter in a block scales like m_L^-α. Each block's update should move the residual
 # stream by Θ(1/L) (L blocks then add up to Θ(1)), i.e. m_L^-α · |ΔW| ∝ 1/L:
-#   Adam:  |ΔW| ∝ lr                  → lr ∝ m_L^(α-1)   (½: m_L^-½ as TP6; 1: unchanged)
-#   SGD:   |ΔW| ∝ lr · m_L^-α         → lr ∝ m_L^(2α-1)  (½: unchanged as TP6)
-#   Adam ε scales like the gradient   → ε ∝ m_L^-α       (adam_eps = adam_lr - sgd_lr)
+#   linear (SGD, momentum):     |ΔW| ∝ lr · m_L^-α  → lr ∝ m_L^(2α-1)  (½: unchanged as TP6)
+#   normalised (Adam, Lion, Adafactor, Muon, SOAP): |ΔW| ∝ lr whatever the gradient's scale
+#                               → lr ∝ m_L^(α-1)     (½: m_L^-½ as TP6; 1: unchanged)
+#   every gradient-scaled ε (Adam, Adafactor ε₁, SOAP) → ε ∝ m_L^-α. Depth changes no shape, so the
+#   spectral and entrywise columns move alike; Adafactor's lr is adam − init, and init does not
+#   move in a block. Adafactor's ε₂ follows the init column.
 # Init is not scaled with depth (both papers). Weight decay follows the lr through the policy.
 #
 # "branch_end": with formulation "table3" (no forward multipliers), the multiplier of a branch
 # whose output comes straight out of a Linear/Conv layer is folded into that layer instead
-# (abc-symmetry: W' = m_L^-α·W): init × m_L^-α, and to keep W' = m_L^-α·W at every step,
-# Adam lr × m_L^-α and ε × m_L^α on top of the block row, SGD lr × m_L^-2α. Same function and
-# trajectory as the multiplier (tests check it), zero forward overhead.
+# (abc-symmetry: W' = m_L^-α·W): init × m_L^-α, and to keep W' = m_L^-α·W at every step, a
+# normalised step × m_L^-α and its ε × m_L^α on top of the block row, SGD lr × m_L^-2α; Adafactor's
+# relative step already carries the init's m_L^-α through RMS(W), so its lr stays the block row's.
+# Same function and trajectory as the multiplier (tests check it), zero forward overhead.
 
 
 @dataclass(frozen=True)
@@ -116,14 +207,17 @@ class DepthRule:
     sgd_lr: tuple[float, float]
     adam_lr: tuple[float, float]
     adam_eps: tuple[float, float]
+    spectral_lr: tuple[float, float]
+    spectral_eps: tuple[float, float]
+    adafactor_lr: tuple[float, float]
 
 
 BRANCH_MULTIPLIER = (0.0, -1.0)  # m_L^-α on every residual branch output
 DEPTH_RULES: dict[str, DepthRule] = {
-    #                       init          sgd_lr       adam_lr      adam_eps
-    "outside":    DepthRule((0.0, 0.0),   (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0)),
-    "block":      DepthRule((0.0, 0.0),   (-1.0, 2.0), (-1.0, 1.0), (0.0, -1.0)),
-    "branch_end": DepthRule((0.0, -1.0),  (-1.0, 0.0), (-1.0, 0.0), (0.0, 0.0)),
+    #                       init          sgd_lr       adam_lr      adam_eps     spectral_lr  spectral_eps adafactor_lr
+    "outside":    DepthRule((0.0, 0.0),   (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0)),
+    "block":      DepthRule((0.0, 0.0),   (-1.0, 2.0), (-1.0, 1.0), (0.0, -1.0), (-1.0, 1.0), (0.0, -1.0), (-1.0, 1.0)),
+    "branch_end": DepthRule((0.0, -1.0),  (-1.0, 0.0), (-1.0, 0.0), (0.0, 0.0),  (-1.0, 0.0), (0.0, 0.0),  (-1.0, 1.0)),
 }
 DEFAULT_DEPTH_ALPHA = 1.0  # CompleteP: the paper's best; 0.5 is Depth-µP; 0 turns depth scaling off
 
@@ -158,13 +252,21 @@ def factor(exponents: Exponents, m_in: float, m_out: float) -> float:
     return out
 
 
-def optimizer_family(name: str) -> str:
+def optimizer_rule(name: str) -> OptimizerRule:
+    """The rule of the optimizer called `name` (case-insensitive); a clear error otherwise."""
     if not isinstance(name, str):
-        raise TypeError(f"optimizer must be a name such as 'sgd', 'adam' or 'adamw', got {type(name).__name__}")
+        raise TypeError(f"optimizer must be a name such as 'adamw', 'sgd', 'muon' or 'lion', got "
+                        f"{type(name).__name__}")
     key = name.lower()
-    if key not in OPTIMIZER_FAMILIES:
-        raise ValueError(f"unknown optimizer '{name}'; use one of {', '.join(sorted(OPTIMIZER_FAMILIES))}")
-    return OPTIMIZER_FAMILIES[key]
+    if key not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer '{name}'; use one of {', '.join(OPTIMIZERS)}")
+    return OPTIMIZERS[key]
+
+
+def optimizer_family(name: str) -> str:
+    """The optimizer's canonical name (checked): what per-optimizer defaults are keyed by."""
+    optimizer_rule(name)
+    return name.lower()
 
 
 def formulation_name(name: str) -> str:

@@ -8,7 +8,8 @@ from torch import nn
 
 from ._naming import DDP_ATTR, WRAPPER_ATTRS
 from .roles import ParamInfo
-from .rules import DEPTH_RULES, DepthRule, Rule, TunableMultipliers, depth_factor, factor, formulation_rules
+from .rules import (DEPTH_RULES, DepthRule, Rule, TunableMultipliers, depth_factor, factor, formulation_rules,
+                    optimizer_rule)
 from .shapes import WidthShapes
 
 __all__ = ["SPEC_ATTR", "MuSpec", "spec_holder", "find_spec", "require_spec"]
@@ -54,15 +55,36 @@ class MuSpec:
         # depth_alpha = 0 means no depth scaling at all (not the α → 0 end of the formulas)
         return DEPTH_RULES[self.params[name].depth_role if self.depth_alpha > 0 else "outside"]
 
-    def factors(self, name: str, family: str) -> tuple[float, float]:
-        """(lr factor, Adam ε factor) of one parameter for an optimizer family: width × depth."""
-        info, rule, drule = self.params[name], self.rule(name), self.depth_rule(name)
-        col, dcol = (rule.sgd_lr, drule.sgd_lr) if family == "sgd" else (rule.adam_lr, drule.adam_lr)
-        lr_f = (factor(col, info.m_in, info.m_out) * depth_factor(dcol, info.m_depth, self.depth_alpha)
-                * self.multipliers.lr_mult(info.role))
-        eps_f = factor(rule.adam_eps, info.m_in, info.m_out) * depth_factor(drule.adam_eps, info.m_depth,
-                                                                            self.depth_alpha)
-        return lr_f, eps_f
+    def updater(self, name: str, optimizer: str) -> str:
+        """Which optimizer updates parameter `name` when the model trains with `optimizer`: the
+        optimizer itself, or its partner (Muon: hidden 2-D matrices only; AdamW takes the rest)."""
+        rule = optimizer_rule(optimizer)
+        if rule.partner is None:
+            return optimizer.lower()
+        info = self.params[name]
+        return optimizer.lower() if (info.role == "hidden" and len(info.shape) == 2) else rule.partner
+
+    def columns(self, name: str, optimizer: str) -> tuple[str, tuple[str, ...]]:
+        """(lr column, ε columns) of the tables that parameter `name` follows under `optimizer`."""
+        rule = optimizer_rule(self.updater(name, optimizer))
+        if rule.unpreconditioned is not None and len(self.params[name].shape) < 2:
+            return rule.unpreconditioned
+        return rule.lr, rule.eps
+
+    def column_factor(self, name: str, column: str) -> float:
+        """The factor of one column of the tables for one parameter: width × depth."""
+        info = self.params[name]
+        width = factor(getattr(self.rule(name), column), info.m_in, info.m_out)
+        return width * depth_factor(getattr(self.depth_rule(name), column), info.m_depth, self.depth_alpha)
+
+    def factors(self, name: str, optimizer: str) -> tuple[float, ...]:
+        """(lr factor, ε factors…) of one parameter under `optimizer` ("sgd", "adam", "muon", …):
+        width × depth, the lr also × the tunable lr multiplier of its role. Optimizers without a
+        scaled ε give (lr factor, 1.0), as the two-number form older callers unpack."""
+        lr_col, eps_cols = self.columns(name, optimizer)
+        lr_f = self.column_factor(name, lr_col) * self.multipliers.lr_mult(self.params[name].role)
+        eps = tuple(self.column_factor(name, c) for c in eps_cols)
+        return (lr_f,) + (eps or (1.0,))
 
 
 def spec_holder(model: nn.Module) -> Optional[nn.Module]:
