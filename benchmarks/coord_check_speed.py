@@ -47,7 +47,7 @@ def main() -> None:
         for mup in (True, False):
             t0 = time.perf_counter()
             result = mt.coord_check(make_factory(recipe, mup), recipe.widths, data, optimizer=args.optimizer,
-                                    lr=recipe.coord_lr[family], steps=args.steps, seeds=args.seeds, progress=False)
+                                    lr=recipe.lr_for(family), steps=args.steps, seeds=args.seeds, progress=False)
             dt = time.perf_counter() - t0
             rows.append((name, "µP" if mup else "SP", ",".join(map(str, recipe.widths)), dt,
                          dt / (len(recipe.widths) * args.seeds), "PASS" if result.passed else "FAIL"))

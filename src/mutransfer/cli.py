@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from .coord import DEFAULT_OPTIMIZER, check_widths
-from .rules import check_depth_alpha
+from .rules import OPTIMIZERS, check_depth_alpha
 
 __all__ = ["main"]
 
@@ -94,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--depth-alpha", type=float, default=1.0,
                    help="depth scaling: 1 CompleteP (default), 0.5 Depth-µP, 0 off")
     c.add_argument("--optimizer", default=DEFAULT_OPTIMIZER,
-                   help=f"sgd, adam or adamw (default {DEFAULT_OPTIMIZER}, as mt.coord_check)")
+                   help=f"{', '.join(OPTIMIZERS)} (default {DEFAULT_OPTIMIZER}, as mt.coord_check)")
     c.add_argument("--lr", type=float, help="base learning rate (default: the recipe's for the optimizer)")
     c.add_argument("--eps", type=float, help="Adam's ε at base width (default torch's 1e-8); µP scales it per group")
     c.add_argument("--steps", type=int, default=4, help="training steps per width and seed (default 4)")
@@ -363,7 +363,7 @@ def _coord_check(args) -> int:
             recipe = get_recipe(args.recipe)
         except ValueError as e:
             raise UsageError(str(e)) from None
-        build, default_widths, default_lr = recipe.build, list(recipe.widths), recipe.coord_lr.get(family)
+        build, default_widths, default_lr = recipe.build, list(recipe.widths), recipe.lr_for(family)
         if args.depths:
             if recipe.build_depth is None:
                 raise UsageError(f"recipe {recipe.name} has a fixed depth; --depths works with gpt and resmlp")

@@ -27,9 +27,6 @@ __all__ = ["LR_FACTOR_KEY", "ADJUST_KEY", "MuonGroups", "param_groups", "build_o
 
 ADJUST_KEY = "mup_adjust_lr_fn"  # the torch.optim.Muon adjust_lr_fn a Muon group's lr factor was built for
 MUON_ADJUST_FNS = (None, "original", "match_rms_adamw")
-# Group options SOAP must run with for its rule (rules.OPTIMIZERS["soap"]) to hold; written into its groups.
-_SOAP_FIXED = {"precondition_1d": False, "merge_dims": False, "normalize_gradient": False}
-_DEFAULT_SOAP_MAX_DIM = 10000  # pytorch_optimizer.SOAP's default max_precondition_dim
 
 
 class MuonGroups(NamedTuple):
@@ -71,8 +68,7 @@ def param_groups(model: nn.Module, lr: float, optimizer: str = "adam", *,
                  weight_decay: float = 0.0, eps=None,
                  weight_decay_policy: str = DEFAULT_WEIGHT_DECAY_POLICY,
                  groups: Optional[Iterable[Union[dict, torch.Tensor]]] = None,
-                 partner_lr: Optional[float] = None, adjust_lr_fn: Optional[str] = None,
-                 max_precondition_dim: int = _DEFAULT_SOAP_MAX_DIM) -> Union[list[dict[str, Any]], MuonGroups]:
+                 partner_lr: Optional[float] = None, adjust_lr_fn: Optional[str] = None) -> Union[list[dict[str, Any]], MuonGroups]:
     """Split the parameters into groups with µP's lr, ε and weight decay for `optimizer`.
 
     Args:
@@ -94,9 +90,6 @@ def param_groups(model: nn.Module, lr: float, optimizer: str = "adam", *,
         adjust_lr_fn: Muon only: the `adjust_lr_fn` the torch.optim.Muon will run with. Its growth
             with the shape is divided out of the µP factor, so the two never both scale the step;
             the groups record it and a mismatch raises at the first step (`check_muon_adjust`).
-        max_precondition_dim: SOAP only: dims larger than this are not rotated; every width dim of a
-            preconditioned tensor must fit (checked). Written into the groups with SOAP's other
-            options µP relies on (precondition_1d, merge_dims, normalize_gradient all False).
     """
     spec = require_spec(model, "param_groups")
     name_lc = optimizer_rule(optimizer) and optimizer.lower()
@@ -117,9 +110,6 @@ def param_groups(model: nn.Module, lr: float, optimizer: str = "adam", *,
         raise ValueError("Lion has no ε (its step is a sign); drop eps=")
     if name_lc == "adafactor" and eps is not None and not (isinstance(eps, (tuple, list)) and len(eps) == 2):
         raise ValueError(f"Adafactor's eps is a pair (ε₁, ε₂) as torch.optim.Adafactor takes it, got {eps!r}")
-    if name_lc == "soap" and (isinstance(max_precondition_dim, bool) or not isinstance(max_precondition_dim, int)
-                              or max_precondition_dim < 1):
-        raise ValueError(f"max_precondition_dim must be a positive integer, got {max_precondition_dim!r}")
     names = {}
     for n, p in model.named_parameters():
         names.setdefault(id(p), canonical_name(n))
@@ -150,8 +140,6 @@ def param_groups(model: nn.Module, lr: float, optimizer: str = "adam", *,
                 info = spec.params[name]
                 base_shape = spec.shapes.params[info.base_name or name].base
                 lr_f /= muon_adjust_ratio(info.shape, base_shape, adjust_lr_fn)
-            if name_lc == "soap":
-                _check_soap_dims(spec, name, max_precondition_dim)
             g_lr = options.get("lr", partner_lr if (who != name_lc and partner_lr is not None) else lr)
             wd_f = 1.0 / lr_f if (weight_decay_policy == "lr_wd_constant" and lr_f > 0) else 1.0
             eps_cols = spec.columns(name, name_lc)[1]
@@ -169,8 +157,6 @@ def param_groups(model: nn.Module, lr: float, optimizer: str = "adam", *,
                     new["eps"] = eps_v if who == "adafactor" else eps_v[0]
                 if who == "muon":
                     new[ADJUST_KEY] = "original" if adjust_lr_fn is None else adjust_lr_fn
-                if who == "soap":
-                    new.update(_SOAP_FIXED, max_precondition_dim=max_precondition_dim)
                 new[LR_FACTOR_KEY] = lr_f
                 new["params"] = []
                 split[key] = new
@@ -181,21 +167,6 @@ def param_groups(model: nn.Module, lr: float, optimizer: str = "adam", *,
         _register_muon_guard()
         return MuonGroups(out.get(name_lc, []), out.get(rule.partner, []))
     return out.get(name_lc, [])
-
-
-def _check_soap_dims(spec: MuSpec, name: str, max_dim: int) -> None:
-    info = spec.params[name]
-    if len(info.shape) < 2:
-        return
-    width_dims = set(info.fan_in_dims if info.m_in != 1.0 else ()) | set(info.fan_out_dims if info.m_out != 1.0 else ())
-    if info.layout is not None and len(info.shape) == 2:
-        width_dims = {d for d, m in zip(info.layout, (info.m_in, info.m_out)) if m != 1.0}
-    big = [info.shape[d] for d in width_dims if info.shape[d] > max_dim]
-    if big:
-        raise ValueError(
-            f"SOAP: parameter '{name}' has width dim {big[0]} > max_precondition_dim={max_dim}; SOAP leaves such "
-            "dims unrotated, which changes its update from spectral to entrywise between proxy and target and "
-            f"voids µP's rule. Pass max_precondition_dim >= {max(big)} (memory grows with its square)")
 
 
 def hidden_matrices(model: nn.Module, other: nn.Module) -> set[str]:
@@ -291,15 +262,9 @@ def build_optimizer(model: nn.Module, optimizer: str, lr: float, *, weight_decay
     if mup is None:
         mup = find_spec(model) is not None
     adjust = kwargs.get("adjust_lr_fn")
-    soap_dim = kwargs.get("max_precondition_dim", _DEFAULT_SOAP_MAX_DIM)
-    if name == "soap":
-        for k, v in _SOAP_FIXED.items():
-            if kwargs.get(k, v) != v:
-                raise ValueError(f"SOAP with {k}={kwargs[k]!r}: µP's SOAP rule assumes {k}={v} (see rules.OPTIMIZERS)")
     if mup:
         pg = param_groups(model, lr, name, weight_decay=weight_decay, eps=eps, weight_decay_policy=weight_decay_policy,
-                          groups=groups, partner_lr=partner_lr, adjust_lr_fn=adjust,
-                          **({"max_precondition_dim": soap_dim} if name == "soap" else {}))
+                          groups=groups, partner_lr=partner_lr, adjust_lr_fn=adjust)
     else:
         pg = _plain_groups(model, name, groups, hidden)
     eps_kw = {} if eps is None else {"eps": tuple(eps) if name == "adafactor" else eps}

@@ -24,12 +24,11 @@ optimizer's step depends on the lr, so each kind gets its lr column:
 - ``sgd_lr``: *linear* updates, ΔW = −lr·(a linear function of past gradients): SGD, momentum,
   Nesterov, heavy ball. The step scales with the gradient, which differs per role.
 - ``adam_lr``: *entrywise-normalised* updates, every entry of ΔW is Θ(lr) whatever the gradient's
-  scale: Adam/AdamW/Adamax/NAdam/RAdam/RMSprop/Adagrad (g/√v) and Lion (sign of a momentum; its
-  entries are exactly ±lr). This column is the entry size µP wants for ΔW, so it is the
+  scale: Adam/AdamW/Adamax/NAdam/RAdam/RMSprop/Adagrad (g/√v), Lion (sign of a momentum; its
+  entries are exactly ±lr) and SOAP (Adam in a rotated basis; see `OPTIMIZERS`). This column is the entry size µP wants for ΔW, so it is the
   reference the other columns are written against.
 - ``spectral_lr``: *spectrally normalised* updates, ‖ΔW‖₂ = Θ(lr): Muon (Newton–Schulz
-  orthogonalisation: every singular value ≈ 1) and SOAP (Adam in the eigenbasis of Shampoo's
-  factors). The spectral condition (Yang, Simon & Bernstein 2023): ‖ΔW‖₂ = Θ(√(fan_out/fan_in)).
+  orthogonalisation: every singular value ≈ 1). The spectral condition (Yang, Simon & Bernstein 2023): ‖ΔW‖₂ = Θ(√(fan_out/fan_in)).
   The µP update of a matrix is low-rank and aligned with the inputs (rank ≤ batch·steps while
   the width grows), so its spectral norm is its entry size × √(fan_out·fan_in):
   ``spectral_lr = adam_lr + (½, ½)``. Hidden: (−½, ½) = √(m_out/m_in).
@@ -40,9 +39,8 @@ optimizer's step depends on the lr, so each kind gets its lr column:
 ε columns. An ε that is added to a gradient statistic must scale like that statistic, or it
 dominates at one end of the width range: ``adam_eps`` (Adam's ε next to √v, Adafactor's ε₁ that
 floors √v) scales like a gradient entry, which is ``adam_lr − sgd_lr`` (a linear and a normalised
-step of the same size differ by exactly the gradient's scale); ``spectral_eps`` (SOAP's ε, next to
-√v of the *rotated* gradient, whose one large entry is the gradient's Frobenius norm of the
-low-rank update) is ``adam_eps + (½, ½)``. Adafactor's ε₂ floors RMS(W), so it scales like the
+step of the same size differ by exactly the gradient's scale). Muon's ε only guards a division by
+a norm and does not scale. Adafactor's ε₂ floors RMS(W), so it scales like the
 init: it reads ``init``. The tests check every one of these identities row by row.
 """
 from __future__ import annotations
@@ -69,18 +67,17 @@ class Rule:
     adam_lr: Exponents
     adam_eps: Exponents
     spectral_lr: Exponents
-    spectral_eps: Exponents
     adafactor_lr: Exponents
 
 
 # TP5 Table 3: µP without forward multipliers. Zero forward overhead; the default.
 TABLE3: dict[str, Rule] = {
-    #                 init         forward     sgd_lr       adam_lr      adam_eps     spectral_lr  spectral_eps  adafactor_lr
-    "input":   Rule((0.0, 0.0),  (0.0, 0.0), (0.0, 1.0),  (0.0, 0.0),  (0.0, -1.0), (0.5, 0.5),  (0.5, -0.5),  (0.0, 0.0)),
-    "vector":  Rule((0.0, 0.0),  (0.0, 0.0), (0.0, 1.0),  (0.0, 0.0),  (0.0, -1.0), (0.5, 0.5),  (0.5, -0.5),  (0.0, 0.0)),
-    "hidden":  Rule((-0.5, 0.0), (0.0, 0.0), (-1.0, 1.0), (-1.0, 0.0), (0.0, -1.0), (-0.5, 0.5), (0.5, -0.5),  (-0.5, 0.0)),
-    "output":  Rule((-1.0, 0.0), (0.0, 0.0), (-1.0, 0.0), (-1.0, 0.0), (0.0, 0.0),  (-0.5, 0.5), (0.5, 0.5),   (0.0, 0.0)),
-    "scalar":  Rule((0.0, 0.0),  (0.0, 0.0), (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0),   (0.0, 0.0)),
+    #                 init         forward     sgd_lr       adam_lr      adam_eps     spectral_lr  adafactor_lr
+    "input":   Rule((0.0, 0.0),  (0.0, 0.0), (0.0, 1.0),  (0.0, 0.0),  (0.0, -1.0), (0.5, 0.5),  (0.0, 0.0)),
+    "vector":  Rule((0.0, 0.0),  (0.0, 0.0), (0.0, 1.0),  (0.0, 0.0),  (0.0, -1.0), (0.5, 0.5),  (0.0, 0.0)),
+    "hidden":  Rule((-0.5, 0.0), (0.0, 0.0), (-1.0, 1.0), (-1.0, 0.0), (0.0, -1.0), (-0.5, 0.5), (-0.5, 0.0)),
+    "output":  Rule((-1.0, 0.0), (0.0, 0.0), (-1.0, 0.0), (-1.0, 0.0), (0.0, 0.0),  (-0.5, 0.5), (0.0, 0.0)),
+    "scalar":  Rule((0.0, 0.0),  (0.0, 0.0), (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0)),
 }
 # (input/vector: m_in ≡ 1, so their spectral exponents of m_in are written as the identity gives them)
 
@@ -89,7 +86,7 @@ TABLE3: dict[str, Rule] = {
 # tie the input embedding to the readout (both then share the `input` init and lr).
 TABLE8: dict[str, Rule] = {
     **TABLE3,
-    "output":  Rule((0.0, 0.0),  (-1.0, 0.0), (1.0, 0.0),  (0.0, 0.0),  (-1.0, 0.0), (0.5, 0.5),  (-0.5, 0.5),  (0.0, 0.0)),
+    "output":  Rule((0.0, 0.0),  (-1.0, 0.0), (1.0, 0.0),  (0.0, 0.0),  (-1.0, 0.0), (0.5, 0.5),  (0.0, 0.0)),
 }
 
 # Formulation names that read without the paper; TP5's table numbers are accepted as aliases.
@@ -105,8 +102,7 @@ class OptimizerRule:
 
     ``lr``: the lr column of its update kind. ``eps``: the columns its ε option(s) follow, in the
     optimizer's own order (Adafactor's ``eps=(ε₁, ε₂)``); empty when it has none that scales.
-    ``unpreconditioned``: the columns (lr, ε) for tensors the optimizer does not precondition
-    (SOAP leaves 1-D tensors to plain Adam). ``partner``: the optimizer that takes the parameters
+    ``partner``: the optimizer that takes the parameters
     this one does not (Muon updates hidden matrices only; the rest go to AdamW, as it is run).
     ``depth``: the depth column (rules.DEPTH_RULES) of its lr; see the derivation there.
     """
@@ -114,7 +110,6 @@ class OptimizerRule:
     lr: str
     eps: tuple[str, ...] = ()
     kind: str = "entrywise"
-    unpreconditioned: Optional[tuple[str, tuple[str, ...]]] = None
     partner: Optional[str] = None
     note: str = ""
 
@@ -153,16 +148,18 @@ OPTIMIZERS: dict[str, OptimizerRule] = {
     # vectors, scalars and tensors that are not 2-D go to the AdamW partner with Adam's columns.
     "muon": OptimizerRule("spectral_lr", (), "spectral", partner="adamw",
                           note="torch.optim.Muon for hidden matrices, AdamW for the rest"),
-    # SOAP (Vyas et al. 2024; pytorch_optimizer.SOAP): Adam run in the eigenbasis of Shampoo's
-    # factors GGᵀ and GᵀG. A rank-r gradient rotates into an r×r block, Adam makes its entries
-    # Θ(1), and rotating back gives ‖ΔW‖₂ = Θ(lr): spectral, like Muon, with its ε next to √v of
-    # the rotated gradient (spectral_eps). 1-D tensors are not rotated (precondition_1d=False):
-    # Adam's columns. Every width dim must be rotated (≤ max_precondition_dim) at every width,
-    # else the update kind changes between proxy and target: refused, naming the parameter.
-    # (Shampoo itself, L^-¼GR^-¼, is not scale-invariant — its step grows like √‖G‖ — and has
-    # no width-independent exponent without grafting; SOAP is the family member offered.)
-    "soap": OptimizerRule("spectral_lr", ("spectral_eps",), "spectral",
-                          unpreconditioned=("adam_lr", ("adam_eps",)), note="pytorch_optimizer.SOAP"),
+    # SOAP (Vyas et al. 2024; pytorch_optimizer.SOAP): Adam run in the eigenbasis of Shampoo's factors
+    # GGᵀ and GᵀG. The rotation is orthogonal, so the step's entries keep Adam's size Θ(lr). The part of
+    # a gradient that lies in the span of the earlier ones (the eigenbasis's top block) gets a
+    # spectral-size step, Θ(lr) per coordinate of ΔW·x; the part outside it — fresh inputs put a Θ(1)
+    # share there at every step — rotates into a generic basis of the complement, where Adam's
+    # normalised update is as aligned with the inputs as in the standard basis: Θ(lr·fan_in) per
+    # coordinate. That part dominates as the width grows, so SOAP follows Adam's columns, ε included
+    # (in a generic basis the rotated gradient's entries have the gradient's scale). Measured: the
+    # coordinate check passes with these and fails with the spectral column (hidden updates grow
+    # like √width). (Shampoo itself, L^-¼GR^-¼, is not scale-invariant: its step grows like √‖G‖,
+    # and it has no width-independent exponent without grafting; SOAP is the family member offered.)
+    "soap": OptimizerRule("adam_lr", ("adam_eps",), "entrywise", note="pytorch_optimizer.SOAP: Adam in a rotated basis"),
 }
 # The earlier name → "sgd"/"adam" map, for code that imports it.
 OPTIMIZER_FAMILIES: dict[str, str] = {k: ("sgd" if r.kind == "linear" else "adam") for k, r in OPTIMIZERS.items()
@@ -208,16 +205,15 @@ class DepthRule:
     adam_lr: tuple[float, float]
     adam_eps: tuple[float, float]
     spectral_lr: tuple[float, float]
-    spectral_eps: tuple[float, float]
     adafactor_lr: tuple[float, float]
 
 
 BRANCH_MULTIPLIER = (0.0, -1.0)  # m_L^-α on every residual branch output
 DEPTH_RULES: dict[str, DepthRule] = {
-    #                       init          sgd_lr       adam_lr      adam_eps     spectral_lr  spectral_eps adafactor_lr
-    "outside":    DepthRule((0.0, 0.0),   (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0)),
-    "block":      DepthRule((0.0, 0.0),   (-1.0, 2.0), (-1.0, 1.0), (0.0, -1.0), (-1.0, 1.0), (0.0, -1.0), (-1.0, 1.0)),
-    "branch_end": DepthRule((0.0, -1.0),  (-1.0, 0.0), (-1.0, 0.0), (0.0, 0.0),  (-1.0, 0.0), (0.0, 0.0),  (-1.0, 1.0)),
+    #                       init          sgd_lr       adam_lr      adam_eps     spectral_lr  adafactor_lr
+    "outside":    DepthRule((0.0, 0.0),   (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0)),
+    "block":      DepthRule((0.0, 0.0),   (-1.0, 2.0), (-1.0, 1.0), (0.0, -1.0), (-1.0, 1.0), (-1.0, 1.0)),
+    "branch_end": DepthRule((0.0, -1.0),  (-1.0, 0.0), (-1.0, 0.0), (0.0, 0.0),  (-1.0, 0.0), (-1.0, 1.0)),
 }
 DEFAULT_DEPTH_ALPHA = 1.0  # CompleteP: the paper's best; 0.5 is Depth-µP; 0 turns depth scaling off
 

@@ -67,8 +67,6 @@ class MuSpec:
     def columns(self, name: str, optimizer: str) -> tuple[str, tuple[str, ...]]:
         """(lr column, ε columns) of the tables that parameter `name` follows under `optimizer`."""
         rule = optimizer_rule(self.updater(name, optimizer))
-        if rule.unpreconditioned is not None and len(self.params[name].shape) < 2:
-            return rule.unpreconditioned
         return rule.lr, rule.eps
 
     def column_factor(self, name: str, column: str) -> float:

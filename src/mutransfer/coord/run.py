@@ -28,7 +28,8 @@ from .._naming import canonical_name
 from .._observe import recording
 from ..optim import build_optimizer
 from .._progress import Progress
-from ..rules import optimizer_family
+from ..optim import hidden_matrices
+from ..rules import OPTIMIZERS, optimizer_family
 from ..spec import find_spec
 
 __all__ = ["check_widths", "MODEL_OUTPUT", "DEFAULT_OPTIMIZER", "LossFn", "OptimizerFactory", "coord_check"]
@@ -60,7 +61,9 @@ def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequenc
         data: a list of ``(inputs, targets)`` batches; step t trains on batch t mod len(data),
             measurements use the first. Inputs may be a tensor, a tuple (positional
             arguments) or a dict (keyword arguments).
-        optimizer: "sgd", "adam" or "adamw" (groups from `param_groups` for a µP model), or your own
+        optimizer: a name in `rules.OPTIMIZERS` ("sgd", "adam", "adamw", "lion", "adafactor", "muon",
+            "soap"; groups from `param_groups` for a µP model; for a plain model under Muon, its hidden
+            matrices are found by comparing with make_model(2 × width)), or your own
             ``optimizer(model, lr) -> torch.optim.Optimizer`` to check exactly the optimizer setup you
             train with; `lr` is the base learning rate.
         eps: Adam's ε at base width (torch's 1e-8 when None); µP scales it per group.
@@ -110,8 +113,15 @@ def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequenc
                 raise TypeError(f"{call} returned {type(model).__name__}, not an nn.Module")
             is_mup = find_spec(model) is not None
             parametrizations.add("µP" if is_mup else "SP")
+            hidden = None
+            if not is_mup and family is not None and OPTIMIZERS[family].partner is not None:
+                # a plain model has no roles: its hidden matrices are the 2-D parameters whose both dims
+                # change with width, seen against the same model at twice the width
+                other = make_model(2 * size) if axis == "width" else make_model(2 * fixed_width, size)
+                hidden = hidden_matrices(model, other)
+                del other
             run_records, bad_step, probe = _run(model, data, optimizer, family, lr, weight_decay, eps, steps, loss_fn,
-                                                is_mup, readouts)
+                                                is_mup, readouts, hidden)
             rename = _depth_names(model) if axis == "depth" else {}
             prob_modules |= {rename.get(m, m) for m in probe.prob_modules if rename.get(m, m) is not None}
             for label, d in probe.head_dims.items():
@@ -214,9 +224,10 @@ def _depth_names(model: nn.Module) -> dict[str, Optional[str]]:
 
 
 def _run(model: nn.Module, data, optimizer, family: Optional[str], lr: float, weight_decay: float,
-         eps: Optional[float], steps: int, loss_fn: Optional[LossFn], is_mup: bool, readouts: dict[str, str]):
+         eps: Optional[float], steps: int, loss_fn: Optional[LossFn], is_mup: bool, readouts: dict[str, str],
+         hidden: Optional[set] = None):
     model.train()
-    opt = _make_optimizer(model, optimizer, lr, weight_decay, eps, is_mup)
+    opt = _make_optimizer(model, optimizer, lr, weight_decay, eps, is_mup, hidden)
     probe = _Probe(model, readouts)
     out: dict[tuple[str, str, int], float] = {}
     measure_inputs = data[0][0]
@@ -242,13 +253,13 @@ def _run(model: nn.Module, data, optimizer, family: Optional[str], lr: float, we
     return out, bad_step, probe
 
 
-def _make_optimizer(model, optimizer, lr, weight_decay, eps, is_mup) -> torch.optim.Optimizer:
+def _make_optimizer(model, optimizer, lr, weight_decay, eps, is_mup, hidden=None) -> torch.optim.Optimizer:
     if callable(optimizer):
         opt = optimizer(model, lr)
         if not isinstance(opt, torch.optim.Optimizer):
             raise TypeError(f"optimizer(model, lr) returned {type(opt).__name__}, not a torch.optim.Optimizer")
         return opt
-    return build_optimizer(model, optimizer, lr, weight_decay=weight_decay, eps=eps, mup=is_mup)
+    return build_optimizer(model, optimizer, lr, weight_decay=weight_decay, eps=eps, mup=is_mup, hidden=hidden)
 
 
 def _args(inputs) -> tuple:

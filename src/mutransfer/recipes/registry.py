@@ -7,9 +7,10 @@ from typing import Callable, Optional
 from torch import nn
 
 from .data import gaussian_batches, image_batches, text_batches
+from ..rules import OPTIMIZERS
 from .models import CNN, GPT, MLP, ResMLP
 
-__all__ = ["Recipe", "RECIPES", "get_recipe"]
+__all__ = ["Recipe", "RECIPES", "COORD_LR", "get_recipe"]
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,25 @@ class Recipe:
     coord_lr: dict[str, float] = field(default_factory=dict)  # coordinate-check lr per optimizer family
     description: str = ""
     build_depth: Optional[Callable[[int, int], nn.Module]] = None  # (width, depth) → model, for depth checks
+
+    def lr_for(self, optimizer: str) -> Optional[float]:
+        """The coordinate-check lr for `optimizer`: the recipe's own, else by the kind of update
+        (sgd → its "sgd", Adam's relatives → its "adam", the others from COORD_LR)."""
+        name = optimizer.lower()
+        if name in self.coord_lr:
+            return self.coord_lr[name]
+        kind = OPTIMIZERS[name].kind if name in OPTIMIZERS else None
+        if kind == "linear":
+            return self.coord_lr.get("sgd")
+        if kind == "entrywise" and name != "lion":
+            return self.coord_lr.get("adam")
+        return COORD_LR.get(name)
+
+
+# Coordinate-check lrs of the optimizers whose lr means something else than Adam's: Lion's sign step
+# (≈ 3× smaller than Adam's), Adafactor's relative step (ρ: a fraction of RMS(W) per step), Muon's
+# and SOAP's spectral step.
+COORD_LR = {"lion": 3e-3, "adafactor": 0.1, "muon": 0.05, "soap": 1e-2}
 
 
 RECIPES: dict[str, Recipe] = {
