@@ -21,12 +21,13 @@ import torch.nn.functional as F
 
 from .. import optim as mt_optim
 from ..parametrize import parametrize
+from ..rules import OPTIMIZERS
 from ..recipes.data import stdlib_text
 from ..recipes.models import GPT, MLP, ResMLP
 from .._loading import load_callable
 from .objective import Objective, Scale, mup_kwargs
 
-__all__ = ["Builder", "train_gpt", "train_mlp", "TASKS", "train_resmlp", "SWEEP_RECIPES", "load_objective"]
+__all__ = ["OPTIMIZER_HPS", "Builder", "train_gpt", "train_mlp", "TASKS", "train_resmlp", "SWEEP_RECIPES", "load_objective"]
 
 
 def _threads(hp: dict) -> None:
@@ -47,15 +48,51 @@ def _depth(hp: dict, scale: Scale, key: str, default: int) -> tuple[int, int]:
     return scale.depth, scale.base_depth or scale.depth
 
 
+# Hyperparameters each optimizer reads from a trial (besides lr, weight_decay), with their defaults.
+OPTIMIZER_HPS: dict[str, dict[str, object]] = {
+    "sgd": {"momentum": 0.9, "nesterov": False},
+    "adam": {"beta1": 0.9, "beta2": 0.95}, "adamw": {"beta1": 0.9, "beta2": 0.95},
+    "lion": {"beta1": 0.9, "beta2": 0.99},
+    "adafactor": {"beta2_decay": -0.8},
+    "muon": {"momentum": 0.95, "nesterov": True, "adjust_lr_fn": None, "partner_lr": None},
+    "soap": {"beta1": 0.95, "beta2": 0.95},
+}
+
+
+def _optimizer_kwargs(name: str, hp: dict) -> dict:
+    if name not in OPTIMIZER_HPS:
+        raise ValueError(f"optimizer '{name}' is not a sweep optimizer; the recipes train with one of "
+                         f"{', '.join(OPTIMIZER_HPS)} (hyperparameter 'optimizer')")
+    got = {k: hp.get(k, v) for k, v in OPTIMIZER_HPS[name].items()}
+    if "beta1" in got:
+        got["betas"] = (float(got.pop("beta1")), float(got.pop("beta2")))
+    for k in ("momentum", "beta2_decay"):
+        if k in got:
+            got[k] = float(got[k])
+    if "nesterov" in got:
+        got["nesterov"] = bool(got["nesterov"])
+    if got.get("partner_lr") is not None:
+        got["partner_lr"] = float(got["partner_lr"])
+    return got
+
+
 def _optimizer(model, hp: dict, scale: Scale, build: Builder,
                base_depth: Optional[int] = None) -> torch.optim.Optimizer:
-    """AdamW. Under µP the model is first parametrized against build(base width, base depth) and
-    the delta build(2 × base width, base depth), with µP's hyperparameters from `hp`."""
+    """The optimizer named by hp["optimizer"] (default "adamw", betas (0.9, 0.95)); its own
+    hyperparameters from `OPTIMIZER_HPS`. Under µP the model is first parametrized against
+    build(base width, base depth) and the delta build(2 × base width, base depth), with µP's
+    hyperparameters from `hp`. A plain model trained by Muon finds its hidden matrices against
+    build(2 × width) (`optim.hidden_matrices`)."""
     lr, wd = float(hp["lr"]), float(hp.get("weight_decay", 0.0))
+    name = str(hp.get("optimizer", "adamw")).lower()
+    kwargs = _optimizer_kwargs(name, hp)
     if scale.mup:
         parametrize(model, base=build(scale.base_width, base_depth),
                     delta=build(2 * scale.base_width, base_depth), **mup_kwargs(hp))
-    return mt_optim.build_optimizer(model, "adamw", lr, weight_decay=wd, mup=scale.mup, betas=(0.9, 0.95))
+    hidden = None
+    if not scale.mup and OPTIMIZERS[name].partner is not None:
+        hidden = mt_optim.hidden_matrices(model, build(2 * scale.width, scale.depth))
+    return mt_optim.build_optimizer(model, name, lr, weight_decay=wd, mup=scale.mup, hidden=hidden, **kwargs)
 
 
 def _train(model, opt, batches, steps: int, loss_of, scale: Optional[Scale] = None) -> float:
@@ -84,9 +121,10 @@ def _train(model, opt, batches, steps: int, loss_of, scale: Optional[Scale] = No
 def train_gpt(hp: dict, scale: Scale) -> float:
     """Byte-level GPT (recipes.GPT, tied embeddings) on text from the standard library's docs.
 
-    Settings: lr (required), steps=100, batch_size=16, seq_len=64, n_layer=2 (the sweep's depth
-    when it has depths), n_head=4, tied=true, init_std=0.02 (or "default" for PyTorch's init),
-    weight_decay=0, threads (torch threads), plus µP's multipliers and depth_alpha (see `objective`).
+    Settings: lr (required), optimizer="adamw" (and its own settings, `OPTIMIZER_HPS`), steps=100,
+    batch_size=16, seq_len=64, n_layer=2 (the sweep's depth when it has depths), n_head=4,
+    tied=true, init_std=0.02 (or "default" for PyTorch's init), weight_decay=0, threads (torch
+    threads), plus µP's multipliers and depth_alpha (see `objective`).
     """
     steps, batch, seq = int(hp.get("steps", 100)), int(hp.get("batch_size", 16)), int(hp.get("seq_len", 64))
     n_layer, base_layers = _depth(hp, scale, "n_layer", 2)
@@ -121,7 +159,8 @@ def train_gpt(hp: dict, scale: Scale) -> float:
 def train_mlp(hp: dict, scale: Scale) -> float:
     """3-layer ReLU MLP classifying Gaussian inputs labelled by a fixed random teacher network.
 
-    Settings: lr (required), steps=100, batch_size=64, d_in=32, n_classes=10, weight_decay=0.
+    Settings: lr (required), optimizer="adamw" (and its own settings, `OPTIMIZER_HPS`), steps=100,
+    batch_size=64, d_in=32, n_classes=10, weight_decay=0.
     """
     steps, batch = int(hp.get("steps", 100)), int(hp.get("batch_size", 64))
     d_in, n_classes = int(hp.get("d_in", 32)), int(hp.get("n_classes", 10))
@@ -149,7 +188,8 @@ def train_resmlp(hp: dict, scale: Scale) -> float:
     network: classification of the teacher's argmax (cross-entropy) or regression onto its
     outputs, normalized to unit variance (mean squared error).
 
-    Settings: lr (required), steps=100, batch_size=64, d_in=32, d_out=10, task="classify" or
+    Settings: lr (required), optimizer="adamw" (and its own settings, `OPTIMIZER_HPS`), steps=100,
+    batch_size=64, d_in=32, d_out=10, task="classify" or
     "regress", depth=2 (the sweep's depth when it has depths), weight_decay=0, threads, plus
     µP's multipliers and depth_alpha (see `objective`).
     """
