@@ -296,3 +296,16 @@ def test_sweep_objective_trains_with_the_optimizer(optimizer):
     assert math.isfinite(train_mlp(hp, Scale(128, 64, "sp")))
     with pytest.raises(ValueError, match="hyperparameter 'optimizer'"):
         train_mlp({**hp, "optimizer": "shampoo"}, Scale(128, 64, "mup"))
+
+
+def test_describe_prints_the_factors_param_groups_writes():
+    model = _mlp()
+    text = mt.describe(model, "muon", adjust_lr_fn="match_rms_adamw")
+    groups = mt.param_groups(model, 1.0, "muon", adjust_lr_fn="match_rms_adamw")
+    row = next(line for line in text.splitlines() if line.startswith("hidden.0.weight"))
+    assert row.split()[-3:] == ["muon", f"{groups.muon[0]['lr']:.4g}", "-"] == ["muon", "0.25", "-"]
+    row = next(line for line in text.splitlines() if line.startswith("readout.weight"))
+    assert row.split()[-3:] == ["adamw", "0.0625", "1"]
+    text = mt.describe(model, "adafactor")
+    assert "ε₁×" in text and next(line for line in text.splitlines()
+                                  if line.startswith("hidden.0.weight")).split()[-4:] == ["adafactor", "0.25", "0.0625", "0.25"]

@@ -1,31 +1,54 @@
 """A readable summary of a parametrized model: every parameter, its role and its factors."""
 from __future__ import annotations
 
+from typing import Optional
+
 from torch import nn
 
 from .depth import block_pattern
+from .optim import group_factors
+from .rules import optimizer_rule
 from .spec import require_spec
 
 __all__ = ["describe"]
 
 
-def describe(model: nn.Module) -> str:
-    """Table of every parameter: role, width multipliers, init / lr / ε factors vs the base model."""
+def describe(model: nn.Module, optimizer: Optional[str] = None, adjust_lr_fn: Optional[str] = None) -> str:
+    """Table of every parameter: role, width multipliers, init / lr / ε factors vs the base model.
+
+    Without `optimizer`: the lr factors of SGD and Adam and Adam's ε factor. With one (any name in
+    `rules.OPTIMIZERS`): the optimizer that updates each parameter (Muon's AdamW partner shows),
+    its lr factor and its ε factors, exactly as `param_groups(model, lr, optimizer)` writes them
+    (`adjust_lr_fn`: the torch.optim.Muon setting they are built for)."""
     spec = require_spec(model, "describe")
     depth = bool(spec.depth) and spec.depth_alpha > 0
-    header = ("parameter", "shape", "role", "m_in", "m_out") + (("depth", "m_L") if depth else ()) + (
-        "init×", "sgd lr×", "adam lr×", "adam ε×")
+    if optimizer is not None:
+        name_lc = optimizer_rule(optimizer) and optimizer.lower()
+        eps_cols = {c for n in spec.params for c in spec.columns(n, name_lc)[1]}
+        eps_head = ("ε×",) if len(eps_cols) <= 1 else ("ε₁×", "ε₂×")
+        cols = ("updated by", "lr×") + (eps_head if eps_cols else ())
+    else:
+        cols = ("sgd lr×", "adam lr×", "adam ε×")
+    header = ("parameter", "shape", "role", "m_in", "m_out") + (("depth", "m_L") if depth else ()) + ("init×",) + cols
     rows = [header]
     for name, info in spec.params.items():
-        sgd_lr, _ = spec.factors(name, "sgd")
-        adam_lr, eps = spec.factors(name, "adam")
+        if optimizer is not None:
+            who, lr_f, eps_f = group_factors(spec, name, name_lc, adjust_lr_fn)
+            eps_cells = tuple(f"{e:.4g}" for e in eps_f) + ("-",) * (len(eps_head) - len(eps_f)) if eps_cols else ()
+            values = (who, f"{lr_f:.4g}") + eps_cells
+        else:
+            sgd_lr, _ = spec.factors(name, "sgd")
+            adam_lr, eps = spec.factors(name, "adam")
+            values = (f"{sgd_lr:.4g}", f"{adam_lr:.4g}", f"{eps:.4g}")
         role = info.role + (" (tied readout)" if info.tied_readouts else "")
         where = ((info.depth_role.replace("_", " ") if info.depth_role != "outside" else "-",
                   f"{info.m_depth:g}") if depth else ())
         rows.append((name, "×".join(map(str, info.shape)), role, f"{info.m_in:g}", f"{info.m_out:g}", *where,
-                     f"{spec.init_scales.get(name, 1.0):.4g}", f"{sgd_lr:.4g}", f"{adam_lr:.4g}", f"{eps:.4g}"))
+                     f"{spec.init_scales.get(name, 1.0):.4g}", *values))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = [f"µP ({spec.formulation}); init rescaled from {spec.init_source}"]
+    lines = [f"µP ({spec.formulation}); init rescaled from {spec.init_source}"
+             + (f"; factors for {optimizer}" + (f" (adjust_lr_fn={adjust_lr_fn})" if adjust_lr_fn else "")
+                if optimizer is not None else "")]
     for i, r in enumerate(rows):
         lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
         if i == 0:

@@ -22,7 +22,7 @@ from .shapes import canonical_name
 from .spec import MuSpec, find_spec, require_spec
 
 __all__ = ["LR_FACTOR_KEY", "ADJUST_KEY", "MuonGroups", "param_groups", "build_optimizer", "hidden_matrices",
-           "muon_adjust_ratio", "check_muon_adjust", "SGD", "Adam", "AdamW", "Lion", "Adafactor", "Muon", "SOAP",
+           "muon_adjust_ratio", "group_factors", "check_muon_adjust", "SGD", "Adam", "AdamW", "Lion", "Adafactor", "Muon", "SOAP",
            "MuonWithAdamW", "scaled_lrs", "check_lr_ratios", "OneCycleLR"]
 
 ADJUST_KEY = "mup_adjust_lr_fn"  # the torch.optim.Muon adjust_lr_fn a Muon group's lr factor was built for
@@ -48,6 +48,20 @@ def muon_adjust_ratio(shape: tuple[int, ...], base_shape: tuple[int, ...], adjus
             return math.sqrt(max(1.0, a / b))
         return 0.2 * math.sqrt(max(a, b))
     return adjust(shape) / adjust(base_shape)
+
+
+def group_factors(spec: MuSpec, name: str, optimizer: str, adjust_lr_fn: Optional[str] = None
+                  ) -> tuple[str, float, tuple[float, ...]]:
+    """(the optimizer that updates `name`, its lr factor, its ε factors) under `optimizer`: the
+    rules' width × depth factors, and for Muon divided by the growth of torch's own lr adjustment
+    (`muon_adjust_ratio`), so that the step's total scaling is µP's. What `param_groups` writes
+    and `describe(model, optimizer=...)` prints."""
+    who = spec.updater(name, optimizer)
+    lr_f, *eps_f = spec.factors(name, optimizer)
+    if who == "muon":
+        info = spec.params[name]
+        lr_f /= muon_adjust_ratio(info.shape, spec.shapes.params[info.base_name or name].base, adjust_lr_fn)
+    return who, lr_f, tuple(eps_f) if spec.columns(name, optimizer)[1] else ()
 
 
 def _check_adjust(adjust_lr_fn) -> None:
@@ -134,12 +148,7 @@ def param_groups(model: nn.Module, lr: float, optimizer: str = "adam", *,
             if name is None:
                 raise ValueError(f"groups[{gi}] holds a parameter of shape {tuple(p.shape)} that is not "
                                  "in the model")
-            who = spec.updater(name, name_lc)
-            lr_f, *eps_f = spec.factors(name, name_lc)
-            if who == "muon":
-                info = spec.params[name]
-                base_shape = spec.shapes.params[info.base_name or name].base
-                lr_f /= muon_adjust_ratio(info.shape, base_shape, adjust_lr_fn)
+            who, lr_f, eps_f = group_factors(spec, name, name_lc, adjust_lr_fn)
             g_lr = options.get("lr", partner_lr if (who != name_lc and partner_lr is not None) else lr)
             wd_f = 1.0 / lr_f if (weight_decay_policy == "lr_wd_constant" and lr_f > 0) else 1.0
             eps_cols = spec.columns(name, name_lc)[1]
