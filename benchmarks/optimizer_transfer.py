@@ -9,13 +9,19 @@ embeddings, text from the standard library's docs) — in one run:
 2. an lr sweep (a grid of powers of 2) at four widths spanning 8×, in µP and in SP, training with
    the sweep recipes' own objectives (`mutransfer.sweep.objectives`): the mean training loss of the
    last tenth of the steps. The optimum's position on the grid at each width, and how many grid
-   steps it moves from the narrowest to the widest (max − min of the argmin).
+   steps it moves across the widths (max − min of the argmin), and the move from the narrowest to the
+   widest of the optimum refined by the sweep report's parabola (`sweep.verdict.parabolic_minimum`),
+   in octaves. Losses are the mean over `--seeds` seeds (data order and init).
 
 Prints the table; `--figure` draws loss against log2 lr, one curve per width, per optimizer,
 model and parametrization; `--json` keeps every number.
 
     python benchmarks/optimizer_transfer.py --figure docs/optimizer_transfer.png --json optimizer_transfer.json
     python benchmarks/optimizer_transfer.py --quick           # a two-minute smoke run
+    # on 2 cores, two processes of one thread each, then one table and figure:
+    python benchmarks/optimizer_transfer.py --models mlp --threads 1 --json mlp.json &
+    python benchmarks/optimizer_transfer.py --models gpt --threads 1 --json gpt.json; wait
+    python benchmarks/optimizer_transfer.py --merge mlp.json gpt.json --figure docs/optimizer_transfer.png
 """
 from __future__ import annotations
 
@@ -26,22 +32,25 @@ import sys
 import time
 import warnings
 
+import numpy as np
 import torch
 
 import mutransfer as mt
 from mutransfer.recipes import get_recipe
 from mutransfer.sweep.objective import Scale
 from mutransfer.sweep.objectives import train_gpt, train_mlp
+from mutransfer.sweep.verdict import parabolic_minimum
 
 # (name in mt, extra hyperparameters of the sweep objective, lr grid as log2 (lo, hi) per model)
 OPTIMIZERS = {
-    "sgd": ({"momentum": 0.9, "nesterov": True}, {"mlp": (-7, 0), "gpt": (-4, 3)}),
-    "adamw": ({}, {"mlp": (-11, -4), "gpt": (-10, -3)}),
-    "lion": ({}, {"mlp": (-13, -6), "gpt": (-12, -5)}),
-    "adafactor": ({}, {"mlp": (-6, 1), "gpt": (-6, 1)}),
+    "sgd": ({"momentum": 0.9, "nesterov": True}, {"mlp": (-6, 1), "gpt": (-5, 1)}),
+    "adamw": ({}, {"mlp": (-11, -4), "gpt": (-11, -5)}),
+    "lion": ({}, {"mlp": (-12, -5), "gpt": (-12, -6)}),
+    # below lr ≈ 1/√steps: above it the relative step's 1/√t cap makes lr nearly irrelevant
+    "adafactor": ({}, {"mlp": (-8, -1), "gpt": (-8, -2)}),
     # one lr for Muon and its AdamW partner: what torch's "match_rms_adamw" adjustment is for
-    "muon": ({"adjust_lr_fn": "match_rms_adamw"}, {"mlp": (-11, -4), "gpt": (-10, -3)}),
-    "soap": ({}, {"mlp": (-11, -4), "gpt": (-11, -4)}),
+    "muon": ({"adjust_lr_fn": "match_rms_adamw"}, {"mlp": (-11, -4), "gpt": (-9, -3)}),
+    "soap": ({}, {"mlp": (-11, -4), "gpt": (-11, -5)}),
 }
 # the quickstart's MLP (examples/quickstart.py: 128 inputs, batch 128) through the sweep recipe "mlp";
 # the demo's GPT through the sweep recipe "gpt"
@@ -66,7 +75,8 @@ def coord(model: str, optimizer: str, parametrization: str, widths) -> bool:
                           seeds=2, progress=False).passed
 
 
-def sweep(model: str, optimizer: str, parametrization: str, widths, grid, steps_scale: float) -> dict:
+def sweep(model: str, optimizer: str, parametrization: str, widths, grid, steps_scale: float, seeds: int) -> dict:
+    """Loss per width per grid point: the mean over `seeds` (data order and init), NaN if any diverged."""
     train, _, base_hp = MODELS[model]
     extra = OPTIMIZERS[optimizer][0]
     losses = {}
@@ -75,8 +85,8 @@ def sweep(model: str, optimizer: str, parametrization: str, widths, grid, steps_
         for k in grid:
             hp = {**base_hp, **extra, "optimizer": optimizer, "lr": 2.0 ** k, "threads": torch.get_num_threads()}
             hp["steps"] = max(10, int(hp["steps"] * steps_scale))
-            loss = train(hp, Scale(w, widths[0], parametrization))
-            row.append(loss if math.isfinite(loss) else float("nan"))
+            runs = [train(hp, Scale(w, widths[0], parametrization, seed=s)) for s in range(seeds)]
+            row.append(sum(runs) / seeds if all(math.isfinite(v) for v in runs) else float("nan"))
         losses[w] = row
     return losses
 
@@ -84,6 +94,12 @@ def sweep(model: str, optimizer: str, parametrization: str, widths, grid, steps_
 def optimum(row) -> int:
     finite = [(v, i) for i, v in enumerate(row) if math.isfinite(v)]
     return min(finite)[1] if finite else -1
+
+
+def refined(grid, row) -> float:
+    """The grid optimum refined by the sweep report's parabola through it and its two neighbours."""
+    xs, _ = parabolic_minimum(np.asarray(grid, dtype=float), np.asarray([row], dtype=float))
+    return float(xs[0])
 
 
 def main(argv=None) -> int:
@@ -94,8 +110,20 @@ def main(argv=None) -> int:
     ap.add_argument("--no-coord", action="store_true", help="skip the coordinate checks")
     ap.add_argument("--figure", help="write loss-vs-lr curves here (PNG)")
     ap.add_argument("--json", help="write every number here")
+    ap.add_argument("--seeds", type=int, default=2, help="seeds per grid point, losses averaged (default 2)")
+    ap.add_argument("--threads", type=int, help="torch threads (default torch's)")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="only print the table (and --figure) of earlier runs")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.merge:
+        results = [e for path in args.merge for e in json.load(open(path))]
+        print(table(results))
+        if args.figure:
+            figure(results, args.figure)
+            print(f"figure: {args.figure}")
+        return 0
     optimizers = [o for o in args.optimizers.split(",") if o]
     models = [m for m in args.models.split(",") if m]
     for o in optimizers:
@@ -123,10 +151,12 @@ def main(argv=None) -> int:
             for par in ("mup", "sp"):
                 if not args.no_coord:
                     entry[f"coord_{par}"] = coord(model, opt, par, cwidths)
-                losses = sweep(model, opt, par, widths, grid, 0.25 if args.quick else 1.0)
+                losses = sweep(model, opt, par, widths, grid, 0.25 if args.quick else 1.0, 1 if args.quick else args.seeds)
                 best = [optimum(losses[w]) for w in widths]
+                fine = [refined(grid, losses[w]) for w in widths]
                 entry[par] = {"losses": {str(w): v for w, v in losses.items()}, "best_log2_lr": [grid[b] for b in best],
-                              "shift": max(best) - min(best),
+                              "shift": max(best) - min(best), "refined_log2_lr": fine,
+                              "refined_move": fine[-1] - fine[0],
                               "at_edge": any(b in (0, len(grid) - 1) for b in best)}
             results.append(entry)
             print(f"[{time.time() - t0:6.0f} s] {model} {opt}: µP optima {entry['mup']['best_log2_lr']}, "
@@ -143,8 +173,8 @@ def main(argv=None) -> int:
 
 
 def table(results) -> str:
-    head = ("| model | optimizer | coord µP | coord SP | µP optimal log2 lr by width | µP shift | "
-            "SP optimal log2 lr by width | SP shift |")
+    head = ("| model | optimizer | coord µP | coord SP | µP optimal log2 lr by width | µP shift (refined move) | "
+            "SP optimal log2 lr by width | SP shift (refined move) |")
     lines = [head, "|" + "---|" * 8]
     for e in results:
         def verdict(key):
@@ -153,8 +183,10 @@ def table(results) -> str:
         def opt(par):
             s = ", ".join(f"{v:+d}" for v in e[par]["best_log2_lr"])
             return s + (" (grid edge)" if e[par]["at_edge"] else "")
+        def shift(par):
+            return f"{e[par]['shift']} ({e[par]['refined_move']:+.2f})"
         lines.append(f"| {e['model']} | {e['optimizer']} | {verdict('coord_mup')} | {verdict('coord_sp')} | "
-                     f"{opt('mup')} | {e['mup']['shift']} | {opt('sp')} | {e['sp']['shift']} |")
+                     f"{opt('mup')} | {shift('mup')} | {opt('sp')} | {shift('sp')} |")
     return "\n".join(lines)
 
 

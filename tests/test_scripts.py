@@ -133,3 +133,25 @@ def test_sweep_pruning_benchmark_quick_prints_the_table(tmp_path):
     assert len(cells) == 4, out  # the best grid lr of each cell, with and without the pruner
     data = json.loads(path.read_text())
     assert data["none"]["counts"]["failed"] == 0 and data["pruned"]["counts"]["failed"] == 0
+
+
+@pytest.mark.slow
+def test_optimizer_transfer_quick_prints_the_table_and_draws(tmp_path):
+    fig, js = tmp_path / "opt.png", tmp_path / "opt.json"
+    out = run(["benchmarks/optimizer_transfer.py", "--quick", "--optimizers", "lion,adafactor", "--json", str(js),
+               "--figure", str(fig)])
+    rows = [line for line in out.splitlines() if line.startswith("| mlp |")]
+    assert [r.split("|")[2].strip() for r in rows] == ["lion", "adafactor"]
+    assert all(r.split("|")[3].strip() == "pass" and r.split("|")[4].strip() == "fail" for r in rows), rows
+    data = json.loads(js.read_text())
+    assert len(data[0]["mup"]["losses"]["64"]) == 4 and fig.stat().st_size > 10_000
+    merged = run(["benchmarks/optimizer_transfer.py", "--merge", str(js)])
+    assert merged.splitlines()[2:] == rows
+
+
+@pytest.mark.slow
+def test_optimizer_overhead_quick_prints_a_ratio_per_optimizer():
+    out = run(["benchmarks/optimizer_overhead.py", "--quick", "--optimizers", "sgd,lion,muon"])
+    ratios = re.findall(r"\| (sgd|lion|muon) \| \d+ / \d+ \| .* \| ([0-9.]+) \(", out)
+    assert [name for name, _ in ratios] == ["sgd", "lion", "muon"], out
+    assert all(math.isfinite(float(r)) and float(r) > 0 for _, r in ratios)
