@@ -23,7 +23,8 @@ def describe(model: nn.Module, optimizer: Optional[str] = None, adjust_lr_fn: Op
     spec = require_spec(model, "describe")
     depth = bool(spec.depth) and spec.depth_alpha > 0
     if optimizer is not None:
-        name_lc = optimizer_rule(optimizer) and optimizer.lower()
+        optimizer_rule(optimizer)  # a clear error for an unknown name
+        name_lc = optimizer.lower()
         eps_cols = {c for n in spec.params for c in spec.columns(n, name_lc)[1]}
         eps_head = ("ε×",) if len(eps_cols) <= 1 else ("ε₁×", "ε₂×")
         cols = ("updated by", "lr×") + (eps_head if eps_cols else ())

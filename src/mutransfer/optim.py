@@ -9,8 +9,6 @@ from `scaled_lrs`, or build them with `OneCycleLR` here; `check_lr_ratios` catch
 """
 from __future__ import annotations
 
-import math
-
 from typing import Any, Iterable, NamedTuple, Optional, Union
 
 import torch
@@ -40,14 +38,14 @@ class MuonGroups(NamedTuple):
 
 def muon_adjust_ratio(shape: tuple[int, ...], base_shape: tuple[int, ...], adjust_lr_fn: Optional[str]) -> float:
     """How much torch.optim.Muon's own lr adjustment (`adjust_lr_fn`) grows from the base shape to
-    `shape`: the part of the spectral µP factor torch already applies. "original" is
-    √max(1, rows/cols), "match_rms_adamw" 0.2·√max(rows, cols) (torch.optim._muon._adjust_lr)."""
-    def adjust(s):
-        a, b = s[:2]
-        if adjust_lr_fn in (None, "original"):
-            return math.sqrt(max(1.0, a / b))
-        return 0.2 * math.sqrt(max(a, b))
-    return adjust(shape) / adjust(base_shape)
+    `shape`: the part of the spectral µP factor torch already applies. Read from torch itself
+    ("original": √max(1, rows/cols); "match_rms_adamw": 0.2·√max(rows, cols))."""
+    try:
+        from torch.optim._muon import _adjust_lr
+    except ImportError:
+        raise ImportError(f"optimizer 'muon' needs torch.optim.Muon (torch >= 2.9); this is torch "
+                          f"{torch.__version__}") from None
+    return _adjust_lr(1.0, adjust_lr_fn, torch.Size(shape)) / _adjust_lr(1.0, adjust_lr_fn, torch.Size(base_shape))
 
 
 def group_factors(spec: MuSpec, name: str, optimizer: str, adjust_lr_fn: Optional[str] = None
@@ -106,8 +104,8 @@ def param_groups(model: nn.Module, lr: float, optimizer: str = "adam", *,
             the groups record it and a mismatch raises at the first step (`check_muon_adjust`).
     """
     spec = require_spec(model, "param_groups")
-    name_lc = optimizer_rule(optimizer) and optimizer.lower()
-    rule = OPTIMIZERS[name_lc]
+    rule = optimizer_rule(optimizer)
+    name_lc = optimizer.lower()
     if weight_decay_policy not in WEIGHT_DECAY_POLICIES:
         raise ValueError(f"unknown weight_decay_policy '{weight_decay_policy}'; use one of "
                          f"{', '.join(WEIGHT_DECAY_POLICIES)}")
