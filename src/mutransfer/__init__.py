@@ -13,7 +13,7 @@ if (_sys.argv and _os.path.basename(_sys.argv[0]) in ("mutransfer", "mutransfer.
 
     _signal.signal(_signal.SIGINT, _interrupted_while_importing)
 
-from . import limits, optim, rules
+from . import limits, optim, optimizers, rules
 from .attention import attn_logits, attn_scale
 from .depth import residual_branch
 from .coord import coord_check
@@ -28,4 +28,4 @@ from .spec import MuSpec
 
 __version__ = "0.1.0"
 __all__ = ["parametrize", "residual_branch", "coord_check", "CoordCheckResult", "param_groups", "describe", "export", "attn_scale", "attn_logits", "save_shapes", "load_shapes",
-           "WidthShapes", "MuSpec", "MuPWarning", "limits", "optim", "rules", "__version__"]
+           "WidthShapes", "MuSpec", "MuPWarning", "limits", "optim", "optimizers", "rules", "__version__"]
