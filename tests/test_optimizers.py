@@ -309,3 +309,24 @@ def test_describe_prints_the_factors_param_groups_writes():
     text = mt.describe(model, "adafactor")
     assert "ε₁×" in text and next(line for line in text.splitlines()
                                   if line.startswith("hidden.0.weight")).split()[-4:] == ["adafactor", "0.25", "0.0625", "0.25"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer, grid", [("lion", range(-12, -6)), ("muon", range(-10, -4))])
+def test_lr_transfers_on_another_task_and_model(optimizer, grid):
+    # Not the benchmark's models or data: the residual MLP (pre-LN blocks) regressing a teacher's outputs.
+    # µP's best lr at 8× the width stays within one grid step (a factor 2) of the base width's.
+    from mutransfer.sweep.objective import Scale
+    from mutransfer.sweep.objectives import train_resmlp
+    hp = {"optimizer": optimizer, "task": "regress", "steps": 80, "d_in": 16, "d_out": 4, "threads": 2}
+    if optimizer == "muon":
+        hp["adjust_lr_fn"] = "match_rms_adamw"
+
+    def best(width):
+        losses = [sum(train_resmlp({**hp, "lr": 2.0 ** k}, Scale(width, 32, "mup", seed=s)) for s in range(2))
+                  for k in grid]
+        return list(grid)[min(range(len(losses)), key=losses.__getitem__)]
+
+    narrow, wide = best(32), best(256)
+    assert grid[0] < narrow < grid[-1], narrow  # a located optimum, not the grid's edge
+    assert abs(wide - narrow) <= 1, (narrow, wide)
