@@ -79,7 +79,7 @@ def test_factory_as_module_through_the_installed_command(tmp_path):
     (["coord-check", "--recipe", "resnet"], "unknown recipe"),
     (["coord-check", "--recipe", "mlp", "--widths", "64"], "two different"),
     (["coord-check", "--recipe", "mlp", "--widths", "a,b"], "integers"),
-    (["coord-check", "--recipe", "mlp", "--optimizer", "lion"], "lion"),
+    (["coord-check", "--recipe", "mlp", "--optimizer", "shampoo"], "shampoo"),
     (["coord-check", "--recipe", "mlp", "--lr", "-1"], "positive"),
     (["coord-check", "nosuchmodule_xyz:make", "--lr", "0.1"], "cannot import"),
     (["coord-check", "json:nosuchfunction", "--lr", "0.1"], "no function"),
@@ -194,3 +194,14 @@ def test_coord_check_defaults_to_the_library_optimizer():
     assert inspect.signature(mt.coord_check).parameters["optimizer"].default == DEFAULT_OPTIMIZER
     args = _parser().parse_args(["coord-check", "--recipe", "mlp"])
     assert args.optimizer == DEFAULT_OPTIMIZER
+
+
+def test_coord_check_with_another_optimizer_passes_mup_and_fails_sp(tmp_path, capsys):
+    optimizer = "lion"
+    args = ["coord-check", "--recipe", "mlp", "--optimizer", optimizer, "--widths", "64,256,1024", "--seeds", "2",
+            "--no-progress"]
+    assert run(*args, "--out", str(tmp_path / "mup")) == 0
+    assert f"{optimizer} lr=" in capsys.readouterr().out
+    assert run(*args, "--parametrization", "sp", "--out", str(tmp_path / "sp")) == 1
+    assert run("coord-check", "--recipe", "mlp", "--optimizer", "shampoo", "--out", str(tmp_path), "--no-progress") == 2
+    assert "unknown optimizer 'shampoo'" in capsys.readouterr().err

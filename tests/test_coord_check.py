@@ -280,7 +280,7 @@ def test_exports_csv_json_plot_and_text(tmp_path):
     (dict(widths=[64]), "two different"),
     (dict(widths=[64, -1]), "two different"),
     (dict(data=[]), "empty"),
-    (dict(optimizer="lion"), "optimizer"),
+    (dict(optimizer="shampoo"), "optimizer"),
     (dict(lr=0), "lr"),
     (dict(steps=0), "steps"),
     (dict(max_growth=1.0), "max_growth"),

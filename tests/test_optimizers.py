@@ -311,7 +311,7 @@ def test_describe_prints_the_factors_param_groups_writes():
                                   if line.startswith("hidden.0.weight")).split()[-4:] == ["adafactor", "0.25", "0.0625", "0.25"]
 
 
-def _regret(optimizer, grid, parametrization):
+def _regret(optimizer, grid, parametrization, seeds=2):
     """The residual MLP (pre-LN blocks) regressing a teacher's outputs — not the benchmark's models or
     data. The lr tuned at width 32 (mean of 2 seeds), used at 8× the width: its loss there over the wide
     model's own best on the grid, minus 1 (the transfer's regret), and the narrow model's best index."""
@@ -323,7 +323,7 @@ def _regret(optimizer, grid, parametrization):
 
     def losses(width):
         return [sum(train_resmlp({**hp, "lr": 2.0 ** k}, Scale(width, 32, parametrization, seed=s))
-                    for s in range(2)) / 2 for k in grid]
+                    for s in range(seeds)) / seeds for k in grid]
 
     narrow, wide = losses(32), losses(256)
     tuned = min(range(len(narrow)), key=narrow.__getitem__)
@@ -341,7 +341,7 @@ def test_lion_lr_transfers_on_another_task_and_model():
 def test_muon_lr_transfers_better_than_sp_on_another_task_and_model():
     # Measured: µP's optimum moves 2^-4 → 2^-6 here (regret ≈ 17%), SP's 2^-4 → 2^-8 or below (≈ 36%):
     # µP holds far better, not perfectly (see the README's optimizer section).
-    mup, tuned = _regret("muon", range(-8, -2), "mup")
-    sp, _ = _regret("muon", range(-8, -2), "sp")
+    mup, tuned = _regret("muon", range(-8, -2), "mup", seeds=1)
+    sp, _ = _regret("muon", range(-8, -2), "sp", seeds=1)
     assert 0 < tuned < 5
     assert mup < 0.6 * sp, (mup, sp)

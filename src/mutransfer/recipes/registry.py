@@ -7,7 +7,6 @@ from typing import Callable, Optional
 from torch import nn
 
 from .data import gaussian_batches, image_batches, text_batches
-from ..rules import OPTIMIZERS
 from .models import CNN, GPT, MLP, ResMLP
 
 __all__ = ["Recipe", "RECIPES", "COORD_LR", "get_recipe"]
@@ -24,17 +23,10 @@ class Recipe:
     build_depth: Optional[Callable[[int, int], nn.Module]] = None  # (width, depth) → model, for depth checks
 
     def lr_for(self, optimizer: str) -> Optional[float]:
-        """The coordinate-check lr for `optimizer`: the recipe's own, else by the kind of update
-        (sgd → its "sgd", Adam's relatives → its "adam", the others from COORD_LR)."""
+        """The coordinate-check lr for `optimizer`: the recipe's own, else COORD_LR's, else the
+        recipe's Adam lr (Adam's relatives: adamw, nadam, …)."""
         name = optimizer.lower()
-        if name in self.coord_lr:
-            return self.coord_lr[name]
-        kind = OPTIMIZERS[name].kind if name in OPTIMIZERS else None
-        if kind == "linear":
-            return self.coord_lr.get("sgd")
-        if kind == "entrywise" and name != "lion":
-            return self.coord_lr.get("adam")
-        return COORD_LR.get(name)
+        return self.coord_lr.get(name, COORD_LR.get(name, self.coord_lr.get("adam")))
 
 
 # Coordinate-check lrs of the optimizers whose lr means something else than Adam's: Lion's sign step
