@@ -25,10 +25,11 @@ optimizer's step depends on the lr, so each kind gets its lr column:
   Nesterov, heavy ball. The step scales with the gradient, which differs per role.
 - ``adam_lr``: *entrywise-normalised* updates, every entry of ΔW is Θ(lr) whatever the gradient's
   scale: Adam/AdamW/Adamax/NAdam/RAdam/RMSprop/Adagrad (g/√v), Lion (sign of a momentum; its
-  entries are exactly ±lr) and SOAP (Adam in a rotated basis; see `OPTIMIZERS`). This column is the entry size µP wants for ΔW, so it is the
-  reference the other columns are written against.
+  entries are exactly ±lr) and SOAP (Adam in a rotated basis; see `OPTIMIZERS`). This column
+  is the entry size µP wants for ΔW, so it is the reference the other columns are written against.
 - ``spectral_lr``: *spectrally normalised* updates, ‖ΔW‖₂ = Θ(lr): Muon (Newton–Schulz
-  orthogonalisation: every singular value ≈ 1). The spectral condition (Yang, Simon & Bernstein 2023): ‖ΔW‖₂ = Θ(√(fan_out/fan_in)).
+  orthogonalisation: every singular value ≈ 1). The spectral condition (Yang, Simon & Bernstein
+  2023): ‖ΔW‖₂ = Θ(√(fan_out/fan_in)).
   The µP update of a matrix is low-rank and aligned with the inputs (rank ≤ batch·steps while
   the width grows), so its spectral norm is its entry size × √(fan_out·fan_in):
   ``spectral_lr = adam_lr + (½, ½)``. Hidden: (−½, ½) = √(m_out/m_in).
