@@ -264,7 +264,7 @@ def build_optimizer(model: nn.Module, optimizer: str, lr: float, *, weight_decay
     adjust_lr_fn, …) go to the optimizer (Muon: to torch.optim.Muon; `partner_lr` and
     `partner_betas` to its AdamW). The one place the library builds one.
     """
-    rule = optimizer_rule(optimizer)
+    optimizer_rule(optimizer)  # a clear error for an unknown name
     name = optimizer.lower()
     if mup is None:
         mup = find_spec(model) is not None
