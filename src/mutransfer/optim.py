@@ -40,12 +40,18 @@ def muon_adjust_ratio(shape: tuple[int, ...], base_shape: tuple[int, ...], adjus
     """How much torch.optim.Muon's own lr adjustment (`adjust_lr_fn`) grows from the base shape to
     `shape`: the part of the spectral µP factor torch already applies. Read from torch itself
     ("original": √max(1, rows/cols); "match_rms_adamw": 0.2·√max(rows, cols))."""
+    adjust = _torch_muon()._adjust_lr
+    return adjust(1.0, adjust_lr_fn, torch.Size(shape)) / adjust(1.0, adjust_lr_fn, torch.Size(base_shape))
+
+
+def _torch_muon():
+    """torch's Muon module (torch.optim._muon: the Muon class and its lr adjustment), or a clear error."""
     try:
-        from torch.optim._muon import _adjust_lr
+        from torch.optim import _muon
     except ImportError:
         raise ImportError(f"optimizer 'muon' needs torch.optim.Muon (torch >= 2.9); this is torch "
                           f"{torch.__version__}") from None
-    return _adjust_lr(1.0, adjust_lr_fn, torch.Size(shape)) / _adjust_lr(1.0, adjust_lr_fn, torch.Size(base_shape))
+    return _muon
 
 
 def group_factors(spec: MuSpec, name: str, optimizer: str, adjust_lr_fn: Optional[str] = None
@@ -285,9 +291,8 @@ def build_optimizer(model: nn.Module, optimizer: str, lr: float, *, weight_decay
     if name == "soap":
         return _soap_class()(pg, lr=lr, weight_decay=weight_decay, **eps_kw, **kwargs)
     if name == "muon":
-        if not hasattr(torch.optim, "Muon"):
-            raise ImportError(f"optimizer 'muon' needs torch.optim.Muon (torch >= 2.9); this is torch {torch.__version__}")
-        muon = torch.optim.Muon(pg.muon, lr=lr, weight_decay=weight_decay, **kwargs) if pg.muon and pg.muon[0]["params"] else None
+        cls = _torch_muon().Muon
+        muon = cls(pg.muon, lr=lr, weight_decay=weight_decay, **kwargs) if pg.muon and pg.muon[0]["params"] else None
         adamw = (torch.optim.AdamW(pg.adamw, lr=lr if partner_lr is None else partner_lr, weight_decay=weight_decay,
                                    **eps_kw, **({} if partner_betas is None else {"betas": tuple(partner_betas)}))
                  if pg.adamw and pg.adamw[0]["params"] else None)

@@ -22,6 +22,14 @@ __all__ = ["LR_FACTOR_KEY", "Lion", "Adafactor", "MuonWithAdamW"]
 LR_FACTOR_KEY = "mup_lr_factor"  # a group's lr relative to the base lr (written by optim.param_groups)
 
 
+def _closure_loss(closure: Optional[Callable[[], Any]]):
+    """The loss of a `step(closure)` call: the closure re-evaluated with grad on (None without one)."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 class Lion(Optimizer):
     """Lion: ``p ← p·(1 − lr·wd) − lr·sign(β₁·m + (1 − β₁)·g)``, then ``m ← β₂·m + (1 − β₂)·g``.
 
@@ -42,10 +50,7 @@ class Lion(Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
@@ -126,10 +131,7 @@ class MuonWithAdamW(Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         for o in self._parts:
             o.step()
         return loss

@@ -113,13 +113,14 @@ def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequenc
                 raise TypeError(f"{call} returned {type(model).__name__}, not an nn.Module")
             is_mup = find_spec(model) is not None
             parametrizations.add("µP" if is_mup else "SP")
-            hidden = None
-            if not is_mup and family is not None and OPTIMIZERS[family].partner is not None:
-                # a plain model has no roles: its hidden matrices are the 2-D parameters whose both dims
-                # change with width, seen against the same model at twice the width
-                other = make_model(2 * size) if axis == "width" else make_model(2 * fixed_width, size)
-                hidden = hidden_matrices(model, other)
-                del other
+            if seed == 0:
+                hidden = None
+                if not is_mup and family is not None and OPTIMIZERS[family].partner is not None:
+                    # a plain model has no roles: its hidden matrices are the 2-D parameters whose both dims
+                    # change with width, seen against the same model at twice the width (shapes only: one
+                    # look per size serves every seed)
+                    hidden = hidden_matrices(model, make_model(2 * size) if axis == "width"
+                                             else make_model(2 * fixed_width, size))
             run_records, bad_step, probe = _run(model, data, optimizer, family, lr, weight_decay, eps, steps, loss_fn,
                                                 is_mup, readouts, hidden)
             rename = _depth_names(model) if axis == "depth" else {}
