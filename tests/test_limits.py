@@ -245,3 +245,96 @@ def test_monte_carlo_error_is_honest():
     spread = float((runs[0][0] - runs[1][0]).pow(2).mean().sqrt()) / math.sqrt(2)
     reported = float(runs[0][1].pow(2).mean().sqrt())
     assert 0.4 < reported / spread < 2.5, (reported, spread)
+
+
+# ---------------------------------------------------------------------------- Adam and momentum (TP4b)
+
+
+def _finite_gaps(limit, widths, steps, lr, seeds=6, **opt):
+    gaps = []
+    for width in widths:
+        errs = []
+        for seed in range(seeds):
+            torch.manual_seed(seed)
+            net = L.train_finite(L.OneHiddenLayer(8, width, activation="tanh"), XS, YS, steps, lr, **opt)
+            with torch.no_grad():
+                errs.append(float((net(XT)[:, 0] - limit).pow(2).mean().sqrt()))
+        gaps.append(sum(errs) / len(errs))
+    return gaps
+
+
+def test_finite_mup_adam_networks_approach_the_adam_limit_like_one_over_sqrt_width():
+    steps, lr, widths = 40, 0.02, [256, 1024, 4096, 16384]
+    limit, err = L.MuPLimit("tanh", optimizer="adam", samples=2 ** 18).fit(XS, YS, steps, lr).predict(XT, return_error=True)
+    assert float(limit.abs().max()) > 0.3 and float(err.max()) < 2e-3      # it learned; Monte Carlo is tight
+    gaps = _finite_gaps(limit, widths, steps, lr, optimizer="adam")
+    slope = L.fitted_slope(widths, gaps)
+    print(f"adam: |finite µP − limit| {[f'{e:.2e}' for e in gaps]} at widths {widths}: slope {slope:+.2f}")
+    assert -0.75 < slope < -0.3
+    assert gaps[-1] < gaps[0] / 4
+
+
+def test_adam_eps_must_shrink_like_the_gradients():
+    """With a visible ε, the width-4096 net reaches the limit only if its ε is ε/n (the rules'
+    ``adam_eps`` column); keeping the width-256 net's ε leaves it in between."""
+    steps, lr, eps = 40, 0.02, 0.05
+    limit = L.MuPLimit("tanh", optimizer="adam", eps=eps, samples=2 ** 17).fit(XS, YS, steps, lr).predict(XT)
+    scaled = _finite_gaps(limit, [4096], steps, lr, seeds=3, optimizer="adam", eps=eps)[0]
+    kept = _finite_gaps(limit, [4096], steps, lr, seeds=3, optimizer="adam", eps=eps * 4096 / 256)[0]
+    print(f"adam, eps {eps}: gap with ε/n {scaled:.3e}, with the base width's ε {kept:.3e}")
+    assert kept > 5 * scaled
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_finite_momentum_networks_approach_the_momentum_limit(nesterov):
+    steps, lr, widths = 40, 0.05, [256, 1024, 4096, 16384]
+    limit = L.MuPLimit("tanh", method="quadrature", momentum=0.9, nesterov=nesterov).fit(XS, YS, steps, lr).predict(XT)
+    plain = L.MuPLimit("tanh", method="quadrature").fit(XS, YS, steps, lr).predict(XT)
+    assert float((limit - plain).abs().max()) > 0.05                       # momentum changes the trajectory
+    gaps = _finite_gaps(limit, widths, steps, lr, momentum=0.9, nesterov=nesterov)
+    slope = L.fitted_slope(widths, gaps)
+    print(f"momentum (nesterov={nesterov}): gaps {[f'{e:.2e}' for e in gaps]}: slope {slope:+.2f}")
+    assert -0.75 < slope < -0.3 and gaps[-1] < gaps[0] / 4
+
+
+def test_momentum_limit_is_the_same_by_all_three_methods():
+    x, y = XS[:2], YS[:2]
+    lin = L.MuPLimit("identity", method="linear", momentum=0.8).fit(x, y, 30, 0.1).predict(XT)
+    quad = L.MuPLimit("identity", method="quadrature", momentum=0.8).fit(x, y, 30, 0.1).predict(XT)
+    mc, err = L.MuPLimit("identity", method="monte_carlo", momentum=0.8, samples=65536).fit(x, y, 30, 0.1) \
+        .predict(XT, return_error=True)
+    assert torch.allclose(lin, quad, atol=1e-8), (lin, quad)
+    assert ((mc - lin).abs() < 5 * err + 1e-3).all()
+
+
+def test_finite_optimizer_scales_lr_and_eps_as_the_library_rules_say():
+    """OneHiddenLayer is µP in the readout-multiplier formulation: u is an input weight, v a readout
+    behind 1/n. Its optimizers' lr and ε across widths follow the rules' exponents (Table 8)."""
+    from mutransfer.rules import TABLE8
+    n, m = 64, 4
+    small, large = (L.OneHiddenLayer(8, w) for w in (n, m * n))
+    assert TABLE8["output"].forward == (-1.0, 0.0) and large.scale * m == small.scale
+    for opt, col, eps_col in (("sgd", "sgd_lr", None), ("adam", "adam_lr", "adam_eps")):
+        a, b = L.finite_optimizer(small, 0.1, opt), L.finite_optimizer(large, 0.1, opt)
+        for i, role, dim in ((0, "input", 1), (1, "output", 0)):      # m_out for u, m_in for v
+            ratio = b.param_groups[0]["lr"] / a.param_groups[0]["lr"]
+            assert ratio == pytest.approx(m ** getattr(TABLE8[role], col)[dim]), (opt, role)
+            if eps_col:
+                eps_ratio = b.param_groups[0]["eps"] / a.param_groups[0]["eps"]
+                assert eps_ratio == pytest.approx(m ** getattr(TABLE8[role], eps_col)[dim]), (opt, role)
+
+
+def test_optimizer_arguments_are_checked():
+    with pytest.raises(ValueError, match="optimizer"):
+        L.MuPLimit(optimizer="lion")
+    with pytest.raises(ValueError, match="monte_carlo"):
+        L.MuPLimit(method="quadrature", optimizer="adam")
+    with pytest.raises(ValueError, match="momentum"):
+        L.MuPLimit(momentum=1.0)
+    with pytest.raises(ValueError, match="nesterov"):
+        L.MuPLimit(nesterov=True)
+    with pytest.raises(ValueError, match="betas"):
+        L.MuPLimit(optimizer="adam", betas=(0.9, 1.0))
+    with pytest.raises(ValueError, match="parametrization='mup'"):
+        L.train_finite(L.OneHiddenLayer(8, 16, parametrization="ntk"), XS, YS, 1, 0.1, optimizer="adam")
+    assert L.MuPLimit(optimizer="adam").fit(XS, YS, 1, 0.01).method_used == "monte_carlo"

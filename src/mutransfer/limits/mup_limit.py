@@ -1,4 +1,5 @@
-"""The µP (feature-learning) limit of a 1-hidden-layer network trained by SGD (Tensor Programs IV).
+"""The µP (feature-learning) limit of a 1-hidden-layer network trained by SGD, SGD with momentum
+(Tensor Programs IV) or Adam (Tensor Programs IV-b, "Adaptive Optimization in the Infinite-Width Limit").
 
 The finite network of width n, in µP (TP5 Table 3 for one hidden layer):
 
@@ -10,8 +11,23 @@ input-weight lr × n and readout lr × 1/n, for the readout v/n). Each neuron th
     Δv_α = −η Σᵢ χᵢ φ(u_α·xᵢ),   Δu_α = −η Σᵢ (χᵢ·v_α) φ'(u_α·xᵢ) xᵢ,   χᵢ = (f(xᵢ) − yᵢ)/B.
 
 As n → ∞, f(x) = E[v φ(u·x)] over the neurons' law, and each neuron follows these equations as a
-deterministic function of its Gaussian initial value (u₀, v₀). f is exactly 0 at init. Three ways
-to take the expectation:
+deterministic function of its Gaussian initial value (u₀, v₀). f is exactly 0 at init.
+
+Other optimizers act on each neuron's own *scaled gradient* g = n·∂L/∂(u_α, v_α) (the bracket
+above, Θ(1) and a deterministic function of the neuron and of the global χ):
+
+- **momentum** (torch.optim.SGD semantics, lr η·n in the finite net): b ← μ·b + g, the step is
+  −η·b (−η·(g + μ·b) with Nesterov). The buffer of the finite net is b/n: the same equations.
+- **Adam** (TP4b; torch.optim.Adam semantics, µP: lr η and ε/n on u and v of the finite net): m ← β₁m
+  + (1−β₁)g, s ← β₂s + (1−β₂)g², step −η·m̂/(√ŝ + ε) with the bias corrections m̂ = m/(1−β₁ᵗ),
+  ŝ = s/(1−β₂ᵗ). Adam is invariant to scaling a coordinate's gradient and ε together, so the finite
+  net's Adam on ∂L/∂u = g/n with ε/n takes exactly the step the limit takes on g with ε: each entry
+  moves by Θ(η), features by Θ(1) (the input dimension d is finite). ε must shrink like 1/n — the
+  gradients' size (the library's ``adam_eps`` column) — or it swamps √ŝ as n grows and the
+  network falls into the kernel regime. The update is entrywise nonlinear: u leaves the span of
+  the inputs and M_t is not linear, so Adam's limit is taken by Monte Carlo only.
+
+Three ways to take the expectation:
 
 - ``"linear"`` (φ = identity): (u_t, v_t) = M_t (u₀, v₀) for a (d+k)×(d+k) matrix M_t — an exact
   finite representation, a "network" of d+k neurons;
@@ -36,10 +52,62 @@ from .activations import Fn, get_activation
 from .gaussian import nodes
 from .kernels import ArrayLike, as_inputs
 
-__all__ = ["METHODS", "sgd_batches", "MuPLimit", "OneHiddenLayer", "train_finite", "feature_movement",
-           "fitted_slope"]
+__all__ = ["METHODS", "OPTIMIZERS", "sgd_batches", "MuPLimit", "OneHiddenLayer", "train_finite",
+           "finite_optimizer", "feature_movement", "fitted_slope"]
 
 METHODS = ("auto", "linear", "quadrature", "monte_carlo")
+OPTIMIZERS = ("sgd", "adam")
+
+
+def _check_optimizer(optimizer: str, momentum: float, nesterov: bool, betas, eps: float) -> None:
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
+    if nesterov and (optimizer != "sgd" or momentum == 0):
+        raise ValueError("nesterov=True needs optimizer='sgd' and momentum > 0")
+    if optimizer == "adam":
+        if momentum:
+            raise ValueError("momentum is an SGD setting; Adam's is betas=(β₁, β₂)")
+        if len(tuple(betas)) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+        if not eps > 0:
+            raise ValueError(f"eps must be positive, got {eps!r}")
+
+
+class _Updater:
+    """SGD (with momentum / Nesterov) or Adam on named state tensors, from their scaled gradients:
+    the same arithmetic as torch.optim.SGD / torch.optim.Adam, so that the limit and the finite
+    networks take the same steps (see the module docstring)."""
+
+    def __init__(self, optimizer: str, momentum: float, nesterov: bool, betas, eps: float):
+        self.optimizer, self.momentum, self.nesterov = optimizer, momentum, nesterov
+        self.betas, self.eps = tuple(betas), eps
+        self.state: dict[str, list[torch.Tensor]] = {}
+        self.t = 0
+
+    def step(self, grads: dict[str, torch.Tensor], lr: float) -> dict[str, torch.Tensor]:
+        """The change −lr·(update) of each named state tensor."""
+        self.t += 1
+        out = {}
+        for name, g in grads.items():
+            if self.optimizer == "sgd":
+                if not self.momentum:
+                    out[name] = -lr * g
+                    continue
+                buf = self.state.get(name)
+                buf = g.clone() if buf is None else self.momentum * buf[0] + g
+                self.state[name] = [buf]
+                out[name] = -lr * (g + self.momentum * buf if self.nesterov else buf)
+            else:
+                b1, b2 = self.betas
+                m, s = self.state.get(name, [torch.zeros_like(g), torch.zeros_like(g)])
+                m = b1 * m + (1 - b1) * g
+                s = b2 * s + (1 - b2) * g * g
+                self.state[name] = [m, s]
+                denom = (s / (1 - b2 ** self.t)).sqrt() + self.eps
+                out[name] = -lr * (m / (1 - b1 ** self.t)) / denom
+        return out
 
 
 def sgd_batches(n: int, steps: int, batch_size: Optional[int], seed: int = 0) -> list[torch.Tensor]:
@@ -60,13 +128,23 @@ def _targets(y: ArrayLike, n: int) -> torch.Tensor:
 
 
 class MuPLimit:
-    """The infinite-width µP limit of f(x) = (1/n) Σ v_α φ(u_α·x): `fit(x, y, steps, lr)`, `predict(x)`."""
+    """The infinite-width µP limit of f(x) = (1/n) Σ v_α φ(u_α·x): `fit(x, y, steps, lr)`, `predict(x)`.
 
-    def __init__(self, activation: Union[str, Fn] = "relu", method: str = "auto", *, samples: int = 16384,
-                 groups: int = 8, quad_points: Optional[int] = None, max_nodes: int = 120_000,
-                 derivative: Optional[Fn] = None, seed: int = 0):
+    `optimizer="sgd"` (with `momentum`, `nesterov`) or `"adam"` (with `betas`, `eps`): the limit of
+    `train_finite` with the same arguments (module docstring)."""
+
+    def __init__(self, activation: Union[str, Fn] = "relu", method: str = "auto", *, optimizer: str = "sgd",
+                 momentum: float = 0.0, nesterov: bool = False, betas=(0.9, 0.999), eps: float = 1e-8,
+                 samples: int = 16384, groups: int = 8, quad_points: Optional[int] = None,
+                 max_nodes: int = 120_000, derivative: Optional[Fn] = None, seed: int = 0):
         if method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+        _check_optimizer(optimizer, momentum, nesterov, betas, eps)
+        if optimizer == "adam" and method in ("linear", "quadrature"):
+            raise ValueError(f"method={method!r} needs u to stay a linear function of its start within the span "
+                             "of the inputs, which Adam's entrywise update breaks; use method='monte_carlo' "
+                             "(or 'auto')")
+        self.optimizer, self.momentum, self.nesterov, self.betas, self.eps = optimizer, momentum, nesterov, betas, eps
         if not isinstance(samples, int) or samples < 2 * groups or samples % (2 * groups):
             raise ValueError(f"samples must be a multiple of 2·groups = {2 * groups}, got {samples!r}")
         self.act = get_activation(activation, derivative)
@@ -79,6 +157,8 @@ class MuPLimit:
     def _choose(self, x: torch.Tensor, k: int) -> str:
         if self.method != "auto":
             return self.method
+        if self.optimizer == "adam":
+            return "monte_carlo"
         if self.act.name == "identity":
             return "linear"
         rank = int(torch.linalg.matrix_rank(x))
@@ -86,7 +166,7 @@ class MuPLimit:
 
     def fit(self, x: ArrayLike, y: ArrayLike, steps: int, lr: float, batch_size: Optional[int] = None,
             batch_seed: int = 0) -> "MuPLimit":
-        """Train the limit for `steps` SGD steps at learning rate `lr` (see the module docstring)."""
+        """Train the limit for `steps` steps of the optimizer at learning rate `lr` (module docstring)."""
         x = as_inputs(x, "x")
         y = _targets(y, x.shape[0])
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
@@ -100,6 +180,7 @@ class MuPLimit:
         if self.method_used == "quadrature" and self.k != 1:
             raise ValueError("method='quadrature' takes one output (y of shape (n,)); use 'monte_carlo'")
         getattr(self, f"_init_{self.method_used}")()
+        self._updater = _Updater(self.optimizer, self.momentum, self.nesterov, self.betas, self.eps)
         for batch in sgd_batches(len(x), steps, batch_size, batch_seed):
             getattr(self, f"_step_{self.method_used}")(batch, lr)
         self._fitted = True
@@ -140,10 +221,11 @@ class MuPLimit:
         chi = (xb @ self._cross().T - self.y[batch]) / len(batch)          # (B, k)
         g = xb.T @ chi                                                       # (d, k)
         d, k = self.d, self.k
-        a = torch.eye(d + k, dtype=torch.float64)
-        a[:d, d:] = -lr * g
-        a[d:, :d] = -lr * g.T
-        self.M = a @ self.M
+        # the scaled gradient of the neuron z = (u, v) = M z₀ is (g v, gᵀ u) = [[0, g], [gᵀ, 0]] M z₀
+        a = torch.zeros(d + k, d + k, dtype=torch.float64)
+        a[:d, d:] = g
+        a[d:, :d] = g.T
+        self.M = self.M + self._updater.step({"M": a @ self.M}, lr)["M"]
 
     def _predict_linear(self, x: torch.Tensor):
         mean = x @ self._cross().T
@@ -184,12 +266,13 @@ class MuPLimit:
         phi = self.act.fn(self.h[..., batch])                                 # (2, Q/2, B)
         f = self._f_nodes(phi)
         chi = (f - self.y[batch, 0]) / len(batch)                             # (B,)
-        dv = -lr * (phi * chi).sum(-1, keepdim=True)
-        da = torch.zeros_like(self.a)
-        da[..., batch] = -lr * chi * self.v * self.act.derivative(self.h[..., batch])
-        self.v = self.v + dv
-        self.a = self.a + da
-        self.h = self.h + da @ self.gram.T
+        gv = (phi * chi).sum(-1, keepdim=True)
+        ga = torch.zeros_like(self.a)                  # u's gradient Σ_b c_b x_b, as coefficients c
+        ga[..., batch] = chi * self.v * self.act.derivative(self.h[..., batch])
+        step = self._updater.step({"v": gv, "a": ga}, lr)
+        self.v = self.v + step["v"]
+        self.a = self.a + step["a"]
+        self.h = self.h + step["a"] @ self.gram.T
 
     def _predict_quadrature(self, x: torch.Tensor):
         kx = self.x @ x.T                                                     # (N, m)
@@ -227,7 +310,8 @@ class MuPLimit:
         dv = torch.einsum("rqhb,rbk->rqhk", phi, chi)
         s = torch.einsum("rqhk,rbk->rqhb", self.v, chi) * self.act.derivative(pre)
         du = torch.einsum("rqhb,bd->rqhd", s, xb)
-        self.u, self.v = self.u - lr * du, self.v - lr * dv
+        step = self._updater.step({"u": du, "v": dv}, lr)
+        self.u, self.v = self.u + step["u"], self.v + step["v"]
 
     def _predict_monte_carlo(self, x: torch.Tensor):
         per_replica = self._f_mc(self.act.fn(torch.einsum("rqhd,md->rqhm", self.u, x)))
@@ -259,13 +343,34 @@ class OneHiddenLayer(nn.Module):
         return self.scale * self.act(self.preactivations(x)) @ self.v.T
 
 
+def finite_optimizer(model: OneHiddenLayer, lr: float, optimizer: str = "sgd", momentum: float = 0.0,
+                     nesterov: bool = False, betas=(0.9, 0.999), eps: float = 1e-8) -> torch.optim.Optimizer:
+    """The torch optimizer whose n → ∞ limit is `MuPLimit(..., optimizer=...)` with the same arguments.
+
+    Both u and v of `OneHiddenLayer` are vector-like (one width dimension), and v sits behind the
+    1/n readout. µP: SGD lr η·n (momentum as given); Adam lr η and ε/n — the gradients are Θ(1/n),
+    and Adam is invariant to scaling gradient and ε together (the library's rules: Adam lr ×1 for
+    input and multiplied-readout weights, ε ×1/n). NTK parametrization: SGD lr η (Adam is not
+    defined for it here)."""
+    _check_optimizer(optimizer, momentum, nesterov, betas, eps)
+    width = model.u.shape[0]
+    if optimizer == "adam":
+        if model.parametrization != "mup":
+            raise ValueError("optimizer='adam' is defined for parametrization='mup' only; use 'sgd' for the NTK one")
+        return torch.optim.Adam(model.parameters(), lr=lr, betas=tuple(betas), eps=eps / width)
+    scale = width if model.parametrization == "mup" else 1.0
+    return torch.optim.SGD(model.parameters(), lr=lr * scale, momentum=momentum, nesterov=nesterov)
+
+
 def train_finite(model: OneHiddenLayer, x: ArrayLike, y: ArrayLike, steps: int, lr: float,
-                 batch_size: Optional[int] = None, batch_seed: int = 0) -> OneHiddenLayer:
-    """SGD on (1/B) Σ ½‖f − y‖² with the parametrization's lr: η·n (µP) or η (NTK) on u and v."""
+                 batch_size: Optional[int] = None, batch_seed: int = 0, *, optimizer: str = "sgd",
+                 momentum: float = 0.0, nesterov: bool = False, betas=(0.9, 0.999),
+                 eps: float = 1e-8) -> OneHiddenLayer:
+    """Train on (1/B) Σ ½‖f − y‖² with `finite_optimizer`: SGD at lr η·n (µP) or η (NTK) on u and v,
+    with `momentum`/`nesterov`; or, µP only, Adam at lr η with ε/n (`betas`, `eps`)."""
     x = as_inputs(x, "x").to(model.u.dtype)
     y = _targets(y, x.shape[0]).to(model.u.dtype)
-    width = model.u.shape[0]
-    opt = torch.optim.SGD(model.parameters(), lr=lr * (width if model.parametrization == "mup" else 1.0))
+    opt = finite_optimizer(model, lr, optimizer, momentum, nesterov, betas, eps)
     for batch in sgd_batches(len(x), steps, batch_size, batch_seed):
         loss = 0.5 * ((model(x[batch]) - y[batch]) ** 2).sum(1).mean()
         opt.zero_grad()
