@@ -16,10 +16,11 @@ from .monte_carlo import layer_factors, monte_carlo_kernels
 from .traced import KernelWarning, ModelKernels, model_kernel_diag, model_kernels
 from .mup_limit import (MuPLimit, OneHiddenLayer, feature_movement, finite_optimizer, fitted_slope, sgd_batches,
                         train_finite)
+from .pi_limit import PiLimit, PiNet, train_pi
 from .predict import gp_posterior, gradient_flow, nngp_predict, ntk_predict
 
 __all__ = ["kernels", "mlp_kernels", "model_kernels", "model_kernel_diag", "ModelKernels", "KernelWarning",
            "monte_carlo_kernels", "layer_factors", "nngp", "ntk", "nngp_diag", "nngp_predict", "ntk_predict",
            "gp_posterior", "gradient_flow", "empirical_ntk", "empirical_nngp",
            "NTKMLP", "MuPLimit", "OneHiddenLayer", "train_finite", "finite_optimizer", "feature_movement", "fitted_slope",
-           "sgd_batches", "get_activation"]
+           "sgd_batches", "get_activation", "PiLimit", "PiNet", "train_pi"]
