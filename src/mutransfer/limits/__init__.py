@@ -18,9 +18,15 @@ from .mup_limit import (MuPLimit, OneHiddenLayer, feature_movement, finite_optim
                         train_finite)
 from .pi_limit import PiLimit, PiNet, train_pi
 from .predict import gp_posterior, gradient_flow, nngp_predict, ntk_predict
+from .word2vec import (SkipGram, Word2VecLimit, analogy_accuracy, cosine_similarity, evaluate_embeddings,
+                       inflection_analogies, inflection_pairs, morphological_groups, ntk_limit_similarity,
+                       partner_auc, similarity_gap, skipgram_batches, train_skipgram)
 
 __all__ = ["kernels", "mlp_kernels", "model_kernels", "model_kernel_diag", "ModelKernels", "KernelWarning",
            "monte_carlo_kernels", "layer_factors", "nngp", "ntk", "nngp_diag", "nngp_predict", "ntk_predict",
            "gp_posterior", "gradient_flow", "empirical_ntk", "empirical_nngp",
            "NTKMLP", "MuPLimit", "OneHiddenLayer", "train_finite", "finite_optimizer", "feature_movement", "fitted_slope",
-           "sgd_batches", "get_activation", "PiLimit", "PiNet", "train_pi"]
+           "sgd_batches", "get_activation", "PiLimit", "PiNet", "train_pi",
+           "SkipGram", "Word2VecLimit", "skipgram_batches", "train_skipgram", "ntk_limit_similarity",
+           "cosine_similarity", "morphological_groups", "inflection_pairs", "inflection_analogies", "partner_auc",
+           "analogy_accuracy", "evaluate_embeddings", "similarity_gap"]
