@@ -56,8 +56,8 @@ def main(argv=None) -> int:
     ap.add_argument("--negatives", type=int, default=5)
     ap.add_argument("--subsample", type=float, default=1e-4)
     ap.add_argument("--widths", default="64,128,256,512,1024", help="finite µP widths")
-    ap.add_argument("--ntk-widths", default="64,256,1024", help="finite NTK-parametrized widths (seed 0)")
-    ap.add_argument("--seeds", type=int, default=2, help="finite µP nets per width")
+    ap.add_argument("--ntk-widths", default="64,256,1024", help="finite NTK-parametrized widths")
+    ap.add_argument("--seeds", type=int, default=2, help="finite nets per width (scores and gaps are their means)")
     ap.add_argument("--quick", action="store_true", help="stdlib docstrings only, 1 epoch, few widths")
     ap.add_argument("--plot", default="docs/limits_word2vec.png")
     ap.add_argument("--threads", type=int, default=1,
@@ -118,14 +118,16 @@ def main(argv=None) -> int:
         rows.append((f"finite µP, width {width}", "mup", width, *mean))
     ntk_scores, ntk_gaps = {}, {}
     for width in ntk_widths:
-        net = L.SkipGram(V, width, "ntk", sigma=args.sigma, seed=0)
-        losses = L.train_skipgram(net, batches, args.lr)
-        sim = net.similarity()
-        auc, ana = score(sim)
-        ntk_scores[width] = (auc, ana)
-        ntk_gaps[width] = L.similarity_gap(sim, s_ntk, words)
-        rows.append((f"finite NTK, width {width}", "ntk", width, auc, ana, sum(losses[-epoch_steps:]) / epoch_steps,
-                     L.similarity_gap(sim, s_lim, words)))
+        res = []
+        for seed in range(args.seeds):
+            net = L.SkipGram(V, width, "ntk", sigma=args.sigma, seed=seed)
+            losses = L.train_skipgram(net, batches, args.lr)
+            sim = net.similarity()
+            res.append((*score(sim), sum(losses[-epoch_steps:]) / epoch_steps, L.similarity_gap(sim, s_lim, words),
+                        L.similarity_gap(sim, s_ntk, words)))
+        mean = [sum(r[k] for r in res) / len(res) for k in range(5)]
+        ntk_scores[width], ntk_gaps[width] = mean[:2], mean[4]
+        rows.append((f"finite NTK, width {width}", "ntk", width, *mean[:4]))
     auc, ana = score(s_ntk)
     rows.append(("NTK limit", "ntk_limit", None, auc, ana, float("nan"), L.similarity_gap(s_ntk, s_lim, words)))
 
@@ -187,6 +189,11 @@ def plot(rows, widths, ntk_widths, mup_scores, ntk_scores, gaps, ntk_gaps, slope
     ax.set_title("finite nets → their limits")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
+    lo = min([gaps[w] for w in widths] + [ntk_gaps[w] for w in ntk_widths])
+    hi = max([gaps[w] for w in widths] + [ntk_gaps[w] for w in ntk_widths])
+    ticks = [t for t in (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5) if lo / 1.5 <= t <= hi * 1.5]
+    ax.set_yticks(ticks)
+    ax.set_yticklabels([f"{t:g}" for t in ticks])
     for a in axes:
         a.set_xticks(sorted(set(widths) | set(ntk_widths)))
         a.set_xticklabels([str(w) for w in sorted(set(widths) | set(ntk_widths))])
