@@ -155,3 +155,22 @@ def test_optimizer_overhead_quick_prints_a_ratio_per_optimizer():
     ratios = re.findall(r"\| (sgd|lion|muon) \| \d+ / \d+ \| .* \| ([0-9.]+) \(", out)
     assert [name for name, _ in ratios] == ["sgd", "lion", "muon"], out
     assert all(math.isfinite(float(r)) and float(r) > 0 for _, r in ratios)
+
+
+@pytest.mark.slow
+def test_feature_learning_deep_example_quick(tmp_path):
+    plot = tmp_path / "deep.png"
+    out = run(["examples/feature_learning_deep.py", "--quick", "--plot", str(plot)])
+    assert "π-limit" in out and "Adam µP limit" in out and "finite π-net, width 256" in out
+    assert "fitted slope of the RMS distance" in out
+    assert plot.exists() and plot.stat().st_size > 20_000
+
+
+@pytest.mark.slow
+def test_limits_convergence_benchmark_quick_prints_a_slope_per_limit():
+    out = run(["benchmarks/limits_convergence.py", "--quick"])
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "limit" in line and "---" not in line][1:]
+    assert len(rows) == 5, out
+    for row in rows:
+        slope = float(row.split("|")[5])
+        assert math.isfinite(slope), row
