@@ -338,3 +338,8 @@ def test_optimizer_arguments_are_checked():
     with pytest.raises(ValueError, match="parametrization='mup'"):
         L.train_finite(L.OneHiddenLayer(8, 16, parametrization="ntk"), XS, YS, 1, 0.1, optimizer="adam")
     assert L.MuPLimit(optimizer="adam").fit(XS, YS, 1, 0.01).method_used == "monte_carlo"
+
+
+def test_a_diverging_mup_limit_raises_naming_lr():
+    with pytest.raises(ValueError, match="diverged .*lower lr"):
+        L.MuPLimit("tanh", method="monte_carlo", samples=256, momentum=0.9).fit(XS * 10, YS * 10, 200, 50.0)

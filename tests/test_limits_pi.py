@@ -233,3 +233,9 @@ def test_several_outputs_and_minibatches_share_the_batches_of_sgd_batches():
     assert (other - out).norm() / out.norm() > 2 * gap
     # the state grows by B rows per layer and step: r + 4·3 hidden rows, 4·3 readout rows
     assert [a.shape[0] for a in limit.A] == [3 + 12, 12]
+
+
+def test_a_diverging_pi_limit_raises_naming_lr_and_input_alpha():
+    x, y, _ = task(0, n=16, d=8)
+    with pytest.raises(ValueError, match="diverged at step .*lower lr or input_alpha"):
+        mt.limits.PiLimit(2, 64).fit(x * 4, y * 10, 50, 5.0)

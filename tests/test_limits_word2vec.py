@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from mutransfer import limits as L
-from mutransfer.limits import word2vec as W
 
 ROOT = Path(__file__).resolve().parent.parent
 

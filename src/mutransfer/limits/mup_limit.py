@@ -183,6 +183,9 @@ class MuPLimit:
         self._updater = _Updater(self.optimizer, self.momentum, self.nesterov, self.betas, self.eps)
         for batch in sgd_batches(len(x), steps, batch_size, batch_seed):
             getattr(self, f"_step_{self.method_used}")(batch, lr)
+        state = {"linear": ("M",), "quadrature": ("v", "a"), "monte_carlo": ("u", "v")}[self.method_used]
+        if not all(bool(torch.isfinite(getattr(self, name)).all()) for name in state):
+            raise ValueError(f"the µP limit diverged within {steps} steps at lr={lr} ({self.optimizer}); lower lr")
         self._fitted = True
         return self
 

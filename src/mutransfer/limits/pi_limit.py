@@ -227,8 +227,12 @@ class PiLimit:
         self.A_in = a_in
         self.A = [a for a, _ in layers] + [torch.zeros(0, self.d_out, dtype=torch.float64)]
         self.B = [b for _, b in layers] + [torch.zeros(0, self.rank, dtype=torch.float64)]
-        for batch in sgd_batches(len(x), steps, batch_size, batch_seed):
+        for step, batch in enumerate(sgd_batches(len(x), steps, batch_size, batch_seed), start=1):
             self._step(batch, lr, input_lr_mult, output_lr_mult)
+            if not all(bool(torch.isfinite(a[-len(batch):]).all()) for a in self.A):
+                raise ValueError(f"the π-limit diverged at step {step} of {steps} (lr={lr}, input_alpha="
+                                 f"{self.input_alpha}, rank={self.rank}): its representations grow with the rank "
+                                 "and the depth, so lower lr or input_alpha")
         self._fitted = True
         return self
 
