@@ -120,10 +120,16 @@ def sgd_batches(n: int, steps: int, batch_size: Optional[int], seed: int = 0) ->
 
 
 def _targets(y: ArrayLike, n: int) -> torch.Tensor:
-    y = torch.as_tensor(y).detach().to(torch.float64)
+    """y as float64 (n, k): (n,) becomes (n, 1)."""
+    if not isinstance(y, torch.Tensor):
+        try:
+            y = torch.as_tensor(y)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise TypeError(f"y must be a torch tensor or numpy array, got {type(y).__name__}") from err
+    y = y.detach().to(torch.float64)
     y = y[:, None] if y.ndim == 1 else y
     if y.ndim != 2 or y.shape[0] != n:
-        raise ValueError(f"y must have shape ({n},) or ({n}, k), got {tuple(y.shape)}")
+        raise ValueError(f"y must have shape ({n},) or ({n}, k) to match x's {n} rows, got {tuple(y.shape)}")
     return y
 
 

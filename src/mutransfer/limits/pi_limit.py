@@ -71,7 +71,7 @@ from torch import nn
 
 from .activations import get_activation
 from .kernels import ArrayLike, as_inputs
-from .mup_limit import sgd_batches
+from .mup_limit import _targets, sgd_batches
 
 __all__ = ["PiNet", "PiLimit", "train_pi", "pi_initial_state", "relu_delta_moment"]
 
@@ -103,17 +103,6 @@ def _check_positive(name: str, value) -> float:
     return float(value)
 
 
-def _targets(y: ArrayLike, n: int) -> torch.Tensor:
-    if not isinstance(y, torch.Tensor):
-        try:
-            y = torch.as_tensor(y)
-        except (TypeError, ValueError, RuntimeError) as err:
-            raise TypeError(f"y must be a torch tensor or numpy array, got {type(y).__name__}") from err
-    y = y.detach().to(torch.float64)
-    y = y[:, None] if y.ndim == 1 else y
-    if y.ndim != 2 or y.shape[0] != n:
-        raise ValueError(f"y must have shape ({n},) or ({n}, k) to match x's {n} rows, got {tuple(y.shape)}")
-    return y
 
 
 def _check_batch(batch_size, n: int) -> None:
