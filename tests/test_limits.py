@@ -314,7 +314,7 @@ def test_finite_optimizer_scales_lr_and_eps_as_the_library_rules_say():
     n, m = 64, 4
     small, large = (L.OneHiddenLayer(8, w) for w in (n, m * n))
     assert TABLE8["output"].forward == (-1.0, 0.0) and large.scale * m == small.scale
-    for opt, col, eps_col in (("sgd", "sgd_lr", None), ("adam", "adam_lr", "adam_eps")):
+    for opt, col, eps_col in (("sgd", "sgd_lr", None), ("adam", "adam_lr", "adam_eps"), ("adamw", "adam_lr", "adam_eps")):
         a, b = L.finite_optimizer(small, 0.1, opt), L.finite_optimizer(large, 0.1, opt)
         for i, role, dim in ((0, "input", 1), (1, "output", 0)):      # m_out for u, m_in for v
             ratio = b.param_groups[0]["lr"] / a.param_groups[0]["lr"]
@@ -324,7 +324,24 @@ def test_finite_optimizer_scales_lr_and_eps_as_the_library_rules_say():
                 assert eps_ratio == pytest.approx(m ** getattr(TABLE8[role], eps_col)[dim]), (opt, role)
 
 
+def test_finite_mup_adamw_networks_approach_the_adamw_limit():
+    steps, lr, wd, widths = 40, 0.02, 2.0, [256, 1024, 4096, 16384]
+    limit = L.MuPLimit("tanh", optimizer="adamw", weight_decay=wd, samples=2 ** 17).fit(XS, YS, steps, lr).predict(XT)
+    adam = L.MuPLimit("tanh", optimizer="adam", samples=2 ** 17).fit(XS, YS, steps, lr).predict(XT)
+    assert float((limit - adam).abs().max()) > 0.05                         # the decay changes the trajectory
+    gaps = _finite_gaps(limit, widths, steps, lr, seeds=4, optimizer="adamw", weight_decay=wd)
+    slope = L.fitted_slope(widths, gaps)
+    print(f"adamw: gaps {[f'{e:.2e}' for e in gaps]}: slope {slope:+.2f}")
+    assert -0.75 < slope < -0.3 and gaps[-1] < gaps[0] / 4
+
+
 def test_optimizer_arguments_are_checked():
+    with pytest.raises(ValueError, match="weight_decay is the decoupled decay"):
+        L.MuPLimit(optimizer="adam", weight_decay=0.1)
+    with pytest.raises(ValueError, match="weight_decay must be"):
+        L.MuPLimit(optimizer="adamw", weight_decay=-1.0)
+    with pytest.raises(ValueError, match="monte_carlo"):
+        L.MuPLimit(method="linear", optimizer="adamw")
     with pytest.raises(ValueError, match="optimizer"):
         L.MuPLimit(optimizer="lion")
     with pytest.raises(ValueError, match="monte_carlo"):

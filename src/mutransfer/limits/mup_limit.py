@@ -26,6 +26,9 @@ above, Θ(1) and a deterministic function of the neuron and of the global χ):
   gradients' size (the library's ``adam_eps`` column) — or it swamps √ŝ as n grows and the
   network falls into the kernel regime. The update is entrywise nonlinear: u leaves the span of
   the inputs and M_t is not linear, so Adam's limit is taken by Monte Carlo only.
+- **AdamW** (torch.optim.AdamW semantics): Adam's step plus the decoupled decay −η·wd·(u, v) of
+  each neuron's own entries, which are Θ(1) in the finite net too, so `weight_decay` is the same
+  at every width.
 
 Three ways to take the expectation:
 
@@ -56,17 +59,24 @@ __all__ = ["METHODS", "OPTIMIZERS", "sgd_batches", "MuPLimit", "OneHiddenLayer",
            "finite_optimizer", "feature_movement", "fitted_slope"]
 
 METHODS = ("auto", "linear", "quadrature", "monte_carlo")
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+_ADAPTIVE = ("adam", "adamw")
 
 
-def _check_optimizer(optimizer: str, momentum: float, nesterov: bool, betas, eps: float) -> None:
+def _check_optimizer(optimizer: str, momentum: float, nesterov: bool, betas, eps: float,
+                     weight_decay: float = 0.0) -> None:
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
     if not 0.0 <= momentum < 1.0:
         raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
     if nesterov and (optimizer != "sgd" or momentum == 0):
         raise ValueError("nesterov=True needs optimizer='sgd' and momentum > 0")
-    if optimizer == "adam":
+    if not weight_decay >= 0:
+        raise ValueError(f"weight_decay must be ≥ 0, got {weight_decay!r}")
+    if weight_decay and optimizer != "adamw":
+        raise ValueError("weight_decay is the decoupled decay of optimizer='adamw' (p ← p·(1 − lr·wd), the same "
+                         "at every width); an L2 term in the gradient would need wd/n at width n: use 'adamw'")
+    if optimizer in _ADAPTIVE:
         if momentum:
             raise ValueError("momentum is an SGD setting; Adam's is betas=(β₁, β₂)")
         if len(tuple(betas)) != 2 or not all(0.0 <= b < 1.0 for b in betas):
@@ -76,18 +86,20 @@ def _check_optimizer(optimizer: str, momentum: float, nesterov: bool, betas, eps
 
 
 class _Updater:
-    """SGD (with momentum / Nesterov) or Adam on named state tensors, from their scaled gradients:
-    the same arithmetic as torch.optim.SGD / torch.optim.Adam, so that the limit and the finite
-    networks take the same steps (see the module docstring)."""
+    """SGD (with momentum / Nesterov), Adam or AdamW on named state tensors, from their scaled
+    gradients: the same arithmetic as torch.optim.SGD / Adam / AdamW, so that the limit and the
+    finite networks take the same steps (see the module docstring)."""
 
-    def __init__(self, optimizer: str, momentum: float, nesterov: bool, betas, eps: float):
+    def __init__(self, optimizer: str, momentum: float, nesterov: bool, betas, eps: float,
+                 weight_decay: float = 0.0):
         self.optimizer, self.momentum, self.nesterov = optimizer, momentum, nesterov
-        self.betas, self.eps = tuple(betas), eps
+        self.betas, self.eps, self.weight_decay = tuple(betas), eps, weight_decay
         self.state: dict[str, list[torch.Tensor]] = {}
         self.t = 0
 
-    def step(self, grads: dict[str, torch.Tensor], lr: float) -> dict[str, torch.Tensor]:
-        """The change −lr·(update) of each named state tensor."""
+    def step(self, grads: dict[str, torch.Tensor], lr: float,
+             params: Optional[dict[str, torch.Tensor]] = None) -> dict[str, torch.Tensor]:
+        """The change −lr·(update) of each named state tensor (`params`: their values, for AdamW's decay)."""
         self.t += 1
         out = {}
         for name, g in grads.items():
@@ -107,6 +119,8 @@ class _Updater:
                 self.state[name] = [m, s]
                 denom = (s / (1 - b2 ** self.t)).sqrt() + self.eps
                 out[name] = -lr * (m / (1 - b1 ** self.t)) / denom
+                if self.weight_decay:
+                    out[name] = out[name] - lr * self.weight_decay * params[name]
         return out
 
 
@@ -141,16 +155,17 @@ class MuPLimit:
 
     def __init__(self, activation: Union[str, Fn] = "relu", method: str = "auto", *, optimizer: str = "sgd",
                  momentum: float = 0.0, nesterov: bool = False, betas=(0.9, 0.999), eps: float = 1e-8,
-                 samples: int = 16384, groups: int = 8, quad_points: Optional[int] = None,
+                 weight_decay: float = 0.0, samples: int = 16384, groups: int = 8, quad_points: Optional[int] = None,
                  max_nodes: int = 120_000, derivative: Optional[Fn] = None, seed: int = 0):
         if method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
-        _check_optimizer(optimizer, momentum, nesterov, betas, eps)
-        if optimizer == "adam" and method in ("linear", "quadrature"):
+        _check_optimizer(optimizer, momentum, nesterov, betas, eps, weight_decay)
+        if optimizer in _ADAPTIVE and method in ("linear", "quadrature"):
             raise ValueError(f"method={method!r} needs u to stay a linear function of its start within the span "
                              "of the inputs, which Adam's entrywise update breaks; use method='monte_carlo' "
                              "(or 'auto')")
         self.optimizer, self.momentum, self.nesterov, self.betas, self.eps = optimizer, momentum, nesterov, betas, eps
+        self.weight_decay = weight_decay
         if not isinstance(samples, int) or samples < 2 * groups or samples % (2 * groups):
             raise ValueError(f"samples must be a multiple of 2·groups = {2 * groups}, got {samples!r}")
         self.act = get_activation(activation, derivative)
@@ -163,7 +178,7 @@ class MuPLimit:
     def _choose(self, x: torch.Tensor, k: int) -> str:
         if self.method != "auto":
             return self.method
-        if self.optimizer == "adam":
+        if self.optimizer in _ADAPTIVE:
             return "monte_carlo"
         if self.act.name == "identity":
             return "linear"
@@ -186,7 +201,8 @@ class MuPLimit:
         if self.method_used == "quadrature" and self.k != 1:
             raise ValueError("method='quadrature' takes one output (y of shape (n,)); use 'monte_carlo'")
         getattr(self, f"_init_{self.method_used}")()
-        self._updater = _Updater(self.optimizer, self.momentum, self.nesterov, self.betas, self.eps)
+        self._updater = _Updater(self.optimizer, self.momentum, self.nesterov, self.betas, self.eps,
+                                 self.weight_decay)
         for batch in sgd_batches(len(x), steps, batch_size, batch_seed):
             getattr(self, f"_step_{self.method_used}")(batch, lr)
         state = {"linear": ("M",), "quadrature": ("v", "a"), "monte_carlo": ("u", "v")}[self.method_used]
@@ -319,7 +335,7 @@ class MuPLimit:
         dv = torch.einsum("rqhb,rbk->rqhk", phi, chi)
         s = torch.einsum("rqhk,rbk->rqhb", self.v, chi) * self.act.derivative(pre)
         du = torch.einsum("rqhb,bd->rqhd", s, xb)
-        step = self._updater.step({"u": du, "v": dv}, lr)
+        step = self._updater.step({"u": du, "v": dv}, lr, {"u": self.u, "v": self.v})
         self.u, self.v = self.u + step["u"], self.v + step["v"]
 
     def _predict_monte_carlo(self, x: torch.Tensor):
@@ -353,19 +369,25 @@ class OneHiddenLayer(nn.Module):
 
 
 def finite_optimizer(model: OneHiddenLayer, lr: float, optimizer: str = "sgd", momentum: float = 0.0,
-                     nesterov: bool = False, betas=(0.9, 0.999), eps: float = 1e-8) -> torch.optim.Optimizer:
+                     nesterov: bool = False, betas=(0.9, 0.999), eps: float = 1e-8,
+                     weight_decay: float = 0.0) -> torch.optim.Optimizer:
     """The torch optimizer whose n → ∞ limit is `MuPLimit(..., optimizer=...)` with the same arguments.
 
     Both u and v of `OneHiddenLayer` are vector-like (one width dimension), and v sits behind the
     1/n readout. µP: SGD lr η·n (momentum as given); Adam lr η and ε/n — the gradients are Θ(1/n),
     and Adam is invariant to scaling gradient and ε together (the library's rules: Adam lr ×1 for
-    input and multiplied-readout weights, ε ×1/n). NTK parametrization: SGD lr η (Adam is not
-    defined for it here)."""
-    _check_optimizer(optimizer, momentum, nesterov, betas, eps)
+    input and multiplied-readout weights, ε ×1/n); AdamW's decoupled `weight_decay` as given (every
+    entry is Θ(1), so p ← p·(1 − lr·wd) is the same at every width). NTK parametrization: SGD lr η
+    (Adam is not defined for it here)."""
+    _check_optimizer(optimizer, momentum, nesterov, betas, eps, weight_decay)
     width = model.u.shape[0]
-    if optimizer == "adam":
+    if optimizer in _ADAPTIVE:
         if model.parametrization != "mup":
-            raise ValueError("optimizer='adam' is defined for parametrization='mup' only; use 'sgd' for the NTK one")
+            raise ValueError(f"optimizer={optimizer!r} is defined for parametrization='mup' only; use 'sgd' for "
+                             "the NTK one")
+        if optimizer == "adamw":
+            return torch.optim.AdamW(model.parameters(), lr=lr, betas=tuple(betas), eps=eps / width,
+                                     weight_decay=weight_decay)
         return torch.optim.Adam(model.parameters(), lr=lr, betas=tuple(betas), eps=eps / width)
     scale = width if model.parametrization == "mup" else 1.0
     return torch.optim.SGD(model.parameters(), lr=lr * scale, momentum=momentum, nesterov=nesterov)
@@ -374,12 +396,13 @@ def finite_optimizer(model: OneHiddenLayer, lr: float, optimizer: str = "sgd", m
 def train_finite(model: OneHiddenLayer, x: ArrayLike, y: ArrayLike, steps: int, lr: float,
                  batch_size: Optional[int] = None, batch_seed: int = 0, *, optimizer: str = "sgd",
                  momentum: float = 0.0, nesterov: bool = False, betas=(0.9, 0.999),
-                 eps: float = 1e-8) -> OneHiddenLayer:
+                 eps: float = 1e-8, weight_decay: float = 0.0) -> OneHiddenLayer:
     """Train on (1/B) Σ ½‖f − y‖² with `finite_optimizer`: SGD at lr η·n (µP) or η (NTK) on u and v,
-    with `momentum`/`nesterov`; or, µP only, Adam at lr η with ε/n (`betas`, `eps`)."""
+    with `momentum`/`nesterov`; or, µP only, Adam/AdamW at lr η with ε/n (`betas`, `eps`,
+    AdamW's decoupled `weight_decay`)."""
     x = as_inputs(x, "x").to(model.u.dtype)
     y = _targets(y, x.shape[0]).to(model.u.dtype)
-    opt = finite_optimizer(model, lr, optimizer, momentum, nesterov, betas, eps)
+    opt = finite_optimizer(model, lr, optimizer, momentum, nesterov, betas, eps, weight_decay)
     for batch in sgd_batches(len(x), steps, batch_size, batch_seed):
         loss = 0.5 * ((model(x[batch]) - y[batch]) ** 2).sum(1).mean()
         opt.zero_grad()
