@@ -48,6 +48,20 @@ def as_inputs(x: ArrayLike, name: str) -> torch.Tensor:
     return x
 
 
+def as_targets(y: ArrayLike, n: int, name: str = "y") -> torch.Tensor:
+    """(n, k) float64 targets for n inputs; a 1-D array is one output per point."""
+    if not isinstance(y, torch.Tensor):
+        try:
+            y = torch.as_tensor(y)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise TypeError(f"{name} must be a torch tensor or numpy array, got {type(y).__name__}") from err
+    y = y.detach().to(torch.float64)
+    y = y[:, None] if y.ndim == 1 else y
+    if y.ndim != 2 or y.shape[0] != n:
+        raise ValueError(f"{name} must have shape ({n},) or ({n}, k) to match x's {n} rows, got {tuple(y.shape)}")
+    return y
+
+
 def _check(depth: int, weight_var: float, bias_var: float) -> None:
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
         raise ValueError(f"depth (number of hidden layers) must be an integer ≥ 0, got {depth!r}")

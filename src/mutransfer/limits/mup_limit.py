@@ -53,7 +53,7 @@ from torch import nn
 
 from .activations import Fn, get_activation
 from .gaussian import nodes
-from .kernels import ArrayLike, as_inputs
+from .kernels import ArrayLike, as_inputs, as_targets
 
 __all__ = ["METHODS", "OPTIMIZERS", "sgd_batches", "MuPLimit", "OneHiddenLayer", "train_finite",
            "finite_optimizer", "feature_movement", "fitted_slope"]
@@ -133,18 +133,6 @@ def sgd_batches(n: int, steps: int, batch_size: Optional[int], seed: int = 0) ->
     return [torch.randperm(n, generator=g)[:batch_size] for _ in range(steps)]
 
 
-def _targets(y: ArrayLike, n: int) -> torch.Tensor:
-    """y as float64 (n, k): (n,) becomes (n, 1)."""
-    if not isinstance(y, torch.Tensor):
-        try:
-            y = torch.as_tensor(y)
-        except (TypeError, ValueError, RuntimeError) as err:
-            raise TypeError(f"y must be a torch tensor or numpy array, got {type(y).__name__}") from err
-    y = y.detach().to(torch.float64)
-    y = y[:, None] if y.ndim == 1 else y
-    if y.ndim != 2 or y.shape[0] != n:
-        raise ValueError(f"y must have shape ({n},) or ({n}, k) to match x's {n} rows, got {tuple(y.shape)}")
-    return y
 
 
 class MuPLimit:
@@ -189,7 +177,7 @@ class MuPLimit:
             batch_seed: int = 0) -> "MuPLimit":
         """Train the limit for `steps` steps of the optimizer at learning rate `lr` (module docstring)."""
         x = as_inputs(x, "x")
-        y = _targets(y, x.shape[0])
+        y = as_targets(y, x.shape[0])
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise ValueError(f"steps must be an integer ≥ 0, got {steps!r}")
         if not lr > 0:
@@ -401,7 +389,7 @@ def train_finite(model: OneHiddenLayer, x: ArrayLike, y: ArrayLike, steps: int, 
     with `momentum`/`nesterov`; or, µP only, Adam/AdamW at lr η with ε/n (`betas`, `eps`,
     AdamW's decoupled `weight_decay`)."""
     x = as_inputs(x, "x").to(model.u.dtype)
-    y = _targets(y, x.shape[0]).to(model.u.dtype)
+    y = as_targets(y, x.shape[0]).to(model.u.dtype)
     opt = finite_optimizer(model, lr, optimizer, momentum, nesterov, betas, eps, weight_decay)
     for batch in sgd_batches(len(x), steps, batch_size, batch_seed):
         loss = 0.5 * ((model(x[batch]) - y[batch]) ** 2).sum(1).mean()

@@ -70,8 +70,8 @@ import torch
 from torch import nn
 
 from .activations import get_activation
-from .kernels import ArrayLike, as_inputs
-from .mup_limit import _targets, sgd_batches
+from .kernels import ArrayLike, as_inputs, as_targets
+from .mup_limit import sgd_batches
 
 __all__ = ["PiNet", "PiLimit", "train_pi", "pi_initial_state", "relu_delta_moment"]
 
@@ -205,7 +205,7 @@ class PiLimit:
             batch_seed: int = 0, *, input_lr_mult: float = 1.0, output_lr_mult: float = 1.0) -> "PiLimit":
         """Train the limit from its initial state for `steps` SGD steps at learning rate `lr`."""
         x = as_inputs(x, "x")
-        y = _targets(y, x.shape[0])
+        y = as_targets(y, x.shape[0])
         _check_int("steps", steps, 0)
         lr = _check_positive("lr", lr)
         input_lr_mult = _check_positive("input_lr_mult", input_lr_mult)
@@ -327,7 +327,7 @@ def train_pi(net: PiNet, x: ArrayLike, y: ArrayLike, steps: int, lr: float, batc
     x = as_inputs(x, "x")
     if x.shape[1] != net.d_in:
         raise ValueError(f"x has {x.shape[1]} features; the net takes d_in = {net.d_in}")
-    y = _targets(y, x.shape[0])
+    y = as_targets(y, x.shape[0])
     if y.shape[1] != net.d_out:
         raise ValueError(f"y has {y.shape[1]} outputs per example; the net has d_out = {net.d_out}")
     _check_int("steps", steps, 0)

@@ -7,18 +7,14 @@ import torch
 
 from torch import nn
 
-from .kernels import ArrayLike, as_inputs, kernels, nngp_diag
+from .kernels import ArrayLike, as_inputs, as_targets, kernels, nngp_diag
 
 __all__ = ["nngp_predict", "ntk_predict", "gp_posterior", "gradient_flow"]
 
 
 def _targets(y: ArrayLike, n: int) -> tuple[torch.Tensor, bool]:
-    y = torch.as_tensor(y).detach().to(torch.float64)
-    squeeze = y.ndim == 1
-    y = y[:, None] if squeeze else y
-    if y.ndim != 2 or y.shape[0] != n:
-        raise ValueError(f"y_train must have shape ({n},) or ({n}, k), got {tuple(y.shape)}")
-    return y, squeeze
+    """(n, k) targets and whether y was 1-D (the prediction is squeezed back)."""
+    return as_targets(y, n, "y_train"), torch.as_tensor(y).ndim == 1
 
 
 class _ModelKernels:
