@@ -40,8 +40,9 @@ def corpus(extra: bool = True) -> list[str]:
         try:
             from pydoc_data.topics import topics
             text += "\n" + "\n".join(topics[k] for k in sorted(topics))
-        except ImportError:
-            pass
+        except ImportError:  # some Python builds leave out pydoc_data: say so, the numbers will differ
+            print("pydoc_data is not installed: the corpus is the stdlib docstrings alone (≈45K words), "
+                  "so the vocabulary and the scores differ from the README's")
     return re.findall(r"[a-z]+", text.lower())
 
 

@@ -1,6 +1,7 @@
 """Infinite-width limits: NNGP/NTK kernels of any traced torch.nn module (and the closed
-recursion for fully-connected networks) and the µP feature-learning limit of a 1-hidden-layer
-network (`MuPLimit`).
+recursion for fully-connected networks) and the µP feature-learning limits: a 1-hidden-layer
+network under SGD, momentum, Adam or AdamW (`MuPLimit`), deep relu MLPs (the π-limit, `PiLimit`)
+and word2vec (`Word2VecLimit`), each with the finite networks it is the limit of.
 
     import mutransfer as mt
     K = mt.limits.nngp(model, x1, x2)                 # (n1, n2), float64, one output unit
@@ -8,6 +9,8 @@ network (`MuPLimit`).
     T = mt.limits.ntk(x, x_test, depth=3, activation="erf")
     mean, var = mt.limits.nngp_predict(x, y, x_test, depth=3)
     f = mt.limits.MuPLimit("relu").fit(x, y, steps=500, lr=0.5).predict(x_test)
+    f = mt.limits.MuPLimit("relu", optimizer="adam").fit(x, y, 300, 1e-3).predict(x_test)
+    f = mt.limits.PiLimit(2, 64, input_alpha=0.3).fit(x, y, 400, 0.3, batch_size=32).predict(x_test)
 """
 from .activations import get_activation
 from .empirical import NTKMLP, empirical_nngp, empirical_ntk
