@@ -132,7 +132,7 @@ def main(argv=None) -> int:
     auc, ana = score(s_ntk)
     rows.append(("NTK limit", "ntk_limit", None, auc, ana, float("nan"), L.similarity_gap(s_ntk, s_lim, words)))
 
-    print(f"\n| model | partner AUC | analogy acc. | train loss (last epoch) | RMS Δcos vs µP limit |")
+    print("\n| model | partner AUC | analogy acc. | train loss (last epoch) | RMS Δcos vs µP limit |")
     print("|---|---|---|---|---|")
     for name, _, _, auc, ana, loss, gap in rows:
         loss_s = "–" if math.isnan(loss) else f"{loss:.3f}"
