@@ -51,6 +51,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ._checks import integer, positive
 from .activations import Fn, get_activation
 from .gaussian import nodes
 from .kernels import ArrayLike, as_inputs, as_targets
@@ -133,13 +134,11 @@ def sgd_batches(n: int, steps: int, batch_size: Optional[int], seed: int = 0) ->
     return [torch.randperm(n, generator=g)[:batch_size] for _ in range(steps)]
 
 
-
-
 class MuPLimit:
     """The infinite-width µP limit of f(x) = (1/n) Σ v_α φ(u_α·x): `fit(x, y, steps, lr)`, `predict(x)`.
 
-    `optimizer="sgd"` (with `momentum`, `nesterov`) or `"adam"` (with `betas`, `eps`): the limit of
-    `train_finite` with the same arguments (module docstring)."""
+    `optimizer="sgd"` (with `momentum`, `nesterov`), `"adam"` (with `betas`, `eps`) or `"adamw"` (and
+    `weight_decay`): the limit of `train_finite` with the same arguments (module docstring)."""
 
     def __init__(self, activation: Union[str, Fn] = "relu", method: str = "auto", *, optimizer: str = "sgd",
                  momentum: float = 0.0, nesterov: bool = False, betas=(0.9, 0.999), eps: float = 1e-8,
@@ -178,10 +177,8 @@ class MuPLimit:
         """Train the limit for `steps` steps of the optimizer at learning rate `lr` (module docstring)."""
         x = as_inputs(x, "x")
         y = as_targets(y, x.shape[0])
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"steps must be an integer ≥ 0, got {steps!r}")
-        if not lr > 0:
-            raise ValueError(f"lr must be positive, got {lr!r}")
+        integer(steps, "steps", 0)
+        lr = positive(lr, "lr")
         self.x, self.y, self.d, self.k = x, y, x.shape[1], y.shape[1]
         self.method_used = self._choose(x, self.k)
         if self.method_used == "linear" and self.act.name != "identity":

@@ -69,6 +69,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ._checks import integer, positive
 from .activations import get_activation
 from .kernels import ArrayLike, as_inputs, as_targets
 from .mup_limit import sgd_batches
@@ -84,30 +85,14 @@ def relu_delta_moment(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return torch.sqrt((1 - q * q).clamp_min(0)) / (2 * math.pi * s)
 
 
-def _check_int(name: str, value, low: int, hint: str = "") -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an integer ≥ {low}, got {type(value).__name__} {value!r}")
-    if value < low:
-        raise ValueError(f"{name} must be an integer ≥ {low}, got {value}{hint}")
-    return value
-
-
 def _check_depth(depth) -> int:
-    return _check_int("depth", depth, 2, " (the number of hidden layers of the π-net; for one hidden layer use "
-                                         "MuPLimit, whose limit needs no finite rank)")
+    return integer(depth, "depth", 2, " (the number of hidden layers of the π-net; for one hidden layer use "
+                                      "MuPLimit, whose limit needs no finite rank)")
 
 
-def _check_positive(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    return float(value)
-
-
-
-
-def _check_batch(batch_size, n: int) -> None:
+def _check_batch(batch_size) -> None:
     if batch_size is not None:
-        _check_int("batch_size", batch_size, 1, " (or None for full batch)")
+        integer(batch_size, "batch_size", 1, " (or None for full batch)")
 
 
 def pi_initial_state(d_in: int, depth: int, rank: int, seed: int = 0):
@@ -161,9 +146,9 @@ class PiLimit:
     def __init__(self, depth: int, rank: int, *, input_alpha: float = 1.0, output_alpha: float = 1.0,
                  seed: int = 0):
         self.depth = _check_depth(depth)
-        self.rank = _check_int("rank", rank, 1, " (the rank r of the π-limit's finite representation)")
-        self.input_alpha = _check_positive("input_alpha", input_alpha)
-        self.output_alpha = _check_positive("output_alpha", output_alpha)
+        self.rank = integer(rank, "rank", 1, " (the rank r of the π-limit's finite representation)")
+        self.input_alpha = positive(input_alpha, "input_alpha")
+        self.output_alpha = positive(output_alpha, "output_alpha")
         self.seed = seed
         self._fitted = False
 
@@ -206,11 +191,11 @@ class PiLimit:
         """Train the limit from its initial state for `steps` SGD steps at learning rate `lr`."""
         x = as_inputs(x, "x")
         y = as_targets(y, x.shape[0])
-        _check_int("steps", steps, 0)
-        lr = _check_positive("lr", lr)
-        input_lr_mult = _check_positive("input_lr_mult", input_lr_mult)
-        output_lr_mult = _check_positive("output_lr_mult", output_lr_mult)
-        _check_batch(batch_size, len(x))
+        integer(steps, "steps", 0)
+        lr = positive(lr, "lr")
+        input_lr_mult = positive(input_lr_mult, "input_lr_mult")
+        output_lr_mult = positive(output_lr_mult, "output_lr_mult")
+        _check_batch(batch_size)
         self.x, self.y, self.d_in, self.d_out = x, y, x.shape[1], y.shape[1]
         a_in, layers = pi_initial_state(self.d_in, self.depth, self.rank, self.seed)
         self.A_in = a_in
@@ -281,13 +266,13 @@ class PiNet(nn.Module):
                  omega_seed: Optional[int] = None, dtype: torch.dtype = torch.float64):
         super().__init__()
         depth = _check_depth(depth)
-        _check_int("d_in", d_in, 1)
-        _check_int("d_out", d_out, 1)
-        rank = _check_int("rank", rank, 1, " (the rank r of the π-net's projections)")
-        _check_int("width", width, rank, f" (width must be ≥ rank = {rank}, else ΩᵀΩ is singular)")
+        integer(d_in, "d_in", 1)
+        integer(d_out, "d_out", 1)
+        rank = integer(rank, "rank", 1, " (the rank r of the π-net's projections)")
+        integer(width, "width", rank, f" (width must be ≥ rank = {rank}, else ΩᵀΩ is singular)")
         self.d_in, self.width, self.depth, self.rank, self.d_out = d_in, width, depth, rank, d_out
-        self.input_alpha = _check_positive("input_alpha", input_alpha)
-        self.output_alpha = _check_positive("output_alpha", output_alpha)
+        self.input_alpha = positive(input_alpha, "input_alpha")
+        self.output_alpha = positive(output_alpha, "output_alpha")
         gen = torch.Generator().manual_seed(omega_seed) if omega_seed is not None else None
         omegas = [torch.randn(width, rank, generator=gen, dtype=torch.float64) for _ in range(depth)]
         a_in, layers = pi_initial_state(d_in, depth, rank, seed)
@@ -330,11 +315,11 @@ def train_pi(net: PiNet, x: ArrayLike, y: ArrayLike, steps: int, lr: float, batc
     y = as_targets(y, x.shape[0])
     if y.shape[1] != net.d_out:
         raise ValueError(f"y has {y.shape[1]} outputs per example; the net has d_out = {net.d_out}")
-    _check_int("steps", steps, 0)
-    lr = _check_positive("lr", lr)
-    input_lr_mult = _check_positive("input_lr_mult", input_lr_mult)
-    output_lr_mult = _check_positive("output_lr_mult", output_lr_mult)
-    _check_batch(batch_size, len(x))
+    integer(steps, "steps", 0)
+    lr = positive(lr, "lr")
+    input_lr_mult = positive(input_lr_mult, "input_lr_mult")
+    output_lr_mult = positive(output_lr_mult, "output_lr_mult")
+    _check_batch(batch_size)
     dtype = net.weights[0].dtype
     x, y = x.to(dtype), y.to(dtype)
     rates = [lr * input_lr_mult] + [lr] * (net.depth - 1) + [lr * output_lr_mult]

@@ -54,9 +54,10 @@ from __future__ import annotations
 import math
 from typing import Iterable, Optional, Sequence
 
-import numpy as np
 import torch
 from torch import nn
+
+from ._checks import integer, positive
 
 __all__ = ["skipgram_batches", "SkipGram", "train_skipgram", "Word2VecLimit", "ntk_limit_similarity",
            "cosine_similarity", "morphological_groups", "inflection_pairs", "inflection_analogies",
@@ -73,20 +74,6 @@ SUFFIXES = (
 )
 
 
-def _positive_int(value, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an integer ≥ {minimum}, got {value!r}")
-    return int(value)
-
-
-def _positive_float(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-        raise TypeError(f"{name} must be a positive number, got {type(value).__name__}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    return float(value)
 
 
 def _token_ids(tokens, vocab_size: int) -> torch.Tensor:
@@ -114,18 +101,18 @@ def skipgram_batches(tokens, vocab_size: int, *, epochs: int = 1, batch_size: in
     positions on either side, shuffled and cut into batches of `batch_size` (the last one may be
     smaller); each pair gets `negatives` contexts drawn from the unigram distribution ^ `power`.
     """
-    vocab_size = _positive_int(vocab_size, "vocab_size")
+    vocab_size = integer(vocab_size, "vocab_size")
     t = _token_ids(tokens, vocab_size)
-    epochs = _positive_int(epochs, "epochs")
-    batch_size = _positive_int(batch_size, "batch_size")
-    window = _positive_int(window, "window")
-    negatives = _positive_int(negatives, "negatives", 0)
+    epochs = integer(epochs, "epochs")
+    batch_size = integer(batch_size, "batch_size")
+    window = integer(window, "window")
+    negatives = integer(negatives, "negatives", 0)
     if subsample is not None:
-        subsample = _positive_float(subsample, "subsample")
+        subsample = positive(subsample, "subsample")
     if len(t) <= 1:
         raise ValueError(f"tokens must hold at least 2 token ids to make (word, context) pairs, got {len(t)}")
     counts = torch.bincount(t, minlength=vocab_size).double()
-    noise = counts ** _positive_float(power, "power") if power != 0 else (counts > 0).double()
+    noise = counts ** positive(power, "power") if power != 0 else (counts > 0).double()
     noise = noise / noise.sum()
     freq = counts / counts.sum()
     g = torch.Generator().manual_seed(int(seed))
@@ -212,11 +199,11 @@ class SkipGram(nn.Module):
     def __init__(self, vocab_size: int, width: int, parametrization: str = "mup", sigma: float = 1.0,
                  dtype: torch.dtype = torch.float32, seed: Optional[int] = None):
         super().__init__()
-        vocab_size = _positive_int(vocab_size, "vocab_size")
-        width = _positive_int(width, "width")
+        vocab_size = integer(vocab_size, "vocab_size")
+        width = integer(width, "width")
         if parametrization not in ("mup", "ntk"):
             raise ValueError(f"parametrization must be 'mup' or 'ntk', got {parametrization!r}")
-        sigma = _positive_float(sigma, "sigma")
+        sigma = positive(sigma, "sigma")
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
         g = torch.Generator().manual_seed(int(seed)) if seed is not None else None
@@ -260,7 +247,7 @@ def train_skipgram(model: SkipGram, batches: Sequence[Batch], lr: float) -> list
     returns the loss of every batch (before its step)."""
     if not isinstance(model, SkipGram):
         raise TypeError(f"model must be a SkipGram, got {type(model).__name__}")
-    lr = _positive_float(lr, "lr")
+    lr = positive(lr, "lr")
     batches = _check_batches(batches, model.vocab_size)
     alpha = lr * model.lr_multiplier() * model.scale
     with torch.no_grad():
@@ -280,12 +267,12 @@ class Word2VecLimit:
 
     def __init__(self, vocab_size: int, sigma: float = 1.0, width: Optional[int] = None, seed: int = 0,
                  dtype: torch.dtype = torch.float64):
-        self.vocab_size = _positive_int(vocab_size, "vocab_size")
-        self.sigma = _positive_float(sigma, "sigma")
+        self.vocab_size = integer(vocab_size, "vocab_size")
+        self.sigma = positive(sigma, "sigma")
         V = self.vocab_size
         if width is None:
             width = 2 * V
-        width = _positive_int(width, "width")
+        width = integer(width, "width")
         if width < 2 * V:
             raise ValueError(f"width must be ≥ 2·vocab_size = {2 * V} (the limit lives in R^(2V)), got {width}")
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
@@ -308,7 +295,7 @@ class Word2VecLimit:
     def fit(self, batches: Sequence[Batch], lr: float) -> "Word2VecLimit":
         """Train from the init for all of `batches` (from `skipgram_batches`) at learning rate η = `lr`
         (the finite µP nets' η, i.e. their SGD lr is η·n). Refitting restarts from the init."""
-        lr = _positive_float(lr, "lr")
+        lr = positive(lr, "lr")
         batches = _check_batches(batches, self.vocab_size)
         self._init()
         self.losses = [_sgns_step(self.U, self.C, b, 1.0, lr) for b in batches]
@@ -340,7 +327,7 @@ class Word2VecLimit:
 def ntk_limit_similarity(vocab_size: int) -> torch.Tensor:
     """The NTK limit's word–word cosine similarity: the identity (its embeddings never move, and
     distinct words' i.i.d. Gaussian embeddings are orthogonal as n → ∞)."""
-    return torch.eye(_positive_int(vocab_size, "vocab_size"), dtype=torch.float64)
+    return torch.eye(integer(vocab_size, "vocab_size"), dtype=torch.float64)
 
 
 # ---------------------------------------------------------------------- evaluation
@@ -361,7 +348,7 @@ def morphological_groups(vocab, min_stem: int = 3) -> dict[str, dict[str, int]]:
     """{stem: {relation: token id}} for every stem x (a vocabulary word of ≥ `min_stem` letters) with
     at least one inflected form of `SUFFIXES` also in the vocabulary; relation "" is the stem itself."""
     vocab = _vocab_list(vocab)
-    min_stem = _positive_int(min_stem, "min_stem")
+    min_stem = integer(min_stem, "min_stem")
     index = {w: i for i, w in enumerate(vocab)}
     groups: dict[str, dict[str, int]] = {}
     for x in vocab:
