@@ -106,27 +106,25 @@ def main(argv=None) -> int:
     s_ntk = L.ntk_limit_similarity(V)
     rows.append(("µP limit", "mup_limit", None, auc, ana, lim_loss, 0.0))
 
-    gaps, mup_scores = {}, {}
-    for width in widths:
+    def finite(parametrization, width):
+        """Per-seed means of (AUC, analogy, last-epoch loss, Δcos vs the µP limit, Δcos vs the NTK limit)."""
         res = []
         for seed in range(args.seeds):
-            net = L.SkipGram(V, width, "mup", sigma=args.sigma, seed=seed)
-            losses = L.train_skipgram(net, batches, args.lr)
-            sim = net.similarity()
-            res.append((*score(sim), sum(losses[-epoch_steps:]) / epoch_steps, L.similarity_gap(sim, s_lim, words)))
-        mean = [sum(r[k] for r in res) / len(res) for k in range(4)]
-        gaps[width], mup_scores[width] = mean[3], mean[:2]
-        rows.append((f"finite µP, width {width}", "mup", width, *mean))
-    ntk_scores, ntk_gaps = {}, {}
-    for width in ntk_widths:
-        res = []
-        for seed in range(args.seeds):
-            net = L.SkipGram(V, width, "ntk", sigma=args.sigma, seed=seed)
+            net = L.SkipGram(V, width, parametrization, sigma=args.sigma, seed=seed)
             losses = L.train_skipgram(net, batches, args.lr)
             sim = net.similarity()
             res.append((*score(sim), sum(losses[-epoch_steps:]) / epoch_steps, L.similarity_gap(sim, s_lim, words),
                         L.similarity_gap(sim, s_ntk, words)))
-        mean = [sum(r[k] for r in res) / len(res) for k in range(5)]
+        return [sum(r[k] for r in res) / len(res) for k in range(5)]
+
+    gaps, mup_scores = {}, {}
+    for width in widths:
+        mean = finite("mup", width)
+        gaps[width], mup_scores[width] = mean[3], mean[:2]
+        rows.append((f"finite µP, width {width}", "mup", width, *mean[:4]))
+    ntk_scores, ntk_gaps = {}, {}
+    for width in ntk_widths:
+        mean = finite("ntk", width)
         ntk_scores[width], ntk_gaps[width] = mean[:2], mean[4]
         rows.append((f"finite NTK, width {width}", "ntk", width, *mean[:4]))
     auc, ana = score(s_ntk)
