@@ -52,10 +52,7 @@ def pi_case(depth: int, widths, seeds: int, steps: int):
 def one_layer_case(widths, seeds: int, steps: int, samples: int, **opt):
     x, y, xe = data(16, 8, 0)
     lr = 0.02 if opt.get("optimizer") == "adam" else 0.05
-    if opt.get("optimizer") == "adam":
-        limit = L.MuPLimit("tanh", samples=samples, **opt).fit(x, y, steps, lr).predict(xe)
-    else:
-        limit = L.MuPLimit("tanh", method="monte_carlo", samples=samples, **opt).fit(x, y, steps, lr).predict(xe)
+    limit = L.MuPLimit("tanh", method="monte_carlo", samples=samples, **opt).fit(x, y, steps, lr).predict(xe)
     gaps = []
     for width in widths:
         preds = []
