@@ -182,6 +182,16 @@ def _sgns_step(U: torch.Tensor, C: torch.Tensor, batch: Batch, scale: float, alp
     return loss
 
 
+def _logits(U: torch.Tensor, C: torch.Tensor, scale: float, w, c) -> torch.Tensor:
+    """scale·U_w·C_c (float64) for index tensors w, c of one shape, or the full (V, V) matrix when both are None."""
+    if w is None and c is None:
+        return (scale * U @ C.T).double()
+    if w is None or c is None:
+        raise ValueError("give both w and c (index tensors of one shape) or neither for the full matrix")
+    w, c = torch.as_tensor(w).long(), torch.as_tensor(c).long()
+    return (scale * (U[w] * C[c]).sum(-1)).double()
+
+
 def cosine_similarity(embeddings: torch.Tensor) -> torch.Tensor:
     """The (V, V) cosine-similarity matrix of the rows of `embeddings`, in float64."""
     e = torch.as_tensor(embeddings).detach().to(torch.float64)
@@ -222,12 +232,7 @@ class SkipGram(nn.Module):
     def logits(self, w=None, c=None) -> torch.Tensor:
         """s(w, c) for index tensors w, c of the same shape, or the full (V, V) matrix when both are None."""
         with torch.no_grad():
-            if w is None and c is None:
-                return (self.scale * self.U @ self.C.T).double()
-            if w is None or c is None:
-                raise ValueError("give both w and c (index tensors of one shape) or neither for the full matrix")
-            w, c = torch.as_tensor(w).long(), torch.as_tensor(c).long()
-            return (self.scale * (self.U[w] * self.C[c]).sum(-1)).double()
+            return _logits(self.U, self.C, self.scale, w, c)
 
     forward = logits
 
@@ -303,12 +308,7 @@ class Word2VecLimit:
 
     def logits(self, w=None, c=None) -> torch.Tensor:
         """s_∞(w, c) = E[u_w v_c] for index tensors of one shape, or the full (V, V) matrix."""
-        if w is None and c is None:
-            return (self.U @ self.C.T).double()
-        if w is None or c is None:
-            raise ValueError("give both w and c (index tensors of one shape) or neither for the full matrix")
-        w, c = torch.as_tensor(w).long(), torch.as_tensor(c).long()
-        return (self.U[w] * self.C[c]).sum(-1).double()
+        return _logits(self.U, self.C, 1.0, w, c)
 
     @property
     def embeddings(self) -> torch.Tensor:
