@@ -183,13 +183,14 @@ def test_mup_limit_quadrature_and_monte_carlo_agree():
     assert L.MuPLimit("tanh").fit(_x(8, 8), torch.zeros(8), 1, 0.5).method_used == "monte_carlo"
 
 
-def _finite_errors(activation, limit, widths, steps, lr, seeds=8):
+def _finite_errors(activation, limit, widths, steps, lr, seeds=8, **opt):
+    """Mean over seeds of the RMS difference on XT between finite µP nets (`train_finite(..., **opt)`) and the limit."""
     errors = []
     for width in widths:
         errs = []
         for seed in range(seeds):
             torch.manual_seed(seed)
-            net = L.train_finite(L.OneHiddenLayer(8, width, activation=activation), XS, YS, steps, lr)
+            net = L.train_finite(L.OneHiddenLayer(8, width, activation=activation), XS, YS, steps, lr, **opt)
             with torch.no_grad():
                 errs.append(float((net(XT)[:, 0] - limit).pow(2).mean().sqrt()))
         errors.append(sum(errs) / len(errs))
@@ -250,24 +251,11 @@ def test_monte_carlo_error_is_honest():
 # ---------------------------------------------------------------------------- Adam and momentum (TP4b)
 
 
-def _finite_gaps(limit, widths, steps, lr, seeds=6, **opt):
-    gaps = []
-    for width in widths:
-        errs = []
-        for seed in range(seeds):
-            torch.manual_seed(seed)
-            net = L.train_finite(L.OneHiddenLayer(8, width, activation="tanh"), XS, YS, steps, lr, **opt)
-            with torch.no_grad():
-                errs.append(float((net(XT)[:, 0] - limit).pow(2).mean().sqrt()))
-        gaps.append(sum(errs) / len(errs))
-    return gaps
-
-
 def test_finite_mup_adam_networks_approach_the_adam_limit_like_one_over_sqrt_width():
     steps, lr, widths = 40, 0.02, [256, 1024, 4096, 16384]
     limit, err = L.MuPLimit("tanh", optimizer="adam", samples=2 ** 18).fit(XS, YS, steps, lr).predict(XT, return_error=True)
     assert float(limit.abs().max()) > 0.3 and float(err.max()) < 2e-3      # it learned; Monte Carlo is tight
-    gaps = _finite_gaps(limit, widths, steps, lr, optimizer="adam")
+    gaps = _finite_errors("tanh", limit, widths, steps, lr, seeds=6, optimizer="adam")
     slope = L.fitted_slope(widths, gaps)
     print(f"adam: |finite µP − limit| {[f'{e:.2e}' for e in gaps]} at widths {widths}: slope {slope:+.2f}")
     assert -0.75 < slope < -0.3
@@ -279,8 +267,8 @@ def test_adam_eps_must_shrink_like_the_gradients():
     ``adam_eps`` column); keeping the width-256 net's ε leaves it in between."""
     steps, lr, eps = 40, 0.02, 0.05
     limit = L.MuPLimit("tanh", optimizer="adam", eps=eps, samples=2 ** 17).fit(XS, YS, steps, lr).predict(XT)
-    scaled = _finite_gaps(limit, [4096], steps, lr, seeds=3, optimizer="adam", eps=eps)[0]
-    kept = _finite_gaps(limit, [4096], steps, lr, seeds=3, optimizer="adam", eps=eps * 4096 / 256)[0]
+    scaled = _finite_errors("tanh", limit, [4096], steps, lr, seeds=3, optimizer="adam", eps=eps)[0]
+    kept = _finite_errors("tanh", limit, [4096], steps, lr, seeds=3, optimizer="adam", eps=eps * 4096 / 256)[0]
     print(f"adam, eps {eps}: gap with ε/n {scaled:.3e}, with the base width's ε {kept:.3e}")
     assert kept > 5 * scaled
 
@@ -291,7 +279,7 @@ def test_finite_momentum_networks_approach_the_momentum_limit(nesterov):
     limit = L.MuPLimit("tanh", method="quadrature", momentum=0.9, nesterov=nesterov).fit(XS, YS, steps, lr).predict(XT)
     plain = L.MuPLimit("tanh", method="quadrature").fit(XS, YS, steps, lr).predict(XT)
     assert float((limit - plain).abs().max()) > 0.05                       # momentum changes the trajectory
-    gaps = _finite_gaps(limit, widths, steps, lr, momentum=0.9, nesterov=nesterov)
+    gaps = _finite_errors("tanh", limit, widths, steps, lr, seeds=6, momentum=0.9, nesterov=nesterov)
     slope = L.fitted_slope(widths, gaps)
     print(f"momentum (nesterov={nesterov}): gaps {[f'{e:.2e}' for e in gaps]}: slope {slope:+.2f}")
     assert -0.75 < slope < -0.3 and gaps[-1] < gaps[0] / 4
@@ -329,7 +317,7 @@ def test_finite_mup_adamw_networks_approach_the_adamw_limit():
     limit = L.MuPLimit("tanh", optimizer="adamw", weight_decay=wd, samples=2 ** 17).fit(XS, YS, steps, lr).predict(XT)
     adam = L.MuPLimit("tanh", optimizer="adam", samples=2 ** 17).fit(XS, YS, steps, lr).predict(XT)
     assert float((limit - adam).abs().max()) > 0.05                         # the decay changes the trajectory
-    gaps = _finite_gaps(limit, widths, steps, lr, seeds=4, optimizer="adamw", weight_decay=wd)
+    gaps = _finite_errors("tanh", limit, widths, steps, lr, seeds=4, optimizer="adamw", weight_decay=wd)
     slope = L.fitted_slope(widths, gaps)
     print(f"adamw: gaps {[f'{e:.2e}' for e in gaps]}: slope {slope:+.2f}")
     assert -0.75 < slope < -0.3 and gaps[-1] < gaps[0] / 4
