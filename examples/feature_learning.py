@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     for name, value in results.items():
         print(f"| {name} | {value:.4f} |")
     slope = L.fitted_slope(widths, [gap[w] for w in widths])
-    print(f"\nfinite µP vs the µP limit, RMS difference of test predictions: "
+    print("\nfinite µP vs the µP limit, RMS difference of test predictions: "
           + ", ".join(f"{gap[w]:.3f} (width {w})" for w in widths) + f"; fitted slope {slope:+.2f} (theory −0.5)")
     s_mup, s_ntk = L.fitted_slope(widths, moves["mup"]), L.fitted_slope(widths, moves["ntk"])
     print(f"hidden-preactivation movement: µP {', '.join(f'{m:.3f}' for m in moves['mup'])} (slope {s_mup:+.2f}); "
