@@ -13,6 +13,11 @@ have reserved names, wired into `mt.parametrize` / `mt.param_groups` by `mup_kwa
 In a sweep over `depths`, `scale.depth` is the number of residual blocks to build and
 `scale.base_depth` the µP base depth (both None otherwise).
 
+`scale.device` is the `torch.device` the trial trains on: ``cuda`` (the one GPU its worker
+sees, ``CUDA_VISIBLE_DEVICES`` set by the sweep) or ``cpu``; build the model and move the data
+there. `scale.precision` is ``"fp32"`` or ``"bf16"`` (the config's ``precision``); run the
+forward passes under ``with scale.autocast():`` (bf16 autocast, or nothing for fp32).
+
 Any other name is the user's own. The loss should be a training loss (final or mean over the
 last steps); NaN or inf marks the trial as diverged.
 
@@ -35,7 +40,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import optuna
+import torch
 
+from ..devices import autocast as _autocast
 from ..rules import ROLES
 
 __all__ = ["Objective", "MULTIPLIER_NAMES", "Reporter", "Pruned", "Scale", "mup_kwargs"]
@@ -55,7 +62,7 @@ class Scale:
 
     `depth`/`base_depth` are None when the sweep has no `depths`: the objective's own depth.
     `reporter` is set by the sweep runner (see `report`); it takes no part in equality, hashing,
-    repr or pickling.
+    repr or pickling. `device` and `precision`: where and how to train (see the module docstring).
     """
 
     width: int
@@ -65,10 +72,17 @@ class Scale:
     depth: Optional[int] = None
     base_depth: Optional[int] = None
     reporter: Optional[Reporter] = field(default=None, compare=False, repr=False)
+    device: torch.device = torch.device("cpu")
+    precision: str = "fp32"
 
     @property
     def mup(self) -> bool:
         return self.parametrization == "mup"
+
+    def autocast(self):
+        """The context the objective's forward passes run under: bf16 autocast on `device` when
+        `precision` is "bf16", else nothing."""
+        return _autocast(self.device, self.precision)
 
     def report(self, step: int, loss: float) -> None:
         """An intermediate training loss at `step` (≥ 0, increasing): raises `Pruned` when the
@@ -84,7 +98,8 @@ class Scale:
 
     def __reduce__(self):
         # A reporter talks to the sweep's storage from this process: a copy elsewhere is a plain Scale.
-        return (Scale, (self.width, self.base_width, self.parametrization, self.seed, self.depth, self.base_depth))
+        return (Scale, (self.width, self.base_width, self.parametrization, self.seed, self.depth, self.base_depth,
+                        None, self.device, self.precision))
 
 
 def mup_kwargs(hparams: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,81 @@
+"""Where training runs: a device chosen by name, and the precision it trains in.
+
+One home for the words every entry point takes (`mt.coord_check(device=)`, the sweep's
+``devices``/``precision``, ``mutransfer demo|transfer|coord-check --device``):
+
+- device ``"auto"``: CUDA when this process sees a GPU (``cuda``, i.e. ``cuda:0`` of the visible
+  ones), else the CPU; ``"cpu"``; ``"cuda"``/``"cuda:N"``; any ``torch.device``. Asking for CUDA
+  where there is none, or for a GPU index that is not visible, is a `ValueError` naming the
+  parameter.
+- precision ``"fp32"`` (the default: no autocast) or ``"bf16"``: forward passes under
+  ``torch.autocast(device.type, dtype=torch.bfloat16)``, the parameters and optimizer state kept
+  in float32 (mixed precision, as large runs train). CPU autocast supports bf16 too, so bf16 runs
+  and is tested without a GPU; a CUDA device without bf16 (before Ampere) is refused.
+
+Resolving ``"auto"`` asks ``torch.cuda.is_available()``, which does not create a CUDA context:
+a process that only resolves devices can still start CUDA workers safely.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import ContextManager, Union
+
+import torch
+
+__all__ = ["AUTO", "PRECISIONS", "DeviceLike", "resolve_device", "check_precision", "autocast"]
+
+AUTO = "auto"
+PRECISIONS = ("fp32", "bf16")
+DeviceLike = Union[str, torch.device]
+
+
+def resolve_device(device: DeviceLike = AUTO, what: str = "device") -> torch.device:
+    """`device` as a `torch.device`; ``"auto"`` picks CUDA when available, else the CPU.
+
+    `what` names the parameter in errors (e.g. ``"--device"``)."""
+    if isinstance(device, torch.device):
+        resolved = device
+    elif isinstance(device, str):
+        if device == AUTO:
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            resolved = torch.device(device)
+        except RuntimeError:
+            raise ValueError(f"{what} must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
+    else:
+        raise TypeError(f"{what} must be 'auto', 'cpu', 'cuda', 'cuda:N' or a torch.device, "
+                        f"got {type(device).__name__}")
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{what} {str(resolved)!r}: CUDA is not available in this process "
+                             "(no GPU, a CPU build of torch, or CUDA_VISIBLE_DEVICES hides them); "
+                             f"use {what} 'auto' or 'cpu'")
+        count = torch.cuda.device_count()
+        if resolved.index is not None and resolved.index >= count:
+            raise ValueError(f"{what} {str(resolved)!r}: this process sees {count} GPU(s) (cuda:0 to "
+                             f"cuda:{count - 1}); pick one of those")
+    elif resolved.type not in ("cpu", "meta", "mps", "xpu"):
+        raise ValueError(f"{what} {str(resolved)!r}: not a device mutransfer trains on; use 'auto', 'cpu' "
+                         "or 'cuda[:N]'")
+    return resolved
+
+
+def check_precision(precision: str, device: torch.device, what: str = "precision") -> str:
+    """`precision` if `device` can train in it; a `ValueError` naming `what` and the fix otherwise.
+
+    On CUDA this asks the device whether it has bf16, which initialises CUDA in this process."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"{what} must be one of {', '.join(repr(p) for p in PRECISIONS)}, got {precision!r}")
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        name = torch.cuda.get_device_name(device)
+        raise ValueError(f"{what} 'bf16': {device} ({name}) has no bfloat16 support; use {what} 'fp32'")
+    return precision
+
+
+def autocast(device: torch.device, precision: str) -> ContextManager[object]:
+    """The autocast context a forward pass runs under: none for fp32, bfloat16 for bf16."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    raise ValueError(f"precision must be one of {', '.join(repr(p) for p in PRECISIONS)}, got {precision!r}")
