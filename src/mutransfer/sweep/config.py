@@ -17,6 +17,15 @@ n_trials = 16                   # random/tpe: trials per (parametrization, width
 seeds = [0]                     # every trial trains once per seed; the loss is the mean
 storage = ""                    # default: sqlite file in the run directory; or postgresql://...
 pruner = "none"                 # none | median | successive_halving | hyperband (see Pruning)
+devices = "auto"                # auto | cpu | [0, 1, 2, 3]: GPUs the trials run on (see `placement`)
+trials_per_device = 1           # worker processes per GPU (several small proxies may share one)
+threads = 2                     # torch threads per worker (default: the cores split between workers)
+precision = "fp32"              # fp32 | bf16 (autocast; the objective reads scale.precision)
+
+[cluster]                       # optional: run the workers as a Slurm job array (see `cluster`)
+backend = "slurm"               # slurm | local
+jobs = 4
+gpus_per_job = 8
 
 [space.lr]
 type = "log"                    # log | uniform | choice
@@ -87,12 +96,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from ..devices import PRECISIONS
 from ..rules import check_depth_alpha
+from .placement import parse_devices
 from .space import Choice, Dimension, dimension_from_dict
 
 __all__ = ["SAMPLERS", "PARAMETRIZATIONS", "PRUNERS", "AUTO", "PRUNER_OPTIONS", "EXTRA_AXES", "KEYS",
-           "CONFIG_DIR_KEY", "SweepConfig", "resolve_storage", "config_from_dict", "load_config",
-           "pinned_text"]
+           "CONFIG_DIR_KEY", "BACKENDS", "CLUSTER_KEYS", "ClusterConfig", "cluster_config", "SweepConfig", "resolve_storage",
+           "config_from_dict", "load_config", "pinned_text"]
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -116,8 +127,31 @@ _OPTION_RULES = {"n_startup_trials": (0, False), "n_warmup_steps": (0, False), "
 EXTRA_AXES = {"batch_sizes": "batch_size", "steps": "steps"}  # config key -> the hyperparameter it sets
 KEYS = {*EXTRA_AXES, "name", "objective", "widths", "base_width", "target_width", "depths", "base_depth", "target_depth",
         "parametrizations", "sampler", "n_trials", "seeds", "storage", "space", "fixed", "config_dir",
-        "pruner", "pruner_options"}
+        "pruner", "pruner_options", "devices", "trials_per_device", "threads", "precision", "cluster"}
 CONFIG_DIR_KEY = "config_dir"
+BACKENDS = ("slurm", "local")
+# [cluster] keys with their defaults (see `cluster`); `slurm` is a table passed to submitit as slurm_*.
+CLUSTER_KEYS: dict[str, Any] = {"backend": "slurm", "jobs": 1, "gpus_per_job": 0, "trials_per_device": 1,
+                                "partition": None, "time_min": 60, "mem_gb": None, "cpus_per_task": None,
+                                "account": None, "qos": None, "setup": [], "slurm": {}}
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """The ``[cluster]`` table: workers submitted as a job array through submitit (see `cluster`)."""
+
+    backend: str = "slurm"
+    jobs: int = 1
+    gpus_per_job: int = 0
+    trials_per_device: int = 1
+    partition: Optional[str] = None
+    time_min: int = 60
+    mem_gb: Optional[float] = None
+    cpus_per_task: Optional[int] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    setup: tuple[str, ...] = ()
+    slurm: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -141,6 +175,11 @@ class SweepConfig:
     axes: dict[str, list[int]] = field(default_factory=dict)  # extra axes: HP name -> values, proxy first
     pruner: str = "none"
     pruner_options: dict[str, Any] = field(default_factory=dict)  # given ones; defaults in PRUNER_OPTIONS
+    devices: Any = None  # "auto" | "cpu" | list of GPU ids; None: not set (auto, but --workers alone means CPU)
+    trials_per_device: Optional[int] = None
+    threads: Optional[int] = None
+    precision: str = "fp32"
+    cluster: Optional[ClusterConfig] = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -283,6 +322,69 @@ def _pruner_keys(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return pruner, dict(options)
 
 
+def _placement_keys(data: dict[str, Any]) -> tuple[Any, Optional[int], Optional[int], str]:
+    """`devices`, `trials_per_device`, `threads` and `precision`, validated (the ids are checked
+    against the GPUs when the sweep starts, on the machine that runs it)."""
+    devices = data.get("devices")
+    if devices is not None:
+        if isinstance(devices, str) and devices not in ("auto", "cpu"):
+            raise ValueError(f'devices must be "auto", "cpu" or a list of GPU ids like [0, 1], got {devices!r}')
+        parse_devices(devices, "devices")
+    counts = []
+    for key in ("trials_per_device", "threads"):
+        value = data.get(key)
+        if value is not None:
+            _positive_int(key, value)
+        counts.append(value)
+    precision = data.get("precision", "fp32")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(repr(p) for p in PRECISIONS)}, got {precision!r}")
+    return devices, counts[0], counts[1], precision
+
+
+def _cluster_keys(data: dict[str, Any]) -> Optional[ClusterConfig]:
+    """The ``[cluster]`` table, validated; None without one."""
+    table = data.get("cluster")
+    return None if table is None else cluster_config(table)
+
+
+def cluster_config(table: Any) -> ClusterConfig:
+    """A ``[cluster]`` table (a dict, defaults in `CLUSTER_KEYS`) validated into a `ClusterConfig`;
+    a ValueError naming the key otherwise."""
+    if not isinstance(table, dict):
+        raise ValueError('cluster must be a table, e.g. [cluster] backend = "slurm"')
+    unknown = set(table) - set(CLUSTER_KEYS)
+    if unknown:
+        raise ValueError(f"cluster: unknown key(s) {', '.join(sorted(unknown))}; allowed: "
+                         f"{', '.join(sorted(CLUSTER_KEYS))} (anything else for sbatch goes in [cluster.slurm])")
+    got = {**CLUSTER_KEYS, **table}
+    if got["backend"] not in BACKENDS:
+        raise ValueError(f"cluster.backend must be one of {', '.join(repr(b) for b in BACKENDS)}, got {got['backend']!r}")
+    for key in ("jobs", "trials_per_device", "time_min"):
+        _positive_int(f"cluster.{key}", got[key])
+    for key in ("gpus_per_job",):
+        if isinstance(got[key], bool) or not isinstance(got[key], int) or got[key] < 0:
+            raise ValueError(f"cluster.{key} must be an integer ≥ 0, got {got[key]!r}")
+    if got["cpus_per_task"] is not None:
+        _positive_int("cluster.cpus_per_task", got["cpus_per_task"])
+    mem = got["mem_gb"]
+    if mem is not None and (isinstance(mem, bool) or not isinstance(mem, (int, float)) or mem <= 0):
+        raise ValueError(f"cluster.mem_gb must be a positive number, got {mem!r}")
+    for key in ("partition", "account", "qos"):
+        if got[key] is not None and (not isinstance(got[key], str) or not got[key]):
+            raise ValueError(f"cluster.{key} must be a non-empty string, got {got[key]!r}")
+    setup = got["setup"]
+    if not isinstance(setup, list) or any(not isinstance(line, str) for line in setup):
+        raise ValueError(f"cluster.setup must be a list of shell lines (run before each worker, e.g. "
+                         f"[\"module load cuda\"]), got {setup!r}")
+    slurm = got["slurm"]
+    if not isinstance(slurm, dict):
+        raise ValueError(f"cluster.slurm must be a table of submitit slurm_* parameters, got {slurm!r}")
+    return ClusterConfig(got["backend"], got["jobs"], got["gpus_per_job"], got["trials_per_device"], got["partition"],
+                         got["time_min"], None if mem is None else float(mem), got["cpus_per_task"], got["account"],
+                         got["qos"], tuple(setup), dict(slurm))
+
+
 def resolve_storage(url: str, base_dir: Optional[Path]) -> str:
     """An SQLite URL with a relative path made absolute against `base_dir`; other URLs unchanged."""
     prefix = "sqlite:///"
@@ -350,6 +452,8 @@ def config_from_dict(data: dict[str, Any], source: str = "config",
                 raise ValueError(f"{hp} is swept by the top-level {key} list; remove {hp} from "
                                  f"{'[fixed]' if hp in fixed else '[space]'}")
         pruner, pruner_options = _pruner_keys(data)
+        devices, trials_per_device, threads, precision = _placement_keys(data)
+        cluster = _cluster_keys(data)
         name = data.get("name", "sweep")
         if not isinstance(name, str) or not name:
             raise ValueError("name must be a non-empty string")
@@ -366,7 +470,9 @@ def config_from_dict(data: dict[str, Any], source: str = "config",
                        target_width=target, parametrizations=list(parametrizations), sampler=sampler,
                        n_trials=n_trials, seeds=seeds, storage=resolve_storage(storage, config_dir),
                        fixed=dict(fixed), depths=depths, base_depth=base_depth, target_depth=target_depth, axes=axes,
-                       config_dir=config_dir, pruner=pruner, pruner_options=pruner_options, raw=dict(data))
+                       config_dir=config_dir, pruner=pruner, pruner_options=pruner_options, devices=devices,
+                       trials_per_device=trials_per_device, threads=threads, precision=precision, cluster=cluster,
+                       raw=dict(data))
 
 
 def load_config(path: Union[str, os.PathLike]) -> SweepConfig:

@@ -9,6 +9,10 @@ sweep goes on. A trial whose worker died is retried (see `storage`).
 How a finished trial reads (the user attributes are the contract with `analysis` and `report`):
 
 - COMPLETE: a result; `losses` (one per seed), `seconds` (wall), `cpu_seconds` (process CPU time).
+
+Every trial that ran also records where and when: `device` ("cpu" or "cuda:0"), `cuda_visible_devices`
+(the worker's ``CUDA_VISIBLE_DEVICES``, None when unset), `precision` ("fp32"/"bf16"), `threads` (torch's
+CPU threads), `started` and `ended` (Unix times) and `worker` (host:pid).
 - FAIL with `diverged=True`: a NaN/inf loss; counts as done.
 - PRUNED with `pruned=True` (a sweep with a `pruner`): the pruner stopped the trial after
   `scale.report`; `pruned_step` and `pruned_loss` hold the last reported step and loss (None if
@@ -49,15 +53,19 @@ from typing import Any, Iterator, Optional, Union
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+import torch
+
 from .._progress import Progress
+from ..devices import check_precision, resolve_device
 from .config import SweepConfig, load_config, pinned_text
 from .objective import Objective, Pruned, Scale
 from .objectives import load_objective
+from .placement import DEVICE_ENV, THREADS_ENV, Devices, Placement, plan
 from .space import Choice, Dimension, LogUniform
 from .storage import (ClaimLock, Heartbeat, default_url, mask_url, open_storage, quiet,
                       optuna_logs_quiet, set_finished_trial_user_attr, study_id, trial_id)
 
-__all__ = ["CONFIG_FILE", "STORAGE_ENV", "POLL_SECONDS", "FIRST_WAIT_SECONDS", "STALE_CHECK_SECONDS",
+__all__ = ["CONFIG_FILE", "STORAGE_ENV", "POLL_SECONDS", "WATCH_SECONDS", "apply_threads", "run_workers", "die_with_parent", "FIRST_WAIT_SECONDS", "STALE_CHECK_SECONDS",
            "COUNT_SECONDS", "FAILURES_DIR", "EXIT_INTERRUPTED", "SweepInterrupted", "trial_outcome",
            "study_name", "cell_label", "Sweep", "run_sweep"]
 
@@ -69,6 +77,7 @@ POLL_SECONDS = 1.0
 # each wait is longer, up to POLL_SECONDS.
 FIRST_WAIT_SECONDS = 0.05
 STALE_CHECK_SECONDS = 2.0  # how often a worker looks for trials whose worker died (grace period: 8 s)
+WATCH_SECONDS = 2.0  # how often a watching (GPU sweep) process recounts the trials
 COUNT_SECONDS = 5.0  # how often the progress bar recounts every worker's finished trials
 FAILURES_DIR = "failures"
 ERROR_CHARS, TRACEBACK_CHARS = 500, 4000
@@ -134,6 +143,7 @@ class Sweep:
         self.config = load_config(path)
         self.url = storage or self.config.storage or default_url(self.run_dir)
         self.storage = open_storage(self.url)
+        self.device = torch.device("cpu")  # where this process trains trials (`work`); see `use_device`
         self._objective: Optional[Objective] = None
         self._studies: dict[tuple[str, int, Optional[int]], optuna.Study] = {}
 
@@ -281,10 +291,21 @@ class Sweep:
             return trial.suggest_categorical(name, list(dim.values))
         return trial.suggest_float(name, dim.low, dim.high, log=isinstance(dim, LogUniform))
 
-    def scale(self, parametrization: str, width: int, depth: Optional[int], seed: int) -> Scale:
-        """Where a trial of this sweep runs; depth None keeps the objective's own depth."""
+    def use_device(self, device: Union[str, torch.device] = "auto", what: str = "device") -> torch.device:
+        """Train this process's trials on `device` ("auto": CUDA when visible, else the CPU), in the
+        config's precision; a ValueError naming `what` when the device cannot (bf16 on an old GPU)."""
+        resolved = resolve_device(device, what)
+        check_precision(self.config.precision, resolved, "precision")
+        self.device = resolved
+        return resolved
+
+    def scale(self, parametrization: str, width: int, depth: Optional[int], seed: int,
+              device: Optional[torch.device] = None) -> Scale:
+        """Where a trial of this sweep runs; depth None keeps the objective's own depth. `device`:
+        default this process's (`use_device`); the precision is the config's."""
         return Scale(width, self.config.base_width, parametrization, seed, depth,
-                     None if depth is None else self.config.base_depth)
+                     None if depth is None else self.config.base_depth,
+                     device=self.device if device is None else device, precision=self.config.precision)
 
     def hparams(self, params: dict[str, Any], extra: tuple = ()) -> dict[str, Any]:
         """What the objective receives: [fixed], the swept values, and the cell's batch size and
@@ -302,6 +323,11 @@ class Sweep:
             params = {name: self._suggest(trial, name, dim) for name, dim in self.config.space.items()}
             hparams = self.hparams(params, extra)
             trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+            trial.set_user_attr("device", str(self.device))
+            trial.set_user_attr("cuda_visible_devices", os.environ.get("CUDA_VISIBLE_DEVICES"))
+            trial.set_user_attr("precision", self.config.precision)
+            trial.set_user_attr("threads", torch.get_num_threads())
+            trial.set_user_attr("started", time.time())
             start, cpu_start = time.perf_counter(), time.process_time()
             losses: list[float] = []
             error: Optional[tuple[BaseException, str, int, Optional[str]]] = None  # (+ message to show)
@@ -329,6 +355,7 @@ class Sweep:
                         error = (TypeError(problem), "", seed, problem)
                         break
                     losses.append(loss)
+            trial.set_user_attr("ended", time.time())
             trial.set_user_attr("seconds", time.perf_counter() - start)
             trial.set_user_attr("cpu_seconds", time.process_time() - cpu_start)
             if error is not None:
@@ -532,6 +559,26 @@ class Sweep:
             bar.close()
         return ran
 
+    def watch(self, procs: list[subprocess.Popen], progress: bool = True) -> None:
+        """Show the sweep's progress until every worker in `procs` has left (a GPU sweep: this
+        process runs no trial and never touches CUDA; the workers retry each other's dead trials)."""
+        bar = Progress(self.total_trials(), f"sweep {self.config.name}", enabled=progress)
+        try:
+            counted = 0.0
+            while any(p.poll() is None for p in procs):
+                if time.monotonic() >= counted:
+                    running = sum(len(self.study(*c).get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+                                  for c in self.config.all_cells)
+                    bar.done = self.finished()
+                    alive = sum(p.poll() is None for p in procs)
+                    bar.update(f"{running} trial(s) running on {alive} worker(s)")
+                    bar.advance(0)
+                    counted = time.monotonic() + WATCH_SECONDS
+                time.sleep(0.1)
+            bar.done = self.finished()
+        finally:
+            bar.close()
+
 
 def _as_loss(value: Any) -> tuple[float, Optional[str]]:
     """The objective's return value as a float, or (nan, what is wrong with it). Numbers only:
@@ -648,7 +695,7 @@ def _fetch_config(storage, name: str, path: Path) -> None:
 _WORKER_CODE = ("import os, signal, sys\n"
                 "signal.signal(signal.SIGINT, lambda *_: os._exit(130))\n"
                 "from mutransfer.sweep.runner import _worker_entry\n"
-                "sys.exit(_worker_entry(sys.argv[1]))\n")
+                "sys.exit(_worker_entry(sys.argv[1], wait_for_others=sys.argv[2] == 'wait'))\n")
 
 
 def _warm_up() -> None:
@@ -665,10 +712,27 @@ def _warm_up() -> None:
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
 
 
-def _worker_entry(run_dir: str) -> int:
+_PARENT_ENV = "MUTRANSFER_DIE_WITH"  # a worker that must end with its parent (this pid)
+
+
+def apply_threads() -> None:
+    """Use the torch thread count the sweep gave this worker (``MUTRANSFER_THREADS``), if any."""
+    threads = os.environ.get(THREADS_ENV)
+    if threads:
+        torch.set_num_threads(int(threads))
+
+
+def _worker_entry(run_dir: str, wait_for_others: bool = False) -> int:
     """A worker process started by `run_sweep`: warm up, wait for "go URL", run trials while any
-    is left to claim (the parent waits for running trials and retries a dead worker's), then leave
-    without the interpreter's teardown (0.7 s with torch loaded: a tail on every sweep)."""
+    is left to claim (with `wait_for_others`, a GPU sweep's workers also wait for each other's
+    running trials and retry a dead worker's; otherwise the parent does), then leave without the
+    interpreter's teardown (0.7 s with torch loaded: a tail on every sweep)."""
+    parent = os.environ.pop(_PARENT_ENV, None)
+    if parent is not None:
+        die_with_parent()
+        if str(os.getppid()) != parent:  # it died before we asked
+            return 0
+    apply_threads()
     _warm_up()
     line = sys.stdin.readline()
     if not line.startswith("go "):
@@ -678,8 +742,12 @@ def _worker_entry(run_dir: str) -> int:
     code = 0
     try:
         sweep = Sweep(run_dir)
+        # A GPU slot trains on its one visible GPU; where this process sees none (ids passed through
+        # on a machine without CUDA: the parent warned), on the CPU.
+        gpu = os.environ.get(DEVICE_ENV) == "cuda" and torch.cuda.is_available()
+        sweep.use_device("cuda" if gpu else "cpu", "devices")
         sweep.objective
-        sweep.work(progress=False, wait_for_others=False)
+        sweep.work(progress=False, wait_for_others=wait_for_others)
         sweep.storage.engine.dispose()
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # leaving: nothing more to interrupt
@@ -737,22 +805,94 @@ def _release(procs: list[subprocess.Popen], url: Optional[str]) -> None:
             p.wait()
 
 
-@optuna_logs_quiet()
-def run_sweep(config_path: Union[str, os.PathLike], run_dir: Union[str, os.PathLike], workers: int = 1,
-              storage: Optional[str] = None, progress: bool = True, retry_failed: bool = False) -> Sweep:
-    """Create/resume the sweep and run it with `workers` local processes (this one included).
+def _start_worker(run_dir: Union[str, os.PathLike], placement: Placement, slot: int, wait: bool,
+                  die_with_parent: bool = False) -> subprocess.Popen:
+    """A worker process for `slot`: a new interpreter with the slot's GPU and thread count. With
+    `wait`, it waits for the other workers' trials (no parent runs trials). `die_with_parent`: the
+    kernel ends it when this process dies (a cluster task that was preempted or cancelled), so its
+    trial goes stale and is run again elsewhere."""
+    env = {**os.environ, **placement.env(slot)}
+    if die_with_parent:
+        env[_PARENT_ENV] = str(os.getpid())
+    return subprocess.Popen([sys.executable, "-c", _WORKER_CODE, str(run_dir), "wait" if wait else "leave"],
+                            stdin=subprocess.PIPE, text=True, env=env)
 
-    `retry_failed`: first queue every failed trial again (see `Sweep.retry_failed`). Ctrl-C
-    marks the running trials interrupted (queued again), stops the workers and raises
+
+def die_with_parent() -> None:
+    """Ask the kernel to send this process SIGTERM when its parent dies (Linux prctl
+    PR_SET_PDEATHSIG; elsewhere nothing). Run by a cluster task and by its workers as they start."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+
+
+_PR_SET_PDEATHSIG = 1
+try:  # looked up once, here: a child between fork and exec must not import
+    import ctypes
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+except (OSError, AttributeError):  # pragma: no cover
+    _PRCTL = None
+
+
+def run_workers(run_dir: Union[str, os.PathLike], url: str, placement: Placement) -> list[int]:
+    """Run one worker process per slot of `placement` on the sweep at `run_dir` (already prepared,
+    storage `url`) until no trial is left; returns their exit codes. What a cluster task runs on
+    its node: the workers die with it (preemption, cancel) and wait for each other's trials."""
+    procs = [_start_worker(run_dir, placement, slot, wait=True, die_with_parent=True) for slot in range(placement.slots)]
+    _release(procs, url)
+    try:
+        return [p.wait() for p in procs]
+    except KeyboardInterrupt:
+        with _sigint_ignored():
+            _stop_workers(procs)
+        raise
+
+
+def _check_gpus(placement: Placement, precision: str) -> None:
+    """Ask each GPU of `placement`, in a throwaway process (this one must not initialise CUDA),
+    whether it can train in `precision`; a ValueError naming the device otherwise."""
+    code = ("import sys, torch\n"
+            "from mutransfer.devices import check_precision\n"
+            "if torch.cuda.is_available():\n"
+            "    for i in range(torch.cuda.device_count()):\n"
+            "        try: check_precision(sys.argv[1], torch.device('cuda', i), 'precision')\n"
+            "        except ValueError as e: print(e); sys.exit(2)\n")
+    gpus = ",".join(dict.fromkeys(g for g in placement.gpus if g is not None))
+    done = subprocess.run([sys.executable, "-c", code, precision], capture_output=True, text=True,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": gpus})
+    if done.returncode:
+        message = done.stdout.strip() or done.stderr.strip().splitlines()[-1:] or ["the GPU check failed"]
+        raise ValueError(message if isinstance(message, str) else message[0])
+
+
+@optuna_logs_quiet()
+def run_sweep(config_path: Union[str, os.PathLike], run_dir: Union[str, os.PathLike], workers: Optional[int] = None,
+              storage: Optional[str] = None, progress: bool = True, retry_failed: bool = False,
+              devices: Devices = None, trials_per_device: Optional[int] = None,
+              threads: Optional[int] = None) -> Sweep:
+    """Create/resume the sweep and run it on this machine's slots (see `placement`).
+
+    `devices`, `trials_per_device`, `threads`: override the config's (None: the config's; see
+    `placement.plan`). On the CPU there are `workers` processes (this one included; default 1);
+    on GPUs one worker per device × trials_per_device, each seeing its one GPU, and this process
+    only watches. `retry_failed`: first queue every failed trial again (see `Sweep.retry_failed`).
+    Ctrl-C marks the running trials interrupted (queued again), stops the workers and raises
     `SweepInterrupted` (a KeyboardInterrupt); rerunning resumes."""
-    if workers < 1:
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be at least 1, got {workers}")
+    config = load_config(config_path)  # again in Sweep.create; here for where the workers go
+    placement = plan(config.devices if devices is None else devices, trials_per_device or config.trials_per_device,
+                     workers, threads or config.threads)
+    if placement.on_gpus and config.precision != "fp32":
+        _check_gpus(placement, config.precision)
     # The workers start first and warm up while this process creates the sweep; they begin work
     # on "go", or leave when the sweep is refused.
-    procs = [subprocess.Popen([sys.executable, "-c", _WORKER_CODE, str(run_dir)], stdin=subprocess.PIPE, text=True)
-             for _ in range(workers - 1)]
+    procs = [_start_worker(run_dir, placement, slot, wait=not placement.local_worker)
+             for slot in range(int(placement.local_worker), placement.slots)]
+    previous_threads = torch.get_num_threads()
     try:
         sweep = Sweep.create(config_path, run_dir, storage)  # config, objective and storage checked first
+        if placement.local_worker:
+            sweep.use_device("cpu")
         sweep.prepare()
         if retry_failed:
             n = sweep.retry_failed()
@@ -760,9 +900,15 @@ def run_sweep(config_path: Union[str, os.PathLike], run_dir: Union[str, os.PathL
     except BaseException:
         _release(procs, None)
         raise
+    if progress and (placement.slots > 1 or placement.on_gpus):
+        print(f"sweep {sweep.config.name}: {placement.describe()}", file=sys.stderr, flush=True)
     _release(procs, sweep.url)
     try:
-        sweep.work(progress=progress)
+        if placement.local_worker:
+            torch.set_num_threads(placement.threads)
+            sweep.work(progress=progress)
+        else:
+            sweep.watch(procs, progress=progress)
     except KeyboardInterrupt:
         with _sigint_ignored():
             _stop_workers(procs)
@@ -772,17 +918,23 @@ def run_sweep(config_path: Union[str, os.PathLike], run_dir: Union[str, os.PathL
             _stop_workers(procs)
         raise
     finally:
+        torch.set_num_threads(previous_threads)
         codes = [p.wait() for p in procs]
     failed = [(p.pid, c) for p, c in zip(procs, codes) if c]
+    unfinished = sweep.total_trials() - sweep.finished()
+    if failed and unfinished > 0:
+        raise RuntimeError(f"{len(failed)} worker process(es) failed (exit codes {[c for _, c in failed]}) "
+                           f"and {unfinished} trial(s) are unfinished; rerun to resume")
     if failed:
-        unfinished = sweep.total_trials() - sweep.finished()
-        if unfinished > 0:
-            raise RuntimeError(f"{len(failed)} worker process(es) failed (exit codes {[c for _, c in failed]}) "
-                               f"and {unfinished} trial(s) are unfinished; rerun to resume")
-        for pid, code in failed:  # this process ran what they left: the sweep is complete
+        for pid, code in failed:  # the other workers ran what they left: the sweep is complete
             print(f"warning: worker process {pid} exited with {code}{_exit_reason(code)}; its trials were retried",
                   file=sys.stderr, flush=True)
+    elif unfinished > 0:
+        raise RuntimeError(f"the workers left with {unfinished} trial(s) unfinished; rerun to resume")
     with open(sweep.run_dir / "run.json", "w") as f:
-        json.dump({"storage": mask_url(sweep.url), "finished_trials": sweep.finished(),
+        json.dump({"storage": mask_url(sweep.url), "placement": placement.describe(),
+                   "devices": sorted(set(g for g in placement.gpus if g is not None)) or "cpu",
+                   "threads": placement.threads, "precision": sweep.config.precision,
+                   "finished_trials": sweep.finished(),
                    "failed_trials": sweep.failed(), "pruned_trials": sweep.pruned(), "total_trials": sweep.total_trials()}, f, indent=1)
     return sweep

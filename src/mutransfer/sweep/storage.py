@@ -58,6 +58,11 @@ def default_url(run_dir: Path) -> str:
 
 def open_storage(url: str) -> optuna.storages.RDBStorage:
     """Connect (creating Optuna's tables if needed); ValueError naming the storage if unreachable."""
+    if url.startswith("journal:"):
+        raise ValueError(f"storage {mask_url(url)}: Optuna's journal file storage records no heartbeats (Optuna "
+                         f"{optuna.__version__}), so a worker that dies or is preempted would leave its trial running "
+                         "for ever and the sweep would never finish; use postgresql://user@host/db for several "
+                         "machines, or the default SQLite file on one")
     if url.startswith("sqlite"):
         engine = {"connect_args": {"timeout": 120}}
     elif url.startswith("postgresql"):
