@@ -46,6 +46,7 @@ each of their tasks; nothing else is needed.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -66,6 +67,7 @@ __all__ = ["CLUSTER_FILE", "CLUSTER_DIR", "NodeTask", "ClusterRun", "check_clust
            "trial_counts", "status_lines", "wait", "cancel", "run_cluster"]
 
 CLUSTER_FILE = "cluster.json"
+JOB_END_SECONDS = 30.0  # once every trial is done, how long `wait` waits for the jobs to end
 CLUSTER_DIR = "cluster"  # submitit's folder in the run directory: scripts, pickles, logs
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
                 "BOOT_FAIL", "DEADLINE", "DONE", "FINISHED", "INTERRUPTED")
@@ -279,6 +281,7 @@ def wait(sweep: Sweep, run: ClusterRun, progress: bool = True, poll: float = 2.0
     """Wait until every trial is done (True) or every job has ended with trials left (False),
     with a live line: done / running / failed / pending and the jobs' states."""
     bar = Progress(sweep.total_trials(), f"sweep {sweep.config.name}", enabled=progress)
+    ends_by = math.inf
     try:
         while True:
             counts = trial_counts(sweep)
@@ -293,7 +296,11 @@ def wait(sweep: Sweep, run: ClusterRun, progress: bool = True, poll: float = 2.0
                        + ", ".join(f"{n} {s.lower()}" for s, n in sorted(tally.items())))
             bar.advance(0)
             if done >= sweep.total_trials():
-                return True
+                if time.monotonic() >= ends_by or all(s.split()[0] in FINAL_STATES for s in states.values()):
+                    return True
+                ends_by = min(ends_by, time.monotonic() + JOB_END_SECONDS)  # let the tasks leave
+                time.sleep(poll / 4)
+                continue
             if states and all(s.split()[0] in FINAL_STATES for s in states.values()):
                 return sweep.finished() >= sweep.total_trials()
             time.sleep(poll)
