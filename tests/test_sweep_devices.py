@@ -52,7 +52,7 @@ def _trials(run):
 def test_two_fake_gpus_two_trials_each(tmp_path, capsys):
     """devices [0, 1], 2 trials per device: 4 workers, each trial records its CUDA_VISIBLE_DEVICES;
     both ids are used and no id ever runs more than 2 trials at once."""
-    cfg = _config(tmp_path, "devices = [0, 1]\ntrials_per_device = 2", grid=8, sleep=0.4)
+    cfg = _config(tmp_path, "devices = [0, 1]\ntrials_per_device = 2", grid=8, sleep=0.3)
     run = tmp_path / "run"
     with pytest.warns(UserWarning, match="sees no GPU"):
         assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
@@ -71,6 +71,14 @@ def test_two_fake_gpus_two_trials_each(tmp_path, capsys):
     assert {t.user_attrs["threads"] for t in trials} == {1}
     run_json = json.loads((run / "run.json").read_text())
     assert run_json["devices"] == ["0", "1"] and run_json["threads"] == 1
+    assert main(["report", str(run)]) == 0  # summary.json and the report say where each trial ran
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["precision"] == "fp32"
+    assert {k: v["trials"] for k, v in summary["placements"].items()} == {
+        "cpu (CUDA_VISIBLE_DEVICES=0), fp32": ids.count("0"), "cpu (CUDA_VISIBLE_DEVICES=1), fp32": ids.count("1")}
+    assert len(summary["trial_list"]) == 16
+    assert {t["cuda_visible_devices"] for t in summary["trial_list"]} == {"0", "1"}
+    assert "Trained on: cpu (CUDA_VISIBLE_DEVICES=0), fp32: " in (run / "report.html").read_text()
 
 
 def test_parent_cuda_visible_devices_maps_ids(monkeypatch):

@@ -18,7 +18,8 @@ from .verdict import Verdict, interval, judge, resample_index
 
 __all__ = ["AXES", "TrialResult", "load_results", "counts", "in_cell", "best", "along_cells", "optima",
            "drift", "max_drift_steps", "bigger_is_better", "wider_is_better", "deeper_is_better",
-           "transferred_hparams", "axes", "cells_along", "verdicts", "same_point", "head_to_head", "costs"]
+           "transferred_hparams", "axes", "cells_along", "verdicts", "same_point", "head_to_head", "costs",
+           "placements"]
 
 AXES = ("width", "depth")
 
@@ -41,6 +42,17 @@ class TrialResult:
     pruned: bool = False  # stopped early by the sweep's pruner: worse than the study's finished trials
     pruned_step: Optional[int] = None  # the last step reported before pruning (None: none reported)
     pruned_loss: float = math.nan  # the loss reported at `pruned_step` (a lower fidelity than `loss`)
+    device: str = ""  # where it trained: "cpu", "cuda:0" ("" when not recorded: a sweep before devices)
+    cuda_visible_devices: Optional[str] = None  # its worker's CUDA_VISIBLE_DEVICES (None when unset)
+    precision: str = ""  # "fp32" or "bf16" ("" when not recorded)
+
+    @property
+    def placed(self) -> str:
+        """'cuda:0 (CUDA_VISIBLE_DEVICES=3)', 'cpu (CUDA_VISIBLE_DEVICES=1)', 'cpu', or '' if not recorded."""
+        if not self.device:
+            return ""
+        return self.device + ("" if self.cuda_visible_devices is None
+                              else f" (CUDA_VISIBLE_DEVICES={self.cuda_visible_devices})")
 
     @property
     def ok(self) -> bool:
@@ -67,8 +79,21 @@ def load_results(sweep: Sweep, failed: bool = True) -> list[TrialResult]:
                                    float(t.user_attrs.get("seconds", 0.0)), depth, losses, kind == "failed",
                                    str(t.user_attrs.get("error", "")), float(t.user_attrs.get("cpu_seconds", 0.0)),
                                    extra, kind == "pruned", None if step is None else int(step),
-                                   math.nan if last is None else float(last)))
+                                   math.nan if last is None else float(last), str(t.user_attrs.get("device", "")),
+                                   t.user_attrs.get("cuda_visible_devices"), str(t.user_attrs.get("precision", ""))))
     return out
+
+
+def placements(results: list[TrialResult]) -> dict[str, dict[str, float]]:
+    """Where the trials trained: per `TrialResult.placed` and precision, the trial count and seconds."""
+    out: dict[str, dict[str, float]] = {}
+    for r in results:
+        if not r.device:
+            continue
+        entry = out.setdefault(f"{r.placed}, {r.precision}", {"trials": 0, "seconds": 0.0})
+        entry["trials"] += 1
+        entry["seconds"] += r.seconds
+    return dict(sorted(out.items()))
 
 
 def counts(results: list[TrialResult], parametrization: Optional[str] = None) -> dict[str, int]:

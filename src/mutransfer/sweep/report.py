@@ -15,7 +15,7 @@ from typing import Optional
 
 from .analysis import axes as verdict_axes
 from .analysis import (TrialResult, best, costs, in_cell, counts, deeper_is_better, drift, head_to_head, load_results,
-                       max_drift_steps, transferred_hparams, verdicts, wider_is_better)
+                       max_drift_steps, placements, transferred_hparams, verdicts, wider_is_better)
 from .runner import Sweep
 from .space import Choice, LogUniform
 from .storage import mask_url
@@ -304,7 +304,23 @@ def summarize(sweep: Sweep, results: list[TrialResult], judged: Optional[dict] =
     summary.update(trials=len(results), diverged=c["diverged"], failed=c["failed"], pruned=c["pruned"],
                    counts={p: counts(results, p) for p in ps}, sweep_seconds=sum(r.seconds for r in results),
                    cost=costs(sweep, results, _load_transfer(sweep)))
+    summary["precision"] = cfg.precision
+    summary["placements"] = placements(results)
+    summary["trial_list"] = [{"parametrization": r.parametrization, "width": r.width, "depth": r.depth,
+                              **{axis: value for axis, value in r.extra}, "number": r.number, "params": r.params,
+                              "loss": r.loss, "outcome": ("pruned" if r.pruned else "failed" if r.failed else
+                                                          "diverged" if r.diverged else "complete"),
+                              "device": r.device or None, "cuda_visible_devices": r.cuda_visible_devices,
+                              "precision": r.precision or None, "seconds": r.seconds} for r in results]
     return summary
+
+
+def _placement_text(placed: dict) -> str:
+    """'Trained on: cpu (CUDA_VISIBLE_DEVICES=0), fp32: 8 trials, 12 s; …' (escaped), or ''."""
+    if not placed:
+        return ""
+    return "Trained on: " + "; ".join(f"{html.escape(k)}: {int(v['trials'])} trials, {v['seconds']:.0f} s"
+                                      for k, v in placed.items()) + "."
 
 
 def _optimum_rows(sweep: Sweep, results: list[TrialResult]) -> str:
@@ -509,7 +525,8 @@ th{{background:#f3f3f3}}img{{max-width:100%;border:1px solid #eee}}pre{{backgrou
 <div class="verdict"><b>Verdict</b><ul>{verdict}</ul></div>
 <p>Objective <code>{html.escape(cfg.objective)}</code>, {scope}, sampler {cfg.sampler}, seeds {cfg.seeds},
 {summary['trials']} trials ({count_text}),
-{summary['sweep_seconds']:.0f} s of training. Storage: <code>{html.escape(mask_url(sweep.url))}</code>.</p>
+{summary['sweep_seconds']:.0f} s of training. Storage: <code>{html.escape(mask_url(sweep.url))}</code>.
+{_placement_text(summary['placements'])}</p>
 <h2>Training loss against each hyperparameter</h2>
 {''.join(f'<p><img src="{i}" alt="{i}"></p>' for i in images)}
 <p>One curve per {curve}, the mean over seeds; a vertical bar is the range over seeds; ★ marks each curve's
