@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
 import optuna
+import torch
 from optuna.trial import FrozenTrial, TrialState
 
 from .._progress import Progress
@@ -281,10 +282,13 @@ class Sweep:
             return trial.suggest_categorical(name, list(dim.values))
         return trial.suggest_float(name, dim.low, dim.high, log=isinstance(dim, LogUniform))
 
-    def scale(self, parametrization: str, width: int, depth: Optional[int], seed: int) -> Scale:
-        """Where a trial of this sweep runs; depth None keeps the objective's own depth."""
-        return Scale(width, self.config.base_width, parametrization, seed, depth,
-                     None if depth is None else self.config.base_depth)
+    def scale(self, parametrization: str, width: int, depth: Optional[int], seed: int,
+              device: Optional[torch.device] = None) -> Scale:
+        """Where a trial of this sweep runs; depth None keeps the objective's own depth. `device`: the
+        `torch.device` to train on (`mutransfer transfer --device`), else the Scale's own default."""
+        scale = Scale(width, self.config.base_width, parametrization, seed, depth,
+                      None if depth is None else self.config.base_depth)
+        return scale if device is None else dataclasses.replace(scale, device=device)
 
     def hparams(self, params: dict[str, Any], extra: tuple = ()) -> dict[str, Any]:
         """What the objective receives: [fixed], the swept values, and the cell's batch size and
@@ -739,8 +743,12 @@ def _release(procs: list[subprocess.Popen], url: Optional[str]) -> None:
 
 @optuna_logs_quiet()
 def run_sweep(config_path: Union[str, os.PathLike], run_dir: Union[str, os.PathLike], workers: int = 1,
-              storage: Optional[str] = None, progress: bool = True, retry_failed: bool = False) -> Sweep:
+              storage: Optional[str] = None, progress: bool = True, retry_failed: bool = False,
+              devices: Union[None, str, list[int]] = None) -> Sweep:
     """Create/resume the sweep and run it with `workers` local processes (this one included).
+
+    `devices`: None (the config's), "auto", "cpu" or a list of GPU ids (not used yet on this branch:
+    the device-aware runner fills it in).
 
     `retry_failed`: first queue every failed trial again (see `Sweep.retry_failed`). Ctrl-C
     marks the running trials interrupted (queued again), stops the workers and raises
