@@ -306,3 +306,46 @@ def test_export_fused_qkv_row_indices_live_on_the_weights_device():
             self.qkv = nn.Linear(8, 24, device="meta")
     rows = [part[1] for _, part in _query_candidates(Attn(), head_dim=4) if part is not None]
     assert len(rows) == 2 and all(r.device.type == "meta" for r in rows)  # q in thirds, and interleaved per head
+
+
+# --------------------------------------------------------------------------- the meta device
+
+
+def test_fully_connected_kernels_run_on_meta_inputs():
+    # on meta a CPU tensor next to a non-scalar meta tensor raises: every tensor made inside must take
+    # its neighbours' device. relu and erf have closed forms; the series path (tanh, gelu, ...) groups
+    # equal variances with torch.unique, which has no meta kernel (data-dependent size), so it is not
+    # testable here.
+    x1, x2 = torch.randn(5, 3, device="meta"), torch.randn(2, 3, device="meta")
+    for act in ("relu", "erf"):
+        k, theta = mt.limits.kernels(x1, x2, depth=2, activation=act, bias_var=0.1)
+        assert k.device.type == theta.device.type == "meta" and k.shape == theta.shape == (5, 2)
+        assert k.dtype == torch.float64
+    assert mt.limits.nngp(x1, depth=3).shape == (5, 5)
+
+
+@pytest.mark.parametrize("net, shape", [
+    (lambda: nn.Sequential(nn.Linear(3, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1)), (5, 3)),
+    (lambda: nn.Sequential(nn.Conv1d(1, 4, 3, padding=1), nn.ReLU(), nn.AvgPool1d(3), nn.Flatten(),
+                           nn.Linear(12, 1)), (5, 1, 9)),  # padding and pooling index maps
+])
+def test_traced_module_kernels_run_on_meta_inputs(net, shape):
+    x1, x2 = torch.randn(*shape, device="meta"), torch.randn(2, *shape[1:], device="meta")
+    for f in (mt.limits.nngp, mt.limits.ntk):
+        k = f(net(), x1, x2, bias_var=0.1)  # the module on the CPU, the inputs on meta: computed on meta
+        assert k.device.type == "meta" and k.shape == (5, 2) and k.dtype == torch.float64
+
+
+def test_a_mup_model_moved_to_meta_still_runs():
+    from mutransfer.recipes import MHATransformer, ResMLP
+    gpt = lambda w: GPT(w, n_layer=2, n_head=2, ctx=8)  # noqa: E731  SDPA attention, tied readout
+    cases = [(gpt(64), gpt(16), gpt(32), torch.randint(0, 256, (2, 8)), dict(output_mult=2.0, attn_mult=1.5)),
+             (MHATransformer(64), MHATransformer(16), MHATransformer(32), torch.randn(2, 6, 16), dict(attn_mult=1.5)),
+             # deeper than the base: residual branch multipliers as well
+             (ResMLP(64, depth=8), ResMLP(16, depth=4), ResMLP(32, depth=4), torch.randn(3, 32), dict(depth_alpha=1.0))]
+    for model, base, delta, x, kw in cases:
+        mt.parametrize(model, base=base, delta=delta, **kw)
+        expected = model(x).shape
+        model.to("meta")
+        out = model(x.to("meta"))  # forward constants and attention scales hold no CPU tensor
+        assert out.device.type == "meta" and out.shape == expected
