@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 import mutransfer as mt
+from mutransfer.devices import resolve_device
 from mutransfer.recipes import MLP
 
 D_IN, N_CLASSES, DEPTH = 128, 10, 3  # MLP: input layer, 2 hidden width×width layers, readout
@@ -73,16 +74,18 @@ def make_optimizer(model: torch.nn.Module, lr: float, mup: bool) -> torch.optim.
     return torch.optim.Adam(model.parameters(), lr=lr)
 
 
-def train(width: int, mup: bool, lr: float, data, base_width: int, steps: int, seed: int) -> float:
-    """Final training loss: the mean minibatch loss over the last 10% of steps (inf if it diverged)."""
+def train(width: int, mup: bool, lr: float, data, base_width: int, steps: int, seed: int,
+          device: torch.device = torch.device("cpu")) -> float:
+    """Final training loss: the mean minibatch loss over the last 10% of steps (inf if it diverged).
+    The model is built on the CPU under the seed and trained on `device`, where `data` is."""
     x, y = data
-    model = make_model(width, mup, base_width, seed)
+    model = make_model(width, mup, base_width, seed).to(device)
     opt = make_optimizer(model, lr, mup)
     batches = torch.Generator().manual_seed(20_000 + seed)  # same batch order in every run
     tail = max(1, steps // 10)
     total = 0.0
     for step in range(steps):
-        idx = torch.randint(0, N_TRAIN, (BATCH,), generator=batches)
+        idx = torch.randint(0, N_TRAIN, (BATCH,), generator=batches).to(device)
         loss = F.cross_entropy(model(x[idx]), y[idx])
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -109,7 +112,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller, faster run (< 40 s)")
     parser.add_argument("--seed", type=int, default=0, help="seed for data, init and batch order")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when present, else the CPU), cpu, cuda or cuda:N")
     args = parser.parse_args()
+    device = resolve_device(args.device, "--device")
     torch.set_num_threads(2)
     cfg = CONFIGS["quick" if args.quick else "default"]
     widths, log2_lrs, steps = cfg["widths"], list(cfg["log2_lrs"]), cfg["steps"]
@@ -127,11 +132,11 @@ def main() -> None:
     print(mt.describe(make_model(widths[-1], True, base, args.seed)))
     print()
 
-    data = make_data(args.seed)
+    data = tuple(t.to(device) for t in make_data(args.seed))  # made on the CPU, the same on every device
     results = {}  # (name, width) -> [loss per log2 lr]
     for name, mup in (("SP", False), ("µP", True)):
         for w in widths:
-            row = [train(w, mup, 2.0 ** e, data, base, steps, args.seed) for e in log2_lrs]
+            row = [train(w, mup, 2.0 ** e, data, base, steps, args.seed, device) for e in log2_lrs]
             results[name, w] = row
             i = min(range(len(row)), key=row.__getitem__)
             print(f"[{time.perf_counter() - start:6.1f} s] {name} width {w:>5d}: {len(row)} lrs × {steps} steps, "

@@ -20,6 +20,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 import mutransfer as mt
+from mutransfer.devices import resolve_device
 from mutransfer.recipes import GPT, text_batches
 
 
@@ -28,9 +29,20 @@ def build(width: int) -> GPT:
     return mt.parametrize(GPT(width), base=GPT(32), delta=GPT(64))
 
 
+def rank_device(device: str, rank: int) -> torch.device:
+    """This rank's device: the CPU, or one GPU per rank (rank mod the GPUs this process sees)."""
+    where = resolve_device(device, "--device")
+    if where.type == "cuda" and where.index is None:
+        where = torch.device("cuda", rank % torch.cuda.device_count())
+    return where
+
+
 def run(rank: int, world: int, args, out=None) -> None:
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    model = build(args.width)
+    device = rank_device(args.device, rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world)
+    model = build(args.width).to(device)  # built on the CPU under one seed: the same model on every rank
     if args.fsdp:
         from torch.distributed.fsdp import fully_shard
         for block in model.blocks:
@@ -38,11 +50,12 @@ def run(rank: int, world: int, args, out=None) -> None:
         fully_shard(model)
         wrapped = model
     else:
-        wrapped = torch.nn.parallel.DistributedDataParallel(model)
+        wrapped = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda"
+                                                            else None)
     opt = torch.optim.AdamW(mt.param_groups(wrapped, lr=args.lr, optimizer="adamw"))
     losses = []
     for x, y in text_batches(args.steps, batch=8, seq=32, seed=0):
-        x, y = x.chunk(world)[rank], y.chunk(world)[rank]  # this rank's slice of the batch
+        x, y = x.chunk(world)[rank].to(device), y.chunk(world)[rank].to(device)  # this rank's slice of the batch
         loss = F.cross_entropy(wrapped(x).flatten(0, 1), y.flatten())
         opt.zero_grad()
         loss.backward()
@@ -55,14 +68,14 @@ def run(rank: int, world: int, args, out=None) -> None:
         state = {k: (v.full_tensor() if isinstance(v, DTensor) else v) for k, v in model.state_dict().items()}
     else:
         state = model.state_dict()
-    probe = text_batches(1, batch=4, seq=32, seed=99)[0][0]
+    probe = text_batches(1, batch=4, seq=32, seed=99)[0][0].to(device)
     with torch.no_grad():
         logits = wrapped(probe)
     logits = logits.full_tensor() if hasattr(logits, "full_tensor") else logits
     if rank == 0:
         print(f"{'FSDP2' if args.fsdp else 'DDP'} × {world}: loss " + " ".join(f"{v:.4f}" for v in losses))
         if out is not None:
-            torch.save({"losses": losses, "state": state, "logits": logits}, out)
+            torch.save({"losses": losses, "state": {k: v.cpu() for k, v in state.items()}, "logits": logits.cpu()}, out)
     dist.destroy_process_group()
 
 
@@ -78,6 +91,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--lr", type=float, default=2 ** -7)
     p.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard) instead of DDP")
+    p.add_argument("--device", default="auto", help="auto (one GPU per rank when present, else the CPU), cpu or cuda")
     p.add_argument("--world", type=int, default=2, help="processes to start (without torchrun)")
     p.add_argument("--save", default=None, help="rank 0 saves its losses, the full state_dict and the logits on a "
                    "held-out batch here")

@@ -24,6 +24,7 @@ import warnings
 import torch
 
 import mutransfer as mt
+from mutransfer.devices import resolve_device
 from mutransfer.recipes import text_batches
 
 
@@ -52,13 +53,16 @@ def dataset(steps: int, batch: int):
     return [{"input_ids": row, "labels": row} for row in x]
 
 
-def with_trainer(width: int, steps: int, batch: int, lr: float, out: str, trainer_class=None):
+def with_trainer(width: int, steps: int, batch: int, lr: float, out: str, trainer_class=None,
+                 device: torch.device = torch.device("cpu")):
+    """Train with the Hugging Face Trainer on `device` (the Trainer moves the model there itself:
+    the CPU, or the GPU it picks)."""
     import transformers
     model = build(width)
     opt, sched = optimizer(model, lr, steps)
     args = transformers.TrainingArguments(
         output_dir=out, max_steps=steps, per_device_train_batch_size=batch, max_grad_norm=0.0,
-        report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True, seed=0,
+        report_to=[], save_strategy="no", logging_strategy="no", use_cpu=device.type == "cpu", seed=0,
         dataloader_drop_last=True, disable_tqdm=True)
     trainer = (trainer_class or transformers.Trainer)(model=model, args=args, train_dataset=dataset(steps, batch),
                                    optimizers=(opt, sched))
@@ -73,17 +77,19 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--lr", type=float, default=2 ** -7)
     p.add_argument("--out", default="runs/hf")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present, else the CPU), cpu or cuda")
     args = p.parse_args()
+    device = resolve_device(args.device, "--device")
     import transformers
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = with_trainer(args.width, args.steps, args.batch, args.lr, args.out)
+        model = with_trainer(args.width, args.steps, args.batch, args.lr, args.out, device=device)
         plain_dir = f"{args.out}/plain"
         mt.export(model).save_pretrained(plain_dir)
         reloaded = transformers.AutoModelForCausalLM.from_pretrained(plain_dir).eval()
     x = dataset(1, 2)[0]["input_ids"][None]
     with torch.no_grad():
-        a, b = model.eval()(x).logits, reloaded(x).logits
+        a, b = model.eval()(x.to(model.device)).logits.cpu(), reloaded(x).logits  # the trained model may be on a GPU
     print(f"trained {args.steps} Trainer steps; exported to {plain_dir}; plain from_pretrained logits differ by "
           f"{float((a - b).abs().max() / a.abs().max()):.1e} (relative)")
 

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import mutransfer as mt
+from mutransfer.devices import resolve_device
 from mutransfer.recipes import GPT, text_batches
 
 
@@ -41,7 +42,9 @@ def make_optimizer(model, lr: float, steps: int):
 def train(model, opt, sched, batches) -> list[float]:
     losses = []
     model.train()
+    device = next(model.parameters()).device
     for x, y in batches:
+        x, y = x.to(device), y.to(device)  # the batches are made on the CPU
         loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
         opt.zero_grad()
         loss.backward()
@@ -57,22 +60,24 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--lr", type=float, default=2 ** -7)
     p.add_argument("--out", default="runs/plain")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present, else the CPU), cpu, cuda or cuda:N")
     args = p.parse_args()
+    device = resolve_device(args.device, "--device")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     batches = text_batches(args.steps, batch=8, seq=32, seed=0)
     half = args.steps // 2
 
     torch.manual_seed(0)
-    model = build(args.width)
+    model = build(args.width).to(device)  # built (and parametrized) on the CPU, trained on `device`
     opt, sched = make_optimizer(model, args.lr, args.steps)
     first = train(model, opt, sched, batches[:half])
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict()}, out / "ckpt.pt")
     rest = train(model, opt, sched, batches[half:])
 
     # resume in a "new process": build, parametrize, load; then the same steps again
-    ckpt = torch.load(out / "ckpt.pt")
-    resumed = build(args.width)
+    ckpt = torch.load(out / "ckpt.pt", map_location=device)
+    resumed = build(args.width).to(device)
     resumed.load_state_dict(ckpt["model"])
     opt2, sched2 = make_optimizer(resumed, args.lr, args.steps)
     opt2.load_state_dict(ckpt["opt"])
@@ -82,9 +87,9 @@ def main() -> None:
 
     plain = mt.export(model)
     torch.save(plain.state_dict(), out / "plain.pt")
-    fresh = GPT(args.width)  # plain code: no mutransfer needed to load and serve it
-    fresh.load_state_dict(torch.load(out / "plain.pt"))
-    x = batches[0][0]
+    fresh = GPT(args.width).to(device)  # plain code: no mutransfer needed to load and serve it
+    fresh.load_state_dict(torch.load(out / "plain.pt", map_location=device))
+    x = batches[0][0].to(device)
     with torch.no_grad():
         diff = (fresh.eval()(x) - model.eval()(x)).abs().max() / model(x).abs().max()
     print(f"exported to {out / 'plain.pt'}: plain GPT reproduces the µP model's logits to {float(diff):.1e} (relative)")

@@ -52,6 +52,16 @@ def coordinate_changes(model: nn.Module, modules: dict[str, nn.Module], x: torch
     return {n: (captured[n] - start[n]).abs().mean().item() for n in modules}
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `cuda` are skipped where this process sees no GPU."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="cuda: needs a GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def tmp_json(tmp_path):
     return tmp_path / "shapes.json"

@@ -84,6 +84,8 @@ def test_factory_as_module_through_the_installed_command(tmp_path):
     (["coord-check", "nosuchmodule_xyz:make", "--lr", "0.1"], "cannot import"),
     (["coord-check", "json:nosuchfunction", "--lr", "0.1"], "no function"),
     (["coord-check", "/nonexistent/file.py:make", "--lr", "0.1"], "not found"),
+    (["coord-check", "--recipe", "mlp", "--device", "banana"], "--device must be 'auto', 'cpu'"),
+    (["coord-check", "--recipe", "mlp", "--device", "cuda:99"], "--device 'cuda:99'"),  # no GPU, or too few
 ])
 def test_bad_arguments_exit_2_with_a_message(args, message, capsys, tmp_path):
     assert run(*args, "--out", str(tmp_path)) == 2

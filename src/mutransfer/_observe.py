@@ -49,6 +49,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ._naming import canonical_name
+from .devices import module_device, move
 
 __all__ = ["Dims", "Use", "AttentionCall", "Observation", "recording", "observe", "call_model",
            "example_inputs", "observe_model", "to_device"]
@@ -732,7 +733,7 @@ def example_inputs(model: nn.Module) -> list[Any]:
     (an embedding → token ids; a Linear → features; a Conv → images of 32 pixels a side).
     """
     params = list(model.parameters())
-    device = params[0].device if params else torch.device("cpu")
+    device = module_device(model)
     dtype = next((p.dtype for p in params if p.is_floating_point()), torch.float32)
     out: list[Any] = []
     config = getattr(model, "config", None)
@@ -790,17 +791,8 @@ def observe_model(model: nn.Module, inputs: Any = None) -> Observation:
 
 
 def to_device(inputs, model: nn.Module):
-    p = next(model.parameters(), None)
-    if p is None:
+    """`inputs` (a tensor, or tuples, lists, dicts of them) moved to `model`'s device (as they are
+    for a model without parameters)."""
+    if next(model.parameters(), None) is None:
         return inputs
-    device = p.device
-
-    def move(x):
-        if isinstance(x, torch.Tensor):
-            return x.to(device)
-        if isinstance(x, dict):
-            return {k: move(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return type(x)(move(v) for v in x)
-        return x
-    return move(inputs)
+    return move(inputs, module_device(model))

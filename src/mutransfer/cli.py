@@ -104,6 +104,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="check the model in µP (mup, default) or as it is, in standard parametrization (sp)")
     c.add_argument("--max-growth", type=float, default=1.5, help="allowed growth per 16× width (default 1.5)")
     c.add_argument("--out", default="coord-check", help="directory for the plot, CSV and JSON (default ./coord-check)")
+    c.add_argument("--device", default="auto",
+                   help="where the models train: auto (CUDA when present, else the CPU; default), cpu, cuda or cuda:N")
     c.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     c.set_defaults(handler=_coord_check)
 
@@ -200,6 +202,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--steps", type=int, help="the target's training steps, passed to the objective as "
                                              "hparams['steps'] (default: the proxy's)")
     t.add_argument("--storage", help="storage URL (default: the run's own)")
+    t.add_argument("--device", help="where the target trains: auto (CUDA when present), cpu, cuda or cuda:N "
+                                    "(default: the sweep's own)")
     t.set_defaults(handler=_transfer)
 
     e = sub.add_parser("export", help="write the plain model of a µP checkpoint (µP's constants folded into weights)",
@@ -226,6 +230,9 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--quick", action="store_true", help="widths 32, 128, 256 and 6 lrs (about 2 minutes)")
     d.add_argument("--workers", type=int, default=2, help="local worker processes (default 2)")
     d.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    d.add_argument("--device", default="auto",
+                   help="where the sweeps and the target train: auto (CUDA when present, else the CPU; default), cpu, "
+                        "or comma-separated GPU ids such as 0,1")
     d.set_defaults(handler=_demo)
     return p
 
@@ -234,12 +241,39 @@ def _demo(args) -> int:
     from .sweep.demo import format_summary, run_demo
     if args.workers < 1:
         raise UsageError("--workers must be at least 1")
+    devices = _devices(args.device)
     try:
-        result = run_demo(args.out, quick=args.quick, workers=args.workers, progress=not args.no_progress)
+        result = run_demo(args.out, quick=args.quick, workers=args.workers, progress=not args.no_progress,
+                          devices=devices)
     except ValueError as e:
         raise UsageError(str(e)) from None
     print(format_summary(result))
     return EXIT_PASS
+
+
+def _device(text: str, what: str = "--device"):
+    """--device as a torch.device (auto: CUDA when present); a usage error naming the option when bad."""
+    from .devices import resolve_device
+    try:
+        return resolve_device(text, what)
+    except (TypeError, ValueError) as e:
+        raise UsageError(str(e)) from None
+
+
+def _devices(text: str, what: str = "--device"):
+    """--device of a sweep: "auto", "cpu" or comma-separated GPU ids (a list of ints, each checked to be
+    visible without initialising CUDA); a usage error naming the option otherwise."""
+    if text in ("auto", "cpu"):
+        return text
+    try:
+        ids = [int(i) for i in text.replace(" ", "").split(",") if i]
+    except ValueError:
+        ids = []
+    if not ids or any(i < 0 for i in ids):
+        raise UsageError(f"{what} must be 'auto', 'cpu' or comma-separated GPU ids such as 0,1; got '{text}'")
+    for i in ids:
+        _device(f"cuda:{i}", what)
+    return ids
 
 
 def _existing_file(path: str, what: str) -> Path:
@@ -316,7 +350,8 @@ def _transfer(args) -> int:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", UserWarning)
-            out = transfer(sweep, args.width, args.depth, args.batch_size, args.steps)
+            out = transfer(sweep, args.width, args.depth, args.batch_size, args.steps,
+                           device=None if args.device is None else _device(args.device))
     except ValueError as e:
         raise UsageError(str(e)) from None
     for w in caught:
@@ -465,6 +500,7 @@ def _coord_check(args) -> int:
             raise UsageError(f"--{name} must be at least 1")
     if not args.max_growth > 1:
         raise UsageError("--max-growth must be greater than 1")
+    args.device = _device(args.device)
 
     if args.recipe is not None:
         try:
@@ -566,7 +602,7 @@ def _run_check(args, make_model: Callable, widths: list, data: list, lr: float, 
     try:
         result = mt.coord_check(make_model, widths, data, optimizer=args.optimizer, lr=lr, steps=args.steps,
                                 seeds=args.seeds, max_growth=args.max_growth, progress=not args.no_progress,
-                                depths=depths, eps=args.eps)
+                                depths=depths, eps=args.eps, device=args.device)
     except (ValueError, TypeError) as e:
         raise UsageError(str(e)) from None
     result.to_csv(out / "coord_check.csv")

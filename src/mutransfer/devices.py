@@ -18,11 +18,13 @@ a process that only resolves devices can still start CUDA workers safely.
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager, Union
+from typing import Any, ContextManager, Union
 
 import torch
+from torch import nn
 
-__all__ = ["AUTO", "PRECISIONS", "DeviceLike", "resolve_device", "check_precision", "autocast"]
+__all__ = ["AUTO", "PRECISIONS", "DeviceLike", "resolve_device", "check_precision", "autocast", "move",
+           "module_device", "same_device"]
 
 AUTO = "auto"
 PRECISIONS = ("fp32", "bf16")
@@ -79,3 +81,36 @@ def autocast(device: torch.device, precision: str) -> ContextManager[object]:
     if precision == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     raise ValueError(f"precision must be one of {', '.join(repr(p) for p in PRECISIONS)}, got {precision!r}")
+
+
+def move(obj: Any, device: torch.device) -> Any:
+    """`obj` with every tensor in it on `device`: a tensor, or tuples, lists and dicts of them (nested;
+    anything else is returned as it is). Tensors already there are not copied."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: move(v, device) for k, v in obj.items()}
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
+        return type(obj)(*(move(v, device) for v in obj))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(move(v, device) for v in obj)
+    return obj
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """Whether `a` and `b` are one device; an index left out (``cuda``) stands for the current one."""
+    if a.type != b.type:
+        return False
+    if a.index is None or b.index is None:
+        current = torch.cuda.current_device() if a.type == "cuda" else 0
+        return (current if a.index is None else a.index) == (current if b.index is None else b.index)
+    return a.index == b.index
+
+
+def module_device(module: nn.Module) -> torch.device:
+    """Where `module` lives: the device of its first parameter (else buffer); the CPU when it has neither."""
+    for t in module.parameters():
+        return t.device
+    for t in module.buffers():
+        return t.device
+    return torch.device("cpu")

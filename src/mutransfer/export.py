@@ -29,7 +29,10 @@ constant with no place to go, is a ValueError naming the module — never a wron
 Low precision (float16/bfloat16): the folds are decided and checked on float32 copies, then the
 weights are rounded back to the model's dtypes and compared with the µP model at that precision
 (tolerance 8 ε of the dtype). Memory: two copies of the model (float32 for a low-precision model)
-besides the original while it works.
+besides the original while it works (three when `device=` is not the model's own).
+
+Devices: the probe forwards run where the model lives (the device of its parameters), or on
+`device=` (a model kept on the CPU, probed on a GPU); the exported copy lives where the model does.
 """
 from __future__ import annotations
 
@@ -48,6 +51,7 @@ from .depth import BRANCH_ATTR, branch_end, branch_outputs
 from ._naming import canonical_name
 from .roles import MuPWarning
 from ._observe import call_model, example_inputs as probe_candidates, to_device
+from .devices import DeviceLike, module_device, resolve_device, same_device
 from .spec import SPEC_ATTR, require_spec, spec_holder
 
 __all__ = ["RTOL", "export"]
@@ -60,7 +64,8 @@ _FUSED_NAMES = ("qkv", "c_attn", "wqkv", "qkv_proj", "to_qkv", "in_proj", "query
 _ATTRS = (scaled_forward.INPUT_ATTR, scaled_forward.OUTPUT_ATTR, scaled_forward.SDPA_ATTR)
 
 
-def export(model: nn.Module, example_inputs: Any = None, *, untie: bool = False, rtol: float = RTOL) -> nn.Module:
+def export(model: nn.Module, example_inputs: Any = None, *, untie: bool = False, rtol: float = RTOL,
+           device: Optional[DeviceLike] = None) -> nn.Module:
     """A plain copy of the parametrized `model`: same outputs, no µP forward constants.
 
     Args:
@@ -72,6 +77,9 @@ def export(model: nn.Module, example_inputs: Any = None, *, untie: bool = False,
             give the readout its own weight instead of refusing.
         rtol: largest relative difference (max |Δ| / max |output|) allowed between the µP and the
             exported model on the probe.
+        device: where the probe forwards run ("cpu", "cuda", "cuda:N", "auto" or a `torch.device`);
+            None: the model's own device. `example_inputs` are moved there. The returned model lives
+            on the model's device either way.
 
     Returns the exported model (its class is the user's, its state_dict keys are the model's).
     For Hugging Face models: ``export(model).save_pretrained(dir)``, then plain
@@ -79,12 +87,16 @@ def export(model: nn.Module, example_inputs: Any = None, *, untie: bool = False,
     """
     spec = require_spec(model, "export")  # a plain model needs no export: save it as it is
     root = spec_holder(model)
+    home = module_device(root)
+    where = home if device is None else resolve_device(device, "device")
     training = root.training
     caching = _no_cache(root)
     try:
         with torch.no_grad(), caching:
-            inputs = _probe_inputs(root, example_inputs)
-            reference = copy.deepcopy(root).eval()  # decisions are taken on this copy, zeros filled
+            # the model itself, or a copy on the probe device (the original stays where it is)
+            probed = root if same_device(where, home) else copy.deepcopy(root).to(where)
+            inputs = _probe_inputs(probed, example_inputs)
+            reference = copy.deepcopy(probed).eval()  # decisions are taken on this copy, zeros filled
             low = _low_precision(reference)
             if low is not None:  # decide in float32: bf16 rounding would hide which fold is right
                 reference.float()
@@ -101,9 +113,10 @@ def export(model: nn.Module, example_inputs: Any = None, *, untie: bool = False,
                 _restore_dtypes(plain, root)
                 inputs = _cast_floats(inputs, low)
                 final_rtol = max(rtol, 8 * torch.finfo(low).eps)  # the folded weights rounded to `low`
-            _check(plain, root, inputs, final_rtol, "the exported model (with the model's own values)")
+            _check(plain, probed, inputs, final_rtol, "the exported model (with the model's own values)")
     finally:
         root.train(training)
+    plain.to(home)
     caching.restore(plain)
     plain.train(training)
     plain.__dict__.pop(SPEC_ATTR, None)
@@ -502,9 +515,9 @@ def _query_candidates(module: nn.Module, head_dim: Optional[int]) -> list[tuple[
             for dim in dict.fromkeys((0, w.dim() - 1)):
                 n_out = w.shape[dim]
                 if n_out % 3 == 0:
-                    out.append((m, (dim, torch.arange(n_out // 3))))
+                    out.append((m, (dim, torch.arange(n_out // 3, device=w.device))))
                     if head_dim and n_out % (3 * head_dim) == 0:
-                        rows = torch.arange(n_out).view(-1, 3, head_dim)[:, 0].reshape(-1)
+                        rows = torch.arange(n_out, device=w.device).view(-1, 3, head_dim)[:, 0].reshape(-1)
                         out.append((m, (dim, rows)))
     out += [(m, None) for n, m in layers if last(n) in _QUERY_NORM_NAMES]
     out += [(m, None) for _, m in layers if not any(m is o for o, _ in out)]
@@ -603,6 +616,7 @@ def _fill_zeros(model: nn.Module) -> list[str]:
     for name, p in model.named_parameters():
         if p.is_floating_point() and p.numel() and not p.any():
             fan_in = p.shape[-1] if p.dim() > 1 else p.shape[0]
+            # drawn on the CPU (a seeded generator gives the same values on every device), then moved to p's
             p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32).to(p) / math.sqrt(fan_in))
             filled.append(name)
     return filled

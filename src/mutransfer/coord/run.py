@@ -26,6 +26,7 @@ from .report import ATTN_SUFFIX, CoordCheckResult, Record
 from ..depth import block_containers, join_name, split_block
 from .._naming import canonical_name
 from .._observe import recording
+from ..devices import AUTO, DeviceLike, move, resolve_device
 from ..optim import build_optimizer
 from .._progress import Progress
 from ..optim import hidden_matrices
@@ -46,7 +47,7 @@ def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequenc
                 data: Sequence[tuple[Any, Any]], optimizer: Union[str, OptimizerFactory] = DEFAULT_OPTIMIZER,
                 lr: float = 1e-2, steps: int = 4, seeds: int = 3, loss_fn: Optional[LossFn] = None, *,
                 depths: Optional[Sequence[int]] = None, max_growth: float = 1.5, weight_decay: float = 0.0,
-                eps: Optional[float] = None, progress: bool = True) -> CoordCheckResult:
+                eps: Optional[float] = None, progress: bool = True, device: DeviceLike = AUTO) -> CoordCheckResult:
     """Train `make_model(width)` for `steps` steps at each width and seed; return the verdict.
 
     Across depth: give `depths` (at least two) and one width; `make_model(width, depth)` is
@@ -74,6 +75,11 @@ def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequenc
         max_growth: allowed growth of any recorded quantity per 16× width (1.5: slope of
             log(size) against log(width) at most log 1.5 / log 16 ≈ 0.146).
         progress: draw a progress bar on stderr.
+        device: where the models train: "auto" (CUDA when this process sees a GPU, else the CPU),
+            "cpu", "cuda", "cuda:N" or a `torch.device`. Each model `make_model` returns, and every
+            tensor of `data` (tensors, tuples, lists and dicts of them), is moved there; the models
+            are built where `make_model` builds them (under the seed, so the CPU's initial values
+            are the same whatever the device). Every recorded statistic is a Python float.
     """
     if depths is not None:
         widths = [widths] if isinstance(widths, int) else list(widths)
@@ -84,6 +90,8 @@ def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequenc
     else:
         axis, sizes, fixed_width = "width", check_widths(widths), None
     data = _check_data(data)
+    where = resolve_device(device, "device")
+    data = [move(batch, where) for batch in data]
     if not callable(make_model):
         raise TypeError(f"make_model must be a function of width returning a model, got {type(make_model).__name__}")
     family = None if callable(optimizer) else optimizer_family(optimizer)
@@ -95,7 +103,7 @@ def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequenc
     if not max_growth > 1.0:
         raise ValueError(f"max_growth must be > 1 (allowed growth per 16× width), got {max_growth!r}")
 
-    expected, readouts = (_predictions(make_model, sizes, data[0][0]) if axis == "width" else ({}, {}))
+    expected, readouts = (_predictions(make_model, sizes, data[0][0], where) if axis == "width" else ({}, {}))
     head_dims: dict[str, dict[int, int]] = {}
     prob_modules: set[str] = set()
     out_dims: dict[str, dict[int, set]] = {}
@@ -111,6 +119,7 @@ def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequenc
             call = f"make_model({size})" if axis == "width" else f"make_model({fixed_width}, {size})"
             if not isinstance(model, nn.Module):
                 raise TypeError(f"{call} returned {type(model).__name__}, not an nn.Module")
+            model.to(where)
             is_mup = find_spec(model) is not None
             parametrizations.add("µP" if is_mup else "SP")
             if seed == 0:
@@ -158,7 +167,8 @@ def _growth_exponent(by_size: dict[int, float]) -> float:
     return math.log(by_size[sizes[-1]] / by_size[sizes[0]]) / math.log(sizes[-1] / sizes[0])
 
 
-def _predictions(make_model, sizes: list[int], inputs) -> tuple[dict[str, float], dict[str, str]]:
+def _predictions(make_model, sizes: list[int], inputs,
+                 device: torch.device) -> tuple[dict[str, float], dict[str, str]]:
     """µP's predicted slope of each readout's output at init, and the readouts' biases.
 
     The two smallest models are compared as base and delta and classified from a probe forward
@@ -178,7 +188,7 @@ def _predictions(make_model, sizes: list[int], inputs) -> tuple[dict[str, float]
             small, wider = make_model(sizes[0]), make_model(sizes[1])
             shapes = WidthShapes.from_models({n: p.shape for n, p in small.named_parameters()},
                                              {n: p.shape for n, p in wider.named_parameters()})
-            infos = classify(wider, shapes, observation=observe(wider, inputs))
+            infos = classify(wider, shapes, observation=observe(wider.to(device), inputs))
     except Exception:  # the prediction is a refinement; without it every curve is held to Θ(1)
         return {}, {}
     expected: dict[str, float] = {}
@@ -373,7 +383,7 @@ class _Probe:
         logits = (q @ k.transpose(-2, -1)) * scale
         if causal:
             n, s = logits.shape[-2], logits.shape[-1]
-            keep = torch.ones(n, s, dtype=torch.bool).tril(s - n)
+            keep = torch.ones(n, s, dtype=torch.bool, device=logits.device).tril(s - n)
             logits = logits[..., keep]
         self.captured[key] = logits
         self.head_dims[key] = int(q.shape[-1])

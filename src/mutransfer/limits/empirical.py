@@ -83,12 +83,15 @@ def empirical_nngp(make_model: Callable[[], nn.Module], x1: ArrayLike, x2: Optio
         raise ValueError(f"samples must be an integer ≥ 2, got {samples!r}")
     a = as_inputs(x1, "x1")
     b = a if x2 is None else as_inputs(x2, "x2")
-    total = torch.zeros(len(a), len(b), dtype=torch.float64)
+    total = torch.zeros(len(a), len(b), dtype=torch.float64, device=a.device)
     total_sq = torch.zeros_like(total)
     with torch.no_grad():
         for _ in range(samples):
             model = make_model()
-            dtype = next(model.parameters()).dtype
+            p = next(model.parameters())
+            dtype = p.dtype
+            a, b = a.to(p.device), b.to(p.device)  # the networks' device (the first one's for the sums)
+            total, total_sq = total.to(p.device), total_sq.to(p.device)
             fa = model(a.to(dtype)).to(torch.float64).reshape(len(a), -1)
             fb = fa if x2 is None else model(b.to(dtype)).to(torch.float64).reshape(len(b), -1)
             k = fa @ fb.T / fa.shape[1]

@@ -273,7 +273,7 @@ def expect(f: Elem, g: Elem, va: torch.Tensor, vb: torch.Tensor, c: torch.Tensor
     fb = cb[ib].reshape(*vb.shape, terms)
     ok = (_row_converged(ca)[ia].reshape(va.shape) | _row_converged(cb)[ib].reshape(vb.shape)).expand(shape)
     rho = (c / torch.sqrt(va * vb)).nan_to_num_(0.0).clamp_(-1, 1).expand(shape)
-    out = torch.zeros(shape, dtype=c.dtype)
+    out = torch.zeros(shape, dtype=c.dtype, device=c.device)
     for k in range(terms - 1, -1, -1):
         out.mul_(rho).add_(fa[..., k] * fb[..., k])
     if not ok.all():

@@ -50,9 +50,15 @@ def nodes(order: int) -> tuple[torch.Tensor, torch.Tensor]:
     return z, w / w.sum()
 
 
+def _nodes_on(order: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """`nodes(order)` (computed on the CPU: eigvalsh of a tiny matrix) moved to `device`."""
+    z, w = nodes(order)
+    return z.to(device), w.to(device)
+
+
 def expect_1d(f: Fn, var: torch.Tensor, order: int) -> torch.Tensor:
     """E[f(u)] for u ~ N(0, var), elementwise over `var`."""
-    z, w = nodes(order)
+    z, w = _nodes_on(order, var.device)
     u = torch.sqrt(var.clamp_min(0)).unsqueeze(-1) * z
     return (f(u) * w).sum(-1)
 
@@ -73,9 +79,9 @@ def weighted_hermite(order: int, terms: int) -> torch.Tensor:
 
 def hermite_coefficients(f: Fn, var: torch.Tensor, terms: int, order: int = MAX_ORDER) -> torch.Tensor:
     """ĉ_k = E[f(√var z) He_k(z)]/√k! for every entry of the vector `var`, (n, terms)."""
-    z, w = nodes(order)
+    z, w = _nodes_on(order, var.device)
     vals = f(torch.sqrt(var.clamp_min(0))[:, None] * z)
-    return (vals * torch.sqrt(w)) @ weighted_hermite(order, terms).T
+    return (vals * torch.sqrt(w)) @ weighted_hermite(order, terms).to(var.device).T
 
 
 def converged(coeffs: torch.Tensor, tol: float = 1e-4) -> bool:
@@ -96,7 +102,7 @@ def mehler(ca: torch.Tensor, cb: torch.Tensor, rho: torch.Tensor) -> torch.Tenso
 
 def expect_2d(f: Fn, g: Fn, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, order: int) -> torch.Tensor:
     """E[f(u) g(v)] for (u, v) ~ N(0, [[a, c], [c, b]]), elementwise over same-shape a, b, c."""
-    z, w = nodes(order)
+    z, w = _nodes_on(order, c.device)
     shape = c.shape
     a, b, c = (t.reshape(-1) for t in torch.broadcast_tensors(a, b, c))
     out = torch.empty_like(c)

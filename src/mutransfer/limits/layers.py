@@ -76,9 +76,10 @@ def pad_index(length: int, lo: int, hi: int, mode: str) -> torch.Tensor:
 
 
 def _padded(k: torch.Tensor, dim: int, op: AxisOp) -> torch.Tensor:
-    idx = op.index
+    padding = bool((op.index < 0).any())  # decided on the CPU, where the (structural) index is made
+    idx = op.index.to(k.device)
     out = k.index_select(dim, idx.clamp_min(0))
-    if (idx < 0).any():
+    if padding:
         shape = [1] * k.ndim
         shape[dim] = len(idx)
         out = out * (idx >= 0).to(k.dtype).reshape(shape)
@@ -157,7 +158,8 @@ def _conv_zeros(k: torch.Tensor, dims: tuple[int, ...], op: AxisOp) -> torch.Ten
 def _window_mean(t: torch.Tensor, dim: int, op: AxisOp, count_include_pad: bool) -> torch.Tensor:
     """The windows of `op` along one axis, summed and divided by the window size (or by the real
     positions in it)."""
-    norm = torch.full((op.out,), float(op.k), dtype=t.dtype) if count_include_pad else op.counts()
+    norm = (torch.full((op.out,), float(op.k), dtype=t.dtype, device=t.device) if count_include_pad
+            else op.counts().to(t.device))
     t = _padded(t, dim, op)
     t = sum(_window(t, dim, op, i) for i in range(op.k))
     shape = [1] * t.ndim

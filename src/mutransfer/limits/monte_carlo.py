@@ -47,9 +47,11 @@ def _resample(model: nn.Module, weight_var: float, bias_var: float, g: torch.Gen
         for mname, m in model.named_modules():
             if isinstance(m, LAYER_TYPES):
                 w = m.weight
-                w.copy_(torch.randn(w.shape, generator=g, dtype=w.dtype) * math.sqrt(weight_var / w[0].numel()))
+                w.copy_((torch.randn(w.shape, generator=g, dtype=w.dtype) * math.sqrt(weight_var / w[0].numel()))
+                        .to(w.device))
                 if m.bias is not None:
-                    m.bias.copy_(torch.randn(m.bias.shape, generator=g, dtype=w.dtype) * math.sqrt(bias_var))
+                    m.bias.copy_((torch.randn(m.bias.shape, generator=g, dtype=w.dtype) * math.sqrt(bias_var))
+                                 .to(w.device))
             elif any(True for _ in m.parameters(recurse=False)):
                 if hasattr(m, "reset_parameters"):
                     m.reset_parameters()
@@ -72,9 +74,9 @@ def monte_carlo_kernels(model: nn.Module, x1: torch.Tensor, x2: Optional[torch.T
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 2:
         raise ValueError(f"samples must be an integer ≥ 2, got {samples!r}")
     from torch.func import functional_call, jacrev, vmap
-    net = copy.deepcopy(model).to(torch.float64).eval()
-    g = torch.Generator().manual_seed(seed)
     a = x1.detach().to(torch.float64)
+    net = copy.deepcopy(model).to(device=a.device, dtype=torch.float64).eval()  # computed where the inputs are
+    g = torch.Generator().manual_seed(seed)  # on the CPU: the same networks on every device
     b = a if x2 is None else x2.detach().to(torch.float64)
     factors = layer_factors(net, weight_var, bias_var)
     ks, ts, own = [], [], []

@@ -125,13 +125,15 @@ class _Updater:
         return out
 
 
-def sgd_batches(n: int, steps: int, batch_size: Optional[int], seed: int = 0) -> list[torch.Tensor]:
+def sgd_batches(n: int, steps: int, batch_size: Optional[int], seed: int = 0,
+                device: Optional[torch.device] = None) -> list[torch.Tensor]:
     """The minibatch index sets of `steps` SGD steps (all of 0..n-1 for full batch): shared by the
-    limit and the finite networks so that both see the same data order."""
+    limit and the finite networks so that both see the same data order. Drawn on the CPU (the
+    same order on every device), returned on `device` (the data's)."""
     if batch_size is None or batch_size >= n:
-        return [torch.arange(n)] * steps
+        return [torch.arange(n, device=device)] * steps
     g = torch.Generator().manual_seed(seed)
-    return [torch.randperm(n, generator=g)[:batch_size] for _ in range(steps)]
+    return [torch.randperm(n, generator=g)[:batch_size].to(device) for _ in range(steps)]
 
 
 class MuPLimit:
@@ -176,7 +178,7 @@ class MuPLimit:
             batch_seed: int = 0) -> "MuPLimit":
         """Train the limit for `steps` steps of the optimizer at learning rate `lr` (module docstring)."""
         x = as_inputs(x, "x")
-        y = as_targets(y, x.shape[0])
+        y = as_targets(y, x.shape[0]).to(x.device)  # computed where x is
         integer(steps, "steps", 0)
         lr = positive(lr, "lr")
         self.x, self.y, self.d, self.k = x, y, x.shape[1], y.shape[1]
@@ -188,7 +190,7 @@ class MuPLimit:
         getattr(self, f"_init_{self.method_used}")()
         self._updater = _Updater(self.optimizer, self.momentum, self.nesterov, self.betas, self.eps,
                                  self.weight_decay)
-        for batch in sgd_batches(len(x), steps, batch_size, batch_seed):
+        for batch in sgd_batches(len(x), steps, batch_size, batch_seed, x.device):
             getattr(self, f"_step_{self.method_used}")(batch, lr)
         state = {"linear": ("M",), "quadrature": ("v", "a"), "monte_carlo": ("u", "v")}[self.method_used]
         if not all(bool(torch.isfinite(getattr(self, name)).all()) for name in state):
@@ -201,7 +203,7 @@ class MuPLimit:
         Carlo standard error (zeros for the exact and quadrature methods)."""
         if not self._fitted:
             raise ValueError("call fit(x, y, steps, lr) before predict (steps=0 gives the limit at init)")
-        x = as_inputs(x, "x")
+        x = as_inputs(x, "x").to(self.x.device)  # where the fitted state is
         if x.shape[1] != self.d:
             raise ValueError(f"x has {x.shape[1]} features; the limit was fitted on {self.d}")
         fn = getattr(self, f"_predict_{self.method_used}")
@@ -218,8 +220,10 @@ class MuPLimit:
 
     def _init_linear(self) -> None:
         d, k = self.d, self.k
-        self.M = torch.eye(d + k, dtype=torch.float64)
-        self.cov0 = torch.diag(torch.cat([torch.full((d,), 1.0 / d), torch.ones(k)])).to(torch.float64)
+        dev = self.x.device
+        self.M = torch.eye(d + k, dtype=torch.float64, device=dev)
+        self.cov0 = torch.diag(torch.cat([torch.full((d,), 1.0 / d, dtype=torch.float64, device=dev),
+                                          torch.ones(k, dtype=torch.float64, device=dev)]))
 
     def _cross(self) -> torch.Tensor:
         """E[v uᵀ] (k × d) under the current M."""
@@ -232,7 +236,7 @@ class MuPLimit:
         g = xb.T @ chi                                                       # (d, k)
         d, k = self.d, self.k
         # the scaled gradient of the neuron z = (u, v) = M z₀ is (g v, gᵀ u) = [[0, g], [gᵀ, 0]] M z₀
-        a = torch.zeros(d + k, d + k, dtype=torch.float64)
+        a = torch.zeros(d + k, d + k, dtype=torch.float64, device=g.device)
         a[:d, d:] = g
         a[d:, :d] = g.T
         self.M = self.M + self._updater.step({"M": a @ self.M}, lr)["M"]
@@ -251,7 +255,7 @@ class MuPLimit:
         r = int(keep.sum())
         order = self.quad_points or max(4, int(self.max_nodes ** (1.0 / (r + 1))))
         order += order % 2  # even: the v-nodes come in ± pairs, so f₀ = 0 exactly
-        z, w = nodes(order)
+        z, w = (t.to(self.x.device) for t in nodes(order))
         grids = torch.meshgrid(*([z] * (r + 1)), indexing="ij")
         wgrid = torch.meshgrid(*([w] * (r + 1)), indexing="ij")
         zs = torch.stack([g.reshape(-1) for g in grids], 1)                 # (Q, r+1)
@@ -289,7 +293,7 @@ class MuPLimit:
         cond_mean = self.h_init @ (self.gram_pinv @ kx)                       # (Q/2, m)
         cond_var = ((x * x).sum(1) - (kx * (self.gram_pinv @ kx)).sum(0)).clamp_min(0) / self.d
         shift = self.a @ kx                                                   # (2, Q/2, m)
-        z, w = nodes(max(8, self.order))
+        z, w = (t.to(x.device) for t in nodes(max(8, self.order)))
         pre = (cond_mean + shift)[..., None] + cond_var.sqrt()[:, None] * z  # (2, Q/2, m, q)
         feats = (self.act.fn(pre) * w).sum(-1)
         mean = self._f_nodes(feats)[:, None]
@@ -303,6 +307,7 @@ class MuPLimit:
         r, half = self.groups, self.samples // (2 * self.groups)
         u = torch.randn(r, half, self.d, generator=g, dtype=torch.float64) / math.sqrt(self.d)
         v = torch.randn(r, half, self.k, generator=g, dtype=torch.float64)
+        u, v = u.to(self.x.device), v.to(self.x.device)  # drawn on the CPU: the same neurons on every device
         self.u = torch.stack([u, u.clone()], 1)                               # (R, 2, half, d)
         self.v = torch.stack([v, -v], 1)                                      # (R, 2, half, k)
 
@@ -385,10 +390,10 @@ def train_finite(model: OneHiddenLayer, x: ArrayLike, y: ArrayLike, steps: int, 
     """Train on (1/B) Σ ½‖f − y‖² with `finite_optimizer`: SGD at lr η·n (µP) or η (NTK) on u and v,
     with `momentum`/`nesterov`; or, µP only, Adam/AdamW at lr η with ε/n (`betas`, `eps`,
     AdamW's decoupled `weight_decay`)."""
-    x = as_inputs(x, "x").to(model.u.dtype)
-    y = as_targets(y, x.shape[0]).to(model.u.dtype)
+    x = as_inputs(x, "x").to(device=model.u.device, dtype=model.u.dtype)  # where the network is
+    y = as_targets(y, x.shape[0]).to(device=model.u.device, dtype=model.u.dtype)
     opt = finite_optimizer(model, lr, optimizer, momentum, nesterov, betas, eps, weight_decay)
-    for batch in sgd_batches(len(x), steps, batch_size, batch_seed):
+    for batch in sgd_batches(len(x), steps, batch_size, batch_seed, x.device):
         loss = 0.5 * ((model(x[batch]) - y[batch]) ** 2).sum(1).mean()
         opt.zero_grad()
         loss.backward()

@@ -163,7 +163,7 @@ class PiLimit:
             gbar = g / s
             q = gbar @ b.T                                                   # cos∠(bᵢ, g), (m × M)
             saved.append((g, s, gbar, q))
-            g = _RELU.phi_moment(torch.ones(()), s * s, s * q) @ a           # Σᵢ aᵢ V(bᵢ, g)
+            g = _RELU.phi_moment(s.new_ones(()), s * s, s * q) @ a         # Σᵢ aᵢ V(bᵢ, g)
         return self.output_alpha * g, saved
 
     def _step(self, batch: torch.Tensor, lr: float, input_lr_mult: float, output_lr_mult: float) -> None:
@@ -176,7 +176,7 @@ class PiLimit:
             mult = lr * (output_lr_mult if layer == self.depth - 1 else 1.0)
             new_rows.append((-mult * s * delta, gbar))                        # a = −η s δ, b = ḡ
             gamma = delta @ self.A[layer].T                                   # aᵢ·δ, (B × M)
-            step_moment = _RELU.dphi_moment(torch.ones(()), s * s, s * q)     # E[1(ω·b>0) 1(ω·g>0)]
+            step_moment = _RELU.dphi_moment(s.new_ones(()), s * s, s * q)   # E[1(ω·b>0) 1(ω·g>0)]
             delta = (gamma * step_moment) @ self.B[layer] + \
                 (gamma * relu_delta_moment(q, s)).sum(1, keepdim=True) * g    # Σᵢ (aᵢ·δ) ∇_g V(bᵢ, g)
         self.A_in = self.A_in - lr * input_lr_mult * self.input_alpha * (x.T @ delta)
@@ -190,18 +190,19 @@ class PiLimit:
             batch_seed: int = 0, *, input_lr_mult: float = 1.0, output_lr_mult: float = 1.0) -> "PiLimit":
         """Train the limit from its initial state for `steps` SGD steps at learning rate `lr`."""
         x = as_inputs(x, "x")
-        y = as_targets(y, x.shape[0])
+        y = as_targets(y, x.shape[0]).to(x.device)  # computed where x is
         integer(steps, "steps", 0)
         lr = positive(lr, "lr")
         input_lr_mult = positive(input_lr_mult, "input_lr_mult")
         output_lr_mult = positive(output_lr_mult, "output_lr_mult")
         _check_batch(batch_size)
         self.x, self.y, self.d_in, self.d_out = x, y, x.shape[1], y.shape[1]
-        a_in, layers = pi_initial_state(self.d_in, self.depth, self.rank, self.seed)
-        self.A_in = a_in
-        self.A = [a for a, _ in layers] + [torch.zeros(0, self.d_out, dtype=torch.float64)]
-        self.B = [b for _, b in layers] + [torch.zeros(0, self.rank, dtype=torch.float64)]
-        for step, batch in enumerate(sgd_batches(len(x), steps, batch_size, batch_seed), start=1):
+        a_in, layers = pi_initial_state(self.d_in, self.depth, self.rank, self.seed)  # on the CPU, then moved
+        dev = x.device
+        self.A_in = a_in.to(dev)
+        self.A = [a.to(dev) for a, _ in layers] + [torch.zeros(0, self.d_out, dtype=torch.float64, device=dev)]
+        self.B = [b.to(dev) for _, b in layers] + [torch.zeros(0, self.rank, dtype=torch.float64, device=dev)]
+        for step, batch in enumerate(sgd_batches(len(x), steps, batch_size, batch_seed, dev), start=1):
             self._step(batch, lr, input_lr_mult, output_lr_mult)
             if not all(bool(torch.isfinite(a[-len(batch):]).all()) for a in self.A):
                 raise ValueError(f"the π-limit diverged at step {step} of {steps} (lr={lr}, input_alpha="
@@ -213,7 +214,7 @@ class PiLimit:
     def _inputs(self, x: ArrayLike) -> torch.Tensor:
         if not self._fitted:
             raise ValueError("call fit(x, y, steps, lr) before predict (steps=0 gives the limit at init)")
-        x = as_inputs(x, "x")
+        x = as_inputs(x, "x").to(self.x.device)  # where the fitted state is
         if x.shape[1] != self.d_in:
             raise ValueError(f"x has {x.shape[1]} features; the limit was fitted on {self.d_in}")
         return x
@@ -320,10 +321,10 @@ def train_pi(net: PiNet, x: ArrayLike, y: ArrayLike, steps: int, lr: float, batc
     input_lr_mult = positive(input_lr_mult, "input_lr_mult")
     output_lr_mult = positive(output_lr_mult, "output_lr_mult")
     _check_batch(batch_size)
-    dtype = net.weights[0].dtype
-    x, y = x.to(dtype), y.to(dtype)
+    dtype, dev = net.weights[0].dtype, net.weights[0].device
+    x, y = x.to(device=dev, dtype=dtype), y.to(device=dev, dtype=dtype)  # where the network is
     rates = [lr * input_lr_mult] + [lr] * (net.depth - 1) + [lr * output_lr_mult]
-    for batch in sgd_batches(len(x), steps, batch_size, batch_seed):
+    for batch in sgd_batches(len(x), steps, batch_size, batch_seed, dev):
         loss = 0.5 * ((net(x[batch]) - y[batch]) ** 2).sum(1).mean()
         grads = torch.autograd.grad(loss, list(net.weights))
         with torch.no_grad():

@@ -12,9 +12,9 @@ from .kernels import ArrayLike, as_inputs, as_targets, kernels, nngp_diag
 __all__ = ["nngp_predict", "ntk_predict", "gp_posterior", "gradient_flow"]
 
 
-def _targets(y: ArrayLike, n: int) -> tuple[torch.Tensor, bool]:
-    """(n, k) targets and whether y was 1-D (the prediction is squeezed back)."""
-    return as_targets(y, n, "y_train"), torch.as_tensor(y).ndim == 1
+def _targets(y: ArrayLike, n: int, device: torch.device) -> tuple[torch.Tensor, bool]:
+    """(n, k) targets on `device` (the inputs') and whether y was 1-D (the prediction is squeezed back)."""
+    return as_targets(y, n, "y_train").to(device), torch.as_tensor(y).ndim == 1
 
 
 class _ModelKernels:
@@ -68,7 +68,7 @@ def nngp_predict(*args, noise_var: float = 0.0, jitter: float = 1e-10,
     """
     src, (x_train, y_train, x_test) = _split(args, kernel_kwargs, 3)
     xtr, xte = src.inputs(x_train, "x_train"), src.inputs(x_test, "x_test")
-    y, squeeze = _targets(y_train, xtr.shape[0])
+    y, squeeze = _targets(y_train, xtr.shape[0], xtr.device)
     if noise_var < 0:
         raise ValueError(f"noise_var must be ≥ 0, got {noise_var}")
     ktt = src.pair(xtr, None, False)[0]
@@ -88,7 +88,7 @@ def ntk_predict(*args, t: Optional[float] = None, lr: float = 1.0, **kernel_kwar
     """
     src, (x_train, y_train, x_test) = _split(args, kernel_kwargs, 3)
     xtr, xte = src.inputs(x_train, "x_train"), src.inputs(x_test, "x_test")
-    y, squeeze = _targets(y_train, xtr.shape[0])
+    y, squeeze = _targets(y_train, xtr.shape[0], xtr.device)
     if t is not None and t < 0:
         raise ValueError(f"t must be ≥ 0 (or None for t = ∞), got {t}")
     theta_tt = src.pair(xtr, None, True)[1]
@@ -105,7 +105,7 @@ def gp_posterior(k_train: torch.Tensor, k_test_train: torch.Tensor, y: torch.Ten
     if noise_var < 0:
         raise ValueError(f"noise_var must be ≥ 0, got {noise_var}")
     reg = noise_var + jitter * float(k_train.diagonal().mean())
-    chol = torch.linalg.cholesky(k_train + reg * torch.eye(len(k_train), dtype=k_train.dtype))
+    chol = torch.linalg.cholesky(k_train + reg * torch.eye(len(k_train), dtype=k_train.dtype, device=k_train.device))
     mean = k_test_train @ torch.cholesky_solve(y, chol)
     if k_test_diag is None:
         return mean, None

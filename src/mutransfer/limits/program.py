@@ -284,7 +284,7 @@ class _Run:
             d = b.layout.diagonal(b.k[side], side) * (a * a)
             out = d if out is None else out + d
         n = (self.xa if side == "a" else self.xb).shape[0]
-        return out if out is not None else torch.zeros(n, *layout.spatial, dtype=torch.float64)
+        return out if out is not None else torch.zeros(n, *layout.spatial, dtype=torch.float64, device=self.xa.device)
 
     def _opaque(self, t: Term) -> Optional[Basis]:
         if len(t.combo) == 1 and not self.bases[t.combo[0][0]].gaussian:
@@ -327,7 +327,8 @@ class _Run:
                     c = self._combo_k(t.combo, s.combo, block, lay)
                     va, vb = lay.sides(self._combo_var(t.combo, sa, lay), self._combo_var(s.combo, sb, lay), block)
                     if c is None:
-                        c = torch.zeros(torch.broadcast_shapes(va.shape, vb.shape), dtype=torch.float64)
+                        c = torch.zeros(torch.broadcast_shapes(va.shape, vb.shape), dtype=torch.float64,
+                                        device=va.device)
                     th = self._combo_ntk(t.combo, s.combo, lay) if ntk else None
                     v, dv = expect_both(t.f, s.f, va, vb, c, th is not None)
                     k_part = _acc(k_part, v, w)
@@ -441,7 +442,7 @@ class _Run:
             if any(True for _ in m.parameters()) or any(True for _ in m.buffers()):
                 if node.target not in self._float64:  # a module on input data runs in float64
                     import copy
-                    self._float64[node.target] = copy.deepcopy(m).to(torch.float64)
+                    self._float64[node.target] = copy.deepcopy(m).to(device=self.xa.device, dtype=torch.float64)
                 return self._float64[node.target]
             return m
         if node.op == "call_method":
@@ -789,7 +790,8 @@ class _Run:
 
     def _affine(self, k: torch.Tensor, bias, scale: float = 1.0) -> torch.Tensor:
         """σ_w² · scale · K (+ σ_b²), one pass, out of place."""
-        return torch.add(torch.tensor(self.bv if bias is not None else 0.0, dtype=k.dtype), k, alpha=self.wv * scale)
+        return torch.add(torch.tensor(self.bv if bias is not None else 0.0, dtype=k.dtype, device=k.device), k,
+                         alpha=self.wv * scale)
 
     def conv(self, x, weight, stride, padding, dilation, groups, padding_mode, kernel_size, bias):
         w = weight.weight if isinstance(weight, nn.Module) else weight
@@ -1096,7 +1098,7 @@ class _Run:
                     m = self.field_means(xin, side)
                     if not isinstance(m, torch.Tensor):
                         m = torch.zeros((self.xa if side == "a" else self.xb).shape[0], *x.layout.spatial,
-                                        dtype=torch.float64)
+                                        dtype=torch.float64, device=self.xa.device)
                     if ops:
                         m = L.pool_mean(m, ops, count_include_pad)
                     if global_atoms:

@@ -22,10 +22,11 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 from .analysis import load_results, transferred_hparams
 from .report import head_to_head_line, write_report
+from .placement import visible_devices
 from .runner import run_sweep
 from .transfer import format_transfer, transfer
 
@@ -92,9 +93,14 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def _sweep(config: Path, run: Path, workers: int, progress: bool):
+Devices = Union[None, str, list[int]]
+
+
+def _sweep(config: Path, run: Path, workers: int, progress: bool, devices: Devices = None):
     try:
-        return run_sweep(config, run, workers=workers, progress=progress)
+        # --workers counts CPU workers; on GPUs the workers are one per GPU (see `placement`)
+        on_cpu = devices is None or devices == "cpu" or (devices == "auto" and visible_devices() == 0)
+        return run_sweep(config, run, workers=workers if on_cpu else None, progress=progress, devices=devices)
     except ValueError as e:
         if "different config" in str(e):  # a demo of another version (or another --quick) ran here
             raise ValueError(f"{run} holds a demo run with other settings: give another --out, or delete "
@@ -102,20 +108,31 @@ def _sweep(config: Path, run: Path, workers: int, progress: bool):
         raise
 
 
+def _target_device(devices: Devices) -> Optional[str]:
+    """The one device the transfer's target trains on: "auto"/"cpu" as they are, the first GPU of a list."""
+    if isinstance(devices, list):
+        return f"cuda:{devices[0]}" if devices else None
+    return devices
+
+
 def run_demo(out: Union[str, Path] = "mutransfer-demo", quick: bool = False, workers: int = 2,
-             progress: bool = True) -> dict:
+             progress: bool = True, devices: Devices = None) -> dict:
+    """Run the demo's three stages in `out` (resuming what is there); the summary `format_summary` prints.
+
+    `devices`: where the sweeps train, as `run_sweep` takes it (None: the configs' own, "auto", "cpu"
+    or a list of GPU ids); the transfer's target trains on the first of them."""
     start = time.perf_counter()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tune = _sweep(_write(out / "tune.toml", tune_config(quick)), out / "tune", workers, progress)
+    tune = _sweep(_write(out / "tune.toml", tune_config(quick)), out / "tune", workers, progress, devices)
     write_report(tune)
     tune_summary = json.loads((tune.run_dir / "summary.json").read_text())
     tuned = transferred_hparams(tune, load_results(tune))
     if tuned is None:
         raise ValueError(f"{tune.run_dir}: no finished trial at the proxy; rerun `mutransfer demo` to resume")
     sweep = _sweep(_write(out / "demo.toml", demo_config(quick, tuned["output_mult"])), out / "run", workers,
-                   progress)
-    transferred = transfer(sweep, max(sweep.config.widths))
+                   progress, devices)
+    transferred = transfer(sweep, max(sweep.config.widths), device=_target_device(devices))
     report = write_report(sweep)
     summary = json.loads((sweep.run_dir / "summary.json").read_text())
     tune_results = load_results(tune)

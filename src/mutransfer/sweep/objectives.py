@@ -6,6 +6,12 @@ depends only on the seed, so every width and depth sees the same batches. In a s
 `depths`, gpt and resmlp take their number of blocks from `scale.depth` and build the µP base
 and delta models at `scale.base_depth`.
 
+Devices: each builds its model on the CPU under the seed (so the initial values are the same on
+every device) and moves it to `scale.device`; data is made on the CPU with the same generators
+and each batch moved there; forward passes and the loss run under ``with scale.autocast():``
+(bf16 autocast for ``scale.precision == "bf16"``), the parameters and optimizer state stay float32.
+On the CPU in fp32 the losses are the same, bit for bit, as before devices existed.
+
 Every tenth of the steps each calls `scale.report(step, loss)` with the mean training loss of the
 last tenth of the steps so far (a single minibatch's loss is too noisy to prune on): in a sweep
 with a pruner, a trial clearly worse than its study's finished ones stops there.
@@ -20,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import optim as mt_optim
+from ..devices import check_precision
 from ..parametrize import parametrize
 from ..rules import OPTIMIZERS
 from ..recipes.data import stdlib_text
@@ -95,14 +102,23 @@ def _optimizer(model, hp: dict, scale: Scale, build: Builder,
     return mt_optim.build_optimizer(model, name, lr, weight_decay=wd, mup=scale.mup, hidden=hidden, **kwargs)
 
 
-def _train(model, opt, batches, steps: int, loss_of, scale: Optional[Scale] = None) -> float:
-    """Train for `steps`; the mean loss of the last tenth. Reports to `scale` every tenth (the mean
+def _placed(model: torch.nn.Module, scale: Scale) -> torch.nn.Module:
+    """`model` (built on the CPU) moved to `scale.device`, once `scale.precision` is known to run there."""
+    check_precision(scale.precision, scale.device, "scale.precision")
+    return model.to(scale.device)
+
+
+def _train(model, opt, batches, steps: int, loss_of, scale: Scale) -> float:
+    """Train for `steps` on `scale.device` (batches moved there, forward and loss under
+    `scale.autocast()`); the mean loss of the last tenth. Reports to `scale` every tenth (the mean
     of the last tenth so far; not at the end: the returned loss is the final value)."""
     warmup = window = max(1, steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))  # keeps µP's ratios
     losses = []
     for step in range(steps):
-        loss = loss_of(model, *batches(step))
+        x, y = (t.to(scale.device) for t in batches(step))
+        with scale.autocast():
+            loss = loss_of(model, x, y)
         if not torch.isfinite(loss):
             return math.nan
         opt.zero_grad(set_to_none=True)
@@ -111,7 +127,7 @@ def _train(model, opt, batches, steps: int, loss_of, scale: Optional[Scale] = No
         sched.step()
         losses.append(loss.item())
         done = step + 1
-        if scale is not None and done % window == 0 and done < steps:
+        if done % window == 0 and done < steps:
             tail = losses[-window:]
             scale.report(done, sum(tail) / len(tail))  # raises Pruned when the sweep's pruner says so
     tail = losses[-window:]
@@ -138,7 +154,7 @@ def train_gpt(hp: dict, scale: Scale) -> float:
 
     _threads(hp)
     torch.manual_seed(scale.seed)
-    model = build(scale.width)
+    model = _placed(build(scale.width), scale)
     opt = _optimizer(model, hp, scale, build, base_layers)
     text = torch.frombuffer(bytearray(stdlib_text()), dtype=torch.uint8).long()
     g = torch.Generator().manual_seed(1_000 + scale.seed)
@@ -150,7 +166,7 @@ def train_gpt(hp: dict, scale: Scale) -> float:
         return text[idx], text[idx + 1]
 
     def loss_of(m, x, y):
-        logits = m(x)
+        logits = m(x).float()  # the loss in float32 (a no-op in fp32)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
     return _train(model, opt, batches, steps, loss_of, scale)
@@ -175,9 +191,10 @@ def train_mlp(hp: dict, scale: Scale) -> float:
     xs = torch.randn(steps, batch, d_in, generator=g)
     ys = (torch.relu(xs @ teacher[0]) @ teacher[1]).argmax(-1)
     torch.manual_seed(scale.seed)
-    model = build(scale.width)
+    model = _placed(build(scale.width), scale)
     opt = _optimizer(model, hp, scale, build)
-    return _train(model, opt, lambda s: (xs[s], ys[s]), steps, lambda m, x, y: F.cross_entropy(m(x), y), scale)
+    return _train(model, opt, lambda s: (xs[s], ys[s]), steps, lambda m, x, y: F.cross_entropy(m(x).float(), y),
+                  scale)
 
 
 TASKS = ("classify", "regress")
@@ -212,9 +229,9 @@ def train_resmlp(hp: dict, scale: Scale) -> float:
     ys = out.argmax(-1) if task == "classify" else out
     loss_fn = F.cross_entropy if task == "classify" else F.mse_loss
     torch.manual_seed(scale.seed)
-    model = build(scale.width)
+    model = _placed(build(scale.width), scale)
     opt = _optimizer(model, hp, scale, build, base_depth)
-    return _train(model, opt, lambda s: (xs[s], ys[s]), steps, lambda m, x, y: loss_fn(m(x), y), scale)
+    return _train(model, opt, lambda s: (xs[s], ys[s]), steps, lambda m, x, y: loss_fn(m(x).float(), y), scale)
 
 
 SWEEP_RECIPES = {"gpt": train_gpt, "mlp": train_mlp, "resmlp": train_resmlp}

@@ -15,7 +15,8 @@ parametrization — `{"hparams", "loss" (None if diverged), "losses" (one per se
 (wall), "cpu_seconds" (process CPU time of training: the cheapest seed's × the number of seeds,
 so that one-time setup in a fresh process is left out), "cpu_seconds_per_seed"}` — then `sweep_seconds` (wall),
 `sweep_cpu_seconds`, `proxy_cpu_seconds`, `cost_ratio` (sweep CPU over the µP target's CPU) and
-`proxy_cost_ratio` (µP proxy cell CPU over the µP target's CPU). If the run directory already has a report.html, the report is written
+`proxy_cost_ratio` (µP proxy cell CPU over the µP target's CPU), and `device` / `precision` (where and
+how the target trained: e.g. "cuda:0", "bf16"). If the run directory already has a report.html, the report is written
 again so that it shows this transfer.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ import time
 import warnings
 from typing import Optional
 
+from ..devices import DeviceLike, check_precision, resolve_device
 from .analysis import costs, load_results, transferred_hparams
 from .report import TRANSFER_RUNS, transfer_where, write_report
 from .runner import Sweep
@@ -61,9 +63,14 @@ def _check_target(axis: str, value: int, proxy: int, bigger: str, same: str, sta
 
 
 def transfer(sweep: Sweep, width: Optional[int] = None, depth: Optional[int] = None,
-             batch_size: Optional[int] = None, steps: Optional[int] = None) -> dict:
+             batch_size: Optional[int] = None, steps: Optional[int] = None,
+             device: Optional[DeviceLike] = None) -> dict:
     """Train the target (width, depth) with each parametrization's proxy optimum; writes transfer.json.
-    `batch_size` / `steps`: the target's, where the objective reads them (default: the proxy's)."""
+    `batch_size` / `steps`: the target's, where the objective reads them (default: the proxy's).
+    `device`: where the target trains ("auto", "cpu", "cuda", "cuda:N" or a `torch.device`; the
+    objective reads it as `scale.device`); None: the sweep's own (`Sweep.scale`). Its precision is
+    the sweep's."""
+    where_to = None if device is None else resolve_device(device, "device")
     if width is None:
         width = sweep.config.target_width or max(sweep.config.widths)
     proxy, proxy_depth = min(sweep.config.widths), sweep.config.proxy_depth
@@ -90,6 +97,9 @@ def transfer(sweep: Sweep, width: Optional[int] = None, depth: Optional[int] = N
                               f"({', '.join(h.reasons[0] for h in v.hps.values() if h.reasons)}); the proxy's "
                               f"HPs may be off at {key} {overrides[key]}", UserWarning, stacklevel=2)
     out["seeds"] = sweep.config.seeds
+    placed = sweep.scale(sweep.config.parametrizations[0], width, depth, sweep.config.seeds[0], device=where_to)
+    check_precision(placed.precision, placed.device, "precision")
+    out.update(device=str(placed.device), precision=placed.precision)
     where = transfer_where(out, "proxy")
     for p in sweep.config.parametrizations:
         hp = transferred_hparams(sweep, results, proxy, p, proxy_depth)
@@ -99,7 +109,7 @@ def transfer(sweep: Sweep, width: Optional[int] = None, depth: Optional[int] = N
         start, losses, per_seed = time.perf_counter(), [], []
         for seed in sweep.config.seeds:
             cpu_start = time.process_time()
-            losses.append(float(sweep.objective(dict(hp), sweep.scale(p, width, depth, seed))))
+            losses.append(float(sweep.objective(dict(hp), sweep.scale(p, width, depth, seed, device=where_to))))
             per_seed.append(time.process_time() - cpu_start)
         seconds = time.perf_counter() - start
         loss = sum(losses) / len(losses)
