@@ -89,3 +89,25 @@ def test_kernels_on_cuda_inputs_stay_on_cuda():
     assert k.device.type == theta.device.type == "cuda"
     cpu = mt.limits.nngp(x.cpu(), depth=2, activation="tanh")
     assert torch.allclose(k.cpu(), cpu, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_sweep_on_two_gpus_places_one_worker_per_gpu(tmp_path):
+    """devices [0, 1]: every trial trains on cuda (its worker's one visible GPU), both GPUs are used,
+    and the sweep's own process never initialises CUDA."""
+    from optuna.trial import TrialState
+
+    from mutransfer.sweep import Sweep, run_sweep
+
+    cfg = tmp_path / "sweep.toml"
+    cfg.write_text('name = "gpus"\nobjective = "recipe:mlp"\nwidths = [64, 128]\nparametrizations = ["mup"]\n'
+                   'devices = [0, 1]\nprecision = "bf16"\n[space.lr]\ntype = "log"\nlow = "2**-10"\n'
+                   'high = "2**-6"\ngrid = 4\n[fixed]\nsteps = 20\n')
+    run_sweep(cfg, tmp_path / "run", progress=False)
+    assert not torch.cuda.is_initialized()
+    sweep = Sweep(tmp_path / "run")
+    trials = [t for c in sweep.config.all_cells for t in sweep.study(*c).get_trials() if t.state == TrialState.COMPLETE]
+    assert len(trials) == 8
+    assert {t.user_attrs["device"] for t in trials} == {"cuda:0"}
+    assert {t.user_attrs["cuda_visible_devices"] for t in trials} == {"0", "1"}
+    assert {t.user_attrs["precision"] for t in trials} == {"bf16"}
