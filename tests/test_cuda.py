@@ -1,6 +1,8 @@
 """The same paths as tests/test_devices.py on a real GPU (marked `cuda`: skipped without one, see
 conftest.py): µP training, the coordinate check, a bf16 recipe and export, everything on CUDA."""
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -97,14 +99,17 @@ def test_sweep_on_two_gpus_places_one_worker_per_gpu(tmp_path):
     and the sweep's own process never initialises CUDA."""
     from optuna.trial import TrialState
 
-    from mutransfer.sweep import Sweep, run_sweep
+    from mutransfer.sweep import Sweep
 
     cfg = tmp_path / "sweep.toml"
     cfg.write_text('name = "gpus"\nobjective = "recipe:mlp"\nwidths = [64, 128]\nparametrizations = ["mup"]\n'
                    'devices = [0, 1]\nprecision = "bf16"\n[space.lr]\ntype = "log"\nlow = "2**-10"\n'
                    'high = "2**-6"\ngrid = 4\n[fixed]\nsteps = 20\n')
-    run_sweep(cfg, tmp_path / "run", progress=False)
-    assert not torch.cuda.is_initialized()
+    code = ("import sys, torch; from mutransfer.sweep import run_sweep; "
+            "run_sweep(sys.argv[1], sys.argv[2], progress=False); print(torch.cuda.is_initialized())")
+    done = subprocess.run([sys.executable, "-c", code, str(cfg), str(tmp_path / "run")], capture_output=True,
+                          text=True, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "False"  # the sweep's own process never touched CUDA
     sweep = Sweep(tmp_path / "run")
     trials = [t for c in sweep.config.all_cells for t in sweep.study(*c).get_trials() if t.state == TrialState.COMPLETE]
     assert len(trials) == 8
