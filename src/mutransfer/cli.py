@@ -163,8 +163,8 @@ def _parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("status", help="a sweep's trials per study (done/running/failed/pending) and its jobs",
                         description="Print, for each study of the sweep, how many trials are done, running, failed "
-                                    "and pending, and for a sweep submitted to a cluster the state of its jobs. Exit 0, "
-                                    "2 on a bad run directory or storage.")
+                                    "and pending, and for a sweep submitted to a cluster the state of its jobs. Exit 0 when "
+                                    "printed, 2 on a bad run directory or storage, 130 on Ctrl-C.")
     st.add_argument("run", help="run directory")
     st.add_argument("--storage", help="storage URL (default: the run's own)")
     st.set_defaults(handler=_status)
@@ -172,7 +172,7 @@ def _parser() -> argparse.ArgumentParser:
     ca = sub.add_parser("cancel", help="cancel the cluster jobs of a sweep (its running trials rerun on resume)",
                         description="Cancel the jobs a cluster sweep submitted (scancel; local: stop the processes). "
                                     "Trials they were running go stale and run again when the sweep is resumed. "
-                                    "Exit 0, 2 on a run directory without jobs.")
+                                    "Exit 0 when cancelled, 2 on a run directory without jobs, 130 on Ctrl-C.")
     ca.add_argument("run", help="run directory")
     ca.set_defaults(handler=_cancel)
 
