@@ -218,8 +218,9 @@ def test_transfer_trains_the_target_on_the_device_and_records_it(tmp_path, capsy
 
 def test_sweep_scale_takes_a_device():
     from mutransfer.sweep.runner import Sweep
-    sweep = Sweep.__new__(Sweep)  # Sweep.scale reads only the config's base width and depth
-    sweep.config = type("Cfg", (), {"base_width": 16, "base_depth": None})()
+    sweep = Sweep.__new__(Sweep)  # Sweep.scale reads the config's base width, depth and precision
+    sweep.config = type("Cfg", (), {"base_width": 16, "base_depth": None, "precision": "fp32"})()
+    sweep.device = torch.device("cpu")  # what Sweep.__init__ sets (use_device changes it)
     assert sweep.scale("mup", 64, None, 0).device == torch.device("cpu")
     scale = sweep.scale("mup", 64, None, 1, device=torch.device("meta"))
     assert scale.device == torch.device("meta") and (scale.width, scale.seed, scale.precision) == (64, 1, "fp32")
