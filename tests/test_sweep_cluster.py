@@ -5,12 +5,12 @@ import signal
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 from optuna.trial import TrialState
 
 import fake_slurm
+from placed_sweeps import complete_trials, write_config
 from mutransfer.cli import main
 from mutransfer.sweep import Sweep
 
@@ -25,29 +25,7 @@ OBJECTIVE = textwrap.dedent('''
 
 
 def _config(tmp_path, cluster: str, name: str = "clus", grid: int = 4, sleep: float = 0.2, extra: str = ""):
-    (tmp_path / "obj.py").write_text(OBJECTIVE)
-    path = tmp_path / "sweep.toml"
-    path.write_text(textwrap.dedent(f'''
-        name = "{name}"
-        objective = "{tmp_path / 'obj.py'}:train"
-        widths = [16, 32]
-        parametrizations = ["mup"]
-        {extra}
-        [space.lr]
-        type = "log"
-        low = "2**-8"
-        high = "2**-3"
-        grid = {grid}
-        [fixed]
-        sleep = {sleep}
-    ''') + textwrap.dedent(cluster))
-    return path
-
-
-def _complete(run, storage=None):
-    sweep = Sweep(run, storage=storage)
-    return sweep, [t for c in sweep.config.all_cells for t in sweep.study(*c).get_trials(deepcopy=False)
-                   if t.state == TrialState.COMPLETE]
+    return write_config(tmp_path, OBJECTIVE, name, extra, grid, sleep, tail=cluster)
 
 
 @pytest.fixture
@@ -114,7 +92,7 @@ def test_slurm_array_end_to_end_with_preemption(tmp_path, fake_slurm_env, capsys
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and Sweep(run, storage=PG).finished() < 12:
         time.sleep(0.5)
-    sweep, done = _complete(run, PG)
+    sweep, done = complete_trials(run, PG)
     assert len(done) == 12
     for cell in sweep.config.all_cells:  # every grid point exactly once
         lrs = [t.params["lr"] for t in sweep.study(*cell).get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
@@ -140,7 +118,7 @@ def test_local_backend_pins_each_job_to_its_gpus(tmp_path, capsys):
     ''', extra="devices = [0, 1, 2, 3]", grid=4, sleep=0.3)
     run = tmp_path / "run"
     assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
-    sweep, done = _complete(run)
+    sweep, done = complete_trials(run)
     assert len(done) == 8
     by_worker: dict = {}
     for t in done:
@@ -182,3 +160,15 @@ def test_slurm_refuses_sqlite_and_missing_submitit(tmp_path, capsys, fake_slurm_
     assert not run.exists()
     assert main(["cancel", str(tmp_path)]) == 2
     assert "was not submitted to a cluster" in capsys.readouterr().err
+
+
+def test_local_backend_ids_count_within_cuda_visible_devices(tmp_path, capsys, monkeypatch):
+    """Local jobs' GPUs are the sweep's ids mapped through CUDA_VISIBLE_DEVICES, one rule with the
+    sweep's own placement: an id past its end is refused by name, not an IndexError."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    cfg = _config(tmp_path, '[cluster]\nbackend = "local"\njobs = 2\ngpus_per_job = 2', extra="devices = [0, 1, 2, 3]")
+    run = tmp_path / "run"
+    assert main(["sweep", str(cfg), "--run", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "devices: GPU id(s) [2, 3] are not visible here (CUDA_VISIBLE_DEVICES=4,6" in err and "Traceback" not in err
+    assert not run.exists()

@@ -1,14 +1,12 @@
 """Sweeps placed on devices without GPUs: fake GPU ids, slots per device, thread split, placement errors."""
 import json
 import textwrap
-from itertools import combinations
 
 import pytest
 import torch
-from optuna.trial import TrialState
 
 from mutransfer.cli import main
-from mutransfer.sweep import Sweep
+from placed_sweeps import complete_trials, write_config
 from mutransfer.sweep.placement import available_cores, plan
 
 OBJECTIVE = textwrap.dedent('''
@@ -24,29 +22,7 @@ OBJECTIVE = textwrap.dedent('''
 
 
 def _config(tmp_path, extra: str = "", grid: int = 6, sleep: float = 0.3):
-    (tmp_path / "obj.py").write_text(OBJECTIVE)
-    path = tmp_path / "sweep.toml"
-    path.write_text(textwrap.dedent(f'''
-        name = "placed"
-        objective = "{tmp_path / 'obj.py'}:train"
-        widths = [16, 32]
-        parametrizations = ["mup"]
-        {extra}
-        [space.lr]
-        type = "log"
-        low = "2**-8"
-        high = "2**-3"
-        grid = {grid}
-        [fixed]
-        sleep = {sleep}
-    '''))
-    return path
-
-
-def _trials(run):
-    sweep = Sweep(run)
-    return [t for cell in sweep.config.all_cells for t in sweep.study(*cell).get_trials(deepcopy=False)
-            if t.state == TrialState.COMPLETE]
+    return write_config(tmp_path, OBJECTIVE, "placed", extra, grid, sleep)
 
 
 def test_two_fake_gpus_two_trials_each(tmp_path, capsys):
@@ -56,7 +32,7 @@ def test_two_fake_gpus_two_trials_each(tmp_path, capsys):
     run = tmp_path / "run"
     with pytest.warns(UserWarning, match="sees no GPU"):
         assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
-    trials = _trials(run)
+    trials = complete_trials(run)[1]
     assert len(trials) == 16
     ids = [t.user_attrs["cuda_visible_devices"] for t in trials]
     assert set(ids) == {"0", "1"}
@@ -137,9 +113,9 @@ def test_cpu_workers_split_threads(tmp_path):
     cfg = _config(tmp_path, grid=4, sleep=0.05)
     run = tmp_path / "run"
     assert main(["sweep", str(cfg), "--run", str(run), "--no-progress", "--workers", "2"]) == 0
-    trials = _trials(run)
+    trials = complete_trials(run)[1]
     assert {t.user_attrs["threads"] for t in trials} == {max(1, available_cores() // 2)}
     assert all(t.user_attrs["device"] == "cpu" for t in trials)
     assert torch.get_num_threads() == before
     assert main(["sweep", str(cfg), "--run", str(tmp_path / "run3"), "--no-progress", "--threads", "3"]) == 0
-    assert {t.user_attrs["threads"] for t in _trials(tmp_path / "run3")} == {3}
+    assert {t.user_attrs["threads"] for t in complete_trials(tmp_path / "run3")[1]} == {3}

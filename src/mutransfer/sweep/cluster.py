@@ -59,7 +59,7 @@ from optuna.trial import TrialState
 
 from .._progress import Progress
 from .config import ClusterConfig, cluster_config, load_config
-from .placement import parse_devices, plan, visible_devices
+from .placement import gpu_names, parse_devices, plan, visible_devices
 from .runner import STORAGE_ENV, Sweep, die_with_parent, run_workers, trial_outcome
 from .storage import default_url, mask_url
 
@@ -165,15 +165,12 @@ def _local_gpu_ids(cluster: ClusterConfig, devices: Any) -> list[list[int]]:
     if len(ids) < g * cluster.jobs:
         raise ValueError(f"cluster: {cluster.jobs} local jobs × gpus_per_job {g} need {g * cluster.jobs} GPUs; "
                          f"devices gives {len(ids)} ({ids}); lower jobs or gpus_per_job, or list more devices")
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    names = [v.strip() for v in visible.split(",") if v.strip()] if visible is not None else None
-    physical = []
-    for i in ids[:g * cluster.jobs]:
-        name = str(i) if names is None else names[i]
-        if not name.isdigit():
-            raise ValueError(f"cluster.backend = \"local\" pins GPUs by number; CUDA_VISIBLE_DEVICES={visible} holds "
-                             f"{name!r}: use numeric ids")
-        physical.append(int(name))
+    names = gpu_names(ids[:g * cluster.jobs], "devices")
+    odd = [name for name in names if not name.isdigit()]
+    if odd:
+        raise ValueError(f"cluster.backend = \"local\" pins GPUs by number; CUDA_VISIBLE_DEVICES holds {odd[0]!r}: "
+                         "use numeric ids")
+    physical = [int(name) for name in names]
     return [physical[j * g:(j + 1) * g] for j in range(cluster.jobs)]
 
 
@@ -242,16 +239,29 @@ def _zombie(pid: int) -> bool:
         return False
 
 
+def _ended(state: str) -> bool:
+    """Whether a job state (Slurm's, e.g. "CANCELLED by 123", or the local "FINISHED") is final."""
+    return state.split()[0] in FINAL_STATES
+
+
+def _tally(states: dict[str, str]) -> str:
+    """'1 PENDING, 2 RUNNING': how many jobs are in each state."""
+    counts: dict[str, int] = {}
+    for state in states.values():
+        counts[state] = counts.get(state, 0) + 1
+    return ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+
+
 def trial_counts(sweep: Sweep) -> dict[str, dict[str, int]]:
     """Per study: done, running, failed, pending trials (pending: queued, not yet claimed, and not
     yet created for random/TPE)."""
     out = {}
+    per_cell = sweep.trials_per_cell()
     for cell in sweep.config.all_cells:
         study = sweep.study(*cell)
         trials = study.get_trials(deepcopy=False)
         outcomes = [trial_outcome(t) for t in trials]
         done = sum(o is not None for o in outcomes)
-        per_cell = len(sweep.grid()) if sweep.config.sampler == "grid" else sweep.config.n_trials
         running = sum(t.state == TrialState.RUNNING for t in trials)
         out[study.study_name] = {"done": done, "running": running, "failed": sum(o == "failed" for o in outcomes),
                                  "pending": max(0, per_cell - done - running)}
@@ -269,18 +279,15 @@ def status_lines(sweep: Sweep, run: Optional[ClusterRun] = None) -> list[str]:
               f"pending {c['pending']:>4}" for name, c in counts.items()]
     if run is not None:
         states = job_states(run)
-        tally: dict[str, int] = {}
-        for state in states.values():
-            tally[state] = tally.get(state, 0) + 1
-        lines.append(f"jobs ({run.backend}): " + ", ".join(f"{n} {s}" for s, n in sorted(tally.items()))
-                     + f" — ids {', '.join(states)}")
+        lines.append(f"jobs ({run.backend}): {_tally(states)} — ids {', '.join(states)}")
     return lines
 
 
 def wait(sweep: Sweep, run: ClusterRun, progress: bool = True, poll: float = 2.0) -> bool:
     """Wait until every trial is done (True) or every job has ended with trials left (False),
     with a live line: done / running / failed / pending and the jobs' states."""
-    bar = Progress(sweep.total_trials(), f"sweep {sweep.config.name}", enabled=progress)
+    total = sweep.total_trials()
+    bar = Progress(total, f"sweep {sweep.config.name}", enabled=progress)
     ends_by = math.inf
     try:
         while True:
@@ -288,21 +295,17 @@ def wait(sweep: Sweep, run: ClusterRun, progress: bool = True, poll: float = 2.0
             states = job_states(run)
             done = sum(c["done"] for c in counts.values())
             bar.done = done
-            tally: dict[str, int] = {}
-            for state in states.values():
-                tally[state] = tally.get(state, 0) + 1
             bar.update(f"{sum(c['running'] for c in counts.values())} running, "
-                       f"{sum(c['pending'] for c in counts.values())} pending; jobs "
-                       + ", ".join(f"{n} {s.lower()}" for s, n in sorted(tally.items())))
+                       f"{sum(c['pending'] for c in counts.values())} pending; jobs {_tally(states).lower()}")
             bar.advance(0)
-            if done >= sweep.total_trials():
-                if time.monotonic() >= ends_by or all(s.split()[0] in FINAL_STATES for s in states.values()):
+            if done >= total:
+                if time.monotonic() >= ends_by or all(_ended(s) for s in states.values()):
                     return True
                 ends_by = min(ends_by, time.monotonic() + JOB_END_SECONDS)  # let the tasks leave
                 time.sleep(poll / 4)
                 continue
-            if states and all(s.split()[0] in FINAL_STATES for s in states.values()):
-                return sweep.finished() >= sweep.total_trials()
+            if states and all(_ended(s) for s in states.values()):
+                return sweep.finished() >= total
             time.sleep(poll)
     finally:
         bar.close()
@@ -345,7 +348,7 @@ def run_cluster(config_path: Union[str, os.PathLike], run_dir: Union[str, os.Pat
         _local_gpu_ids(cluster, config.devices if devices is None else devices)
     if (Path(run_dir) / CLUSTER_FILE).is_file():
         previous = ClusterRun(run_dir)
-        live = [j for j, s in job_states(previous).items() if s.split()[0] not in FINAL_STATES]
+        live = [j for j, s in job_states(previous).items() if not _ended(s)]
         if live:
             raise ValueError(f"{run_dir}: jobs {', '.join(live)} of an earlier submission are still queued or running; "
                              f"watch them with `mutransfer status {run_dir}` or stop them with "

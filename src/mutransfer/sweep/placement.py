@@ -30,7 +30,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
-__all__ = ["Devices", "Placement", "SLOT_ENV", "THREADS_ENV", "DEVICE_ENV", "available_cores", "visible_devices", "parse_devices",
+__all__ = ["Devices", "Placement", "SLOT_ENV", "THREADS_ENV", "DEVICE_ENV", "available_cores", "visible_devices", "parse_devices", "gpu_names",
            "plan"]
 
 Devices = Union[str, Sequence[int], None]
@@ -143,9 +143,8 @@ def plan(devices: Devices = None, trials_per_device: Optional[int] = None, worke
     workers = _positive(workers, "workers")
     threads = _positive(threads, "threads")
     cores = available_cores() if cores is None else cores
-    visible_env = os.environ.get(_CUDA)
+    count = visible_devices() if gpu_count is None else gpu_count
     if parsed == "auto":
-        count = visible_devices() if gpu_count is None else gpu_count
         if count == 0 or (workers is not None and not explicit):  # --workers alone: CPU workers, as before
             parsed = "cpu"
         else:
@@ -157,27 +156,34 @@ def plan(devices: Devices = None, trials_per_device: Optional[int] = None, worke
         raise ValueError(f"workers ({workers}) is for CPU sweeps; on GPUs the workers are {what} × "
                          f"trials_per_device ({len(parsed)} × {trials_per_device or 1}): set trials_per_device "
                          "to run several trials per GPU")
-    count = visible_devices() if gpu_count is None else gpu_count
-    names = _visible_names(visible_env)
-    if names is not None:  # ids index this process's visible list
-        bad = [d for d in parsed if d >= len(names)]
-        if bad:
-            raise ValueError(f"{what}: GPU id(s) {bad} are not visible here (CUDA_VISIBLE_DEVICES={visible_env} "
-                             f"gives ids 0 to {len(names) - 1}); ids count within CUDA_VISIBLE_DEVICES")
-        mapped = [names[d] for d in parsed]
-    else:
-        if count:
-            bad = [d for d in parsed if d >= count]
-            if bad:
-                raise ValueError(f"{what}: GPU id(s) {bad} are not visible here (this process sees {count} "
-                                 f"GPU(s), ids 0 to {count - 1})")
-        mapped = [str(d) for d in parsed]
+    mapped = gpu_names(parsed, what, count)
     if count == 0:
         warnings.warn(f"{what} {parsed}: this process sees no GPU (no CUDA, or a CPU build of torch); the trials run "
                       "on the CPU with CUDA_VISIBLE_DEVICES set as asked", UserWarning, stacklevel=2)
     per = trials_per_device or 1
     gpus = tuple(g for g in mapped for _ in range(per))
     return Placement(gpus, threads or max(1, cores // len(gpus)), local_worker=False)
+
+
+def gpu_names(ids: Sequence[int], what: str = "devices", gpu_count: Optional[int] = None) -> list[str]:
+    """The ``CUDA_VISIBLE_DEVICES`` entry of each GPU id, ids numbered as this process numbers GPUs:
+    within a set ``CUDA_VISIBLE_DEVICES`` (ids 0 and 1 under ``4,5`` are ``"4"`` and ``"5"``), else
+    as given. A ValueError naming `what` for an id this process cannot see (`gpu_count`: the
+    visible GPUs, default this machine's; with none visible, ids pass through unchecked)."""
+    visible = os.environ.get(_CUDA)
+    names = _visible_names(visible)
+    if names is not None:
+        bad = [d for d in ids if d >= len(names)]
+        if bad:
+            raise ValueError(f"{what}: GPU id(s) {bad} are not visible here (CUDA_VISIBLE_DEVICES={visible} "
+                             f"gives ids 0 to {len(names) - 1}); ids count within CUDA_VISIBLE_DEVICES")
+        return [names[d] for d in ids]
+    count = visible_devices() if gpu_count is None else gpu_count
+    bad = [d for d in ids if d >= count] if count else []
+    if bad:
+        raise ValueError(f"{what}: GPU id(s) {bad} are not visible here (this process sees {count} "
+                         f"GPU(s), ids 0 to {count - 1})")
+    return [str(d) for d in ids]
 
 
 def _visible_names(value: Optional[str]) -> Optional[list[str]]:

@@ -10,9 +10,6 @@ How a finished trial reads (the user attributes are the contract with `analysis`
 
 - COMPLETE: a result; `losses` (one per seed), `seconds` (wall), `cpu_seconds` (process CPU time).
 
-Every trial that ran also records where and when: `device` ("cpu" or "cuda:0"), `cuda_visible_devices`
-(the worker's ``CUDA_VISIBLE_DEVICES``, None when unset), `precision` ("fp32"/"bf16"), `threads` (torch's
-CPU threads), `started` and `ended` (Unix times) and `worker` (host:pid).
 - FAIL with `diverged=True`: a NaN/inf loss; counts as done.
 - PRUNED with `pruned=True` (a sweep with a `pruner`): the pruner stopped the trial after
   `scale.report`; `pruned_step` and `pruned_loss` hold the last reported step and loss (None if
@@ -31,6 +28,10 @@ CPU threads), `started` and `ended` (Unix times) and `worker` (host:pid).
   a new trial with the same params was queued in its place. A queued replacement carries
   `retry_of` (the number of the trial it reruns).
 - FAIL with none of these: a trial whose worker died (heartbeat stale); Optuna queued a retry.
+
+Every trial that ran also records where and when: `device` ("cpu" or "cuda:0"), `cuda_visible_devices`
+(the worker's ``CUDA_VISIBLE_DEVICES``, None when unset), `precision` ("fp32"/"bf16"), `threads` (torch's
+CPU threads), `started` and `ended` (Unix times) and `worker` (host:pid).
 """
 from __future__ import annotations
 
@@ -51,9 +52,8 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
-
 import torch
+from optuna.trial import FrozenTrial, TrialState
 
 from .._progress import Progress
 from ..devices import check_precision, resolve_device
@@ -65,8 +65,8 @@ from .space import Choice, Dimension, LogUniform
 from .storage import (ClaimLock, Heartbeat, default_url, mask_url, open_storage, quiet,
                       optuna_logs_quiet, set_finished_trial_user_attr, study_id, trial_id)
 
-__all__ = ["CONFIG_FILE", "STORAGE_ENV", "POLL_SECONDS", "WATCH_SECONDS", "apply_threads", "run_workers", "die_with_parent", "FIRST_WAIT_SECONDS", "STALE_CHECK_SECONDS",
-           "COUNT_SECONDS", "FAILURES_DIR", "EXIT_INTERRUPTED", "SweepInterrupted", "trial_outcome",
+__all__ = ["CONFIG_FILE", "STORAGE_ENV", "POLL_SECONDS", "WATCH_SECONDS", "FIRST_WAIT_SECONDS", "STALE_CHECK_SECONDS",
+           "apply_threads", "run_workers", "die_with_parent", "COUNT_SECONDS", "FAILURES_DIR", "EXIT_INTERRUPTED", "SweepInterrupted", "trial_outcome",
            "study_name", "cell_label", "Sweep", "run_sweep"]
 
 CONFIG_FILE = "config.toml"
@@ -252,9 +252,12 @@ class Sweep:
                                  "start it with `mutransfer sweep CONFIG` first")
             time.sleep(POLL_SECONDS)
 
+    def trials_per_cell(self) -> int:
+        """Trials each study runs: its grid points, or `n_trials` (random/TPE)."""
+        return len(self.grid()) if self.config.sampler == "grid" else self.config.n_trials
+
     def total_trials(self) -> int:
-        per_cell = len(self.grid()) if self.config.sampler == "grid" else self.config.n_trials
-        return per_cell * len(self.config.all_cells)
+        return self.trials_per_cell() * len(self.config.all_cells)
 
     # ------------------------------------------------------------------ working
 
@@ -859,9 +862,8 @@ def _check_gpus(placement: Placement, precision: str) -> None:
     gpus = ",".join(dict.fromkeys(g for g in placement.gpus if g is not None))
     done = subprocess.run([sys.executable, "-c", code, precision], capture_output=True, text=True,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": gpus})
-    if done.returncode:
-        message = done.stdout.strip() or done.stderr.strip().splitlines()[-1:] or ["the GPU check failed"]
-        raise ValueError(message if isinstance(message, str) else message[0])
+    if done.returncode:  # check_precision's message, else the last line of what went wrong
+        raise ValueError((done.stdout.strip() or done.stderr.strip() or "the GPU check failed").splitlines()[-1])
 
 
 @optuna_logs_quiet()
