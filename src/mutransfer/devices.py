@@ -23,7 +23,7 @@ from typing import Any, ContextManager, Union
 import torch
 from torch import nn
 
-__all__ = ["AUTO", "PRECISIONS", "DeviceLike", "resolve_device", "check_precision", "autocast", "move",
+__all__ = ["AUTO", "PRECISIONS", "DeviceLike", "resolve_device", "check_precision", "autocast", "known_precision", "move",
            "module_device", "same_device"]
 
 AUTO = "auto"
@@ -66,8 +66,7 @@ def check_precision(precision: str, device: torch.device, what: str = "precision
     """`precision` if `device` can train in it; a `ValueError` naming `what` and the fix otherwise.
 
     On CUDA this asks the device whether it has bf16, which initialises CUDA in this process."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"{what} must be one of {', '.join(repr(p) for p in PRECISIONS)}, got {precision!r}")
+    known_precision(precision, what)
     if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         name = torch.cuda.get_device_name(device)
         raise ValueError(f"{what} 'bf16': {device} ({name}) has no bfloat16 support; use {what} 'fp32'")
@@ -76,11 +75,16 @@ def check_precision(precision: str, device: torch.device, what: str = "precision
 
 def autocast(device: torch.device, precision: str) -> ContextManager[object]:
     """The autocast context a forward pass runs under: none for fp32, bfloat16 for bf16."""
-    if precision == "fp32":
+    if known_precision(precision, "precision") == "fp32":
         return contextlib.nullcontext()
-    if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    raise ValueError(f"precision must be one of {', '.join(repr(p) for p in PRECISIONS)}, got {precision!r}")
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def known_precision(precision: str, what: str = "precision") -> str:
+    """`precision` when it is one of `PRECISIONS`; a ValueError naming `what` otherwise."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"{what} must be one of {', '.join(repr(p) for p in PRECISIONS)}, got {precision!r}")
+    return precision
 
 
 def move(obj: Any, device: torch.device) -> Any:

@@ -96,7 +96,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from ..devices import PRECISIONS
+from ..devices import known_precision
 from ..rules import check_depth_alpha
 from .placement import parse_devices
 from .space import Choice, Dimension, dimension_from_dict
@@ -337,8 +337,7 @@ def _placement_keys(data: dict[str, Any]) -> tuple[Any, Optional[int], Optional[
             _positive_int(key, value)
         counts.append(value)
     precision = data.get("precision", "fp32")
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(repr(p) for p in PRECISIONS)}, got {precision!r}")
+    known_precision(precision)
     return devices, counts[0], counts[1], precision
 
 
