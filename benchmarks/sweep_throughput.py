@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 
 from mutransfer.sweep import run_sweep
-from mutransfer.sweep.runner import _warm_up
+from mutransfer.sweep.workers import _warm_up
 from mutransfer.sweep.storage import mask_url
 
 CONFIG = '''name = "{name}"

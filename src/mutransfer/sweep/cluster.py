@@ -17,7 +17,7 @@ setup = ["module load cuda/12.4", "source .venv/bin/activate"]   # run before th
 constraint = "a100"
 ```
 
-Each array task runs `run_workers` on its node: one worker process per GPU × `trials_per_device`,
+Each array task runs `workers.run_workers` on its node: one worker process per GPU × `trials_per_device`,
 each seeing its one GPU (``CUDA_VISIBLE_DEVICES``, mapped through the GPUs Slurm gave the task),
 against the shared storage. Every task claims trials from the same queue, so the sweep ends when
 the queue is empty, whichever tasks ran it. The task is submitit-checkpointable: at a time limit
@@ -60,8 +60,9 @@ from optuna.trial import TrialState
 from .._progress import Progress
 from .config import ClusterConfig, cluster_config, load_config
 from .placement import gpu_names, parse_devices, plan, visible_devices
-from .runner import STORAGE_ENV, Sweep, die_with_parent, run_workers, trial_outcome
+from .runner import STORAGE_ENV, Sweep, trial_outcome
 from .storage import default_url, mask_url
+from .workers import die_with_parent, run_workers
 
 __all__ = ["CLUSTER_FILE", "CLUSTER_DIR", "NodeTask", "ClusterRun", "check_cluster", "submit", "job_states",
            "trial_counts", "status_lines", "wait", "cancel", "run_cluster"]

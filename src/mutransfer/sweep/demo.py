@@ -27,7 +27,7 @@ from typing import Optional, Union
 from .analysis import load_results, transferred_hparams
 from .report import head_to_head_line, write_report
 from .placement import visible_devices
-from .runner import run_sweep
+from .workers import run_sweep
 from .transfer import format_transfer, transfer
 
 __all__ = ["FULL", "QUICK", "FIXED", "LR", "tune_config", "demo_config", "run_demo", "format_summary"]

@@ -1,0 +1,276 @@
+"""A sweep's worker processes on one machine: start them pinned to their slot, release them on the
+storage, stop them on Ctrl-C, and run a whole sweep (`run_sweep`) or a node's share of one
+(`run_workers`, what a cluster task runs). Where the slots go is `placement`; what a worker does
+with its trials is `runner.Sweep.work`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Optional, Union
+
+import torch
+
+from .config import load_config
+from .placement import DEVICE_ENV, THREADS_ENV, Devices, Placement, plan
+from .runner import EXIT_INTERRUPTED, STORAGE_ENV, Sweep, SweepInterrupted, sigint_ignored
+from .storage import mask_url, optuna_logs_quiet
+
+__all__ = ["apply_threads", "die_with_parent", "run_workers", "run_sweep"]
+
+
+# A worker process started by `run_sweep`. It starts before the sweep is created, so that its
+# slow start (imports, see `_warm_up`) overlaps the parent's: it warms up, then waits for the
+# parent's "go" and the storage URL on stdin (not on the command line: it may hold a password);
+# end of input without them: the sweep was refused, leave quietly. Ctrl-C
+# (the terminal sends it to every process of the group) before it works exits at once and
+# quietly; later, `_worker_entry` marks its trial interrupted and exits 130 without a traceback.
+_WORKER_CODE = ("import os, signal, sys\n"
+                "signal.signal(signal.SIGINT, lambda *_: os._exit(130))\n"
+                "from mutransfer.sweep.workers import _worker_entry\n"
+                "sys.exit(_worker_entry(sys.argv[1], wait_for_others=sys.argv[2] == 'wait'))\n")
+
+
+def _warm_up() -> None:
+    """Do once, before the sweep starts, what a new process otherwise does in its first trial or
+    while opening the storage. Measured per process on the 2-core CI machine: importing torch and
+    this package 1.8 s, the first torch optimizer (it imports torch._dynamo) 2.1 s, opening an
+    Optuna RDB storage (SQLAlchemy and Alembic imports) 1.1 s. A worker doing this in parallel with
+    the parent's setup starts claiming trials seconds earlier."""
+    import torch
+    from optuna.storages._rdb import models  # noqa: F401  (SQLAlchemy's ORM)
+    import alembic.command  # noqa: F401
+    import alembic.migration  # noqa: F401
+
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
+
+
+_PARENT_ENV = "MUTRANSFER_DIE_WITH"  # a worker that must end with its parent (this pid)
+
+
+def apply_threads() -> None:
+    """Use the torch thread count the sweep gave this worker (``MUTRANSFER_THREADS``), if any."""
+    threads = os.environ.get(THREADS_ENV)
+    if threads:
+        torch.set_num_threads(int(threads))
+
+
+def _worker_entry(run_dir: str, wait_for_others: bool = False) -> int:
+    """A worker process started by `run_sweep`: warm up, wait for "go URL", run trials while any
+    is left to claim (with `wait_for_others`, a GPU sweep's workers also wait for each other's
+    running trials and retry a dead worker's; otherwise the parent does), then leave without the
+    interpreter's teardown (0.7 s with torch loaded: a tail on every sweep)."""
+    parent = os.environ.pop(_PARENT_ENV, None)
+    if parent is not None:
+        die_with_parent()
+        if str(os.getppid()) != parent:  # it died before we asked
+            return 0
+    apply_threads()
+    _warm_up()
+    line = sys.stdin.readline()
+    if not line.startswith("go "):
+        return 0
+    os.environ[STORAGE_ENV] = line[3:].rstrip("\n")
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    code = 0
+    try:
+        sweep = Sweep(run_dir)
+        # A GPU slot trains on its one visible GPU; where this process sees none (ids passed through
+        # on a machine without CUDA: the parent warned), on the CPU.
+        gpu = os.environ.get(DEVICE_ENV) == "cuda" and torch.cuda.is_available()
+        sweep.use_device("cuda" if gpu else "cpu", "devices")
+        sweep.objective
+        sweep.work(progress=False, wait_for_others=wait_for_others)
+        sweep.storage.engine.dispose()
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # leaving: nothing more to interrupt
+        code = EXIT_INTERRUPTED
+    except ValueError as e:
+        print(f"mutransfer worker: error: {e}", file=sys.stderr)
+        code = 2
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _exit_reason(code: int) -> str:
+    """' (killed by SIGKILL)' for a negative exit code, ' (interrupted)' for 130, else ''."""
+    if code == EXIT_INTERRUPTED:
+        return " (interrupted)"
+    if code < 0:
+        try:
+            return f" (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            return ""
+    return ""
+
+
+def _stop_workers(procs: list[subprocess.Popen], grace: float = 60.0) -> None:
+    """Ctrl-C reached this process: make sure the workers got it too (a signal sent to this
+    process alone did not reach them), let them mark their trials, then wait for them."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                p.send_signal(signal.SIGINT)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _release(procs: list[subprocess.Popen], url: Optional[str]) -> None:
+    """Tell the waiting workers to work on the storage at `url`, or (None) to leave, and then wait
+    until they have left."""
+    for p in procs:
+        try:
+            if url is not None:
+                p.stdin.write(f"go {url}\n")
+            p.stdin.close()
+        except (BrokenPipeError, OSError):  # it died while warming up: reported when it is waited for
+            pass
+    if url is None:
+        for p in procs:
+            p.wait()
+
+
+def _start_worker(run_dir: Union[str, os.PathLike], placement: Placement, slot: int, wait: bool,
+                  die_with_parent: bool = False) -> subprocess.Popen:
+    """A worker process for `slot`: a new interpreter with the slot's GPU and thread count. With
+    `wait`, it waits for the other workers' trials (no parent runs trials). `die_with_parent`: the
+    kernel ends it when this process dies (a cluster task that was preempted or cancelled), so its
+    trial goes stale and is run again elsewhere."""
+    env = {**os.environ, **placement.env(slot)}
+    if die_with_parent:
+        env[_PARENT_ENV] = str(os.getpid())
+    return subprocess.Popen([sys.executable, "-c", _WORKER_CODE, str(run_dir), "wait" if wait else "leave"],
+                            stdin=subprocess.PIPE, text=True, env=env)
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to send this process SIGTERM when its parent dies (Linux prctl
+    PR_SET_PDEATHSIG; elsewhere nothing). Run by a cluster task and by its workers as they start."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+
+
+_PR_SET_PDEATHSIG = 1
+try:  # looked up once, here: a child between fork and exec must not import
+    import ctypes
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+except (OSError, AttributeError):  # pragma: no cover
+    _PRCTL = None
+
+
+def run_workers(run_dir: Union[str, os.PathLike], url: str, placement: Placement) -> list[int]:
+    """Run one worker process per slot of `placement` on the sweep at `run_dir` (already prepared,
+    storage `url`) until no trial is left; returns their exit codes. What a cluster task runs on
+    its node: the workers die with it (preemption, cancel) and wait for each other's trials."""
+    procs = [_start_worker(run_dir, placement, slot, wait=True, die_with_parent=True) for slot in range(placement.slots)]
+    _release(procs, url)
+    try:
+        return [p.wait() for p in procs]
+    except KeyboardInterrupt:
+        with sigint_ignored():
+            _stop_workers(procs)
+        raise
+
+
+def _check_gpus(placement: Placement, precision: str) -> None:
+    """Ask each GPU of `placement`, in a throwaway process (this one must not initialise CUDA),
+    whether it can train in `precision`; a ValueError naming the device otherwise."""
+    code = ("import sys, torch\n"
+            "from mutransfer.devices import check_precision\n"
+            "if torch.cuda.is_available():\n"
+            "    for i in range(torch.cuda.device_count()):\n"
+            "        try: check_precision(sys.argv[1], torch.device('cuda', i), 'precision')\n"
+            "        except ValueError as e: print(e); sys.exit(2)\n")
+    gpus = ",".join(dict.fromkeys(g for g in placement.gpus if g is not None))
+    done = subprocess.run([sys.executable, "-c", code, precision], capture_output=True, text=True,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": gpus})
+    if done.returncode:  # check_precision's message, else the last line of what went wrong
+        raise ValueError((done.stdout.strip() or done.stderr.strip() or "the GPU check failed").splitlines()[-1])
+
+
+@optuna_logs_quiet()
+def run_sweep(config_path: Union[str, os.PathLike], run_dir: Union[str, os.PathLike], workers: Optional[int] = None,
+              storage: Optional[str] = None, progress: bool = True, retry_failed: bool = False,
+              devices: Devices = None, trials_per_device: Optional[int] = None,
+              threads: Optional[int] = None) -> Sweep:
+    """Create/resume the sweep and run it on this machine's slots (see `placement`).
+
+    `devices`, `trials_per_device`, `threads`: override the config's (None: the config's; see
+    `placement.plan`). On the CPU there are `workers` processes (this one included; default 1);
+    on GPUs one worker per device × trials_per_device, each seeing its one GPU, and this process
+    only watches. `retry_failed`: first queue every failed trial again (see `Sweep.retry_failed`).
+    Ctrl-C marks the running trials interrupted (queued again), stops the workers and raises
+    `SweepInterrupted` (a KeyboardInterrupt); rerunning resumes."""
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    config = load_config(config_path)  # again in Sweep.create; here for where the workers go
+    placement = plan(config.devices if devices is None else devices, trials_per_device or config.trials_per_device,
+                     workers, threads or config.threads)
+    if placement.on_gpus and config.precision != "fp32":
+        _check_gpus(placement, config.precision)
+    # The workers start first and warm up while this process creates the sweep; they begin work
+    # on "go", or leave when the sweep is refused.
+    procs = [_start_worker(run_dir, placement, slot, wait=not placement.local_worker)
+             for slot in range(int(placement.local_worker), placement.slots)]
+    previous_threads = torch.get_num_threads()
+    try:
+        sweep = Sweep.create(config_path, run_dir, storage)  # config, objective and storage checked first
+        if placement.local_worker:
+            sweep.use_device("cpu")
+        sweep.prepare()
+        if retry_failed:
+            n = sweep.retry_failed()
+            print(f"retrying {n} failed trial(s)" if n else "no failed trial to retry", file=sys.stderr)
+    except BaseException:
+        _release(procs, None)
+        raise
+    if progress and (placement.slots > 1 or placement.on_gpus):
+        print(f"sweep {sweep.config.name}: {placement.describe()}", file=sys.stderr, flush=True)
+    _release(procs, sweep.url)
+    try:
+        if placement.local_worker:
+            torch.set_num_threads(placement.threads)
+            sweep.work(progress=progress)
+        else:
+            sweep.watch(procs, progress=progress)
+    except KeyboardInterrupt:
+        with sigint_ignored():
+            _stop_workers(procs)
+            raise SweepInterrupted(sweep.finished(), sweep.total_trials()) from None
+    except SystemExit:
+        with sigint_ignored():
+            _stop_workers(procs)
+        raise
+    finally:
+        torch.set_num_threads(previous_threads)
+        codes = [p.wait() for p in procs]
+    failed = [(p.pid, c) for p, c in zip(procs, codes) if c]
+    unfinished = sweep.total_trials() - sweep.finished()
+    if failed and unfinished > 0:
+        raise RuntimeError(f"{len(failed)} worker process(es) failed (exit codes {[c for _, c in failed]}) "
+                           f"and {unfinished} trial(s) are unfinished; rerun to resume")
+    if failed:
+        for pid, code in failed:  # the other workers ran what they left: the sweep is complete
+            print(f"warning: worker process {pid} exited with {code}{_exit_reason(code)}; its trials were retried",
+                  file=sys.stderr, flush=True)
+    elif unfinished > 0:
+        raise RuntimeError(f"the workers left with {unfinished} trial(s) unfinished; rerun to resume")
+    with open(sweep.run_dir / "run.json", "w") as f:
+        json.dump({"storage": mask_url(sweep.url), "placement": placement.describe(),
+                   "devices": sorted(set(g for g in placement.gpus if g is not None)) or "cpu",
+                   "threads": placement.threads, "precision": sweep.config.precision,
+                   "finished_trials": sweep.finished(),
+                   "failed_trials": sweep.failed(), "pruned_trials": sweep.pruned(), "total_trials": sweep.total_trials()}, f, indent=1)
+    return sweep
