@@ -7,6 +7,7 @@ run and the verdict, µP and SP side by side.
     python benchmarks/coord_check_speed.py                 # mlp, cnn, gpt; adam
     python benchmarks/coord_check_speed.py --recipes gpt --optimizer sgd
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,6 +28,7 @@ def make_factory(recipe, mup: bool):
         if mup:
             mt.parametrize(model, base=recipe.build(base), delta=recipe.build(2 * base))
         return model
+
     return make
 
 
@@ -46,13 +48,31 @@ def main() -> None:
         data = recipe.data()
         for mup in (True, False):
             t0 = time.perf_counter()
-            result = mt.coord_check(make_factory(recipe, mup), recipe.widths, data, optimizer=args.optimizer,
-                                    lr=recipe.lr_for(family), steps=args.steps, seeds=args.seeds, progress=False)
+            result = mt.coord_check(
+                make_factory(recipe, mup),
+                recipe.widths,
+                data,
+                optimizer=args.optimizer,
+                lr=recipe.lr_for(family),
+                steps=args.steps,
+                seeds=args.seeds,
+                progress=False,
+            )
             dt = time.perf_counter() - t0
-            rows.append((name, "µP" if mup else "SP", ",".join(map(str, recipe.widths)), dt,
-                         dt / (len(recipe.widths) * args.seeds), "PASS" if result.passed else "FAIL"))
-    print(f"coordinate check, {args.optimizer}, {args.steps} steps × {args.seeds} seeds, "
-          f"{torch.get_num_threads()} threads")
+            rows.append(
+                (
+                    name,
+                    "µP" if mup else "SP",
+                    ",".join(map(str, recipe.widths)),
+                    dt,
+                    dt / (len(recipe.widths) * args.seeds),
+                    "PASS" if result.passed else "FAIL",
+                )
+            )
+    print(
+        f"coordinate check, {args.optimizer}, {args.steps} steps × {args.seeds} seeds, "
+        f"{torch.get_num_threads()} threads"
+    )
     print(f"{'recipe':<7} {'param':<5} {'widths':<22} {'wall s':>7} {'s/run':>6}  verdict")
     for name, param, widths, dt, per, verdict in rows:
         print(f"{name:<7} {param:<5} {widths:<22} {dt:>7.1f} {per:>6.2f}  {verdict}")

@@ -17,6 +17,7 @@ and the verdict is printed as a table (PASS is right for "correct µP", FAIL for
 
     python benchmarks/coord_power.py [--models gpt2,llama] [--json out.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,20 +30,40 @@ import warnings
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-import mutransfer as mt  # noqa: E402
-from zoo import ZOO, loss_of  # noqa: E402
+import mutransfer as mt
+from zoo import ZOO, loss_of
 
 WIDTHS = [32, 64, 128, 256]
 BASE = 32
 EPS = 1e-2  # comparable to these small models' gradients, as 1e-8 is to a large model's
-READOUTS = {"gpt2": "tied", "nanogpt": "tied", "llama": "lm_head.weight", "mixtral": "lm_head.weight",
-            "timm_vit": "head.weight", "timm_vit_unfused": "head.weight", "qwen2": "tied",
-            "mistral": "lm_head.weight", "t5": "tied", "bert": "tied", "vit": "classifier.weight",
-            "gpt_neox": "lm_head.weight", "mamba": "tied", "timm_resnet": "fc.weight", "timm_convnext": "head.fc.weight"}
+READOUTS = {
+    "gpt2": "tied",
+    "nanogpt": "tied",
+    "llama": "lm_head.weight",
+    "mixtral": "lm_head.weight",
+    "timm_vit": "head.weight",
+    "timm_vit_unfused": "head.weight",
+    "qwen2": "tied",
+    "mistral": "lm_head.weight",
+    "t5": "tied",
+    "bert": "tied",
+    "vit": "classifier.weight",
+    "gpt_neox": "lm_head.weight",
+    "mamba": "tied",
+    "timm_resnet": "fc.weight",
+    "timm_convnext": "head.fc.weight",
+}
 ROUTERS = {"mixtral": "model.layers.*.mlp.gate.weight"}
 DEFAULT_MODELS = ["gpt2", "llama", "nanogpt", "mixtral", "timm_vit"]
-MISTAKES = ["correct µP", "correct µP, ε=1e-2", "attention at 1/√d", "readout in SP", "router in SP", "hidden Adam lr unscaled",
-            "ε unscaled"]
+MISTAKES = [
+    "correct µP",
+    "correct µP, ε=1e-2",
+    "attention at 1/√d",
+    "readout in SP",
+    "router in SP",
+    "hidden Adam lr unscaled",
+    "ε unscaled",
+]
 
 
 def _maker(entry, **kw):
@@ -52,6 +73,7 @@ def _maker(entry, **kw):
         if extra.pop("output_mult_m", False):
             extra["output_mult"] = width / BASE
         return mt.parametrize(m, base=entry.make(BASE), delta=entry.make(2 * BASE), **extra)
+
     return make
 
 
@@ -75,8 +97,9 @@ def _adam_eps_unscaled(model, lr):
 def setups(name: str, entry):
     """mistake → (make_model, extra coord_check kwargs), or None where it does not apply."""
     out = {"correct µP": (_maker(entry), {}), "correct µP, ε=1e-2": (_maker(entry), {"eps": EPS})}
-    out["attention at 1/√d"] = (_maker(entry, attention=False), {}) if name not in (
-        "mamba", "timm_resnet", "timm_convnext") else None
+    out["attention at 1/√d"] = (
+        (_maker(entry, attention=False), {}) if name not in ("mamba", "timm_resnet", "timm_convnext") else None
+    )
     readout = READOUTS.get(name)
     if readout == "tied":
         out["readout in SP"] = (_maker(entry, output_mult_m=True), {})
@@ -112,12 +135,19 @@ def run(models: list[str]) -> dict:
                 r = mt.coord_check(make, WIDTHS, data, steps=3, seeds=2, loss_fn=loss_of, progress=False, **kw)
             worst = r.failures[0] if r.failures else None
             results[name][mistake] = {
-                "passed": r.passed, "seconds": round(time.perf_counter() - t, 1),
-                "worst": None if worst is None else f"{worst.module} {worst.quantity}@{worst.step} "
-                                                    f"slope {worst.slope:+.2f} (µP {worst.expected:+.2f}, {worst.reason})"}
-            print(f"{name:10s} {mistake:25s} {'PASS' if r.passed else 'FAIL'} "
-                  f"({results[name][mistake]['seconds']} s) {results[name][mistake]['worst'] or ''}",
-                  file=sys.stderr, flush=True)
+                "passed": r.passed,
+                "seconds": round(time.perf_counter() - t, 1),
+                "worst": None
+                if worst is None
+                else f"{worst.module} {worst.quantity}@{worst.step} "
+                f"slope {worst.slope:+.2f} (µP {worst.expected:+.2f}, {worst.reason})",
+            }
+            print(
+                f"{name:10s} {mistake:25s} {'PASS' if r.passed else 'FAIL'} "
+                f"({results[name][mistake]['seconds']} s) {results[name][mistake]['worst'] or ''}",
+                file=sys.stderr,
+                flush=True,
+            )
     return results
 
 

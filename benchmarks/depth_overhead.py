@@ -8,6 +8,7 @@ multiplier and the extra optimizer groups. Prints median per-round ratios µP / 
 
     python benchmarks/depth_overhead.py [--rounds 60] [--no-compile]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,6 +35,7 @@ def trainer(model: torch.nn.Module, groups) -> callable:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+
     return step
 
 
@@ -41,8 +43,12 @@ def build(mup: bool, compiled: bool):
     torch.manual_seed(0)
     model = GPT(WIDTH, n_layer=LAYERS, ctx=CTX)
     if mup:
-        mt.parametrize(model, base=GPT(BASE_WIDTH, n_layer=BASE_LAYERS, ctx=CTX),
-                       delta=GPT(2 * BASE_WIDTH, n_layer=BASE_LAYERS, ctx=CTX), depth_alpha=1.0)
+        mt.parametrize(
+            model,
+            base=GPT(BASE_WIDTH, n_layer=BASE_LAYERS, ctx=CTX),
+            delta=GPT(2 * BASE_WIDTH, n_layer=BASE_LAYERS, ctx=CTX),
+            depth_alpha=1.0,
+        )
         groups = mt.param_groups(model, 1e-3, "adam")
     else:
         groups = [{"params": list(model.parameters())}]
@@ -70,11 +76,13 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--no-compile", action="store_true")
     args = ap.parse_args(argv)
-    print(f"GPT width {WIDTH}, {LAYERS} blocks (base {BASE_WIDTH} × {BASE_LAYERS}, CompleteP), batch {BATCH}×{CTX}, "
-          f"Adam, {torch.get_num_threads()} threads, {args.rounds} interleaved rounds")
+    print(
+        f"GPT width {WIDTH}, {LAYERS} blocks (base {BASE_WIDTH} × {BASE_LAYERS}, CompleteP), batch {BATCH}×{CTX}, "
+        f"Adam, {torch.get_num_threads()} threads, {args.rounds} interleaved rounds"
+    )
     print("| mode | plain step (ms) | µP + depth step (ms) | µP / plain (median of per-round ratios) | µP groups |")
     print("|---|---|---|---|---|")
-    for compiled in ([False] if args.no_compile else [False, True]):
+    for compiled in [False] if args.no_compile else [False, True]:
         ratio, tp, tm, groups = measure(compiled, args.rounds)
         print(f"| {'compiled' if compiled else 'eager'} | {tp * 1e3:.1f} | {tm * 1e3:.1f} | {ratio:.3f} | {groups} |")
     return 0

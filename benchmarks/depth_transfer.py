@@ -14,6 +14,7 @@ one `parametrize` call), and compared with a sweep at the target itself. Writes 
     python benchmarks/depth_transfer.py                       # residual MLP (~4 min on 2 cores)
     python benchmarks/depth_transfer.py --model gpt --quick   # pre-LN GPT, fewer lrs and depths
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,14 +31,16 @@ from mutransfer.sweep.objective import Scale
 from mutransfer.sweep.objectives import train_gpt, train_resmlp
 
 VARIANTS = [("CompleteP α=1", "mup", 1.0), ("Depth-µP α=½", "mup", 0.5), ("no depth scaling", "sp", None)]
-MODELS = {"resmlp": (train_resmlp, {"steps": 150, "batch_size": 64}, range(-12, -3)),
-          "gpt": (train_gpt, {"steps": 150, "batch_size": 16, "seq_len": 32, "n_head": 2}, range(-11, -2))}
+MODELS = {
+    "resmlp": (train_resmlp, {"steps": 150, "batch_size": 64}, range(-12, -3)),
+    "gpt": (train_gpt, {"steps": 150, "batch_size": 16, "seq_len": 32, "n_head": 2}, range(-11, -2)),
+}
 
 
 def _run(job) -> tuple:
-    model, label, parametrization, alpha, width, depth, log2_lr, seed = job
+    model, _label, parametrization, alpha, width, depth, log2_lr, seed = job
     train, fixed, _ = MODELS[model]
-    hp = {**fixed, "lr": 2.0 ** log2_lr, "threads": 1}
+    hp = {**fixed, "lr": 2.0**log2_lr, "threads": 1}
     if alpha is not None:
         hp["depth_alpha"] = alpha
     scale = Scale(width, BASE_WIDTH, parametrization, seed, depth=depth, base_depth=BASE_DEPTH)
@@ -71,13 +74,22 @@ def main(argv=None) -> int:
     depths = [2, 4] if args.quick else [int(d) for d in args.depths.split(",")]
     seeds = 1 if args.quick else args.seeds
     target = None if (args.quick or not args.target) else tuple(int(x) for x in args.target.split("x"))
-    log2_lrs = list(MODELS[args.model][2])[::2 if args.quick else 1]
+    log2_lrs = list(MODELS[args.model][2])[:: 2 if args.quick else 1]
 
-    jobs = [(args.model, label, p, a, BASE_WIDTH, d, k, s) for label, p, a in VARIANTS for d in depths
-            for k in log2_lrs for s in range(seeds)]
+    jobs = [
+        (args.model, label, p, a, BASE_WIDTH, d, k, s)
+        for label, p, a in VARIANTS
+        for d in depths
+        for k in log2_lrs
+        for s in range(seeds)
+    ]
     if target is not None:
-        jobs += [(args.model, label, p, a, target[0], target[1], k, s) for label, p, a in VARIANTS[:1] + VARIANTS[2:]
-                 for k in log2_lrs for s in range(seeds)]
+        jobs += [
+            (args.model, label, p, a, target[0], target[1], k, s)
+            for label, p, a in VARIANTS[:1] + VARIANTS[2:]
+            for k in log2_lrs
+            for s in range(seeds)
+        ]
     start = time.perf_counter()
     results: dict[tuple, list[float]] = {}
     with mp.get_context("spawn").Pool(args.workers) as pool:
@@ -91,8 +103,10 @@ def main(argv=None) -> int:
     for (label, width, depth, k), losses in results.items():
         curves.setdefault((label, width, depth), {})[k] = _mean(losses)
 
-    print(f"Depth transfer, {args.model}, width {BASE_WIDTH}, Adam, {MODELS[args.model][1]['steps']} steps, "
-          f"{seeds} seed(s), {len(jobs)} runs in {seconds:.0f} s on {args.workers} workers")
+    print(
+        f"Depth transfer, {args.model}, width {BASE_WIDTH}, Adam, {MODELS[args.model][1]['steps']} steps, "
+        f"{seeds} seed(s), {len(jobs)} runs in {seconds:.0f} s on {args.workers} workers"
+    )
     print(f"optimal log2 lr per depth (base depth {BASE_DEPTH}):")
     print(f"| parametrization | {' | '.join(str(d) for d in depths)} | drift (octaves) |")
     print(f"|---|{'---|' * len(depths)}---|")
@@ -102,8 +116,12 @@ def main(argv=None) -> int:
         summary["optima"][label] = best
         print(f"| {label} | {' | '.join(f'{b:+d}' for b in best)} | {max(best) - min(best)} |")
     if target is not None:
-        print(f"\ntransfer from the width-{BASE_WIDTH}, depth-{depths[0]} proxy to width {target[0]}, depth {target[1]}:")
-        print("| parametrization | proxy lr (log2) | target loss at proxy lr | target optimum (log2) | best target loss | regret |")
+        print(
+            f"\ntransfer from the width-{BASE_WIDTH}, depth-{depths[0]} proxy to width {target[0]}, depth {target[1]}:"
+        )
+        print(
+            "| parametrization | proxy lr (log2) | target loss at proxy lr | target optimum (log2) | best target loss | regret |"
+        )
         print("|---|---|---|---|---|---|")
         for label, _, _ in VARIANTS[:1] + VARIANTS[2:]:
             proxy = optimum(curves[(label, BASE_WIDTH, depths[0])])
@@ -111,10 +129,16 @@ def main(argv=None) -> int:
             best = optimum(tc)
             edge = " (grid edge)" if best in (log2_lrs[0], log2_lrs[-1]) else ""
             name = label if label != VARIANTS[2][0] else "SP (no µP in width or depth)"
-            print(f"| {name} | {proxy:+d} | {tc[proxy]:.4f} | {best:+d}{edge} | {tc[best]:.4f} | "
-                  f"{tc[proxy] - tc[best]:+.4f} |")
-            summary["transfer"][label] = {"proxy_log2_lr": proxy, "loss_at_proxy_lr": tc[proxy],
-                                          "target_log2_lr": best, "best_loss": tc[best]}
+            print(
+                f"| {name} | {proxy:+d} | {tc[proxy]:.4f} | {best:+d}{edge} | {tc[best]:.4f} | "
+                f"{tc[proxy] - tc[best]:+.4f} |"
+            )
+            summary["transfer"][label] = {
+                "proxy_log2_lr": proxy,
+                "loss_at_proxy_lr": tc[proxy],
+                "target_log2_lr": best,
+                "best_loss": tc[best],
+            }
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)
@@ -126,8 +150,10 @@ def main(argv=None) -> int:
 
 def _plot(curves, depths, log2_lrs, path, title) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(1, len(VARIANTS), figsize=(4.2 * len(VARIANTS), 3.8), sharey=True)
     colors = plt.get_cmap("viridis")([i / max(1, len(depths) - 1) * 0.85 for i in range(len(depths))])
     finite = [v for (_, w, _), c in curves.items() if w == BASE_WIDTH for v in c.values() if math.isfinite(v)]

@@ -11,6 +11,7 @@ counted; float64):
 
 Every row also checks that both libraries give the same kernel (max relative difference).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,7 +36,7 @@ CASES = {
     "ResMLP, 4 residual relu blocks, 2000 × 32": ("resmlp", (2000, 32)),
 }
 
-NT_SOURCE = r'''
+NT_SOURCE = r"""
 import json, sys, time
 import numpy as np, jax
 jax.config.update("jax_enable_x64", True)
@@ -69,7 +70,7 @@ for key, path in json.loads(sys.argv[1]).items():
     np.save(path + ".nngp.npy", np.asarray(k.nngp)); np.save(path + ".ntk.npy", np.asarray(k.ntk))
     out[key] = seconds
 print(json.dumps(out))
-'''
+"""
 
 
 class Block(nn.Module):
@@ -83,27 +84,34 @@ class Block(nn.Module):
 
 def torch_model(key: str, c_in: int) -> nn.Module:
     if key == "resmlp":
-        return nn.Sequential(nn.Linear(c_in, 256, bias=False), *[Block(256) for _ in range(4)], nn.ReLU(),
-                             nn.Linear(256, 1, bias=False))
+        return nn.Sequential(
+            nn.Linear(c_in, 256, bias=False), *[Block(256) for _ in range(4)], nn.ReLU(), nn.Linear(256, 1, bias=False)
+        )
     depth = 3 if key == "cnn_gap3" else 5
     layers, c = [], c_in
     for _ in range(depth):
         layers += [nn.Conv2d(c, 64, 3, padding=1, bias=False), nn.ReLU()]
         c = 64
-    head = [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10, bias=False)] if key != "cnn_flatten" else \
-        [nn.Flatten(), nn.Linear(64 * 64, 10, bias=False)]
+    head = (
+        [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10, bias=False)]
+        if key != "cnn_flatten"
+        else [nn.Flatten(), nn.Linear(64 * 64, 10, bias=False)]
+    )
     return nn.Sequential(*layers, *head)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--nt-python", default=os.environ.get("NT_PYTHON"),
-                    help="a Python with jax and neural-tangents installed (default: $NT_PYTHON; none: skip)")
+    ap.add_argument(
+        "--nt-python",
+        default=os.environ.get("NT_PYTHON"),
+        help="a Python with jax and neural-tangents installed (default: $NT_PYTHON; none: skip)",
+    )
     ap.add_argument("--quick", action="store_true", help="a tenth of the inputs (a smoke test)")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     inputs = {}
-    for name, (key, shape) in CASES.items():
+    for _name, (key, shape) in CASES.items():
         shape = (max(4, shape[0] // 10),) + shape[1:] if args.quick else shape
         inputs[key] = rng.standard_normal(shape)
     nt_seconds, nt_values = {}, {}

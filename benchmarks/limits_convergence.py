@@ -13,6 +13,7 @@ The gap is the RMS over seeds and evaluation points of f_width − f_∞; the li
     .venv/bin/python benchmarks/limits_convergence.py          # ≈ 3 min on 2 cores
     .venv/bin/python benchmarks/limits_convergence.py --quick
 """
+
 from __future__ import annotations
 
 import argparse
@@ -93,16 +94,28 @@ def main(argv=None) -> int:
     one_widths = [256, 1024, 4096, 16384] if not args.quick else [64, 128]
     w2v_widths = [256, 1024, 4096] if not args.quick else [64, 128]
     seeds = 1 if args.quick else args.seeds
-    samples = 2 ** 12 if args.quick else 2 ** 18  # Monte Carlo neurons of the 1-hidden-layer limits
+    samples = 2**12 if args.quick else 2**18  # Monte Carlo neurons of the 1-hidden-layer limits
     cases = [
-        ("π-limit, 2 hidden layers (rank 8, 20 steps of batch 8)", pi_widths,
-         lambda: pi_case(2, pi_widths, seeds, 20 if not args.quick else 2)),
-        ("π-limit, 3 hidden layers (rank 8, 20 steps of batch 8)", pi_widths,
-         lambda: pi_case(3, pi_widths, seeds, 20 if not args.quick else 2)),
-        ("µP limit, 1 hidden layer, Adam (40 steps)", one_widths,
-         lambda: one_layer_case(one_widths, seeds, 40, samples, optimizer="adam")),
-        ("µP limit, 1 hidden layer, SGD + Nesterov momentum 0.9 (40 steps)", one_widths,
-         lambda: one_layer_case(one_widths, seeds, 40, samples, momentum=0.9, nesterov=True)),
+        (
+            "π-limit, 2 hidden layers (rank 8, 20 steps of batch 8)",
+            pi_widths,
+            lambda: pi_case(2, pi_widths, seeds, 20 if not args.quick else 2),
+        ),
+        (
+            "π-limit, 3 hidden layers (rank 8, 20 steps of batch 8)",
+            pi_widths,
+            lambda: pi_case(3, pi_widths, seeds, 20 if not args.quick else 2),
+        ),
+        (
+            "µP limit, 1 hidden layer, Adam (40 steps)",
+            one_widths,
+            lambda: one_layer_case(one_widths, seeds, 40, samples, optimizer="adam"),
+        ),
+        (
+            "µP limit, 1 hidden layer, SGD + Nesterov momentum 0.9 (40 steps)",
+            one_widths,
+            lambda: one_layer_case(one_widths, seeds, 40, samples, momentum=0.9, nesterov=True),
+        ),
         ("word2vec µP limit (logits; V = 40, 1 epoch)", w2v_widths, lambda: word2vec_case(w2v_widths, seeds)),
     ]
     print("| limit | widths | RMS gap finite − limit | RMS of the limit | fitted slope | seconds |")
@@ -111,8 +124,11 @@ def main(argv=None) -> int:
         start = time.perf_counter()
         gaps, size = run()
         slope = L.fitted_slope(widths, gaps)
-        print(f"| {name} | {', '.join(map(str, widths))} | {', '.join(f'{g:.2e}' for g in gaps)} | {size:.2f} | "
-              f"{slope:+.2f} | {time.perf_counter() - start:.0f} |", flush=True)
+        print(
+            f"| {name} | {', '.join(map(str, widths))} | {', '.join(f'{g:.2e}' for g in gaps)} | {size:.2f} | "
+            f"{slope:+.2f} | {time.perf_counter() - start:.0f} |",
+            flush=True,
+        )
     return 0
 
 

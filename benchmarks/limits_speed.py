@@ -7,6 +7,7 @@ for the first case on such a machine.
 
     python benchmarks/limits_speed.py
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,11 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke test)")
     args = ap.parse_args(argv)
     g = torch.Generator().manual_seed(0)
-    cases = [("NTK+NNGP, relu, 3 layers", 2000, "relu", 3), ("NTK+NNGP, relu, 3 layers", 4000, "relu", 3),
-             ("NTK+NNGP, tanh (Mehler series), 3 layers", 2000, "tanh", 3)]
+    cases = [
+        ("NTK+NNGP, relu, 3 layers", 2000, "relu", 3),
+        ("NTK+NNGP, relu, 3 layers", 4000, "relu", 3),
+        ("NTK+NNGP, tanh (Mehler series), 3 layers", 2000, "tanh", 3),
+    ]
     if args.quick:
         cases = [(name, n // 10, act, depth) for name, n, act, depth in cases]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float64")

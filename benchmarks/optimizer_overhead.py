@@ -16,6 +16,7 @@ step times and the median ratio with its quartiles. The µP model also carries i
     python benchmarks/optimizer_overhead.py               # about 3 minutes on 2 CPU cores
     python benchmarks/optimizer_overhead.py --quick       # a smoke run
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,14 @@ import torch.nn.functional as F
 import mutransfer as mt
 from mutransfer.recipes import GPT
 
-OPTIMIZERS = {"sgd": {"momentum": 0.9, "nesterov": True}, "adamw": {}, "lion": {}, "adafactor": {},
-              "muon": {"adjust_lr_fn": "match_rms_adamw"}, "soap": {}}
+OPTIMIZERS = {
+    "sgd": {"momentum": 0.9, "nesterov": True},
+    "adamw": {},
+    "lion": {},
+    "adafactor": {},
+    "muon": {"adjust_lr_fn": "match_rms_adamw"},
+    "soap": {},
+}
 LRS = {"sgd": 0.1, "adamw": 1e-3, "lion": 1e-4, "adafactor": 0.01, "muon": 1e-3, "soap": 1e-3}
 
 
@@ -43,8 +50,10 @@ def builds(name: str, width: int, base: int):
     mt.parametrize(mup, base=GPT(base), delta=GPT(2 * base))
     kw = OPTIMIZERS[name]
     hidden = mt.optim.hidden_matrices(plain, GPT(2 * width)) if name == "muon" else None
-    return ((plain, mt.optim.build_optimizer(plain, name, LRS[name], mup=False, hidden=hidden, **kw)),
-            (mup, mt.optim.build_optimizer(mup, name, LRS[name], **kw)))
+    return (
+        (plain, mt.optim.build_optimizer(plain, name, LRS[name], mup=False, hidden=hidden, **kw)),
+        (mup, mt.optim.build_optimizer(mup, name, LRS[name], **kw)),
+    )
 
 
 def step(model, opt, x, y) -> float:
@@ -79,9 +88,16 @@ def measure(name: str, width: int, base: int, budget: float, min_rounds: int) ->
         ratios.append(b / a)
         r += 1
     q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-    return {"optimizer": name, "plain_ms": 1e3 * statistics.median(plain), "mup_ms": 1e3 * statistics.median(mup),
-            "ratio": statistics.median(ratios), "q1": q[0], "q3": q[2], "rounds": r,
-            "groups": (len(po.param_groups), len(mo.param_groups))}
+    return {
+        "optimizer": name,
+        "plain_ms": 1e3 * statistics.median(plain),
+        "mup_ms": 1e3 * statistics.median(mup),
+        "ratio": statistics.median(ratios),
+        "q1": q[0],
+        "q3": q[2],
+        "rounds": r,
+        "groups": (len(po.param_groups), len(mo.param_groups)),
+    }
 
 
 def main(argv=None) -> int:
@@ -103,8 +119,10 @@ def main(argv=None) -> int:
     print("| optimizer | groups plain / µP | plain step | µP step | µP / plain (median, quartiles) | rounds |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['optimizer']} | {r['groups'][0]} / {r['groups'][1]} | {r['plain_ms']:.1f} ms | {r['mup_ms']:.1f} ms "
-              f"| {r['ratio']:.3f} ({r['q1']:.3f}–{r['q3']:.3f}) | {r['rounds']} |")
+        print(
+            f"| {r['optimizer']} | {r['groups'][0]} / {r['groups'][1]} | {r['plain_ms']:.1f} ms | {r['mup_ms']:.1f} ms "
+            f"| {r['ratio']:.3f} ({r['q1']:.3f}–{r['q3']:.3f}) | {r['rounds']} |"
+        )
     return 0
 
 

@@ -23,6 +23,7 @@ model and parametrization; `--json` keeps every number.
     python benchmarks/optimizer_transfer.py --models gpt --threads 1 --json gpt.json; wait
     python benchmarks/optimizer_transfer.py --merge mlp.json gpt.json --figure docs/optimizer_transfer.png
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,8 +72,9 @@ def coord(model: str, optimizer: str, parametrization: str, widths) -> bool:
             mt.parametrize(m, base=recipe.build(widths[0]), delta=recipe.build(2 * widths[0]))
         return m
 
-    return mt.coord_check(make, list(widths), data, optimizer=optimizer, lr=recipe.lr_for(optimizer), steps=4,
-                          seeds=2, progress=False).passed
+    return mt.coord_check(
+        make, list(widths), data, optimizer=optimizer, lr=recipe.lr_for(optimizer), steps=4, seeds=2, progress=False
+    ).passed
 
 
 def sweep(model: str, optimizer: str, parametrization: str, widths, grid, steps_scale: float, seeds: int) -> dict:
@@ -83,7 +85,7 @@ def sweep(model: str, optimizer: str, parametrization: str, widths, grid, steps_
     for w in widths:
         row = []
         for k in grid:
-            hp = {**base_hp, **extra, "optimizer": optimizer, "lr": 2.0 ** k, "threads": torch.get_num_threads()}
+            hp = {**base_hp, **extra, "optimizer": optimizer, "lr": 2.0**k, "threads": torch.get_num_threads()}
             hp["steps"] = max(10, int(hp["steps"] * steps_scale))
             runs = [train(hp, Scale(w, widths[0], parametrization, seed=s)) for s in range(seeds)]
             row.append(sum(runs) / seeds if all(math.isfinite(v) for v in runs) else float("nan"))
@@ -151,16 +153,26 @@ def main(argv=None) -> int:
             for par in ("mup", "sp"):
                 if not args.no_coord:
                     entry[f"coord_{par}"] = coord(model, opt, par, cwidths)
-                losses = sweep(model, opt, par, widths, grid, 0.25 if args.quick else 1.0, 1 if args.quick else args.seeds)
+                losses = sweep(
+                    model, opt, par, widths, grid, 0.25 if args.quick else 1.0, 1 if args.quick else args.seeds
+                )
                 best = [optimum(losses[w]) for w in widths]
                 fine = [refined(grid, losses[w]) for w in widths]
-                entry[par] = {"losses": {str(w): v for w, v in losses.items()}, "best_log2_lr": [grid[b] for b in best],
-                              "shift": max(best) - min(best), "refined_log2_lr": fine,
-                              "refined_move": fine[-1] - fine[0],
-                              "at_edge": any(b in (0, len(grid) - 1) for b in best)}
+                entry[par] = {
+                    "losses": {str(w): v for w, v in losses.items()},
+                    "best_log2_lr": [grid[b] for b in best],
+                    "shift": max(best) - min(best),
+                    "refined_log2_lr": fine,
+                    "refined_move": fine[-1] - fine[0],
+                    "at_edge": any(b in (0, len(grid) - 1) for b in best),
+                }
             results.append(entry)
-            print(f"[{time.time() - t0:6.0f} s] {model} {opt}: µP optima {entry['mup']['best_log2_lr']}, "
-                  f"SP {entry['sp']['best_log2_lr']}", file=sys.stderr, flush=True)
+            print(
+                f"[{time.time() - t0:6.0f} s] {model} {opt}: µP optima {entry['mup']['best_log2_lr']}, "
+                f"SP {entry['sp']['best_log2_lr']}",
+                file=sys.stderr,
+                flush=True,
+            )
     print(table(results))
     print(f"\n{time.time() - t0:.0f} s on {torch.get_num_threads()} threads")
     if args.json:
@@ -173,25 +185,33 @@ def main(argv=None) -> int:
 
 
 def table(results) -> str:
-    head = ("| model | optimizer | coord µP | coord SP | µP optimal log2 lr by width | µP shift (refined move) | "
-            "SP optimal log2 lr by width | SP shift (refined move) |")
+    head = (
+        "| model | optimizer | coord µP | coord SP | µP optimal log2 lr by width | µP shift (refined move) | "
+        "SP optimal log2 lr by width | SP shift (refined move) |"
+    )
     lines = [head, "|" + "---|" * 8]
     for e in results:
+
         def verdict(key):
             return "—" if key not in e else ("pass" if e[key] else "fail")
 
         def opt(par):
             s = ", ".join(f"{v:+d}" for v in e[par]["best_log2_lr"])
             return s + (" (grid edge)" if e[par]["at_edge"] else "")
+
         def shift(par):
             return f"{e[par]['shift']} ({e[par]['refined_move']:+.2f})"
-        lines.append(f"| {e['model']} | {e['optimizer']} | {verdict('coord_mup')} | {verdict('coord_sp')} | "
-                     f"{opt('mup')} | {shift('mup')} | {opt('sp')} | {shift('sp')} |")
+
+        lines.append(
+            f"| {e['model']} | {e['optimizer']} | {verdict('coord_mup')} | {verdict('coord_sp')} | "
+            f"{opt('mup')} | {shift('mup')} | {opt('sp')} | {shift('sp')} |"
+        )
     return "\n".join(lines)
 
 
 def figure(results, path: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -213,8 +233,10 @@ def figure(results, path: str) -> None:
             if finite:
                 lo = min(finite)
                 ax.set_ylim(lo - 0.05 * abs(lo), lo + max(0.6, 0.5 * abs(lo)))
-            ax.set_title(f"{e['optimizer']} · {e['model']} · {'µP' if par == 'mup' else 'SP'} "
-                         f"(shift {e[par]['shift']})", fontsize=9)
+            ax.set_title(
+                f"{e['optimizer']} · {e['model']} · {'µP' if par == 'mup' else 'SP'} (shift {e[par]['shift']})",
+                fontsize=9,
+            )
             ax.tick_params(labelsize=7)
             if rows.index(e["optimizer"]) == len(rows) - 1:
                 ax.set_xlabel("log2 lr", fontsize=8)

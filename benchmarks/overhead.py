@@ -45,6 +45,7 @@ Usage
     python benchmarks/overhead.py --quick    # CI smoke run, under a minute
     python benchmarks/overhead.py --json results.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,16 +58,17 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import mutransfer as mt
-from mutransfer import attention as mt_attention
 from mutransfer import _sdpa as mt_sdpa
+from mutransfer import attention as mt_attention
 from mutransfer import scaled_forward
 from mutransfer.recipes import GPT, MLP
 from mutransfer.recipes.models import CausalSelfAttention
@@ -142,14 +144,22 @@ def mlp_case(width: int = 1024, d_in: int = 256, d_out: int = 10, batch: int = 2
     def make_batch() -> Batch:
         return torch.randn(batch, d_in), torch.randint(0, d_out, (batch,))
 
-    return Case("MLP", f"width {width}, d_in {d_in}, batch {batch}", width, 64, 128,
-                build_plain=lambda w: MLP(w, d_in=d_in, d_out=d_out),
-                build_mup=lambda w: MupMLP(w, d_in=d_in, d_out=d_out),
-                make_batch=make_batch, loss_fn=F.cross_entropy)
+    return Case(
+        "MLP",
+        f"width {width}, d_in {d_in}, batch {batch}",
+        width,
+        64,
+        128,
+        build_plain=lambda w: MLP(w, d_in=d_in, d_out=d_out),
+        build_mup=lambda w: MupMLP(w, d_in=d_in, d_out=d_out),
+        make_batch=make_batch,
+        loss_fn=F.cross_entropy,
+    )
 
 
-def gpt_case(width: int = 256, n_layer: int = 2, n_head: int = 4, ctx: int = 64, vocab: int = 256,
-             batch: int = 8) -> Case:
+def gpt_case(
+    width: int = 256, n_layer: int = 2, n_head: int = 4, ctx: int = 64, vocab: int = 256, batch: int = 8
+) -> Case:
     base_width = 64
 
     def make_batch() -> Batch:
@@ -158,11 +168,17 @@ def gpt_case(width: int = 256, n_layer: int = 2, n_head: int = 4, ctx: int = 64,
     def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
-    return Case("GPT", f"width {width}, {n_layer} layers, {n_head} heads, ctx {ctx}, batch {batch}, tied",
-                width, base_width, 2 * base_width,
-                build_plain=lambda w: GPT(w, vocab=vocab, n_layer=n_layer, n_head=n_head, ctx=ctx),
-                build_mup=lambda w: MupGPT(w, vocab, n_layer, n_head, ctx, base_head_dim=base_width // n_head),
-                make_batch=make_batch, loss_fn=lm_loss)
+    return Case(
+        "GPT",
+        f"width {width}, {n_layer} layers, {n_head} heads, ctx {ctx}, batch {batch}, tied",
+        width,
+        base_width,
+        2 * base_width,
+        build_plain=lambda w: GPT(w, vocab=vocab, n_layer=n_layer, n_head=n_head, ctx=ctx),
+        build_mup=lambda w: MupGPT(w, vocab, n_layer, n_head, ctx, base_head_dim=base_width // n_head),
+        make_batch=make_batch,
+        loss_fn=lm_loss,
+    )
 
 
 # --------------------------------------------------------------------------- builds
@@ -176,7 +192,7 @@ class Trainer:
     optimizer: torch.optim.Optimizer
     batch: Batch
     loss_fn: LossFn
-    last_loss: Optional[torch.Tensor] = None
+    last_loss: torch.Tensor | None = None
 
     def step(self) -> None:
         x, y = self.batch
@@ -228,7 +244,11 @@ def build_mutransfer_without_hooks(case: Case) -> tuple[nn.Module, torch.optim.O
 
 
 BUILDERS: dict[str, Callable[[Case], tuple[nn.Module, torch.optim.Optimizer]]] = {
-    PLAIN: build_plain, MUTRANSFER: build_mutransfer, MUP: build_mup, NO_HOOKS: build_mutransfer_without_hooks}
+    PLAIN: build_plain,
+    MUTRANSFER: build_mutransfer,
+    MUP: build_mup,
+    NO_HOOKS: build_mutransfer_without_hooks,
+}
 
 
 def short_reason(exc: BaseException) -> str:
@@ -249,6 +269,7 @@ class Setup:
 def dynamo_counts() -> tuple[int, int]:
     """(graphs compiled so far, graph breaks so far) from dynamo's global counters."""
     from torch._dynamo.utils import counters
+
     return int(counters["stats"]["unique_graphs"]), int(sum(counters["graph_break"].values()))
 
 
@@ -279,10 +300,13 @@ def prepare(case: Case, names: list[str], compiled: bool, warmup: int) -> Setup:
             setup.warmup_s[name] = time.perf_counter() - t0
             if compiled:
                 graphs1, breaks1 = dynamo_counts()
-                setup.graphs[name] = {"new_graphs": graphs1 - graphs0, "graph_breaks": breaks1 - breaks0,
-                                      "max_rel_diff_vs_eager": compiled_vs_eager(trainer.model, batch[0])}
+                setup.graphs[name] = {
+                    "new_graphs": graphs1 - graphs0,
+                    "graph_breaks": breaks1 - breaks0,
+                    "max_rel_diff_vs_eager": compiled_vs_eager(trainer.model, batch[0]),
+                }
             setup.trainers[name] = trainer
-        except Exception as exc:  # noqa: BLE001 — report and carry on with the other builds
+        except Exception as exc:
             setup.failed[name] = short_reason(exc)
     return setup
 
@@ -290,8 +314,9 @@ def prepare(case: Case, names: list[str], compiled: bool, warmup: int) -> Setup:
 # --------------------------------------------------------------------------- timing
 
 
-def time_round_robin(trainers: dict[str, Trainer], min_rounds: int, max_rounds: int,
-                     budget_s: float) -> dict[str, list[float]]:
+def time_round_robin(
+    trainers: dict[str, Trainer], min_rounds: int, max_rounds: int, budget_s: float
+) -> dict[str, list[float]]:
     """Step every trainer once per round, rotating the order; returns seconds per step.
 
     Stops once `budget_s` is spent and `min_rounds` are done, and in any case (after 3 rounds)
@@ -322,9 +347,12 @@ def quantile(xs: list[float], q: float) -> float:
 def paired_ratios(ts: list[float], ref: list[float]) -> dict[str, float]:
     """Median and quartiles of the per-round ratios ts[r] / ref[r]."""
     ratios = [t / r for t, r in zip(ts, ref)]
-    return {"ratio": statistics.median(ratios), "ratio_q25": quantile(ratios, 0.25),
-            "ratio_q75": quantile(ratios, 0.75),
-            "ratio_of_medians": statistics.median(ts) / statistics.median(ref)}
+    return {
+        "ratio": statistics.median(ratios),
+        "ratio_q25": quantile(ratios, 0.25),
+        "ratio_q75": quantile(ratios, 0.75),
+        "ratio_of_medians": statistics.median(ts) / statistics.median(ref),
+    }
 
 
 def summarize(times: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
@@ -332,8 +360,7 @@ def summarize(times: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
     against mutransfer without hooks when that build ran)."""
     out: dict[str, dict[str, Any]] = {}
     for name, ts in times.items():
-        entry: dict[str, Any] = {"median_ms": 1e3 * statistics.median(ts), "min_ms": 1e3 * min(ts),
-                                 "steps": len(ts)}
+        entry: dict[str, Any] = {"median_ms": 1e3 * statistics.median(ts), "min_ms": 1e3 * min(ts), "steps": len(ts)}
         if name != PLAIN and PLAIN in times:
             entry.update(paired_ratios(ts, times[PLAIN]))
         if name == MUTRANSFER and NO_HOOKS in times:
@@ -345,8 +372,9 @@ def summarize(times: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
 # --------------------------------------------------------------------------- breakdown
 
 
-def sample_us(fns: dict[str, Callable[[], Any]], calls: int, batches: int = 40,
-              max_s: float = 5.0) -> dict[str, list[float]]:
+def sample_us(
+    fns: dict[str, Callable[[], Any]], calls: int, batches: int = 40, max_s: float = 5.0
+) -> dict[str, list[float]]:
     """µs per call of each function, one sample per batch of `calls` calls. Within a batch the
     functions run back to back (order rotating), so paired differences cancel machine drift.
     Stops early (after 5 batches) once `max_s` seconds are spent."""
@@ -382,8 +410,10 @@ def count_hooks(model: nn.Module) -> dict[str, int]:
 def capture_inputs(model: nn.Module, module_names: list[str], x: torch.Tensor) -> dict[str, torch.Tensor]:
     """First positional input of each named module during one forward pass of `model`."""
     seen: dict[str, torch.Tensor] = {}
-    handles = [model.get_submodule(n).register_forward_pre_hook(
-        lambda m, args, n=n: seen.setdefault(n, args[0].detach())) for n in module_names]
+    handles = [
+        model.get_submodule(n).register_forward_pre_hook(lambda m, args, n=n: seen.setdefault(n, args[0].detach()))
+        for n in module_names
+    ]
     try:
         with torch.no_grad():
             model(x)
@@ -403,10 +433,13 @@ def readout_hook_pieces(model: nn.Module, x: torch.Tensor, calls: int) -> dict[s
         act = inputs[mname].clone().requires_grad_(True)
         bare, hooked = nn.Identity(), nn.Identity()
         scaled_forward.install(hooked, input_mult=c)
-        us = sample_us({"bare": lambda: bare(act).sum().backward(),
-                        "hooked": lambda: hooked(act).sum().backward()}, calls)
-        pieces[f"{mname} µP forward x·c (fwd+bwd)"] = {"us_per_call": extra_us(us, "hooked", "bare"),
-                                                       "calls_per_step": 1}
+        us = sample_us(
+            {"bare": lambda: bare(act).sum().backward(), "hooked": lambda: hooked(act).sum().backward()}, calls
+        )
+        pieces[f"{mname} µP forward x·c (fwd+bwd)"] = {
+            "us_per_call": extra_us(us, "hooked", "bare"),
+            "calls_per_step": 1,
+        }
     return pieces
 
 
@@ -417,8 +450,9 @@ def head_count(module: nn.Module) -> int:
     return 1
 
 
-def attention_pieces(model: nn.Module, x: torch.Tensor,
-                     calls: int) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+def attention_pieces(
+    model: nn.Module, x: torch.Tensor, calls: int
+) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
     """Cost of the enter/leave hooks of SDPA attention modules (dispatch, on a trivial module) and
     of the SDPA wrapper, active and passing through, at the model's q/k/v shape."""
     sdpa = [a for a in model._mutransfer_spec.attention if a.how == "sdpa"]
@@ -429,8 +463,12 @@ def attention_pieces(model: nn.Module, x: torch.Tensor,
     scaled_forward.install(hooked, sdpa=correction)
     t = torch.zeros(1)
     us = sample_us({"bare": lambda: bare(t), "hooked": lambda: hooked(t)}, 20 * calls)
-    pieces = {"attention µP forward (push/pop scale)": {"us_per_call": extra_us(us, "hooked", "bare"),
-                                             "calls_per_step": len(sdpa)}}
+    pieces = {
+        "attention µP forward (push/pop scale)": {
+            "us_per_call": extra_us(us, "hooked", "bare"),
+            "calls_per_step": len(sdpa),
+        }
+    }
 
     q = torch.randn(x.shape[0], head_count(model.get_submodule(sdpa[0].module)), x.shape[1], d)
     torch_sdpa, mup_sdpa = mt_sdpa.torch_sdpa, mt_sdpa.mup_sdpa
@@ -439,18 +477,29 @@ def attention_pieces(model: nn.Module, x: torch.Tensor,
         with mt_sdpa.correcting(correction):
             return mup_sdpa(q, q, q, is_causal=True)
 
-    us = sample_us({"torch": lambda: torch_sdpa(q, q, q, is_causal=True),
-                    "passthrough": lambda: mup_sdpa(q, q, q, is_causal=True), "active": active}, calls)
-    pieces["SDPA wrapper, active (µP module)"] = {"us_per_call": extra_us(us, "active", "torch"),
-                                                  "calls_per_step": len(sdpa)}
-    return pieces, {"sdpa_wrapper_passthrough_us": extra_us(us, "passthrough", "torch"),
-                    "sdpa_call_us": statistics.median(us["torch"])}
+    us = sample_us(
+        {
+            "torch": lambda: torch_sdpa(q, q, q, is_causal=True),
+            "passthrough": lambda: mup_sdpa(q, q, q, is_causal=True),
+            "active": active,
+        },
+        calls,
+    )
+    pieces["SDPA wrapper, active (µP module)"] = {
+        "us_per_call": extra_us(us, "active", "torch"),
+        "calls_per_step": len(sdpa),
+    }
+    return pieces, {
+        "sdpa_wrapper_passthrough_us": extra_us(us, "passthrough", "torch"),
+        "sdpa_call_us": statistics.median(us["torch"]),
+    }
 
 
 def group_overhead_us(calls: int, n: int = 8) -> float:
     """Fixed cost of one more param group in torch's Adam.step: `n` tiny parameters stepped
     as one group vs as `n` groups. Tiny tensors leave only the per-group Python work, which is
     what µP's split adds (the arithmetic per parameter is the same either way)."""
+
     def adam(grouped: bool) -> torch.optim.Optimizer:
         params = [torch.zeros(4, requires_grad=True) for _ in range(n)]
         for p in params:
@@ -464,8 +513,12 @@ def group_overhead_us(calls: int, n: int = 8) -> float:
 def optimizer_piece(model: nn.Module, calls: int) -> dict[str, dict[str, float]]:
     """Extra param groups of mutransfer's optimizer × the fixed cost of a group."""
     extra_groups = len(mt.param_groups(model, LR, "adam")) - 1
-    return {f"optimizer: {extra_groups} extra param group(s)": {"us_per_call": group_overhead_us(10 * calls),
-                                                               "calls_per_step": extra_groups}}
+    return {
+        f"optimizer: {extra_groups} extra param group(s)": {
+            "us_per_call": group_overhead_us(10 * calls),
+            "calls_per_step": extra_groups,
+        }
+    }
 
 
 def overhead_breakdown(case: Case, plain_step_ms: float, calls: int) -> dict[str, Any]:
@@ -480,20 +533,26 @@ def overhead_breakdown(case: Case, plain_step_ms: float, calls: int) -> dict[str
     pieces.update(attn)
     pieces.update(optimizer_piece(model, calls))
     total_us = sum(p["us_per_call"] * p["calls_per_step"] for p in pieces.values())
-    return {"hooks": count_hooks(model), "attention": [[a.module, a.how, a.d0, a.d, a.scale] for a in spec.attention],
-            "forward_multipliers": {k: list(v) for k, v in spec.forward_multipliers.items()},
-            "pieces_us": pieces, **extra, "total_us_per_step": total_us, "plain_step_ms": plain_step_ms,
-            "expected_ratio": 1.0 + total_us / (1e3 * plain_step_ms)}
+    return {
+        "hooks": count_hooks(model),
+        "attention": [[a.module, a.how, a.d0, a.d, a.scale] for a in spec.attention],
+        "forward_multipliers": {k: list(v) for k, v in spec.forward_multipliers.items()},
+        "pieces_us": pieces,
+        **extra,
+        "total_us_per_step": total_us,
+        "plain_step_ms": plain_step_ms,
+        "expected_ratio": 1.0 + total_us / (1e3 * plain_step_ms),
+    }
 
 
 # --------------------------------------------------------------------------- output
 
 
-def fmt_ms(entry: Optional[dict[str, float]]) -> str:
+def fmt_ms(entry: dict[str, float] | None) -> str:
     return f"{entry['median_ms']:.2f}" if entry else "n/a"
 
 
-def fmt_ratio(entry: Optional[dict[str, float]]) -> str:
+def fmt_ratio(entry: dict[str, float] | None) -> str:
     return f"{entry['ratio']:.3f}" if entry and "ratio" in entry else "n/a"
 
 
@@ -501,8 +560,17 @@ def table_rows(results: list[dict[str, Any]]) -> list[list[str]]:
     rows = [["model", "mode", "plain ms", "mutransfer ms", "ratio", "mup ms", "mup ratio"]]
     for res in results:
         s = res["summary"]
-        rows.append([res["model"], res["mode"], fmt_ms(s.get(PLAIN)), fmt_ms(s.get(MUTRANSFER)),
-                     fmt_ratio(s.get(MUTRANSFER)), fmt_ms(s.get(MUP)), fmt_ratio(s.get(MUP))])
+        rows.append(
+            [
+                res["model"],
+                res["mode"],
+                fmt_ms(s.get(PLAIN)),
+                fmt_ms(s.get(MUTRANSFER)),
+                fmt_ratio(s.get(MUTRANSFER)),
+                fmt_ms(s.get(MUP)),
+                fmt_ratio(s.get(MUP)),
+            ]
+        )
     return rows
 
 
@@ -530,37 +598,51 @@ def print_notes(results: list[dict[str, Any]]) -> None:
         tag = f"{res['model']} {res['mode']}"
         for name, entry in res["summary"].items():
             if "ratio" in entry:
-                print(f"  {tag:12s} {name:10s} ratio {entry['ratio']:.3f}, quartiles {entry['ratio_q25']:.3f}–"
-                      f"{entry['ratio_q75']:.3f}, ratio of medians {entry['ratio_of_medians']:.3f}, "
-                      f"{entry['steps']} steps")
+                print(
+                    f"  {tag:12s} {name:10s} ratio {entry['ratio']:.3f}, quartiles {entry['ratio_q25']:.3f}–"
+                    f"{entry['ratio_q75']:.3f}, ratio of medians {entry['ratio_of_medians']:.3f}, "
+                    f"{entry['steps']} steps"
+                )
         for name, ok in res["loss_finite"].items():
             if not ok:
                 print(f"  {tag:12s} {name:10s} WARNING: loss is not finite (timings of NaN arithmetic)")
         for name, g in res.get("graphs", {}).items():
-            print(f"  {tag:12s} {name:10s} compiled: {g['new_graphs']} new graph(s), {g['graph_breaks']} "
-                  f"graph break(s), output vs eager {g['max_rel_diff_vs_eager']:.0e}"
-                  f"{'  WARNING: not its own graph' if g['max_rel_diff_vs_eager'] > 1e-3 else ''}")
+            print(
+                f"  {tag:12s} {name:10s} compiled: {g['new_graphs']} new graph(s), {g['graph_breaks']} "
+                f"graph break(s), output vs eager {g['max_rel_diff_vs_eager']:.0e}"
+                f"{'  WARNING: not its own graph' if g['max_rel_diff_vs_eager'] > 1e-3 else ''}"
+            )
 
 
 def print_breakdown(model: str, bd: dict[str, Any]) -> None:
-    print(f"\nWhat mutransfer changes in the eager {model} step, each piece timed in isolation "
-          "(no allocator or cache effects of the real step):")
+    print(
+        f"\nWhat mutransfer changes in the eager {model} step, each piece timed in isolation "
+        "(no allocator or cache effects of the real step):"
+    )
     print(f"  modules changed: {bd['hooks']}; forward multipliers: {bd['forward_multipliers'] or 'none'}")
     for piece, p in bd["pieces_us"].items():
         print(f"  {piece:38s} {p['us_per_call']:8.1f} µs × {p['calls_per_step']} per step")
     if "sdpa_wrapper_passthrough_us" in bd:
-        print(f"  {'SDPA wrapper, pass-through':38s} {bd['sdpa_wrapper_passthrough_us']:8.1f} µs per SDPA call "
-              f"(plain models pay it too; one SDPA call ≈ {bd['sdpa_call_us']:.0f} µs)")
-    print(f"  total ≈ {bd['total_us_per_step']:.0f} µs per step vs plain step {bd['plain_step_ms']:.2f} ms "
-          f"→ expected ratio ≈ {bd['expected_ratio']:.4f}")
+        print(
+            f"  {'SDPA wrapper, pass-through':38s} {bd['sdpa_wrapper_passthrough_us']:8.1f} µs per SDPA call "
+            f"(plain models pay it too; one SDPA call ≈ {bd['sdpa_call_us']:.0f} µs)"
+        )
+    print(
+        f"  total ≈ {bd['total_us_per_step']:.0f} µs per step vs plain step {bd['plain_step_ms']:.2f} ms "
+        f"→ expected ratio ≈ {bd['expected_ratio']:.4f}"
+    )
     in_situ = bd.get("hooks_in_situ")
     if in_situ:
-        print(f"  in the real step (round-robin with '{NO_HOOKS}'): mutransfer / plain classes = "
-              f"{in_situ['ratio']:.4f} (quartiles {in_situ['ratio_q25']:.3f}–{in_situ['ratio_q75']:.3f}) "
-              f"→ µP forward ≈ {1e3 * (in_situ['ratio'] - 1) * bd['plain_step_ms']:.0f} µs per step")
+        print(
+            f"  in the real step (round-robin with '{NO_HOOKS}'): mutransfer / plain classes = "
+            f"{in_situ['ratio']:.4f} (quartiles {in_situ['ratio_q25']:.3f}–{in_situ['ratio_q75']:.3f}) "
+            f"→ µP forward ≈ {1e3 * (in_situ['ratio'] - 1) * bd['plain_step_ms']:.0f} µs per step"
+        )
         if bd.get("without_hooks_vs_plain") is not None:
-            print(f"  yardstick: plain classes / plain = {bd['without_hooks_vs_plain']:.4f}, the same "
-                  "arithmetic per step: differences of that size are noise (memory placement, allocator)")
+            print(
+                f"  yardstick: plain classes / plain = {bd['without_hooks_vs_plain']:.4f}, the same "
+                "arithmetic per step: differences of that size are noise (memory placement, allocator)"
+            )
 
 
 # --------------------------------------------------------------------------- main
@@ -585,14 +667,21 @@ def run_case(case: Case, compiled: bool, names: list[str], st: Settings) -> dict
     print(f"[{case.name} {mode}] building and warming up {', '.join(names)} …", file=sys.stderr, flush=True)
     setup = prepare(case, names, compiled, st.compile_warmup if compiled else st.warmup)
     times = time_round_robin(setup.trainers, st.min_rounds, st.max_rounds, st.budget_s) if setup.trainers else {}
-    finite = {n: bool(torch.isfinite(t.last_loss).item())
-              for n, t in setup.trainers.items() if t.last_loss is not None}
-    return {"model": case.name, "description": case.description, "mode": mode, "summary": summarize(times),
-            "times_ms": {n: [round(1e3 * t, 4) for t in ts] for n, ts in times.items()},
-            "failed": setup.failed, "warmup_s": setup.warmup_s, "graphs": setup.graphs, "loss_finite": finite}
+    finite = {n: bool(torch.isfinite(t.last_loss).item()) for n, t in setup.trainers.items() if t.last_loss is not None}
+    return {
+        "model": case.name,
+        "description": case.description,
+        "mode": mode,
+        "summary": summarize(times),
+        "times_ms": {n: [round(1e3 * t, 4) for t in ts] for n, ts in times.items()},
+        "failed": setup.failed,
+        "warmup_s": setup.warmup_s,
+        "graphs": setup.graphs,
+        "loss_finite": finite,
+    }
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="few steps, for CI smoke runs")
     p.add_argument("--json", metavar="PATH", help="also write the results to PATH")
@@ -610,9 +699,10 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def busy_cores(seconds: float = 1.0) -> Optional[float]:
+def busy_cores(seconds: float = 1.0) -> float | None:
     """Cores kept busy by other processes over the next `seconds` (Linux /proc/stat), else the
     1-minute load average; None when neither is available."""
+
     def cpu_times() -> tuple[int, int]:
         with open("/proc/stat", encoding="ascii") as f:
             fields = [int(v) for v in f.readline().split()[1:]]
@@ -646,8 +736,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return st
 
 
-def run_all(cases: list[Case], names: list[str], modes: list[bool], st: Settings, skipped: dict[str, str]
-            ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+def run_all(
+    cases: list[Case], names: list[str], modes: list[bool], st: Settings, skipped: dict[str, str]
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """Every (case, mode) row, then the breakdown of each case's eager µP step."""
     results = []
     for case in cases:
@@ -667,19 +758,24 @@ def run_all(cases: list[Case], names: list[str], modes: list[bool], st: Settings
     return results, breakdowns
 
 
-def print_report(cases: list[Case], results: list[dict[str, Any]], breakdowns: dict[str, dict[str, Any]],
-                 meta: dict[str, Any]) -> None:
+def print_report(
+    cases: list[Case], results: list[dict[str, Any]], breakdowns: dict[str, dict[str, Any]], meta: dict[str, Any]
+) -> None:
     busy = meta["busy_cores_before"]
     quick = ", quick" if meta["quick"] else ""
-    print(f"\nµP training-step overhead — torch {meta['torch']}, {meta['threads']} threads on "
-          f"{meta['cores']} cores ({'n/a' if busy is None else f'{busy:.1f}'} busy before the run), "
-          f"mup {meta['mup']}{quick}")
+    print(
+        f"\nµP training-step overhead — torch {meta['torch']}, {meta['threads']} threads on "
+        f"{meta['cores']} cores ({'n/a' if busy is None else f'{busy:.1f}'} busy before the run), "
+        f"mup {meta['mup']}{quick}"
+    )
     for case in cases:
         print(f"  {case.name}: {case.description}; µP base width {case.base_width}, delta {case.delta_width}")
     if busy is not None and busy >= 0.5:
-        print(f"  WARNING: other processes kept {busy:.1f} cores busy before the run. Threads that lose their "
-              "core stall every parallel op, so step times (and ratios) are far noisier than usual; rerun "
-              "on a quiet machine, or with --threads 1.")
+        print(
+            f"  WARNING: other processes kept {busy:.1f} cores busy before the run. Threads that lose their "
+            "core stall every parallel op, so step times (and ratios) are far noisier than usual; rerun "
+            "on a quiet machine, or with --threads 1."
+        )
     print()
     print_table(table_rows(results))
     print_failures(results)
@@ -689,7 +785,7 @@ def print_report(cases: list[Case], results: list[dict[str, Any]], breakdowns: d
     print(f"\ntotal time {meta['elapsed_s']:.0f} s")
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     st = settings_from(args)
     torch.set_num_threads(args.threads or usable_cores())
@@ -698,10 +794,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     modes = [False] if args.no_compile else [False, True]
     cases = [mlp_case(), gpt_case()]
 
-    meta: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(),
-                            "machine": platform.machine(), "cores": usable_cores(),
-                            "threads": torch.get_num_threads(), "mup": mup_version(), "quick": args.quick,
-                            "settings": st.__dict__, "busy_cores_before": busy_cores()}
+    meta: dict[str, Any] = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cores": usable_cores(),
+        "threads": torch.get_num_threads(),
+        "mup": mup_version(),
+        "quick": args.quick,
+        "settings": st.__dict__,
+        "busy_cores_before": busy_cores(),
+    }
     t_start = time.perf_counter()
     results, breakdowns = run_all(cases, names, modes, st, skipped)
     meta.update(elapsed_s=time.perf_counter() - t_start)

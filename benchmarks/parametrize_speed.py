@@ -7,6 +7,7 @@ verification) on meta tensors. Prints seconds per run and the median.
 
     python benchmarks/parametrize_speed.py [--runs 3] [--json out.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,9 +23,16 @@ import mutransfer as mt
 
 def build(width: int, layers: int = 16):
     import transformers
-    cfg = transformers.LlamaConfig(hidden_size=width, intermediate_size=int(2.6875 * width), num_hidden_layers=layers,
-                                   num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
-                                   tie_word_embeddings=False)
+
+    cfg = transformers.LlamaConfig(
+        hidden_size=width,
+        intermediate_size=int(2.6875 * width),
+        num_hidden_layers=layers,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=32000,
+        tie_word_embeddings=False,
+    )
     with torch.device("meta"):
         return transformers.LlamaForCausalLM(cfg)
 
@@ -44,9 +52,12 @@ def main() -> None:
         times.append(time.perf_counter() - t)
     n = sum(p.numel() for p in target.parameters())
     verified = all(a.verified for a in target._mutransfer_spec.attention)
-    print(f"parametrize, Llama-style {n / 1e9:.2f}B parameters on meta: "
-          + ", ".join(f"{x:.2f} s" for x in times) + f" (median {statistics.median(times):.2f} s; "
-          f"attention scales verified: {verified})")
+    print(
+        f"parametrize, Llama-style {n / 1e9:.2f}B parameters on meta: "
+        + ", ".join(f"{x:.2f} s" for x in times)
+        + f" (median {statistics.median(times):.2f} s; "
+        f"attention scales verified: {verified})"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"params": n, "seconds": times, "verified": verified}, f)

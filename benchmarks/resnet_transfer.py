@@ -31,6 +31,7 @@ stage's 8 channels cost SGD about an octave of finite-width error, Adam nothing)
 moves 1. See the README for the measured tables.
 Needs scikit-learn for the data (`pip install scikit-learn`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,6 +61,7 @@ def digits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     with the training set's mean and std; a fixed stratified 80/20 split (1437 / 360 images)."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
+
     d = load_digits()
     x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1)
     y = torch.tensor(d.target, dtype=torch.long)
@@ -71,8 +73,11 @@ def digits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
 def make_model(width: int, mup: bool, base_width: int) -> torch.nn.Module:
     model = ResNet(width, in_channels=1, n_classes=10)
     if mup:
-        mt.parametrize(model, base=ResNet(base_width, in_channels=1, n_classes=10),
-                       delta=ResNet(2 * base_width, in_channels=1, n_classes=10))
+        mt.parametrize(
+            model,
+            base=ResNet(base_width, in_channels=1, n_classes=10),
+            delta=ResNet(2 * base_width, in_channels=1, n_classes=10),
+        )
     return model
 
 
@@ -88,7 +93,7 @@ def train(width: int, mup: bool, optimizer: str, log2_lr: int, steps: int, seed:
     x, y, _, _ = digits()
     torch.manual_seed(seed)  # same initial weights for SP and µP (before µP rescales them)
     model = make_model(width, mup, base_width)
-    opt = make_optimizer(model, optimizer, 2.0 ** log2_lr, mup)
+    opt = make_optimizer(model, optimizer, 2.0**log2_lr, mup)
     batches = torch.Generator().manual_seed(10_000 + seed)  # same batch order at every width and lr
     for _ in range(steps):
         idx = torch.randint(0, len(x), (BATCH,), generator=batches)
@@ -99,8 +104,10 @@ def train(width: int, mup: bool, optimizer: str, log2_lr: int, steps: int, seed:
         loss.backward()
         opt.step()
     with torch.no_grad():  # training mode: batch statistics, as in training
-        total = sum(F.cross_entropy(model(x[i:i + BATCH]), y[i:i + BATCH], reduction="sum").item()
-                    for i in range(0, len(x), BATCH))
+        total = sum(
+            F.cross_entropy(model(x[i : i + BATCH]), y[i : i + BATCH], reduction="sum").item()
+            for i in range(0, len(x), BATCH)
+        )
     return total / len(x) if math.isfinite(total) else math.nan
 
 
@@ -125,9 +132,9 @@ def interpolated_optimum(curve: dict[int, float]) -> float:
     best = optimum(curve)
     ks = sorted(curve)
     i = ks.index(best)
-    if i == 0 or i == len(ks) - 1 or not all(math.isfinite(curve[k]) for k in ks[i - 1:i + 2]):
+    if i == 0 or i == len(ks) - 1 or not all(math.isfinite(curve[k]) for k in ks[i - 1 : i + 2]):
         return float(best)
-    (a, b, c), h = (math.log(curve[k]) for k in ks[i - 1:i + 2]), ks[i + 1] - ks[i]
+    (a, b, c), h = (math.log(curve[k]) for k in ks[i - 1 : i + 2]), ks[i + 1] - ks[i]
     return best + 0.5 * h * (a - c) / (a - 2 * b + c) if a - 2 * b + c > 0 else float(best)
 
 
@@ -137,8 +144,11 @@ def main(argv=None) -> int:
     ap.add_argument("--optimizers", default="adam,sgd")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--seeds", type=int, default=2)
-    ap.add_argument("--log2-lrs", metavar="LO:HI", help="log2 lr grid LO, LO+1, …, HI for every optimizer "
-                    "(default: Adam -13:-2, SGD -9:1)")
+    ap.add_argument(
+        "--log2-lrs",
+        metavar="LO:HI",
+        help="log2 lr grid LO, LO+1, …, HI for every optimizer (default: Adam -13:-2, SGD -9:1)",
+    )
     ap.add_argument("--quick", action="store_true", help="smoke run: widths 8,32, every other lr, 1 seed, 30 steps")
     ap.add_argument("--json", help="also write the losses and optima to this JSON file")
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
@@ -151,13 +161,19 @@ def main(argv=None) -> int:
         lo, hi = (int(v) for v in args.log2_lrs.split(":"))
         grids = {o: list(range(lo, hi + 1)) for o in optimizers}
     else:
-        grids = {o: list(GRIDS[o])[::2 if args.quick else 1] for o in optimizers}
+        grids = {o: list(GRIDS[o])[:: 2 if args.quick else 1] for o in optimizers}
     base = widths[0]
     digits()  # fail early, in this process, if scikit-learn is missing
 
     # widest first, so that the slow runs do not straggle at the end
-    jobs = [(o, p, w, k, s, steps, base) for w in sorted(widths, reverse=True) for o in optimizers
-            for p in PARAMETRIZATIONS for k in grids[o] for s in range(seeds)]
+    jobs = [
+        (o, p, w, k, s, steps, base)
+        for w in sorted(widths, reverse=True)
+        for o in optimizers
+        for p in PARAMETRIZATIONS
+        for k in grids[o]
+        for s in range(seeds)
+    ]
     start = time.perf_counter()
     results: dict[tuple, list[float]] = {}
     ctx = mp.get_context("spawn")
@@ -172,11 +188,19 @@ def main(argv=None) -> int:
     for (o, p, w, k), losses in sorted(results.items()):
         curves.setdefault((o, p, w), {})[k] = _mean(losses)
 
-    print(f"µTransfer on a ResNet with BatchNorm (sklearn digits, {len(digits()[0])} training images), "
-          f"widths {', '.join(map(str, widths))} (base {base}), batch {BATCH}, {steps} steps, {seeds} seed(s); "
-          f"{len(jobs)} runs in {seconds:.0f} s on {args.workers} worker(s)")
-    summary = {"steps": steps, "seeds": seeds, "batch": BATCH, "seconds": seconds, "workers": args.workers,
-               **report(curves, optimizers, widths, grids)}
+    print(
+        f"µTransfer on a ResNet with BatchNorm (sklearn digits, {len(digits()[0])} training images), "
+        f"widths {', '.join(map(str, widths))} (base {base}), batch {BATCH}, {steps} steps, {seeds} seed(s); "
+        f"{len(jobs)} runs in {seconds:.0f} s on {args.workers} worker(s)"
+    )
+    summary = {
+        "steps": steps,
+        "seeds": seeds,
+        "batch": BATCH,
+        "seconds": seconds,
+        "workers": args.workers,
+        **report(curves, optimizers, widths, grids),
+    }
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1, ensure_ascii=False)
@@ -189,13 +213,27 @@ def main(argv=None) -> int:
 def report(curves: dict[tuple, dict[int, float]], optimizers, widths, grids) -> dict:
     """Print the tables; return the summary (optima, drifts, losses) for the JSON file."""
     base = widths[0]
-    print("loss = training-set cross-entropy after the last step, mean over seeds; optimum = the grid's lowest; "
-          "drift = max − min optimum across widths\n")
-    print(f"| optimizer | parametrization | {' | '.join(f'width {w}' for w in widths)} | drift (grid steps) |"
-          f" loss at width {widths[-1]}: base's lr / own best |")
+    print(
+        "loss = training-set cross-entropy after the last step, mean over seeds; optimum = the grid's lowest; "
+        "drift = max − min optimum across widths\n"
+    )
+    print(
+        f"| optimizer | parametrization | {' | '.join(f'width {w}' for w in widths)} | drift (grid steps) |"
+        f" loss at width {widths[-1]}: base's lr / own best |"
+    )
     print(f"|---|---|{'---|' * len(widths)}---|---|")
-    summary: dict = {"widths": widths, "base_width": base, "grids": grids, "optima": {}, "drift": {},
-                     "interpolated": {}, "interpolated_drift": {}, "transfer": {}, "edge": {}, "losses": {}}
+    summary: dict = {
+        "widths": widths,
+        "base_width": base,
+        "grids": grids,
+        "optima": {},
+        "drift": {},
+        "interpolated": {},
+        "interpolated_drift": {},
+        "transfer": {},
+        "edge": {},
+        "losses": {},
+    }
     edges, fine = [], []
     for o in optimizers:
         spacing = grids[o][1] - grids[o][0]
@@ -215,11 +253,17 @@ def report(curves: dict[tuple, dict[int, float]], optimizers, widths, grids) -> 
             summary["interpolated"][key] = dict(zip(map(str, widths), sub))
             summary["interpolated_drift"][key] = max(sub) - min(sub)
             summary["edge"][key] = on_edge
-            summary["transfer"][key] = {"base_log2_lr": best[0], "loss_at_base_lr": wide[best[0]],
-                                        "own_log2_lr": best[-1], "own_best_loss": wide[best[-1]]}
+            summary["transfer"][key] = {
+                "base_log2_lr": best[0],
+                "loss_at_base_lr": wide[best[0]],
+                "own_log2_lr": best[-1],
+                "own_best_loss": wide[best[-1]],
+            }
             summary["losses"][key] = {str(w): {str(k): v for k, v in curves[(o, p, w)].items()} for w in widths}
-    print("\nbetween grid points (vertex of a parabola through the lowest point and its neighbours, log loss "
-          "vs log2 lr), for near-ties:")
+    print(
+        "\nbetween grid points (vertex of a parabola through the lowest point and its neighbours, log loss "
+        "vs log2 lr), for near-ties:"
+    )
     print(f"| optimizer | parametrization | {' | '.join(f'width {w}' for w in widths)} | drift (octaves) |")
     print(f"|---|---|{'---|' * len(widths)}---|")
     print("\n".join(fine))
@@ -233,8 +277,10 @@ def report(curves: dict[tuple, dict[int, float]], optimizers, widths, grids) -> 
 
 def _plot(curves, optimizers, widths, grids, path, subtitle) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(len(optimizers), 2, figsize=(9.5, 3.6 * len(optimizers)), squeeze=False)
     colors = plt.get_cmap("viridis")([i / max(1, len(widths) - 1) * 0.85 for i in range(len(widths))])
     for row, o in zip(axes, optimizers):

@@ -16,6 +16,7 @@ unpruned baseline. ``--quick``: widths 32 and 64, 4 lrs, 30 steps (a smoke run).
 first (what the centre-out order buys; the grid is enqueued by this process, before the workers
 start, so the order holds for every worker).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,9 +36,12 @@ QUICK = dict(widths=[32, 64], low=-10, high=-4, grid=4, steps=30)
 
 def config_text(c: dict, pruner: str, options: dict) -> str:
     head = f'pruner = "{pruner}"\n' if pruner != "none" else ""
-    opts = ("[pruner_options]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in options.items())
-            if options and pruner != "none" else "")
-    return f'''name = "prune-{pruner}"
+    opts = (
+        "[pruner_options]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in options.items())
+        if options and pruner != "none"
+        else ""
+    )
+    return f"""name = "prune-{pruner}"
 objective = "recipe:gpt"
 widths = {c["widths"]}
 parametrizations = ["mup", "sp"]
@@ -49,7 +53,7 @@ type = "log"
 low = "2**{c["low"]}"
 high = "2**{c["high"]}"
 grid = {c["grid"]}
-{DEMO_FIXED.format(steps=c["steps"])}{opts}'''
+{DEMO_FIXED.format(steps=c["steps"])}{opts}"""
 
 
 def _ascending(self: Sweep) -> list[dict]:
@@ -72,8 +76,12 @@ def run(root: Path, c: dict, pruner: str, options: dict, workers: int, ascending
         cfg.write_text(text)
     sweep = run_sweep(cfg, d / "run", workers=workers, progress=False)
     results = load_results(sweep)
-    trials = [t for cell in sweep.config.cells for t in sweep.study(*cell).get_trials(deepcopy=False)
-              if t.datetime_start is not None and t.datetime_complete is not None]
+    trials = [
+        t
+        for cell in sweep.config.cells
+        for t in sweep.study(*cell).get_trials(deepcopy=False)
+        if t.datetime_start is not None and t.datetime_complete is not None
+    ]
     # the sweep's own span (first trial start to last trial end): right for a resumed run too
     wall = (max(t.datetime_complete for t in trials) - min(t.datetime_start for t in trials)).total_seconds()
     judged = verdicts(sweep, results)
@@ -89,9 +97,17 @@ def run(root: Path, c: dict, pruner: str, options: dict, workers: int, ascending
                 "loss": None if b is None else b.loss,
                 "fitted_log2": None if o is None else o.x,
                 "interval": None if o is None or o.x_interval is None else list(o.x_interval),
-                "edge": None if o is None else o.edge}
-    return {"pruner": pruner, "options": options, "cpu_seconds": sum(r.cpu_seconds for r in results),
-            "wall_seconds": wall, "counts": counts(results), "cells": cells, "run_dir": str(d / "run")}
+                "edge": None if o is None else o.edge,
+            }
+    return {
+        "pruner": pruner,
+        "options": options,
+        "cpu_seconds": sum(r.cpu_seconds for r in results),
+        "wall_seconds": wall,
+        "counts": counts(results),
+        "cells": cells,
+        "run_dir": str(d / "run"),
+    }
 
 
 def _within(x: float, iv) -> bool:
@@ -111,30 +127,45 @@ def _fit(cell: dict) -> str:
     if cell["fitted_log2"] is None:
         return "—"
     iv = cell["interval"]
-    return f"{cell['fitted_log2']:+.2f}" + (f" [{iv[0]:+.2f},{iv[1]:+.2f}]" if iv else "") + ("!" if cell["edge"] else "")
+    return (
+        f"{cell['fitted_log2']:+.2f}" + (f" [{iv[0]:+.2f},{iv[1]:+.2f}]" if iv else "") + ("!" if cell["edge"] else "")
+    )
 
 
 def table(base: dict, pruned: dict) -> str:
     ratio = base["cpu_seconds"] / pruned["cpu_seconds"] if pruned["cpu_seconds"] > 0 else math.nan
     c0, c1 = base["counts"], pruned["counts"]
-    lines = ["| run | CPU seconds | wall seconds | completed | pruned | diverged | failed |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| run | CPU seconds | wall seconds | completed | pruned | diverged | failed |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for label, r, c in (("no pruner", base, c0), (f"pruner {pruned['pruner']}", pruned, c1)):
-        lines.append(f"| {label} | {r['cpu_seconds']:.1f} | {r['wall_seconds']:.1f} | {c['completed']} | "
-                     f"{c['pruned']} | {c['diverged']} | {c['failed']} |")
-    lines += ["", f"compute ratio (no pruner / pruner): {ratio:.2f}x", "",
-              "| parametrization | width | best grid log2 lr (none) | best grid log2 lr (pruned) | "
-              "fitted log2 lr [90% interval] (none) | fitted (pruned) | same optimum |",
-              "|---|---:|---:|---:|---:|---:|---|"]
+        lines.append(
+            f"| {label} | {r['cpu_seconds']:.1f} | {r['wall_seconds']:.1f} | {c['completed']} | "
+            f"{c['pruned']} | {c['diverged']} | {c['failed']} |"
+        )
+    lines += [
+        "",
+        f"compute ratio (no pruner / pruner): {ratio:.2f}x",
+        "",
+        "| parametrization | width | best grid log2 lr (none) | best grid log2 lr (pruned) | "
+        "fitted log2 lr [90% interval] (none) | fitted (pruned) | same optimum |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
     same_all = True
     for key in base["cells"]:
         p, w = key.split("/")
         a, b = base["cells"][key], pruned["cells"][key]
         same = same_optimum(a, b)
         same_all &= same
-        g = lambda c: "—" if c["grid_log2"] is None else f"{c['grid_log2']:+.0f}"
-        lines.append(f"| {'µP' if p == 'mup' else 'SP'} | {w} | {g(a)} | {g(b)} | {_fit(a)} | {_fit(b)} | "
-                     f"{'yes' if same else 'NO'} |")
+
+        def g(c):
+            return "—" if c["grid_log2"] is None else f"{c['grid_log2']:+.0f}"
+
+        lines.append(
+            f"| {'µP' if p == 'mup' else 'SP'} | {w} | {g(a)} | {g(b)} | {_fit(a)} | {_fit(b)} | "
+            f"{'yes' if same else 'NO'} |"
+        )
     lines += ["", f"same chosen optimum in every cell: {'yes' if same_all else 'no'}"]
     return "\n".join(lines)
 
@@ -151,8 +182,14 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="widths 32 and 64, 4 lrs, 30 steps")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--pruner", default="median", choices=["median", "successive_halving", "hyperband"])
-    p.add_argument("--option", type=_option, action="append", default=[], metavar="KEY=VALUE",
-                   help="a [pruner_options] entry (repeatable)")
+    p.add_argument(
+        "--option",
+        type=_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a [pruner_options] entry (repeatable)",
+    )
     p.add_argument("--ascending", action="store_true", help="pruned run: grid in ascending order, not centre first")
     p.add_argument("--keep", type=Path, help="keep (and resume) the run directories here")
     p.add_argument("--json", type=Path, help="write the numbers here")
@@ -163,9 +200,11 @@ def main(argv=None) -> int:
         root = args.keep or Path(tmp)
         base = run(root, c, "none", {}, args.workers)
         pruned = run(root, c, args.pruner, options, args.workers, args.ascending)
-    print(f"Demo GPT sweep: widths {c['widths']}, lr 2^{c['low']} … 2^{c['high']} ({c['grid']} points), "
-          f"{c['steps']} steps, µP and SP, seeds [0, 1], {args.workers} workers; pruner {args.pruner} "
-          f"{options or '(defaults)'}, grid {'ascending' if args.ascending else 'centre first'}\n")
+    print(
+        f"Demo GPT sweep: widths {c['widths']}, lr 2^{c['low']} … 2^{c['high']} ({c['grid']} points), "
+        f"{c['steps']} steps, µP and SP, seeds [0, 1], {args.workers} workers; pruner {args.pruner} "
+        f"{options or '(defaults)'}, grid {'ascending' if args.ascending else 'centre first'}\n"
+    )
     print(table(base, pruned))
     if args.json:
         args.json.write_text(json.dumps({"none": base, "pruned": pruned}, indent=1))

@@ -10,6 +10,7 @@ and name the GPU beside the figure.
 
     python benchmarks/sweep_threads.py [--workers 4] [--steps 200] [--width 256] [--repeats 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,7 +22,7 @@ from pathlib import Path
 from mutransfer.sweep import run_sweep
 from mutransfer.sweep.placement import available_cores
 
-CONFIG = '''name = "{name}"
+CONFIG = """name = "{name}"
 objective = "recipe:mlp"
 widths = [{width}]
 parametrizations = ["mup"]
@@ -33,7 +34,7 @@ high = "2**-2"
 grid = 16
 [fixed]
 steps = {steps}
-'''
+"""
 
 
 def one(root: Path, label: str, workers: int, threads: int, steps: int, width: int, devices, tpd) -> float:
@@ -41,8 +42,15 @@ def one(root: Path, label: str, workers: int, threads: int, steps: int, width: i
     cfg = root / f"{label}.toml"
     cfg.write_text(CONFIG.format(name=label, steps=steps, width=width))
     start = time.perf_counter()
-    sweep = run_sweep(cfg, root / label, workers=None if devices else workers, progress=False, threads=threads,
-                      devices=devices, trials_per_device=tpd)
+    sweep = run_sweep(
+        cfg,
+        root / label,
+        workers=None if devices else workers,
+        progress=False,
+        threads=threads,
+        devices=devices,
+        trials_per_device=tpd,
+    )
     seconds = time.perf_counter() - start
     return 60 * sweep.finished() / seconds
 
@@ -64,13 +72,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
             for label, threads in (("split", split), ("unsplit", unsplit)):
-                rate = one(Path(tmp), f"{label}{r}", args.workers, threads, args.steps, args.width, devices,
-                           args.trials_per_device)
+                rate = one(
+                    Path(tmp),
+                    f"{label}{r}",
+                    args.workers,
+                    threads,
+                    args.steps,
+                    args.width,
+                    devices,
+                    args.trials_per_device,
+                )
                 rates[label].append(rate)
                 print(f"  repeat {r}: {label:<8} {rate:6.1f} trials/min", flush=True)
     where = f"GPUs {args.devices}" if devices else f"{args.workers} CPU workers"
-    print(f"\nMLP recipe, width {args.width}, {args.steps} steps, 16 trials, {where}, {cores} cores, "
-          f"median of {args.repeats}")
+    print(
+        f"\nMLP recipe, width {args.width}, {args.steps} steps, 16 trials, {where}, {cores} cores, "
+        f"median of {args.repeats}"
+    )
     print(f"{'threads per worker':<28}{'trials/min':>12}{'ratio':>8}")
     base = statistics.median(rates["unsplit"])
     for label, threads in (("unsplit", unsplit), ("split", split)):

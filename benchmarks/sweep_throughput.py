@@ -12,6 +12,7 @@ MUTRANSFER_TEST_POSTGRES (``make test`` starts a throwaway one through scripts/w
 
     python benchmarks/sweep_throughput.py [--postgres postgresql://...] [--steps 300] [--repeats 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,10 +24,10 @@ import uuid
 from pathlib import Path
 
 from mutransfer.sweep import run_sweep
-from mutransfer.sweep.workers import _warm_up
 from mutransfer.sweep.storage import mask_url
+from mutransfer.sweep.workers import _warm_up
 
-CONFIG = '''name = "{name}"
+CONFIG = """name = "{name}"
 objective = "recipe:mlp"
 widths = [128]
 sampler = "grid"
@@ -38,7 +39,7 @@ grid = 16
 [fixed]
 steps = {steps}
 threads = 1
-'''
+"""
 
 
 def one(storage: str | None, workers: int, steps: int, root: Path) -> tuple[int, float]:
@@ -71,13 +72,27 @@ def main() -> None:
                     walls[workers].append(dt)
             for workers in (1, 2):
                 dt = statistics.median(walls[workers])
-                rows.append((label, workers, n, dt, 60 * n / dt, statistics.median(walls[1]) / dt,
-                             min(walls[workers]), max(walls[workers])))
-    print(f"sweep throughput: MLP recipe, {args.steps} steps per trial, 1 torch thread per worker, median of "
-          f"{args.repeats} alternating runs"
-          + (f"; PostgreSQL at {mask_url(args.postgres)}" if args.postgres else "; no PostgreSQL (pass --postgres)"))
-    print(f"{'storage':<11} {'workers':>7} {'trials':>6} {'wall s':>7} {'(min-max)':>11} {'trials/min':>10} "
-          f"{'vs 1 worker':>11}")
+                rows.append(
+                    (
+                        label,
+                        workers,
+                        n,
+                        dt,
+                        60 * n / dt,
+                        statistics.median(walls[1]) / dt,
+                        min(walls[workers]),
+                        max(walls[workers]),
+                    )
+                )
+    print(
+        f"sweep throughput: MLP recipe, {args.steps} steps per trial, 1 torch thread per worker, median of "
+        f"{args.repeats} alternating runs"
+        + (f"; PostgreSQL at {mask_url(args.postgres)}" if args.postgres else "; no PostgreSQL (pass --postgres)")
+    )
+    print(
+        f"{'storage':<11} {'workers':>7} {'trials':>6} {'wall s':>7} {'(min-max)':>11} {'trials/min':>10} "
+        f"{'vs 1 worker':>11}"
+    )
     for label, workers, n, dt, tpm, ratio, lo, hi in rows:
         print(f"{label:<11} {workers:>7} {n:>6} {dt:>7.1f} {f'({lo:.1f}-{hi:.1f})':>11} {tpm:>10.1f} {ratio:>11.2f}")
 

@@ -13,6 +13,7 @@ the same time t as its width grows.
 
 Needs scikit-learn for the data (`pip install scikit-learn`, or the `test` extra).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,20 +27,28 @@ from mutransfer import limits
 
 
 def cnn(width: int) -> nn.Module:
-    return nn.Sequential(nn.Conv2d(1, width, 3, padding=1), nn.ReLU(),
-                         nn.Conv2d(width, width, 3, stride=2, padding=1), nn.ReLU(),
-                         nn.Conv2d(width, width, 3, padding=1), nn.ReLU(),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, 10))
+    return nn.Sequential(
+        nn.Conv2d(1, width, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(width, width, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(width, width, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(width, 10),
+    )
 
 
 def digits(n_train: int, n_test: int, seed: int = 0):
     from sklearn.datasets import load_digits
+
     data = load_digits()
     x = torch.tensor(data.images, dtype=torch.float64)[:, None] / 16.0
     x = (x - x.mean()) / x.std()
     y = torch.tensor(data.target)
     perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
-    tr, te = perm[:n_train], perm[n_train:n_train + n_test]
+    tr, te = perm[:n_train], perm[n_train : n_train + n_test]
     onehot = torch.nn.functional.one_hot(y, 10).to(torch.float64) - 0.1
     return x[tr], onehot[tr], y[tr], x[te], y[te]
 
@@ -77,7 +86,7 @@ def main(argv=None) -> int:
     steps = 20 if args.quick else 400
     seeds = [0] if args.quick else [0, 1]
     wv, bv = 2.0, 0.0
-    x, y, labels, xt, labels_t = digits(n_train, n_test)
+    x, y, _labels, xt, labels_t = digits(n_train, n_test)
     model = cnn(8)
 
     start = time.perf_counter()
@@ -95,19 +104,25 @@ def main(argv=None) -> int:
     def accuracy(pred):
         return float((pred.argmax(1) == labels_t).double().mean())
 
-    rows = [("NNGP posterior mean", accuracy(nngp_mean), None),
-            (f"NTK gradient flow, t = {t:.3g} (same time as the finite nets)", accuracy(ntk_t), None),
-            ("NTK gradient flow, t = ∞", accuracy(ntk_inf), None)]
+    rows = [
+        ("NNGP posterior mean", accuracy(nngp_mean), None),
+        (f"NTK gradient flow, t = {t:.3g} (same time as the finite nets)", accuracy(ntk_t), None),
+        ("NTK gradient flow, t = ∞", accuracy(ntk_inf), None),
+    ]
     finite = {}
     for width in widths:
         preds = [train_finite(width, x, y, xt, lr, steps, wv, bv, seed) for seed in seeds]
         accs = [accuracy(p) for p in preds]
         gaps = [float((p - ntk_t).pow(2).mean().sqrt() / ntk_t.pow(2).mean().sqrt()) for p in preds]
         finite[width] = (sum(accs) / len(accs), sum(gaps) / len(gaps))
-        rows.append((f"finite CNN, width {width} (centred, GD, {len(seeds)} seeds)", finite[width][0], finite[width][1]))
+        rows.append(
+            (f"finite CNN, width {width} (centred, GD, {len(seeds)} seeds)", finite[width][0], finite[width][1])
+        )
 
-    print(f"digits: {n_train} train / {n_test} test images (8×8); kernels {kernel_seconds:.1f} s; "
-          f"GD lr {lr:.3g}, {steps} steps")
+    print(
+        f"digits: {n_train} train / {n_test} test images (8×8); kernels {kernel_seconds:.1f} s; "
+        f"GD lr {lr:.3g}, {steps} steps"
+    )
     print("| model | test accuracy | relative RMS distance to the NTK flow at t |")
     print("|---|---|---|")
     for name, acc, gap in rows:
@@ -120,8 +135,10 @@ def main(argv=None) -> int:
         print(f"distance to the NTK flow falls as width^{slope:.2f} (the theory: width^-0.5)")
     if args.figure:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
         a1.plot(ws, [finite[w][0] for w in ws], "o-", label="finite CNN (NTK param., GD)")
         for (name, acc, _), style, color in zip(rows[:3], ("--", ":", "-."), ("tab:green", "k", "tab:red")):

@@ -14,6 +14,7 @@ and the hidden preactivations' movement under µP vs the NTK parametrization as 
     python examples/feature_learning.py            # ~3 min on 2 cores; writes docs/limits_feature_learning.png
     python examples/feature_learning.py --quick
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,10 @@ def main(argv=None) -> int:
     w[0] = 1.0
     x, y = make_task(args.n_train, args.d, 0, w)
     xt, yt = make_task(2000, args.d, 1, w)
-    print(f"task: y = (w·x)² − 1, d = {args.d}, {args.n_train} training points, 2000 test points "
-          f"(predicting 0 gives test MSE {mse(torch.zeros_like(yt), yt):.3f})")
+    print(
+        f"task: y = (w·x)² − 1, d = {args.d}, {args.n_train} training points, 2000 test points "
+        f"(predicting 0 gives test MSE {mse(torch.zeros_like(yt), yt):.3f})"
+    )
 
     results: dict[str, float] = {}
     mean, _ = L.nngp_predict(x, y, xt, depth=1, noise_var=1e-6)
@@ -68,8 +71,10 @@ def main(argv=None) -> int:
     limit = L.MuPLimit("relu", method="monte_carlo", samples=args.samples).fit(x, y, args.steps, args.lr)
     lim_pred, lim_err = limit.predict(xt, return_error=True)
     results["µP limit"] = mse(lim_pred, yt)
-    print(f"µP limit: test MSE {results['µP limit']:.4f} (Monte Carlo standard error of f: "
-          f"{float(lim_err.mean()):.1e} on average)")
+    print(
+        f"µP limit: test MSE {results['µP limit']:.4f} (Monte Carlo standard error of f: "
+        f"{float(lim_err.mean()):.1e} on average)"
+    )
 
     finite_mse, gap, moves = {}, {}, {"mup": [], "ntk": []}
     for width in widths:
@@ -96,11 +101,16 @@ def main(argv=None) -> int:
     for name, value in results.items():
         print(f"| {name} | {value:.4f} |")
     slope = L.fitted_slope(widths, [gap[w] for w in widths])
-    print("\nfinite µP vs the µP limit, RMS difference of test predictions: "
-          + ", ".join(f"{gap[w]:.3f} (width {w})" for w in widths) + f"; fitted slope {slope:+.2f} (theory −0.5)")
+    print(
+        "\nfinite µP vs the µP limit, RMS difference of test predictions: "
+        + ", ".join(f"{gap[w]:.3f} (width {w})" for w in widths)
+        + f"; fitted slope {slope:+.2f} (theory −0.5)"
+    )
     s_mup, s_ntk = L.fitted_slope(widths, moves["mup"]), L.fitted_slope(widths, moves["ntk"])
-    print(f"hidden-preactivation movement: µP {', '.join(f'{m:.3f}' for m in moves['mup'])} (slope {s_mup:+.2f}); "
-          f"NTK {', '.join(f'{m:.3f}' for m in moves['ntk'])} (slope {s_ntk:+.2f}, theory −0.5)")
+    print(
+        f"hidden-preactivation movement: µP {', '.join(f'{m:.3f}' for m in moves['mup'])} (slope {s_mup:+.2f}); "
+        f"NTK {', '.join(f'{m:.3f}' for m in moves['ntk'])} (slope {s_ntk:+.2f}, theory −0.5)"
+    )
     print(f"total {time.perf_counter() - start:.0f} s")
     if args.plot:
         plot(results, widths, finite_mse, gap, moves, args, args.plot)
@@ -112,13 +122,18 @@ def plot(results, widths, finite_mse, gap, moves, args, path) -> None:
     import os
 
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     ax = axes[0]
     ax.plot(widths, [finite_mse[w] for w in widths], "-o", color="#1f77b4", label="finite µP networks")
-    styles = {"µP limit": ("#2ca02c", "-"), "NNGP (posterior mean)": ("#d62728", "--"),
-              "NTK (gradient flow, t = ∞)": ("#ff7f0e", ":")}
+    styles = {
+        "µP limit": ("#2ca02c", "-"),
+        "NNGP (posterior mean)": ("#d62728", "--"),
+        "NTK (gradient flow, t = ∞)": ("#ff7f0e", ":"),
+    }
     for name, (color, ls) in styles.items():
         ax.axhline(results[name], color=color, ls=ls, lw=2, label=name)
     ax.set_xscale("log", base=2)

@@ -15,6 +15,7 @@ All trained models see the same minibatches (`mt.limits.sgd_batches`): `--steps`
     .venv/bin/python examples/feature_learning_deep.py      # ≈ 4 min on 2 cores; writes docs/limits_deep.png
     .venv/bin/python examples/feature_learning_deep.py --quick
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,7 +30,7 @@ from mutransfer import limits as L
 def make_task(n: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, d, generator=g, dtype=torch.float64)
-    return x, x[:, 0] ** 2 - 1          # w = e₁: the inputs are isotropic, so any unit w is the same task
+    return x, x[:, 0] ** 2 - 1  # w = e₁: the inputs are isotropic, so any unit w is the same task
 
 
 def mse(pred: torch.Tensor, y: torch.Tensor) -> float:
@@ -69,15 +70,22 @@ def main(argv=None) -> int:
     x, y = make_task(args.n_train, args.d, 0)
     xt, yt = make_task(1000, args.d, 1)
     fit = dict(steps=args.steps, batch_size=args.batch)
-    print(f"task: y = (w·x)² − 1, d = {args.d}, {args.n_train} training points, 1000 test points "
-          f"(predicting 0: test MSE {mse(torch.zeros_like(yt), yt):.3f}); {args.steps} steps of batch {args.batch}")
+    print(
+        f"task: y = (w·x)² − 1, d = {args.d}, {args.n_train} training points, 1000 test points "
+        f"(predicting 0: test MSE {mse(torch.zeros_like(yt), yt):.3f}); {args.steps} steps of batch {args.batch}"
+    )
 
     rows: list[tuple[str, float, str]] = []
     for depth in sorted({1, args.depth}):
         mean, _ = L.nngp_predict(x, y, xt, depth=depth, noise_var=1e-6)
         rows.append((f"NNGP posterior mean, {depth} hidden layer{'s' * (depth > 1)}", mse(mean, yt), ""))
-        rows.append((f"NTK gradient flow t = ∞, {depth} hidden layer{'s' * (depth > 1)}",
-                     mse(L.ntk_predict(x, y, xt, depth=depth), yt), ""))
+        rows.append(
+            (
+                f"NTK gradient flow t = ∞, {depth} hidden layer{'s' * (depth > 1)}",
+                mse(L.ntk_predict(x, y, xt, depth=depth), yt),
+                "",
+            )
+        )
     sgd_limit = L.MuPLimit("relu", method="monte_carlo", samples=args.samples).fit(x, y, lr=args.sgd_lr, **fit)
     rows.append(("µP limit, 1 hidden layer, SGD", mse(sgd_limit.predict(xt), yt), ""))
 
@@ -109,8 +117,9 @@ def main(argv=None) -> int:
 
     def adam_net(width, seed):
         torch.manual_seed(seed)
-        net = L.train_finite(L.OneHiddenLayer(args.d, width, activation="relu"), x, y, lr=args.adam_lr,
-                             optimizer="adam", **fit)
+        net = L.train_finite(
+            L.OneHiddenLayer(args.d, width, activation="relu"), x, y, lr=args.adam_lr, optimizer="adam", **fit
+        )
         with torch.no_grad():
             return net(xt)[:, 0]
 
@@ -129,10 +138,14 @@ def main(argv=None) -> int:
         print(f"| {name} | {value:.3f} | {gap} |")
     s_pi = L.fitted_slope(pi_widths, [pi_finite[w][1] for w in pi_widths])
     s_adam = L.fitted_slope(adam_widths, [adam_finite[w][1] for w in adam_widths])
-    print(f"\nfinite → limit, fitted slope of the RMS distance vs width: π-nets {s_pi:+.2f}, "
-          f"Adam nets {s_adam:+.2f} (theory −0.5)")
-    print(f"π-limit: fit {pi_seconds:.1f} s, state {pi.state_size * 8 / 1e6:.1f} MB; "
-          f"finite π-nets {pi_net_seconds:.0f} s; total {time.perf_counter() - start:.0f} s")
+    print(
+        f"\nfinite → limit, fitted slope of the RMS distance vs width: π-nets {s_pi:+.2f}, "
+        f"Adam nets {s_adam:+.2f} (theory −0.5)"
+    )
+    print(
+        f"π-limit: fit {pi_seconds:.1f} s, state {pi.state_size * 8 / 1e6:.1f} MB; "
+        f"finite π-nets {pi_net_seconds:.0f} s; total {time.perf_counter() - start:.0f} s"
+    )
     if args.plot:
         plot(rows, pi_finite, adam_finite, s_pi, s_adam, mse(torch.zeros_like(yt), yt), args)
         print(f"figure: {args.plot}")
@@ -143,8 +156,10 @@ def plot(rows, pi_finite, adam_finite, s_pi, s_adam, zero_mse, args) -> None:
     import os
 
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4.6))
     value = {name: v for name, v, _ in rows}
     pw, aw = list(pi_finite), list(adam_finite)
@@ -163,10 +178,17 @@ def plot(rows, pi_finite, adam_finite, s_pi, s_adam, zero_mse, args) -> None:
     a1.set_ylim(0, max(value.values()) * 1.12)
     a1.set_title(f"y = (w·x)² − 1, d = {args.d}, {args.n_train} samples, {args.steps} steps")
     a1.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    a2.loglog(pw, [pi_finite[w][1] for w in pw], "-o", base=2, color="tab:blue",
-              label=f"π-nets → π-limit (slope {s_pi:+.2f})")
-    a2.loglog(aw, [adam_finite[w][1] for w in aw], "-s", base=2, color="tab:purple",
-              label=f"µP Adam nets → Adam limit (slope {s_adam:+.2f})")
+    a2.loglog(
+        pw, [pi_finite[w][1] for w in pw], "-o", base=2, color="tab:blue", label=f"π-nets → π-limit (slope {s_pi:+.2f})"
+    )
+    a2.loglog(
+        aw,
+        [adam_finite[w][1] for w in aw],
+        "-s",
+        base=2,
+        color="tab:purple",
+        label=f"µP Adam nets → Adam limit (slope {s_adam:+.2f})",
+    )
     for widths, data in ((pw, pi_finite), (aw, adam_finite)):
         ref = [data[widths[0]][1] * (widths[0] / w) ** 0.5 for w in widths]
         a2.loglog(widths, ref, "k--", lw=0.8, base=2)

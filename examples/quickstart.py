@@ -22,6 +22,7 @@ order; the seed fixes the data, the initial weights and the batch order.
     python examples/quickstart.py --quick    # smaller and faster (< 40 s), for a smoke test
     python examples/quickstart.py --seed 1   # another draw of data, init and batch order
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,9 +62,11 @@ def make_model(width: int, mup: bool, base_width: int, seed: int) -> torch.nn.Mo
     if mup:
         # µP relative to the base width: the base model tells mutransfer the reference init,
         # and base vs. delta (twice as wide) tells it which dimensions are "width".
-        mt.parametrize(model,
-                       base=MLP(base_width, d_in=D_IN, d_out=N_CLASSES, depth=DEPTH),
-                       delta=MLP(2 * base_width, d_in=D_IN, d_out=N_CLASSES, depth=DEPTH))
+        mt.parametrize(
+            model,
+            base=MLP(base_width, d_in=D_IN, d_out=N_CLASSES, depth=DEPTH),
+            delta=MLP(2 * base_width, d_in=D_IN, d_out=N_CLASSES, depth=DEPTH),
+        )
     return model
 
 
@@ -74,8 +77,16 @@ def make_optimizer(model: torch.nn.Module, lr: float, mup: bool) -> torch.optim.
     return torch.optim.Adam(model.parameters(), lr=lr)
 
 
-def train(width: int, mup: bool, lr: float, data, base_width: int, steps: int, seed: int,
-          device: torch.device = torch.device("cpu")) -> float:
+def train(
+    width: int,
+    mup: bool,
+    lr: float,
+    data,
+    base_width: int,
+    steps: int,
+    seed: int,
+    device: torch.device = torch.device("cpu"),  # noqa: B008 (immutable)
+) -> float:
     """Final training loss: the mean minibatch loss over the last 10% of steps (inf if it diverged).
     The model is built on the CPU under the seed and trained on `device`, where `data` is."""
     x, y = data
@@ -121,13 +132,19 @@ def main() -> None:
     base = widths[0]
     start = time.perf_counter()
 
-    print(f"µTransfer quickstart{' (--quick)' if args.quick else ''}: seed {args.seed}, "
-          f"torch {torch.__version__}, mutransfer {mt.__version__}")
+    print(
+        f"µTransfer quickstart{' (--quick)' if args.quick else ''}: seed {args.seed}, "
+        f"torch {torch.__version__}, mutransfer {mt.__version__}"
+    )
     print(f"Task: {N_TRAIN} synthetic points in R^{D_IN}, {N_CLASSES} classes from a random teacher net.")
-    print(f"Model: MLP with {DEPTH - 1} hidden width×width layers, widths {', '.join(map(str, widths))}; "
-          f"Adam, batch {BATCH}, {steps} steps, constant lr.")
-    print(f"Grid: lr = 2^{log2_lrs[0]} … 2^{log2_lrs[-1]}; loss = mean training loss over the last "
-          f"{max(1, steps // 10)} steps.")
+    print(
+        f"Model: MLP with {DEPTH - 1} hidden width×width layers, widths {', '.join(map(str, widths))}; "
+        f"Adam, batch {BATCH}, {steps} steps, constant lr."
+    )
+    print(
+        f"Grid: lr = 2^{log2_lrs[0]} … 2^{log2_lrs[-1]}; loss = mean training loss over the last "
+        f"{max(1, steps // 10)} steps."
+    )
     print(f"\nWhat µP changes at width {widths[-1]} (factors relative to the base width {base}):")
     print(mt.describe(make_model(widths[-1], True, base, args.seed)))
     print()
@@ -136,16 +153,27 @@ def main() -> None:
     results = {}  # (name, width) -> [loss per log2 lr]
     for name, mup in (("SP", False), ("µP", True)):
         for w in widths:
-            row = [train(w, mup, 2.0 ** e, data, base, steps, args.seed, device) for e in log2_lrs]
+            row = [train(w, mup, 2.0**e, data, base, steps, args.seed, device) for e in log2_lrs]
             results[name, w] = row
             i = min(range(len(row)), key=row.__getitem__)
-            print(f"[{time.perf_counter() - start:6.1f} s] {name} width {w:>5d}: {len(row)} lrs × {steps} steps, "
-                  f"best lr 2^{log2_lrs[i]} (loss {row[i]:.3f})", flush=True)
+            print(
+                f"[{time.perf_counter() - start:6.1f} s] {name} width {w:>5d}: {len(row)} lrs × {steps} steps, "
+                f"best lr 2^{log2_lrs[i]} (loss {row[i]:.3f})",
+                flush=True,
+            )
 
-    print_table("Standard parametrization (plain torch.optim.Adam): final training loss, * = best",
-                widths, log2_lrs, {w: results["SP", w] for w in widths})
-    print_table(f"µP (mutransfer, base width {base}): final training loss, * = best",
-                widths, log2_lrs, {w: results["µP", w] for w in widths})
+    print_table(
+        "Standard parametrization (plain torch.optim.Adam): final training loss, * = best",
+        widths,
+        log2_lrs,
+        {w: results["SP", w] for w in widths},
+    )
+    print_table(
+        f"µP (mutransfer, base width {base}): final training loss, * = best",
+        widths,
+        log2_lrs,
+        {w: results["µP", w] for w in widths},
+    )
 
     best = {k: log2_lrs[min(range(len(v)), key=v.__getitem__)] for k, v in results.items()}
     print("\nOptimal log2 lr per width (and its loss):")
@@ -154,24 +182,31 @@ def main() -> None:
         sp, mu = results["SP", w], results["µP", w]
         print(f"{w:>7d} {best['SP', w]:>5d} ({min(sp):.3f}) {best['µP', w]:>5d} ({min(mu):.3f})")
 
-    moved = {name: max(best[name, w] for w in widths) - min(best[name, w] for w in widths)
-             for name in ("SP", "µP")}
+    moved = {name: max(best[name, w] for w in widths) - min(best[name, w] for w in widths) for name in ("SP", "µP")}
     path = {name: " → ".join(str(best[name, w]) for w in widths) for name in ("SP", "µP")}
     octaves = {name: f"{moved[name]} octave{'' if moved[name] == 1 else 's'}" for name in ("SP", "µP")}
-    print(f"\nAcross widths {widths[0]}–{widths[-1]} the optimal lr moved by {octaves['SP']} in SP "
-          f"({path['SP']}) and by {octaves['µP']} in µP ({path['µP']}).")
+    print(
+        f"\nAcross widths {widths[0]}–{widths[-1]} the optimal lr moved by {octaves['SP']} in SP "
+        f"({path['SP']}) and by {octaves['µP']} in µP ({path['µP']})."
+    )
     e0 = best["µP", base]  # = SP's optimum at the base width: the two models are identical there
     j = log2_lrs.index(e0)
     wide = widths[-1]
-    print(f"Reusing the lr tuned at width {base} (2^{e0}) at width {wide}: "
-          f"SP loss {results['SP', wide][j]:.3f}, µP loss {results['µP', wide][j]:.3f} "
-          f"(SP needs a new sweep at width {wide} to reach {min(results['SP', wide]):.3f} at 2^{best['SP', wide]}).")
+    print(
+        f"Reusing the lr tuned at width {base} (2^{e0}) at width {wide}: "
+        f"SP loss {results['SP', wide][j]:.3f}, µP loss {results['µP', wide][j]:.3f} "
+        f"(SP needs a new sweep at width {wide} to reach {min(results['SP', wide]):.3f} at 2^{best['SP', wide]})."
+    )
     if moved["µP"] <= 1 and moved["SP"] >= 2:
-        print("As expected: µP's optimum stays within one grid step while SP's drifts with width, "
-              "so with µP you can tune on the small model and train the big one with the same lr.")
+        print(
+            "As expected: µP's optimum stays within one grid step while SP's drifts with width, "
+            "so with µP you can tune on the small model and train the big one with the same lr."
+        )
     else:
-        print("Note: this run does not show the usual picture (µP moves ≤ 1 grid step, SP ≥ 2); "
-              "neighbouring lrs can have near-equal losses, so try another --seed.")
+        print(
+            "Note: this run does not show the usual picture (µP moves ≤ 1 grid step, SP ≥ 2); "
+            "neighbouring lrs can have near-equal losses, so try another --seed."
+        )
     print(f"\nTotal runtime: {time.perf_counter() - start:.1f} s")
 
 

@@ -8,6 +8,7 @@ run equals one process on the whole batch.
     python examples/train_ddp.py [--fsdp] [--steps 5]      # starts 2 processes itself
     torchrun --nproc-per-node 2 examples/train_ddp.py      # or under torchrun
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,13 +46,15 @@ def run(rank: int, world: int, args, out=None) -> None:
     model = build(args.width).to(device)  # built on the CPU under one seed: the same model on every rank
     if args.fsdp:
         from torch.distributed.fsdp import fully_shard
+
         for block in model.blocks:
             fully_shard(block)
         fully_shard(model)
         wrapped = model
     else:
-        wrapped = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda"
-                                                            else None)
+        wrapped = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device] if device.type == "cuda" else None
+        )
     opt = torch.optim.AdamW(mt.param_groups(wrapped, lr=args.lr, optimizer="adamw"))
     losses = []
     for x, y in text_batches(args.steps, batch=8, seq=32, seed=0):
@@ -65,6 +68,7 @@ def run(rank: int, world: int, args, out=None) -> None:
         losses.append(full.item() / world)
     if args.fsdp:
         from torch.distributed.tensor import DTensor
+
         state = {k: (v.full_tensor() if isinstance(v, DTensor) else v) for k, v in model.state_dict().items()}
     else:
         state = model.state_dict()
@@ -89,12 +93,15 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--lr", type=float, default=2 ** -7)
+    p.add_argument("--lr", type=float, default=2**-7)
     p.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard) instead of DDP")
     p.add_argument("--device", default="auto", help="auto (one GPU per rank when present, else the CPU), cpu or cuda")
     p.add_argument("--world", type=int, default=2, help="processes to start (without torchrun)")
-    p.add_argument("--save", default=None, help="rank 0 saves its losses, the full state_dict and the logits on a "
-                   "held-out batch here")
+    p.add_argument(
+        "--save",
+        default=None,
+        help="rank 0 saves its losses, the full state_dict and the logits on a held-out batch here",
+    )
     return p
 
 

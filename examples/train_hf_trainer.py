@@ -16,6 +16,7 @@ writes a checkpoint that plain ``from_pretrained`` loads with the same logits.
 
     python examples/train_hf_trainer.py [--steps 10] [--out runs/hf]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,11 +31,23 @@ from mutransfer.recipes import text_batches
 
 def llama(width: int):
     import transformers
+
     torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=256, max_position_embeddings=64, tie_word_embeddings=False,
-        bos_token_id=0, eos_token_id=0, pad_token_id=0))
+    return transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            hidden_size=width,
+            intermediate_size=2 * width,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=256,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+            bos_token_id=0,
+            eos_token_id=0,
+            pad_token_id=0,
+        )
+    )
 
 
 def build(width: int):
@@ -43,6 +56,7 @@ def build(width: int):
 
 def optimizer(model, lr: float, steps: int):
     import transformers
+
     opt = torch.optim.AdamW(mt.param_groups(model, lr=lr, optimizer="adamw", weight_decay=0.0))
     return opt, transformers.get_cosine_schedule_with_warmup(opt, max(1, steps // 10), steps)
 
@@ -53,19 +67,37 @@ def dataset(steps: int, batch: int):
     return [{"input_ids": row, "labels": row} for row in x]
 
 
-def with_trainer(width: int, steps: int, batch: int, lr: float, out: str, trainer_class=None,
-                 device: torch.device = torch.device("cpu")):
+def with_trainer(
+    width: int,
+    steps: int,
+    batch: int,
+    lr: float,
+    out: str,
+    trainer_class=None,
+    device: torch.device = torch.device("cpu"),  # noqa: B008 (immutable)
+):
     """Train with the Hugging Face Trainer on `device` (the Trainer moves the model there itself:
     the CPU, or the GPU it picks)."""
     import transformers
+
     model = build(width)
     opt, sched = optimizer(model, lr, steps)
     args = transformers.TrainingArguments(
-        output_dir=out, max_steps=steps, per_device_train_batch_size=batch, max_grad_norm=0.0,
-        report_to=[], save_strategy="no", logging_strategy="no", use_cpu=device.type == "cpu", seed=0,
-        dataloader_drop_last=True, disable_tqdm=True)
-    trainer = (trainer_class or transformers.Trainer)(model=model, args=args, train_dataset=dataset(steps, batch),
-                                   optimizers=(opt, sched))
+        output_dir=out,
+        max_steps=steps,
+        per_device_train_batch_size=batch,
+        max_grad_norm=0.0,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        use_cpu=device.type == "cpu",
+        seed=0,
+        dataloader_drop_last=True,
+        disable_tqdm=True,
+    )
+    trainer = (trainer_class or transformers.Trainer)(
+        model=model, args=args, train_dataset=dataset(steps, batch), optimizers=(opt, sched)
+    )
     trainer.train()
     return model
 
@@ -75,12 +107,13 @@ def main() -> None:
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--lr", type=float, default=2 ** -7)
+    p.add_argument("--lr", type=float, default=2**-7)
     p.add_argument("--out", default="runs/hf")
     p.add_argument("--device", default="auto", help="auto (CUDA when present, else the CPU), cpu or cuda")
     args = p.parse_args()
     device = resolve_device(args.device, "--device")
     import transformers
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = with_trainer(args.width, args.steps, args.batch, args.lr, args.out, device=device)
@@ -90,8 +123,10 @@ def main() -> None:
     x = dataset(1, 2)[0]["input_ids"][None]
     with torch.no_grad():
         a, b = model.eval()(x.to(model.device)).logits.cpu(), reloaded(x).logits  # the trained model may be on a GPU
-    print(f"trained {args.steps} Trainer steps; exported to {plain_dir}; plain from_pretrained logits differ by "
-          f"{float((a - b).abs().max() / a.abs().max()):.1e} (relative)")
+    print(
+        f"trained {args.steps} Trainer steps; exported to {plain_dir}; plain from_pretrained logits differ by "
+        f"{float((a - b).abs().max() / a.abs().max()):.1e} (relative)"
+    )
 
 
 if __name__ == "__main__":

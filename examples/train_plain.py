@@ -13,6 +13,7 @@ The whole life of a µP model in one page:
 
     python examples/train_plain.py [--steps 20] [--out runs/plain]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,7 +59,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--lr", type=float, default=2 ** -7)
+    p.add_argument("--lr", type=float, default=2**-7)
     p.add_argument("--out", default="runs/plain")
     p.add_argument("--device", default="auto", help="auto (CUDA when present, else the CPU), cpu, cuda or cuda:N")
     args = p.parse_args()

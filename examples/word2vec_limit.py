@@ -19,6 +19,7 @@ and 3CosAdd analogies within a suffix (a : a+s :: b : b+s; chance 1/(V−3)).
     python examples/word2vec_limit.py            # ≈1 min on 2 cores; writes docs/limits_word2vec.png
     python examples/word2vec_limit.py --quick
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,10 +40,13 @@ def corpus(extra: bool = True) -> list[str]:
     if extra:
         try:
             from pydoc_data.topics import topics
+
             text += "\n" + "\n".join(topics[k] for k in sorted(topics))
         except ImportError:  # some Python builds leave out pydoc_data: say so, the numbers will differ
-            print("pydoc_data is not installed: the corpus is the stdlib docstrings alone (≈45K words), "
-                  "so the vocabulary and the scores differ from the README's")
+            print(
+                "pydoc_data is not installed: the corpus is the stdlib docstrings alone (≈45K words), "
+                "so the vocabulary and the scores differ from the README's"
+            )
     return re.findall(r"[a-z]+", text.lower())
 
 
@@ -61,9 +65,13 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=2, help="finite nets per width (scores and gaps are their means)")
     ap.add_argument("--quick", action="store_true", help="stdlib docstrings only, 1 epoch, few widths")
     ap.add_argument("--plot", default="docs/limits_word2vec.png")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads (each SGD step is many small kernels: one thread is fastest, "
-                         "and far faster when other processes share the cores)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (each SGD step is many small kernels: one thread is fastest, "
+        "and far faster when other processes share the cores)",
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.quick:
@@ -78,15 +86,27 @@ def main(argv=None) -> int:
     index = {w: i for i, w in enumerate(vocab)}
     ids = [index[w] for w in tokens if w in index]
     V = len(vocab)
-    batches = L.skipgram_batches(ids, V, epochs=args.epochs, batch_size=args.batch_size, window=args.window,
-                                 negatives=args.negatives, seed=0, subsample=args.subsample)
+    batches = L.skipgram_batches(
+        ids,
+        V,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        window=args.window,
+        negatives=args.negatives,
+        seed=0,
+        subsample=args.subsample,
+    )
     pairs, analogies = L.inflection_pairs(vocab), L.inflection_analogies(vocab)
     words = sorted({i for p in pairs for i in p})
-    print(f"corpus: {len(tokens)} words, vocabulary {V} words (count ≥ {args.min_count}) covering {len(ids)} "
-          f"tokens; {len(batches)} SGD steps ({args.epochs} epochs, batch {args.batch_size}, window {args.window}, "
-          f"{args.negatives} negatives, subsample {args.subsample:g}), η = {args.lr:g}, σ = {args.sigma:g}")
-    print(f"evaluation: {len(pairs)} same-stem pairs among {len(words)} words (partner AUC, chance 0.5), "
-          f"{len(analogies)} suffix analogies (3CosAdd, chance {100 / (V - 3):.2f}%)")
+    print(
+        f"corpus: {len(tokens)} words, vocabulary {V} words (count ≥ {args.min_count}) covering {len(ids)} "
+        f"tokens; {len(batches)} SGD steps ({args.epochs} epochs, batch {args.batch_size}, window {args.window}, "
+        f"{args.negatives} negatives, subsample {args.subsample:g}), η = {args.lr:g}, σ = {args.sigma:g}"
+    )
+    print(
+        f"evaluation: {len(pairs)} same-stem pairs among {len(words)} words (partner AUC, chance 0.5), "
+        f"{len(analogies)} suffix analogies (3CosAdd, chance {100 / (V - 3):.2f}%)"
+    )
     print("  e.g. " + ", ".join(f"{vocab[a]}/{vocab[b]}" for a, b in pairs[:: max(1, len(pairs) // 8)][:8]))
 
     epoch_steps = max(1, len(batches) // args.epochs)
@@ -113,8 +133,14 @@ def main(argv=None) -> int:
             net = L.SkipGram(V, width, parametrization, sigma=args.sigma, seed=seed)
             losses = L.train_skipgram(net, batches, args.lr)
             sim = net.similarity()
-            res.append((*score(sim), sum(losses[-epoch_steps:]) / epoch_steps, L.similarity_gap(sim, s_lim, words),
-                        L.similarity_gap(sim, s_ntk, words)))
+            res.append(
+                (
+                    *score(sim),
+                    sum(losses[-epoch_steps:]) / epoch_steps,
+                    L.similarity_gap(sim, s_lim, words),
+                    L.similarity_gap(sim, s_ntk, words),
+                )
+            )
         return [sum(r[k] for r in res) / len(res) for k in range(5)]
 
     gaps, mup_scores = {}, {}
@@ -137,13 +163,18 @@ def main(argv=None) -> int:
         print(f"| {name} | {auc:.3f} | {100 * ana:.2f}% | {loss_s} | {gap:.4f} |")
     print(f"| chance | 0.500 | {100 / (V - 3):.2f}% | {math.log(2) * (1 + args.negatives):.3f} (init) | |")
     slope = L.fitted_slope(widths, [gaps[w] for w in widths])
-    print(f"\nfinite µP vs the µP limit, RMS difference of cosine similarities over the {len(words)} evaluation "
-          f"words: " + ", ".join(f"{gaps[w]:.4f} (width {w})" for w in widths) + f"; fitted slope {slope:+.2f} "
-          "(theory −0.5)")
+    print(
+        f"\nfinite µP vs the µP limit, RMS difference of cosine similarities over the {len(words)} evaluation "
+        f"words: " + ", ".join(f"{gaps[w]:.4f} (width {w})" for w in widths) + f"; fitted slope {slope:+.2f} "
+        "(theory −0.5)"
+    )
     if len(ntk_widths) > 1:
         s_ntk_gap = L.fitted_slope(ntk_widths, [ntk_gaps[w] for w in ntk_widths])
-        print("finite NTK vs the NTK limit (cosine = identity): "
-              + ", ".join(f"{ntk_gaps[w]:.4f} (width {w})" for w in ntk_widths) + f"; fitted slope {s_ntk_gap:+.2f}")
+        print(
+            "finite NTK vs the NTK limit (cosine = identity): "
+            + ", ".join(f"{ntk_gaps[w]:.4f} (width {w})" for w in ntk_widths)
+            + f"; fitted slope {s_ntk_gap:+.2f}"
+        )
     print(f"total {time.perf_counter() - start:.0f} s")
     if args.plot:
         plot(rows, widths, ntk_widths, mup_scores, ntk_scores, gaps, ntk_gaps, slope, V, args.plot)
@@ -155,18 +186,30 @@ def plot(rows, widths, ntk_widths, mup_scores, ntk_scores, gaps, ntk_gaps, slope
     import os
 
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     lim = next(r for r in rows if r[1] == "mup_limit")
     ntk_lim = next(r for r in rows if r[1] == "ntk_limit")
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for k, (ax, label, chance, fmt) in enumerate(zip(
-            axes[:2], ["partner AUC (same-stem words)", "3CosAdd analogy accuracy (%)"], [0.5, 100 / (V - 3)],
-            [1.0, 100.0])):
+    for k, (ax, label, _chance, fmt) in enumerate(
+        zip(
+            axes[:2],
+            ["partner AUC (same-stem words)", "3CosAdd analogy accuracy (%)"],
+            [0.5, 100 / (V - 3)],
+            [1.0, 100.0],
+        )
+    ):
         ax.plot(widths, [fmt * mup_scores[w][k] for w in widths], "-o", color="#1f77b4", label="finite µP nets")
         if ntk_widths:
-            ax.plot(ntk_widths, [fmt * ntk_scores[w][k] for w in ntk_widths], "-s", color="#ff7f0e",
-                    label="finite NTK-param. nets")
+            ax.plot(
+                ntk_widths,
+                [fmt * ntk_scores[w][k] for w in ntk_widths],
+                "-s",
+                color="#ff7f0e",
+                label="finite NTK-param. nets",
+            )
         ax.axhline(fmt * lim[3 + k], color="#2ca02c", lw=2, label="µP limit")
         ax.axhline(fmt * ntk_lim[3 + k], color="#d62728", ls="--", lw=2, label="NTK limit (= chance)")
         ax.set_xscale("log", base=2)
@@ -177,12 +220,13 @@ def plot(rows, widths, ntk_widths, mup_scores, ntk_scores, gaps, ntk_gaps, slope
     axes[0].set_ylim(0.4, 1.0)
     axes[1].set_ylim(bottom=0)
     ax = axes[2]
-    ax.loglog(widths, [gaps[w] for w in widths], "-o", color="#1f77b4", label=f"finite µP − µP limit (slope {slope:+.2f})")
+    ax.loglog(
+        widths, [gaps[w] for w in widths], "-o", color="#1f77b4", label=f"finite µP − µP limit (slope {slope:+.2f})"
+    )
     ref = [gaps[widths[0]] * math.sqrt(widths[0] / w) for w in widths]
     ax.loglog(widths, ref, "k--", lw=1, label="∝ width^-½")
     if ntk_widths:
-        ax.loglog(ntk_widths, [ntk_gaps[w] for w in ntk_widths], "-s", color="#ff7f0e",
-                  label="finite NTK − NTK limit")
+        ax.loglog(ntk_widths, [ntk_gaps[w] for w in ntk_widths], "-s", color="#ff7f0e", label="finite NTK − NTK limit")
     ax.set_xlabel("width")
     ax.set_ylabel("RMS difference of cosine similarities")
     ax.set_title("finite nets → their limits")
@@ -197,8 +241,9 @@ def plot(rows, widths, ntk_widths, mup_scores, ntk_scores, gaps, ntk_gaps, slope
         a.set_xticks(sorted(set(widths) | set(ntk_widths)))
         a.set_xticklabels([str(w) for w in sorted(set(widths) | set(ntk_widths))])
         a.minorticks_off()
-    fig.suptitle("word2vec (SGNS) on Python's docstrings: the µP limit learns embeddings, the NTK limit cannot",
-                 fontsize=11)
+    fig.suptitle(
+        "word2vec (SGNS) on Python's docstrings: the µP limit learns embeddings, the NTK limit cannot", fontsize=11
+    )
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=110)

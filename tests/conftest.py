@@ -1,7 +1,8 @@
 """Shared helpers for the tests: building plain/µP models and measuring coordinate changes."""
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -29,12 +30,22 @@ def make_optimizer(model: nn.Module, optimizer: str, lr: float, mup: bool) -> to
     return torch.optim.Adam(groups, lr=lr)
 
 
-def coordinate_changes(model: nn.Module, modules: dict[str, nn.Module], x: torch.Tensor, y: torch.Tensor,
-                       optimizer: str, lr: float, mup: bool, steps: int = 3) -> dict[str, float]:
+def coordinate_changes(
+    model: nn.Module,
+    modules: dict[str, nn.Module],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    optimizer: str,
+    lr: float,
+    mup: bool,
+    steps: int = 3,
+) -> dict[str, float]:
     """Mean |activation(t) − activation(0)| of each named module's output after `steps` steps."""
     captured: dict[str, torch.Tensor] = {}
-    hooks = [m.register_forward_hook(lambda mod, a, out, n=n: captured.__setitem__(n, out.detach().clone()))
-             for n, m in modules.items()]
+    hooks = [
+        m.register_forward_hook(lambda mod, a, out, n=n: captured.__setitem__(n, out.detach().clone()))
+        for n, m in modules.items()
+    ]
     opt = make_optimizer(model, optimizer, lr, mup)
     with torch.no_grad():
         model(x)

@@ -6,6 +6,7 @@ from `--gres=gpu:N`); task states live in $FAKE_SLURM_DIR as files `<job>_<task>
 RUNNING, COMPLETED, FAILED, CANCELLED) beside `.pid`. `srun` runs its command with the output
 files of its flags. Used by tests/test_sweep_cluster.py through `install(bin_dir, state_dir)`.
 """
+
 import os
 import re
 import signal
@@ -22,8 +23,10 @@ def install(bin_dir: Path, state_dir: Path) -> dict:
     state_dir.mkdir(parents=True, exist_ok=True)
     for name in COMMANDS:
         path = bin_dir / name
-        path.write_text(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-                        f"import fake_slurm\nsys.exit(fake_slurm.main({name!r}, sys.argv[1:]))\n")
+        path.write_text(
+            f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+            f"import fake_slurm\nsys.exit(fake_slurm.main({name!r}, sys.argv[1:]))\n"
+        )
         path.chmod(0o755)
     return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_SLURM_DIR": str(state_dir)}
 
@@ -61,22 +64,38 @@ def sbatch(args: list) -> int:
 
 def _start_task(job: int, a: int, script_path: Path, gpus: int, array: bool) -> None:
     key = f"{job}_{a}" if array else str(job)
-    env = dict(os.environ, SLURM_JOB_ID=str(job * 100 + a), SLURM_NTASKS="1", SLURM_JOB_NUM_NODES="1",
-               SLURM_NODEID="0", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_JOB_NODELIST="localhost",
-               FAKE_SLURM_KEY=key)
+    env = dict(
+        os.environ,
+        SLURM_JOB_ID=str(job * 100 + a),
+        SLURM_NTASKS="1",
+        SLURM_JOB_NUM_NODES="1",
+        SLURM_NODEID="0",
+        SLURM_PROCID="0",
+        SLURM_LOCALID="0",
+        SLURM_JOB_NODELIST="localhost",
+        FAKE_SLURM_KEY=key,
+    )
     if array:
         env.update(SLURM_ARRAY_JOB_ID=str(job), SLURM_ARRAY_TASK_ID=str(a))
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(a * gpus + i) for i in range(gpus))
     (_dir() / f"{key}.state").write_text("RUNNING")
-    runner = (f"import subprocess, sys, pathlib\n"
-              f"p = subprocess.run(['bash', {str(script_path)!r}])\n"
-              f"state = pathlib.Path({str(_dir() / (key + '.state'))!r})\n"
-              f"if state.read_text() == 'RUNNING':\n"
-              f"    state.write_text('COMPLETED' if p.returncode == 0 else 'FAILED')\n")
+    runner = (
+        f"import subprocess, sys, pathlib\n"
+        f"p = subprocess.run(['bash', {str(script_path)!r}])\n"
+        f"state = pathlib.Path({str(_dir() / (key + '.state'))!r})\n"
+        f"if state.read_text() == 'RUNNING':\n"
+        f"    state.write_text('COMPLETED' if p.returncode == 0 else 'FAILED')\n"
+    )
     log = open(_dir() / f"{key}.log", "a")  # not sbatch's stdout: its reader waits for that pipe to close
-    proc = subprocess.Popen([sys.executable, "-c", runner], env=env, start_new_session=True,
-                            stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", runner],
+        env=env,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+    )
     (_dir() / f"{key}.pid").write_text(str(proc.pid))
 
 
@@ -95,9 +114,13 @@ def srun(args: list) -> int:
     command = args[i:]
 
     def path(p):
-        return (p.replace("%A", os.environ.get("SLURM_ARRAY_JOB_ID", ""))
-                .replace("%a", os.environ.get("SLURM_ARRAY_TASK_ID", "")).replace("%j", os.environ["SLURM_JOB_ID"])
-                .replace("%t", "0"))
+        return (
+            p.replace("%A", os.environ.get("SLURM_ARRAY_JOB_ID", ""))
+            .replace("%a", os.environ.get("SLURM_ARRAY_TASK_ID", ""))
+            .replace("%j", os.environ["SLURM_JOB_ID"])
+            .replace("%t", "0")
+        )
+
     stdout = open(path(out), "a") if out else None
     stderr = open(path(err), "a") if err else None
     return subprocess.run(command, stdout=stdout, stderr=stderr).returncode
@@ -107,7 +130,7 @@ def sacct(args: list) -> int:
     wanted = [args[i + 1] for i, a in enumerate(args) if a == "-j"]
     print("JobID|State|NodeList")
     for state in sorted(_dir().glob("*.state")):
-        key = state.name[:-len(".state")]
+        key = state.name[: -len(".state")]
         if any(key == w or key.startswith(f"{w}_") for w in wanted):
             print(f"{key}|{state.read_text()}|localhost")
     return 0
@@ -117,14 +140,14 @@ def squeue(args: list) -> int:
     print("JOBID STATE")
     for state in sorted(_dir().glob("*.state")):
         if state.read_text() in ("PENDING", "RUNNING"):
-            print(f"{state.name[:-len('.state')]} {state.read_text()}")
+            print(f"{state.name[: -len('.state')]} {state.read_text()}")
     return 0
 
 
 def scancel(args: list) -> int:
     target = args[0]
     for pid_file in _dir().glob("*.pid"):
-        key = pid_file.name[:-len(".pid")]
+        key = pid_file.name[: -len(".pid")]
         if key == target or key.startswith(f"{target}_"):
             state = _dir() / f"{key}.state"
             if state.read_text() == "RUNNING":
@@ -141,5 +164,6 @@ def scontrol(args: list) -> int:  # `scontrol requeue ID`: not exercised; accept
 
 
 def main(name: str, args: list) -> int:
-    return {"sbatch": sbatch, "srun": srun, "sacct": sacct, "squeue": squeue, "scancel": scancel,
-            "scontrol": scontrol}[name](args)
+    return {"sbatch": sbatch, "srun": srun, "sacct": sacct, "squeue": squeue, "scancel": scancel, "scontrol": scontrol}[
+        name
+    ](args)

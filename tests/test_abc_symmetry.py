@@ -1,4 +1,5 @@
 """TP5 Table 3 and Table 8 are one parametrization: same function trajectory to float error."""
+
 import pytest
 import torch
 import torch.nn.functional as F

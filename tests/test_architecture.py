@@ -1,5 +1,6 @@
 """The package's layers, read from its source: imports point one way, no module reaches into
 another's private names. (See docs/ARCHITECTURE.md.)"""
+
 import ast
 from pathlib import Path
 
@@ -23,7 +24,8 @@ def module_name(path: Path) -> str:
 def _type_checking(node: ast.If) -> bool:
     t = node.test
     return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
-        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
+    )
 
 
 def imports(path: Path):
@@ -31,8 +33,13 @@ def imports(path: Path):
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     tree = ast.parse(path.read_text())
-    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and _type_checking(node)
-            for child in node.body for n in ast.walk(child)}
+    skip = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and _type_checking(node)
+        for child in node.body
+        for n in ast.walk(child)
+    }
     found = []
     for node in ast.walk(tree):
         if id(node) in skip:
@@ -40,15 +47,16 @@ def imports(path: Path):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
-                base = base[:len(base) - (node.level - 1)]
+                base = base[: len(base) - (node.level - 1)]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
             if target == PACKAGE or target.startswith(PACKAGE + "."):
                 for alias in node.names:
                     sub = f"{target}.{alias.name}"
-                    if (SRC / Path(*sub.split("."))).with_suffix(".py").is_file() or \
-                            (SRC / Path(*sub.split(".")) / "__init__.py").is_file():
+                    if (SRC / Path(*sub.split("."))).with_suffix(".py").is_file() or (
+                        SRC / Path(*sub.split(".")) / "__init__.py"
+                    ).is_file():
                         found.append((sub, [], {alias.asname or alias.name: sub}))
                     else:
                         found.append((target, [alias.name], {}))
@@ -91,7 +99,7 @@ def test_no_import_circle():
             if t == PACKAGE:  # `from .. import optim` resolves to the submodule; the root itself is not a layer
                 continue
             if state.get(t) == 1:
-                cycles.append(stack[stack.index(t):] + [t])
+                cycles.append(stack[stack.index(t) :] + [t])
             elif t not in state:
                 visit(t)
         stack.pop()
@@ -134,9 +142,14 @@ def test_no_module_uses_another_modules_private_names():
                 if n.startswith("_") and not n.startswith("__") and target != mod:
                     wrong.append(f"{mod}: from {target} import {n}")
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
-                    and node.attr.startswith("_") and not node.attr.startswith("__")
-                    and aliases[node.value.id] != mod):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and aliases[node.value.id] != mod
+            ):
                 wrong.append(f"{mod}: {node.value.id}.{node.attr} ({aliases[node.value.id]})")
     assert not wrong, "private names used across modules: " + "; ".join(sorted(set(wrong)))
 
@@ -148,8 +161,9 @@ def test_every_public_module_declares_its_names():
         if any(p.startswith("_") and p != "__init__" for p in path.relative_to(SRC).with_suffix("").parts):
             continue  # internal modules
         tree = ast.parse(path.read_text())
-        if not any(isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in n.targets)
-                   for n in tree.body):
+        if not any(
+            isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in n.targets) for n in tree.body
+        ):
             missing.append(mod)
     assert not missing, "public modules without __all__: " + ", ".join(missing)
 

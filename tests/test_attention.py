@@ -1,4 +1,5 @@
 """µP attention: logits × α·√d₀/d through SDPA, nn.MultiheadAttention and the helper."""
+
 import copy
 import math
 
@@ -49,7 +50,9 @@ def test_more_heads_at_fixed_head_dim_changes_nothing():
     mt.parametrize(m, base=GPT(32, n_head=2), delta=GPT(64, n_head=4))
     # d = d₀ = 16: the modules are left alone, and the scale in effect (measured) is 1/√16
     assert [(a.module, a.how, a.scale) for a in m._mutransfer_spec.attention] == [
-        ("blocks.0.attn", "unchanged", 0.25), ("blocks.1.attn", "unchanged", 0.25)]
+        ("blocks.0.attn", "unchanged", 0.25),
+        ("blocks.1.attn", "unchanged", 0.25),
+    ]
     assert type(m.blocks[0].attn).__name__ == "CausalSelfAttention"
 
 

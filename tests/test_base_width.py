@@ -1,4 +1,5 @@
 """At base width µP is the user's own model: same parameters, same lrs, same outputs."""
+
 import pytest
 import torch
 
@@ -6,12 +7,15 @@ import mutransfer as mt
 from mutransfer.recipes import CNN, GPT, MLP, MHATransformer
 
 
-@pytest.mark.parametrize("cls,x", [
-    (MLP, torch.randn(4, 32)),
-    (CNN, torch.randn(2, 3, 8, 8)),
-    (GPT, torch.randint(0, 256, (2, 16))),
-    (MHATransformer, torch.randn(2, 5, 16)),
-])
+@pytest.mark.parametrize(
+    "cls,x",
+    [
+        (MLP, torch.randn(4, 32)),
+        (CNN, torch.randn(2, 3, 8, 8)),
+        (GPT, torch.randint(0, 256, (2, 16))),
+        (MHATransformer, torch.randn(2, 5, 16)),
+    ],
+)
 @pytest.mark.parametrize("formulation", ["table3", "table8"])
 def test_base_width_is_bit_for_bit_the_plain_model(cls, x, formulation):
     torch.manual_seed(0)

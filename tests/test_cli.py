@@ -1,4 +1,5 @@
 """`mutransfer coord-check`: exit codes, files written, factories from modules and files."""
+
 import json
 import subprocess
 import sys
@@ -14,8 +15,18 @@ def run(*args):
 
 
 def test_recipe_mlp_passes_and_writes_plot_csv_json(tmp_path, capsys):
-    code = run("coord-check", "--recipe", "mlp", "--widths", "64,256,1024", "--seeds", "2", "--out", str(tmp_path),
-               "--no-progress")
+    code = run(
+        "coord-check",
+        "--recipe",
+        "mlp",
+        "--widths",
+        "64,256,1024",
+        "--seeds",
+        "2",
+        "--out",
+        str(tmp_path),
+        "--no-progress",
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert "PASS" in out
@@ -25,14 +36,26 @@ def test_recipe_mlp_passes_and_writes_plot_csv_json(tmp_path, capsys):
 
 
 def test_standard_parametrization_fails_with_exit_1_naming_the_readout(tmp_path, capsys):
-    code = run("coord-check", "--recipe", "mlp", "--parametrization", "sp", "--widths", "64,256,1024",
-               "--seeds", "2", "--out", str(tmp_path), "--no-progress")
+    code = run(
+        "coord-check",
+        "--recipe",
+        "mlp",
+        "--parametrization",
+        "sp",
+        "--widths",
+        "64,256,1024",
+        "--seeds",
+        "2",
+        "--out",
+        str(tmp_path),
+        "--no-progress",
+    )
     out = capsys.readouterr().out
     assert code == 1
     assert "FAIL" in out and "readout" in out
 
 
-FACTORY = textwrap.dedent('''
+FACTORY = textwrap.dedent("""
     import torch
     from torch import nn
 
@@ -52,41 +75,77 @@ FACTORY = textwrap.dedent('''
     def coord_check_data():
         g = torch.Generator().manual_seed(0)
         return [(torch.randn(32, 8, generator=g), torch.randint(0, 3, (32,), generator=g)) for _ in range(2)]
-''')
+""")
 
 
 def test_factory_from_a_file_with_its_own_data(tmp_path, capsys):
     path = tmp_path / "mynet.py"
     path.write_text(FACTORY)
-    args = ["coord-check", f"{path}:make", "--optimizer", "sgd", "--lr", "0.5", "--widths", "32,128,512",
-            "--seeds", "2", "--out", str(tmp_path / "o"), "--no-progress"]
+    args = [
+        "coord-check",
+        f"{path}:make",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.5",
+        "--widths",
+        "32,128,512",
+        "--seeds",
+        "2",
+        "--out",
+        str(tmp_path / "o"),
+        "--no-progress",
+    ]
     assert run(*args) == 0, capsys.readouterr().out
     assert run(*args, "--parametrization", "sp") == 1
 
 
 def test_factory_as_module_through_the_installed_command(tmp_path):
     (tmp_path / "mynet.py").write_text(FACTORY)
-    proc = subprocess.run([sys.executable, "-m", "mutransfer.cli", "coord-check", "mynet:make", "--lr", "1e-2",
-                           "--widths", "32,128", "--seeds", "2", "--steps", "2", "--out", "res"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mutransfer.cli",
+            "coord-check",
+            "mynet:make",
+            "--lr",
+            "1e-2",
+            "--widths",
+            "32,128",
+            "--seeds",
+            "2",
+            "--steps",
+            "2",
+            "--out",
+            "res",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode in (0, 1), proc.stderr
     assert "coord-check [" in proc.stderr  # the progress bar
     assert (tmp_path / "res" / "coord_check.png").exists()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["coord-check"], "either a factory"),
-    (["coord-check", "--recipe", "resnet"], "unknown recipe"),
-    (["coord-check", "--recipe", "mlp", "--widths", "64"], "two different"),
-    (["coord-check", "--recipe", "mlp", "--widths", "a,b"], "integers"),
-    (["coord-check", "--recipe", "mlp", "--optimizer", "shampoo"], "shampoo"),
-    (["coord-check", "--recipe", "mlp", "--lr", "-1"], "positive"),
-    (["coord-check", "nosuchmodule_xyz:make", "--lr", "0.1"], "cannot import"),
-    (["coord-check", "json:nosuchfunction", "--lr", "0.1"], "no function"),
-    (["coord-check", "/nonexistent/file.py:make", "--lr", "0.1"], "not found"),
-    (["coord-check", "--recipe", "mlp", "--device", "banana"], "--device must be 'auto', 'cpu'"),
-    (["coord-check", "--recipe", "mlp", "--device", "cuda:99"], "--device 'cuda:99'"),  # no GPU, or too few
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["coord-check"], "either a factory"),
+        (["coord-check", "--recipe", "resnet"], "unknown recipe"),
+        (["coord-check", "--recipe", "mlp", "--widths", "64"], "two different"),
+        (["coord-check", "--recipe", "mlp", "--widths", "a,b"], "integers"),
+        (["coord-check", "--recipe", "mlp", "--optimizer", "shampoo"], "shampoo"),
+        (["coord-check", "--recipe", "mlp", "--lr", "-1"], "positive"),
+        (["coord-check", "nosuchmodule_xyz:make", "--lr", "0.1"], "cannot import"),
+        (["coord-check", "json:nosuchfunction", "--lr", "0.1"], "no function"),
+        (["coord-check", "/nonexistent/file.py:make", "--lr", "0.1"], "not found"),
+        (["coord-check", "--recipe", "mlp", "--device", "banana"], "--device must be 'auto', 'cpu'"),
+        (["coord-check", "--recipe", "mlp", "--device", "cuda:99"], "--device 'cuda:99'"),  # no GPU, or too few
+    ],
+)
 def test_bad_arguments_exit_2_with_a_message(args, message, capsys, tmp_path):
     assert run(*args, "--out", str(tmp_path)) == 2
     assert message in capsys.readouterr().err
@@ -106,8 +165,20 @@ def test_unknown_flag_exits_2():
 
 
 def test_coord_check_across_depth_passes_with_depth_scaling_and_fails_without(tmp_path, capsys):
-    args = ["coord-check", "--recipe", "resmlp", "--depths", "2,4,8,16,32", "--width", "64", "--seeds", "2",
-            "--steps", "3", "--no-progress"]
+    args = [
+        "coord-check",
+        "--recipe",
+        "resmlp",
+        "--depths",
+        "2,4,8,16,32",
+        "--width",
+        "64",
+        "--seeds",
+        "2",
+        "--steps",
+        "3",
+        "--no-progress",
+    ]
     assert run(*args, "--out", str(tmp_path / "on")) == 0
     out = capsys.readouterr().out
     assert "PASS" in out and "depths 2, 4, 8, 16, 32, width 64" in out
@@ -122,13 +193,27 @@ def test_coord_check_across_depth_passes_with_depth_scaling_and_fails_without(tm
 def test_coord_check_depths_bad_arguments_exit_2(tmp_path):
     assert run("coord-check", "--recipe", "mlp", "--depths", "2,4", "--out", str(tmp_path), "--no-progress") == 2
     assert run("coord-check", "--recipe", "resmlp", "--depths", "2", "--out", str(tmp_path), "--no-progress") == 2
-    assert run("coord-check", "--recipe", "resmlp", "--depths", "2,4", "--depth-alpha", "2",
-               "--out", str(tmp_path), "--no-progress") == 2
+    assert (
+        run(
+            "coord-check",
+            "--recipe",
+            "resmlp",
+            "--depths",
+            "2,4",
+            "--depth-alpha",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        )
+        == 2
+    )
 
 
 def _actions(parser, path="mutransfer"):
     """(command path, action) of every argument of `parser` and its subcommands."""
     import argparse
+
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():
@@ -141,10 +226,14 @@ def test_every_flag_of_every_subcommand_has_help():
     import argparse
 
     from mutransfer.cli import _parser
+
     actions = list(_actions(_parser()))
     assert len(actions) > 30  # the walk reaches the subcommands
-    missing = [f"{path} {'/'.join(a.option_strings) or a.dest}" for path, a in actions
-               if not a.help or a.help == argparse.SUPPRESS]
+    missing = [
+        f"{path} {'/'.join(a.option_strings) or a.dest}"
+        for path, a in actions
+        if not a.help or a.help == argparse.SUPPRESS
+    ]
     assert not missing, missing
 
 
@@ -152,6 +241,7 @@ def test_every_subcommand_describes_itself_and_its_exit_codes():
     import argparse
 
     from mutransfer.cli import _parser
+
     subs = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
     for name, sub in subs.items():
         text = sub.description or ""
@@ -164,23 +254,28 @@ def test_ctrl_c_while_the_command_imports_ends_quietly_with_130():
     """The `mutransfer` script imports the package (torch: seconds) before `main`: a Ctrl-C then
     prints one line, not an import traceback. `main` gives Ctrl-C back to Python; a library
     import (another program) is left alone."""
-    signalled = ("import os, signal, sys, time\nsys.argv[0] = '/venv/bin/' + sys.argv[1]\n"
-                 # as a fresh shell's process (a test before may have left SIGINT ignored, which children inherit)
-                 "signal.signal(signal.SIGINT, signal.default_int_handler)\nimport mutransfer\n"
-                 "if sys.argv[2] == 'main':\n    from mutransfer.cli import main\n    main([])\n"
-                 "try:\n    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(30)\n"
-                 "except KeyboardInterrupt:\n    print('KeyboardInterrupt')\n")
-    command = subprocess.run([sys.executable, "-c", signalled, "mutransfer", "-"], capture_output=True, text=True,
-                             timeout=120)
+    signalled = (
+        "import os, signal, sys, time\nsys.argv[0] = '/venv/bin/' + sys.argv[1]\n"
+        # as a fresh shell's process (a test before may have left SIGINT ignored, which children inherit)
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\nimport mutransfer\n"
+        "if sys.argv[2] == 'main':\n    from mutransfer.cli import main\n    main([])\n"
+        "try:\n    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(30)\n"
+        "except KeyboardInterrupt:\n    print('KeyboardInterrupt')\n"
+    )
+    command = subprocess.run(
+        [sys.executable, "-c", signalled, "mutransfer", "-"], capture_output=True, text=True, timeout=120
+    )
     assert command.returncode == 130 and command.stderr == "interrupted\n", command
     for name, when in (("mutransfer", "main"), ("train.py", "-")):
-        other = subprocess.run([sys.executable, "-c", signalled, name, when], capture_output=True, text=True,
-                               timeout=120)
+        other = subprocess.run(
+            [sys.executable, "-c", signalled, name, when], capture_output=True, text=True, timeout=120
+        )
         assert other.returncode == 0 and other.stdout.endswith("KeyboardInterrupt\n"), other
 
 
 def test_version(capsys):
     from importlib.metadata import version
+
     with pytest.raises(SystemExit) as e:
         run("--version")
     assert e.value.code == 0
@@ -193,6 +288,7 @@ def test_coord_check_defaults_to_the_library_optimizer():
     import mutransfer as mt
     from mutransfer.cli import _parser
     from mutransfer.coord import DEFAULT_OPTIMIZER
+
     assert inspect.signature(mt.coord_check).parameters["optimizer"].default == DEFAULT_OPTIMIZER
     args = _parser().parse_args(["coord-check", "--recipe", "mlp"])
     assert args.optimizer == DEFAULT_OPTIMIZER
@@ -200,8 +296,18 @@ def test_coord_check_defaults_to_the_library_optimizer():
 
 def test_coord_check_with_another_optimizer_passes_mup_and_fails_sp(tmp_path, capsys):
     optimizer = "lion"
-    args = ["coord-check", "--recipe", "mlp", "--optimizer", optimizer, "--widths", "64,256,1024", "--seeds", "2",
-            "--no-progress"]
+    args = [
+        "coord-check",
+        "--recipe",
+        "mlp",
+        "--optimizer",
+        optimizer,
+        "--widths",
+        "64,256,1024",
+        "--seeds",
+        "2",
+        "--no-progress",
+    ]
     assert run(*args, "--out", str(tmp_path / "mup")) == 0
     assert f"{optimizer} lr=" in capsys.readouterr().out
     assert run(*args, "--parametrization", "sp", "--out", str(tmp_path / "sp")) == 1

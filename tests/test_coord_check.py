@@ -1,4 +1,5 @@
 """The coordinate check: passes correct µP, fails the classic mistakes, names the culprits."""
+
 import json
 import math
 
@@ -25,6 +26,7 @@ def factory(cls, base, mup=True, **parametrize_kw):
         if mup:
             mt.parametrize(model, base=cls(base), delta=cls(2 * base), **parametrize_kw)
         return model
+
     return make
 
 
@@ -107,7 +109,10 @@ def test_readout_left_in_standard_parametrization_fails(optimizer):
 
 def test_adam_with_unscaled_hidden_lr_fails_at_the_hidden_layer():
     make = factory(MLP, 64)
-    unscaled = lambda w: mt.parametrize(MLP(w), base=MLP(64), delta=MLP(128), lr_mult={"hidden": w / 64})
+
+    def unscaled(w):
+        return mt.parametrize(MLP(w), base=MLP(64), delta=MLP(128), lr_mult={"hidden": w / 64})
+
     assert check(make, MLP_DATA, "adam", 1e-2).passed
     result = check(unscaled, MLP_DATA, "adam", 1e-2)
     assert not result.passed
@@ -166,17 +171,27 @@ def test_model_that_returns_its_loss_and_a_user_loss_fn():
         return F.mse_loss(output, F.one_hot(target, 10).float())
 
     result = mt.coord_check(factory(MLP, 64), [64, 256], MLP_DATA, "sgd", 0.1, steps=2, seeds=1, progress=False)
-    user = mt.coord_check(factory(MLP, 64), [64, 256], MLP_DATA, "sgd", 0.1, steps=2, seeds=1,
-                          loss_fn=loss_fn, progress=False)
+    user = mt.coord_check(
+        factory(MLP, 64), [64, 256], MLP_DATA, "sgd", 0.1, steps=2, seeds=1, loss_fn=loss_fn, progress=False
+    )
     assert len(calls) == 2 * 2  # 2 widths × 2 steps
+
     # a different loss gives different changes
-    get = lambda r: next(t.means for t in r.trends if t.module == "readout" and t.quantity == "change")
+    def get(r):
+        return next(t.means for t in r.trends if t.module == "readout" and t.quantity == "change")
+
     assert get(user) != get(result)[: len(get(user))]
 
 
 def test_mha_attention_logits_are_recorded():
-    result = check(factory(MHATransformer, 32), [(torch.randn(4, 6, 16), torch.randint(0, 10, (4,)))],
-                   "adam", 1e-2, widths=[32, 128], seeds=1)
+    result = check(
+        factory(MHATransformer, 32),
+        [(torch.randn(4, 6, 16), torch.randint(0, 10, (4,)))],
+        "adam",
+        1e-2,
+        widths=[32, 128],
+        seeds=1,
+    )
     assert any(t.module == "attn [attn logits]" for t in result.trends)
 
 
@@ -206,8 +221,9 @@ def test_hand_written_attention_through_the_helper_is_recorded():
 
 
 def _result(values_by_width, quantity="change", seeds=1):
-    records = [Record("layer", quantity, 1, w, s, v * (1 + 0.01 * s))
-               for w, v in values_by_width.items() for s in range(seeds)]
+    records = [
+        Record("layer", quantity, 1, w, s, v * (1 + 0.01 * s)) for w, v in values_by_width.items() for s in range(seeds)
+    ]
     return CoordCheckResult(records, widths=sorted(values_by_width), steps=1, seeds=seeds, optimizer="sgd", lr=0.1)
 
 
@@ -225,10 +241,16 @@ def test_verdict_threshold_is_growth_per_16x_width():
 
 def test_verdict_uses_the_scatter_across_seeds():
     # same mean growth (×2 over 16×), tight across seeds: fails; wildly noisy: not significant
-    tight = [Record("l", "change", 1, w, s, v * (1 + 0.01 * s)) for w, v in ((64, 1.0), (256, 1.4), (1024, 2.0))
-             for s in range(3)]
-    noisy = [Record("l", "change", 1, w, s, v * (0.2, 1.0, 5.0)[(s + i) % 3])
-             for i, (w, v) in enumerate(((64, 1.0), (256, 1.4), (1024, 2.0))) for s in range(3)]
+    tight = [
+        Record("l", "change", 1, w, s, v * (1 + 0.01 * s))
+        for w, v in ((64, 1.0), (256, 1.4), (1024, 2.0))
+        for s in range(3)
+    ]
+    noisy = [
+        Record("l", "change", 1, w, s, v * (0.2, 1.0, 5.0)[(s + i) % 3])
+        for i, (w, v) in enumerate(((64, 1.0), (256, 1.4), (1024, 2.0)))
+        for s in range(3)
+    ]
     kw = dict(widths=[64, 256, 1024], steps=1, seeds=3, optimizer="sgd", lr=0.1)
     assert not CoordCheckResult(tight, **kw).passed
     assert CoordCheckResult(noisy, **kw).passed
@@ -236,8 +258,15 @@ def test_verdict_uses_the_scatter_across_seeds():
 
 def test_non_finite_values_and_diverged_runs_fail():
     assert not _result({64: 1.0, 1024: float("nan")}).passed
-    r = CoordCheckResult([Record("l", "size", 0, w, 0, 1.0) for w in (64, 128)], widths=[64, 128], steps=1,
-                         seeds=1, optimizer="sgd", lr=0.1, diverged=[(128, 0, 1)])
+    r = CoordCheckResult(
+        [Record("l", "size", 0, w, 0, 1.0) for w in (64, 128)],
+        widths=[64, 128],
+        steps=1,
+        seeds=1,
+        optimizer="sgd",
+        lr=0.1,
+        diverged=[(128, 0, 1)],
+    )
     assert not r.passed and "diverged" in str(r)
 
 
@@ -276,15 +305,18 @@ def test_exports_csv_json_plot_and_text(tmp_path):
 # --------------------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(widths=[64]), "two different"),
-    (dict(widths=[64, -1]), "two different"),
-    (dict(data=[]), "empty"),
-    (dict(optimizer="shampoo"), "optimizer"),
-    (dict(lr=0), "lr"),
-    (dict(steps=0), "steps"),
-    (dict(max_growth=1.0), "max_growth"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(widths=[64]), "two different"),
+        (dict(widths=[64, -1]), "two different"),
+        (dict(data=[]), "empty"),
+        (dict(optimizer="shampoo"), "optimizer"),
+        (dict(lr=0), "lr"),
+        (dict(steps=0), "steps"),
+        (dict(max_growth=1.0), "max_growth"),
+    ],
+)
 def test_bad_arguments(kwargs, match):
     args = dict(make_model=factory(MLP, 64), widths=[64, 128], data=MLP_DATA, optimizer="sgd", lr=0.1)
     args.update(kwargs)

@@ -4,14 +4,13 @@ In µP the change of every activation after a fixed number of steps is Θ(1) in 
 standard parametrization (plain PyTorch) it grows with width. This is the property the
 coordinate check (TP5 D.1) looks at, measured here on two widths 16× apart.
 """
+
 import pytest
 import torch
-import torch.nn.functional as F
 
 import mutransfer as mt
-from mutransfer.recipes import GPT, MLP
-
 from conftest import coordinate_changes
+from mutransfer.recipes import GPT, MLP
 
 TOLERANCE = 1.3
 SEEDS = 4
@@ -56,8 +55,9 @@ def growth(name, optimizer, mup):
         for seed in range(SEEDS):
             model, names = make(width, seed, mup)
             x, y = _data(name, seed)
-            changes = coordinate_changes(model, {n: model.get_submodule(n) for n in names}, x, y,
-                                         optimizer, LRS[(name, optimizer)], mup, steps=3)
+            changes = coordinate_changes(
+                model, {n: model.get_submodule(n) for n in names}, x, y, optimizer, LRS[(name, optimizer)], mup, steps=3
+            )
             for n, v in changes.items():
                 total[n] = total.get(n, 0.0) + v / SEEDS
         sizes[width] = total

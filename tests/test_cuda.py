@@ -1,5 +1,6 @@
 """The same paths as tests/test_devices.py on a real GPU (marked `cuda`: skipped without one, see
 conftest.py): µP training, the coordinate check, a bf16 recipe and export, everything on CUDA."""
+
 import math
 import subprocess
 import sys
@@ -49,8 +50,18 @@ def test_parametrize_a_cuda_model_against_a_cpu_base():
 def test_coord_check_on_cuda_passes_for_a_small_mup_mlp():
     def make(width):
         return mt.parametrize(MLP(width), base=MLP(64), delta=MLP(128))
-    result = mt.coord_check(make, [64, 256, 1024], get_recipe("mlp").data(), optimizer="adam", lr=1e-2, steps=4,
-                            seeds=2, progress=False, device="cuda")
+
+    result = mt.coord_check(
+        make,
+        [64, 256, 1024],
+        get_recipe("mlp").data(),
+        optimizer="adam",
+        lr=1e-2,
+        steps=4,
+        seeds=2,
+        progress=False,
+        device="cuda",
+    )
     assert result.passed, str(result)
     assert all(type(r.value) is float for r in result.records)
 
@@ -102,13 +113,18 @@ def test_sweep_on_two_gpus_places_one_worker_per_gpu(tmp_path):
     from mutransfer.sweep import Sweep
 
     cfg = tmp_path / "sweep.toml"
-    cfg.write_text('name = "gpus"\nobjective = "recipe:mlp"\nwidths = [64, 128]\nparametrizations = ["mup"]\n'
-                   'devices = [0, 1]\nprecision = "bf16"\n[space.lr]\ntype = "log"\nlow = "2**-10"\n'
-                   'high = "2**-6"\ngrid = 4\n[fixed]\nsteps = 20\n')
-    code = ("import sys, torch; from mutransfer.sweep import run_sweep; "
-            "run_sweep(sys.argv[1], sys.argv[2], progress=False); print(torch.cuda.is_initialized())")
-    done = subprocess.run([sys.executable, "-c", code, str(cfg), str(tmp_path / "run")], capture_output=True,
-                          text=True, check=True)
+    cfg.write_text(
+        'name = "gpus"\nobjective = "recipe:mlp"\nwidths = [64, 128]\nparametrizations = ["mup"]\n'
+        'devices = [0, 1]\nprecision = "bf16"\n[space.lr]\ntype = "log"\nlow = "2**-10"\n'
+        'high = "2**-6"\ngrid = 4\n[fixed]\nsteps = 20\n'
+    )
+    code = (
+        "import sys, torch; from mutransfer.sweep import run_sweep; "
+        "run_sweep(sys.argv[1], sys.argv[2], progress=False); print(torch.cuda.is_initialized())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(cfg), str(tmp_path / "run")], capture_output=True, text=True, check=True
+    )
     assert done.stdout.strip().splitlines()[-1] == "False"  # the sweep's own process never touched CUDA
     sweep = Sweep(tmp_path / "run")
     trials = [t for c in sweep.config.all_cells for t in sweep.study(*c).get_trials() if t.state == TrialState.COMPLETE]

@@ -1,5 +1,6 @@
 """`mutransfer demo --quick`: tune at the proxy, then µP's optimum stays put, SP's moves, and µP with the
 proxy's HPs is as good as SP re-tuned at the target (TP5 Fig. 1's promise) — all read from the run (slow)."""
+
 import json
 
 import pytest

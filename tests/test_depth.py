@@ -1,4 +1,5 @@
 """Depth scaling (Depth-µP α=½, CompleteP α=1): blocks, rules, branches, helper, errors, survival."""
+
 import copy
 import json
 
@@ -44,7 +45,7 @@ def test_depth_factors_follow_the_rules(alpha):
     adam, sgd = _factors(model, "adam"), _factors(model, "sgd")
     # hidden weight inside a block: width (1/m lr, 1/m ε) times depth (m_L^(α-1) lr, m_L^-α ε)
     assert adam["blocks.5.fc1.weight"][0] == pytest.approx(m_l ** (alpha - 1) / m_w)
-    assert adam["blocks.5.fc1.weight"][1] == pytest.approx(m_l ** -alpha / m_w)
+    assert adam["blocks.5.fc1.weight"][1] == pytest.approx(m_l**-alpha / m_w)
     assert sgd["blocks.5.fc1.weight"][0] == pytest.approx(m_l ** (2 * alpha - 1))
     # vector inside a block (norm gain): Adam lr m_L^(α-1), SGD lr m_w · m_L^(2α-1)
     assert adam["blocks.0.norm.weight"][0] == pytest.approx(m_l ** (alpha - 1))
@@ -57,14 +58,14 @@ def test_depth_factors_follow_the_rules(alpha):
     # Adam lr × m_L^-1 (ε width-only), SGD lr × m_L^-1.
     spec = find_spec(model)
     assert spec.branches == {}
-    assert spec.folded_branches == {f"blocks.{i}.fc2": pytest.approx(m_l ** -alpha) for i in range(8)}
+    assert spec.folded_branches == {f"blocks.{i}.fc2": pytest.approx(m_l**-alpha) for i in range(8)}
     assert adam["blocks.6.fc2.weight"] == (pytest.approx(1 / (m_w * m_l)), pytest.approx(1 / m_w))
     assert sgd["blocks.6.fc2.weight"][0] == pytest.approx(1 / m_l)
     assert adam["blocks.6.fc2.bias"][0] == pytest.approx(1 / m_l)
     # Table 8 keeps a forward multiplier on the branch instead, and fc2 follows the block row.
     spec8 = find_spec(_resmlp(alpha=alpha, formulation="table8"))
     assert spec8.folded_branches == {}
-    assert spec8.branches == {f"blocks.{i}.fc2": pytest.approx(m_l ** -alpha) for i in range(8)}
+    assert spec8.branches == {f"blocks.{i}.fc2": pytest.approx(m_l**-alpha) for i in range(8)}
 
 
 def test_branch_output_is_scaled_in_the_forward():
@@ -99,7 +100,8 @@ def test_folded_and_multiplied_branches_train_identically(optimizer, build):
             mt.parametrize(model, base=make(32, 2), delta=make(64, 2), formulation=formulation, depth_alpha=0.5)
             lr = 0.05 if optimizer == "sgd" else 1e-2
             opt = (torch.optim.SGD if optimizer == "sgd" else torch.optim.Adam)(
-                mt.param_groups(model, lr, optimizer, eps=1e-6))
+                mt.param_groups(model, lr, optimizer, eps=1e-6)
+            )
             for _ in range(5):
                 loss = F.cross_entropy(model(x).reshape(-1, model(x).shape[-1]), y.reshape(-1))
                 opt.zero_grad()
@@ -139,7 +141,7 @@ def test_gpt_branches_and_attention_in_deeper_blocks():
     spec = find_spec(model)
     # attention's output is its out-projection's: both branches fold into a Linear layer
     assert set(spec.folded_branches) == {f"blocks.{i}.{b}" for i in range(6) for b in ("attn.proj", "fc_out")}
-    assert all(c == pytest.approx(3 ** -0.5) for c in spec.folded_branches.values())
+    assert all(c == pytest.approx(3**-0.5) for c in spec.folded_branches.values())
     assert spec.branches == {} and spec.forward_multipliers == {"lm_head": ("input ×", 0.5)}
     assert {a.module for a in spec.attention} == {f"blocks.{i}.attn" for i in range(6)}
     assert model(torch.randint(0, 256, (2, 16))).shape == (2, 16, 256)
@@ -195,15 +197,24 @@ def test_helper_scales_branches_written_by_hand():
 
 def test_untraceable_block_needs_patterns():
     with pytest.raises(ValueError, match="residual_branches=") as err:
-        mt.parametrize(Stack(32, 8, UntraceableBlock), base=Stack(16, 2, UntraceableBlock),
-                       delta=Stack(32, 2, UntraceableBlock))
+        mt.parametrize(
+            Stack(32, 8, UntraceableBlock), base=Stack(16, 2, UntraceableBlock), delta=Stack(32, 2, UntraceableBlock)
+        )
     assert "blocks" in str(err.value) and "depth_alpha=0" in str(err.value)
-    model = mt.parametrize(Stack(32, 8, UntraceableBlock), base=Stack(16, 2, UntraceableBlock),
-                           delta=Stack(32, 2, UntraceableBlock), residual_branches=["blocks.*.fc"])
+    model = mt.parametrize(
+        Stack(32, 8, UntraceableBlock),
+        base=Stack(16, 2, UntraceableBlock),
+        delta=Stack(32, 2, UntraceableBlock),
+        residual_branches=["blocks.*.fc"],
+    )
     assert set(find_spec(model).folded_branches) == {f"blocks.{i}.fc" for i in range(8)}
     with pytest.raises(ValueError, match="matches no module"):
-        mt.parametrize(Stack(32, 8, UntraceableBlock), base=Stack(16, 2, UntraceableBlock),
-                       delta=Stack(32, 2, UntraceableBlock), residual_branches=["blocks.*.nope"])
+        mt.parametrize(
+            Stack(32, 8, UntraceableBlock),
+            base=Stack(16, 2, UntraceableBlock),
+            delta=Stack(32, 2, UntraceableBlock),
+            residual_branches=["blocks.*.nope"],
+        )
 
 
 def test_non_residual_blocks_cannot_be_depth_scaled():
@@ -265,7 +276,7 @@ def test_base_depth_given_explicitly_and_shapes_file(tmp_path):
     assert "blocks.0.fc1.weight" in json.loads(path.read_text())["params"]
     model = mt.parametrize(ResMLP(256, depth=16), base_shapes=path, depth_alpha=0.5)
     spec = find_spec(model)
-    assert spec.depth == {"blocks": (2, 16)} and spec.folded_branches["blocks.15.fc2"] == pytest.approx(8 ** -0.5)
+    assert spec.depth == {"blocks": (2, 16)} and spec.folded_branches["blocks.15.fc2"] == pytest.approx(8**-0.5)
 
 
 def test_depth_multipliers_survive_deepcopy_pickle_and_compile(tmp_path):
@@ -286,10 +297,21 @@ def test_coordinate_check_across_depth():
 
     def check(alpha, optimizer, lr):
         def make(width, depth):
-            return mt.parametrize(ResMLP(width, depth=depth), base=ResMLP(32, depth=2),
-                                  delta=ResMLP(64, depth=2), depth_alpha=alpha)
-        return mt.coord_check(make, widths=[64], depths=[2, 4, 8, 16, 32], data=data, optimizer=optimizer,
-                              lr=lr, steps=3, seeds=2, progress=False)
+            return mt.parametrize(
+                ResMLP(width, depth=depth), base=ResMLP(32, depth=2), delta=ResMLP(64, depth=2), depth_alpha=alpha
+            )
+
+        return mt.coord_check(
+            make,
+            widths=[64],
+            depths=[2, 4, 8, 16, 32],
+            data=data,
+            optimizer=optimizer,
+            lr=lr,
+            steps=3,
+            seeds=2,
+            progress=False,
+        )
 
     for alpha in (1.0, 0.5):
         result = check(alpha, "adam", 1e-2)
@@ -313,8 +335,10 @@ def test_coord_check_depth_arguments():
 
 def test_a_depth_check_names_its_sizes_depths():
     from mutransfer.coord import CoordCheckResult
-    r = CoordCheckResult([], widths=[2, 4, 8], steps=1, seeds=1, optimizer="adam", lr=1e-3, axis="depth",
-                         fixed_width=64)
+
+    r = CoordCheckResult(
+        [], widths=[2, 4, 8], steps=1, seeds=1, optimizer="adam", lr=1e-3, axis="depth", fixed_width=64
+    )
     assert r.sizes == r.depths == [2, 4, 8] and r.to_dict()["sizes"] == [2, 4, 8]
     w = CoordCheckResult([], widths=[32, 64], steps=1, seeds=1, optimizer="adam", lr=1e-3)
     assert w.depths is None and w.sizes == [32, 64]

@@ -1,6 +1,7 @@
 """Depth transfer (issue evidence, reduced size): with depth scaling the optimal Adam lr found at
 depth 2 is still optimal, within one factor-2 grid step, at depth 8 — for a residual MLP and a
 pre-LN transformer. Without depth scaling the coordinate check fails across depth."""
+
 import math
 
 import pytest
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.slow
 def _best_log2_lr(train, fixed: dict, depth: int, alpha: float, log2_lrs) -> int:
     losses = {}
     for k in log2_lrs:
-        hp = {**fixed, "lr": 2.0 ** k, "depth_alpha": alpha}
+        hp = {**fixed, "lr": 2.0**k, "depth_alpha": alpha}
         losses[k] = train(hp, Scale(64, 64, "mup", 0, depth=depth, base_depth=2))
     finite = {k: v for k, v in losses.items() if math.isfinite(v)}
     best = min(finite, key=finite.get)
@@ -47,10 +48,24 @@ def test_transformer_coordinate_check_across_depth():
 
     def check(alpha):
         def make(width, depth):
-            return mt.parametrize(GPT(width, n_layer=depth, ctx=32), base=GPT(32, n_layer=2, ctx=32),
-                                  delta=GPT(64, n_layer=2, ctx=32), depth_alpha=alpha)
-        return mt.coord_check(make, widths=[64], depths=[2, 4, 8, 16, 32], data=data, optimizer="adam",
-                              lr=1e-2, steps=3, seeds=2, progress=False)
+            return mt.parametrize(
+                GPT(width, n_layer=depth, ctx=32),
+                base=GPT(32, n_layer=2, ctx=32),
+                delta=GPT(64, n_layer=2, ctx=32),
+                depth_alpha=alpha,
+            )
+
+        return mt.coord_check(
+            make,
+            widths=[64],
+            depths=[2, 4, 8, 16, 32],
+            data=data,
+            optimizer="adam",
+            lr=1e-2,
+            steps=3,
+            seeds=2,
+            progress=False,
+        )
 
     assert check(1.0).passed
     without = check(0.0)

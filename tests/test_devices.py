@@ -1,6 +1,7 @@
 """Device-clean code without a GPU: `device=` threaded through coord_check, the recipes, transfer and
 export; bf16 autocast on the CPU; the meta device for the kernels and for a µP model. (On a GPU,
 tests/test_cuda.py runs the same paths on CUDA.)"""
+
 import math
 
 import pytest
@@ -20,6 +21,7 @@ NO_CUDA = not torch.cuda.is_available()
 def mup_mlp(base: int = 32):
     def make(width: int) -> nn.Module:
         return mt.parametrize(MLP(width), base=MLP(base), delta=MLP(2 * base))
+
     return make
 
 
@@ -77,6 +79,7 @@ def test_coord_check_auto_is_the_cpu_without_a_gpu(monkeypatch):
 
     def make(width):
         return mt.parametrize(Kw(width), base=Kw(32), delta=Kw(64))
+
     result = mt.coord_check(make, [32, 128], dicts, steps=2, seeds=1, progress=False)  # device="auto"
     assert result.records and all(type(r.value) is float and math.isfinite(r.value) for r in result.records)
 
@@ -96,8 +99,24 @@ def test_cli_bad_device_is_one_line_and_exit_2(capsys, tmp_path):
 
 
 def test_cli_device_cpu_runs(capsys, tmp_path):
-    code = main(["coord-check", "--recipe", "mlp", "--widths", "32,128", "--seeds", "1", "--steps", "2",
-                 "--device", "cpu", "--out", str(tmp_path), "--no-progress"])
+    code = main(
+        [
+            "coord-check",
+            "--recipe",
+            "mlp",
+            "--widths",
+            "32,128",
+            "--seeds",
+            "1",
+            "--steps",
+            "2",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
     assert code in (0, 1)
     assert (tmp_path / "coord_check.json").is_file()
 
@@ -114,9 +133,14 @@ from mutransfer.sweep.objectives import train_gpt, train_mlp, train_resmlp  # no
 BF16_RTOL = 0.02
 
 
-@pytest.mark.parametrize("train, hp", [(train_mlp, dict(lr=1e-2, steps=30)),
-                                       (train_resmlp, dict(lr=1e-2, steps=30)),
-                                       (train_gpt, dict(lr=1e-2, steps=6, batch_size=4, seq_len=16))])
+@pytest.mark.parametrize(
+    "train, hp",
+    [
+        (train_mlp, dict(lr=1e-2, steps=30)),
+        (train_resmlp, dict(lr=1e-2, steps=30)),
+        (train_gpt, dict(lr=1e-2, steps=6, batch_size=4, seq_len=16)),
+    ],
+)
 def test_bf16_recipe_on_the_cpu_is_close_to_fp32_but_not_equal(train, hp):
     fp32 = train(dict(hp), Scale(64, 32, "mup", 0))
     bf16 = train(dict(hp), Scale(64, 32, "mup", 0, precision="bf16"))
@@ -126,11 +150,13 @@ def test_bf16_recipe_on_the_cpu_is_close_to_fp32_but_not_equal(train, hp):
 
 def test_bf16_recipe_runs_its_linears_in_bfloat16_and_keeps_float32_parameters_and_state(monkeypatch):
     import mutransfer.optim as mt_optim
+
     seen, optimizers = {}, []
 
     def hook(module, args, output):  # training forwards only: parametrize's probes run before the optimizer
         if isinstance(module, nn.Linear) and optimizers:
             seen.setdefault(output.dtype, set()).add(module.weight.dtype)
+
     real = mt_optim.build_optimizer
     monkeypatch.setattr(mt_optim, "build_optimizer", lambda *a, **k: optimizers.append(real(*a, **k)) or optimizers[-1])
     handle = torch.nn.modules.module.register_module_forward_hook(hook)
@@ -162,7 +188,7 @@ def test_recipe_with_an_unknown_precision_names_it():
 import json  # noqa: E402
 import textwrap  # noqa: E402
 
-RECORDING_OBJECTIVE = textwrap.dedent('''
+RECORDING_OBJECTIVE = textwrap.dedent("""
     import json, math
     from pathlib import Path
 
@@ -170,15 +196,16 @@ RECORDING_OBJECTIVE = textwrap.dedent('''
         with open(Path(__file__).parent / "seen.jsonl", "a") as f:
             f.write(json.dumps([scale.width, str(scale.device), scale.precision]) + "\\n")
         return (math.log2(hp["lr"]) + 6) ** 2 + 1.0 / scale.width
-''')
+""")
 
 
 def _tiny_sweep(tmp_path):
     (tmp_path / "obj.py").write_text(RECORDING_OBJECTIVE)
     cfg = tmp_path / "sweep.toml"
-    cfg.write_text(textwrap.dedent(f'''
+    cfg.write_text(
+        textwrap.dedent(f'''
         name = "devices"
-        objective = "{tmp_path / 'obj.py'}:train"
+        objective = "{tmp_path / "obj.py"}:train"
         widths = [16, 32]
         sampler = "grid"
         [space.lr]
@@ -186,7 +213,8 @@ def _tiny_sweep(tmp_path):
         low = "2**-8"
         high = "2**-4"
         grid = 3
-    '''))
+    ''')
+    )
     run = tmp_path / "run"
     assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
     (tmp_path / "seen.jsonl").unlink()
@@ -200,6 +228,7 @@ def _seen(tmp_path):
 def test_transfer_trains_the_target_on_the_device_and_records_it(tmp_path, capsys):
     from mutransfer.sweep import Sweep
     from mutransfer.sweep.transfer import transfer
+
     run = _tiny_sweep(tmp_path)
     # meta: no objective of ours could train there, but this one only reports where it was asked to run
     out = transfer(Sweep(run), 32, device=torch.device("meta"))
@@ -218,6 +247,7 @@ def test_transfer_trains_the_target_on_the_device_and_records_it(tmp_path, capsy
 
 def test_sweep_scale_takes_a_device():
     from mutransfer.sweep.runner import Sweep
+
     sweep = Sweep.__new__(Sweep)  # Sweep.scale reads the config's base width, depth and precision
     sweep.config = type("Cfg", (), {"base_width": 16, "base_depth": None, "precision": "fp32"})()
     sweep.device = torch.device("cpu")  # what Sweep.__init__ sets (use_device changes it)
@@ -229,19 +259,23 @@ def test_sweep_scale_takes_a_device():
 @pytest.mark.parametrize("flag, devices", [([], "auto"), (["--device", "cpu"], "cpu"), (["--device", "auto"], "auto")])
 def test_demo_passes_its_devices_to_run_demo(flag, devices, monkeypatch, tmp_path, capsys):
     import mutransfer.sweep.demo as demo
+
     got = {}
 
     def fake(out, **kw):
         got.update(kw)
         raise ValueError("stop here")
+
     monkeypatch.setattr(demo, "run_demo", fake)
     assert main(["demo", "--out", str(tmp_path), *flag]) == 2
     assert got["devices"] == devices and "stop here" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("text, message", [("x", "--device must be 'auto', 'cpu' or comma-separated GPU ids"),
-                                           ("0,-1", "comma-separated GPU ids")]
-                         + ([("0,1", "--device 'cuda:0'")] if NO_CUDA else []))
+@pytest.mark.parametrize(
+    "text, message",
+    [("x", "--device must be 'auto', 'cpu' or comma-separated GPU ids"), ("0,-1", "comma-separated GPU ids")]
+    + ([("0,1", "--device 'cuda:0'")] if NO_CUDA else []),
+)
 def test_demo_bad_devices_exit_2(text, message, capsys, tmp_path):
     assert main(["demo", "--out", str(tmp_path), "--device", text]) == 2
     assert message in capsys.readouterr().err
@@ -249,11 +283,13 @@ def test_demo_bad_devices_exit_2(text, message, capsys, tmp_path):
 
 def test_run_demo_passes_devices_to_both_sweeps(monkeypatch, tmp_path):
     import mutransfer.sweep.demo as demo
+
     calls = []
 
     def fake_run_sweep(config, run, **kw):
         calls.append(kw["devices"])
         raise ValueError("stop")
+
     monkeypatch.setattr(demo, "run_sweep", fake_run_sweep)
     with pytest.raises(ValueError, match="stop"):
         demo.run_demo(tmp_path, quick=True, devices=[1, 0], progress=False)
@@ -271,12 +307,18 @@ from mutransfer.recipes import GPT  # noqa: E402
 def _mup_gpt():
     torch.manual_seed(0)
     model = GPT(64, n_layer=2, n_head=2, ctx=8)
-    return mt.parametrize(model, base=GPT(16, n_layer=2, n_head=2, ctx=8), delta=GPT(32, n_layer=2, n_head=2, ctx=8),
-                          output_mult=2.0, attn_mult=1.5)
+    return mt.parametrize(
+        model,
+        base=GPT(16, n_layer=2, n_head=2, ctx=8),
+        delta=GPT(32, n_layer=2, n_head=2, ctx=8),
+        output_mult=2.0,
+        attn_mult=1.5,
+    )
 
 
 def test_export_probes_on_another_device_through_a_copy_and_returns_the_model_where_it_lives(monkeypatch):
     import sys
+
     export_mod = sys.modules["mutransfer.export"]  # the module (mt.export is the function)
     model, x = _mup_gpt(), torch.randint(0, 256, (2, 8))
     with torch.no_grad():
@@ -305,6 +347,7 @@ def test_export_fused_qkv_row_indices_live_on_the_weights_device():
         def __init__(self):
             super().__init__()
             self.qkv = nn.Linear(8, 24, device="meta")
+
     rows = [part[1] for _, part in _query_candidates(Attn(), head_dim=4) if part is not None]
     assert len(rows) == 2 and all(r.device.type == "meta" for r in rows)  # q in thirds, and interleaved per head
 
@@ -325,11 +368,18 @@ def test_fully_connected_kernels_run_on_meta_inputs():
     assert mt.limits.nngp(x1, depth=3).shape == (5, 5)
 
 
-@pytest.mark.parametrize("net, shape", [
-    (lambda: nn.Sequential(nn.Linear(3, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1)), (5, 3)),
-    (lambda: nn.Sequential(nn.Conv1d(1, 4, 3, padding=1), nn.ReLU(), nn.AvgPool1d(3), nn.Flatten(),
-                           nn.Linear(12, 1)), (5, 1, 9)),  # padding and pooling index maps
-])
+@pytest.mark.parametrize(
+    "net, shape",
+    [
+        (lambda: nn.Sequential(nn.Linear(3, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1)), (5, 3)),
+        (
+            lambda: nn.Sequential(
+                nn.Conv1d(1, 4, 3, padding=1), nn.ReLU(), nn.AvgPool1d(3), nn.Flatten(), nn.Linear(12, 1)
+            ),
+            (5, 1, 9),
+        ),  # padding and pooling index maps
+    ],
+)
 def test_traced_module_kernels_run_on_meta_inputs(net, shape):
     x1, x2 = torch.randn(*shape, device="meta"), torch.randn(2, *shape[1:], device="meta")
     for f in (mt.limits.nngp, mt.limits.ntk):
@@ -339,11 +389,14 @@ def test_traced_module_kernels_run_on_meta_inputs(net, shape):
 
 def test_a_mup_model_moved_to_meta_still_runs():
     from mutransfer.recipes import MHATransformer, ResMLP
+
     gpt = lambda w: GPT(w, n_layer=2, n_head=2, ctx=8)  # noqa: E731  SDPA attention, tied readout
-    cases = [(gpt(64), gpt(16), gpt(32), torch.randint(0, 256, (2, 8)), dict(output_mult=2.0, attn_mult=1.5)),
-             (MHATransformer(64), MHATransformer(16), MHATransformer(32), torch.randn(2, 6, 16), dict(attn_mult=1.5)),
-             # deeper than the base: residual branch multipliers as well
-             (ResMLP(64, depth=8), ResMLP(16, depth=4), ResMLP(32, depth=4), torch.randn(3, 32), dict(depth_alpha=1.0))]
+    cases = [
+        (gpt(64), gpt(16), gpt(32), torch.randint(0, 256, (2, 8)), dict(output_mult=2.0, attn_mult=1.5)),
+        (MHATransformer(64), MHATransformer(16), MHATransformer(32), torch.randn(2, 6, 16), dict(attn_mult=1.5)),
+        # deeper than the base: residual branch multipliers as well
+        (ResMLP(64, depth=8), ResMLP(16, depth=4), ResMLP(32, depth=4), torch.randn(3, 32), dict(depth_alpha=1.0)),
+    ]
     for model, base, delta, x, kw in cases:
         mt.parametrize(model, base=base, delta=delta, **kw)
         expected = model(x).shape

@@ -1,4 +1,5 @@
 """Every bad input gives a ValueError/TypeError that names what is wrong."""
+
 import pytest
 import torch
 from torch import nn
@@ -101,6 +102,7 @@ def test_zero_init_readout_refuses_a_tied_readout():
 
 def test_attention_without_a_readable_head_dim():
     """No head-dim attribute: the head dim is read from the query at call time on the probe forward."""
+
     class Attn(nn.Module):
         def __init__(self, w):
             super().__init__()
@@ -114,6 +116,7 @@ def test_attention_without_a_readable_head_dim():
     [a] = m._mutransfer_spec.attention
     assert (a.module, a.how, a.d0, a.d, a.verified) == ("", "sdpa", 64, 128, True)
     assert a.scale == pytest.approx(8 / 128)
+
     # without a probe forward (inputs that cannot be made), the head dim must be given
     class Opaque(Attn):
         def forward(self, x, y, z):

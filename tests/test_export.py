@@ -1,4 +1,5 @@
 """`mt.export`: a µP model made plain — reloaded by code that knows nothing of µP, same outputs."""
+
 import math
 import warnings
 
@@ -110,11 +111,14 @@ def HelperNet(width, depth=2):
     return Stack(width, depth, HelperBlock)  # test_depth's stack of blocks, with the helper blocks
 
 
-@pytest.mark.parametrize("make, kwargs", [
-    (lambda w, d=2: MHANet(w), {}),
-    (HelperNet, {}),
-    (HelperNet, {"formulation": "table8", "output_mult": 3.0}),
-])
+@pytest.mark.parametrize(
+    "make, kwargs",
+    [
+        (lambda w, d=2: MHANet(w), {}),
+        (HelperNet, {}),
+        (HelperNet, {"formulation": "table8", "output_mult": 3.0}),
+    ],
+)
 def test_mha_helper_attention_and_helper_branches_reload(make, kwargs):
     torch.manual_seed(0)
     deep = make(128, 4)
@@ -212,21 +216,43 @@ transformers = pytest.importorskip("transformers")
 
 def gpt2(width, tied=True, layers=2, seed=0):
     torch.manual_seed(seed)
-    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        n_embd=width, n_layer=layers, n_head=4, vocab_size=128, n_positions=32, bos_token_id=0, eos_token_id=0,
-        tie_word_embeddings=tied))
+    return transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(
+            n_embd=width,
+            n_layer=layers,
+            n_head=4,
+            vocab_size=128,
+            n_positions=32,
+            bos_token_id=0,
+            eos_token_id=0,
+            tie_word_embeddings=tied,
+        )
+    )
 
 
 def llama(width, tied=False, layers=2, seed=0):
     torch.manual_seed(seed)
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=128, max_position_embeddings=32, tie_word_embeddings=tied,
-        bos_token_id=0, eos_token_id=0, pad_token_id=0))
+    return transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            hidden_size=width,
+            intermediate_size=2 * width,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=128,
+            max_position_embeddings=32,
+            tie_word_embeddings=tied,
+            bos_token_id=0,
+            eos_token_id=0,
+            pad_token_id=0,
+        )
+    )
 
 
-BRANCHES = {gpt2: ["transformer.h.*.attn", "transformer.h.*.mlp"],
-            llama: ["model.layers.*.self_attn", "model.layers.*.mlp"]}
+BRANCHES = {
+    gpt2: ["transformer.h.*.attn", "transformer.h.*.mlp"],
+    llama: ["model.layers.*.self_attn", "model.layers.*.mlp"],
+}
 
 
 @pytest.mark.parametrize("make", [gpt2, llama], ids=["gpt2", "llama"])
@@ -234,7 +260,9 @@ BRANCHES = {gpt2: ["transformer.h.*.attn", "transformer.h.*.mlp"],
 @pytest.mark.parametrize("layers", [2, 4], ids=["width", "width+depth"])
 def test_hugging_face_save_pretrained_reloads_in_plain_transformers(tmp_path, make, tied, layers):
     m = make(256, tied, layers)
-    mt.parametrize(m, base=make(32, tied), delta=make(64, tied), residual_branches=BRANCHES[make] if layers > 2 else None)
+    mt.parametrize(
+        m, base=make(32, tied), delta=make(64, tied), residual_branches=BRANCHES[make] if layers > 2 else None
+    )
     x = torch.randint(0, 128, (2, 16))
     train(m, [({"input_ids": x, "labels": x}, x)] * 3, lr=3e-3)
     with torch.no_grad():
@@ -263,8 +291,14 @@ def test_every_zoo_model_exports_after_training(name):
     m = e.make(128)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        mt.parametrize(m, base=e.make(32), delta=e.make(64), output_mult=2.0, attn_mult=1.3,
-                       embedding_mult=1.0 if "vit" in name else 1.5)
+        mt.parametrize(
+            m,
+            base=e.make(32),
+            delta=e.make(64),
+            output_mult=2.0,
+            attn_mult=1.3,
+            embedding_mult=1.0 if "vit" in name else 1.5,
+        )
     train(m, e.data(2))
     x = e.inputs()
     with warnings.catch_warnings():
@@ -274,6 +308,7 @@ def test_every_zoo_model_exports_after_training(name):
     fresh.load_state_dict(plain.state_dict())
     fresh.eval()
     from mutransfer.export import _error
+
     with torch.no_grad():
         assert _error(run(fresh, x), run(m, x)) <= RTOL
 
@@ -308,6 +343,7 @@ def build():
 def test_the_export_command_writes_a_checkpoint_the_plain_class_loads(tmp_path, capsys):
     from mutransfer.cli import main
     from mutransfer.recipes import GPT
+
     (tmp_path / "build.py").write_text(BUILD)
     torch.manual_seed(0)
     m = mt.parametrize(GPT(128), base=GPT(32), delta=GPT(64), output_mult=2.0)  # trained: values differ from build()
@@ -318,6 +354,7 @@ def test_the_export_command_writes_a_checkpoint_the_plain_class_loads(tmp_path, 
     fresh = GPT(128)
     fresh.load_state_dict(torch.load(out))
     import importlib.util
+
     spec = importlib.util.spec_from_file_location("b", tmp_path / "build.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -327,12 +364,34 @@ def test_the_export_command_writes_a_checkpoint_the_plain_class_loads(tmp_path, 
     with torch.no_grad():
         assert rel(fresh(x), mu(x)) <= RTOL
     # bad inputs: a clear message and exit 2, nothing written
-    assert main(["export", str(tmp_path / "nope.pt"), "--build", f"{tmp_path}/build.py:build", "--out",
-                 str(tmp_path / "x.pt")]) == 2
+    assert (
+        main(
+            [
+                "export",
+                str(tmp_path / "nope.pt"),
+                "--build",
+                f"{tmp_path}/build.py:build",
+                "--out",
+                str(tmp_path / "x.pt"),
+            ]
+        )
+        == 2
+    )
     assert "not found" in capsys.readouterr().err
     (tmp_path / "plainbuild.py").write_text("from mutransfer.recipes import GPT\ndef build():\n    return GPT(128)\n")
-    assert main(["export", str(tmp_path / "ckpt.pt"), "--build", f"{tmp_path}/plainbuild.py:build", "--out",
-                 str(tmp_path / "x.pt")]) == 2
+    assert (
+        main(
+            [
+                "export",
+                str(tmp_path / "ckpt.pt"),
+                "--build",
+                f"{tmp_path}/plainbuild.py:build",
+                "--out",
+                str(tmp_path / "x.pt"),
+            ]
+        )
+        == 2
+    )
     assert "not a model put in µP" in capsys.readouterr().err
     assert not (tmp_path / "x.pt").exists()
 
@@ -340,8 +399,9 @@ def test_the_export_command_writes_a_checkpoint_the_plain_class_loads(tmp_path, 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_models_are_folded_in_float32_and_keep_their_dtype(dtype):
     torch.manual_seed(0)
-    m = mt.parametrize(GPT(128).to(dtype), base=GPT(32).to(dtype), delta=GPT(64).to(dtype), output_mult=3.0,
-                       attn_mult=1.3)
+    m = mt.parametrize(
+        GPT(128).to(dtype), base=GPT(32).to(dtype), delta=GPT(64).to(dtype), output_mult=3.0, attn_mult=1.3
+    )
     plain = mt.export(m)
     assert {p.dtype for p in plain.parameters()} == {dtype}
     x = ZOO["nanogpt"].inputs()

@@ -1,4 +1,5 @@
 """µP under FSDP2 (fully_shard), one process on the gloo backend: same groups, same outputs."""
+
 import subprocess
 import sys
 import textwrap

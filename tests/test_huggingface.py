@@ -1,4 +1,5 @@
 """Hugging Face models parametrize without edits: GPT-2 (Conv1D, tied) and Llama (RMSNorm, untied)."""
+
 import math
 
 import pytest
@@ -11,17 +12,27 @@ transformers = pytest.importorskip("transformers")
 
 def gpt2(width, seed=0):
     torch.manual_seed(seed)
-    cfg = transformers.GPT2Config(n_embd=width, n_layer=2, n_head=4, vocab_size=128, n_positions=32,
-                                  bos_token_id=0, eos_token_id=0)
+    cfg = transformers.GPT2Config(
+        n_embd=width, n_layer=2, n_head=4, vocab_size=128, n_positions=32, bos_token_id=0, eos_token_id=0
+    )
     return transformers.GPT2LMHeadModel(cfg)
 
 
 def llama(width, seed=0):
     torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
-                                   max_position_embeddings=32, tie_word_embeddings=False,
-                                   bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    cfg = transformers.LlamaConfig(
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
     return transformers.LlamaForCausalLM(cfg)
 
 
@@ -71,10 +82,19 @@ def test_llama_roles_and_zero_query():
 
 def _llama_depth(width, layers, seed=0):
     torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
-                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
-                                   max_position_embeddings=32, tie_word_embeddings=False,
-                                   bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    cfg = transformers.LlamaConfig(
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
     return transformers.LlamaForCausalLM(cfg)
 
 
@@ -84,8 +104,13 @@ def test_llama_across_depth_with_named_branches():
     base, delta = _llama_depth(64, 2), _llama_depth(128, 2)
     with pytest.raises(ValueError, match=r"residual_branches=\['model\.layers\.\*\.attn'"):
         mt.parametrize(_llama_depth(128, 8), base=base, delta=delta)
-    model = mt.parametrize(_llama_depth(128, 8), base=base, delta=delta, depth_alpha=1.0,
-                           residual_branches=["model.layers.*.self_attn", "model.layers.*.mlp"])
+    model = mt.parametrize(
+        _llama_depth(128, 8),
+        base=base,
+        delta=delta,
+        depth_alpha=1.0,
+        residual_branches=["model.layers.*.self_attn", "model.layers.*.mlp"],
+    )
     spec = model._mutransfer_spec
     assert spec.depth == {"model.layers": (2, 8)}
     # the MLP's output is its down_proj's: folded there; attention returns a tuple: forward multiplier
@@ -99,8 +124,8 @@ def test_llama_across_depth_with_named_branches():
     groups = mt.param_groups(model, 1e-3, "adamw")
     names = {id(p): n for n, p in model.named_parameters()}
     lr = {names[id(p)]: g["lr"] for g in groups for p in g["params"]}
-    assert lr["model.layers.5.self_attn.q_proj.weight"] == pytest.approx(1e-3 / 2)          # hidden: 1/m, α=1: ×1
-    assert lr["model.layers.5.mlp.down_proj.weight"] == pytest.approx(1e-3 / 2 / 4)         # folded: × m_L^-1
+    assert lr["model.layers.5.self_attn.q_proj.weight"] == pytest.approx(1e-3 / 2)  # hidden: 1/m, α=1: ×1
+    assert lr["model.layers.5.mlp.down_proj.weight"] == pytest.approx(1e-3 / 2 / 4)  # folded: × m_L^-1
     assert lr["model.norm.weight"] == pytest.approx(1e-3)
 
 
@@ -108,12 +133,18 @@ def test_llama_across_depth_with_named_branches():
 def test_gpt2_across_depth_with_named_branches():
     def make(width, layers):
         torch.manual_seed(0)
-        cfg = transformers.GPT2Config(n_embd=width, n_layer=layers, n_head=4, vocab_size=128, n_positions=32,
-                                      bos_token_id=0, eos_token_id=0)
+        cfg = transformers.GPT2Config(
+            n_embd=width, n_layer=layers, n_head=4, vocab_size=128, n_positions=32, bos_token_id=0, eos_token_id=0
+        )
         return transformers.GPT2LMHeadModel(cfg).eval()
 
-    model = mt.parametrize(make(128, 6), base=make(64, 2), delta=make(128, 2), depth_alpha=0.5,
-                           residual_branches=["transformer.h.*.attn", "transformer.h.*.mlp"])
+    model = mt.parametrize(
+        make(128, 6),
+        base=make(64, 2),
+        delta=make(128, 2),
+        depth_alpha=0.5,
+        residual_branches=["transformer.h.*.attn", "transformer.h.*.mlp"],
+    )
     spec = model._mutransfer_spec
     assert spec.depth == {"transformer.h": (2, 6)}
     # Conv1D is not a Linear: both branches keep a forward multiplier (3^-½)
@@ -122,6 +153,6 @@ def test_gpt2_across_depth_with_named_branches():
     block, x = model.transformer.h[3], torch.randn(2, 8, 128)
     mlp_in = block.ln_2(x)
     unscaled = type(block.mlp)._mutransfer_parent.forward(block.mlp, mlp_in)
-    torch.testing.assert_close(block.mlp(mlp_in), unscaled * 3 ** -0.5)
+    torch.testing.assert_close(block.mlp(mlp_in), unscaled * 3**-0.5)
     ids = torch.randint(0, 128, (2, 16))
     assert torch.isfinite(model(ids, labels=ids).loss)

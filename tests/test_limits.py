@@ -1,5 +1,6 @@
 """Infinite-width limits: kernels (closed forms, quadrature, Monte Carlo, PSD), predictions,
 empirical NTK convergence, and the µP limit of a 1-hidden-layer network."""
+
 import math
 
 import numpy as np
@@ -40,6 +41,7 @@ def test_closed_forms_match_the_numerical_integration(name, fn):
 
 def test_series_and_quadrature_agree_for_smooth_activations():
     from mutransfer.limits.gaussian import expect_2d, hermite_coefficients, mehler
+
     a = torch.tensor([0.5, 1.0, 3.0], dtype=torch.float64)
     b = torch.tensor([2.0, 0.2, 1.0, 4.0], dtype=torch.float64)
     rho = torch.linspace(-0.95, 0.999, 12, dtype=torch.float64).reshape(3, 4)
@@ -54,16 +56,23 @@ def test_series_and_quadrature_agree_for_smooth_activations():
 def test_gaussian_moments_match_monte_carlo(activation):
     """E[φ(u)φ(v)] and E[φ'(u)φ'(v)] against 2·10⁶ Gaussian samples (within 5 standard errors)."""
     from mutransfer.limits.fields import elem_of, expect_both
+
     act = L.get_activation(activation)
-    both = expect_both(elem_of(act), elem_of(act), a_ := torch.tensor([1.3], dtype=torch.float64),
-                       torch.tensor([0.7], dtype=torch.float64), torch.tensor([0.6], dtype=torch.float64), True)
+    both = expect_both(
+        elem_of(act),
+        elem_of(act),
+        a_ := torch.tensor([1.3], dtype=torch.float64),
+        torch.tensor([0.7], dtype=torch.float64),
+        torch.tensor([0.6], dtype=torch.float64),
+        True,
+    )
     del a_
     a, b, c = (torch.tensor(v, dtype=torch.float64) for v in (1.3, 0.7, 0.6))
     g = torch.Generator().manual_seed(0)
     z = torch.randn(2_000_000, 2, generator=g, dtype=torch.float64)
     u = a.sqrt() * z[:, 0]
     rho = c / (a * b).sqrt()
-    v = b.sqrt() * (rho * z[:, 0] + (1 - rho ** 2).sqrt() * z[:, 1])
+    v = b.sqrt() * (rho * z[:, 0] + (1 - rho**2).sqrt() * z[:, 1])
     for f, value in zip((act.fn, act.derivative), both):
         samples = f(u) * f(v)
         se = samples.std() / math.sqrt(len(samples))
@@ -89,8 +98,9 @@ def test_kernels_are_symmetric_psd(activation):
     k12 = L.nngp(x[:7], x[7:19], depth=3, activation=activation, bias_var=0.05)
     # a block computed on its own agrees with the full matrix (up to quadrature error for tanh)
     torch.testing.assert_close(k12, k[:7, 7:19], rtol=0, atol=1e-5 * float(k.abs().max()))
-    torch.testing.assert_close(L.nngp_diag(x, depth=3, activation=activation, bias_var=0.05), k.diagonal(),
-                               rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        L.nngp_diag(x, depth=3, activation=activation, bias_var=0.05), k.diagonal(), rtol=1e-6, atol=0
+    )
 
 
 def test_empirical_ntk_approaches_the_analytic_one():
@@ -165,8 +175,9 @@ YS = torch.tensor([1.0, -0.5, 0.3], dtype=torch.float64)
 XT = _x(5, 8, seed=6)
 
 
-@pytest.mark.parametrize("activation, method", [("relu", "quadrature"), ("tanh", "monte_carlo"),
-                                                ("identity", "linear")])
+@pytest.mark.parametrize(
+    "activation, method", [("relu", "quadrature"), ("tanh", "monte_carlo"), ("identity", "linear")]
+)
 def test_mup_limit_output_is_exactly_zero_at_init(activation, method):
     lim = L.MuPLimit(activation, method=method, samples=1024).fit(XS, YS, steps=0, lr=0.5)
     assert torch.equal(lim.predict(XT), torch.zeros(5, dtype=torch.float64))
@@ -211,6 +222,7 @@ def test_finite_mup_networks_approach_the_limit_like_one_over_sqrt_width(activat
 
 def test_feature_movement_is_order_one_in_mup_and_vanishes_in_ntk():
     import copy
+
     widths, moves = [256, 1024, 4096, 16384], {"mup": [], "ntk": []}
     for p in moves:
         for width in widths:
@@ -241,8 +253,12 @@ def test_mup_limit_arguments_are_checked():
 def test_monte_carlo_error_is_honest():
     """The reported standard error matches the seed-to-seed spread of the Monte Carlo limit."""
     x, y = _x(32, 8, seed=7), torch.tanh(_x(32, 8, seed=7)[:, 0])
-    runs = [L.MuPLimit("relu", method="monte_carlo", samples=4096, seed=s).fit(x, y, 100, 0.3)
-            .predict(XT, return_error=True) for s in (0, 1)]
+    runs = [
+        L.MuPLimit("relu", method="monte_carlo", samples=4096, seed=s)
+        .fit(x, y, 100, 0.3)
+        .predict(XT, return_error=True)
+        for s in (0, 1)
+    ]
     spread = float((runs[0][0] - runs[1][0]).pow(2).mean().sqrt()) / math.sqrt(2)
     reported = float(runs[0][1].pow(2).mean().sqrt())
     assert 0.4 < reported / spread < 2.5, (reported, spread)
@@ -253,8 +269,10 @@ def test_monte_carlo_error_is_honest():
 
 def test_finite_mup_adam_networks_approach_the_adam_limit_like_one_over_sqrt_width():
     steps, lr, widths = 40, 0.02, [256, 1024, 4096, 16384]
-    limit, err = L.MuPLimit("tanh", optimizer="adam", samples=2 ** 18).fit(XS, YS, steps, lr).predict(XT, return_error=True)
-    assert float(limit.abs().max()) > 0.3 and float(err.max()) < 2e-3      # it learned; Monte Carlo is tight
+    limit, err = (
+        L.MuPLimit("tanh", optimizer="adam", samples=2**18).fit(XS, YS, steps, lr).predict(XT, return_error=True)
+    )
+    assert float(limit.abs().max()) > 0.3 and float(err.max()) < 2e-3  # it learned; Monte Carlo is tight
     gaps = _finite_errors("tanh", limit, widths, steps, lr, seeds=6, optimizer="adam")
     slope = L.fitted_slope(widths, gaps)
     print(f"adam: |finite µP − limit| {[f'{e:.2e}' for e in gaps]} at widths {widths}: slope {slope:+.2f}")
@@ -266,7 +284,7 @@ def test_adam_eps_must_shrink_like_the_gradients():
     """With a visible ε, the width-4096 net reaches the limit only if its ε is ε/n (the rules'
     ``adam_eps`` column); keeping the width-256 net's ε leaves it in between."""
     steps, lr, eps = 40, 0.02, 0.05
-    limit = L.MuPLimit("tanh", optimizer="adam", eps=eps, samples=2 ** 17).fit(XS, YS, steps, lr).predict(XT)
+    limit = L.MuPLimit("tanh", optimizer="adam", eps=eps, samples=2**17).fit(XS, YS, steps, lr).predict(XT)
     scaled = _finite_errors("tanh", limit, [4096], steps, lr, seeds=3, optimizer="adam", eps=eps)[0]
     kept = _finite_errors("tanh", limit, [4096], steps, lr, seeds=3, optimizer="adam", eps=eps * 4096 / 256)[0]
     print(f"adam, eps {eps}: gap with ε/n {scaled:.3e}, with the base width's ε {kept:.3e}")
@@ -278,7 +296,7 @@ def test_finite_momentum_networks_approach_the_momentum_limit(nesterov):
     steps, lr, widths = 40, 0.05, [256, 1024, 4096, 16384]
     limit = L.MuPLimit("tanh", method="quadrature", momentum=0.9, nesterov=nesterov).fit(XS, YS, steps, lr).predict(XT)
     plain = L.MuPLimit("tanh", method="quadrature").fit(XS, YS, steps, lr).predict(XT)
-    assert float((limit - plain).abs().max()) > 0.05                       # momentum changes the trajectory
+    assert float((limit - plain).abs().max()) > 0.05  # momentum changes the trajectory
     gaps = _finite_errors("tanh", limit, widths, steps, lr, seeds=6, momentum=0.9, nesterov=nesterov)
     slope = L.fitted_slope(widths, gaps)
     print(f"momentum (nesterov={nesterov}): gaps {[f'{e:.2e}' for e in gaps]}: slope {slope:+.2f}")
@@ -289,8 +307,11 @@ def test_momentum_limit_is_the_same_by_all_three_methods():
     x, y = XS[:2], YS[:2]
     lin = L.MuPLimit("identity", method="linear", momentum=0.8).fit(x, y, 30, 0.1).predict(XT)
     quad = L.MuPLimit("identity", method="quadrature", momentum=0.8).fit(x, y, 30, 0.1).predict(XT)
-    mc, err = L.MuPLimit("identity", method="monte_carlo", momentum=0.8, samples=65536).fit(x, y, 30, 0.1) \
+    mc, err = (
+        L.MuPLimit("identity", method="monte_carlo", momentum=0.8, samples=65536)
+        .fit(x, y, 30, 0.1)
         .predict(XT, return_error=True)
+    )
     assert torch.allclose(lin, quad, atol=1e-8), (lin, quad)
     assert ((mc - lin).abs() < 5 * err + 1e-3).all()
 
@@ -299,12 +320,17 @@ def test_finite_optimizer_scales_lr_and_eps_as_the_library_rules_say():
     """OneHiddenLayer is µP in the readout-multiplier formulation: u is an input weight, v a readout
     behind 1/n. Its optimizers' lr and ε across widths follow the rules' exponents (Table 8)."""
     from mutransfer.rules import TABLE8
+
     n, m = 64, 4
     small, large = (L.OneHiddenLayer(8, w) for w in (n, m * n))
     assert TABLE8["output"].forward == (-1.0, 0.0) and large.scale * m == small.scale
-    for opt, col, eps_col in (("sgd", "sgd_lr", None), ("adam", "adam_lr", "adam_eps"), ("adamw", "adam_lr", "adam_eps")):
+    for opt, col, eps_col in (
+        ("sgd", "sgd_lr", None),
+        ("adam", "adam_lr", "adam_eps"),
+        ("adamw", "adam_lr", "adam_eps"),
+    ):
         a, b = L.finite_optimizer(small, 0.1, opt), L.finite_optimizer(large, 0.1, opt)
-        for i, role, dim in ((0, "input", 1), (1, "output", 0)):      # m_out for u, m_in for v
+        for _i, role, dim in ((0, "input", 1), (1, "output", 0)):  # m_out for u, m_in for v
             ratio = b.param_groups[0]["lr"] / a.param_groups[0]["lr"]
             assert ratio == pytest.approx(m ** getattr(TABLE8[role], col)[dim]), (opt, role)
             if eps_col:
@@ -314,9 +340,9 @@ def test_finite_optimizer_scales_lr_and_eps_as_the_library_rules_say():
 
 def test_finite_mup_adamw_networks_approach_the_adamw_limit():
     steps, lr, wd, widths = 40, 0.02, 2.0, [256, 1024, 4096, 16384]
-    limit = L.MuPLimit("tanh", optimizer="adamw", weight_decay=wd, samples=2 ** 17).fit(XS, YS, steps, lr).predict(XT)
-    adam = L.MuPLimit("tanh", optimizer="adam", samples=2 ** 17).fit(XS, YS, steps, lr).predict(XT)
-    assert float((limit - adam).abs().max()) > 0.05                         # the decay changes the trajectory
+    limit = L.MuPLimit("tanh", optimizer="adamw", weight_decay=wd, samples=2**17).fit(XS, YS, steps, lr).predict(XT)
+    adam = L.MuPLimit("tanh", optimizer="adam", samples=2**17).fit(XS, YS, steps, lr).predict(XT)
+    assert float((limit - adam).abs().max()) > 0.05  # the decay changes the trajectory
     gaps = _finite_errors("tanh", limit, widths, steps, lr, seeds=4, optimizer="adamw", weight_decay=wd)
     slope = L.fitted_slope(widths, gaps)
     print(f"adamw: gaps {[f'{e:.2e}' for e in gaps]}: slope {slope:+.2f}")

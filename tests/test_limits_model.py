@@ -1,6 +1,7 @@
 """Kernels of any torch.nn module in the infinite-width limit (mt.limits.nngp(model, ...)):
 against neural-tangents' own values, closed forms derived by hand, and Monte Carlo of wide
 finite networks of the same module."""
+
 from __future__ import annotations
 
 import math
@@ -22,6 +23,7 @@ REFERENCE = np.load(pathlib.Path(__file__).parent / "data" / "neural_tangents_re
 
 
 # ---- the architectures of tests/data/make_neural_tangents_reference.py, in PyTorch ------------------
+
 
 class Fn(nn.Module):
     def __init__(self, fn):
@@ -72,22 +74,59 @@ class Conv1dNet(nn.Module):
 def reference_models(w: int = 32):
     return {
         "mlp": MLP(),
-        "leaky_abs": nn.Sequential(nn.Linear(6, 64), nn.LeakyReLU(0.2), nn.Linear(64, 64), Fn(torch.abs),
-                                   nn.Linear(64, 1)),
-        "layernorm": nn.Sequential(nn.Linear(6, 64), nn.LayerNorm(64, elementwise_affine=False), nn.ReLU(),
-                                   nn.Linear(64, 64), nn.LayerNorm(64, elementwise_affine=False), nn.Linear(64, 1)),
+        "leaky_abs": nn.Sequential(
+            nn.Linear(6, 64), nn.LeakyReLU(0.2), nn.Linear(64, 64), Fn(torch.abs), nn.Linear(64, 1)
+        ),
+        "layernorm": nn.Sequential(
+            nn.Linear(6, 64),
+            nn.LayerNorm(64, elementwise_affine=False),
+            nn.ReLU(),
+            nn.Linear(64, 64),
+            nn.LayerNorm(64, elementwise_affine=False),
+            nn.Linear(64, 1),
+        ),
         "resnet": ResNet(),
-        "cnn_gap": nn.Sequential(nn.Conv2d(3, w, 3, padding=1), nn.ReLU(), nn.Conv2d(w, w, 3, padding="same"),
-                                 nn.ReLU(), nn.Conv2d(w, w, 3, stride=2), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                                 nn.Flatten(), nn.Linear(w, 1)),
-        "cnn_flatten": nn.Sequential(nn.Conv2d(3, w, 3, padding=1), nn.ReLU(), nn.Conv2d(w, w, 2, stride=2),
-                                     Fn(torch.erf), nn.Flatten(), nn.Linear(w * 16, 64), nn.ReLU(), nn.Linear(64, 1)),
-        "cnn_pool": nn.Sequential(nn.Conv2d(3, w, 3, padding=1), nn.ReLU(), nn.AvgPool2d(2),
-                                  nn.Conv2d(w, w, 3, padding=1, padding_mode="circular"), nn.ReLU(),
-                                  nn.AvgPool2d(3, stride=1, padding=1), nn.Flatten(), nn.Linear(w * 16, 1)),
+        "cnn_gap": nn.Sequential(
+            nn.Conv2d(3, w, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(w, w, 3, padding="same"),
+            nn.ReLU(),
+            nn.Conv2d(w, w, 3, stride=2),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(w, 1),
+        ),
+        "cnn_flatten": nn.Sequential(
+            nn.Conv2d(3, w, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(w, w, 2, stride=2),
+            Fn(torch.erf),
+            nn.Flatten(),
+            nn.Linear(w * 16, 64),
+            nn.ReLU(),
+            nn.Linear(64, 1),
+        ),
+        "cnn_pool": nn.Sequential(
+            nn.Conv2d(3, w, 3, padding=1),
+            nn.ReLU(),
+            nn.AvgPool2d(2),
+            nn.Conv2d(w, w, 3, padding=1, padding_mode="circular"),
+            nn.ReLU(),
+            nn.AvgPool2d(3, stride=1, padding=1),
+            nn.Flatten(),
+            nn.Linear(w * 16, 1),
+        ),
         "conv1d": Conv1dNet(),
-        "no_bias": nn.Sequential(nn.Conv2d(3, w, 3, bias=False), Fn(torch.abs), nn.Conv2d(w, w, 1, bias=False),
-                                 nn.ReLU(), nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(), nn.Linear(w, 1)),
+        "no_bias": nn.Sequential(
+            nn.Conv2d(3, w, 3, bias=False),
+            Fn(torch.abs),
+            nn.Conv2d(w, w, 1, bias=False),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d((1, 1)),
+            nn.Flatten(),
+            nn.Linear(w, 1),
+        ),
     }
 
 
@@ -128,28 +167,39 @@ def test_row_chunks_give_the_unchunked_kernel(monkeypatch):
     whole = limits.kernels(model, x1, None, WV, BV)
     whole2 = limits.kernels(model, x1, x2, WV, BV)
     monkeypatch.setattr(program, "_CHUNK_ELEMENTS", 1)  # one row at a time
-    for got, want in ((limits.kernels(model, x1, None, WV, BV), whole), (limits.kernels(model, x1, x2, WV, BV), whole2)):
+    for got, want in (
+        (limits.kernels(model, x1, None, WV, BV), whole),
+        (limits.kernels(model, x1, x2, WV, BV), whole2),
+    ):
         torch.testing.assert_close(got[0], want[0], rtol=1e-12, atol=1e-13)
         torch.testing.assert_close(got[1], want[1], rtol=1e-12, atol=1e-13)
 
 
 # ---- closed forms by hand -------------------------------------------------------------------------------
 
+
 def _arccos(a, b, c):
     """E[relu u relu v] and E[1(u>0)1(v>0)] for (u, v) with variances a, b and covariance c."""
     cos = (c / torch.sqrt(a * b)).clamp(-1, 1)
     theta = torch.arccos(cos)
-    return (torch.sqrt(a * b) * (torch.sin(theta) + (math.pi - theta) * cos) / (2 * math.pi),
-            (math.pi - theta) / (2 * math.pi))
+    return (
+        torch.sqrt(a * b) * (torch.sin(theta) + (math.pi - theta) * cos) / (2 * math.pi),
+        (math.pi - theta) / (2 * math.pi),
+    )
 
 
 def test_residual_relu_block_by_hand():
     """f = v·(h + W2 relu(h)), h = W1 x (no biases): the branch is independent of h, so
     K = σ²(K_h + σ² E[relu relu]), Θ = K + σ²(Θ_h + Θ_branch), Θ_branch = σ²E[relu relu] + σ²E[step step]·K_h."""
+
     class Net(nn.Module):
         def __init__(self, w=16):
             super().__init__()
-            self.w1, self.w2, self.v = nn.Linear(5, w, bias=False), nn.Linear(w, w, bias=False), nn.Linear(w, 1, bias=False)
+            self.w1, self.w2, self.v = (
+                nn.Linear(5, w, bias=False),
+                nn.Linear(w, w, bias=False),
+                nn.Linear(w, 1, bias=False),
+            )
 
         def forward(self, x):
             h = self.w1(x)
@@ -173,6 +223,7 @@ def test_residual_relu_block_by_hand():
 
 def test_the_same_tensor_twice_is_correlated_not_independent():
     """h + h = 2h: four times the kernel (neural-tangents' FanInSum would give two)."""
+
     class Twice(nn.Module):
         def __init__(self):
             super().__init__()
@@ -202,14 +253,20 @@ def test_the_same_tensor_twice_is_correlated_not_independent():
 def test_one_by_one_convolution_is_a_dense_layer_per_pixel():
     """A 1×1 conv stack with a Flatten head: the mean over pixels of the MLP kernels of the pixels."""
     w = 8
-    model = nn.Sequential(nn.Conv2d(3, w, 1), nn.Tanh(), nn.Conv2d(w, w, 1), nn.Tanh(), nn.Flatten(),
-                          nn.Linear(w * 4 * 5, 1))
+    model = nn.Sequential(
+        nn.Conv2d(3, w, 1), nn.Tanh(), nn.Conv2d(w, w, 1), nn.Tanh(), nn.Flatten(), nn.Linear(w * 4 * 5, 1)
+    )
     g = torch.Generator().manual_seed(2)
-    x1, x2 = torch.randn(4, 3, 4, 5, generator=g, dtype=torch.float64), torch.randn(3, 3, 4, 5, generator=g,
-                                                                                      dtype=torch.float64)
+    x1, x2 = (
+        torch.randn(4, 3, 4, 5, generator=g, dtype=torch.float64),
+        torch.randn(3, 3, 4, 5, generator=g, dtype=torch.float64),
+    )
     k, t = limits.kernels(model, x1, x2, WV, BV)
-    per_pixel = [limits.mlp_kernels(x1[:, :, i, j], x2[:, :, i, j], depth=2, activation="tanh", weight_var=WV,
-                                    bias_var=BV) for i in range(4) for j in range(5)]
+    per_pixel = [
+        limits.mlp_kernels(x1[:, :, i, j], x2[:, :, i, j], depth=2, activation="tanh", weight_var=WV, bias_var=BV)
+        for i in range(4)
+        for j in range(5)
+    ]
     # the MLP recursion integrates its diagonal by 1-D quadrature, the traced program by Mehler's series
     torch.testing.assert_close(k, sum(p[0] for p in per_pixel) / 20, rtol=1e-8, atol=1e-9)
     torch.testing.assert_close(t, sum(p[1] for p in per_pixel) / 20, rtol=1e-8, atol=1e-9)
@@ -219,9 +276,15 @@ def test_global_pooling_of_a_constant_image_is_the_mlp_kernel():
     """Circular 3×3 convolutions keep a constant image constant, so every pair of positions has the
     MLP's kernel and the global mean is that kernel."""
     w = 8
-    model = nn.Sequential(nn.Conv2d(4, w, 3, padding=1, padding_mode="circular"), nn.ReLU(),
-                          nn.Conv2d(w, w, 3, padding=1, padding_mode="circular"), nn.ReLU(),
-                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(w, 1))
+    model = nn.Sequential(
+        nn.Conv2d(4, w, 3, padding=1, padding_mode="circular"),
+        nn.ReLU(),
+        nn.Conv2d(w, w, 3, padding=1, padding_mode="circular"),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(w, 1),
+    )
     v = torch.randn(5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     images = v[:, :, None, None].expand(5, 4, 6, 6).contiguous()
     k, t = limits.kernels(model, images, None, WV, BV)
@@ -246,6 +309,7 @@ def test_frozen_parameters_are_not_in_the_ntk():
 
 # ---- Monte Carlo of wide finite networks ----------------------------------------------------------------
 
+
 class ResLN(nn.Module):
     """Residual, LayerNorm (gain frozen), tanh, gelu, biases: exact rules only."""
 
@@ -263,7 +327,11 @@ class ResLN(nn.Module):
 class SmallCNN(nn.Module):
     def __init__(self, w):
         super().__init__()
-        self.c1, self.c2, self.o = nn.Conv2d(2, w, 3, padding=1), nn.Conv2d(w, w, 3, stride=2, padding=1), nn.Linear(w, 1)
+        self.c1, self.c2, self.o = (
+            nn.Conv2d(2, w, 3, padding=1),
+            nn.Conv2d(w, w, 3, stride=2, padding=1),
+            nn.Linear(w, 1),
+        )
 
     def forward(self, x):
         h = torch.relu(self.c2(torch.relu(self.c1(x))))
@@ -282,6 +350,7 @@ def test_wide_finite_networks_agree_within_four_standard_errors(make, shape, wid
 
 # ---- ops without an exact rule: Monte Carlo, or an error that names them ----------------------------------
 
+
 class Attention(nn.Module):
     def __init__(self, w=32):
         super().__init__()
@@ -295,7 +364,9 @@ class Attention(nn.Module):
 
 def test_no_exact_rule_falls_back_to_monte_carlo_and_says_so():
     x = torch.randn(4, 3, 4)
-    with pytest.warns(limits.KernelWarning, match=r"MultiheadAttention at graph node 'att'.*Monte Carlo estimate over 6"):
+    with pytest.warns(
+        limits.KernelWarning, match=r"MultiheadAttention at graph node 'att'.*Monte Carlo estimate over 6"
+    ):
         r = limits.model_kernels(Attention(), x, samples=6)
     assert r.method == "monte_carlo" and "att" in r.reason
     assert r.nngp.shape == (4, 4) and r.nngp_std_error.shape == (4, 4) and (r.nngp_std_error > 0).any()
@@ -350,10 +421,14 @@ def test_bad_calls_are_clear():
 
 # ---- predictions, inputs, cost -------------------------------------------------------------------------
 
+
 def test_predictions_accept_a_model():
     g = torch.Generator().manual_seed(5)
-    x, y, xt = (torch.randn(12, 3, generator=g, dtype=torch.float64), torch.randn(12, generator=g, dtype=torch.float64),
-                torch.randn(5, 3, generator=g, dtype=torch.float64))
+    x, y, xt = (
+        torch.randn(12, 3, generator=g, dtype=torch.float64),
+        torch.randn(12, generator=g, dtype=torch.float64),
+        torch.randn(5, 3, generator=g, dtype=torch.float64),
+    )
     net = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
     mean, var = limits.nngp_predict(net, x, y, xt, weight_var=WV, bias_var=BV, noise_var=1e-3)
     mean0, var0 = limits.nngp_predict(x, y, xt, depth=2, activation="tanh", weight_var=WV, bias_var=BV, noise_var=1e-3)
@@ -366,6 +441,7 @@ def test_predictions_accept_a_model():
 
 def test_input_ops_before_the_first_layer_run_on_the_data():
     """x.flatten(1) * 0.5 before a Linear: the kernel of the MLP on the flattened, halved input."""
+
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
@@ -385,8 +461,14 @@ def test_a_flatten_head_keeps_only_the_diagonal_of_the_spatial_kernel():
     """100 images of 16×16 through convs and Flatten: the full spatial kernel would be 100²·256²
     float64 entries (5 GB) per layer; the diagonal is 100²·256 (20 MB) — seconds, not minutes."""
     w = 8
-    model = nn.Sequential(nn.Conv2d(3, w, 3, padding=1), nn.ReLU(), nn.Conv2d(w, w, 3, padding=1), nn.ReLU(),
-                          nn.Flatten(), nn.Linear(w * 256, 1))
+    model = nn.Sequential(
+        nn.Conv2d(3, w, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(w, w, 3, padding=1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(w * 256, 1),
+    )
     x = torch.randn(100, 3, 16, 16, dtype=torch.float64)
     start = time.perf_counter()
     k, t = limits.kernels(model, x, None, WV, BV)
@@ -397,6 +479,7 @@ def test_a_flatten_head_keeps_only_the_diagonal_of_the_spatial_kernel():
 def test_torch_export_traces_what_fx_cannot():
     """Python control flow on a shape stops torch.fx; torch.export specialises it and the ATen
     graph goes through the same rules."""
+
     class Branchy(nn.Module):
         def __init__(self):
             super().__init__()
@@ -421,6 +504,7 @@ def test_torch_export_traces_what_fx_cannot():
 
 def test_explicit_padding_equals_the_convolutions_own():
     """F.pad(mode="circular") then an unpadded conv = a conv with padding_mode="circular"."""
+
     class Padded(nn.Module):
         def __init__(self, w=8):
             super().__init__()
@@ -430,8 +514,15 @@ def test_explicit_padding_equals_the_convolutions_own():
             h = torch.relu(self.c1(F.pad(x, (1, 1, 1, 1), mode="circular")))
             return self.o(torch.relu(self.c2(h)).mean(dim=(2, 3)))
 
-    own = nn.Sequential(nn.Conv2d(2, 8, 3, padding=1, padding_mode="circular"), nn.ReLU(),
-                        nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 1))
+    own = nn.Sequential(
+        nn.Conv2d(2, 8, 3, padding=1, padding_mode="circular"),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 1),
+    )
     x = torch.randn(3, 2, 5, 5, dtype=torch.float64)
     for got, want in zip(limits.kernels(Padded(), x, None, WV, BV), limits.kernels(own, x, None, WV, BV)):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
@@ -441,6 +532,7 @@ def test_diagonal_only_where_it_suffices_gives_the_all_full_answer(monkeypatch):
     """One conv output feeds a global mean (needs the full spatial kernel) and a Flatten head
     (needs its diagonal), through a sum with a branch nothing else needs in full: the same
     kernels as keeping everything full."""
+
     class TwoHeads(nn.Module):
         def __init__(self, w=8):
             super().__init__()
@@ -465,6 +557,7 @@ def test_diagonal_only_where_it_suffices_gives_the_all_full_answer(monkeypatch):
 def test_a_sum_of_independent_pooled_relu_branches():
     """Two conv branches, each relu then a global mean (non-Gaussian, with a mean), summed:
     K = K₁ + K₂ + m₁m₂' + m₂m₁' — the means matter. Against wide finite networks."""
+
     class TwoBranches(nn.Module):
         def __init__(self, w):
             super().__init__()
@@ -520,6 +613,7 @@ def test_output_shapes_squeezed_and_tuples():
 def test_sign_clamp_and_powers_written_as_tensor_ops():
     """sign: E = 1 − 2θ/π and no NTK through it (neural-tangents' Sign); clamp(min=0) is relu
     exactly; clamp(max=0) is −relu(−u); x**2 against the fully-connected recursion."""
+
     class Net(nn.Module):
         def __init__(self, op):
             super().__init__()
@@ -540,7 +634,7 @@ def test_sign_clamp_and_powers_written_as_tensor_ops():
         for got, want in zip(limits.kernels(Net(op), x, None, WV, 0.0), relu):
             torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-8)  # arccos at cos θ = 1 − ε
     square = limits.kernels(x, depth=1, activation=lambda u: u * u, weight_var=WV)
-    for op in (lambda h: h ** 2, torch.square, lambda h: h.pow(2)):
+    for op in (lambda h: h**2, torch.square, lambda h: h.pow(2)):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             got = limits.kernels(Net(op), x, None, WV, 0.0)

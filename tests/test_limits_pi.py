@@ -1,5 +1,6 @@
 """The π-limit (`PiLimit`) against its finite π-nets (`PiNet` + `train_pi`), a derivation by hand,
 the kernel machinery of `mt.limits` at init, and its errors."""
+
 import math
 
 import numpy as np
@@ -30,8 +31,7 @@ def convergence(depth, rank, steps, lr, widths, seeds, batch_size=None, data_see
     for width, count in zip(widths, seeds):
         sq = []
         for s in range(count):
-            net = mt.limits.PiNet(x.shape[1], width, depth, rank, seed=data_seed, omega_seed=7919 * width + s,
-                                  **net_kw)
+            net = mt.limits.PiNet(x.shape[1], width, depth, rank, seed=data_seed, omega_seed=7919 * width + s, **net_kw)
             mt.limits.train_pi(net, x, y, steps, lr, batch_size, **fit_kw)
             with torch.no_grad():
                 sq.append(((net(x_eval)[:, 0] - f_inf) ** 2).mean().item())
@@ -43,21 +43,30 @@ def test_finite_pi_nets_converge_to_the_limit_at_rate_one_over_sqrt_width():
     # depth 2, full batch, every multiplier away from 1 (α_in, α_out, both lr multipliers)
     widths = [256, 1024, 4096]
     gaps, size, limit = convergence(
-        depth=2, rank=8, steps=3, lr=1.0, widths=widths, seeds=[12, 8, 4], data_seed=3,
-        net_kw=dict(input_alpha=1.5, output_alpha=0.7), fit_kw=dict(input_lr_mult=2.0, output_lr_mult=0.5))
+        depth=2,
+        rank=8,
+        steps=3,
+        lr=1.0,
+        widths=widths,
+        seeds=[12, 8, 4],
+        data_seed=3,
+        net_kw=dict(input_alpha=1.5, output_alpha=0.7),
+        fit_kw=dict(input_lr_mult=2.0, output_lr_mult=0.5),
+    )
     slope = mt.limits.fitted_slope(widths, gaps)  # measured: gaps 0.047, 0.020, 0.0125; slope −0.48
     assert -0.7 < slope < -0.3, (gaps, slope)
     assert gaps[-1] < 0.15 * size, (gaps, size)
     assert size > 0.1  # the function moved away from f ≡ 0
     x, y, _ = task(3)
-    assert ((limit.predict(x) - y) ** 2).mean() < (y ** 2).mean()  # and learned
+    assert ((limit.predict(x) - y) ** 2).mean() < (y**2).mean()  # and learned
 
 
 @pytest.mark.slow
 def test_deeper_pi_nets_converge_to_the_limit():
     widths = [256, 1024, 4096]
-    gaps, size, _ = convergence(depth=3, rank=8, steps=4, lr=1.0, widths=widths, seeds=[12, 8, 4], data_seed=2,
-                                net_kw=dict(input_alpha=1.5))
+    gaps, size, _ = convergence(
+        depth=3, rank=8, steps=4, lr=1.0, widths=widths, seeds=[12, 8, 4], data_seed=2, net_kw=dict(input_alpha=1.5)
+    )
     slope = mt.limits.fitted_slope(widths, gaps)  # measured: gaps 0.065, 0.032, 0.020; slope −0.43
     assert -0.7 < slope < -0.3, (gaps, slope)
     assert gaps[-1] < 0.15 * size, (gaps, size)
@@ -144,8 +153,9 @@ def test_limit_at_init_is_the_one_layer_nngp_of_its_representations():
     for l, (a, b) in enumerate(layers):
         torch.testing.assert_close(reps[l + 1], mt.limits.nngp(b, reps[l], depth=1, weight_var=w).T @ a)
     for l in range(3):
-        torch.testing.assert_close(limit.feature_kernel(x, layer=l + 1),
-                                   mt.limits.nngp(reps[l], depth=1, weight_var=w), rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(
+            limit.feature_kernel(x, layer=l + 1), mt.limits.nngp(reps[l], depth=1, weight_var=w), rtol=1e-10, atol=1e-12
+        )
 
 
 def test_finite_pi_net_at_init_has_the_limits_feature_kernels():

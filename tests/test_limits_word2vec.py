@@ -1,6 +1,7 @@
 """word2vec (SGNS) and its exact µP limit (`mutransfer.limits.word2vec`): exactness of the width-2V
 construction, a hand-derived first step, finite µP nets → the limit at rate n^-½, the NTK limit at
 chance and the µP limit above it on a corpus with planted structure, the evaluation, and errors."""
+
 import math
 import re
 import subprocess
@@ -45,7 +46,7 @@ def covariance_recursion(batches, V, lr, sigma):
     """E[u_w v_c] = (M Σ₀ Mᵀ)_{w,V+c} with M ← [[I, −ηG], [−ηGᵀ, I]] M: the limit computed directly."""
     M = torch.eye(2 * V, dtype=torch.float64)
     for w, c, neg in batches:
-        cov = sigma ** 2 * M @ M.T
+        cov = sigma**2 * M @ M.T
         S = cov[:V, V:]
         G = torch.zeros(V, V, dtype=torch.float64)
         B = len(w)
@@ -56,7 +57,7 @@ def covariance_recursion(batches, V, lr, sigma):
         A[:V, V:] = -lr * G
         A[V:, :V] = -lr * G.T
         M = A @ M
-    return sigma ** 2 * M @ M.T
+    return sigma**2 * M @ M.T
 
 
 def test_limit_is_exact_covariance_recursion_and_orthogonal_init():
@@ -84,10 +85,11 @@ def test_first_step_by_hand():
     eta, sigma = 0.7, 1.3
     batch = [(torch.tensor([0]), torch.tensor([1]), torch.tensor([[0]]))]
     lim = L.Word2VecLimit(2, sigma=sigma).fit(batch, eta)
-    s2 = sigma ** 2
+    s2 = sigma**2
     torch.testing.assert_close(lim.logits(), torch.tensor([[-eta * s2, eta * s2], [0.0, 0.0]], dtype=torch.float64))
-    torch.testing.assert_close(lim.kernel(), torch.tensor([[s2 * (1 + eta ** 2 / 2), 0.0], [0.0, s2]],
-                                                          dtype=torch.float64))
+    torch.testing.assert_close(
+        lim.kernel(), torch.tensor([[s2 * (1 + eta**2 / 2), 0.0], [0.0, s2]], dtype=torch.float64)
+    )
     assert lim.losses == pytest.approx([2 * math.log(2)])
     # a finite µP net takes the same step on every coordinate: its logit change is the limit's up to O(n^-½)
     net = L.SkipGram(2, 20000, "mup", sigma=sigma, dtype=torch.float64, seed=0)
@@ -159,13 +161,35 @@ def test_batches_are_deterministic_in_the_seed():
     full = L.skipgram_batches(list(range(5)), 5, batch_size=100, window=2, negatives=1)
     w, c_, neg = full[0]
     assert sorted(zip(w.tolist(), c_.tolist())) == sorted(
-        [(i, j) for i in range(5) for j in range(5) if 0 < abs(i - j) <= 2])
+        [(i, j) for i in range(5) for j in range(5) if 0 < abs(i - j) <= 2]
+    )
     assert neg.shape == (14, 1)
 
 
 def test_morphological_evaluation():
-    vocab = ["return", "returns", "returned", "returning", "use", "used", "uses", "using", "class", "classes",
-             "not", "notes", "is", "as", "call", "calls", "str", "the", "thing", "make", "making"]
+    vocab = [
+        "return",
+        "returns",
+        "returned",
+        "returning",
+        "use",
+        "used",
+        "uses",
+        "using",
+        "class",
+        "classes",
+        "not",
+        "notes",
+        "is",
+        "as",
+        "call",
+        "calls",
+        "str",
+        "the",
+        "thing",
+        "make",
+        "making",
+    ]
     groups = L.morphological_groups(vocab)
     # not/notes is no "es" plural, is/as are too short, the/thing (so use/using) no e-dropping "ing"
     assert set(groups) == {"return", "use", "class", "call", "make"}
@@ -178,7 +202,7 @@ def test_morphological_evaluation():
     V = len(vocab)
     emb = torch.zeros(V, 32, dtype=torch.float64)
     suffix_dir = {"": 20, "s": 21, "es": 21, "ed": 22, "ing": 23}
-    for k, (stem, forms) in enumerate(groups.items()):
+    for k, (_stem, forms) in enumerate(groups.items()):
         for rel, i in forms.items():
             emb[i, k] = 2.0
             emb[i, suffix_dir[rel]] = 1.0
@@ -232,8 +256,13 @@ def test_bad_input_raises_naming_the_parameter():
 
 
 def test_example_quick_writes_figure(tmp_path):
-    proc = subprocess.run([sys.executable, "examples/word2vec_limit.py", "--quick", "--plot", str(tmp_path / "w.png")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "examples/word2vec_limit.py", "--quick", "--plot", str(tmp_path / "w.png")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     out = proc.stdout
     rows = dict(re.findall(r"^\| (.+?) \| ([0-9.]+) \|", out, re.M))

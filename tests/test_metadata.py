@@ -1,17 +1,19 @@
 """The µP spec survives deepcopy, a state_dict round trip and torch.compile."""
+
 import copy
 
 import pytest
 import torch
 
 import mutransfer as mt
-from mutransfer.recipes import GPT, MHATransformer
-
 from conftest import build
+from mutransfer.recipes import GPT, MHATransformer
 
 
 def _groups(model):
-    return [(g["lr"], g.get("eps"), [tuple(p.shape) for p in g["params"]]) for g in mt.param_groups(model, 1e-2, "adam")]
+    return [
+        (g["lr"], g.get("eps"), [tuple(p.shape) for p in g["params"]]) for g in mt.param_groups(model, 1e-2, "adam")
+    ]
 
 
 def test_deepcopy_keeps_spec_hooks_and_outputs():
@@ -88,6 +90,7 @@ def test_compiling_a_plain_model_first_does_not_drop_mup_multipliers():
 
 def test_pickled_mup_model_loads_with_its_multipliers(tmp_path):
     import io
+
     m = build(GPT, 128, 32)
     x = torch.randint(0, 256, (2, 16))
     buf = io.BytesIO()
@@ -101,10 +104,13 @@ def test_pickled_mup_model_loads_with_its_multipliers(tmp_path):
 def test_mup_classes_rebuild_in_a_fresh_process(tmp_path):
     import subprocess
     import sys
+
     path = tmp_path / "model.pt"
     m = build(GPT, 128, 32)
     torch.save(m, path)
-    code = ("import torch; m = torch.load(r'%s', weights_only=False); "
-            "print(type(m.lm_head).__name__, m.lm_head._mutransfer_input_mult)" % path)
+    code = (
+        f"import torch; m = torch.load(r'{path}', weights_only=False); "
+        "print(type(m.lm_head).__name__, m.lm_head._mutransfer_input_mult)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["MuScaledLinear", str(1 / 4)]

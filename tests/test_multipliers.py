@@ -1,11 +1,11 @@
 """Tunable multipliers (µTransfer HPs) and zero-init options."""
+
 import pytest
 import torch
 
 import mutransfer as mt
-from mutransfer.recipes import GPT, MLP, MHATransformer
-
 from conftest import build
+from mutransfer.recipes import GPT, MLP, MHATransformer
 
 
 def test_init_and_lr_multipliers_per_role():
@@ -33,8 +33,9 @@ def test_output_and_embedding_multipliers_scale_the_forward_pass():
     torch.manual_seed(0)
     ref = mt.parametrize(MLP(256, bias=False), base=MLP(64, bias=False), delta=MLP(128, bias=False))
     torch.manual_seed(0)
-    m = mt.parametrize(MLP(256, bias=False), base=MLP(64, bias=False), delta=MLP(128, bias=False),
-                       output_mult=3.0, embedding_mult=2.0)
+    m = mt.parametrize(
+        MLP(256, bias=False), base=MLP(64, bias=False), delta=MLP(128, bias=False), output_mult=3.0, embedding_mult=2.0
+    )
     x = torch.randn(5, 32)
     # relu is positively homogeneous and there are no biases: the two constants multiply through
     assert torch.allclose(m(x), 6.0 * ref(x), atol=1e-6)
@@ -51,15 +52,24 @@ def test_table8_readout_multiplier_is_one_over_m():
 def test_zero_init_readout_and_query():
     m = build(GPT, 128, 32, tied=False)
     torch.manual_seed(0)
-    z = mt.parametrize(GPT(128, tied=False), base=GPT(32, tied=False), delta=GPT(64, tied=False),
-                       zero_init_readout=True, zero_init_query=True)
+    z = mt.parametrize(
+        GPT(128, tied=False),
+        base=GPT(32, tied=False),
+        delta=GPT(64, tied=False),
+        zero_init_readout=True,
+        zero_init_query=True,
+    )
     assert torch.all(z.lm_head.weight == 0)
     qkv = z.blocks[0].attn.qkv
     assert torch.all(qkv.weight[:128] == 0) and torch.all(qkv.weight[128:] != 0)
     assert torch.all(qkv.bias[:128] == 0)
-    assert z._mutransfer_spec.zero_init == ["lm_head.weight", "blocks.0.attn.qkv (query third)",
-                                            "blocks.0.attn.qkv.bias (query third)",
-                                            "blocks.1.attn.qkv (query third)", "blocks.1.attn.qkv.bias (query third)"]
+    assert z._mutransfer_spec.zero_init == [
+        "lm_head.weight",
+        "blocks.0.attn.qkv (query third)",
+        "blocks.0.attn.qkv.bias (query third)",
+        "blocks.1.attn.qkv (query third)",
+        "blocks.1.attn.qkv.bias (query third)",
+    ]
     assert not torch.all(m.lm_head.weight == 0)
 
 
@@ -77,6 +87,7 @@ def test_zero_init_query_of_multihead_attention_and_by_pattern():
 def test_embedding_mult_reaches_a_tied_token_embedding():
     # α_embedding used to skip an embedding tied to the readout (nanoGPT's wte): silently not in effect
     from mutransfer.recipes import GPT
+
     torch.manual_seed(0)
     m = mt.parametrize(GPT(128), base=GPT(32), delta=GPT(64), embedding_mult=2.0)
     consts = m._mutransfer_spec.forward_constants
@@ -92,9 +103,18 @@ def test_a_multiplier_for_a_module_that_never_runs_is_left_out_with_a_warning():
 
     def mamba(w):
         torch.manual_seed(0)
-        return transformers.MambaForCausalLM(transformers.MambaConfig(
-            hidden_size=w, num_hidden_layers=1, vocab_size=64, state_size=4, expand=2, conv_kernel=2,
-            time_step_rank=4, use_cache=False))
+        return transformers.MambaForCausalLM(
+            transformers.MambaConfig(
+                hidden_size=w,
+                num_hidden_layers=1,
+                vocab_size=64,
+                state_size=4,
+                expand=2,
+                conv_kernel=2,
+                time_step_rank=4,
+                use_cache=False,
+            )
+        )
 
     with pytest.warns(mt.MuPWarning, match=r"'backbone\.layers\.0\.mixer\.dt_proj'.*never runs"):
         m = mt.parametrize(mamba(64), base=mamba(16), delta=mamba(32), embedding_mult=1.5)

@@ -1,8 +1,8 @@
 """External oracle: the Table 8 formulation matches Microsoft's `mup` 1.0.0 parameter for parameter."""
+
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 import mutransfer as mt
 from mutransfer.recipes import MLP

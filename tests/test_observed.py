@@ -5,6 +5,7 @@ the probe forward existed: T5's scale-1 attention, timm's non-fused ``q * self.s
 router and fused 3-D experts, a coordinate check blind to attention left at 1/√d, and nanoGPT's
 attention written inline in the block.
 """
+
 import math
 import warnings
 
@@ -18,6 +19,7 @@ import mutransfer as mt
 
 def observe_model(model, inputs=None):
     from mutransfer._observe import observe_model as observe  # imported here: each test fails on its own before
+
     return observe(model, inputs)
 
 
@@ -34,7 +36,7 @@ class TimmStyleAttention(nn.Module):
     def __init__(self, dim, num_heads=4, fused=False):
         super().__init__()
         self.num_heads, self.head_dim = num_heads, dim // num_heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.fused_attn = fused
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
@@ -74,14 +76,14 @@ class RawMoE(nn.Module):
     def __init__(self, width, experts=4, classes=8):
         super().__init__()
         self.embed = nn.Embedding(32, width)
-        self.router = nn.Parameter(torch.randn(experts, width) / width ** 0.5)
-        self.w_in = nn.Parameter(torch.randn(experts, 2 * width, width) / width ** 0.5)   # (E, f, d)
-        self.w_out = nn.Parameter(torch.randn(experts, width, 2 * width) / width ** 0.5)  # (E, d, f)
-        self.readout = nn.Parameter(torch.randn(width, classes) / width ** 0.5)             # used as x @ W
+        self.router = nn.Parameter(torch.randn(experts, width) / width**0.5)
+        self.w_in = nn.Parameter(torch.randn(experts, 2 * width, width) / width**0.5)  # (E, f, d)
+        self.w_out = nn.Parameter(torch.randn(experts, width, 2 * width) / width**0.5)  # (E, d, f)
+        self.readout = nn.Parameter(torch.randn(width, classes) / width**0.5)  # used as x @ W
 
     def forward(self, ids):
         x = self.embed(ids)
-        gates = F.linear(x, self.router).softmax(-1)                     # (b, t, E)
+        gates = F.linear(x, self.router).softmax(-1)  # (b, t, E)
         h = torch.einsum("btd,efd->btef", x, self.w_in).relu()
         y = torch.einsum("btef,edf->bted", h, self.w_out)
         x = x + (gates.unsqueeze(-1) * y).sum(-2)
@@ -185,8 +187,7 @@ def test_roles_without_a_probe_warn_and_name_the_override():
         mt.parametrize(Opaque(64), base=Opaque(16), delta=Opaque(32))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        m = mt.parametrize(Opaque(64), base=Opaque(16), delta=Opaque(32),
-                           example_inputs=(torch.randn(2, 64), 0, 0))
+        m = mt.parametrize(Opaque(64), base=Opaque(16), delta=Opaque(32), example_inputs=(torch.randn(2, 64), 0, 0))
     assert m._mutransfer_spec.params["w"].source == "usage"
 
 
@@ -227,10 +228,16 @@ def test_nanogpt_inline_attention_head_dim_read_at_call_time():
 
 def test_inline_eager_scale_cannot_be_reached_and_says_how_to_fix_it():
     with pytest.raises(ValueError, match=r"attention module '' \(InlineEager\).*mt.attn_scale\(self, head_dim\)"):
-        mt.parametrize(InlineEager(64), base=InlineEager(16), delta=InlineEager(32),
-                       example_inputs=torch.randn(1, 4, 64))
-    model = mt.parametrize(InlineEager(64), base=InlineEager(16), delta=InlineEager(32),
-                           example_inputs=torch.randn(1, 4, 64), attention=False)
+        mt.parametrize(
+            InlineEager(64), base=InlineEager(16), delta=InlineEager(32), example_inputs=torch.randn(1, 4, 64)
+        )
+    model = mt.parametrize(
+        InlineEager(64),
+        base=InlineEager(16),
+        delta=InlineEager(32),
+        example_inputs=torch.randn(1, 4, 64),
+        attention=False,
+    )
     assert model._mutransfer_spec.attention == []
 
 
@@ -252,7 +259,7 @@ def test_qk_norm_scale_counts_only_what_follows_the_norm():
             return y.transpose(1, 2).reshape(b, t, c)
 
     x = torch.randn(1, 4, 64)
-    assert observe_model(QKNorm(64), x).attention[0].scale == pytest.approx(32 ** -0.5)
+    assert observe_model(QKNorm(64), x).attention[0].scale == pytest.approx(32**-0.5)
     model = mt.parametrize(QKNorm(64), base=QKNorm(16), delta=QKNorm(32), example_inputs=x)
     assert model.scaling == pytest.approx(math.sqrt(8) / 32)
     assert model._mutransfer_spec.attention[0].how == "attribute scaling"
@@ -287,18 +294,40 @@ transformers = pytest.importorskip("transformers")
 
 def t5(width, seed=0):
     torch.manual_seed(seed)
-    cfg = transformers.T5Config(vocab_size=64, d_model=width, d_kv=width // 4, d_ff=2 * width, num_layers=1,
-                                num_decoder_layers=1, num_heads=4, dropout_rate=0.0, tie_word_embeddings=False,
-                                decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    cfg = transformers.T5Config(
+        vocab_size=64,
+        d_model=width,
+        d_kv=width // 4,
+        d_ff=2 * width,
+        num_layers=1,
+        num_decoder_layers=1,
+        num_heads=4,
+        dropout_rate=0.0,
+        tie_word_embeddings=False,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
     return transformers.T5ForConditionalGeneration(cfg)
 
 
 def mixtral(width, seed=0):
     torch.manual_seed(seed)
-    cfg = transformers.MixtralConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=1,
-                                     num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
-                                     num_experts_per_tok=2, vocab_size=64, max_position_embeddings=32,
-                                     bos_token_id=0, eos_token_id=0, pad_token_id=0, tie_word_embeddings=False)
+    cfg = transformers.MixtralConfig(
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        vocab_size=64,
+        max_position_embeddings=32,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
     return transformers.MixtralForCausalLM(cfg)
 
 
@@ -329,8 +358,18 @@ def test_mixtral_router_and_fused_experts():
 
 def gpt2(width, seed=0):
     torch.manual_seed(seed)
-    cfg = transformers.GPT2Config(n_embd=width, n_layer=2, n_head=4, vocab_size=64, n_positions=16,
-                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    cfg = transformers.GPT2Config(
+        n_embd=width,
+        n_layer=2,
+        n_head=4,
+        vocab_size=64,
+        n_positions=16,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return transformers.GPT2LMHeadModel(cfg)
 
 
@@ -343,6 +382,7 @@ def test_coord_check_catches_gpt2_attention_left_at_one_over_sqrt_d():
     def make(attention):
         def build(width):
             return mt.parametrize(gpt2(width), base=gpt2(32), delta=gpt2(64), attention=attention)
+
         return build
 
     widths = [32, 64, 128, 256]
@@ -365,12 +405,24 @@ def _family(name, width):
     if name == "bloom":  # ALiBi, baddbmm(alibi, q, k, alpha=inv_norm_factor)
         return transformers.BloomForCausalLM(transformers.BloomConfig(hidden_size=width, n_layer=1, n_head=4, **common))
     if name == "olmo2":  # QK-norm
-        return transformers.Olmo2ForCausalLM(transformers.Olmo2Config(
-            hidden_size=width, intermediate_size=2 * width, num_hidden_layers=1, num_attention_heads=4, **common))
+        return transformers.Olmo2ForCausalLM(
+            transformers.Olmo2Config(
+                hidden_size=width, intermediate_size=2 * width, num_hidden_layers=1, num_attention_heads=4, **common
+            )
+        )
     if name == "gemma2":  # logit soft-capping, query_pre_attn_scalar, sliding window
-        return transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
-            hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=width // 4, query_pre_attn_scalar=width // 4, **common))
+        return transformers.Gemma2ForCausalLM(
+            transformers.Gemma2Config(
+                hidden_size=width,
+                intermediate_size=2 * width,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=width // 4,
+                query_pre_attn_scalar=width // 4,
+                **common,
+            )
+        )
     raise KeyError(name)
 
 

@@ -1,6 +1,7 @@
 """µP for every optimizer: the rules pinned at 16× width, Muon's AdamW split and its adjust_lr_fn
 guard, the optimizer classes (Lion, the µP-capped Adafactor, MuonWithAdamW), and the coordinate
 check passing µP and failing SP with each."""
+
 import copy
 import math
 import warnings
@@ -10,10 +11,9 @@ import torch
 from torch import nn
 
 import mutransfer as mt
+from conftest import build
 from mutransfer.optimizers import LR_FACTOR_KEY
 from mutransfer.recipes import GPT, MLP, ResMLP, get_recipe
-
-from conftest import build
 
 M = 16.0  # 1024 / 64
 
@@ -22,8 +22,13 @@ def _mlp():
     return build(MLP, 1024, 64, depth=3)
 
 
-NAMES = {"input": "input.weight", "vector": "input.bias", "hidden": "hidden.0.weight", "output": "readout.weight",
-         "scalar": "readout.bias"}
+NAMES = {
+    "input": "input.weight",
+    "vector": "input.bias",
+    "hidden": "hidden.0.weight",
+    "output": "readout.weight",
+    "scalar": "readout.bias",
+}
 
 
 def _group_of(groups, model, name):
@@ -36,15 +41,30 @@ def _group_of(groups, model, name):
 # lr factor and ε factor(s) per role at 16× width (m_in = m_out = 16 for hidden), table 3.
 PINNED = {
     #            input      vector     hidden          output        scalar
-    "sgd":      {"input": (M,), "vector": (M,), "hidden": (1.0,), "output": (1 / M,), "scalar": (1.0,)},
-    "adam":     {"input": (1.0, 1 / M), "vector": (1.0, 1 / M), "hidden": (1 / M, 1 / M), "output": (1 / M, 1.0),
-                 "scalar": (1.0, 1.0)},
-    "lion":     {"input": (1.0,), "vector": (1.0,), "hidden": (1 / M,), "output": (1 / M,), "scalar": (1.0,)},
+    "sgd": {"input": (M,), "vector": (M,), "hidden": (1.0,), "output": (1 / M,), "scalar": (1.0,)},
+    "adam": {
+        "input": (1.0, 1 / M),
+        "vector": (1.0, 1 / M),
+        "hidden": (1 / M, 1 / M),
+        "output": (1 / M, 1.0),
+        "scalar": (1.0, 1.0),
+    },
+    "lion": {"input": (1.0,), "vector": (1.0,), "hidden": (1 / M,), "output": (1 / M,), "scalar": (1.0,)},
     # Adafactor: lr = adam − init; ε = (ε₁ like Adam's ε, ε₂ like the init)
-    "adafactor": {"input": (1.0, 1 / M, 1.0), "vector": (1.0, 1 / M, 1.0), "hidden": (0.25, 1 / M, 0.25),
-                  "output": (1.0, 1.0, 1 / M), "scalar": (1.0, 1.0, 1.0)},
-    "soap":     {"input": (1.0, 1 / M), "vector": (1.0, 1 / M), "hidden": (1 / M, 1 / M), "output": (1 / M, 1.0),
-                 "scalar": (1.0, 1.0)},
+    "adafactor": {
+        "input": (1.0, 1 / M, 1.0),
+        "vector": (1.0, 1 / M, 1.0),
+        "hidden": (0.25, 1 / M, 0.25),
+        "output": (1.0, 1.0, 1 / M),
+        "scalar": (1.0, 1.0, 1.0),
+    },
+    "soap": {
+        "input": (1.0, 1 / M),
+        "vector": (1.0, 1 / M),
+        "hidden": (1 / M, 1 / M),
+        "output": (1 / M, 1.0),
+        "scalar": (1.0, 1.0),
+    },
 }
 
 
@@ -223,7 +243,7 @@ def test_depth_composes_with_every_optimizer():
     model = ResMLP(256, depth=8)
     mt.parametrize(model, base=ResMLP(64, depth=2), delta=ResMLP(128, depth=2), depth_alpha=0.5)
     spec = model._mutransfer_spec
-    for name, info in spec.params.items():
+    for name, _info in spec.params.items():
         adam = spec.factors(name, "adam")[0]
         assert spec.factors(name, "lion")[0] == pytest.approx(adam), name
         assert spec.factors(name, "soap")[0] == pytest.approx(adam), name
@@ -235,14 +255,17 @@ def test_depth_composes_with_every_optimizer():
     assert spec.factors(block_hidden, "sgd")[0] == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda m: mt.param_groups(m, 1e-3, "shampoo"), "unknown optimizer 'shampoo'"),
-    (lambda m: mt.param_groups(m, 1e-3, "lion", eps=1e-8), "Lion has no ε"),
-    (lambda m: mt.param_groups(m, 1e-3, "adafactor", eps=1e-8), "pair"),
-    (lambda m: mt.param_groups(m, 1e-3, "adamw", partner_lr=1e-3), "partner_lr"),
-    (lambda m: mt.param_groups(m, 1e-3, "adam", adjust_lr_fn="original"), "adjust_lr_fn belongs to"),
-    (lambda m: mt.optim.build_optimizer(MLP(64), "muon", 1e-3, mup=False), "hidden=mt.optim.hidden_matrices"),
-])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda m: mt.param_groups(m, 1e-3, "shampoo"), "unknown optimizer 'shampoo'"),
+        (lambda m: mt.param_groups(m, 1e-3, "lion", eps=1e-8), "Lion has no ε"),
+        (lambda m: mt.param_groups(m, 1e-3, "adafactor", eps=1e-8), "pair"),
+        (lambda m: mt.param_groups(m, 1e-3, "adamw", partner_lr=1e-3), "partner_lr"),
+        (lambda m: mt.param_groups(m, 1e-3, "adam", adjust_lr_fn="original"), "adjust_lr_fn belongs to"),
+        (lambda m: mt.optim.build_optimizer(MLP(64), "muon", 1e-3, mup=False), "hidden=mt.optim.hidden_matrices"),
+    ],
+)
 def test_bad_optimizer_settings_name_the_argument(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call(_mlp())
@@ -250,7 +273,8 @@ def test_bad_optimizer_settings_name_the_argument(call, match):
 
 def test_plain_model_muon_finds_hidden_matrices_from_shapes():
     assert mt.optim.hidden_matrices(GPT(64), GPT(128)) == {
-        f"blocks.{i}.{n}.weight" for i in range(2) for n in ("attn.qkv", "attn.proj", "fc", "fc_out")}
+        f"blocks.{i}.{n}.weight" for i in range(2) for n in ("attn.qkv", "attn.proj", "fc", "fc_out")
+    }
     opt = mt.optim.build_optimizer(MLP(64), "muon", 1e-3, mup=False, hidden=mt.optim.hidden_matrices(MLP(64), MLP(128)))
     assert len(opt.muon.param_groups[0]["params"]) == 1 and len(opt.adamw.param_groups[0]["params"]) == 5
 
@@ -266,8 +290,16 @@ def _coord(recipe_name, optimizer, mup, widths):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return mt.coord_check(make, widths, recipe.data(), optimizer=optimizer, lr=recipe.lr_for(optimizer),
-                              steps=4, seeds=2, progress=False)
+        return mt.coord_check(
+            make,
+            widths,
+            recipe.data(),
+            optimizer=optimizer,
+            lr=recipe.lr_for(optimizer),
+            steps=4,
+            seeds=2,
+            progress=False,
+        )
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "lion", "adafactor", "soap", "muon"])
@@ -289,6 +321,7 @@ def test_coord_check_passes_mup_and_fails_sp_on_the_gpt(optimizer):
 def test_sweep_objective_trains_with_the_optimizer(optimizer):
     from mutransfer.sweep.objective import Scale
     from mutransfer.sweep.objectives import train_mlp
+
     hp = {"lr": 1e-3 if optimizer != "adafactor" else 0.03, "optimizer": optimizer, "steps": 20}
     first = train_mlp({**hp, "steps": 2}, Scale(128, 64, "mup"))
     loss = train_mlp(hp, Scale(128, 64, "mup"))
@@ -307,8 +340,9 @@ def test_describe_prints_the_factors_param_groups_writes():
     row = next(line for line in text.splitlines() if line.startswith("readout.weight"))
     assert row.split()[-3:] == ["adamw", "0.0625", "1"]
     text = mt.describe(model, "adafactor")
-    assert "ε₁×" in text and next(line for line in text.splitlines()
-                                  if line.startswith("hidden.0.weight")).split()[-4:] == ["adafactor", "0.25", "0.0625", "0.25"]
+    assert "ε₁×" in text and next(line for line in text.splitlines() if line.startswith("hidden.0.weight")).split()[
+        -4:
+    ] == ["adafactor", "0.25", "0.0625", "0.25"]
 
 
 def _regret(optimizer, grid, parametrization, seeds=2):
@@ -317,13 +351,17 @@ def _regret(optimizer, grid, parametrization, seeds=2):
     model's own best on the grid, minus 1 (the transfer's regret), and the narrow model's best index."""
     from mutransfer.sweep.objective import Scale
     from mutransfer.sweep.objectives import train_resmlp
+
     hp = {"optimizer": optimizer, "task": "regress", "steps": 60, "d_in": 16, "d_out": 4, "threads": 2}
     if optimizer == "muon":
         hp["adjust_lr_fn"] = "match_rms_adamw"
 
     def losses(width):
-        return [sum(train_resmlp({**hp, "lr": 2.0 ** k}, Scale(width, 32, parametrization, seed=s))
-                    for s in range(seeds)) / seeds for k in grid]
+        return [
+            sum(train_resmlp({**hp, "lr": 2.0**k}, Scale(width, 32, parametrization, seed=s)) for s in range(seeds))
+            / seeds
+            for k in grid
+        ]
 
     narrow, wide = losses(32), losses(256)
     tuned = min(range(len(narrow)), key=narrow.__getitem__)

@@ -1,6 +1,7 @@
 """µTransfer on a ResNet with BatchNorm (benchmarks/resnet_transfer.py): the roles µP gives its
 parameters, and the benchmark's smoke run (slow), which must print the table, write the JSON and
 the figure, and show Adam's optimum moving less under µP than under SP."""
+
 import json
 import math
 import re
@@ -21,7 +22,9 @@ def test_resnet_roles_under_mup():
     make = lambda w: ResNet(w, in_channels=1)  # noqa: E731
     model = mt.parametrize(make(32), base=make(8), delta=make(16))
     table = mt.describe(model)
-    roles = {line.split()[0]: line.split()[2] for line in table.splitlines() if re.match(r"^[a-z]\S*\.(weight|bias)\s", line)}
+    roles = {
+        line.split()[0]: line.split()[2] for line in table.splitlines() if re.match(r"^[a-z]\S*\.(weight|bias)\s", line)
+    }
     assert roles["stem.weight"] == "input"
     assert roles["head.weight"] == "output"
     assert roles["layers.0.conv1.weight"] == roles["layers.1.conv1.weight"] == "hidden"  # width → width, and → 2·width
@@ -35,8 +38,23 @@ def test_resnet_roles_under_mup():
 def test_resnet_transfer_benchmark_quick(tmp_path):
     pytest.importorskip("sklearn", reason="the benchmark's data are scikit-learn's digits")
     path, plot = tmp_path / "r.json", tmp_path / "r.png"
-    proc = subprocess.run([sys.executable, "benchmarks/resnet_transfer.py", "--quick", "--workers", "1", "--json",
-                           str(path), "--plot", str(plot)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/resnet_transfer.py",
+            "--quick",
+            "--workers",
+            "1",
+            "--json",
+            str(path),
+            "--plot",
+            str(plot),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     out = proc.stdout
     assert "| Adam | µP |" in out and "| SGD m=0.9 | SP |" in out and "drift" in out, out

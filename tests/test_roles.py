@@ -1,12 +1,12 @@
 """Role classification and the exact lr / ε / weight-decay / init factors of every group."""
+
 import pytest
 import torch
 from torch import nn
 
 import mutransfer as mt
-from mutransfer.recipes import CNN, GPT, MLP, MHATransformer
-
 from conftest import build
+from mutransfer.recipes import CNN, GPT, MLP, MHATransformer
 
 M = 4.0  # width 256 over base 64
 
@@ -21,15 +21,24 @@ def group_of(groups, param):
 
 def test_mlp_roles_and_factors():
     m = build(MLP, 256, 64)
-    assert roles_of(m) == {"input.weight": "input", "input.bias": "vector", "hidden.0.weight": "hidden",
-                           "hidden.0.bias": "vector", "readout.weight": "output", "readout.bias": "scalar"}
+    assert roles_of(m) == {
+        "input.weight": "input",
+        "input.bias": "vector",
+        "hidden.0.weight": "hidden",
+        "hidden.0.bias": "vector",
+        "readout.weight": "output",
+        "readout.bias": "scalar",
+    }
     lr, eps, wd = 1e-2, 1e-8, 0.1
     adam = mt.param_groups(m, lr, "adamw", eps=eps, weight_decay=wd)
     sgd = mt.param_groups(m, lr, "sgd", weight_decay=wd)
     expected = {  # name: (adam lr×, adam ε×, sgd lr×)
-        "input.weight": (1, 1 / M, M), "input.bias": (1, 1 / M, M),
-        "hidden.0.weight": (1 / M, 1 / M, 1), "hidden.0.bias": (1, 1 / M, M),
-        "readout.weight": (1 / M, 1, 1 / M), "readout.bias": (1, 1, 1),
+        "input.weight": (1, 1 / M, M),
+        "input.bias": (1, 1 / M, M),
+        "hidden.0.weight": (1 / M, 1 / M, 1),
+        "hidden.0.bias": (1, 1 / M, M),
+        "readout.weight": (1 / M, 1, 1 / M),
+        "readout.bias": (1, 1, 1),
     }
     params = dict(m.named_parameters())
     for name, (a_lr, a_eps, s_lr) in expected.items():
@@ -54,7 +63,7 @@ def test_mlp_init_is_rescaled_relative_to_the_base_init():
     ref_sp = {n: p.std().item() for n, p in target.named_parameters()}
     mt.parametrize(target, base=base, delta=MLP(128, d_in=128))
     # µP: hidden std × 1/√m, output std × 1/m, input and biases × 1 relative to the base
-    assert _std_ratio(target, base, "hidden.0.weight") == pytest.approx(16 ** -0.5, rel=0.03)
+    assert _std_ratio(target, base, "hidden.0.weight") == pytest.approx(16**-0.5, rel=0.03)
     assert _std_ratio(target, base, "readout.weight") == pytest.approx(1 / 16, rel=0.05)
     assert _std_ratio(target, base, "input.weight") == pytest.approx(1.0, rel=0.03)
     assert _std_ratio(target, base, "hidden.0.bias") == pytest.approx(1.0, rel=0.2)
@@ -103,7 +112,9 @@ def test_gpt_with_tied_embeddings():
     assert group_of(groups, m.blocks[0].fc.weight)["lr"] == 1 / M
     # attention: head dim grows 16 → 64 at 4 heads, so logits get √16/64 instead of 1/√64
     assert [(a.module, a.how, a.d0, a.d) for a in spec.attention] == [
-        ("blocks.0.attn", "sdpa", 16, 64), ("blocks.1.attn", "sdpa", 16, 64)]
+        ("blocks.0.attn", "sdpa", 16, 64),
+        ("blocks.1.attn", "sdpa", 16, 64),
+    ]
 
 
 def test_multihead_attention_model():
@@ -125,8 +136,8 @@ class RawParams(nn.Module):
     def __init__(self, width, d_in=8, d_out=3):
         super().__init__()
         self.w_in = nn.Parameter(torch.randn(width, d_in))
-        self.w_hid = nn.Parameter(torch.randn(width, width) / width ** 0.5)
-        self.w_out_t = nn.Parameter(torch.randn(width, d_out) / width ** 0.5)  # (in, out)
+        self.w_hid = nn.Parameter(torch.randn(width, width) / width**0.5)
+        self.w_out_t = nn.Parameter(torch.randn(width, d_out) / width**0.5)  # (in, out)
         self.gain = nn.Parameter(torch.ones(width))
         self.temperature = nn.Parameter(torch.ones(()))
 
@@ -138,12 +149,16 @@ class RawParams(nn.Module):
 
 def test_raw_parameters_convention_and_overrides():
     m = build(RawParams, 256, 64)
-    assert roles_of(m) == {"w_in": "vector", "w_hid": "hidden", "w_out_t": "vector", "gain": "vector",
-                           "temperature": "scalar"}
+    assert roles_of(m) == {
+        "w_in": "vector",
+        "w_hid": "hidden",
+        "w_out_t": "vector",
+        "gain": "vector",
+        "temperature": "scalar",
+    }
     torch.manual_seed(0)
     m = RawParams(256)
-    mt.parametrize(m, base=RawParams(64), delta=RawParams(128), roles={"w_out_t": "output"},
-                   transposed=["w_out_t"])
+    mt.parametrize(m, base=RawParams(64), delta=RawParams(128), roles={"w_out_t": "output"}, transposed=["w_out_t"])
     info = m._mutransfer_spec.params["w_out_t"]
     assert info.role == "output" and (info.m_in, info.m_out) == (M, 1.0)
     assert group_of(mt.param_groups(m, 1.0, "adam"), m.w_out_t)["lr"] == 1 / M
@@ -171,8 +186,14 @@ def test_hf_style_conv1d_is_recognised_as_transposed():
             return self.head(self.c_proj(self.c_fc(x)))
 
     m = build(Net, 256, 64)
-    assert roles_of(m) == {"c_fc.weight": "input", "c_fc.bias": "vector", "c_proj.weight": "hidden",
-                           "c_proj.bias": "vector", "head.weight": "output", "head.bias": "scalar"}
+    assert roles_of(m) == {
+        "c_fc.weight": "input",
+        "c_fc.bias": "vector",
+        "c_proj.weight": "hidden",
+        "c_proj.bias": "vector",
+        "head.weight": "output",
+        "head.bias": "scalar",
+    }
 
 
 def test_describe_lists_every_parameter():

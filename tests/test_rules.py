@@ -57,8 +57,12 @@ def test_depth_rules_eps_follows_the_gradient_and_branch_end_is_the_abc_shift_of
     assert rules.depth_factor(block.adam_lr, 16.0, 1.0) == 1.0
     assert rules.depth_factor(block.adam_lr, 16.0, 0.5) == 0.25
     assert rules.depth_factor(block.adam_eps, 4.0, 1.0) == 0.25
-    assert all(rules.depth_factor(c, 1.0, a) == 1.0 for r in rules.DEPTH_RULES.values()
-               for c in (r.init, r.sgd_lr, r.adam_lr, r.adam_eps) for a in (0.5, 1.0))
+    assert all(
+        rules.depth_factor(c, 1.0, a) == 1.0
+        for r in rules.DEPTH_RULES.values()
+        for c in (r.init, r.sgd_lr, r.adam_lr, r.adam_eps)
+        for a in (0.5, 1.0)
+    )
 
 
 @pytest.mark.parametrize("table", ["table3", "table8"])

@@ -1,4 +1,5 @@
 """The example and the benchmarks run end to end and print what they promise (slow)."""
+
 import json
 import math
 import re
@@ -49,8 +50,16 @@ def test_coord_check_speed_benchmark_runs():
 
 @pytest.mark.slow
 def test_depth_transfer_benchmark_quick(tmp_path):
-    out = run(["benchmarks/depth_transfer.py", "--quick", "--json", str(tmp_path / "d.json"),
-               "--plot", str(tmp_path / "d.png")])
+    out = run(
+        [
+            "benchmarks/depth_transfer.py",
+            "--quick",
+            "--json",
+            str(tmp_path / "d.json"),
+            "--plot",
+            str(tmp_path / "d.png"),
+        ]
+    )
     assert "| CompleteP α=1 |" in out and "drift (octaves)" in out
     data = json.loads((tmp_path / "d.json").read_text())
     assert data["depths"] == [2, 4] and set(data["optima"]) == {"CompleteP α=1", "Depth-µP α=½", "no depth scaling"}
@@ -62,7 +71,11 @@ def test_depth_transfer_benchmark_quick(tmp_path):
 def test_feature_learning_example_quick(tmp_path):
     out = run(["examples/feature_learning.py", "--quick", "--plot", str(tmp_path / "fl.png")])
     rows = dict(re.findall(r"\| (.+?) \| ([0-9.]+) \|", out))
-    mup, nngp, ntk = float(rows["µP limit"]), float(rows["NNGP (posterior mean)"]), float(rows["NTK (gradient flow, t = ∞)"])
+    mup, nngp, ntk = (
+        float(rows["µP limit"]),
+        float(rows["NNGP (posterior mean)"]),
+        float(rows["NTK (gradient flow, t = ∞)"]),
+    )
     assert mup < 0.75 * min(nngp, ntk), out  # the feature-learning limit beats both kernels
     assert re.search(r"fitted slope -0\.[3-7]", out), out
     assert (tmp_path / "fl.png").stat().st_size > 10_000
@@ -123,8 +136,10 @@ def test_parametrize_speed_benchmark_on_meta(tmp_path):
 def test_sweep_pruning_benchmark_quick_prints_the_table(tmp_path):
     path = tmp_path / "pruning.json"
     out = run(["benchmarks/sweep_pruning.py", "--quick", "--json", str(path)])
-    rows = {m.group(1): (float(m.group(2)), float(m.group(3)))
-            for m in re.finditer(r"^\| (no pruner|pruner median) \| ([0-9.]+) \| ([0-9.]+) \|", out, re.M)}
+    rows = {
+        m.group(1): (float(m.group(2)), float(m.group(3)))
+        for m in re.finditer(r"^\| (no pruner|pruner median) \| ([0-9.]+) \| ([0-9.]+) \|", out, re.M)
+    }
     assert set(rows) == {"no pruner", "pruner median"}, out
     assert all(math.isfinite(v) and v > 0 for pair in rows.values() for v in pair), rows
     ratio = float(re.search(r"compute ratio \(no pruner / pruner\): ([0-9.]+)x", out).group(1))
@@ -138,8 +153,18 @@ def test_sweep_pruning_benchmark_quick_prints_the_table(tmp_path):
 @pytest.mark.slow
 def test_optimizer_transfer_quick_prints_the_table_and_draws(tmp_path):
     fig, js = tmp_path / "opt.png", tmp_path / "opt.json"
-    out = run(["benchmarks/optimizer_transfer.py", "--quick", "--optimizers", "lion,adafactor", "--json", str(js),
-               "--figure", str(fig)])
+    out = run(
+        [
+            "benchmarks/optimizer_transfer.py",
+            "--quick",
+            "--optimizers",
+            "lion,adafactor",
+            "--json",
+            str(js),
+            "--figure",
+            str(fig),
+        ]
+    )
     rows = [line for line in out.splitlines() if line.startswith("| mlp |")]
     assert [r.split("|")[2].strip() for r in rows] == ["lion", "adafactor"]
     assert all(r.split("|")[3].strip() == "pass" and r.split("|")[4].strip() == "fail" for r in rows), rows

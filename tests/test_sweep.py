@@ -1,4 +1,5 @@
 """Sweeps on SQLite: configs, grid/random/TPE, workers, divergence, kill -9 and resume, report, transfer."""
+
 import ast
 import json
 import math
@@ -47,7 +48,7 @@ def write(tmp_path, body, objective=True):
     return path
 
 
-GRID = '''
+GRID = """
     name = "synthetic"
     objective = "OBJ:train"
     widths = [16, 64]
@@ -59,7 +60,7 @@ GRID = '''
     grid = 9
     [fixed]
     sleep = SLEEP
-'''
+"""
 
 
 def studies(sweep):
@@ -82,7 +83,7 @@ def test_grid_sweep_report_and_transfer(tmp_path, capsys):
     assert main(["report", str(run)]) == 0
     for name in ("report.html", "loss_vs_lr.png", "transferred.json", "summary.json"):
         assert (run / name).stat().st_size > 0, name
-    assert json.loads((run / "transferred.json").read_text())["lr"] == 2 ** -6
+    assert json.loads((run / "transferred.json").read_text())["lr"] == 2**-6
     html = (run / "report.html").read_text()
     assert "loss_vs_lr.png" in html and "Drift" in html
     png = (run / "loss_vs_lr.png").read_bytes()
@@ -92,7 +93,7 @@ def test_grid_sweep_report_and_transfer(tmp_path, capsys):
     assert main(["transfer", str(run), "--width", "256"]) == 0
     out = capsys.readouterr().out
     result = json.loads((run / "transfer.json").read_text())
-    assert result["mup"]["hparams"]["lr"] == 2 ** -6 and result["sp"]["hparams"]["lr"] == 2 ** -6
+    assert result["mup"]["hparams"]["lr"] == 2**-6 and result["sp"]["hparams"]["lr"] == 2**-6
     assert result["mup"]["loss"] < result["sp"]["loss"]  # SP's proxy optimum is 4 octaves off at 256
     assert "µP target" in out and "sweep compute / one target run" in out
     assert main(["report", str(run)]) == 0  # the report now shows the transfer too
@@ -148,13 +149,17 @@ def test_random_and_tpe_run_n_trials_per_cell(tmp_path, sampler):
     for study in studies(Sweep(tmp_path / "run")).values():
         trials = study.get_trials(states=(TrialState.COMPLETE,))
         assert len(trials) == 6
-        assert all(2 ** -10 <= t.params["lr"] <= 2 ** -2 for t in trials)
+        assert all(2**-10 <= t.params["lr"] <= 2**-2 for t in trials)
 
 
 @pytest.mark.slow
 def test_kill_9_then_rerun_resumes_without_losing_trials(tmp_path):
-    cfg = write(tmp_path, GRID.replace("SLEEP", "0.6").replace("widths = [16, 64]", "widths = [16]")
-                .replace('name = "synthetic"', 'name = "synthetic"\n    parametrizations = ["mup"]'))
+    cfg = write(
+        tmp_path,
+        GRID.replace("SLEEP", "0.6")
+        .replace("widths = [16, 64]", "widths = [16]")
+        .replace('name = "synthetic"', 'name = "synthetic"\n    parametrizations = ["mup"]'),
+    )
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "mutransfer.cli", "sweep", str(cfg), "--run", str(run), "--no-progress"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -186,23 +191,36 @@ def test_kill_9_then_rerun_resumes_without_losing_trials(tmp_path):
     assert len(study.get_trials(states=(TrialState.FAIL,))) == 1  # the dead worker's trial, marked stale
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda s: "bogus = 1\n" + s, "unknown key(s) bogus"),
-    (lambda s: s.replace('high = "2**-2"', 'high = "2**-12"'), "space.lr: low"),
-    (lambda s: s.replace('type = "log"', 'type = "loglog"'), "space.lr.type"),
-    (lambda s: s.replace('sampler = "grid"', 'sampler = "cmaes"'), "sampler"),
-    (lambda s: s.replace("widths = [16, 64]", "widths = []"), "widths"),
-    (lambda s: s.replace("widths = [16, 64]", "widths = [16, 64"), "not valid TOML"),
-    # a repeated choice is one grid point for Optuna but two in the count: the sweep never finished
-    (lambda s: s.replace("[fixed]", '[space.act]\n    type = "choice"\n    values = ["a", "a", "b"]\n    [fixed]'),
-     'space.act.values has duplicates: "a" and "a"'),
-    (lambda s: s.replace("[fixed]", '[space.act]\n    type = "choice"\n    values = [1, true]\n    [fixed]'),
-     "space.act.values has duplicates: 1 and true"),
-    (lambda s: s.replace("widths = [16, 64]", "widths = [16, 64]\n    target_width = 8"),
-     "target_width (8) is below the smallest of widths (16)"),
-    (lambda s: s.replace("widths = [16, 64]", "widths = [16, 64]\n    depths = [2, 4]\n    target_depth = 1"),
-     "target_depth (1) is below the smallest of depths (2)"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda s: "bogus = 1\n" + s, "unknown key(s) bogus"),
+        (lambda s: s.replace('high = "2**-2"', 'high = "2**-12"'), "space.lr: low"),
+        (lambda s: s.replace('type = "log"', 'type = "loglog"'), "space.lr.type"),
+        (lambda s: s.replace('sampler = "grid"', 'sampler = "cmaes"'), "sampler"),
+        (lambda s: s.replace("widths = [16, 64]", "widths = []"), "widths"),
+        (lambda s: s.replace("widths = [16, 64]", "widths = [16, 64"), "not valid TOML"),
+        # a repeated choice is one grid point for Optuna but two in the count: the sweep never finished
+        (
+            lambda s: s.replace(
+                "[fixed]", '[space.act]\n    type = "choice"\n    values = ["a", "a", "b"]\n    [fixed]'
+            ),
+            'space.act.values has duplicates: "a" and "a"',
+        ),
+        (
+            lambda s: s.replace("[fixed]", '[space.act]\n    type = "choice"\n    values = [1, true]\n    [fixed]'),
+            "space.act.values has duplicates: 1 and true",
+        ),
+        (
+            lambda s: s.replace("widths = [16, 64]", "widths = [16, 64]\n    target_width = 8"),
+            "target_width (8) is below the smallest of widths (16)",
+        ),
+        (
+            lambda s: s.replace("widths = [16, 64]", "widths = [16, 64]\n    depths = [2, 4]\n    target_depth = 1"),
+            "target_depth (1) is below the smallest of depths (2)",
+        ),
+    ],
+)
 def test_bad_config_fails_at_once_with_exit_2(tmp_path, capsys, edit, message):
     cfg = write(tmp_path, edit(GRID.replace("SLEEP", "0")))
     assert main(["sweep", str(cfg), "--run", str(tmp_path / "run"), "--no-progress"]) == 2
@@ -213,13 +231,34 @@ def test_bad_config_fails_at_once_with_exit_2(tmp_path, capsys, edit, message):
 
 def test_unreachable_storage_exits_2_without_leaking_credentials(tmp_path, capsys):
     cfg = write(tmp_path, GRID.replace("SLEEP", "0"))
-    code = main(["sweep", str(cfg), "--run", str(tmp_path / "run"), "--storage",
-                 "sqlite:////nonexistent-dir/x/sweep.db", "--no-progress"])
+    code = main(
+        [
+            "sweep",
+            str(cfg),
+            "--run",
+            str(tmp_path / "run"),
+            "--storage",
+            "sqlite:////nonexistent-dir/x/sweep.db",
+            "--no-progress",
+        ]
+    )
     assert code == 2
     assert "unreachable" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()  # nothing left behind: the corrected rerun starts afresh
-    assert main(["sweep", str(cfg), "--run", str(tmp_path / "run2"), "--storage",
-                 "mysql://bob:hunter2@localhost/db", "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "sweep",
+                str(cfg),
+                "--run",
+                str(tmp_path / "run2"),
+                "--storage",
+                "mysql://bob:hunter2@localhost/db",
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "hunter2" not in err and "bob:***@" in err
 
@@ -233,6 +272,7 @@ def test_unknown_objective_fails_at_once(tmp_path, capsys):
 def test_the_example_in_the_config_docstring_validates():
     from mutransfer.sweep import config as config_module
     from mutransfer.sweep.config import tomllib  # tomli before Python 3.11
+
     block = re.search(r"```toml\n(.*?)```", config_module.__doc__, re.S)
     assert block, "the config module's docstring has no ```toml example"
     cfg = config_from_dict(tomllib.loads(block.group(1)), "the docstring example")
@@ -246,13 +286,15 @@ def test_mask_url():
 
 
 def test_config_from_python_matches_toml():
-    cfg = config_from_dict({"objective": "recipe:mlp", "widths": [64, 32], "space": {"lr": {"low": 1e-4, "high": 1e-2,
-                                                                                         "grid": 3}}})
+    cfg = config_from_dict(
+        {"objective": "recipe:mlp", "widths": [64, 32], "space": {"lr": {"low": 1e-4, "high": 1e-2, "grid": 3}}}
+    )
     assert cfg.widths == [32, 64] and cfg.base_width == 32 and cfg.sampler == "grid"
     assert [round(math.log10(v), 6) for v in cfg.space["lr"].grid_points()] == [-4, -3, -2]
     with pytest.raises(ValueError, match="both swept"):
-        config_from_dict({"objective": "recipe:mlp", "widths": [8], "space": {"lr": {"low": 1, "high": 2}},
-                          "fixed": {"lr": 1}})
+        config_from_dict(
+            {"objective": "recipe:mlp", "widths": [8], "space": {"lr": {"low": 1, "high": 2}}, "fixed": {"lr": 1}}
+        )
 
 
 def test_a_worker_elsewhere_joins_by_sweep_name_and_storage(tmp_path, monkeypatch):
@@ -264,8 +306,10 @@ def test_a_worker_elsewhere_joins_by_sweep_name_and_storage(tmp_path, monkeypatc
     monkeypatch.chdir(elsewhere)
     assert main(["worker", "synthetic", "--storage", storage, "--no-progress"]) == 0  # nothing left to do
     copy = (elsewhere / "synthetic" / "config.toml").read_text()
-    assert copy == f'config_dir = "{tmp_path}"  # added by mutransfer: relative paths below resolve here\n' + \
-        cfg.read_text()
+    assert (
+        copy
+        == f'config_dir = "{tmp_path}"  # added by mutransfer: relative paths below resolve here\n' + cfg.read_text()
+    )
 
 
 @pytest.mark.slow
@@ -273,13 +317,19 @@ def test_a_worker_dying_right_after_claiming_does_not_block_the_sweep(tmp_path):
     cfg = write(tmp_path, GRID.replace("SLEEP", "0").replace("widths = [16, 64]", "widths = [16]"))
     run = tmp_path / "run"
     Sweep.create(cfg, run).prepare()
-    code = ("import os, sys; from mutransfer.sweep import Sweep; s = Sweep(sys.argv[1]); "
-            "t = s._claim(s.study('mup', 16)); assert t is not None; os._exit(0)")
+    code = (
+        "import os, sys; from mutransfer.sweep import Sweep; s = Sweep(sys.argv[1]); "
+        "t = s._claim(s.study('mup', 16)); assert t is not None; os._exit(0)"
+    )
     subprocess.run([sys.executable, "-c", code, str(run)], check=True, timeout=120)
     # Without a first heartbeat the claimed trial never goes stale and the worker waits for it
     # forever; the timeout only guards against that hang (it is no speed requirement).
-    worker = subprocess.run([sys.executable, "-m", "mutransfer.cli", "worker", str(run), "--no-progress"],
-                            capture_output=True, text=True, timeout=600)
+    worker = subprocess.run(
+        [sys.executable, "-m", "mutransfer.cli", "worker", str(run), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert worker.returncode == 0, worker.stderr
     sweep = Sweep(run)
     for study in studies(sweep).values():
@@ -288,7 +338,7 @@ def test_a_worker_dying_right_after_claiming_does_not_block_the_sweep(tmp_path):
     assert len(stale) == 1 and not stale[0].user_attrs  # failed by its heartbeat going stale, then retried
 
 
-DIES = textwrap.dedent('''
+DIES = textwrap.dedent("""
     import os, signal, sys, time
     from pathlib import Path
 
@@ -305,7 +355,7 @@ DIES = textwrap.dedent('''
             while not MARK.exists() and time.monotonic() < deadline:
                 time.sleep(0.1)
         return (hp["lr"] - 0.01) ** 2
-''')
+""")
 
 
 @pytest.mark.slow
@@ -314,7 +364,9 @@ def test_a_dead_worker_process_is_a_warning_when_every_trial_finished(tmp_path, 
     """A local worker killed (or sent SIGINT on its own: a sweep started with `&`) while this
     process goes on: its trial is retried here, the sweep completes, the exit is a warning line."""
     (tmp_path / "dies.py").write_text(DIES)
-    cfg = write(tmp_path, f'''
+    cfg = write(
+        tmp_path,
+        f'''
         name = "dies"
         objective = "dies.py:train"
         widths = [16]
@@ -325,18 +377,26 @@ def test_a_dead_worker_process_is_a_warning_when_every_trial_finished(tmp_path, 
         grid = 3
         [fixed]
         signal = "{sig}"
-    ''', objective=False)
+    ''',
+        objective=False,
+    )
     run = tmp_path / "run"
     assert main(["sweep", str(cfg), "--run", str(run), "--workers", "2", "--no-progress"]) == 0
     out, err = capsys.readouterr()
     assert (tmp_path / "died").exists()  # the worker did run (and die on) a trial
     assert "3/3 trials done, storage" in out.strip().splitlines()[-1], (out, err)
     warnings = [line for line in err.splitlines() if "worker process" in line]
-    assert len(warnings) == 1 and re.fullmatch(rf"warning: worker process \d+ exited with {re.escape(shown)}; its "
-                                                r"trials were retried", warnings[0]), err
+    assert len(warnings) == 1 and re.fullmatch(
+        rf"warning: worker process \d+ exited with {re.escape(shown)}; its "
+        r"trials were retried",
+        warnings[0],
+    ), err
     study = Sweep(run).study("mup", 16)
-    assert sorted(t.params["lr"] for t in study.get_trials(states=(TrialState.COMPLETE,))) == \
-        [2.0 ** -10, 2.0 ** -6, 2.0 ** -2]
+    assert sorted(t.params["lr"] for t in study.get_trials(states=(TrialState.COMPLETE,))) == [
+        2.0**-10,
+        2.0**-6,
+        2.0**-2,
+    ]
     assert json.loads((run / "run.json").read_text())["finished_trials"] == 3
 
 
@@ -345,8 +405,23 @@ def test_a_worker_started_before_the_sweep_waits_for_it(tmp_path):
     storage = f"sqlite:///{tmp_path / 'shared.db'}"
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    worker = subprocess.Popen([sys.executable, "-m", "mutransfer.cli", "worker", "synthetic", "--storage", storage,
-                               "--no-progress", "--wait", "60"], cwd=elsewhere, stderr=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mutransfer.cli",
+            "worker",
+            "synthetic",
+            "--storage",
+            storage,
+            "--no-progress",
+            "--wait",
+            "60",
+        ],
+        cwd=elsewhere,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(1.0)
     assert main(["sweep", str(cfg), "--run", str(tmp_path / "run"), "--storage", storage, "--no-progress"]) == 0
     _, err = worker.communicate(timeout=120)
@@ -358,10 +433,13 @@ def test_a_worker_started_before_the_sweep_waits_for_it(tmp_path):
 def test_claim_lock_excludes_other_processes_on_sqlite(tmp_path):
     """SQLite ignores SELECT … FOR UPDATE, so claims are serialized by a file lock."""
     from mutransfer.sweep.storage import ClaimLock
+
     url = f"sqlite:///{tmp_path / 'sweep.db'}"
-    probe = ("import fcntl, sys\nf = open(sys.argv[1], 'a')\n"
-             "try:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n    print('free')\n"
-             "except BlockingIOError:\n    print('held')\n")
+    probe = (
+        "import fcntl, sys\nf = open(sys.argv[1], 'a')\n"
+        "try:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n    print('free')\n"
+        "except BlockingIOError:\n    print('held')\n"
+    )
     lock_file = str(tmp_path / "sweep.db.claim-lock")
     with ClaimLock(url):
         held = subprocess.run([sys.executable, "-c", probe, lock_file], capture_output=True, text=True).stdout
@@ -373,7 +451,7 @@ def test_claim_lock_excludes_other_processes_on_sqlite(tmp_path):
 # ---------------------------------------------------------------------------- failed trials
 
 FAILING = GRID.replace("SLEEP", "0") + "raise_above = 0.03\n"  # lrs 2^-5…2^-2 raise: 4 of 9 per cell
-BIG_LRS = [2.0 ** e for e in (-5, -4, -3, -2)]
+BIG_LRS = [2.0**e for e in (-5, -4, -3, -2)]
 
 
 def test_a_failing_trial_is_recorded_and_the_sweep_goes_on(tmp_path, capsys):
@@ -386,8 +464,10 @@ def test_a_failing_trial_is_recorded_and_the_sweep_goes_on(tmp_path, capsys):
     assert "36/36 trials done" in final and "16 failed" in final and "--retry-failed" in final, final
     lines = [line for line in err.splitlines() if " failed: " in line]
     assert len(lines) == 16, err
-    pattern = (r"trial (\d+) \((mup|sp) width (16|64)\) failed: ValueError: boom at lr \S+ — traceback in "
-               r"(.*failures/synthetic_(mup|sp)_w(16|64)-trial\d+\.txt)")
+    pattern = (
+        r"trial (\d+) \((mup|sp) width (16|64)\) failed: ValueError: boom at lr \S+ — traceback in "
+        r"(.*failures/synthetic_(mup|sp)_w(16|64)-trial\d+\.txt)"
+    )
     assert all(re.fullmatch(pattern, line) for line in lines), lines
     assert "Traceback" not in err
 
@@ -403,8 +483,14 @@ def test_a_failing_trial_is_recorded_and_the_sweep_goes_on(tmp_path, capsys):
             assert t.user_attrs["error"] == f"ValueError: boom at lr {t.params['lr']:.4g}"
             assert "Traceback" in t.user_attrs["traceback"] and "raise EXCEPTIONS" in t.user_attrs["traceback"]
             text = (run / "failures" / f"synthetic_{p}_w{w}-trial{t.number}.txt").read_text()
-            for line in (f"width: {w}", "depth: None", f"parametrization: {p}", "seed: 0",
-                         f"params: {json.dumps({'lr': t.params['lr']})}", "ValueError: boom at lr"):
+            for line in (
+                f"width: {w}",
+                "depth: None",
+                f"parametrization: {p}",
+                "seed: 0",
+                f"params: {json.dumps({'lr': t.params['lr']})}",
+                "ValueError: boom at lr",
+            ):
                 assert line in text, (line, text)
             assert "Traceback (most recent call last)" in text and "raise EXCEPTIONS" in text
     assert sweep.finished() == sweep.total_trials() == 36 and sweep.failed() == 16
@@ -446,17 +532,22 @@ def test_a_retry_that_fails_again_replaces_the_old_traceback_file(tmp_path, caps
     assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
     assert main(["sweep", str(cfg), "--run", str(run), "--retry-failed", "--no-progress"]) == 0  # not fixed
     sweep = Sweep(run)
-    current = {f"synthetic_{p}_w{w}-trial{t.number}.txt" for (p, w, _), study in studies(sweep).items()
-               for t in study.get_trials(states=(TrialState.FAIL,)) if "retried" not in t.user_attrs}
+    current = {
+        f"synthetic_{p}_w{w}-trial{t.number}.txt"
+        for (p, w, _), study in studies(sweep).items()
+        for t in study.get_trials(states=(TrialState.FAIL,))
+        if "retried" not in t.user_attrs
+    }
     assert len(current) == 16 and sweep.failed() == 16
     assert {f.name for f in (run / "failures").iterdir()} == current  # one file per current failure
 
 
-GRID_LRS = [2.0 ** e for e in range(-10, -1)]
+GRID_LRS = [2.0**e for e in range(-10, -1)]
 
 
 def test_random_sampler_counts_failed_trials_and_retries_them(tmp_path):
     from mutransfer.sweep import run_sweep
+
     body = FAILING.replace('sampler = "grid"', 'sampler = "random"\n    n_trials = 6')
     cfg = write(tmp_path, body)
     (tmp_path / "FAIL").write_text("ValueError")
@@ -483,8 +574,10 @@ def test_random_sampler_counts_failed_trials_and_retries_them(tmp_path):
 @pytest.mark.parametrize("kind", ["KeyboardInterrupt"])
 def test_an_interrupted_trial_is_not_a_failure_and_is_requeued(tmp_path, kind):
     from mutransfer.sweep import run_sweep
+
     body = FAILING.replace("widths = [16, 64]", "widths = [16]").replace(
-        'name = "synthetic"', 'name = "synthetic"\n    parametrizations = ["mup"]')
+        'name = "synthetic"', 'name = "synthetic"\n    parametrizations = ["mup"]'
+    )
     cfg = write(tmp_path, body)
     (tmp_path / "FAIL").write_text(kind)
     run = tmp_path / "run"
@@ -513,8 +606,9 @@ def test_an_objective_calling_sys_exit_fails_its_trial_and_the_sweep_goes_on(tmp
     out, err = capsys.readouterr()
     assert "36/36 trials done, 16 failed" in out.strip().splitlines()[-1]
     lines = [line for line in err.splitlines() if " failed: " in line]
-    assert len(lines) == 16 and all("failed: the objective called sys.exit(3) (argparse's parse_args" in line
-                                    for line in lines), err
+    assert len(lines) == 16 and all(
+        "failed: the objective called sys.exit(3) (argparse's parse_args" in line for line in lines
+    ), err
     sweep = Sweep(run)
     for study in studies(sweep).values():
         failed = study.get_trials(states=(TrialState.FAIL,))
@@ -524,7 +618,7 @@ def test_an_objective_calling_sys_exit_fails_its_trial_and_the_sweep_goes_on(tmp
         assert not study.get_trials(states=(TrialState.WAITING, TrialState.RUNNING))
 
 
-RETURNS = textwrap.dedent('''
+RETURNS = textwrap.dedent("""
     import math
     def train(hp, scale):
         loss = (math.log2(hp["lr"]) + 6) ** 2
@@ -538,21 +632,28 @@ RETURNS = textwrap.dedent('''
         if kind == "int":
             return int(loss)
         return {"none": None, "string": str(loss), "list": [loss], "bool": True}[kind]
-''')
+""")
 
 
-@pytest.mark.parametrize("kind, message", [
-    ("none", r"the objective returned None; it must return the training loss as a float"),
-    ("string", r"the objective returned '(0|16)\.0' \(str\); it must return the training loss as a float"),
-    ("list", r"the objective returned \[(0|16)\.0\] \(list\); it must return the training loss as a float"),
-    ("bool", r"the objective returned True \(bool\); it must return the training loss as a float"),
-    ("numpy", None), ("tensor", None), ("int", None),
-])
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        ("none", r"the objective returned None; it must return the training loss as a float"),
+        ("string", r"the objective returned '(0|16)\.0' \(str\); it must return the training loss as a float"),
+        ("list", r"the objective returned \[(0|16)\.0\] \(list\); it must return the training loss as a float"),
+        ("bool", r"the objective returned True \(bool\); it must return the training loss as a float"),
+        ("numpy", None),
+        ("tensor", None),
+        ("int", None),
+    ],
+)
 def test_an_objective_must_return_a_number(tmp_path, capsys, kind, message):
     """None, a string or a list fails the trial with what was wrong (not a TypeError from inside the
     runner, not a string read as a number); a sweep where every trial failed exits 1 and says so."""
     (tmp_path / "ret.py").write_text(RETURNS)
-    cfg = write(tmp_path, f'''
+    cfg = write(
+        tmp_path,
+        f'''
         name = "ret"
         objective = "ret.py:train"
         widths = [16]
@@ -563,7 +664,9 @@ def test_an_objective_must_return_a_number(tmp_path, capsys, kind, message):
         grid = 3
         [fixed]
         returns = "{kind}"
-    ''', objective=False)
+    ''',
+        objective=False,
+    )
     run = tmp_path / "run"
     code = main(["sweep", str(cfg), "--run", str(run), "--no-progress"])
     out, err = capsys.readouterr()
@@ -592,22 +695,31 @@ def test_ctrl_c_prints_one_line_exits_130_and_a_rerun_resumes_at_once(tmp_path):
     # As from a terminal: SIGINT at its default in the child. Under `make test` pytest may run with
     # SIGINT ignored (a background job of a non-interactive shell), and an ignored SIGINT is
     # inherited through exec: the sweep would never see the Ctrl-C.
-    proc = subprocess.Popen(cmd + ["--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        cmd + ["--workers", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     storage = f"sqlite:///{run / 'sweep.db'}"
     deadline = time.time() + 180  # a guard against a hang, not a speed requirement
     while time.time() < deadline:
         time.sleep(0.2)
         try:
-            trials = [t for p in ("mup", "sp") for t in
-                      optuna.load_study(study_name=f"synthetic/{p}/w16", storage=storage).get_trials()]
+            trials = [
+                t
+                for p in ("mup", "sp")
+                for t in optuna.load_study(study_name=f"synthetic/{p}/w16", storage=storage).get_trials()
+            ]
         except Exception:
             continue
         done = [t for t in trials if t.state == TrialState.COMPLETE]
         if len(done) >= 2 and len([t for t in trials if t.state == TrialState.RUNNING]) >= 2:
             break
     os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "worker" not in err
     lines = err.strip().splitlines()
@@ -640,21 +752,23 @@ def test_ctrl_c_in_the_demo_prints_one_line_and_exits_130(tmp_path, capsys, monk
 
     monkeypatch.setattr(demo, "run_demo", interrupted)
     assert main(["demo", "--out", str(tmp_path), "--no-progress"]) == 130
-    out, err = capsys.readouterr()
+    _out, err = capsys.readouterr()
     assert err == "interrupted: 0 trials done, rerun to resume\n"
 
 
 # ---------------------------------------------------------------------------- bad objectives, paths
 
 
-@pytest.mark.parametrize("source, spec, message", [
-    (None, "obj2.py:train", "not found"),
-    (OBJECTIVE, "obj2.py:nosuch", "has no function 'nosuch'"),
-    ("raise RuntimeError('no GPU here')\n", "obj2.py:train", "RuntimeError: no GPU here"),
-    ("def train(:\n", "obj2.py:train", "SyntaxError"),
-])
-def test_a_bad_objective_leaves_nothing_behind_and_the_corrected_rerun_works(tmp_path, capsys, source, spec,
-                                                                             message):
+@pytest.mark.parametrize(
+    "source, spec, message",
+    [
+        (None, "obj2.py:train", "not found"),
+        (OBJECTIVE, "obj2.py:nosuch", "has no function 'nosuch'"),
+        ("raise RuntimeError('no GPU here')\n", "obj2.py:train", "RuntimeError: no GPU here"),
+        ("def train(:\n", "obj2.py:train", "SyntaxError"),
+    ],
+)
+def test_a_bad_objective_leaves_nothing_behind_and_the_corrected_rerun_works(tmp_path, capsys, source, spec, message):
     if source is not None:
         (tmp_path / "obj2.py").write_text(source)
     cfg = write(tmp_path, GRID.replace("SLEEP", "0").replace('"OBJ:train"', f'"{tmp_path}/{spec}"'))
@@ -693,8 +807,11 @@ def test_relative_paths_in_the_toml_resolve_next_to_it(tmp_path, monkeypatch):
         d.mkdir()
     (project / "obj.py").write_text(OBJECTIVE)
     cfg = project / "sweep.toml"
-    cfg.write_text(textwrap.dedent(GRID.replace("SLEEP", "0")).replace('"OBJ:train"', '"obj.py:train"')
-                   .replace('sampler = "grid"', 'sampler = "grid"\nstorage = "sqlite:///rel.db"'))
+    cfg.write_text(
+        textwrap.dedent(GRID.replace("SLEEP", "0"))
+        .replace('"OBJ:train"', '"obj.py:train"')
+        .replace('sampler = "grid"', 'sampler = "grid"\nstorage = "sqlite:///rel.db"')
+    )
     run = tmp_path / "run"
     monkeypatch.chdir(elsewhere)
     assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
@@ -702,7 +819,7 @@ def test_relative_paths_in_the_toml_resolve_next_to_it(tmp_path, monkeypatch):
     monkeypatch.chdir(third)  # resuming from anywhere: the run's copy of the config still finds both
     sweep = Sweep(run)
     assert sweep.url == f"sqlite:///{project / 'rel.db'}"
-    assert sweep.objective({"lr": 2 ** -6}, sweep.scale("mup", 16, None, 0)) == pytest.approx(1 / 16)
+    assert sweep.objective({"lr": 2**-6}, sweep.scale("mup", 16, None, 0)) == pytest.approx(1 / 16)
     assert sweep.finished() == 36
     assert main(["worker", str(run), "--no-progress"]) == 0
     assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
@@ -714,8 +831,9 @@ def test_a_module_objective_is_importable_from_the_toml_directory(tmp_path, monk
     elsewhere.mkdir()
     (project / "mt_test_toml_dir_objective.py").write_text(OBJECTIVE)
     cfg = project / "sweep.toml"
-    cfg.write_text(textwrap.dedent(GRID.replace("SLEEP", "0"))
-                   .replace('"OBJ:train"', '"mt_test_toml_dir_objective:train"'))
+    cfg.write_text(
+        textwrap.dedent(GRID.replace("SLEEP", "0")).replace('"OBJ:train"', '"mt_test_toml_dir_objective:train"')
+    )
     monkeypatch.chdir(elsewhere)
     assert main(["sweep", str(cfg), "--run", str(tmp_path / "run"), "--no-progress"]) == 0
     assert Sweep(tmp_path / "run").finished() == 36
@@ -723,6 +841,7 @@ def test_a_module_objective_is_importable_from_the_toml_directory(tmp_path, monk
 
 def test_the_library_does_not_import_the_cli():
     import mutransfer
+
     root = os.path.dirname(mutransfer.__file__)
     offenders = []
     for dirpath, _, files in os.walk(root):
@@ -734,8 +853,11 @@ def test_the_library_does_not_import_the_cli():
                 if isinstance(node, ast.ImportFrom):
                     module = node.module or ""
                     names = [a.name for a in node.names]
-                    if module.endswith("cli") or module == "mutransfer.cli" or (module in ("", "mutransfer")
-                                                                                 and "cli" in names):
+                    if (
+                        module.endswith("cli")
+                        or module == "mutransfer.cli"
+                        or (module in ("", "mutransfer") and "cli" in names)
+                    ):
                         offenders.append(os.path.relpath(path, root))
                 elif isinstance(node, ast.Import) and any(a.name == "mutransfer.cli" for a in node.names):
                     offenders.append(os.path.relpath(path, root))
@@ -744,6 +866,7 @@ def test_the_library_does_not_import_the_cli():
 
 def test_loading_errors_are_value_errors_naming_the_file(tmp_path):
     from mutransfer._loading import load_callable
+
     bad = tmp_path / "broken_at_import.py"
     bad.write_text("import math\nraise KeyError('missing setting')\n")
     with pytest.raises(ValueError, match=r"broken_at_import\.py.*KeyError: 'missing setting'"):
@@ -805,6 +928,7 @@ def test_transfer_after_the_report_updates_it_and_records_cpu_seconds(tmp_path):
 
 def test_a_sweep_leaves_optunas_log_level_as_it_found_it(tmp_path, capsys):
     from mutransfer.sweep import run_sweep
+
     before = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.INFO)  # a user who wants Optuna's own lines elsewhere
     try:
@@ -818,7 +942,9 @@ def test_a_sweep_leaves_optunas_log_level_as_it_found_it(tmp_path, capsys):
 
 
 def test_importing_the_sweep_module_does_not_change_optunas_log_level():
-    code = ("import optuna; v = optuna.logging.get_verbosity(); import mutransfer.sweep.runner, mutransfer.cli; "
-            "print(v == optuna.logging.get_verbosity())")
+    code = (
+        "import optuna; v = optuna.logging.get_verbosity(); import mutransfer.sweep.runner, mutransfer.cli; "
+        "print(v == optuna.logging.get_verbosity())"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "True", out.stderr[-2000:]

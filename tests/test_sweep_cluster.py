@@ -1,5 +1,6 @@
 """Cluster sweeps through submitit: Slurm end to end with a fake sbatch/srun/sacct/scancel on PATH
 (PostgreSQL storage), the local backend's GPU pinning, status/cancel, and every refusal."""
+
 import os
 import signal
 import sys
@@ -10,18 +11,18 @@ import pytest
 from optuna.trial import TrialState
 
 import fake_slurm
-from placed_sweeps import complete_trials, write_config
 from mutransfer.cli import main
 from mutransfer.sweep import Sweep
+from placed_sweeps import complete_trials, write_config
 
 PG = os.environ.get("MUTRANSFER_TEST_POSTGRES")
-OBJECTIVE = textwrap.dedent('''
+OBJECTIVE = textwrap.dedent("""
     import math, time
 
     def train(hp, scale):
         time.sleep(float(hp.get("sleep", 0)))
         return (math.log2(hp["lr"]) + 6) ** 2 + 1.0 / scale.width
-''')
+""")
 
 
 def _config(tmp_path, cluster: str, name: str = "clus", grid: int = 4, sleep: float = 0.2, extra: str = ""):
@@ -38,6 +39,7 @@ def fake_slurm_env(tmp_path, monkeypatch):
 
 def _drop_database(url: str, name: str) -> None:
     import optuna
+
     storage = optuna.storages.RDBStorage(url)
     for s in optuna.study.get_all_study_summaries(storage, include_best_trial=False):
         if s.study_name.startswith(name + "/"):
@@ -52,7 +54,9 @@ def test_slurm_array_end_to_end_with_preemption(tmp_path, fake_slurm_env, capsys
     each task's workers pinned to its GPUs, one task killed mid-run (its trial reruns elsewhere)."""
     name = f"slurm{os.getpid()}"
     _drop_database(PG, name)
-    cfg = _config(tmp_path, '''
+    cfg = _config(
+        tmp_path,
+        """
         [cluster]
         backend = "slurm"
         jobs = 2
@@ -64,24 +68,41 @@ def test_slurm_array_end_to_end_with_preemption(tmp_path, fake_slurm_env, capsys
         setup = ["export SETUP_RAN=1"]
         [cluster.slurm]
         constraint = "a100"
-    ''', name=name, grid=6, sleep=0.6)
+    """,
+        name=name,
+        grid=6,
+        sleep=0.6,
+    )
     run = tmp_path / "run"
     assert main(["sweep", str(cfg), "--run", str(run), "--storage", PG, "--detach"]) == 0
     out = capsys.readouterr()
     assert "detached" in out.out and "submitted 2 slurm job(s): 1000_0, 1000_1" in out.err
     script = (fake_slurm_env / "1000.sbatch").read_text()
-    for line in ("#SBATCH --array=0-1%2", "#SBATCH --gres=gpu:2", "#SBATCH --partition=gpu", "#SBATCH --time=30",
-                 "#SBATCH --mem=8GB", "#SBATCH --account=proj", "#SBATCH --constraint=a100",
-                 "#SBATCH --job-name=mutransfer-" + name, "export SETUP_RAN=1"):
+    for line in (
+        "#SBATCH --array=0-1%2",
+        "#SBATCH --gres=gpu:2",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --time=30",
+        "#SBATCH --mem=8GB",
+        "#SBATCH --account=proj",
+        "#SBATCH --constraint=a100",
+        "#SBATCH --job-name=mutransfer-" + name,
+        "export SETUP_RAN=1",
+    ):
         assert line in script, line
-    assert PG.split("@")[0].split(":")[-1] not in "".join(p.read_bytes().decode("latin-1")
-                                                         for p in run.rglob("*") if p.is_file())  # no password
+    assert PG.split("@")[0].split(":")[-1] not in "".join(
+        p.read_bytes().decode("latin-1") for p in run.rglob("*") if p.is_file()
+    )  # no password
     # preemption: kill task 1 (its whole process group) once it runs a trial
     deadline = time.monotonic() + 120
     sweep = Sweep(run, storage=PG)
     while time.monotonic() < deadline:
-        running = [t for c in sweep.config.all_cells for t in sweep.study(*c).get_trials(deepcopy=False)
-                   if t.state == TrialState.RUNNING and t.user_attrs.get("cuda_visible_devices") in ("2", "3")]
+        running = [
+            t
+            for c in sweep.config.all_cells
+            for t in sweep.study(*c).get_trials(deepcopy=False)
+            if t.state == TrialState.RUNNING and t.user_attrs.get("cuda_visible_devices") in ("2", "3")
+        ]
         if running:
             break
         time.sleep(0.2)
@@ -99,8 +120,12 @@ def test_slurm_array_end_to_end_with_preemption(tmp_path, fake_slurm_env, capsys
         assert len(lrs) == len(set(lrs)) == 6
     assert {t.user_attrs["cuda_visible_devices"] for t in done} <= {"0", "1", "2", "3"}
     assert {"0", "1"} <= {t.user_attrs["cuda_visible_devices"] for t in done}
-    rerun = [t for c in sweep.config.all_cells for t in sweep.study(*c).get_trials(deepcopy=False)
-             if t.state == TrialState.FAIL]
+    rerun = [
+        t
+        for c in sweep.config.all_cells
+        for t in sweep.study(*c).get_trials(deepcopy=False)
+        if t.state == TrialState.FAIL
+    ]
     assert rerun, "the killed task's trial should have gone stale and been rerun"
     assert main(["cancel", str(run)]) == 0
     _drop_database(PG, name)
@@ -109,16 +134,22 @@ def test_slurm_array_end_to_end_with_preemption(tmp_path, fake_slurm_env, capsys
 def test_local_backend_pins_each_job_to_its_gpus(tmp_path, capsys):
     """backend local, devices [0..3], 2 jobs × 2 GPUs: job 0's workers see 0 and 1, job 1's 2 and 3
     (submitit's local executor alone would give every job GPU 0); status lists the jobs."""
-    cfg = _config(tmp_path, '''
+    cfg = _config(
+        tmp_path,
+        """
         [cluster]
         backend = "local"
         jobs = 2
         gpus_per_job = 2
         time_min = 5
-    ''', extra="devices = [0, 1, 2, 3]", grid=4, sleep=0.3)
+    """,
+        extra="devices = [0, 1, 2, 3]",
+        grid=4,
+        sleep=0.3,
+    )
     run = tmp_path / "run"
     assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
-    sweep, done = complete_trials(run)
+    _sweep, done = complete_trials(run)
     assert len(done) == 8
     by_worker: dict = {}
     for t in done:
@@ -132,12 +163,15 @@ def test_local_backend_pins_each_job_to_its_gpus(tmp_path, capsys):
     assert "8/8 done" in out and "jobs (local): 2 FINISHED" in out
 
 
-@pytest.mark.parametrize("cluster, storage, message", [
-    ('[cluster]\nbackend = "slurm"', None, "sbatch is not on PATH"),
-    ('[cluster]\nbackend = "local"\ngpus_per_job = 2\njobs = 3', None, "need 6 GPUs; devices gives"),
-    ('[cluster]\nbackend = "pbs"', None, "cluster.backend must be one of 'slurm', 'local'"),
-    ('[cluster]\nbackend = "local"', "journal:sweep.log", "journal file storage records no heartbeats"),
-])
+@pytest.mark.parametrize(
+    "cluster, storage, message",
+    [
+        ('[cluster]\nbackend = "slurm"', None, "sbatch is not on PATH"),
+        ('[cluster]\nbackend = "local"\ngpus_per_job = 2\njobs = 3', None, "need 6 GPUs; devices gives"),
+        ('[cluster]\nbackend = "pbs"', None, "cluster.backend must be one of 'slurm', 'local'"),
+        ('[cluster]\nbackend = "local"', "journal:sweep.log", "journal file storage records no heartbeats"),
+    ],
+)
 def test_cluster_refusals_exit_2_and_leave_nothing(tmp_path, capsys, monkeypatch, cluster, storage, message):
     monkeypatch.setenv("PATH", "/nonexistent")
     cfg = _config(tmp_path, cluster, extra="devices = [0, 1]")

@@ -1,5 +1,6 @@
 """Depth as a sweep axis: config keys, (parametrization, width, depth) studies, depth_alpha,
 recipes, drift across depths in the report, transfer to a deeper target."""
+
 import json
 import math
 import textwrap
@@ -10,8 +11,7 @@ from optuna.trial import TrialState
 
 from mutransfer.cli import main
 from mutransfer.sweep import Scale, Sweep, config_from_dict, mup_kwargs
-from mutransfer.sweep.analysis import (best, deeper_is_better, drift, load_results, max_drift_steps,
-                                       transferred_hparams)
+from mutransfer.sweep.analysis import best, deeper_is_better, drift, load_results, max_drift_steps, transferred_hparams
 from mutransfer.sweep.objectives import train_gpt, train_resmlp
 from mutransfer.sweep.report import curves
 
@@ -25,7 +25,7 @@ OBJECTIVE = textwrap.dedent('''
         return (math.log2(hp["lr"]) + 6 + shift) ** 2 + 1.0 / scale.width + 1.0 / scale.depth + 0.01 * scale.seed
 ''')
 
-SYNTHETIC = '''
+SYNTHETIC = """
     name = "deep"
     objective = "OBJ:train"
     widths = [16, 32]
@@ -37,9 +37,9 @@ SYNTHETIC = '''
     low = "2**-9"
     high = "2**-5"
     grid = 5
-'''
+"""
 
-RESMLP = '''
+RESMLP = """
     name = "resmlp-depth"
     objective = "recipe:resmlp"
     widths = [32]
@@ -53,7 +53,7 @@ RESMLP = '''
     steps = 20
     batch_size = 32
     threads = 1
-'''
+"""
 
 
 def write(tmp_path, body):
@@ -76,26 +76,39 @@ def test_depth_keys_and_cells():
     cfg = config_from_dict({"objective": "recipe:resmlp", "widths": [32], "depths": [8, 2, 4], "space": space})
     assert cfg.depths == [2, 4, 8] and cfg.base_depth == 2 and cfg.proxy_depth == 2 and cfg.target_depth is None
     assert cfg.cells == [(p, 32, d) for p in ("mup", "sp") for d in (2, 4, 8)]
-    cfg = config_from_dict({"objective": "recipe:resmlp", "widths": [32], "depths": [4, 8], "base_depth": 2,
-                            "target_depth": 32, "space": space})
+    cfg = config_from_dict(
+        {
+            "objective": "recipe:resmlp",
+            "widths": [32],
+            "depths": [4, 8],
+            "base_depth": 2,
+            "target_depth": 32,
+            "space": space,
+        }
+    )
     assert (cfg.base_depth, cfg.proxy_depth, cfg.target_depth) == (2, 4, 32)
     plain = config_from_dict({"objective": "recipe:mlp", "widths": [32, 64], "space": space})
     assert plain.depths is None and plain.base_depth is None and plain.proxy_depth is None
     assert plain.cells == [("mup", 32, None), ("mup", 64, None), ("sp", 32, None), ("sp", 64, None)]
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda s: s.replace("depths = [4, 2]", "depths = []"), "depths must be a non-empty list"),
-    (lambda s: s.replace("depths = [4, 2]", "depths = [4, 0]"), "depths must hold integers ≥ 1"),
-    (lambda s: s.replace("depths = [4, 2]", "depths = [2, 2]"), "depths has duplicates"),
-    (lambda s: s.replace("depths = [4, 2]", 'depths = "2,4"'), "depths must be a non-empty list"),
-    (lambda s: s.replace("target_depth = 8", "base_depth = 0"), "base_depth must be a positive integer"),
-    (lambda s: s.replace("target_depth = 8", 'target_depth = "8"'), "target_depth must be a positive integer"),
-    (lambda s: s.replace("depths = [4, 2]\n", ""), "target_depth needs depths"),
-    (lambda s: s + "    [fixed]\n    depth_alpha = 2\n", "fixed.depth_alpha must be a number in [0, 1]"),
-    (lambda s: s + '    [space.depth_alpha]\n    type = "choice"\n    values = [0.5, "one"]\n',
-     "space.depth_alpha must be a number in [0, 1]"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda s: s.replace("depths = [4, 2]", "depths = []"), "depths must be a non-empty list"),
+        (lambda s: s.replace("depths = [4, 2]", "depths = [4, 0]"), "depths must hold integers ≥ 1"),
+        (lambda s: s.replace("depths = [4, 2]", "depths = [2, 2]"), "depths has duplicates"),
+        (lambda s: s.replace("depths = [4, 2]", 'depths = "2,4"'), "depths must be a non-empty list"),
+        (lambda s: s.replace("target_depth = 8", "base_depth = 0"), "base_depth must be a positive integer"),
+        (lambda s: s.replace("target_depth = 8", 'target_depth = "8"'), "target_depth must be a positive integer"),
+        (lambda s: s.replace("depths = [4, 2]\n", ""), "target_depth needs depths"),
+        (lambda s: s + "    [fixed]\n    depth_alpha = 2\n", "fixed.depth_alpha must be a number in [0, 1]"),
+        (
+            lambda s: s + '    [space.depth_alpha]\n    type = "choice"\n    values = [0.5, "one"]\n',
+            "space.depth_alpha must be a number in [0, 1]",
+        ),
+    ],
+)
 def test_bad_depth_config_fails_at_once_with_exit_2(tmp_path, capsys, edit, message):
     cfg = write(tmp_path, edit(SYNTHETIC))
     assert main(["sweep", str(cfg), "--run", str(tmp_path / "run"), "--no-progress"]) == 2
@@ -111,7 +124,7 @@ def test_depth_alpha_is_a_reserved_name_that_reaches_parametrize():
     assert mup_kwargs({"lr": 0.01, "depth_alpha": 0.5, "output_mult": 2}) == {"output_mult": 2.0, "depth_alpha": 0.5}
     with pytest.raises(TypeError, match="depth_alpha"):
         mup_kwargs({"depth_alpha": "half"})
-    hp = {"lr": 2 ** -6, "steps": 6, "batch_size": 16}
+    hp = {"lr": 2**-6, "steps": 6, "batch_size": 16}
     at = {a: train_resmlp({**hp, "depth_alpha": a}, Scale(32, 32, "mup", 0, 4, 2)) for a in (0.0, 0.5, 1.0)}
     assert len({round(v, 7) for v in at.values()}) == 3, at  # each α trains a different model at depth 4
     base = {a: train_resmlp({**hp, "depth_alpha": a}, Scale(32, 32, "mup", 0, 2, 2)) for a in (0.0, 1.0)}
@@ -125,7 +138,7 @@ def test_depth_alpha_is_a_reserved_name_that_reaches_parametrize():
 
 
 def test_gpt_recipe_takes_n_layer_from_the_scale():
-    hp = {"lr": 2 ** -7, "steps": 2, "batch_size": 2, "seq_len": 8, "n_head": 2}
+    hp = {"lr": 2**-7, "steps": 2, "batch_size": 2, "seq_len": 8, "n_head": 2}
     two = train_gpt({**hp, "n_layer": 2}, Scale(16, 16, "mup", 0))
     assert train_gpt(hp, Scale(16, 16, "mup", 0, 2, 2)) == two
     assert train_gpt(hp, Scale(16, 16, "mup", 0, 3, 2)) != two
@@ -141,8 +154,9 @@ def test_synthetic_depth_sweep_drift_report_and_transfer(tmp_path, capsys):
     cfg = write(tmp_path, SYNTHETIC)
     run = tmp_path / "run"
     assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
-    assert study_names(run, "deep/") == sorted(f"deep/{p}/w{w}/d{d}" for p in ("mup", "sp") for w in (16, 32)
-                                               for d in (2, 4))
+    assert study_names(run, "deep/") == sorted(
+        f"deep/{p}/w{w}/d{d}" for p in ("mup", "sp") for w in (16, 32) for d in (2, 4)
+    )
     sweep = Sweep(run)
     for cell in sweep.config.cells:
         trials = sweep.study(*cell).get_trials(states=(TrialState.COMPLETE,))
@@ -150,26 +164,26 @@ def test_synthetic_depth_sweep_drift_report_and_transfer(tmp_path, capsys):
         assert all(t.user_attrs["losses"][1] - t.user_attrs["losses"][0] == pytest.approx(0.01) for t in trials)
     results = load_results(sweep)
     assert {r.depth for r in results} == {2, 4}
-    assert best(results, "mup", 32, 4).params["lr"] == 2 ** -6
-    assert best(results, "sp", 32, 4).params["lr"] == 2 ** -8
+    assert best(results, "mup", 32, 4).params["lr"] == 2**-6
+    assert best(results, "sp", 32, 4).params["lr"] == 2**-8
     assert drift(sweep, results, "mup", "lr", "depth") == 0.0
     assert drift(sweep, results, "sp", "lr", "depth") == -1.0  # depth 2 → 4 at the proxy width
     assert drift(sweep, results, "sp", "lr") == -1.0  # width 16 → 32 at the proxy depth
     assert max_drift_steps(sweep, results, "sp", "lr", "depth", at=32) == 1.0
     assert deeper_is_better(sweep, results, "mup") is True
-    assert transferred_hparams(sweep, results, parametrization="sp") == {"lr": 2 ** -6}  # proxy: width 16, depth 2
-    assert transferred_hparams(sweep, results, parametrization="sp", depth=4) == {"lr": 2 ** -7}
+    assert transferred_hparams(sweep, results, parametrization="sp") == {"lr": 2**-6}  # proxy: width 16, depth 2
+    assert transferred_hparams(sweep, results, parametrization="sp", depth=4) == {"lr": 2**-7}
 
     assert main(["report", str(run)]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["depths"] == [2, 4] and summary["proxy_depth"] == 2 and summary["base_depth"] == 2
-    assert summary["optima"]["mup"]["32"]["4"]["lr"] == 2 ** -6
-    assert summary["optima"]["sp"]["32"]["4"]["lr"] == 2 ** -8
+    assert summary["optima"]["mup"]["32"]["4"]["lr"] == 2**-6
+    assert summary["optima"]["sp"]["32"]["4"]["lr"] == 2**-8
     assert summary["depth_drift"]["mup"]["lr"] == {"octaves": 0.0, "max_grid_steps": 0.0}
     assert summary["depth_drift"]["sp"]["lr"] == {"octaves": -1.0, "max_grid_steps": 1.0}
     assert summary["drift"]["sp"]["lr"] == {"octaves": -1.0, "max_grid_steps": 1.0}
     assert summary["deeper_is_better"]["mup"] is True
-    assert json.loads((run / "transferred.json").read_text()) == {"lr": 2 ** -6}
+    assert json.loads((run / "transferred.json").read_text()) == {"lr": 2**-6}
     html = (run / "report.html").read_text()
     assert "depths 2, 4 (µP base depth 2)" in html and "depths at width 32" in html and "widths at depth 4" in html
     assert "Deeper is better" in html and "proxy width 16 and depth 2" in html
@@ -181,7 +195,7 @@ def test_synthetic_depth_sweep_drift_report_and_transfer(tmp_path, capsys):
     out = capsys.readouterr().out
     t = json.loads((run / "transfer.json").read_text())
     assert (t["target_width"], t["target_depth"], t["proxy_width"], t["proxy_depth"]) == (64, 8, 16, 2)
-    assert t["mup"]["hparams"] == {"lr": 2 ** -6} and t["sp"]["hparams"] == {"lr": 2 ** -6}
+    assert t["mup"]["hparams"] == {"lr": 2**-6} and t["sp"]["hparams"] == {"lr": 2**-6}
     assert t["mup"]["loss"] == pytest.approx(1 / 64 + 1 / 8 + 0.005)  # the µP optimum holds at 4× width and depth
     assert t["mup"]["loss"] < t["sp"]["loss"]
     assert "transfer from width 16, depth 2 to width 64, depth 8:" in out
@@ -214,6 +228,7 @@ def test_resmlp_sweep_over_depths_end_to_end(tmp_path):
     sweep = Sweep(run)
     results = load_results(sweep)
     assert len(results) == 12 and not any(r.diverged for r in results)
+
     def losses(p, d):
         return sorted((r.params["lr"], r.loss) for r in results if r.parametrization == p and r.depth == d)
 
@@ -230,7 +245,11 @@ def test_resmlp_sweep_over_depths_end_to_end(tmp_path):
         assert summary["depth_drift"][p]["lr"] == {"octaves": octaves, "max_grid_steps": abs(octaves) / step}
         assert summary["drift"][p]["lr"] == {"octaves": None, "max_grid_steps": None}  # one width
     assert json.loads((run / "transferred.json").read_text()) == {
-        "steps": 20, "batch_size": 32, "threads": 1, "lr": best(results, "mup", 32, 2).params["lr"]}
+        "steps": 20,
+        "batch_size": 32,
+        "threads": 1,
+        "lr": best(results, "mup", 32, 2).params["lr"],
+    }
     html = (run / "report.html").read_text()
     assert "depths 2, 4" in html and "depths at width 32" in html and "One curve per depth" in html
     assert [label for _, _, label in curves(sweep)] == ["depth 2", "depth 4"]

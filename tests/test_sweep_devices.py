@@ -1,4 +1,5 @@
 """Sweeps placed on devices without GPUs: fake GPU ids, slots per device, thread split, placement errors."""
+
 import json
 import textwrap
 
@@ -6,8 +7,8 @@ import pytest
 import torch
 
 from mutransfer.cli import main
-from placed_sweeps import complete_trials, write_config
 from mutransfer.sweep.placement import available_cores, plan
+from placed_sweeps import complete_trials, write_config
 
 OBJECTIVE = textwrap.dedent('''
     import math, os, time
@@ -39,8 +40,11 @@ def test_two_fake_gpus_two_trials_each(tmp_path, capsys):
     assert all(t.user_attrs["device"] == "cpu" and t.user_attrs["precision"] == "fp32" for t in trials)
     assert len({t.user_attrs["worker"] for t in trials}) >= 3  # the work was spread over the slots
     for gpu in ("0", "1"):
-        spans = [(t.user_attrs["started"], t.user_attrs["ended"]) for t in trials
-                 if t.user_attrs["cuda_visible_devices"] == gpu]
+        spans = [
+            (t.user_attrs["started"], t.user_attrs["ended"])
+            for t in trials
+            if t.user_attrs["cuda_visible_devices"] == gpu
+        ]
         for start, _ in spans:  # trials running at each trial's start on the same GPU (itself included)
             assert sum(s <= start < e for s, e in spans) <= 2
     # the parent only watched: 4 workers of one thread each (2 cores / 4 slots → 1)
@@ -51,7 +55,9 @@ def test_two_fake_gpus_two_trials_each(tmp_path, capsys):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["precision"] == "fp32"
     assert {k: v["trials"] for k, v in summary["placements"].items()} == {
-        "cpu (CUDA_VISIBLE_DEVICES=0), fp32": ids.count("0"), "cpu (CUDA_VISIBLE_DEVICES=1), fp32": ids.count("1")}
+        "cpu (CUDA_VISIBLE_DEVICES=0), fp32": ids.count("0"),
+        "cpu (CUDA_VISIBLE_DEVICES=1), fp32": ids.count("1"),
+    }
     assert len(summary["trial_list"]) == 16
     assert {t["cuda_visible_devices"] for t in summary["trial_list"]} == {"0", "1"}
     assert "Trained on: cpu (CUDA_VISIBLE_DEVICES=0), fp32: " in (run / "report.html").read_text()
@@ -82,13 +88,16 @@ def test_plan_cpu_and_auto():
     assert available_cores() >= 1
 
 
-@pytest.mark.parametrize("extra, message", [
-    ("devices = []", "devices is empty"),
-    ('devices = "gpu"', 'devices must be "auto", "cpu"'),
-    ("devices = [0, 0]", "devices has duplicates"),
-    ("trials_per_device = 0", "trials_per_device must be a positive integer"),
-    ('precision = "fp16"', "precision must be one of 'fp32', 'bf16'"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ("devices = []", "devices is empty"),
+        ('devices = "gpu"', 'devices must be "auto", "cpu"'),
+        ("devices = [0, 0]", "devices has duplicates"),
+        ("trials_per_device = 0", "trials_per_device must be a positive integer"),
+        ('precision = "fp16"', "precision must be one of 'fp32', 'bf16'"),
+    ],
+)
 def test_bad_placement_exits_2_and_leaves_nothing(tmp_path, capsys, extra, message):
     cfg = _config(tmp_path, extra)
     run = tmp_path / "run"

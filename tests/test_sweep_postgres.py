@@ -5,9 +5,10 @@ The sweep test needs a server whose URL is in MUTRANSFER_TEST_POSTGRES: `make te
 through scripts/with-postgres.sh, which starts a throwaway one; without it that test is skipped.
 The unreachable-server test needs no server.
 """
+
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -22,7 +23,7 @@ ENV = "MUTRANSFER_TEST_POSTGRES"
 PARAMETRIZATIONS, WIDTHS, GRID = ("mup", "sp"), (16, 32), 5
 TIMEOUT = 240  # seconds for the whole sweep; it takes 10-20 s on 2 cores
 
-CONFIG = '''
+CONFIG = """
     name = "NAME"
     objective = "recipe:mlp"
     widths = [16, 32]
@@ -37,7 +38,7 @@ CONFIG = '''
     [fixed]
     steps = 5
     threads = 1
-'''
+"""
 
 
 def cli(*args):
@@ -58,9 +59,13 @@ def trial_states(optuna, url, name):
     """{study: {state: count}} of this run's studies, for a failure message."""
     try:
         storage = optuna.storages.RDBStorage(url)
-        return {s.study_name: dict(Counter(t.state.name for t in
-                                           optuna.load_study(study_name=s.study_name, storage=storage).trials))
-                for s in optuna.get_all_study_summaries(storage) if s.study_name.startswith(name + "/")}
+        return {
+            s.study_name: dict(
+                Counter(t.state.name for t in optuna.load_study(study_name=s.study_name, storage=storage).trials)
+            )
+            for s in optuna.get_all_study_summaries(storage)
+            if s.study_name.startswith(name + "/")
+        }
     except Exception as e:  # the failure message matters more
         return f"unavailable ({type(e).__name__})"
 
@@ -72,8 +77,10 @@ def hide(text, password):
 def test_two_local_workers_and_an_extra_worker_share_a_postgres_sweep(tmp_path):
     url = os.environ.get(ENV)
     if not url:
-        pytest.skip(f"{ENV} is unset: run through scripts/with-postgres.sh (as `make test` does) "
-                    "or point it at a PostgreSQL database")
+        pytest.skip(
+            f"{ENV} is unset: run through scripts/with-postgres.sh (as `make test` does) "
+            "or point it at a PostgreSQL database"
+        )
     optuna = pytest.importorskip("optuna")
     from optuna.trial import TrialState
 
@@ -92,15 +99,17 @@ def test_two_local_workers_and_an_extra_worker_share_a_postgres_sweep(tmp_path):
     optuna.storages.RDBStorage(url).engine.dispose()
 
     start = time.perf_counter()
-    commands = {"sweep": cli("sweep", str(config), "--run", str(run), "--storage", url, "--workers", "2",
-                             "--no-progress"),
-                "worker": cli("worker", str(run), "--storage", url, "--no-progress")}
+    commands = {
+        "sweep": cli("sweep", str(config), "--run", str(run), "--storage", url, "--workers", "2", "--no-progress"),
+        "worker": cli("worker", str(run), "--storage", url, "--no-progress"),
+    }
     procs, logs = {}, {}
     for label, command in commands.items():  # output to files: an undrained pipe could block a worker
         logs[label] = (tmp_path / f"{label}.out", tmp_path / f"{label}.err")
         with open(logs[label][0], "w") as out, open(logs[label][1], "w") as err:
-            procs[label] = subprocess.Popen(command, cwd=tmp_path, env=child_env(), stdout=out, stderr=err,
-                                            start_new_session=True)  # its own group, with `sweep`'s worker
+            procs[label] = subprocess.Popen(
+                command, cwd=tmp_path, env=child_env(), stdout=out, stderr=err, start_new_session=True
+            )  # its own group, with `sweep`'s worker
     try:
         failed_at = None
         while any(proc.poll() is None for proc in procs.values()):
@@ -113,8 +122,10 @@ def test_two_local_workers_and_an_extra_worker_share_a_postgres_sweep(tmp_path):
                         os.killpg(proc.pid, signal.SIGABRT)
                 time.sleep(2)
                 codes = {label: proc.poll() for label, proc in procs.items()}
-                pytest.fail(f"not done after {now - start:.0f} s (exit codes {codes}); trials: "
-                            f"{trial_states(optuna, url, name)}\n" + hide(read_logs(logs), password))
+                pytest.fail(
+                    f"not done after {now - start:.0f} s (exit codes {codes}); trials: "
+                    f"{trial_states(optuna, url, name)}\n" + hide(read_logs(logs), password)
+                )
             time.sleep(0.2)
     finally:
         for proc in procs.values():
@@ -141,7 +152,7 @@ def test_two_local_workers_and_an_extra_worker_share_a_postgres_sweep(tmp_path):
             assert not any(t.state in (TrialState.WAITING, TrialState.RUNNING, TrialState.FAIL) for t in trials)
             lrs = sorted(t.params["lr"] for t in trials)
             assert len(set(lrs)) == GRID
-            assert lrs == pytest.approx([2.0 ** e for e in range(-8, -3)]), lrs
+            assert lrs == pytest.approx([2.0**e for e in range(-8, -3)]), lrs
             workers.update(t.user_attrs["worker"] for t in trials)
     print(f"{sum(workers.values())} trials in {seconds:.1f} s by workers {dict(workers)}")
     assert len(workers) >= 2, f"all trials ran in one worker: {dict(workers)}"
@@ -155,8 +166,14 @@ def test_unreachable_postgres_exits_2_naming_the_storage_without_the_password(tm
     url = f"postgresql://mutransfer:{password}@127.0.0.1:1/mutransfer"  # nothing listens on port 1
     config = tmp_path / "sweep.toml"
     config.write_text(textwrap.dedent(CONFIG).replace("NAME", "unreachable"))
-    proc = subprocess.run(cli("sweep", str(config), "--run", str(tmp_path / "run"), "--storage", url, "--no-progress"),
-                          cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=120)  # hang guard
+    proc = subprocess.run(
+        cli("sweep", str(config), "--run", str(tmp_path / "run"), "--storage", url, "--no-progress"),
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # hang guard
     output = proc.stdout + proc.stderr
     assert password not in output
     assert proc.returncode == 2, output[-2000:]
@@ -172,6 +189,7 @@ def postgres_driver_installed():
     psycopg 3 since)."""
     try:
         from sqlalchemy.engine import make_url
+
         make_url("postgresql://").get_dialect().import_dbapi()
     except ImportError:
         return False

@@ -1,5 +1,6 @@
 """Multi-fidelity pruning in sweeps: scale.report, the `pruner` config, pruned trials in results,
 verdicts and the report."""
+
 import json
 import math
 import pickle
@@ -27,7 +28,7 @@ OBJECTIVE = textwrap.dedent('''
         return final
 ''')
 
-CONFIG = '''
+CONFIG = """
     name = "synthetic"
     objective = "OBJ:train"
     widths = [16, 64]
@@ -42,7 +43,7 @@ CONFIG = '''
     grid = 9
     [fixed]
     steps = 10
-'''
+"""
 
 MEDIAN = 'pruner = "median"\n[pruner_options]\nn_startup_trials = 2'
 
@@ -134,7 +135,7 @@ def test_without_a_pruner_report_is_a_no_op_and_the_grid_ascends(tmp_path):
 def test_scale_report_outside_a_sweep_is_a_no_op_and_scale_stays_a_value():
     plain = Scale(32, 32, "mup", 0)
     assert plain.report(3, 1.5) is None
-    assert math.isfinite(train_mlp({"lr": 2 ** -6, "steps": 20}, plain))  # the recipe reports into nothing
+    assert math.isfinite(train_mlp({"lr": 2**-6, "steps": 20}, plain))  # the recipe reports into nothing
 
     seen = []
 
@@ -157,25 +158,38 @@ def test_scale_report_outside_a_sweep_is_a_no_op_and_scale_stays_a_value():
         live.report(-1, 1.0)
 
 
-@pytest.mark.parametrize("extra, message", [
-    ({"pruner": "asha"}, "pruner must be one of"),
-    ({"pruner": "median", "pruner_options": {"reduction_factor": 3}}, "pruner_options: unknown key"),
-    ({"pruner_options": {"n_startup_trials": 3}}, "pruner_options needs a pruner"),
-    ({"pruner": "median", "pruner_options": {"n_startup_trials": -1}}, "pruner_options.n_startup_trials"),
-    ({"pruner": "successive_halving", "pruner_options": {"reduction_factor": 1}}, "pruner_options.reduction_factor"),
-    ({"pruner": "hyperband", "pruner_options": {"min_resource": 10, "max_resource": 5}}, "max_resource"),
-    ({"pruner": "median", "pruner_options": 3}, "pruner_options must be a table"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"pruner": "asha"}, "pruner must be one of"),
+        ({"pruner": "median", "pruner_options": {"reduction_factor": 3}}, "pruner_options: unknown key"),
+        ({"pruner_options": {"n_startup_trials": 3}}, "pruner_options needs a pruner"),
+        ({"pruner": "median", "pruner_options": {"n_startup_trials": -1}}, "pruner_options.n_startup_trials"),
+        (
+            {"pruner": "successive_halving", "pruner_options": {"reduction_factor": 1}},
+            "pruner_options.reduction_factor",
+        ),
+        ({"pruner": "hyperband", "pruner_options": {"min_resource": 10, "max_resource": 5}}, "max_resource"),
+        ({"pruner": "median", "pruner_options": 3}, "pruner_options must be a table"),
+    ],
+)
 def test_bad_pruner_config_is_a_value_error_naming_the_key(extra, message):
     data = {"objective": "recipe:mlp", "widths": [32], "space": {"lr": {"low": 1e-3, "high": 1e-1}}, **extra}
     with pytest.raises(ValueError, match=message):
         config_from_dict(data)
 
 
-@pytest.mark.parametrize("pruner, options", [("median", {}), ("successive_halving", {"min_resource": "auto"}),
-                                             ("hyperband", {"max_resource": 10})])
+@pytest.mark.parametrize(
+    "pruner, options",
+    [("median", {}), ("successive_halving", {"min_resource": "auto"}), ("hyperband", {"max_resource": 10})],
+)
 def test_each_pruner_is_built(pruner, options):
-    data = {"objective": "recipe:mlp", "widths": [32], "space": {"lr": {"low": 1e-3, "high": 1e-1}},
-            "pruner": pruner, "pruner_options": options}
+    data = {
+        "objective": "recipe:mlp",
+        "widths": [32],
+        "space": {"lr": {"low": 1e-3, "high": 1e-1}},
+        "pruner": pruner,
+        "pruner_options": options,
+    }
     assert isinstance(config_from_dict(data).optuna_pruner(), optuna.pruners.BasePruner)
     assert config_from_dict({k: v for k, v in data.items() if not k.startswith("pruner")}).optuna_pruner() is None

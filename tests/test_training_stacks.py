@@ -1,4 +1,5 @@
 """Training stacks with µP: resume from a checkpoint, DDP/FSDP2, the Hugging Face Trainer, the examples."""
+
 import subprocess
 import sys
 import warnings
@@ -20,7 +21,7 @@ def build(width=128):
 
 
 def make_opt(model):
-    opt = torch.optim.AdamW(mt.param_groups(model, lr=2 ** -7, optimizer="adamw", weight_decay=0.1))
+    opt = torch.optim.AdamW(mt.param_groups(model, lr=2**-7, optimizer="adamw", weight_decay=0.1))
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
 
 
@@ -52,9 +53,22 @@ def test_two_gloo_processes_match_one_process(tmp_path, flag):
     runs = {}
     for world in (1, 2):
         out = tmp_path / f"w{world}.pt"
-        proc = subprocess.run([sys.executable, str(ROOT / "examples" / "train_ddp.py"), "--world", str(world),
-                               "--steps", "5", "--save", str(out)] + flag,
-                              capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "examples" / "train_ddp.py"),
+                "--world",
+                str(world),
+                "--steps",
+                "5",
+                "--save",
+                str(out),
+            ]
+            + flag,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[world] = torch.load(out)
     one, two = runs[1], runs[2]
@@ -65,7 +79,7 @@ def test_two_gloo_processes_match_one_process(tmp_path, flag):
     a, b = one["logits"], two["logits"]
     assert float((a - b).abs().max() / a.abs().max()) <= 1e-4
     for name, p in one["state"].items():
-        assert torch.allclose(p, two["state"][name], atol=5 * 2 ** -7), name
+        assert torch.allclose(p, two["state"][name], atol=5 * 2**-7), name
 
 
 def test_hugging_face_trainer_steps_equal_a_plain_loop(tmp_path):
@@ -78,7 +92,7 @@ def test_hugging_face_trainer_steps_equal_a_plain_loop(tmp_path):
         def _get_train_sampler(self, *args, **kwargs):
             return SequentialSampler(self.train_dataset)
 
-    n_steps, batch, lr = 4, 4, 2 ** -7
+    n_steps, batch, lr = 4, 4, 2**-7
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trained = ex.with_trainer(64, n_steps, batch, lr, str(tmp_path / "hf"), trainer_class=InOrder)
@@ -87,7 +101,7 @@ def test_hugging_face_trainer_steps_equal_a_plain_loop(tmp_path):
     data = ex.dataset(n_steps, batch)
     model.train()
     for s in range(n_steps):
-        x = torch.stack([d["input_ids"] for d in data[s * batch:(s + 1) * batch]])
+        x = torch.stack([d["input_ids"] for d in data[s * batch : (s + 1) * batch]])
         model(input_ids=x, labels=x).loss.backward()
         opt.step()
         sched.step()
@@ -100,16 +114,23 @@ def test_hugging_face_trainer_steps_equal_a_plain_loop(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script, expect", [
-    ("train_plain.py", "resumed run identical: True"),
-    ("train_hf_trainer.py", "plain from_pretrained logits differ by"),
-])
+@pytest.mark.parametrize(
+    "script, expect",
+    [
+        ("train_plain.py", "resumed run identical: True"),
+        ("train_hf_trainer.py", "plain from_pretrained logits differ by"),
+    ],
+)
 def test_examples_run(tmp_path, script, expect):
     if script == "train_hf_trainer.py":
         pytest.importorskip("transformers")
         pytest.importorskip("accelerate")
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), "--steps", "6", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / script), "--steps", "6", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert expect in proc.stdout, proc.stdout
     rel = float(proc.stdout.split("(relative)")[0].split()[-1])

@@ -1,4 +1,5 @@
 """Verdicts from a sweep's own trials: sub-grid optima, bootstrap intervals over seeds, edges, regret."""
+
 import json
 import math
 import textwrap
@@ -11,7 +12,7 @@ from mutransfer.sweep.analysis import TrialResult
 from mutransfer.sweep.space import Choice, LogUniform, Uniform
 from mutransfer.sweep.verdict import describe, judge, parabolic_minimum
 
-LR = LogUniform(2 ** -10, 2 ** -2, 9)
+LR = LogUniform(2**-10, 2**-2, 9)
 
 
 def cell(p, width, optimum, seeds=2, noise=0.0, curvature=0.1, rng=None, diverge_above=None):
@@ -22,8 +23,9 @@ def cell(p, width, optimum, seeds=2, noise=0.0, curvature=0.1, rng=None, diverge
         if diverge_above is not None and lr > diverge_above:
             out.append(TrialResult(p, width, i, {"lr": lr}, math.nan, True, 0.0, None, (math.nan,) * seeds))
             continue
-        ls = tuple(curvature * (math.log2(lr) - optimum) ** 2 + 1 / width + noise * rng.standard_normal()
-                   for _ in range(seeds))
+        ls = tuple(
+            curvature * (math.log2(lr) - optimum) ** 2 + 1 / width + noise * rng.standard_normal() for _ in range(seeds)
+        )
         out.append(TrialResult(p, width, i, {"lr": lr}, sum(ls) / seeds, False, 0.0, None, ls))
     return out
 
@@ -39,16 +41,22 @@ def test_parabolic_minimum_is_exact_on_a_parabola_and_flags_edges():
 
 
 def test_a_diverged_neighbour_is_not_an_edge():
-    v = judge("mup", "width", [(16, cell("mup", 16, -3.5, diverge_above=2 ** -3.5)),
-                               (64, cell("mup", 64, -3.5, diverge_above=2 ** -3.5))], {"lr": LR}, 2)
+    v = judge(
+        "mup",
+        "width",
+        [(16, cell("mup", 16, -3.5, diverge_above=2**-3.5)), (64, cell("mup", 64, -3.5, diverge_above=2**-3.5))],
+        {"lr": LR},
+        2,
+    )
     o = v.hps["lr"].optima[0]
     assert o.edge == 0 and o.grid_x == -4  # best finite point, its high neighbour diverged
 
 
 def test_aligned_optima_transfer_with_an_interval_from_seeds():
     rng = np.random.default_rng(1)
-    v = judge("mup", "width", [(w, cell("mup", w, -6.3, seeds=4, noise=0.02, rng=rng)) for w in (16, 64, 256)],
-              {"lr": LR}, 4)
+    v = judge(
+        "mup", "width", [(w, cell("mup", w, -6.3, seeds=4, noise=0.02, rng=rng)) for w in (16, 64, 256)], {"lr": LR}, 4
+    )
     h = v.hps["lr"]
     assert [o.x for o in h.optima] == pytest.approx([-6.3] * 3, abs=0.15)
     lo, hi = h.drift.interval
@@ -59,13 +67,18 @@ def test_aligned_optima_transfer_with_an_interval_from_seeds():
 
 
 def test_a_moving_optimum_does_not_transfer_and_regret_is_measured():
-    v = judge("sp", "width", [(16, cell("sp", 16, -5.0)), (64, cell("sp", 64, -7.0)), (256, cell("sp", 256, -8.2))],
-              {"lr": LR}, 2)
+    v = judge(
+        "sp",
+        "width",
+        [(16, cell("sp", 16, -5.0)), (64, cell("sp", 64, -7.0)), (256, cell("sp", 256, -8.2))],
+        {"lr": LR},
+        2,
+    )
     h = v.hps["lr"]
     assert h.drift.value == pytest.approx(-3.2, abs=0.05)
     assert not v.transferred and "regret at width 64" in h.reasons  # 2 octaves on a sharp curve: 10× the best
     absolute, relative = v.regret[256]
-    assert absolute.value == pytest.approx(0.1 * 3.2 ** 2 - 0.1 * 0.2 ** 2, rel=1e-9)  # lr 2^-5 vs best grid 2^-8
+    assert absolute.value == pytest.approx(0.1 * 3.2**2 - 0.1 * 0.2**2, rel=1e-9)  # lr 2^-5 vs best grid 2^-8
     assert relative.value == pytest.approx(absolute.value / (0.1 * 0.04 + 1 / 256))
     assert "did not transfer" in describe(v, "SP") and "regret at width 256" in describe(v, "SP")
 
@@ -81,8 +94,13 @@ def test_an_optimum_on_the_grid_edge_says_widen_the_grid():
 
 
 def test_a_flat_basin_transfers_by_regret_even_when_the_optimum_moves():
-    flat = judge("mup", "width", [(16, cell("mup", 16, -5.0, curvature=1e-5)),
-                                  (64, cell("mup", 64, -7.5, curvature=1e-5))], {"lr": LR}, 2)
+    flat = judge(
+        "mup",
+        "width",
+        [(16, cell("mup", 16, -5.0, curvature=1e-5)), (64, cell("mup", 64, -7.5, curvature=1e-5))],
+        {"lr": LR},
+        2,
+    )
     assert abs(flat.hps["lr"].drift.value) > 1 and flat.regret[64][1].value < 0.01
     assert flat.transferred
 
@@ -96,10 +114,11 @@ def test_one_seed_gives_no_interval_and_uniform_and_choice_hps_work():
             for mom in space["mom"].grid_points():
                 for act in ("relu", "gelu"):
                     loss = (math.log2(lr) + 6) ** 2 + (mom - 0.6) ** 2 + (act == "relu") * 0.5
-                    trials.append(TrialResult("mup", w, n, {"lr": lr, "mom": mom, "act": act}, loss, False, 0.0,
-                                              None, (loss,)))
+                    trials.append(
+                        TrialResult("mup", w, n, {"lr": lr, "mom": mom, "act": act}, loss, False, 0.0, None, (loss,))
+                    )
                     n += 1
-    v = judge("mup", "width", [(16, trials[:len(trials) // 2]), (64, trials[len(trials) // 2:])], space, 1)
+    v = judge("mup", "width", [(16, trials[: len(trials) // 2]), (64, trials[len(trials) // 2 :])], space, 1)
     assert v.hps["lr"].optima[0].x_interval is None and v.hps["lr"].optima[0].x == pytest.approx(-6)
     assert v.hps["mom"].optima[0].x == pytest.approx(0.6)  # between grid points 0.6: on the grid here
     assert v.hps["act"].optima[0].x == 1.0 and v.transferred
@@ -120,16 +139,18 @@ def test_the_report_states_what_the_data_show_not_a_fixed_caption(tmp_path):
     """On main the report printed "Under µP the optima line up … Under SP they move" whatever the data."""
     (tmp_path / "obj.py").write_text(OBJECTIVE)
     cfg = tmp_path / "s.toml"
-    cfg.write_text(textwrap.dedent(f'''
+    cfg.write_text(
+        textwrap.dedent(f'''
         name = "backwards"
-        objective = "{tmp_path / 'obj.py'}:train"
+        objective = "{tmp_path / "obj.py"}:train"
         widths = [16, 128]
         seeds = [0, 1]
         [space.lr]
         low = "2**-9"
         high = "2**-1"
         grid = 9
-    '''))
+    ''')
+    )
     run = tmp_path / "run"
     assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
     assert main(["report", str(run)]) == 0
@@ -159,7 +180,8 @@ AXES_OBJECTIVE = textwrap.dedent('''
 def test_batch_size_and_steps_are_axes_with_drift_and_regret(tmp_path, capsys):
     (tmp_path / "obj.py").write_text(AXES_OBJECTIVE)
     cfg = tmp_path / "s.toml"
-    cfg.write_text(textwrap.dedent('''
+    cfg.write_text(
+        textwrap.dedent("""
         name = "axes"
         objective = "obj.py:train"
         widths = [16, 64]
@@ -170,10 +192,12 @@ def test_batch_size_and_steps_are_axes_with_drift_and_regret(tmp_path, capsys):
         low = "2**-10"
         high = "2**-2"
         grid = 9
-    '''))
+    """)
+    )
     run = tmp_path / "run"
     assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
     from mutransfer.sweep import Sweep
+
     sweep = Sweep(run)
     assert [c[3] for c in sweep.config.all_cells if c[0] == "mup"] == [(), (), (("batch_size", 32),), (("steps", 40),)]
     assert sweep.config.cells == [(p, w, None) for p in ("mup", "sp") for w in (16, 64)]  # unchanged meaning
@@ -193,7 +217,7 @@ def test_batch_size_and_steps_are_axes_with_drift_and_regret(tmp_path, capsys):
     capsys.readouterr()
     assert main(["transfer", str(run), "--width", "64", "--batch-size", "32", "--steps", "40"]) == 0
     t = json.loads((run / "transfer.json").read_text())
-    assert t["mup"]["hparams"] == {"lr": 2 ** -6, "batch_size": 32, "steps": 40}
+    assert t["mup"]["hparams"] == {"lr": 2**-6, "batch_size": 32, "steps": 40}
     assert t["mup"]["loss"] == pytest.approx(1 / 64 + 1 / 40 + 0.0005)
 
 
@@ -220,7 +244,8 @@ def test_the_target_run_is_costed_without_one_time_setup(tmp_path, capsys):
     """On main a fresh `mutransfer transfer` process timed its imports and data loading as the target run."""
     (tmp_path / "obj.py").write_text(SETUP_OBJECTIVE)
     cfg = tmp_path / "s.toml"
-    cfg.write_text(textwrap.dedent('''
+    cfg.write_text(
+        textwrap.dedent("""
         name = "setup"
         objective = "obj.py:train"
         widths = [16, 32]
@@ -230,12 +255,19 @@ def test_the_target_run_is_costed_without_one_time_setup(tmp_path, capsys):
         low = "2**-7"
         high = "2**-5"
         grid = 3
-    '''))
+    """)
+    )
     run = tmp_path / "run"
     assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
-    import subprocess, sys
-    proc = subprocess.run([sys.executable, "-m", "mutransfer.cli", "transfer", str(run), "--width", "128"],
-                          capture_output=True, text=True, timeout=300)
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "mutransfer.cli", "transfer", str(run), "--width", "128"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     t = json.loads((run / "transfer.json").read_text())
     per_seed = t["mup"]["cpu_seconds_per_seed"]
@@ -248,21 +280,22 @@ def test_the_target_run_is_costed_without_one_time_setup(tmp_path, capsys):
     assert "tuning at the proxy / one target run" in proc.stdout
 
 
-FAILING_OBJECTIVE = textwrap.dedent('''
+FAILING_OBJECTIVE = textwrap.dedent("""
     import math
 
     def train(hp, scale):
         if scale.width == 64 and hp["lr"] > 2 ** -6.5:
             raise RuntimeError("out of memory (simulated)")
         return 0.1 * (math.log2(hp["lr"]) + 6.2) ** 2 + 1.0 / scale.width + 0.001 * scale.seed
-''')
+""")
 
 
 def test_failed_points_are_counted_shown_and_never_taken_for_an_optimum(tmp_path):
     """On main the report said "N trials (0 diverged)" and picked width 64's optimum from the points left."""
     (tmp_path / "obj.py").write_text(FAILING_OBJECTIVE)
     cfg = tmp_path / "s.toml"
-    cfg.write_text(textwrap.dedent('''
+    cfg.write_text(
+        textwrap.dedent("""
         name = "failing"
         objective = "obj.py:train"
         widths = [16, 64]
@@ -272,12 +305,18 @@ def test_failed_points_are_counted_shown_and_never_taken_for_an_optimum(tmp_path
         low = "2**-9"
         high = "2**-3"
         grid = 7
-    '''))
+    """)
+    )
     run = tmp_path / "run"
     assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
     assert main(["report", str(run)]) == 0
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["failed"] == 4 and summary["counts"]["mup"] == {"completed": 10, "diverged": 0, "failed": 4, "pruned": 0}
+    assert summary["failed"] == 4 and summary["counts"]["mup"] == {
+        "completed": 10,
+        "diverged": 0,
+        "failed": 4,
+        "pruned": 0,
+    }
     width = summary["analysis"]["mup"]["width"]
     assert width["counts"]["failed"] == 4
     assert width["hparams"]["lr"]["optimum"]["64"]["edge"] == "unevaluated neighbour above"  # it failed
@@ -291,23 +330,34 @@ def test_failed_points_are_counted_shown_and_never_taken_for_an_optimum(tmp_path
 
 
 def test_the_proxys_hps_diverging_at_a_width_is_not_a_transfer():
-    v = judge("mup", "width", [(16, cell("mup", 16, -6.0)), (64, cell("mup", 64, -7.0, diverge_above=2 ** -6.5))],
-              {"lr": LR}, 2)
+    v = judge(
+        "mup", "width", [(16, cell("mup", 16, -6.0)), (64, cell("mup", 64, -7.0, diverge_above=2**-6.5))], {"lr": LR}, 2
+    )
     assert math.isinf(v.regret[64][0].value) and not v.transferred
     assert describe(v, "µP").startswith("µP did not transfer") and "diverge at width 64" in describe(v, "µP")
 
 
 def test_a_small_move_with_a_large_regret_is_not_a_transfer():
-    v = judge("sp", "width", [(16, cell("sp", 16, -6.0, curvature=1.0)), (64, cell("sp", 64, -6.9, curvature=1.0))],
-              {"lr": LR}, 2)
+    v = judge(
+        "sp",
+        "width",
+        [(16, cell("sp", 16, -6.0, curvature=1.0)), (64, cell("sp", 64, -6.9, curvature=1.0))],
+        {"lr": LR},
+        2,
+    )
     assert abs(v.hps["lr"].drift.value) < 1 and v.regret[64][1].value > 0.05
     assert not v.transferred and "regret at width 64" in v.hps["lr"].reasons
 
 
 def test_a_hyperparameter_without_effect_is_cannot_tell_not_a_move_or_an_edge():
     rng = np.random.default_rng(3)
-    noisy = judge("mup", "width", [(w, cell("mup", w, -6.0, seeds=3, noise=0.05, curvature=0.0, rng=rng))
-                                   for w in (16, 64)], {"lr": LR}, 3)
+    noisy = judge(
+        "mup",
+        "width",
+        [(w, cell("mup", w, -6.0, seeds=3, noise=0.05, curvature=0.0, rng=rng)) for w in (16, 64)],
+        {"lr": LR},
+        3,
+    )
     text = describe(noisy, "µP")
     assert text.startswith("µP: cannot tell (a hyperparameter without measurable effect)"), text
     assert all(o.flat and o.x_interval is None for o in noisy.hps["lr"].optima)
@@ -319,17 +369,19 @@ def test_an_optimum_on_an_edge_or_beside_a_diverged_point_has_no_false_precision
     edge = judge("mup", "width", [(w, cell("mup", w, -12.0)) for w in (16, 64)], {"lr": LR}, 2)
     assert edge.hps["lr"].optima[0].x_interval is None and edge.hps["lr"].drift.interval is None
     assert "CI" not in describe(edge, "µP").split("regret")[0]
-    beside = judge("mup", "width", [(w, cell("mup", w, -4.2, diverge_above=2 ** -4.5)) for w in (16, 64)],
-                   {"lr": LR}, 2)
+    beside = judge("mup", "width", [(w, cell("mup", w, -4.2, diverge_above=2**-4.5)) for w in (16, 64)], {"lr": LR}, 2)
     lo, hi = beside.hps["lr"].optima[0].x_interval
     assert lo <= -5.5 and hi >= -4.5  # best grid point -5, its neighbour above diverged: no parabola there
 
 
 def test_negative_losses_give_absolute_regret_and_valid_json(tmp_path):
-    (tmp_path / "obj.py").write_text("import math\ndef train(hp, scale):\n"
-                                     "    return (math.log2(hp['lr']) + 6 + (0 if scale.mup else math.log2(scale.width / 16))) ** 2 - 5\n")
+    (tmp_path / "obj.py").write_text(
+        "import math\ndef train(hp, scale):\n"
+        "    return (math.log2(hp['lr']) + 6 + (0 if scale.mup else math.log2(scale.width / 16))) ** 2 - 5\n"
+    )
     cfg = tmp_path / "s.toml"
-    cfg.write_text(textwrap.dedent('''
+    cfg.write_text(
+        textwrap.dedent("""
         name = "negative"
         objective = "obj.py:train"
         widths = [16, 64]
@@ -338,7 +390,8 @@ def test_negative_losses_give_absolute_regret_and_valid_json(tmp_path):
         low = "2**-10"
         high = "2**-2"
         grid = 9
-    '''))
+    """)
+    )
     run = tmp_path / "run"
     assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
     assert main(["report", str(run)]) == 0
@@ -353,6 +406,7 @@ def test_negative_losses_give_absolute_regret_and_valid_json(tmp_path):
 
 def test_the_head_to_head_says_tie_or_cannot_tell_from_its_interval():
     from mutransfer.sweep.report import head_to_head_line
+
     base = {"width": 256, "proxy_width": 32, "mup_transferred": 2.0, "sp_retuned": 2.0, "mup_pruned": False}
     assert "as good (within 1%)" in head_to_head_line({**base, "relative": 0.0, "relative_interval": (0.0, 0.0)})
     assert "as good (within 1%)" in head_to_head_line({**base, "relative": -0.009, "relative_interval": None})

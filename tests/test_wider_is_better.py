@@ -1,4 +1,5 @@
 """At fixed HPs, a wider µP MLP reaches a lower training loss (wider is better, TP5 §7)."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,7 +16,7 @@ def _final_loss(width: int, seed: int) -> float:
     torch.manual_seed(seed)
     model = mt.parametrize(MLP(width, depth=3), base=MLP(32, depth=3), delta=MLP(64, depth=3))
     opt = torch.optim.Adam(mt.param_groups(model, 1e-2, "adam"))
-    for step in range(100):
+    for _step in range(100):
         idx = torch.randint(0, 512, (128,), generator=g)
         loss = F.cross_entropy(model(x[idx]), y[idx])
         opt.zero_grad()

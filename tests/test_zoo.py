@@ -5,6 +5,7 @@ no warning, the key roles asserted; then the coordinate check at its defaults (A
 over widths 32…256 with the head count fixed (the head dim grows): µP passes, plain PyTorch (SP)
 fails, and µP with attention left at 1/√d (``attention=False``) fails.
 """
+
 import fnmatch
 import warnings
 
@@ -19,38 +20,94 @@ WIDTHS = [32, 64, 128, 256]
 
 # parameter name pattern → role, per entry (patterns must match at least one parameter)
 ROLES = {
-    "nanogpt": {"transformer.wte.weight": "input", "transformer.wpe.weight": "input",
-                "transformer.h.0.attn.c_attn.weight": "hidden", "transformer.ln_f.weight": "vector"},
-    "gpt2": {"transformer.wte.weight": "input", "transformer.h.0.attn.c_attn.weight": "hidden",
-             "transformer.h.0.mlp.c_proj.weight": "hidden", "transformer.h.0.ln_1.bias": "vector"},
-    "llama": {"model.embed_tokens.weight": "input", "model.layers.0.self_attn.k_proj.weight": "hidden",
-              "model.layers.0.mlp.down_proj.weight": "hidden", "lm_head.weight": "output", "model.norm.weight": "vector"},
-    "qwen2": {"model.embed_tokens.weight": "input", "model.layers.0.self_attn.q_proj.bias": "vector",
-              "model.layers.0.self_attn.v_proj.weight": "hidden"},
-    "mistral": {"model.embed_tokens.weight": "input", "model.layers.0.self_attn.o_proj.weight": "hidden",
-                "lm_head.weight": "output"},
-    "gpt_neox": {"gpt_neox.embed_in.weight": "input", "gpt_neox.layers.0.attention.query_key_value.weight": "hidden",
-                 "lm_head.weight": "output"},
-    "bert": {"bert.embeddings.word_embeddings.weight": "input", "bert.embeddings.position_embeddings.weight": "input",
-             "bert.encoder.layer.0.attention.self.query.weight": "hidden", "cls.predictions.bias": "scalar"},
-    "t5": {"shared.weight": "input", "encoder.block.0.layer.0.SelfAttention.q.weight": "hidden",
-           "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight": "scalar",
-           "decoder.block.0.layer.1.EncDecAttention.k.weight": "hidden"},
-    "vit": {"vit.embeddings.cls_token": "vector", "vit.embeddings.position_embeddings": "vector",
-            "vit.embeddings.patch_embeddings.projection.weight": "input", "classifier.weight": "output"},
-    "mixtral": {"model.layers.0.mlp.gate.weight": "output", "model.layers.0.mlp.experts.gate_up_proj": "hidden",
-                "model.layers.0.mlp.experts.down_proj": "hidden", "lm_head.weight": "output"},
-    "mamba": {"backbone.layers.0.mixer.A_log": "vector", "backbone.layers.0.mixer.D": "vector",
-              "backbone.layers.0.mixer.conv1d.weight": "input", "backbone.layers.0.mixer.x_proj.weight": "output",
-              "backbone.layers.0.mixer.dt_proj.weight": "input", "backbone.layers.0.mixer.in_proj.weight": "hidden",
-              "backbone.layers.0.mixer.out_proj.weight": "hidden"},
-    "timm_vit": {"cls_token": "vector", "pos_embed": "vector", "blocks.0.ls1.gamma": "vector",
-                 "patch_embed.proj.weight": "input", "blocks.0.attn.qkv.weight": "hidden", "head.weight": "output"},
-    "timm_resnet": {"conv1.0.weight": "input", "layer1.0.conv1.weight": "hidden", "bn1.weight": "vector",
-                    "fc.weight": "output"},
-    "timm_convnext": {"stem.0.weight": "input", "stages.0.blocks.0.conv_dw.weight": "input",
-                      "stages.0.blocks.0.gamma": "vector", "stages.1.downsample.1.weight": "hidden",
-                      "head.fc.weight": "output"},
+    "nanogpt": {
+        "transformer.wte.weight": "input",
+        "transformer.wpe.weight": "input",
+        "transformer.h.0.attn.c_attn.weight": "hidden",
+        "transformer.ln_f.weight": "vector",
+    },
+    "gpt2": {
+        "transformer.wte.weight": "input",
+        "transformer.h.0.attn.c_attn.weight": "hidden",
+        "transformer.h.0.mlp.c_proj.weight": "hidden",
+        "transformer.h.0.ln_1.bias": "vector",
+    },
+    "llama": {
+        "model.embed_tokens.weight": "input",
+        "model.layers.0.self_attn.k_proj.weight": "hidden",
+        "model.layers.0.mlp.down_proj.weight": "hidden",
+        "lm_head.weight": "output",
+        "model.norm.weight": "vector",
+    },
+    "qwen2": {
+        "model.embed_tokens.weight": "input",
+        "model.layers.0.self_attn.q_proj.bias": "vector",
+        "model.layers.0.self_attn.v_proj.weight": "hidden",
+    },
+    "mistral": {
+        "model.embed_tokens.weight": "input",
+        "model.layers.0.self_attn.o_proj.weight": "hidden",
+        "lm_head.weight": "output",
+    },
+    "gpt_neox": {
+        "gpt_neox.embed_in.weight": "input",
+        "gpt_neox.layers.0.attention.query_key_value.weight": "hidden",
+        "lm_head.weight": "output",
+    },
+    "bert": {
+        "bert.embeddings.word_embeddings.weight": "input",
+        "bert.embeddings.position_embeddings.weight": "input",
+        "bert.encoder.layer.0.attention.self.query.weight": "hidden",
+        "cls.predictions.bias": "scalar",
+    },
+    "t5": {
+        "shared.weight": "input",
+        "encoder.block.0.layer.0.SelfAttention.q.weight": "hidden",
+        "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight": "scalar",
+        "decoder.block.0.layer.1.EncDecAttention.k.weight": "hidden",
+    },
+    "vit": {
+        "vit.embeddings.cls_token": "vector",
+        "vit.embeddings.position_embeddings": "vector",
+        "vit.embeddings.patch_embeddings.projection.weight": "input",
+        "classifier.weight": "output",
+    },
+    "mixtral": {
+        "model.layers.0.mlp.gate.weight": "output",
+        "model.layers.0.mlp.experts.gate_up_proj": "hidden",
+        "model.layers.0.mlp.experts.down_proj": "hidden",
+        "lm_head.weight": "output",
+    },
+    "mamba": {
+        "backbone.layers.0.mixer.A_log": "vector",
+        "backbone.layers.0.mixer.D": "vector",
+        "backbone.layers.0.mixer.conv1d.weight": "input",
+        "backbone.layers.0.mixer.x_proj.weight": "output",
+        "backbone.layers.0.mixer.dt_proj.weight": "input",
+        "backbone.layers.0.mixer.in_proj.weight": "hidden",
+        "backbone.layers.0.mixer.out_proj.weight": "hidden",
+    },
+    "timm_vit": {
+        "cls_token": "vector",
+        "pos_embed": "vector",
+        "blocks.0.ls1.gamma": "vector",
+        "patch_embed.proj.weight": "input",
+        "blocks.0.attn.qkv.weight": "hidden",
+        "head.weight": "output",
+    },
+    "timm_resnet": {
+        "conv1.0.weight": "input",
+        "layer1.0.conv1.weight": "hidden",
+        "bn1.weight": "vector",
+        "fc.weight": "output",
+    },
+    "timm_convnext": {
+        "stem.0.weight": "input",
+        "stages.0.blocks.0.conv_dw.weight": "input",
+        "stages.0.blocks.0.gamma": "vector",
+        "stages.1.downsample.1.weight": "hidden",
+        "head.fc.weight": "output",
+    },
 }
 ROLES["timm_vit_unfused"] = ROLES["timm_vit"]
 HAS_ATTENTION = {n for n in ZOO if n not in ("mamba", "timm_resnet", "timm_convnext")}
@@ -66,6 +123,7 @@ def _entry(name):
 def _mup(entry, attention=True):
     def make(width):
         return mt.parametrize(entry.make(width), base=entry.make(32), delta=entry.make(64), attention=attention)
+
     return make
 
 

@@ -33,14 +33,16 @@ probe torchvision). So torchvision's pure-Python code is installed into a separa
 torchvision registers fake kernels for at import (``nms``, ``qnms``; their C kernels stay absent).
 Set ``ZOO_TORCHVISION_DIR`` to use another directory.
 """
+
 from __future__ import annotations
 
 import importlib.util
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -49,11 +51,11 @@ from torch import nn
 VOCAB = 128
 SEQ = 16
 BATCH = 4
-HEADS = 4          # fixed across widths: head dim = width / 4
-KV_HEADS = 2       # grouped-query attention where the architecture has it
+HEADS = 4  # fixed across widths: head dim = width / 4
+KV_HEADS = 2  # grouped-query attention where the architecture has it
 LAYERS = 2
-IMAGE = 16         # 16x16 RGB images
-PATCH = 4          # 16 patches (+ cls token)
+IMAGE = 16  # 16x16 RGB images
+PATCH = 4  # 16 patches (+ cls token)
 CLASSES = 10
 WIDTHS = (32, 64, 128, 256)
 
@@ -120,9 +122,10 @@ def _nanogpt_batch(seed: int = 0):
 @dataclass
 class Entry:
     """One architecture: ``make(width, seed=0)``, ``batch(seed=0) -> (inputs, targets)``."""
+
     make: Callable[..., nn.Module]
     batch: Callable[..., tuple]
-    requires: Optional[str] = "transformers"   # the package the factory needs (None: torch only)
+    requires: str | None = "transformers"  # the package the factory needs (None: torch only)
     family: str = "causal_lm"
     notes: str = ""
 
@@ -175,9 +178,9 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, n_embd: int, n_head: int, bias: bool = True):
         super().__init__()
         assert n_embd % n_head == 0
-        self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)   # q, k, v for all heads, fused
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)  # q, k, v for all heads, fused
         self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
-        self.n_head = n_head                                     # deliberately no self.n_embd
+        self.n_head = n_head  # deliberately no self.n_embd
 
     def forward(self, x):
         B, T, C = x.size()
@@ -218,16 +221,25 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """nanoGPT: tied wte/lm_head, N(0, 0.02) init, c_proj scaled by 1/sqrt(2 n_layer)."""
 
-    def __init__(self, n_embd: int, n_head: int = HEADS, n_layer: int = LAYERS, vocab_size: int = VOCAB,
-                 block_size: int = SEQ, bias: bool = True):
+    def __init__(
+        self,
+        n_embd: int,
+        n_head: int = HEADS,
+        n_layer: int = LAYERS,
+        vocab_size: int = VOCAB,
+        block_size: int = SEQ,
+        bias: bool = True,
+    ):
         super().__init__()
         self.block_size = block_size
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(vocab_size, n_embd),
-            wpe=nn.Embedding(block_size, n_embd),
-            h=nn.ModuleList([Block(n_embd, n_head, bias) for _ in range(n_layer)]),
-            ln_f=LayerNorm(n_embd, bias=bias),
-        ))
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(vocab_size, n_embd),
+                wpe=nn.Embedding(block_size, n_embd),
+                h=nn.ModuleList([Block(n_embd, n_head, bias) for _ in range(n_layer)]),
+                ln_f=LayerNorm(n_embd, bias=bias),
+            )
+        )
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
         self.apply(self._init_weights)
@@ -244,7 +256,7 @@ class GPT(nn.Module):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(self, idx, targets=None):
-        b, t = idx.size()
+        _b, t = idx.size()
         assert t <= self.block_size
         pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
@@ -271,6 +283,7 @@ def nanogpt(width: int, seed: int = 0) -> nn.Module:
 
 def _tf():
     import transformers
+
     return transformers
 
 
@@ -280,8 +293,18 @@ _TOKENS = dict(bos_token_id=0, eos_token_id=0, pad_token_id=0)
 def gpt2(width: int, seed: int = 0) -> nn.Module:
     tf = _tf()
     torch.manual_seed(seed)
-    cfg = tf.GPT2Config(n_embd=width, n_head=HEADS, n_layer=LAYERS, n_inner=4 * width, vocab_size=VOCAB,
-                        n_positions=SEQ, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **_TOKENS)
+    cfg = tf.GPT2Config(
+        n_embd=width,
+        n_head=HEADS,
+        n_layer=LAYERS,
+        n_inner=4 * width,
+        vocab_size=VOCAB,
+        n_positions=SEQ,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        **_TOKENS,
+    )
     return tf.GPT2LMHeadModel(cfg)
 
 
@@ -289,9 +312,17 @@ def llama(width: int, seed: int = 0) -> nn.Module:
     """Llama with GQA (4 query heads, 2 kv heads), untied embeddings, RMSNorm, SwiGLU."""
     tf = _tf()
     torch.manual_seed(seed)
-    cfg = tf.LlamaConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=LAYERS,
-                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=VOCAB,
-                         max_position_embeddings=SEQ, tie_word_embeddings=False, **_TOKENS)
+    cfg = tf.LlamaConfig(
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        vocab_size=VOCAB,
+        max_position_embeddings=SEQ,
+        tie_word_embeddings=False,
+        **_TOKENS,
+    )
     return tf.LlamaForCausalLM(cfg)
 
 
@@ -299,9 +330,17 @@ def qwen2(width: int, seed: int = 0) -> nn.Module:
     """Qwen2: GQA, q/k/v biases, tied embeddings (as Qwen2-0.5B/1.5B)."""
     tf = _tf()
     torch.manual_seed(seed)
-    cfg = tf.Qwen2Config(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=LAYERS,
-                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=VOCAB,
-                         max_position_embeddings=SEQ, tie_word_embeddings=True, **_TOKENS)
+    cfg = tf.Qwen2Config(
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        vocab_size=VOCAB,
+        max_position_embeddings=SEQ,
+        tie_word_embeddings=True,
+        **_TOKENS,
+    )
     return tf.Qwen2ForCausalLM(cfg)
 
 
@@ -309,10 +348,18 @@ def mistral(width: int, seed: int = 0) -> nn.Module:
     """Mistral: GQA, sliding window 8 (< SEQ, so the window is active), untied."""
     tf = _tf()
     torch.manual_seed(seed)
-    cfg = tf.MistralConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=LAYERS,
-                           num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=VOCAB,
-                           max_position_embeddings=SEQ, sliding_window=SEQ // 2, tie_word_embeddings=False,
-                           **_TOKENS)
+    cfg = tf.MistralConfig(
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        vocab_size=VOCAB,
+        max_position_embeddings=SEQ,
+        sliding_window=SEQ // 2,
+        tie_word_embeddings=False,
+        **_TOKENS,
+    )
     return tf.MistralForCausalLM(cfg)
 
 
@@ -320,9 +367,18 @@ def gpt_neox(width: int, seed: int = 0) -> nn.Module:
     """GPT-NeoX: fused query_key_value (interleaved per head), partial rotary, parallel residual."""
     tf = _tf()
     torch.manual_seed(seed)
-    cfg = tf.GPTNeoXConfig(hidden_size=width, intermediate_size=4 * width, num_hidden_layers=LAYERS,
-                           num_attention_heads=HEADS, vocab_size=VOCAB, max_position_embeddings=SEQ,
-                           hidden_dropout=0.0, attention_dropout=0.0, tie_word_embeddings=False, **_TOKENS)
+    cfg = tf.GPTNeoXConfig(
+        hidden_size=width,
+        intermediate_size=4 * width,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        vocab_size=VOCAB,
+        max_position_embeddings=SEQ,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tie_word_embeddings=False,
+        **_TOKENS,
+    )
     return tf.GPTNeoXForCausalLM(cfg)
 
 
@@ -330,9 +386,17 @@ def bert(width: int, seed: int = 0) -> nn.Module:
     """BertForMaskedLM: post-LN encoder, MLM head tied to the word embeddings."""
     tf = _tf()
     torch.manual_seed(seed)
-    cfg = tf.BertConfig(hidden_size=width, intermediate_size=4 * width, num_hidden_layers=LAYERS,
-                        num_attention_heads=HEADS, vocab_size=VOCAB, max_position_embeddings=SEQ,
-                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, pad_token_id=0)
+    cfg = tf.BertConfig(
+        hidden_size=width,
+        intermediate_size=4 * width,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        vocab_size=VOCAB,
+        max_position_embeddings=SEQ,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        pad_token_id=0,
+    )
     return tf.BertForMaskedLM(cfg)
 
 
@@ -341,10 +405,21 @@ def t5(width: int, seed: int = 0) -> nn.Module:
     output is multiplied by d_model**-0.5 before lm_head), relative position bias, attention scaling 1."""
     tf = _tf()
     torch.manual_seed(seed)
-    cfg = tf.T5Config(d_model=width, d_kv=width // HEADS, d_ff=4 * width, num_heads=HEADS, num_layers=LAYERS,
-                      num_decoder_layers=LAYERS, vocab_size=VOCAB, relative_attention_num_buckets=8,
-                      relative_attention_max_distance=SEQ, dropout_rate=0.0, decoder_start_token_id=0,
-                      pad_token_id=0, eos_token_id=0)
+    cfg = tf.T5Config(
+        d_model=width,
+        d_kv=width // HEADS,
+        d_ff=4 * width,
+        num_heads=HEADS,
+        num_layers=LAYERS,
+        num_decoder_layers=LAYERS,
+        vocab_size=VOCAB,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=SEQ,
+        dropout_rate=0.0,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=0,
+    )
     return tf.T5ForConditionalGeneration(cfg)
 
 
@@ -352,9 +427,18 @@ def vit(width: int, seed: int = 0) -> nn.Module:
     """ViTForImageClassification on 16x16 images, patch 4 (16 patches + cls)."""
     tf = _tf()
     torch.manual_seed(seed)
-    cfg = tf.ViTConfig(hidden_size=width, intermediate_size=4 * width, num_hidden_layers=LAYERS,
-                       num_attention_heads=HEADS, image_size=IMAGE, patch_size=PATCH, num_channels=3,
-                       num_labels=CLASSES, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    cfg = tf.ViTConfig(
+        hidden_size=width,
+        intermediate_size=4 * width,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        image_size=IMAGE,
+        patch_size=PATCH,
+        num_channels=3,
+        num_labels=CLASSES,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     return tf.ViTForImageClassification(cfg)
 
 
@@ -362,10 +446,20 @@ def mixtral(width: int, seed: int = 0) -> nn.Module:
     """Mixtral: 4 experts, top-2, fused 3-D expert weights (gate_up_proj, down_proj), GQA, untied."""
     tf = _tf()
     torch.manual_seed(seed)
-    cfg = tf.MixtralConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=LAYERS,
-                           num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=VOCAB,
-                           max_position_embeddings=SEQ, num_local_experts=4, num_experts_per_tok=2,
-                           sliding_window=None, tie_word_embeddings=False, **_TOKENS)
+    cfg = tf.MixtralConfig(
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        vocab_size=VOCAB,
+        max_position_embeddings=SEQ,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=None,
+        tie_word_embeddings=False,
+        **_TOKENS,
+    )
     return tf.MixtralForCausalLM(cfg)
 
 
@@ -378,8 +472,16 @@ def mamba(width: int, seed: int = 0) -> nn.Module:
     dt_proj input-like)."""
     tf = _tf()
     torch.manual_seed(seed)
-    cfg = tf.MambaConfig(hidden_size=width, num_hidden_layers=LAYERS, vocab_size=VOCAB, state_size=16,
-                         expand=2, conv_kernel=4, time_step_rank=8, **_TOKENS)
+    cfg = tf.MambaConfig(
+        hidden_size=width,
+        num_hidden_layers=LAYERS,
+        vocab_size=VOCAB,
+        state_size=16,
+        expand=2,
+        conv_kernel=4,
+        time_step_rank=8,
+        **_TOKENS,
+    )
     return tf.MambaForCausalLM(cfg)
 
 
@@ -422,6 +524,7 @@ def _prepare_torchvision() -> None:
 def _timm():
     _prepare_torchvision()
     import timm
+
     return timm
 
 
@@ -438,9 +541,18 @@ def timm_available() -> bool:
 def _timm_vit(width: int, seed: int, fused: bool) -> nn.Module:
     timm = _timm()
     torch.manual_seed(seed)
-    m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=IMAGE, patch_size=PATCH,
-                          embed_dim=width, depth=LAYERS, num_heads=HEADS, mlp_ratio=4.0, num_classes=CLASSES,
-                          init_values=0.1)  # LayerScale (ls1.gamma, ls2.gamma), as DeiT-III / CaiT
+    m = timm.create_model(
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        img_size=IMAGE,
+        patch_size=PATCH,
+        embed_dim=width,
+        depth=LAYERS,
+        num_heads=HEADS,
+        mlp_ratio=4.0,
+        num_classes=CLASSES,
+        init_values=0.1,
+    )  # LayerScale (ls1.gamma, ls2.gamma), as DeiT-III / CaiT
     for mod in m.modules():
         if hasattr(mod, "fused_attn"):
             mod.fused_attn = fused  # True: F.scaled_dot_product_attention; False: q * self.scale @ k^T
@@ -464,9 +576,14 @@ def timm_resnet(width: int, seed: int = 0) -> nn.Module:
     a finite dim, and layer1 then has a downsample only where channels[0] != 64.)"""
     timm = _timm()
     torch.manual_seed(seed)
-    return timm.create_model("resnet18d", pretrained=False, layers=(1, 1, 1, 1),
-                             channels=(width // 2, width // 2, width, width), stem_width=width // 4,
-                             num_classes=CLASSES)
+    return timm.create_model(
+        "resnet18d",
+        pretrained=False,
+        layers=(1, 1, 1, 1),
+        channels=(width // 2, width // 2, width, width),
+        stem_width=width // 4,
+        num_classes=CLASSES,
+    )
 
 
 def timm_convnext(width: int, seed: int = 0) -> nn.Module:
@@ -474,8 +591,13 @@ def timm_convnext(width: int, seed: int = 0) -> nn.Module:
     1e-6): 4 stages of 1 block (timm hard-codes 4), dims (width/2, width/2, width, width); 32x32 images."""
     timm = _timm()
     torch.manual_seed(seed)
-    return timm.create_model("convnext_tiny", pretrained=False, depths=(1, 1, 1, 1),
-                             dims=(width // 2, width // 2, width, width), num_classes=CLASSES)
+    return timm.create_model(
+        "convnext_tiny",
+        pretrained=False,
+        depths=(1, 1, 1, 1),
+        dims=(width // 2, width // 2, width, width),
+        num_classes=CLASSES,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -493,10 +615,15 @@ ZOO: dict[str, Entry] = {
     "mixtral": Entry(mixtral, _causal_lm_batch, family="causal_lm", notes="MoE 4 experts top-2; 3-D expert tensors"),
     "mamba": Entry(mamba, _causal_lm_batch, notes="SSM; A_log, D, conv1d, x_proj, dt_proj; tied"),
     "timm_vit": Entry(timm_vit, _image_batch, requires="timm", family="image", notes="fused attention; LayerScale"),
-    "timm_vit_unfused": Entry(timm_vit_unfused, _image_batch, requires="timm", family="image",
-                              notes="fused_attn=False: q * self.scale"),
-    "timm_resnet": Entry(timm_resnet, _image_batch, requires="timm", family="image", notes="ResNet-D; BatchNorm; zero-init last BN"),
-    "timm_convnext": Entry(timm_convnext, _image32_batch, requires="timm", family="image", notes="LayerScale gamma; dwconv"),
+    "timm_vit_unfused": Entry(
+        timm_vit_unfused, _image_batch, requires="timm", family="image", notes="fused_attn=False: q * self.scale"
+    ),
+    "timm_resnet": Entry(
+        timm_resnet, _image_batch, requires="timm", family="image", notes="ResNet-D; BatchNorm; zero-init last BN"
+    ),
+    "timm_convnext": Entry(
+        timm_convnext, _image32_batch, requires="timm", family="image", notes="LayerScale gamma; dwconv"
+    ),
 }
 
 HF = [n for n, e in ZOO.items() if e.requires == "transformers"]
@@ -510,6 +637,7 @@ def available() -> list[str]:
 
 if __name__ == "__main__":  # smoke test: shapes, determinism and time of every entry at every width
     import time
+
     torch.set_num_threads(2)
     for name in available():
         e = ZOO[name]

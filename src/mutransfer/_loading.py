@@ -5,17 +5,18 @@ naming the spec, the file and what went wrong — including any exception raised
 module is imported (a missing setting, a syntax error), so that callers never show a traceback
 for a bad spec.
 """
+
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Optional, Union
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 
 def is_file_spec(spec: str) -> bool:
@@ -24,7 +25,7 @@ def is_file_spec(spec: str) -> bool:
     return module_part.endswith(".py") or "/" in module_part or os.sep in module_part
 
 
-def resolve_file(spec: str, base_dir: Optional[PathLike] = None) -> Path:
+def resolve_file(spec: str, base_dir: PathLike | None = None) -> Path:
     """The file of a 'path.py:function' spec; a relative path is taken from `base_dir` (default: cwd)."""
     path = Path(spec.rsplit(":", 1)[0]).expanduser()
     if not path.is_absolute() and base_dir is not None:
@@ -32,7 +33,7 @@ def resolve_file(spec: str, base_dir: Optional[PathLike] = None) -> Path:
     return path
 
 
-def load_module(spec: str, what: str, base_dir: Optional[PathLike] = None) -> ModuleType:
+def load_module(spec: str, what: str, base_dir: PathLike | None = None) -> ModuleType:
     """Import `spec`'s module part: a .py file (relative to `base_dir`, default the current
     directory) or a dotted module name, importable from `base_dir` as well as the current directory."""
     module_part = spec.rsplit(":", 1)[0]
@@ -57,14 +58,15 @@ def load_module(spec: str, what: str, base_dir: Optional[PathLike] = None) -> Mo
             return importlib.import_module(module_part)
         except ImportError as e:
             where = " or ".join(str(d) for d in dict.fromkeys(dirs))
-            raise ValueError(f"{what} '{spec}': cannot import {module_part} ({e}); looked in {where} and "
-                             "sys.path") from None
+            raise ValueError(
+                f"{what} '{spec}': cannot import {module_part} ({e}); looked in {where} and sys.path"
+            ) from None
         except Exception as e:
             origin = _origin(module_part) or module_part
             raise ValueError(f"{what} '{spec}': importing {origin} raised {_describe(e)}") from None
 
 
-def load_callable(spec: str, what: str, base_dir: Optional[PathLike] = None) -> Callable:
+def load_callable(spec: str, what: str, base_dir: PathLike | None = None) -> Callable:
     """The function named by 'module:function' or 'path/to/file.py:function' (see `load_module`)."""
     if not isinstance(spec, str) or ":" not in spec:
         raise ValueError(f"{what} must look like module:function or path/to/file.py:function, got {spec!r}")
@@ -72,8 +74,9 @@ def load_callable(spec: str, what: str, base_dir: Optional[PathLike] = None) -> 
     name = spec.rsplit(":", 1)[1]
     fn = getattr(module, name, None)
     if not callable(fn):
-        raise ValueError(f"{what} '{spec}': {getattr(module, '__file__', None) or module.__name__} "
-                         f"has no function '{name}'")
+        raise ValueError(
+            f"{what} '{spec}': {getattr(module, '__file__', None) or module.__name__} has no function '{name}'"
+        )
     return fn
 
 
@@ -83,7 +86,7 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def _origin(module_part: str) -> Optional[str]:
+def _origin(module_part: str) -> str | None:
     try:
         spec = importlib.util.find_spec(module_part)
     except Exception:

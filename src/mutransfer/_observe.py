@@ -36,13 +36,15 @@ effective scale (``(q·s)·k·c`` → ``s·c``; additive masks, position biases 
 A constant baked into a weight's init (T5 puts its 1/√d there) is not a forward constant: the
 scale of such a model is 1.
 """
+
 from __future__ import annotations
 
 import contextlib
 import math
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -51,8 +53,18 @@ from torch.overrides import TorchFunctionMode
 from ._naming import canonical_name
 from .devices import module_device, move
 
-__all__ = ["Dims", "Use", "AttentionCall", "Observation", "recording", "observe", "call_model",
-           "example_inputs", "observe_model", "to_device"]
+__all__ = [
+    "AttentionCall",
+    "Dims",
+    "Observation",
+    "Use",
+    "call_model",
+    "example_inputs",
+    "observe",
+    "observe_model",
+    "recording",
+    "to_device",
+]
 
 Dims = tuple[tuple[int, ...], ...]  # per tensor dim: the parameter dims it came from
 
@@ -62,7 +74,7 @@ class Use:
     """One observed use of a parameter."""
 
     module: str  # the module whose forward made the call ("" for the model itself)
-    op: str      # "contraction", "lookup" (embedding), "gather" (rows by index), "elementwise"
+    op: str  # "contraction", "lookup" (embedding), "gather" (rows by index), "elementwise"
     fan_in: tuple[int, ...]
     fan_out: tuple[int, ...]
     what: str = ""  # the torch function, for messages
@@ -72,10 +84,10 @@ class Use:
 class AttentionCall:
     """One attention computation seen on the probe forward."""
 
-    module: str      # the innermost module running it
-    kind: str        # "sdpa", "eager" (matmul → softmax) or "mha" (nn.MultiheadAttention)
+    module: str  # the innermost module running it
+    kind: str  # "sdpa", "eager" (matmul → softmax) or "mha" (nn.MultiheadAttention)
     head_dim: int
-    scale: float     # the constant multiplying q·kᵀ (after any normalisation of q and k)
+    scale: float  # the constant multiplying q·kᵀ (after any normalisation of q and k)
 
 
 @dataclass
@@ -88,8 +100,8 @@ class Observation:
     # modules whose (first) input is an attention's probabilities (dropout on them, for example)
     prob_modules: set[str] = field(default_factory=set)
     called: set[str] = field(default_factory=set)  # modules whose forward ran
-    error: Optional[str] = None  # why the forward could not run (then nothing was observed)
-    inputs: Any = None           # the inputs it ran on
+    error: str | None = None  # why the forward could not run (then nothing was observed)
+    inputs: Any = None  # the inputs it ran on
 
     @property
     def ran(self) -> bool:
@@ -105,30 +117,170 @@ class Observation:
 # --------------------------------------------------------------------------- op tables
 
 _PERMUTE = {"t", "T", "mT", "transpose", "swapaxes", "swapdims", "permute", "movedim", "moveaxis"}
-_SAME_SHAPE = {"contiguous", "clone", "detach", "to", "float", "half", "bfloat16", "double", "type_as", "type",
-               "data", "cpu", "cuda", "requires_grad", "neg", "negative", "abs", "exp", "sigmoid", "softplus",
-               "tanh", "sin", "cos", "log", "pow", "sqrt", "rsqrt", "square", "reciprocal", "silu", "gelu", "relu",
-               "exp2", "expm1", "log1p", "clamp", "clip", "dropout", "alias", "float_power", "sign", "erf",
-               "contiguous_format", "coalesce", "resolve_conj", "resolve_neg", "fill_diagonal"}
-_RESHAPE = {"view", "reshape", "flatten", "unflatten", "unsqueeze", "squeeze", "expand", "expand_as", "view_as",
-            "reshape_as", "broadcast_to", "repeat", "tile"}
+_SAME_SHAPE = {
+    "contiguous",
+    "clone",
+    "detach",
+    "to",
+    "float",
+    "half",
+    "bfloat16",
+    "double",
+    "type_as",
+    "type",
+    "data",
+    "cpu",
+    "cuda",
+    "requires_grad",
+    "neg",
+    "negative",
+    "abs",
+    "exp",
+    "sigmoid",
+    "softplus",
+    "tanh",
+    "sin",
+    "cos",
+    "log",
+    "pow",
+    "sqrt",
+    "rsqrt",
+    "square",
+    "reciprocal",
+    "silu",
+    "gelu",
+    "relu",
+    "exp2",
+    "expm1",
+    "log1p",
+    "clamp",
+    "clip",
+    "dropout",
+    "alias",
+    "float_power",
+    "sign",
+    "erf",
+    "contiguous_format",
+    "coalesce",
+    "resolve_conj",
+    "resolve_neg",
+    "fill_diagonal",
+}
+_RESHAPE = {
+    "view",
+    "reshape",
+    "flatten",
+    "unflatten",
+    "unsqueeze",
+    "squeeze",
+    "expand",
+    "expand_as",
+    "view_as",
+    "reshape_as",
+    "broadcast_to",
+    "repeat",
+    "tile",
+}
 _SPLIT = {"chunk", "split", "tensor_split", "split_with_sizes", "unsafe_chunk", "unsafe_split", "narrow"}
-_ELEMENTWISE = {"add", "sub", "mul", "div", "true_divide", "addcmul", "addcdiv", "where", "lerp", "maximum",
-                "minimum", "masked_fill", "cat", "concat", "concatenate", "stack", "hstack", "vstack", "rsub"}
+_ELEMENTWISE = {
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "true_divide",
+    "addcmul",
+    "addcdiv",
+    "where",
+    "lerp",
+    "maximum",
+    "minimum",
+    "masked_fill",
+    "cat",
+    "concat",
+    "concatenate",
+    "stack",
+    "hstack",
+    "vstack",
+    "rsub",
+}
 _MATMUL = {"matmul", "mm", "bmm", "mv", "dot", "inner", "_grouped_mm", "grouped_mm"}  # grouped: (tokens, k) × (E, k, n)
 _MATMUL_ADD = {"baddbmm", "addmm", "addbmm", "addmv"}  # (input, A, B)
 _NORMS = {"layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm", "normalize", "local_response_norm"}
 _SOFTMAX = {"softmax", "log_softmax", "_softmax", "softmin"}
-_CONV = {"conv1d": False, "conv2d": False, "conv3d": False,
-         "conv_transpose1d": True, "conv_transpose2d": True, "conv_transpose3d": True}
+_CONV = {
+    "conv1d": False,
+    "conv2d": False,
+    "conv3d": False,
+    "conv_transpose1d": True,
+    "conv_transpose2d": True,
+    "conv_transpose3d": True,
+}
 # Scale algebra for attention logits: how the scale of the output follows the input's.
-_SCALE_SAME = {"contiguous", "clone", "detach", "to", "float", "half", "bfloat16", "double", "type_as", "type",
-               "neg", "negative", "abs", "view", "reshape", "flatten", "unflatten", "unsqueeze", "squeeze",
-               "expand", "expand_as", "view_as", "reshape_as", "broadcast_to", "repeat", "tile",
-               "repeat_interleave", "t", "T", "mT", "transpose", "swapaxes", "swapdims", "permute", "movedim",
-               "moveaxis", "getitem", "mean", "sum", "amax", "amin", "max", "min", "narrow", "chunk", "split",
-               "unbind", "tensor_split", "split_with_sizes", "cat", "concat", "stack", "masked_fill", "where",
-               "clamp", "clip", "tanh", "dropout", "roll", "flip", "index_select", "gather", "pad", "contiguous"}
+_SCALE_SAME = {
+    "contiguous",
+    "clone",
+    "detach",
+    "to",
+    "float",
+    "half",
+    "bfloat16",
+    "double",
+    "type_as",
+    "type",
+    "neg",
+    "negative",
+    "abs",
+    "view",
+    "reshape",
+    "flatten",
+    "unflatten",
+    "unsqueeze",
+    "squeeze",
+    "expand",
+    "expand_as",
+    "view_as",
+    "reshape_as",
+    "broadcast_to",
+    "repeat",
+    "tile",
+    "repeat_interleave",
+    "t",
+    "T",
+    "mT",
+    "transpose",
+    "swapaxes",
+    "swapdims",
+    "permute",
+    "movedim",
+    "moveaxis",
+    "getitem",
+    "mean",
+    "sum",
+    "amax",
+    "amin",
+    "max",
+    "min",
+    "narrow",
+    "chunk",
+    "split",
+    "unbind",
+    "tensor_split",
+    "split_with_sizes",
+    "cat",
+    "concat",
+    "stack",
+    "masked_fill",
+    "where",
+    "clamp",
+    "clip",
+    "tanh",
+    "dropout",
+    "roll",
+    "flip",
+    "index_select",
+    "gather",
+    "pad",
+}
 
 
 def _name(func) -> str:
@@ -166,7 +318,7 @@ class _Recorder(TorchFunctionMode):
         self.params = params
         self.stack = module_stack
         self.prov: dict[int, tuple[weakref.ref, str, Dims]] = {}
-        self.scales: dict[int, tuple[weakref.ref, float, Optional[int]]] = {}
+        self.scales: dict[int, tuple[weakref.ref, float, int | None]] = {}
         self.obs = Observation()
         self.on_attention = on_attention
         self.probs: dict[int, weakref.ref] = {}
@@ -176,7 +328,7 @@ class _Recorder(TorchFunctionMode):
     def _module(self) -> str:
         return self.stack[-1] if self.stack else ""
 
-    def _p(self, t) -> Optional[tuple[str, Dims]]:
+    def _p(self, t) -> tuple[str, Dims] | None:
         if not isinstance(t, torch.Tensor):
             return None
         name = self.params.get(id(t))
@@ -194,7 +346,7 @@ class _Recorder(TorchFunctionMode):
             except TypeError:
                 pass
 
-    def _s(self, t) -> tuple[float, Optional[int]]:
+    def _s(self, t) -> tuple[float, int | None]:
         if isinstance(t, (int, float)) and not isinstance(t, bool):
             return float(t), None
         if not isinstance(t, torch.Tensor):
@@ -204,21 +356,28 @@ class _Recorder(TorchFunctionMode):
             return entry[1], entry[2]
         return 1.0, None
 
-    def _const(self, t) -> Optional[float]:
+    def _const(self, t) -> float | None:
         """A Python number or a one-element constant tensor's value, else None."""
         if isinstance(t, bool):
             return None
         if isinstance(t, (int, float)):
             return float(t)
-        if (isinstance(t, torch.Tensor) and t.numel() == 1 and not t.is_meta and id(t) not in self.params
-                and id(t) not in self.scales and self._p(t) is None and not t.requires_grad):
+        if (
+            isinstance(t, torch.Tensor)
+            and t.numel() == 1
+            and not t.is_meta
+            and id(t) not in self.params
+            and id(t) not in self.scales
+            and self._p(t) is None
+            and not t.requires_grad
+        ):
             try:
                 return float(t)
             except (RuntimeError, ValueError):
                 return None
         return None
 
-    def _set_s(self, t, scale: float, logit_dim: Optional[int] = None) -> None:
+    def _set_s(self, t, scale: float, logit_dim: int | None = None) -> None:
         if not isinstance(t, torch.Tensor):
             return
         if scale == 1.0 and logit_dim is None:
@@ -316,29 +475,41 @@ class _Recorder(TorchFunctionMode):
                 if pt is not None:
                     self.use(pt[0], "elementwise", (), pt[1], name)
             return
-        if p is not None and (name in _PERMUTE or name in _SAME_SHAPE or name in _RESHAPE or name in _SPLIT
-                              or name in ("getitem", "index_select", "unbind", "repeat_interleave")):
+        if p is not None and (
+            name in _PERMUTE
+            or name in _SAME_SHAPE
+            or name in _RESHAPE
+            or name in _SPLIT
+            or name in ("getitem", "index_select", "unbind", "repeat_interleave")
+        ):
             self._propagate(name, first, p, args, kwargs, out)
             return
-        if name in _ELEMENTWISE or name.startswith("r") and name[1:] in ("add", "sub", "mul", "div"):
+        if name in _ELEMENTWISE or (name.startswith("r") and name[1:] in ("add", "sub", "mul", "div")):
             tensors = _tensors(list(args) + list(kwargs.values()))
             derived = [(t, self._p(t)) for t in tensors]
             derived = [(t, pt) for t, pt in derived if pt is not None]
-            for t, pt in derived:
+            for _t, pt in derived:
                 self.use(pt[0], "elementwise", (), pt[1], name)
             # a parameter times a constant is still that parameter (weight · c, then used as a weight)
-            if (len(derived) == 1 and isinstance(out, torch.Tensor) and name in ("mul", "div", "rmul")
-                    and out.shape == derived[0][0].shape
-                    and all(self._const(a) is not None for a in args if a is not derived[0][0])):
+            if (
+                len(derived) == 1
+                and isinstance(out, torch.Tensor)
+                and name in ("mul", "div", "rmul")
+                and out.shape == derived[0][0].shape
+                and all(self._const(a) is not None for a in args if a is not derived[0][0])
+            ):
                 self._set_p(out, derived[0][1][0], derived[0][1][1])
 
     def _propagate(self, name: str, t: torch.Tensor, p: tuple[str, Dims], args, kwargs, out) -> None:
         pname, dims = p
-        if name in ("t", "T") and len(dims) == 2 or name == "mT":
+        if (name in ("t", "T") and len(dims) == 2) or name == "mT":
             new = dims[:-2] + (dims[-1], dims[-2]) if len(dims) >= 2 else dims
         elif name in ("transpose", "swapaxes", "swapdims"):
-            i, j = (int(args[1]) % len(dims), int(args[2]) % len(dims)) if len(args) >= 3 else \
-                (int(kwargs.get("dim0")) % len(dims), int(kwargs.get("dim1")) % len(dims))
+            i, j = (
+                (int(args[1]) % len(dims), int(args[2]) % len(dims))
+                if len(args) >= 3
+                else (int(kwargs.get("dim0")) % len(dims), int(kwargs.get("dim1")) % len(dims))
+            )
             lst = list(dims)
             lst[i], lst[j] = lst[j], lst[i]
             new = tuple(lst)
@@ -358,11 +529,11 @@ class _Recorder(TorchFunctionMode):
             return
         elif name == "index_select":
             dim = int(args[1]) % len(dims)
-            self.use(pname, "gather", dims[dim:dim + 1], dims[:dim] + dims[dim + 1:], name)
+            self.use(pname, "gather", dims[dim : dim + 1], dims[:dim] + dims[dim + 1 :], name)
             return
         elif name == "unbind":
             dim = int(args[1] if len(args) > 1 else kwargs.get("dim", 0)) % len(dims)
-            new = dims[:dim] + dims[dim + 1:]
+            new = dims[:dim] + dims[dim + 1 :]
         elif name in ("expand", "expand_as", "broadcast_to", "repeat", "tile"):
             if not isinstance(out, torch.Tensor) or out.ndim < len(dims):
                 return
@@ -402,7 +573,7 @@ class _Recorder(TorchFunctionMode):
             if isinstance(i, slice):
                 new.append(dims[pos])
                 pos += 1
-            elif isinstance(i, int) or isinstance(i, torch.Tensor) and i.ndim == 0:
+            elif isinstance(i, int) or (isinstance(i, torch.Tensor) and i.ndim == 0):
                 pos += 1  # one entry picked (an expert, a head): a batch dim
             elif isinstance(i, torch.Tensor):
                 if i.dtype == torch.bool:
@@ -411,7 +582,7 @@ class _Recorder(TorchFunctionMode):
                     pos += width
                 else:
                     # rows looked up by index: an embedding table, unless later contracted (fused experts)
-                    self.use(pname, "gather", dims[pos:pos + 1], dims[:pos] + dims[pos + 1:], "getitem")
+                    self.use(pname, "gather", dims[pos : pos + 1], dims[:pos] + dims[pos + 1 :], "getitem")
                     new += [()] * i.ndim
                     pos += 1
                 advanced += 1
@@ -461,8 +632,21 @@ class _Recorder(TorchFunctionMode):
             self.use(po[0], "contraction", fan_in, fan_out, "einsum")
 
     def _mha_params(self, args, kwargs) -> None:
-        names = ("query", "key", "value", "embed_dim_to_check", "num_heads", "in_proj_weight", "in_proj_bias",
-                 "bias_k", "bias_v", "add_zero_attn", "dropout_p", "out_proj_weight", "out_proj_bias")
+        names = (
+            "query",
+            "key",
+            "value",
+            "embed_dim_to_check",
+            "num_heads",
+            "in_proj_weight",
+            "in_proj_bias",
+            "bias_k",
+            "bias_v",
+            "add_zero_attn",
+            "dropout_p",
+            "out_proj_weight",
+            "out_proj_bias",
+        )
         bound = dict(zip(names, args))
         bound.update(kwargs)
         for key in ("in_proj_weight", "out_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight"):
@@ -521,8 +705,11 @@ class _Recorder(TorchFunctionMode):
             return
         if name in ("add", "sub", "radd", "rsub"):
             a, b = (args[0], args[1]) if len(args) >= 2 else (args[0], kwargs.get("other"))
-            candidates = [self._s(x) for x in (a, b) if isinstance(x, torch.Tensor) and id(x) in self.scales
-                          and self.scales[id(x)][0]() is x]
+            candidates = [
+                self._s(x)
+                for x in (a, b)
+                if isinstance(x, torch.Tensor) and id(x) in self.scales and self.scales[id(x)][0]() is x
+            ]
             if candidates:
                 logit = next((c for c in candidates if c[1] is not None), candidates[0])
                 self._set_s(out, logit[0], logit[1])
@@ -536,7 +723,7 @@ class _Recorder(TorchFunctionMode):
                 e = args[1] if len(args) > 1 else kwargs.get("exponent")
                 power = float(e) if isinstance(e, (int, float)) else None
             if power is not None:
-                self._set_s(out, s ** power)
+                self._set_s(out, s**power)
             return
         if name in _SCALE_SAME:
             src = args[0] if args else None
@@ -607,7 +794,7 @@ def _einsum_labels(sub: str, ndim: int) -> list[str]:
     return list(head) + [f".{i}" for i in range(n)] + list(tail)
 
 
-def _reshape_dims(src: tuple[int, ...], dst: tuple[int, ...], dims: Dims) -> Optional[Dims]:
+def _reshape_dims(src: tuple[int, ...], dst: tuple[int, ...], dims: Dims) -> Dims | None:
     """Parameter dims of a reshaped tensor: groups of dims whose sizes multiply to the same."""
     out: list[tuple[int, ...]] = []
     i = j = 0
@@ -647,7 +834,7 @@ def _reshape_dims(src: tuple[int, ...], dst: tuple[int, ...], dims: Dims) -> Opt
 
 
 @contextlib.contextmanager
-def recording(model: nn.Module, on_attention: Optional[Callable] = None):
+def recording(model: nn.Module, on_attention: Callable | None = None):
     """Record usage and attention calls of every forward run inside the block (yields the recorder,
     whose ``obs`` holds them). `on_attention(call, q, k, logits, causal)` is called at each attention
     computation with its tensors: q and k for SDPA, the logits tensor for a matmul → softmax."""
@@ -687,7 +874,7 @@ def recording(model: nn.Module, on_attention: Optional[Callable] = None):
         h2.remove()
 
 
-def observe(model: nn.Module, inputs: Any, on_attention: Optional[Callable] = None) -> Observation:
+def observe(model: nn.Module, inputs: Any, on_attention: Callable | None = None) -> Observation:
     """Run `model` once on `inputs` (a tensor, a tuple of positional args or a dict of kwargs) and
     record parameter usage and attention calls. No grad, eval mode (restored after), buffers restored."""
     was_training = {m: m.training for m in model.modules()}
@@ -739,7 +926,10 @@ def example_inputs(model: nn.Module) -> list[Any]:
     config = getattr(model, "config", None)
     main = getattr(model, "main_input_name", None)
     if config is not None and main is not None:
-        get = (lambda k, d=None: getattr(config, k, d))
+
+        def get(k, d=None):
+            return getattr(config, k, d)
+
         text = getattr(config, "get_text_config", lambda **kw: config)()
         if main == "input_ids":
             vocab = getattr(text, "vocab_size", None) or 32
@@ -751,8 +941,9 @@ def example_inputs(model: nn.Module) -> list[Any]:
         elif main == "pixel_values":
             size = get("image_size", 32)
             size = size if isinstance(size, int) else (size[0] if isinstance(size, (list, tuple)) else 32)
-            out.append({"pixel_values": torch.randn(1, int(get("num_channels", 3)), size, size, device=device,
-                                                    dtype=dtype)})
+            out.append(
+                {"pixel_values": torch.randn(1, int(get("num_channels", 3)), size, size, device=device, dtype=dtype)}
+            )
     cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None)
     if isinstance(cfg, dict) and isinstance(cfg.get("input_size"), (tuple, list)):
         size = tuple(int(s) for s in cfg["input_size"])
@@ -761,13 +952,21 @@ def example_inputs(model: nn.Module) -> list[Any]:
         if isinstance(img_size, (tuple, list)) and len(size) == 3:
             size = (size[0], int(img_size[0]), int(img_size[1]))
         out.append(torch.randn(1, *size, device=device, dtype=dtype))
-    first = next((m for m in model.modules() if isinstance(m, (nn.Embedding, nn.Linear, nn.modules.conv._ConvNd))
-                  or type(m).__name__ == "Conv1D"), None)
+    first = next(
+        (
+            m
+            for m in model.modules()
+            if isinstance(m, (nn.Embedding, nn.Linear, nn.modules.conv._ConvNd)) or type(m).__name__ == "Conv1D"
+        ),
+        None,
+    )
     if isinstance(first, nn.Embedding):
         out.append(torch.randint(0, min(first.num_embeddings, 64), (1, 8), device=device))
     elif isinstance(first, nn.Linear):
-        out += [torch.randn(2, first.in_features, device=device, dtype=dtype),
-                torch.randn(1, 8, first.in_features, device=device, dtype=dtype)]
+        out += [
+            torch.randn(2, first.in_features, device=device, dtype=dtype),
+            torch.randn(1, 8, first.in_features, device=device, dtype=dtype),
+        ]
     elif isinstance(first, nn.modules.conv._ConvNd):
         spatial = len(first.kernel_size)
         out.append(torch.randn(1, first.in_channels, *([32] * spatial), device=device, dtype=dtype))

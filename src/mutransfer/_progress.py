@@ -1,4 +1,5 @@
 """A dependency-free progress bar on stderr (one line, redrawn; plain lines when not a terminal)."""
+
 from __future__ import annotations
 
 import sys
@@ -28,8 +29,10 @@ class Progress:
         filled = int(self.width * self.done / self.total)
         elapsed = time.perf_counter() - self.start
         eta = f", ~{elapsed / self.done * (self.total - self.done):.0f}s left" if self.done else ""
-        line = (f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} "
-                f"{elapsed:.0f}s{eta}  {self.note}")
+        line = (
+            f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} "
+            f"{elapsed:.0f}s{eta}  {self.note}"
+        )
         if self.tty:
             sys.stderr.write("\r" + line[:150].ljust(150))
         else:  # not a terminal (a log file): one line per finished item

@@ -6,6 +6,7 @@ gets its correction (µP's scale over the module's own) through this wrapper: th
 multiplies the ``scale`` of every SDPA call made meanwhile. Outside such a forward the wrapper
 calls PyTorch unchanged.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -13,7 +14,7 @@ import math
 
 import torch.nn.functional as F
 
-__all__ = ["torch_sdpa", "mup_sdpa", "install_wrapper", "correcting"]
+__all__ = ["correcting", "install_wrapper", "mup_sdpa", "torch_sdpa"]
 
 _ACTIVE: list[float] = []  # corrections of the µP attention modules being run, innermost last
 torch_sdpa = F.scaled_dot_product_attention
@@ -23,8 +24,9 @@ def mup_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, 
     if _ACTIVE:
         user = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
         scale = user * _ACTIVE[-1]
-    return torch_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                      is_causal=is_causal, scale=scale, **kwargs)
+    return torch_sdpa(
+        query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kwargs
+    )
 
 
 def install_wrapper() -> None:

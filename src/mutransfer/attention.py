@@ -24,23 +24,37 @@ q·kᵀ after any normalisation of q and k (QK-norm). Then, per module, the firs
 A second probe forward then measures every module again; any scale that is not µP's is an error
 (and the changes are undone). `spec.attention` holds the measured scales that `describe` prints.
 """
+
 from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import _sdpa as sdpa, scaled_forward
-from ._observe import AttentionCall
+from . import _sdpa as sdpa
+from . import scaled_forward
 from ._naming import canonical_name
+from ._observe import AttentionCall
 
-__all__ = ["mha_in_projections", "attention_kind", "head_dim_of", "base_head_dims", "attn_scale", "mup_logit_scale", "attn_logits",
-           "MuMultiheadAttention", "AttentionScale", "plan", "install", "legacy_plan"]
+__all__ = [
+    "AttentionScale",
+    "MuMultiheadAttention",
+    "attention_kind",
+    "attn_logits",
+    "attn_scale",
+    "base_head_dims",
+    "head_dim_of",
+    "install",
+    "legacy_plan",
+    "mha_in_projections",
+    "mup_logit_scale",
+    "plan",
+]
 
 _HEAD_DIM_ATTRS = ("head_dim", "d_head", "head_size", "attention_head_size")
 _EMBED_ATTRS = ("embed_dim", "n_embd", "d_model", "hidden_size", "dim", "all_head_size")
@@ -50,7 +64,7 @@ _HELPER_NAME = "attn_scale"
 # --------------------------------------------------------------------------- discovery
 
 
-def attention_kind(module: nn.Module) -> Optional[str]:
+def attention_kind(module: nn.Module) -> str | None:
     """'mha', 'scaling', 'sdpa', 'helper' or None for a module that is not an attention module."""
     if isinstance(module, nn.MultiheadAttention):
         return "mha"
@@ -75,13 +89,13 @@ def _forward_source(module: nn.Module) -> str:
         return ""
 
 
-def _calls_helper(module: nn.Module, source: Optional[str] = None) -> bool:
+def _calls_helper(module: nn.Module, source: str | None = None) -> bool:
     """Whether the module's forward computes its scale with `attn_scale` / `attn_logits`."""
     source = _forward_source(module) if source is None else source
     return f"{_HELPER_NAME}(" in source or "attn_logits(" in source
 
 
-def head_dim_of(module: nn.Module) -> Optional[int]:
+def head_dim_of(module: nn.Module) -> int | None:
     for attr in _HEAD_DIM_ATTRS:
         v = getattr(module, attr, None)
         if isinstance(v, int) and v > 0:
@@ -112,7 +126,7 @@ def attn_scale(module: nn.Module, head_dim: int) -> float:
     return mup_logit_scale(getattr(module, "_mutransfer_attn", None), head_dim)
 
 
-def mup_logit_scale(cfg: Optional[tuple[float, int]], head_dim: int) -> float:
+def mup_logit_scale(cfg: tuple[float, int] | None, head_dim: int) -> float:
     """α·√d₀/d for a module parametrized with cfg = (α, d₀) (its own 1/√d was µP's at d₀), else 1/√d."""
     if cfg is None:
         return 1.0 / math.sqrt(head_dim)
@@ -133,13 +147,13 @@ def attn_logits(module: nn.Module, q: torch.Tensor, k: torch.Tensor) -> torch.Te
 # --------------------------------------------------------------------------- nn.MultiheadAttention
 
 
-def _as_additive(mask: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
+def _as_additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     if mask is None or mask.dtype != torch.bool:
         return mask if mask is None else mask.to(dtype)
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, float("-inf"))
 
 
-def mha_in_projections(mod: nn.MultiheadAttention) -> tuple[tuple[torch.Tensor, Optional[torch.Tensor]], ...]:
+def mha_in_projections(mod: nn.MultiheadAttention) -> tuple[tuple[torch.Tensor, torch.Tensor | None], ...]:
     """((w_q, b_q), (w_k, b_k), (w_v, b_v)) of an nn.MultiheadAttention, fused or not."""
     if mod._qkv_same_embed_dim:
         ws = mod.in_proj_weight.chunk(3)
@@ -156,8 +170,17 @@ class MuMultiheadAttention(nn.MultiheadAttention):
     in place by `parametrize`, so state_dicts stay interchangeable.
     """
 
-    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-                average_attn_weights=True, is_causal=False):
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        key_padding_mask=None,
+        need_weights=True,
+        attn_mask=None,
+        average_attn_weights=True,
+        is_causal=False,
+    ):
         scale = mup_logit_scale(self._mutransfer_attn, self.head_dim)
         batched = query.dim() == 3
         if not batched:
@@ -198,7 +221,8 @@ class MuMultiheadAttention(nn.MultiheadAttention):
             logits = (q @ k.transpose(-2, -1)) * scale
             if causal:
                 logits = logits.masked_fill(
-                    torch.ones(tgt_len, src_len, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+                    torch.ones(tgt_len, src_len, dtype=torch.bool, device=q.device).triu(1), float("-inf")
+                )
             if mask is not None:
                 logits = logits + mask
             weights = logits.softmax(-1)
@@ -241,7 +265,7 @@ class AttentionScale:
     target: float
     scale: float
     verified: bool
-    attribute_value: Optional[float] = None
+    attribute_value: float | None = None
 
 
 @dataclass
@@ -253,7 +277,7 @@ class _Fix:
     d: int
     before: float
     target: float
-    attr: Optional[str] = None
+    attr: str | None = None
     divides: bool = False
 
 
@@ -262,12 +286,23 @@ _SKIP_ATTR_WORDS = ("drop", "eps", "theta", "factor_init", "std", "range")
 
 def _candidates(module: nn.Module) -> list[str]:
     """Float attributes that might multiply (or divide) the logits: the perturbation test decides."""
-    return [k for k, v in vars(module).items() if type(v) is float and v > 0 and not k.startswith("_mutransfer")
-            and not any(w in k.lower() for w in _SKIP_ATTR_WORDS)]
+    return [
+        k
+        for k, v in vars(module).items()
+        if type(v) is float
+        and v > 0
+        and not k.startswith("_mutransfer")
+        and not any(w in k.lower() for w in _SKIP_ATTR_WORDS)
+    ]
 
 
-def plan(model: nn.Module, calls: dict[str, list[AttentionCall]], base_scale: Callable[[str, int, float], tuple[int, float]],
-         alpha: float, probe: Callable[[], Optional[dict[str, list[AttentionCall]]]]) -> list[_Fix]:
+def plan(
+    model: nn.Module,
+    calls: dict[str, list[AttentionCall]],
+    base_scale: Callable[[str, int, float], tuple[int, float]],
+    alpha: float,
+    probe: Callable[[], dict[str, list[AttentionCall]] | None],
+) -> list[_Fix]:
     """How to give every observed attention module µP's logit scale α·s₀·d₀/d, before any change.
 
     `calls`: the target's attention calls by module (from a probe forward); `base_scale(name, d, s)`
@@ -280,9 +315,11 @@ def plan(model: nn.Module, calls: dict[str, list[AttentionCall]], base_scale: Ca
         ds = {c.head_dim for c in found}
         scales = {round(c.scale, 12) for c in found}
         if len(ds) > 1 or len(scales) > 1:
-            raise ValueError(f"attention module '{name}' computes attention {len(found)} times with different head "
-                             f"dims or scales ({sorted(ds)}, {sorted(scales)}); mutransfer gives one µP scale per "
-                             f"module: compute each attention in its own submodule")
+            raise ValueError(
+                f"attention module '{name}' computes attention {len(found)} times with different head "
+                f"dims or scales ({sorted(ds)}, {sorted(scales)}); mutransfer gives one µP scale per "
+                f"module: compute each attention in its own submodule"
+            )
         d, s = found[0].head_dim, found[0].scale
         d0, s0 = base_scale(name, d, s)
         target = alpha * s0 * d0 / d
@@ -293,8 +330,10 @@ def plan(model: nn.Module, calls: dict[str, list[AttentionCall]], base_scale: Ca
         kinds = {c.kind for c in found}
         if isinstance(module, nn.MultiheadAttention):
             if module.add_zero_attn:
-                raise ValueError(f"nn.MultiheadAttention '{name}' uses add_zero_attn=True, which mutransfer's µP "
-                                 "attention does not support")
+                raise ValueError(
+                    f"nn.MultiheadAttention '{name}' uses add_zero_attn=True, which mutransfer's µP "
+                    "attention does not support"
+                )
             how = "mha"
         elif _calls_helper(module):
             how = "helper"
@@ -311,7 +350,8 @@ def plan(model: nn.Module, calls: dict[str, list[AttentionCall]], base_scale: Ca
                 f"`mt.attn_scale(self, head_dim)` in its forward (it returns 1/√d until the model is parametrized), "
                 f"keep it in a float attribute such as `self.scaling`, or call "
                 f"F.scaled_dot_product_attention; pass attention=False only if the model already scales its "
-                f"logits the µP way")
+                f"logits the µP way"
+            )
     return fixes
 
 
@@ -360,9 +400,13 @@ def install(fixes: list[_Fix], alpha: float) -> Callable[[], None]:
             undo.append(lambda m=module, a=f.attr, v=old: setattr(m, a, v))
             continue
         old_class, had = module.__class__, module.__dict__.get("_mutransfer_attn")
-        undo.append(lambda m=module, c=old_class, h=had: (setattr(m, "__class__", c),
-                                                          m.__dict__.pop("_mutransfer_attn", None),
-                                                          m.__dict__.pop(scaled_forward.SDPA_ATTR, None)))
+        undo.append(
+            lambda m=module, c=old_class, h=had: (
+                setattr(m, "__class__", c),
+                m.__dict__.pop("_mutransfer_attn", None),
+                m.__dict__.pop(scaled_forward.SDPA_ATTR, None),
+            )
+        )
         if f.how == "mha":
             module._mutransfer_attn = (float(alpha), f.d0)
             module.__class__ = MuMultiheadAttention
@@ -374,14 +418,16 @@ def install(fixes: list[_Fix], alpha: float) -> Callable[[], None]:
     def revert() -> None:
         for u in reversed(undo):
             u()
+
     return revert
 
 
 # --------------------------------------------------------------------------- without a probe forward
 
 
-def legacy_plan(model: nn.Module, base_heads: dict[str, int], alpha: float,
-                override_d0: Optional[int] = None) -> list[_Fix]:
+def legacy_plan(
+    model: nn.Module, base_heads: dict[str, int], alpha: float, override_d0: int | None = None
+) -> list[_Fix]:
     """Attention found from module attributes and source when no probe forward could run.
 
     Assumes each module's own scale is 1/√d (what nearly every model computes); parametrize
@@ -400,14 +446,18 @@ def legacy_plan(model: nn.Module, base_heads: dict[str, int], alpha: float,
                 f"attention module '{cname}' ({type(module).__name__}) calls {kind} attention but its "
                 f"head dim cannot be read (no probe forward ran); pass example_inputs= to parametrize so that it "
                 f"is measured, attn_base_head_dim=<head dim of the base model>, or attention=False if the "
-                f"model already scales its logits the µP way")
+                f"model already scales its logits the µP way"
+            )
         if kind == "mha" and module.add_zero_attn:
-            raise ValueError(f"nn.MultiheadAttention '{cname}' uses add_zero_attn=True, which "
-                             "mutransfer's µP attention does not support")
+            raise ValueError(
+                f"nn.MultiheadAttention '{cname}' uses add_zero_attn=True, which "
+                "mutransfer's µP attention does not support"
+            )
         before, target = mup_logit_scale(None, d), mup_logit_scale((alpha, d0), d)
         how = {"mha": "mha", "helper": "helper", "sdpa": "sdpa", "scaling": "attribute scaling"}[kind]
         if math.isclose(target, before, rel_tol=1e-9):
             how = "unchanged"
-        fixes.append(_Fix(module, cname, how, int(d0), int(d), before, target,
-                          "scaling" if kind == "scaling" else None))
+        fixes.append(
+            _Fix(module, cname, how, int(d0), int(d), before, target, "scaling" if kind == "scaling" else None)
+        )
     return fixes

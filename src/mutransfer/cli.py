@@ -1,13 +1,14 @@
 """The `mutransfer` command. Exit codes: 0 success/pass, 1 check failed, 2 bad arguments,
 130 interrupted (Ctrl-C)."""
+
 from __future__ import annotations
 
 import argparse
 import signal
 import sys
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Optional, Sequence
 
 from .coord import DEFAULT_OPTIMIZER, check_widths
 from .rules import OPTIMIZERS, check_depth_alpha
@@ -21,7 +22,7 @@ class UsageError(Exception):
     """Bad command-line input: printed without a traceback, exit code 2."""
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     package = sys.modules.get(__package__)
     if signal.getsignal(signal.SIGINT) is getattr(package, "_interrupted_while_importing", None):
         signal.signal(signal.SIGINT, signal.default_int_handler)  # imports done: Ctrl-C handled below
@@ -49,14 +50,18 @@ def _interrupted_line(args, e: KeyboardInterrupt) -> str:
     sweep), plain 'interrupted' for the other commands."""
     finished = getattr(e, "finished", None)  # a SweepInterrupted from run_sweep counts them
     if finished is None:
-        run = {"sweep": lambda: Path(args.run) if args.run else Path("runs") / Path(args.config).stem,
-               "demo": lambda: Path(args.out) / "run", "worker": lambda: Path(args.run)}.get(args.command)
+        run = {
+            "sweep": lambda: Path(args.run) if args.run else Path("runs") / Path(args.config).stem,
+            "demo": lambda: Path(args.out) / "run",
+            "worker": lambda: Path(args.run),
+        }.get(args.command)
         if run is None:
             return "interrupted"
         finished = 0
         if (run() / "config.toml").is_file():
             try:
                 from .sweep import Sweep
+
                 finished = Sweep(run(), storage=getattr(args, "storage", None)).finished()
             except Exception:  # the count is a courtesy; the line must be printed whatever happens
                 pass
@@ -66,185 +71,292 @@ def _interrupted_line(args, e: KeyboardInterrupt) -> str:
 def _version() -> str:
     try:
         from importlib.metadata import PackageNotFoundError, version
+
         return version("mutransfer")
     except (ImportError, PackageNotFoundError):  # running from a source tree, not installed
         from . import __version__
+
         return __version__
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mutransfer", description="µP and µTransfer for PyTorch")
-    p.add_argument("--version", action="version", version=f"mutransfer {_version()}",
-                   help="print the version and exit")
+    p.add_argument("--version", action="version", version=f"mutransfer {_version()}", help="print the version and exit")
     sub = p.add_subparsers(dest="command")
-    c = sub.add_parser("coord-check", help="coordinate check with a pass/fail verdict and a plot",
-                       description="Train a few steps at several widths and check that no activation grows "
-                                   "with width. Exit 0 on PASS, 1 on FAIL, 2 on bad arguments, 130 on Ctrl-C.")
-    c.add_argument("factory", nargs="?", help="module:function (or path/to/file.py:function) returning the "
-                                              "model at a given width")
+    c = sub.add_parser(
+        "coord-check",
+        help="coordinate check with a pass/fail verdict and a plot",
+        description="Train a few steps at several widths and check that no activation grows "
+        "with width. Exit 0 on PASS, 1 on FAIL, 2 on bad arguments, 130 on Ctrl-C.",
+    )
+    c.add_argument(
+        "factory", nargs="?", help="module:function (or path/to/file.py:function) returning the model at a given width"
+    )
     c.add_argument("--recipe", help="built-in model instead of a factory: mlp, cnn, gpt or resmlp")
-    c.add_argument("--data", help="module:function returning a list of (inputs, targets) batches "
-                                  "(default for a factory: its module's coord_check_data())")
+    c.add_argument(
+        "--data",
+        help="module:function returning a list of (inputs, targets) batches "
+        "(default for a factory: its module's coord_check_data())",
+    )
     c.add_argument("--widths", help="comma-separated widths (default: the recipe's; 64,128,256,512,1024)")
     c.add_argument("--base-width", type=int, help="µP base width (default: the smallest width)")
-    c.add_argument("--depths", help="comma-separated depths: check across depth at one width instead (the "
-                                    "factory is then called as factory(width, depth); recipes gpt, resmlp)")
+    c.add_argument(
+        "--depths",
+        help="comma-separated depths: check across depth at one width instead (the "
+        "factory is then called as factory(width, depth); recipes gpt, resmlp)",
+    )
     c.add_argument("--width", type=int, help="the width of a check across depth (default: the base width)")
     c.add_argument("--base-depth", type=int, help="µP base depth (default: the smallest depth)")
-    c.add_argument("--depth-alpha", type=float, default=1.0,
-                   help="depth scaling: 1 CompleteP (default), 0.5 Depth-µP, 0 off")
-    c.add_argument("--optimizer", default=DEFAULT_OPTIMIZER,
-                   help=f"{', '.join(OPTIMIZERS)} (default {DEFAULT_OPTIMIZER}, as mt.coord_check)")
+    c.add_argument(
+        "--depth-alpha", type=float, default=1.0, help="depth scaling: 1 CompleteP (default), 0.5 Depth-µP, 0 off"
+    )
+    c.add_argument(
+        "--optimizer",
+        default=DEFAULT_OPTIMIZER,
+        help=f"{', '.join(OPTIMIZERS)} (default {DEFAULT_OPTIMIZER}, as mt.coord_check)",
+    )
     c.add_argument("--lr", type=float, help="base learning rate (default: the recipe's for the optimizer)")
     c.add_argument("--eps", type=float, help="Adam's ε at base width (default torch's 1e-8); µP scales it per group")
     c.add_argument("--steps", type=int, default=4, help="training steps per width and seed (default 4)")
-    c.add_argument("--seeds", type=int, default=3,
-                   help="seeds (initializations) per width; the verdict fits every (width, seed) point (default 3)")
-    c.add_argument("--parametrization", choices=("mup", "sp"), default="mup",
-                   help="check the model in µP (mup, default) or as it is, in standard parametrization (sp)")
+    c.add_argument(
+        "--seeds",
+        type=int,
+        default=3,
+        help="seeds (initializations) per width; the verdict fits every (width, seed) point (default 3)",
+    )
+    c.add_argument(
+        "--parametrization",
+        choices=("mup", "sp"),
+        default="mup",
+        help="check the model in µP (mup, default) or as it is, in standard parametrization (sp)",
+    )
     c.add_argument("--max-growth", type=float, default=1.5, help="allowed growth per 16× width (default 1.5)")
     c.add_argument("--out", default="coord-check", help="directory for the plot, CSV and JSON (default ./coord-check)")
-    c.add_argument("--device", default="auto",
-                   help="where the models train: auto (CUDA when present, else the CPU; default), cpu, cuda or cuda:N")
+    c.add_argument(
+        "--device",
+        default="auto",
+        help="where the models train: auto (CUDA when present, else the CPU; default), cpu, cuda or cuda:N",
+    )
     c.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     c.set_defaults(handler=_coord_check)
 
-    s = sub.add_parser("sweep", help="run (or resume) a hyperparameter sweep on proxy models",
-                       description="Run the sweep described by a TOML config; rerunning the same command "
-                                   "resumes it. A trial whose objective raises is recorded as failed (traceback "
-                                   "in RUN/failures) and the sweep goes on. Exit 0 when every trial is done "
-                                   "(failed ones included: the last line says how many), 1 when trials are "
-                                   "left unfinished or none completed (every one failed or diverged: no result), "
-                                   "2 on a bad config, objective or storage, 130 on Ctrl-C (rerun to resume).")
+    s = sub.add_parser(
+        "sweep",
+        help="run (or resume) a hyperparameter sweep on proxy models",
+        description="Run the sweep described by a TOML config; rerunning the same command "
+        "resumes it. A trial whose objective raises is recorded as failed (traceback "
+        "in RUN/failures) and the sweep goes on. Exit 0 when every trial is done "
+        "(failed ones included: the last line says how many), 1 when trials are "
+        "left unfinished or none completed (every one failed or diverged: no result), "
+        "2 on a bad config, objective or storage, 130 on Ctrl-C (rerun to resume).",
+    )
     s.add_argument("config", help="sweep config (TOML); relative paths in it resolve against its directory")
     s.add_argument("--run", help="run directory (default: runs/<config name>)")
-    s.add_argument("--workers", type=int, help="local CPU worker processes, this one included (default 1; on GPUs "
-                                               "the workers are devices × trials-per-device)")
-    s.add_argument("--devices", help="auto (every visible GPU, else the CPU), cpu, or GPU ids like 0,1,2,3: one worker "
-                                     "per GPU (× --trials-per-device), each seeing only its GPU (default: the "
-                                     "config's devices, else auto)")
-    s.add_argument("--trials-per-device", type=int, help="workers per GPU (several small proxies may share one; "
-                                                         "default: the config's, else 1)")
-    s.add_argument("--threads", type=int, help="torch CPU threads per worker (default: the cores split between "
-                                               "the workers)")
+    s.add_argument(
+        "--workers",
+        type=int,
+        help="local CPU worker processes, this one included (default 1; on GPUs "
+        "the workers are devices × trials-per-device)",
+    )
+    s.add_argument(
+        "--devices",
+        help="auto (every visible GPU, else the CPU), cpu, or GPU ids like 0,1,2,3: one worker "
+        "per GPU (× --trials-per-device), each seeing only its GPU (default: the "
+        "config's devices, else auto)",
+    )
+    s.add_argument(
+        "--trials-per-device",
+        type=int,
+        help="workers per GPU (several small proxies may share one; default: the config's, else 1)",
+    )
+    s.add_argument(
+        "--threads", type=int, help="torch CPU threads per worker (default: the cores split between the workers)"
+    )
     s.add_argument("--storage", help="Optuna storage URL (default: sqlite file in the run directory)")
-    s.add_argument("--cluster", choices=("slurm", "local"),
-                   help="submit the workers as a job array through submitit (overrides [cluster] backend)")
+    s.add_argument(
+        "--cluster",
+        choices=("slurm", "local"),
+        help="submit the workers as a job array through submitit (overrides [cluster] backend)",
+    )
     s.add_argument("--jobs", type=int, help="cluster: array tasks (overrides [cluster] jobs)")
     s.add_argument("--gpus-per-job", type=int, help="cluster: GPUs per task (overrides [cluster] gpus_per_job)")
     s.add_argument("--partition", help="cluster: Slurm partition (overrides [cluster] partition)")
     s.add_argument("--time-min", type=int, help="cluster: minutes per task (overrides [cluster] time_min)")
-    s.add_argument("--detach", action="store_true",
-                   help="cluster: return once the jobs are submitted (watch with `mutransfer status RUN`)")
-    s.add_argument("--retry-failed", action="store_true",
-                   help="run every failed trial (the objective raised) once more with the same hyperparameters")
+    s.add_argument(
+        "--detach",
+        action="store_true",
+        help="cluster: return once the jobs are submitted (watch with `mutransfer status RUN`)",
+    )
+    s.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="run every failed trial (the objective raised) once more with the same hyperparameters",
+    )
     s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     s.set_defaults(handler=_sweep)
 
-    w = sub.add_parser("worker", help="join a sweep as one more worker (any machine that reaches its storage)",
-                       description="Join a running sweep as one more worker: claim trials, train them and record "
-                                   "the losses until none is left (waiting up to --wait seconds for `mutransfer "
-                                   "sweep` to create it). On another machine, pass the sweep's name with --storage "
-                                   "(or MUTRANSFER_STORAGE): the config is fetched from the storage. A trial whose "
-                                   "objective raises is recorded as failed and the worker goes on. Exit 0 when no "
-                                   "trial is left, 2 on a bad run directory, storage or objective, 130 on Ctrl-C "
-                                   "(its running trial is queued again).")
-    w.add_argument("run", help="the sweep's run directory (holding config.toml); or, with --storage or "
-                               "MUTRANSFER_STORAGE, the sweep's name (its `name` key): the config is then fetched "
-                               "from the storage into a directory of that name under the current directory")
+    w = sub.add_parser(
+        "worker",
+        help="join a sweep as one more worker (any machine that reaches its storage)",
+        description="Join a running sweep as one more worker: claim trials, train them and record "
+        "the losses until none is left (waiting up to --wait seconds for `mutransfer "
+        "sweep` to create it). On another machine, pass the sweep's name with --storage "
+        "(or MUTRANSFER_STORAGE): the config is fetched from the storage. A trial whose "
+        "objective raises is recorded as failed and the worker goes on. Exit 0 when no "
+        "trial is left, 2 on a bad run directory, storage or objective, 130 on Ctrl-C "
+        "(its running trial is queued again).",
+    )
+    w.add_argument(
+        "run",
+        help="the sweep's run directory (holding config.toml); or, with --storage or "
+        "MUTRANSFER_STORAGE, the sweep's name (its `name` key): the config is then fetched "
+        "from the storage into a directory of that name under the current directory",
+    )
     w.add_argument("--storage", help="storage URL (or env MUTRANSFER_STORAGE); default: the run's own")
-    w.add_argument("--wait", type=float, default=120.0,
-                   help="seconds to wait for the sweep to be created by `mutransfer sweep` (default 120)")
-    w.add_argument("--device", default="auto", help="auto (CUDA when visible, else the CPU), cpu, cuda or cuda:N "
-                                                    "(default auto)")
+    w.add_argument(
+        "--wait",
+        type=float,
+        default=120.0,
+        help="seconds to wait for the sweep to be created by `mutransfer sweep` (default 120)",
+    )
+    w.add_argument(
+        "--device", default="auto", help="auto (CUDA when visible, else the CPU), cpu, cuda or cuda:N (default auto)"
+    )
     w.add_argument("--threads", type=int, help="torch CPU threads (default torch's)")
     w.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     w.set_defaults(handler=_worker)
 
-    st = sub.add_parser("status", help="a sweep's trials per study (done/running/failed/pending) and its jobs",
-                        description="Print, for each study of the sweep, how many trials are done, running, failed "
-                                    "and pending, and for a sweep submitted to a cluster the state of its jobs. Exit 0 when "
-                                    "printed, 2 on a bad run directory or storage, 130 on Ctrl-C.")
+    st = sub.add_parser(
+        "status",
+        help="a sweep's trials per study (done/running/failed/pending) and its jobs",
+        description="Print, for each study of the sweep, how many trials are done, running, failed "
+        "and pending, and for a sweep submitted to a cluster the state of its jobs. Exit 0 when "
+        "printed, 2 on a bad run directory or storage, 130 on Ctrl-C.",
+    )
     st.add_argument("run", help="run directory")
     st.add_argument("--storage", help="storage URL (default: the run's own)")
     st.set_defaults(handler=_status)
 
-    ca = sub.add_parser("cancel", help="cancel the cluster jobs of a sweep (its running trials rerun on resume)",
-                        description="Cancel the jobs a cluster sweep submitted (scancel; local: stop the processes). "
-                                    "Trials they were running go stale and run again when the sweep is resumed. "
-                                    "Exit 0 when cancelled, 2 on a run directory without jobs, 130 on Ctrl-C.")
+    ca = sub.add_parser(
+        "cancel",
+        help="cancel the cluster jobs of a sweep (its running trials rerun on resume)",
+        description="Cancel the jobs a cluster sweep submitted (scancel; local: stop the processes). "
+        "Trials they were running go stale and run again when the sweep is resumed. "
+        "Exit 0 when cancelled, 2 on a run directory without jobs, 130 on Ctrl-C.",
+    )
     ca.add_argument("run", help="run directory")
     ca.set_defaults(handler=_cancel)
 
-    r = sub.add_parser("report", help="write report.html, plots and transferred.json for a sweep",
-                       description="Analyse a sweep's finished trials (it may still be running) and write "
-                                   "RUN/report.html with its plots, summary.json and transferred.json (the "
-                                   "hyperparameters to use at the target). Exit 0 when the report is written, "
-                                   "2 on a bad run directory or storage or a sweep without results, "
-                                   "130 on Ctrl-C.")
+    r = sub.add_parser(
+        "report",
+        help="write report.html, plots and transferred.json for a sweep",
+        description="Analyse a sweep's finished trials (it may still be running) and write "
+        "RUN/report.html with its plots, summary.json and transferred.json (the "
+        "hyperparameters to use at the target). Exit 0 when the report is written, "
+        "2 on a bad run directory or storage or a sweep without results, "
+        "130 on Ctrl-C.",
+    )
     r.add_argument("run", help="run directory")
     r.add_argument("--storage", help="storage URL (default: the run's own)")
     r.set_defaults(handler=_report)
 
-    t = sub.add_parser("transfer", help="train the target with the proxy's optimum (µP) and compare with SP",
-                       description="Train the target model (--width, --depth) once with the µP proxy's best "
-                                   "hyperparameters transferred as they are, and with SP's, and print both losses "
-                                   "(recorded in RUN/transfer.json and the report). Exit 0 when the target was "
-                                   "trained, 2 on a bad run directory, storage or target, or a sweep without "
-                                   "results, 130 on Ctrl-C.")
+    t = sub.add_parser(
+        "transfer",
+        help="train the target with the proxy's optimum (µP) and compare with SP",
+        description="Train the target model (--width, --depth) once with the µP proxy's best "
+        "hyperparameters transferred as they are, and with SP's, and print both losses "
+        "(recorded in RUN/transfer.json and the report). Exit 0 when the target was "
+        "trained, 2 on a bad run directory, storage or target, or a sweep without "
+        "results, 130 on Ctrl-C.",
+    )
     t.add_argument("run", help="run directory")
-    t.add_argument("--width", type=int, help="target width, at least the proxy's (the smallest swept width; "
-                                             "default: the config's target_width or largest width)")
-    t.add_argument("--depth", type=int, help="target depth for a sweep over depths, at least the proxy's (default: "
-                                             "the config's target_depth or largest depth)")
-    t.add_argument("--batch-size", type=int, help="the target's batch size, passed to the objective as "
-                                                  "hparams['batch_size'] (default: the proxy's)")
-    t.add_argument("--steps", type=int, help="the target's training steps, passed to the objective as "
-                                             "hparams['steps'] (default: the proxy's)")
+    t.add_argument(
+        "--width",
+        type=int,
+        help="target width, at least the proxy's (the smallest swept width; "
+        "default: the config's target_width or largest width)",
+    )
+    t.add_argument(
+        "--depth",
+        type=int,
+        help="target depth for a sweep over depths, at least the proxy's (default: "
+        "the config's target_depth or largest depth)",
+    )
+    t.add_argument(
+        "--batch-size",
+        type=int,
+        help="the target's batch size, passed to the objective as hparams['batch_size'] (default: the proxy's)",
+    )
+    t.add_argument(
+        "--steps",
+        type=int,
+        help="the target's training steps, passed to the objective as hparams['steps'] (default: the proxy's)",
+    )
     t.add_argument("--storage", help="storage URL (default: the run's own)")
-    t.add_argument("--device", help="where the target trains: auto (CUDA when present), cpu, cuda or cuda:N "
-                                    "(default: the sweep's own)")
+    t.add_argument(
+        "--device",
+        help="where the target trains: auto (CUDA when present), cpu, cuda or cuda:N (default: the sweep's own)",
+    )
     t.set_defaults(handler=_transfer)
 
-    e = sub.add_parser("export", help="write the plain model of a µP checkpoint (µP's constants folded into weights)",
-                       description="Rebuild the µP model with BUILD (a function returning it parametrized exactly "
-                                   "as in training), load CHECKPOINT into it, fold every µP forward constant into the "
-                                   "weights (mt.export) and write the plain model: save_pretrained for a Hugging Face "
-                                   "model (OUT is a directory), else its state_dict with torch.save (OUT is a file). "
-                                   "The result loads into the plain class with the same outputs. Exit 0 when "
-                                   "written, 2 on bad arguments or a model that cannot be made plain, 130 on Ctrl-C.")
-    e.add_argument("checkpoint", help="a torch.save file: a state_dict, or a dict holding it under 'model' or "
-                                      "'state_dict'")
-    e.add_argument("--build", required=True, help="module:function or path/to/file.py:function returning the µP "
-                                                  "model (built and mt.parametrize'd as in training)")
+    e = sub.add_parser(
+        "export",
+        help="write the plain model of a µP checkpoint (µP's constants folded into weights)",
+        description="Rebuild the µP model with BUILD (a function returning it parametrized exactly "
+        "as in training), load CHECKPOINT into it, fold every µP forward constant into the "
+        "weights (mt.export) and write the plain model: save_pretrained for a Hugging Face "
+        "model (OUT is a directory), else its state_dict with torch.save (OUT is a file). "
+        "The result loads into the plain class with the same outputs. Exit 0 when "
+        "written, 2 on bad arguments or a model that cannot be made plain, 130 on Ctrl-C.",
+    )
+    e.add_argument(
+        "checkpoint", help="a torch.save file: a state_dict, or a dict holding it under 'model' or 'state_dict'"
+    )
+    e.add_argument(
+        "--build",
+        required=True,
+        help="module:function or path/to/file.py:function returning the µP "
+        "model (built and mt.parametrize'd as in training)",
+    )
     e.add_argument("--out", required=True, help="output directory (Hugging Face) or file")
-    e.add_argument("--untie", action="store_true", help="give a tied readout its own weight when no norm can take "
-                                                        "its multiplier (see mt.export)")
+    e.add_argument(
+        "--untie",
+        action="store_true",
+        help="give a tied readout its own weight when no norm can take its multiplier (see mt.export)",
+    )
     e.set_defaults(handler=_export)
 
-    d = sub.add_parser("demo", help="LR sweep of a byte-level GPT at 4 widths, SP vs µP, report and transfer",
-                       description="Reproduces TP5's headline figure on a laptop (about 5 minutes on 2 cores). "
-                                   "Rerunning resumes. Exit 0 when done, 2 on bad arguments, 130 on Ctrl-C "
-                                   "(rerun to resume).")
+    d = sub.add_parser(
+        "demo",
+        help="LR sweep of a byte-level GPT at 4 widths, SP vs µP, report and transfer",
+        description="Reproduces TP5's headline figure on a laptop (about 5 minutes on 2 cores). "
+        "Rerunning resumes. Exit 0 when done, 2 on bad arguments, 130 on Ctrl-C "
+        "(rerun to resume).",
+    )
     d.add_argument("--out", default="mutransfer-demo", help="output directory (default ./mutransfer-demo)")
     d.add_argument("--quick", action="store_true", help="widths 32, 128, 256 and 6 lrs (about 2 minutes)")
     d.add_argument("--workers", type=int, default=2, help="local worker processes (default 2)")
     d.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    d.add_argument("--device", default="auto",
-                   help="where the sweeps and the target train: auto (CUDA when present, else the CPU; default), cpu, "
-                        "or comma-separated GPU ids such as 0,1")
+    d.add_argument(
+        "--device",
+        default="auto",
+        help="where the sweeps and the target train: auto (CUDA when present, else the CPU; default), cpu, "
+        "or comma-separated GPU ids such as 0,1",
+    )
     d.set_defaults(handler=_demo)
     return p
 
 
 def _demo(args) -> int:
     from .sweep.demo import format_summary, run_demo
+
     if args.workers < 1:
         raise UsageError("--workers must be at least 1")
     devices = _devices(args.device)
     try:
-        result = run_demo(args.out, quick=args.quick, workers=args.workers, progress=not args.no_progress,
-                          devices=devices)
+        result = run_demo(
+            args.out, quick=args.quick, workers=args.workers, progress=not args.no_progress, devices=devices
+        )
     except ValueError as e:
         raise UsageError(str(e)) from None
     print(format_summary(result))
@@ -254,6 +366,7 @@ def _demo(args) -> int:
 def _device(text: str, what: str = "--device"):
     """--device as a torch.device (auto: CUDA when present); a usage error naming the option when bad."""
     from .devices import resolve_device
+
     try:
         return resolve_device(text, what)
     except (TypeError, ValueError) as e:
@@ -298,8 +411,10 @@ def _export(args) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     if not isinstance(model, torch.nn.Module) or find_spec(model) is None:
-        raise UsageError(f"--build {args.build} returned {type(model).__name__}, not a model put in µP by "
-                         "mt.parametrize; return the model parametrized exactly as in training")
+        raise UsageError(
+            f"--build {args.build} returned {type(model).__name__}, not a model put in µP by "
+            "mt.parametrize; return the model parametrized exactly as in training"
+        )
     try:
         state = torch.load(ckpt_path, map_location="cpu", weights_only=True)
     except Exception as e:
@@ -327,6 +442,7 @@ def _export(args) -> int:
 
 def _open_sweep(args):
     from .sweep import Sweep
+
     try:
         return Sweep(args.run, storage=args.storage)
     except ValueError as e:
@@ -335,6 +451,7 @@ def _open_sweep(args):
 
 def _report(args) -> int:
     from .sweep.report import write_report
+
     sweep = _open_sweep(args)
     try:
         path = write_report(sweep)
@@ -346,12 +463,19 @@ def _report(args) -> int:
 
 def _transfer(args) -> int:
     from .sweep.transfer import format_transfer, transfer
+
     sweep = _open_sweep(args)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", UserWarning)
-            out = transfer(sweep, args.width, args.depth, args.batch_size, args.steps,
-                           device=None if args.device is None else _device(args.device))
+            out = transfer(
+                sweep,
+                args.width,
+                args.depth,
+                args.batch_size,
+                args.steps,
+                device=None if args.device is None else _device(args.device),
+            )
     except ValueError as e:
         raise UsageError(str(e)) from None
     for w in caught:
@@ -373,37 +497,61 @@ def _sweep(args) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
-    overrides = {key: value for key, value in (("backend", args.cluster), ("jobs", args.jobs),
-                                               ("gpus_per_job", args.gpus_per_job), ("partition", args.partition),
-                                               ("time_min", args.time_min)) if value is not None}
+    overrides = {
+        key: value
+        for key, value in (
+            ("backend", args.cluster),
+            ("jobs", args.jobs),
+            ("gpus_per_job", args.gpus_per_job),
+            ("partition", args.partition),
+            ("time_min", args.time_min),
+        )
+        if value is not None
+    }
     try:
         if args.devices is not None:
             from .sweep.placement import parse_devices
+
             args.devices = parse_devices(args.devices, "--devices")
         if overrides or args.detach or _has_cluster_table(config):
             return _sweep_on_cluster(args, config, run_dir, overrides)
-        sweep = run_sweep(config, run_dir, workers=args.workers, storage=args.storage, progress=not args.no_progress,
-                          retry_failed=args.retry_failed, devices=args.devices,
-                          trials_per_device=args.trials_per_device, threads=args.threads)
+        sweep = run_sweep(
+            config,
+            run_dir,
+            workers=args.workers,
+            storage=args.storage,
+            progress=not args.no_progress,
+            retry_failed=args.retry_failed,
+            devices=args.devices,
+            trials_per_device=args.trials_per_device,
+            threads=args.threads,
+        )
     except ValueError as e:
         raise UsageError(str(e)) from None
     finished, total, failed = sweep.finished(), sweep.total_trials(), sweep.failed()
     completed = sweep.completed()
     how_many = "every one" if failed == finished else str(failed)
-    failures = (f", {how_many} failed (tracebacks in {sweep.run_dir / 'failures'}; fix the cause, then rerun with "
-                "--retry-failed)" if failed else "")
+    failures = (
+        f", {how_many} failed (tracebacks in {sweep.run_dir / 'failures'}; fix the cause, then rerun with "
+        "--retry-failed)"
+        if failed
+        else ""
+    )
     pruned = sweep.pruned()
     failures = (f", {pruned} of them pruned" if pruned else "") + failures
     useless = finished >= total and completed == 0  # every trial failed, diverged or was pruned
     if useless:
         failures += ": no trial completed, so there is no result"
-    print(f"sweep {sweep.config.name}: {finished}/{total} trials done{failures}, storage {mask_url(sweep.url)}, "
-          f"run directory {sweep.run_dir}")
+    print(
+        f"sweep {sweep.config.name}: {finished}/{total} trials done{failures}, storage {mask_url(sweep.url)}, "
+        f"run directory {sweep.run_dir}"
+    )
     return EXIT_PASS if finished >= total and not useless else EXIT_FAIL
 
 
 def _has_cluster_table(config: Path) -> bool:
     from .sweep import load_config
+
     return load_config(config).cluster is not None
 
 
@@ -411,25 +559,40 @@ def _sweep_on_cluster(args, config: Path, run_dir: Path, overrides: dict) -> int
     from .sweep.cluster import run_cluster
 
     if args.workers is not None:
-        raise UsageError("--workers is for sweeps on this machine; a cluster sweep runs [cluster] jobs × its GPUs "
-                         "(--jobs, --gpus-per-job, [cluster] trials_per_device)")
+        raise UsageError(
+            "--workers is for sweeps on this machine; a cluster sweep runs [cluster] jobs × its GPUs "
+            "(--jobs, --gpus-per-job, [cluster] trials_per_device)"
+        )
     try:
-        sweep, run, ok = run_cluster(config, run_dir, storage=args.storage, overrides=overrides, detach=args.detach,
-                                     progress=not args.no_progress, retry_failed=args.retry_failed,
-                                     devices=args.devices, threads=args.threads)
+        sweep, run, ok = run_cluster(
+            config,
+            run_dir,
+            storage=args.storage,
+            overrides=overrides,
+            detach=args.detach,
+            progress=not args.no_progress,
+            retry_failed=args.retry_failed,
+            devices=args.devices,
+            threads=args.threads,
+        )
     except KeyboardInterrupt:
-        print(f"stopped watching; the jobs go on: `mutransfer status {run_dir}`, `mutransfer cancel {run_dir}`",
-              file=sys.stderr)
+        print(
+            f"stopped watching; the jobs go on: `mutransfer status {run_dir}`, `mutransfer cancel {run_dir}`",
+            file=sys.stderr,
+        )
         return EXIT_INTERRUPTED
     if ok is None:
         print(f"detached: watch with `mutransfer status {run_dir}`, stop with `mutransfer cancel {run_dir}`")
         return EXIT_PASS
     finished, total = sweep.finished(), sweep.total_trials()
-    print(f"sweep {sweep.config.name}: {finished}/{total} trials done, {sweep.failed()} failed, "
-          f"{len(run.job_ids)} {run.backend} job(s), run directory {sweep.run_dir}")
+    print(
+        f"sweep {sweep.config.name}: {finished}/{total} trials done, {sweep.failed()} failed, "
+        f"{len(run.job_ids)} {run.backend} job(s), run directory {sweep.run_dir}"
+    )
     if not ok:
-        print(f"the jobs ended with {total - finished} trial(s) left; rerun the same command to resume",
-              file=sys.stderr)
+        print(
+            f"the jobs ended with {total - finished} trial(s) left; rerun the same command to resume", file=sys.stderr
+        )
     return EXIT_PASS if ok else EXIT_FAIL
 
 
@@ -454,8 +617,10 @@ def _cancel(args) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     ids = cancel(run)
-    print(f"cancelled {len(ids)} {run.backend} job(s){': ' + ', '.join(ids) if ids else ''}; their running trials "
-          f"run again when the sweep is resumed (`mutransfer sweep CONFIG --run {args.run}`)")
+    print(
+        f"cancelled {len(ids)} {run.backend} job(s){': ' + ', '.join(ids) if ids else ''}; their running trials "
+        f"run again when the sweep is resumed (`mutransfer sweep CONFIG --run {args.run}`)"
+    )
     return EXIT_PASS
 
 
@@ -469,8 +634,9 @@ def _worker(args) -> int:
         sweep.use_device(args.device, "--device")
         if args.threads:
             import torch
+
             torch.set_num_threads(args.threads)
-        sweep.objective
+        _ = sweep.objective  # loaded before any trial: a broken objective fails here
         sweep.wait_prepared(args.wait)
     except ValueError as e:
         raise UsageError(str(e)) from None
@@ -486,6 +652,7 @@ def _coord_check(args) -> int:
     import torch
 
     import mutransfer as mt
+
     from .recipes import get_recipe
     from .rules import optimizer_family
 
@@ -532,16 +699,25 @@ def _coord_check(args) -> int:
         raise UsageError("--base-width must be positive")
 
     def make_model(width: int) -> torch.nn.Module:
-        return _as_requested(build(width), args, label, f"width {width}",
-                             lambda m: mt.parametrize(m, base=build(base_width), delta=build(2 * base_width)))
+        return _as_requested(
+            build(width),
+            args,
+            label,
+            f"width {width}",
+            lambda m: mt.parametrize(m, base=build(base_width), delta=build(2 * base_width)),
+        )
 
-    print(f"coordinate check: {label}, {args.parametrization}, {args.optimizer} lr={lr:g}, "
-          f"widths {','.join(map(str, widths))}, {args.steps} steps × {args.seeds} seeds", file=sys.stderr)
+    print(
+        f"coordinate check: {label}, {args.parametrization}, {args.optimizer} lr={lr:g}, "
+        f"widths {','.join(map(str, widths))}, {args.steps} steps × {args.seeds} seeds",
+        file=sys.stderr,
+    )
     return _run_check(args, make_model, widths, data, lr)
 
 
-def _coord_check_depth(args, build: Callable, data: list, label: str, default_width: int,
-                       default_lr: Optional[float]) -> int:
+def _coord_check_depth(
+    args, build: Callable, data: list, label: str, default_width: int, default_lr: float | None
+) -> int:
     """`coord-check --depths`: one width, several depths, µP in width and depth relative to the base."""
     import torch
 
@@ -562,15 +738,25 @@ def _coord_check_depth(args, build: Callable, data: list, label: str, default_wi
         raise UsageError(str(e)) from None
 
     def make_model(w: int, depth: int) -> torch.nn.Module:
-        return _as_requested(build(w, depth), args, label, f"width {w}, depth {depth}",
-                             lambda m: mt.parametrize(m, base=build(base_width, base_depth),
-                                                      delta=build(2 * base_width, base_depth),
-                                                      depth_alpha=args.depth_alpha))
+        return _as_requested(
+            build(w, depth),
+            args,
+            label,
+            f"width {w}, depth {depth}",
+            lambda m: mt.parametrize(
+                m,
+                base=build(base_width, base_depth),
+                delta=build(2 * base_width, base_depth),
+                depth_alpha=args.depth_alpha,
+            ),
+        )
 
     alpha = f", depth_alpha={args.depth_alpha:g}" if args.parametrization == "mup" else ""
-    print(f"coordinate check across depth: {label}, {args.parametrization}{alpha}, {args.optimizer} lr={lr:g}, "
-          f"width {width}, depths {','.join(map(str, depths))}, {args.steps} steps × {args.seeds} seeds",
-          file=sys.stderr)
+    print(
+        f"coordinate check across depth: {label}, {args.parametrization}{alpha}, {args.optimizer} lr={lr:g}, "
+        f"width {width}, depths {','.join(map(str, depths))}, {args.steps} steps × {args.seeds} seeds",
+        file=sys.stderr,
+    )
     return _run_check(args, make_model, [width], data, lr, depths=depths)
 
 
@@ -600,9 +786,20 @@ def _run_check(args, make_model: Callable, widths: list, data: list, lr: float, 
     except OSError as e:
         raise UsageError(f"--out {out}: cannot create the directory ({e.strerror})") from None
     try:
-        result = mt.coord_check(make_model, widths, data, optimizer=args.optimizer, lr=lr, steps=args.steps,
-                                seeds=args.seeds, max_growth=args.max_growth, progress=not args.no_progress,
-                                depths=depths, eps=args.eps, device=args.device)
+        result = mt.coord_check(
+            make_model,
+            widths,
+            data,
+            optimizer=args.optimizer,
+            lr=lr,
+            steps=args.steps,
+            seeds=args.seeds,
+            max_growth=args.max_growth,
+            progress=not args.no_progress,
+            depths=depths,
+            eps=args.eps,
+            device=args.device,
+        )
     except (ValueError, TypeError) as e:
         raise UsageError(str(e)) from None
     result.to_csv(out / "coord_check.csv")
@@ -632,6 +829,7 @@ def _parse_widths(text: str, option: str = "--widths") -> list[int]:
 def _load_module(spec: str, what: str):
     """Import `spec`'s module part (a dotted module name or a path to a .py file); UsageError if not."""
     from ._loading import load_module
+
     try:
         return load_module(spec, what)
     except ValueError as e:
@@ -640,6 +838,7 @@ def _load_module(spec: str, what: str):
 
 def _load_callable(spec: str, what: str) -> Callable:
     from ._loading import load_callable
+
     try:
         return load_callable(spec, what)
     except ValueError as e:
@@ -654,8 +853,10 @@ def _data_next_to(factory: str) -> list:
     module = _load_module(factory, "factory")
     fn = getattr(module, "coord_check_data", None)
     if not callable(fn):
-        raise UsageError(f"no data for {factory}: pass --data module:function, or define coord_check_data() "
-                         f"returning a list of (inputs, targets) batches in {module.__name__}")
+        raise UsageError(
+            f"no data for {factory}: pass --data module:function, or define coord_check_data() "
+            f"returning a list of (inputs, targets) batches in {module.__name__}"
+        )
     return _call_data(fn, f"{module.__name__}.coord_check_data")
 
 

@@ -15,14 +15,14 @@ Where tracing cannot see the branches, name them (``residual_branches=["blocks.*
 "blocks.*.mlp"]``, module name patterns) or scale them in the forward with
 ``x = x + mt.residual_branch(self, branch_out)``.
 """
+
 from __future__ import annotations
 
 import contextlib
-
 import fnmatch
 import operator
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.fx
@@ -30,8 +30,22 @@ from torch import nn
 
 from ._naming import canonical_name
 
-__all__ = ["block_pattern", "in_numbered_block", "BRANCH_ATTR", "block_containers", "split_block", "join_name", "outermost", "DepthMap",
-           "branch_outputs", "residual_branch", "trace_branches", "Branch", "branch_end", "find_branches"]
+__all__ = [
+    "BRANCH_ATTR",
+    "Branch",
+    "DepthMap",
+    "block_containers",
+    "block_pattern",
+    "branch_end",
+    "branch_outputs",
+    "find_branches",
+    "in_numbered_block",
+    "join_name",
+    "outermost",
+    "residual_branch",
+    "split_block",
+    "trace_branches",
+]
 
 BRANCH_ATTR = "_mutransfer_branch_mult"
 _TRACED_HELPER: set[int] = set()
@@ -47,7 +61,7 @@ def block_containers(shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
         parts = name.split(".")
         for k, part in enumerate(parts[:-1]):
             if part.isdigit():
-                prefix, rest = ".".join(parts[:k]), ".".join(parts[k + 1:])
+                prefix, rest = ".".join(parts[:k]), ".".join(parts[k + 1 :])
                 groups.setdefault(prefix, {}).setdefault(int(part), {})[rest] = tuple(shape)
     out = {}
     for prefix, blocks in groups.items():
@@ -59,12 +73,12 @@ def block_containers(shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
     return out
 
 
-def split_block(name: str, prefix: str) -> Optional[tuple[int, str]]:
+def split_block(name: str, prefix: str) -> tuple[int, str] | None:
     """(index, rest) when `name` is inside block container `prefix`, else None."""
     head = f"{prefix}." if prefix else ""
     if not name.startswith(head):
         return None
-    idx, _, rest = name[len(head):].partition(".")
+    idx, _, rest = name[len(head) :].partition(".")
     return (int(idx), rest) if idx.isdigit() else None
 
 
@@ -78,7 +92,7 @@ def in_numbered_block(name: str) -> bool:
     return any(p.isdigit() for p in name.split("."))
 
 
-def join_name(*parts: Union[str, int]) -> str:
+def join_name(*parts: str | int) -> str:
     """Dotted name of the non-empty parts: join_name("blocks", 3, "") == "blocks.3"."""
     return ".".join(str(p) for p in parts if p != "")
 
@@ -96,8 +110,12 @@ class DepthMap:
     containers: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @classmethod
-    def between(cls, base: Mapping[str, Sequence[int]], other: Mapping[str, Sequence[int]],
-                base_depth: Optional[Mapping[str, int]] = None) -> "DepthMap":
+    def between(
+        cls,
+        base: Mapping[str, Sequence[int]],
+        other: Mapping[str, Sequence[int]],
+        base_depth: Mapping[str, int] | None = None,
+    ) -> DepthMap:
         """Containers whose block count differs between `base` and `other` (name → shape maps).
 
         `base_depth` ({prefix: L₀}) declares the base depth explicitly, e.g. when the base
@@ -108,14 +126,16 @@ class DepthMap:
         found = {p: found[p] for p in outermost(found)}
         for prefix, l0 in (base_depth or {}).items():
             if prefix not in o:
-                raise ValueError(f"base_depth names '{prefix}', which is not a container of repeated "
-                                 f"blocks in the model (found: {', '.join(sorted(o)) or 'none'})")
+                raise ValueError(
+                    f"base_depth names '{prefix}', which is not a container of repeated "
+                    f"blocks in the model (found: {', '.join(sorted(o)) or 'none'})"
+                )
             if isinstance(l0, bool) or not isinstance(l0, int) or l0 < 1:
                 raise ValueError(f"base_depth['{prefix}'] must be a positive integer, got {l0!r}")
             found[prefix] = (l0, o[prefix])
         return cls({p: v for p, v in found.items() if v[0] != v[1]})
 
-    def locate(self, name: str) -> Optional[tuple[str, int, str]]:
+    def locate(self, name: str) -> tuple[str, int, str] | None:
         """(container, block index, rest) of a parameter or module name, or None outside blocks."""
         for prefix in sorted(self.containers, key=len, reverse=True):
             hit = split_block(name, prefix)
@@ -155,7 +175,7 @@ class DepthMap:
 # --------------------------------------------------------------------------- branches
 
 
-_BRANCH_OUTPUTS: Optional[list] = None  # (block, branch output) of each call, while `branch_outputs` records
+_BRANCH_OUTPUTS: list | None = None  # (block, branch output) of each call, while `branch_outputs` records
 
 
 @contextlib.contextmanager
@@ -197,8 +217,9 @@ _ADD_METHODS = {"add", "add_"}
 
 
 def _is_add(node: torch.fx.Node) -> bool:
-    return ((node.op == "call_function" and node.target in _ADD_FUNCTIONS)
-            or (node.op == "call_method" and node.target in _ADD_METHODS))
+    return (node.op == "call_function" and node.target in _ADD_FUNCTIONS) or (
+        node.op == "call_method" and node.target in _ADD_METHODS
+    )
 
 
 def trace_branches(block: nn.Module) -> tuple[str, list[tuple[str, bool]]]:
@@ -208,8 +229,10 @@ def trace_branches(block: nn.Module) -> tuple[str, list[tuple[str, bool]]]:
     try:
         graph = _BlockTracer().trace(block)
     except Exception as e:  # fx raises many kinds (TraceError, TypeError, NotImplementedError, ...)
-        raise _TraceFailure(f"torch.fx could not trace {type(block).__name__}.forward ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0] if str(e) else ''})") from None
+        raise _TraceFailure(
+            f"torch.fx could not trace {type(block).__name__}.forward ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''})"
+        ) from None
     if id(block) in _TRACED_HELPER:
         _TRACED_HELPER.discard(id(block))
         return "helper", []
@@ -230,17 +253,25 @@ def trace_branches(block: nn.Module) -> tuple[str, list[tuple[str, bool]]]:
             continue
         stream.add(node)
         tuple_out = False
-        if (isinstance(other, torch.fx.Node) and other.op == "call_function" and other.target is operator.getitem
-                and other.args[1] == 0 and isinstance(other.args[0], torch.fx.Node)):
+        if (
+            isinstance(other, torch.fx.Node)
+            and other.op == "call_function"
+            and other.target is operator.getitem
+            and other.args[1] == 0
+            and isinstance(other.args[0], torch.fx.Node)
+        ):
             other, tuple_out = other.args[0], True
         if not isinstance(other, torch.fx.Node) or other.op != "call_module":
             what = other.format_node() if isinstance(other, torch.fx.Node) else repr(other)
-            raise _TraceFailure(f"a residual addition in {type(block).__name__}.forward adds `{what}`, which is "
-                                "not the output of a child module")
+            raise _TraceFailure(
+                f"a residual addition in {type(block).__name__}.forward adds `{what}`, which is "
+                "not the output of a child module"
+            )
         branches.append((str(other.target), tuple_out))
     if not branches:
-        raise _TraceFailure(f"{type(block).__name__}.forward adds nothing onto its input (no residual "
-                            "connection found)")
+        raise _TraceFailure(
+            f"{type(block).__name__}.forward adds nothing onto its input (no residual connection found)"
+        )
     return "modules", branches
 
 
@@ -254,13 +285,13 @@ class Branch:
 
     module: str
     tuple_output: bool = False  # the branch is element 0 of the module's tuple output
-    end: Optional[str] = None  # a Linear/Conv whose output *is* the branch's (the multiplier can fold into it)
+    end: str | None = None  # a Linear/Conv whose output *is* the branch's (the multiplier can fold into it)
 
 
 _LINEAR = (nn.Linear, nn.modules.conv._ConvNd)
 
 
-def branch_end(module: nn.Module, depth: int = 0) -> Optional[str]:
+def branch_end(module: nn.Module, depth: int = 0) -> str | None:
     """Relative name of the Linear/Conv layer whose output is `module`'s output ("" for itself)."""
     if isinstance(module, _LINEAR):
         return ""
@@ -279,8 +310,7 @@ def branch_end(module: nn.Module, depth: int = 0) -> Optional[str]:
     return None if inner is None else join_name(child, inner)
 
 
-def find_branches(model: nn.Module, depth: DepthMap, patterns: Optional[Iterable[str]]) -> \
-        tuple[list[Branch], list[str]]:
+def find_branches(model: nn.Module, depth: DepthMap, patterns: Iterable[str] | None) -> tuple[list[Branch], list[str]]:
     """The residual branches to scale, and the blocks that scale themselves (`residual_branch`).
 
     With `patterns`, the named modules are the branches. Otherwise the first block of each
@@ -299,8 +329,10 @@ def find_branches(model: nn.Module, depth: DepthMap, patterns: Optional[Iterable
                 raise ValueError(f"residual_branches pattern '{pat}' matches no module of the model")
             for n in hits:
                 if depth.locate(n) is None:
-                    raise ValueError(f"residual_branches: '{n}' is not inside a block of a depth container "
-                                     f"({', '.join(depth.containers) or 'none found'})")
+                    raise ValueError(
+                        f"residual_branches: '{n}' is not inside a block of a depth container "
+                        f"({', '.join(depth.containers) or 'none found'})"
+                    )
                 end = branch_end(modules[n])
                 branches.append(Branch(n, False, None if end is None else join_name(n, end)))
         return branches, helper_blocks
@@ -315,7 +347,8 @@ def find_branches(model: nn.Module, depth: DepthMap, patterns: Optional[Iterable
                 f"depth scaling needs the residual branches of the blocks in '{prefix}', but {e}. Name the "
                 f"branch modules with residual_branches=['{prefix}.*.attn', '{prefix}.*.mlp'] (patterns), write "
                 f"`x = x + mt.residual_branch(self, branch)` in the block's forward, or pass depth_alpha=0 "
-                f"to change depth without depth scaling") from None
+                f"to change depth without depth scaling"
+            ) from None
         if kind == "helper":
             helper_blocks += [join_name(prefix, i) for i in range(l)]
             continue
@@ -323,6 +356,11 @@ def find_branches(model: nn.Module, depth: DepthMap, patterns: Optional[Iterable
         for i in range(l):
             for child, tuple_out in found:
                 end = ends[child]
-                branches.append(Branch(join_name(prefix, i, child), tuple_out,
-                                       None if end is None else join_name(prefix, i, child, end)))
+                branches.append(
+                    Branch(
+                        join_name(prefix, i, child),
+                        tuple_out,
+                        None if end is None else join_name(prefix, i, child, end),
+                    )
+                )
     return branches, helper_blocks

@@ -15,20 +15,32 @@ One home for the words every entry point takes (`mt.coord_check(device=)`, the s
 Resolving ``"auto"`` asks ``torch.cuda.is_available()``, which does not create a CUDA context:
 a process that only resolves devices can still start CUDA workers safely.
 """
+
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager, Union
+from contextlib import AbstractContextManager as ContextManager
+from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["AUTO", "PRECISIONS", "DeviceLike", "resolve_device", "check_precision", "autocast", "known_precision", "move",
-           "module_device", "same_device"]
+__all__ = [
+    "AUTO",
+    "PRECISIONS",
+    "DeviceLike",
+    "autocast",
+    "check_precision",
+    "known_precision",
+    "module_device",
+    "move",
+    "resolve_device",
+    "same_device",
+]
 
 AUTO = "auto"
 PRECISIONS = ("fp32", "bf16")
-DeviceLike = Union[str, torch.device]
+DeviceLike = str | torch.device
 
 
 def resolve_device(device: DeviceLike = AUTO, what: str = "device") -> torch.device:
@@ -45,20 +57,26 @@ def resolve_device(device: DeviceLike = AUTO, what: str = "device") -> torch.dev
         except RuntimeError:
             raise ValueError(f"{what} must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
     else:
-        raise TypeError(f"{what} must be 'auto', 'cpu', 'cuda', 'cuda:N' or a torch.device, "
-                        f"got {type(device).__name__}")
+        raise TypeError(
+            f"{what} must be 'auto', 'cpu', 'cuda', 'cuda:N' or a torch.device, got {type(device).__name__}"
+        )
     if resolved.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"{what} {str(resolved)!r}: CUDA is not available in this process "
-                             "(no GPU, a CPU build of torch, or CUDA_VISIBLE_DEVICES hides them); "
-                             f"use {what} 'auto' or 'cpu'")
+            raise ValueError(
+                f"{what} {str(resolved)!r}: CUDA is not available in this process "
+                "(no GPU, a CPU build of torch, or CUDA_VISIBLE_DEVICES hides them); "
+                f"use {what} 'auto' or 'cpu'"
+            )
         count = torch.cuda.device_count()
         if resolved.index is not None and resolved.index >= count:
-            raise ValueError(f"{what} {str(resolved)!r}: this process sees {count} GPU(s) (cuda:0 to "
-                             f"cuda:{count - 1}); pick one of those")
+            raise ValueError(
+                f"{what} {str(resolved)!r}: this process sees {count} GPU(s) (cuda:0 to "
+                f"cuda:{count - 1}); pick one of those"
+            )
     elif resolved.type not in ("cpu", "meta", "mps", "xpu"):
-        raise ValueError(f"{what} {str(resolved)!r}: not a device mutransfer trains on; use 'auto', 'cpu' "
-                         "or 'cuda[:N]'")
+        raise ValueError(
+            f"{what} {str(resolved)!r}: not a device mutransfer trains on; use 'auto', 'cpu' or 'cuda[:N]'"
+        )
     return resolved
 
 

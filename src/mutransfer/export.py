@@ -34,24 +34,27 @@ besides the original while it works (three when `device=` is not the model's own
 Devices: the probe forwards run where the model lives (the device of its parameters), or on
 `device=` (a model kept on the CPU, probed on a GPU); the exported copy lives where the model does.
 """
+
 from __future__ import annotations
 
 import copy
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 from torch import nn
 
 from . import scaled_forward
+from ._naming import canonical_name
+from ._observe import call_model, to_device
+from ._observe import example_inputs as probe_candidates
 from .attention import MuMultiheadAttention, mha_in_projections, mup_logit_scale
 from .depth import BRANCH_ATTR, branch_end, branch_outputs
-from ._naming import canonical_name
-from .roles import MuPWarning
-from ._observe import call_model, example_inputs as probe_candidates, to_device
 from .devices import DeviceLike, module_device, resolve_device, same_device
+from .roles import MuPWarning
 from .spec import SPEC_ATTR, require_spec, spec_holder
 
 __all__ = ["RTOL", "export"]
@@ -64,8 +67,14 @@ _FUSED_NAMES = ("qkv", "c_attn", "wqkv", "qkv_proj", "to_qkv", "in_proj", "query
 _ATTRS = (scaled_forward.INPUT_ATTR, scaled_forward.OUTPUT_ATTR, scaled_forward.SDPA_ATTR)
 
 
-def export(model: nn.Module, example_inputs: Any = None, *, untie: bool = False, rtol: float = RTOL,
-           device: Optional[DeviceLike] = None) -> nn.Module:
+def export(
+    model: nn.Module,
+    example_inputs: Any = None,
+    *,
+    untie: bool = False,
+    rtol: float = RTOL,
+    device: DeviceLike | None = None,
+) -> nn.Module:
     """A plain copy of the parametrized `model`: same outputs, no µP forward constants.
 
     Args:
@@ -144,7 +153,7 @@ class _Folder:
         self.modules = dict(plain.named_modules())
         self.ref_modules = dict(reference.named_modules())
         self.applied: dict[int, float] = {}  # id(parameter) → factor folded into it so far
-        self._branch_ends: Optional[dict[int, list[Optional[str]]]] = None  # see _helper_ends
+        self._branch_ends: dict[int, list[str | None]] | None = None  # see _helper_ends
         self.owners: dict[int, list[str]] = {}
         for mname, m in plain.named_modules(remove_duplicate=False):
             for pname, p in m.named_parameters(recurse=False, remove_duplicate=False):
@@ -211,22 +220,35 @@ class _Folder:
                 cfg = module.__dict__["_mutransfer_attn"]
                 d = heads[cname].d if cname in heads else None
                 if d is None:
-                    raise ValueError(f"export: attention module '{cname}' uses mt.attn_scale but its head dim was not "
-                                     "recorded by parametrize; parametrize it with example_inputs=")
-                found.append(_Constant(name, "attention", mup_logit_scale(cfg, d) * math.sqrt(d),
-                                       pop(module, "_mutransfer_attn")))
+                    raise ValueError(
+                        f"export: attention module '{cname}' uses mt.attn_scale but its head dim was not "
+                        "recorded by parametrize; parametrize it with example_inputs="
+                    )
+                found.append(
+                    _Constant(
+                        name, "attention", mup_logit_scale(cfg, d) * math.sqrt(d), pop(module, "_mutransfer_attn")
+                    )
+                )
             if BRANCH_ATTR in module.__dict__:
                 found.append(_Constant(name, "branch", float(module.__dict__[BRANCH_ATTR]), pop(module, BRANCH_ATTR)))
         for a in self.spec.attention:
             if a.how.startswith("attribute "):
-                attr = a.how[len("attribute "):]
+                attr = a.how[len("attribute ") :]
                 name, module = self._module(a.module)
                 if a.attribute_value is None:
-                    raise ValueError(f"export: attention module '{a.module}' holds µP's logit scale in its attribute "
-                                     f"'{attr}', whose own value was not recorded (parametrized by an older version); "
-                                     "parametrize the model again")
-                found.append(_Constant(name, "attention", a.target / a.before,
-                                       lambda m=module, k=attr, v=a.attribute_value: setattr(m, k, v)))
+                    raise ValueError(
+                        f"export: attention module '{a.module}' holds µP's logit scale in its attribute "
+                        f"'{attr}', whose own value was not recorded (parametrized by an older version); "
+                        "parametrize the model again"
+                    )
+                found.append(
+                    _Constant(
+                        name,
+                        "attention",
+                        a.target / a.before,
+                        lambda m=module, k=attr, v=a.attribute_value: setattr(m, k, v),
+                    )
+                )
         return found
 
     def _module(self, name: str) -> tuple[str, nn.Module]:
@@ -243,8 +265,9 @@ class _Folder:
 
     # ---- where each constant goes
 
-    def _scale(self, module: nn.Module, c: float, part: Optional[tuple[int, torch.Tensor]] = None,
-               bias: bool = True) -> Callable[[], None]:
+    def _scale(
+        self, module: nn.Module, c: float, part: tuple[int, torch.Tensor] | None = None, bias: bool = True
+    ) -> Callable[[], None]:
         """Multiply a layer's weight (and bias) by c, or the rows (dim, indices) of them; returns the
         undo. Refuses a parameter that other modules share (it would change them too)."""
         touched = []
@@ -269,15 +292,20 @@ class _Folder:
                     p.div_(c)
                 else:
                     p.index_copy_(dim, index, p.index_select(dim, index) / c)
+
         return undo
 
     def _fold_output(self, c: _Constant, calls) -> None:
         module = self.modules[c.module]
         if c.module not in calls:  # its forward never runs (the parent uses its weight directly)
-            warnings.warn(f"export: '{canonical_name(c.module)}' ({_class_name(module)}) carries a µP output "
-                          f"multiplier ×{c.factor:.6g}, but its forward does not run on the probe (its parameters are "
-                          "used directly by another module), so the multiplier had no effect on the µP model; the "
-                          "export leaves it out", MuPWarning, stacklevel=4)
+            warnings.warn(
+                f"export: '{canonical_name(c.module)}' ({_class_name(module)}) carries a µP output "
+                f"multiplier ×{c.factor:.6g}, but its forward does not run on the probe (its parameters are "
+                "used directly by another module), so the multiplier had no effect on the µP model; the "
+                "export leaves it out",
+                MuPWarning,
+                stacklevel=4,
+            )
             return
         for pname in ("weight", "bias"):
             p = module._parameters.get(pname)
@@ -288,9 +316,11 @@ class _Folder:
                 # carries the same output constant, and the weight takes it once
                 if math.isclose(self.applied[id(p)], c.factor, rel_tol=1e-12):
                     continue
-                raise ValueError(f"export: '{canonical_name(c.module)}' multiplies its output by {c.factor:.6g} "
-                                 f"but shares {pname} with {', '.join(self.owners[id(p)])}, which another module "
-                                 f"multiplies by {self.applied[id(p)]:.6g}: one weight cannot take both")
+                raise ValueError(
+                    f"export: '{canonical_name(c.module)}' multiplies its output by {c.factor:.6g} "
+                    f"but shares {pname} with {', '.join(self.owners[id(p)])}, which another module "
+                    f"multiplies by {self.applied[id(p)]:.6g}: one weight cannot take both"
+                )
             p.mul_(c.factor)
             self.applied[id(p)] = c.factor
 
@@ -323,15 +353,22 @@ class _Folder:
                 if self._module_matches(c.module, calls):
                     return
                 undo()
-        self._greedy(c, calls, "the residual branch multiplier", "its last layer (a Linear/Conv whose output is the "
-                     "branch's, used by nothing else)")
+        self._greedy(
+            c,
+            calls,
+            "the residual branch multiplier",
+            "its last layer (a Linear/Conv whose output is the branch's, used by nothing else)",
+        )
 
     def _helper_ends(self, block: str) -> list[nn.Module]:
         """The layers (of `plain`) whose outputs the block passed to `residual_branch` on the probe."""
         if self._branch_ends is None:  # one probe forward serves every block
             made: dict[int, str] = {}
-            hooks = [m.register_forward_hook(lambda mod, i, o, n=n: made.__setitem__(id(o), n))
-                     for n, m in self.reference.named_modules() if _is_layer(m)]
+            hooks = [
+                m.register_forward_hook(lambda mod, i, o, n=n: made.__setitem__(id(o), n))
+                for n, m in self.reference.named_modules()
+                if _is_layer(m)
+            ]
             try:
                 with branch_outputs() as seen:
                     call_model(self.reference, self.inputs)
@@ -363,9 +400,11 @@ class _Folder:
                 error = now
             else:
                 undo()
-        raise ValueError(f"export: {what} of '{canonical_name(c.module)}' ({_class_name(module)}, ×{c.factor:.6g}) "
-                         f"cannot be folded into {where}: no layer of it takes the factor with the module's output "
-                         "unchanged; the model cannot be made plain")
+        raise ValueError(
+            f"export: {what} of '{canonical_name(c.module)}' ({_class_name(module)}, ×{c.factor:.6g}) "
+            f"cannot be folded into {where}: no layer of it takes the factor with the module's output "
+            "unchanged; the model cannot be made plain"
+        )
 
     def _fold_attention(self, c: _Constant, calls) -> None:
         """The ratio of µP's logit scale to the plain one: into q (or k) — its projection, the q
@@ -380,11 +419,13 @@ class _Folder:
             if self._module_matches(c.module, calls):
                 return
             undo()
-        raise ValueError(f"export: attention module '{canonical_name(c.module)}' ({_class_name(module)}) needs its "
-                         f"logits ×{c.factor:.6g} (µP's scale over the plain one) and no query or key projection, "
-                         "fused qkv projection or query norm inside it takes the factor with the module's output "
-                         "unchanged; compute q with a Linear inside the attention module (or keep the model in µP "
-                         "and save it with its spec)")
+        raise ValueError(
+            f"export: attention module '{canonical_name(c.module)}' ({_class_name(module)}) needs its "
+            f"logits ×{c.factor:.6g} (µP's scale over the plain one) and no query or key projection, "
+            "fused qkv projection or query norm inside it takes the factor with the module's output "
+            "unchanged; compute q with a Linear inside the attention module (or keep the model in µP "
+            "and save it with its spec)"
+        )
 
     def _fold_readout(self, c: _Constant, untie: bool) -> None:
         """Input × c of a readout: into its weight; a tied weight keeps its tie through the norm
@@ -392,8 +433,10 @@ class _Folder:
         module = self.modules[c.module]
         weight = module._parameters.get("weight")
         if weight is None:
-            raise ValueError(f"export: readout '{canonical_name(c.module)}' ({_class_name(module)}) has no weight "
-                             "parameter to take its multiplier")
+            raise ValueError(
+                f"export: readout '{canonical_name(c.module)}' ({_class_name(module)}) has no weight "
+                "parameter to take its multiplier"
+            )
         need = c.factor / self.applied.get(id(weight), 1.0)
         if need == 1.0:
             return
@@ -413,17 +456,20 @@ class _Folder:
             for cfg in _configs(self.plain):
                 cfg.tie_word_embeddings = False
             return
-        raise ValueError(f"export: readout '{canonical_name(c.module)}' shares its weight with "
-                         f"{', '.join(o for o in self.owners[id(weight)] if not o.startswith(c.module + '.'))} and "
-                         f"needs ×{need:.6g} on its input; no affine norm right before it can take that factor "
-                         "(none, or its output is used elsewhere). Pass untie=True to give the readout its own "
-                         "weight (a Hugging Face config gets tie_word_embeddings=False)")
+        raise ValueError(
+            f"export: readout '{canonical_name(c.module)}' shares its weight with "
+            f"{', '.join(o for o in self.owners[id(weight)] if not o.startswith(c.module + '.'))} and "
+            f"needs ×{need:.6g} on its input; no affine norm right before it can take that factor "
+            "(none, or its output is used elsewhere). Pass untie=True to give the readout its own "
+            "weight (a Hugging Face config gets tie_word_embeddings=False)"
+        )
 
     def _norms_before(self, readout: str, features: int) -> list[nn.Module]:
         """Norm-like modules (a 1-D weight of the readout's fan_in) run before the readout, last first."""
         order: list[str] = []
-        hooks = [m.register_forward_hook(lambda mod, i, o, n=n: order.append(n))
-                 for n, m in self.plain.named_modules() if n]
+        hooks = [
+            m.register_forward_hook(lambda mod, i, o, n=n: order.append(n)) for n, m in self.plain.named_modules() if n
+        ]
         try:
             call_model(self.plain, self.inputs)
         finally:
@@ -431,7 +477,7 @@ class _Folder:
                 h.remove()
         if readout not in order:
             return []
-        before = order[:order.index(readout)]
+        before = order[: order.index(readout)]
         out = []
         for n in reversed(before):
             m = self.modules[n]
@@ -449,8 +495,11 @@ class _Folder:
         def hook(module, args, kwargs, name):
             if name not in calls:  # a copy: a KV cache among them is filled as the forward goes on
                 calls[name] = _copied((args, kwargs))
-        handles = [m.register_forward_pre_hook(lambda mod, a, k, n=n: hook(mod, a, k, n), with_kwargs=True)
-                   for n, m in self.reference.named_modules()]
+
+        handles = [
+            m.register_forward_pre_hook(lambda mod, a, k, n=n: hook(mod, a, k, n), with_kwargs=True)
+            for n, m in self.reference.named_modules()
+        ]
         try:
             call_model(self.reference, self.inputs)
         finally:
@@ -460,8 +509,10 @@ class _Folder:
 
     def _module_error(self, name: str, calls) -> float:
         if name not in calls:
-            raise ValueError(f"export: module '{canonical_name(name)}' did not run on the probe forward, so where its "
-                             "µP constant can be folded cannot be checked; pass example_inputs= that reach it")
+            raise ValueError(
+                f"export: module '{canonical_name(name)}' did not run on the probe forward, so where its "
+                "µP constant can be folded cannot be checked; pass example_inputs= that reach it"
+            )
         args, kwargs = _copied(calls[name])
         mine = self.modules[name](*args, **kwargs)
         args, kwargs = _copied(calls[name])
@@ -500,7 +551,7 @@ def _layers(module: nn.Module):
     return [(n, m) for n, m in module.named_modules() if _is_layer(m)]
 
 
-def _query_candidates(module: nn.Module, head_dim: Optional[int]) -> list[tuple[nn.Module, Optional[tuple]]]:
+def _query_candidates(module: nn.Module, head_dim: int | None) -> list[tuple[nn.Module, tuple | None]]:
     """Where a logit factor may go, most likely first: the query projection, the key projection,
     the q rows of a fused projection (either weight layout; q, k, v in thirds or interleaved per
     head as GPT-NeoX), the query norm, any other layer."""
@@ -555,8 +606,10 @@ def _error(a, b) -> float:
 def _check(plain: nn.Module, reference: nn.Module, inputs, rtol: float, what: str) -> None:
     err = _error(call_model(plain, inputs), call_model(reference, inputs))
     if not err <= rtol:
-        raise ValueError(f"export: {what} differs from the µP model on the probe forward (relative difference "
-                         f"{err:.3g} > rtol={rtol:g}); nothing was returned. Report this with the model's class")
+        raise ValueError(
+            f"export: {what} differs from the µP model on the probe forward (relative difference "
+            f"{err:.3g} > rtol={rtol:g}); nothing was returned. Report this with the model's class"
+        )
 
 
 def _probe_inputs(model: nn.Module, inputs):
@@ -565,9 +618,11 @@ def _probe_inputs(model: nn.Module, inputs):
         try:
             call_model(model.eval(), inputs)
         except Exception as e:
-            raise ValueError(f"export could not run the model on example_inputs ({type(e).__name__}: {e}); pass "
-                             "inputs its forward accepts (a tensor, a tuple of arguments or a dict of keyword "
-                             "arguments)") from None
+            raise ValueError(
+                f"export could not run the model on example_inputs ({type(e).__name__}: {e}); pass "
+                "inputs its forward accepts (a tensor, a tuple of arguments or a dict of keyword "
+                "arguments)"
+            ) from None
         return inputs
     errors = []
     for cand in probe_candidates(model):
@@ -576,11 +631,13 @@ def _probe_inputs(model: nn.Module, inputs):
             return cand
         except Exception as e:
             errors.append(f"{type(e).__name__}: {e}")
-    raise ValueError(f"export could not make inputs for a probe forward of {type(model).__name__} "
-                     f"({'; '.join(errors) or 'no input layer found'}); pass example_inputs=")
+    raise ValueError(
+        f"export could not make inputs for a probe forward of {type(model).__name__} "
+        f"({'; '.join(errors) or 'no input layer found'}); pass example_inputs="
+    )
 
 
-def _low_precision(model: nn.Module) -> Optional[torch.dtype]:
+def _low_precision(model: nn.Module) -> torch.dtype | None:
     """float16/bfloat16 if any parameter is stored in it, else None."""
     for p in model.parameters():
         if p.dtype in (torch.float16, torch.bfloat16):

@@ -7,21 +7,44 @@ StepLR, CosineAnnealingLR, LinearLR, …) keep the ratios. OneCycleLR and Cyclic
 every group to one scalar ``max_lr``/``base_lr`` and would erase µP: pass per-group values
 from `scaled_lrs`, or build them with `OneCycleLR` here; `check_lr_ratios` catches it.
 """
+
 from __future__ import annotations
 
-from typing import Any, Iterable, NamedTuple, Optional, Union
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
-from .optimizers import LR_FACTOR_KEY, Adafactor as _Adafactor, Lion as _Lion, MuonWithAdamW
+from .optimizers import LR_FACTOR_KEY, MuonWithAdamW
+from .optimizers import Adafactor as _Adafactor
+from .optimizers import Lion as _Lion
 from .rules import DEFAULT_WEIGHT_DECAY_POLICY, OPTIMIZERS, WEIGHT_DECAY_POLICIES, optimizer_rule
 from .shapes import canonical_name
 from .spec import MuSpec, find_spec, require_spec
 
-__all__ = ["LR_FACTOR_KEY", "ADJUST_KEY", "MuonGroups", "param_groups", "build_optimizer", "hidden_matrices",
-           "muon_adjust_ratio", "group_factors", "check_muon_adjust", "SGD", "Adam", "AdamW", "Lion", "Adafactor", "Muon", "SOAP",
-           "MuonWithAdamW", "scaled_lrs", "check_lr_ratios", "OneCycleLR"]
+__all__ = [
+    "ADJUST_KEY",
+    "LR_FACTOR_KEY",
+    "SGD",
+    "SOAP",
+    "Adafactor",
+    "Adam",
+    "AdamW",
+    "Lion",
+    "Muon",
+    "MuonGroups",
+    "MuonWithAdamW",
+    "OneCycleLR",
+    "build_optimizer",
+    "check_lr_ratios",
+    "check_muon_adjust",
+    "group_factors",
+    "hidden_matrices",
+    "muon_adjust_ratio",
+    "param_groups",
+    "scaled_lrs",
+]
 
 ADJUST_KEY = "mup_adjust_lr_fn"  # the torch.optim.Muon adjust_lr_fn a Muon group's lr factor was built for
 MUON_ADJUST_FNS = (None, "original", "match_rms_adamw")
@@ -36,7 +59,7 @@ class MuonGroups(NamedTuple):
     adamw: list[dict[str, Any]]
 
 
-def muon_adjust_ratio(shape: tuple[int, ...], base_shape: tuple[int, ...], adjust_lr_fn: Optional[str]) -> float:
+def muon_adjust_ratio(shape: tuple[int, ...], base_shape: tuple[int, ...], adjust_lr_fn: str | None) -> float:
     """How much torch.optim.Muon's own lr adjustment (`adjust_lr_fn`) grows from the base shape to
     `shape`: the part of the spectral µP factor torch already applies. Read from torch itself
     ("original": √max(1, rows/cols); "match_rms_adamw": 0.2·√max(rows, cols))."""
@@ -49,13 +72,15 @@ def _torch_muon():
     try:
         from torch.optim import _muon
     except ImportError:
-        raise ImportError(f"optimizer 'muon' needs torch.optim.Muon (torch >= 2.9); this is torch "
-                          f"{torch.__version__}") from None
+        raise ImportError(
+            f"optimizer 'muon' needs torch.optim.Muon (torch >= 2.9); this is torch {torch.__version__}"
+        ) from None
     return _muon
 
 
-def group_factors(spec: MuSpec, name: str, optimizer: str, adjust_lr_fn: Optional[str] = None
-                  ) -> tuple[str, float, tuple[float, ...]]:
+def group_factors(
+    spec: MuSpec, name: str, optimizer: str, adjust_lr_fn: str | None = None
+) -> tuple[str, float, tuple[float, ...]]:
     """(the optimizer that updates `name`, its lr factor, its ε factors) under `optimizer`: the
     rules' width × depth factors, and for Muon divided by the growth of torch's own lr adjustment
     (`muon_adjust_ratio`), so that the step's total scaling is µP's. What `param_groups` writes
@@ -70,8 +95,10 @@ def group_factors(spec: MuSpec, name: str, optimizer: str, adjust_lr_fn: Optiona
 
 def _check_adjust(adjust_lr_fn) -> None:
     if adjust_lr_fn not in MUON_ADJUST_FNS:
-        raise ValueError(f"adjust_lr_fn must be one of torch.optim.Muon's: None/'original' (lr·√max(1, rows/cols)) "
-                         f"or 'match_rms_adamw' (lr·0.2·√max(rows, cols)), got {adjust_lr_fn!r}")
+        raise ValueError(
+            f"adjust_lr_fn must be one of torch.optim.Muon's: None/'original' (lr·√max(1, rows/cols)) "
+            f"or 'match_rms_adamw' (lr·0.2·√max(rows, cols)), got {adjust_lr_fn!r}"
+        )
 
 
 def _eps_base(optimizer: str, eps, p: torch.Tensor) -> tuple:
@@ -82,11 +109,18 @@ def _eps_base(optimizer: str, eps, p: torch.Tensor) -> tuple:
     return (1e-8 if eps is None else eps,)
 
 
-def param_groups(model: nn.Module, lr: float, optimizer: str = "adam", *,
-                 weight_decay: float = 0.0, eps=None,
-                 weight_decay_policy: str = DEFAULT_WEIGHT_DECAY_POLICY,
-                 groups: Optional[Iterable[Union[dict, torch.Tensor]]] = None,
-                 partner_lr: Optional[float] = None, adjust_lr_fn: Optional[str] = None) -> Union[list[dict[str, Any]], MuonGroups]:
+def param_groups(
+    model: nn.Module,
+    lr: float,
+    optimizer: str = "adam",
+    *,
+    weight_decay: float = 0.0,
+    eps=None,
+    weight_decay_policy: str = DEFAULT_WEIGHT_DECAY_POLICY,
+    groups: Iterable[dict | torch.Tensor] | None = None,
+    partner_lr: float | None = None,
+    adjust_lr_fn: str | None = None,
+) -> list[dict[str, Any]] | MuonGroups:
     """Split the parameters into groups with µP's lr, ε and weight decay for `optimizer`.
 
     Args:
@@ -113,13 +147,16 @@ def param_groups(model: nn.Module, lr: float, optimizer: str = "adam", *,
     rule = optimizer_rule(optimizer)
     name_lc = optimizer.lower()
     if weight_decay_policy not in WEIGHT_DECAY_POLICIES:
-        raise ValueError(f"unknown weight_decay_policy '{weight_decay_policy}'; use one of "
-                         f"{', '.join(WEIGHT_DECAY_POLICIES)}")
+        raise ValueError(
+            f"unknown weight_decay_policy '{weight_decay_policy}'; use one of {', '.join(WEIGHT_DECAY_POLICIES)}"
+        )
     if not isinstance(lr, (int, float)) or lr < 0:
         raise ValueError(f"lr must be a non-negative number, got {lr!r}")
     if partner_lr is not None and (rule.partner is None or not isinstance(partner_lr, (int, float)) or partner_lr < 0):
-        raise ValueError(f"partner_lr is the base lr of Muon's AdamW partner (a non-negative number); "
-                         f"got {partner_lr!r} with optimizer '{optimizer}'")
+        raise ValueError(
+            f"partner_lr is the base lr of Muon's AdamW partner (a non-negative number); "
+            f"got {partner_lr!r} with optimizer '{optimizer}'"
+        )
     if name_lc == "muon":
         _check_adjust(adjust_lr_fn)
     elif adjust_lr_fn is not None:
@@ -150,8 +187,7 @@ def param_groups(model: nn.Module, lr: float, optimizer: str = "adam", *,
         for p in params:
             name = names.get(id(p))
             if name is None:
-                raise ValueError(f"groups[{gi}] holds a parameter of shape {tuple(p.shape)} that is not "
-                                 "in the model")
+                raise ValueError(f"groups[{gi}] holds a parameter of shape {tuple(p.shape)} that is not in the model")
             who, lr_f, eps_f = group_factors(spec, name, name_lc, adjust_lr_fn)
             g_lr = options.get("lr", partner_lr if (who != name_lc and partner_lr is not None) else lr)
             wd_f = 1.0 / lr_f if (weight_decay_policy == "lr_wd_constant" and lr_f > 0) else 1.0
@@ -214,7 +250,8 @@ def check_muon_adjust(optimizer: torch.optim.Optimizer) -> None:
                 f"{g.get(LR_FACTOR_KEY, 1.0):.4g} was built for adjust_lr_fn={want!r}: the factor already holds "
                 "the width dependence of the adjustment it was built for, so running another would scale the "
                 f"step twice (or not at all). Pass adjust_lr_fn={g.get('adjust_lr_fn')!r} to mt.param_groups, "
-                f"or build torch.optim.Muon with adjust_lr_fn={want!r}")
+                f"or build torch.optim.Muon with adjust_lr_fn={want!r}"
+            )
 
 
 def _muon_guard_hook(optimizer, args, kwargs):
@@ -227,41 +264,65 @@ def _register_muon_guard() -> None:
     global _GUARD
     if _GUARD is None:
         from torch.optim.optimizer import register_optimizer_step_pre_hook
+
         _GUARD = register_optimizer_step_pre_hook(_muon_guard_hook)
 
 
 # ----------------------------------------------------------------------- ready optimizers
-_TORCH_CLASSES = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "adamax": "Adamax", "nadam": "NAdam",
-                  "radam": "RAdam", "rmsprop": "RMSprop", "adagrad": "Adagrad"}
+_TORCH_CLASSES = {
+    "sgd": "SGD",
+    "adam": "Adam",
+    "adamw": "AdamW",
+    "adamax": "Adamax",
+    "nadam": "NAdam",
+    "radam": "RAdam",
+    "rmsprop": "RMSprop",
+    "adagrad": "Adagrad",
+}
 
 
 def _soap_class():
     try:
         from pytorch_optimizer import SOAP as cls
     except ImportError:
-        raise ImportError("optimizer 'soap' runs pytorch_optimizer.SOAP: pip install 'mutransfer[optimizers]' "
-                          "(or pytorch-optimizer)") from None
+        raise ImportError(
+            "optimizer 'soap' runs pytorch_optimizer.SOAP: pip install 'mutransfer[optimizers]' (or pytorch-optimizer)"
+        ) from None
     return cls
 
 
-def _plain_groups(model: nn.Module, optimizer: str, groups, hidden: Optional[set[str]]):
+def _plain_groups(model: nn.Module, optimizer: str, groups, hidden: set[str] | None):
     params = list(groups) if groups is not None else [{"params": [p for p in model.parameters() if p.requires_grad]}]
     if OPTIMIZERS[optimizer].partner is None:
         return params
     if hidden is None:
-        raise ValueError("a Muon run of a model that was not parametrized needs to know its hidden matrices: pass "
-                         "hidden=mt.optim.hidden_matrices(model, same_model_at_another_width) (or a set of names)")
+        raise ValueError(
+            "a Muon run of a model that was not parametrized needs to know its hidden matrices: pass "
+            "hidden=mt.optim.hidden_matrices(model, same_model_at_another_width) (or a set of names)"
+        )
     names = {id(p): canonical_name(n) for n, p in model.named_parameters()}
     flat = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
-    return MuonGroups([{"params": [p for p in flat if names.get(id(p)) in hidden]}],
-                      [{"params": [p for p in flat if names.get(id(p)) not in hidden]}])
+    return MuonGroups(
+        [{"params": [p for p in flat if names.get(id(p)) in hidden]}],
+        [{"params": [p for p in flat if names.get(id(p)) not in hidden]}],
+    )
 
 
-def build_optimizer(model: nn.Module, optimizer: str, lr: float, *, weight_decay: float = 0.0,
-                    eps=None, mup: Optional[bool] = None,
-                    weight_decay_policy: str = DEFAULT_WEIGHT_DECAY_POLICY, groups=None,
-                    partner_lr: Optional[float] = None, partner_betas: Optional[tuple[float, float]] = None,
-                    hidden: Optional[set[str]] = None, **kwargs) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: nn.Module,
+    optimizer: str,
+    lr: float,
+    *,
+    weight_decay: float = 0.0,
+    eps=None,
+    mup: bool | None = None,
+    weight_decay_policy: str = DEFAULT_WEIGHT_DECAY_POLICY,
+    groups=None,
+    partner_lr: float | None = None,
+    partner_betas: tuple[float, float] | None = None,
+    hidden: set[str] | None = None,
+    **kwargs,
+) -> torch.optim.Optimizer:
     """The optimizer named `optimizer` (any name in `rules.OPTIMIZERS`) over the whole model.
 
     With `mup` (default: whether the model was parametrized) its groups are `param_groups`' µP
@@ -276,8 +337,17 @@ def build_optimizer(model: nn.Module, optimizer: str, lr: float, *, weight_decay
         mup = find_spec(model) is not None
     adjust = kwargs.get("adjust_lr_fn")
     if mup:
-        pg = param_groups(model, lr, name, weight_decay=weight_decay, eps=eps, weight_decay_policy=weight_decay_policy,
-                          groups=groups, partner_lr=partner_lr, adjust_lr_fn=adjust)
+        pg = param_groups(
+            model,
+            lr,
+            name,
+            weight_decay=weight_decay,
+            eps=eps,
+            weight_decay_policy=weight_decay_policy,
+            groups=groups,
+            partner_lr=partner_lr,
+            adjust_lr_fn=adjust,
+        )
     else:
         pg = _plain_groups(model, name, groups, hidden)
     eps_kw = {} if eps is None else {"eps": tuple(eps) if name == "adafactor" else eps}
@@ -293,21 +363,49 @@ def build_optimizer(model: nn.Module, optimizer: str, lr: float, *, weight_decay
     if name == "muon":
         cls = _torch_muon().Muon
         muon = cls(pg.muon, lr=lr, weight_decay=weight_decay, **kwargs) if pg.muon and pg.muon[0]["params"] else None
-        adamw = (torch.optim.AdamW(pg.adamw, lr=lr if partner_lr is None else partner_lr, weight_decay=weight_decay,
-                                   **eps_kw, **({} if partner_betas is None else {"betas": tuple(partner_betas)}))
-                 if pg.adamw and pg.adamw[0]["params"] else None)
+        adamw = (
+            torch.optim.AdamW(
+                pg.adamw,
+                lr=lr if partner_lr is None else partner_lr,
+                weight_decay=weight_decay,
+                **eps_kw,
+                **({} if partner_betas is None else {"betas": tuple(partner_betas)}),
+            )
+            if pg.adamw and pg.adamw[0]["params"]
+            else None
+        )
         return MuonWithAdamW(muon, adamw)
     raise ValueError(f"no optimizer class for '{optimizer}'")  # every name in OPTIMIZERS has one above
 
 
 def _named(name: str, what: str):
-    def build(model: nn.Module, lr: float, *, weight_decay: float = 0.0, eps=None,
-              weight_decay_policy: str = DEFAULT_WEIGHT_DECAY_POLICY, groups=None, **kwargs):
-        return build_optimizer(model, name, lr, weight_decay=weight_decay, eps=eps, mup=True,
-                               weight_decay_policy=weight_decay_policy, groups=groups, **kwargs)
+    def build(
+        model: nn.Module,
+        lr: float,
+        *,
+        weight_decay: float = 0.0,
+        eps=None,
+        weight_decay_policy: str = DEFAULT_WEIGHT_DECAY_POLICY,
+        groups=None,
+        **kwargs,
+    ):
+        return build_optimizer(
+            model,
+            name,
+            lr,
+            weight_decay=weight_decay,
+            eps=eps,
+            mup=True,
+            weight_decay_policy=weight_decay_policy,
+            groups=groups,
+            **kwargs,
+        )
+
     build.__name__ = build.__qualname__ = what.split(" ")[0].split(".")[-1]
-    build.__doc__ = (f"{what} over `param_groups(model, lr, '{name}', …)` of a parametrized model; other keyword "
-                     "arguments go to the optimizer.")
+    build.__doc__ = (
+        f"{what} over `param_groups(model, lr, '{name}', …)` of a parametrized model; other keyword "
+        "arguments go to the optimizer."
+    )
     return build
 
 
@@ -317,8 +415,11 @@ AdamW = _named("adamw", "torch.optim.AdamW")
 Lion = _named("lion", "mutransfer.optimizers.Lion")
 Adafactor = _named("adafactor", "mutransfer.optimizers.Adafactor (torch.optim.Adafactor with the µP-scaled cap)")
 SOAP = _named("soap", "pytorch_optimizer.SOAP")
-Muon = _named("muon", "torch.optim.Muon (hidden matrices) + torch.optim.AdamW (the rest), as one MuonWithAdamW "
-                      "(partner_lr=, partner_betas= for the AdamW; adjust_lr_fn= as torch's, never double-scaled)")
+Muon = _named(
+    "muon",
+    "torch.optim.Muon (hidden matrices) + torch.optim.AdamW (the rest), as one MuonWithAdamW "
+    "(partner_lr=, partner_betas= for the AdamW; adjust_lr_fn= as torch's, never double-scaled)",
+)
 
 
 def scaled_lrs(optimizer: torch.optim.Optimizer, value: float) -> list[float]:
@@ -338,7 +439,8 @@ def check_lr_ratios(optimizer: torch.optim.Optimizer, rtol: float = 1e-6) -> Non
             raise ValueError(
                 f"optimizer group {i} has lr {g['lr']:.3g}, not µP's factor {g[LR_FACTOR_KEY]:.4g} × the base lr "
                 f"{ref:.3g}: a scheduler (OneCycleLR/CyclicLR with a scalar max_lr?) overwrote the per-group "
-                "lrs. Pass max_lr=mt.optim.scaled_lrs(optimizer, max_lr) or use mt.optim.OneCycleLR")
+                "lrs. Pass max_lr=mt.optim.scaled_lrs(optimizer, max_lr) or use mt.optim.OneCycleLR"
+            )
 
 
 def OneCycleLR(optimizer: torch.optim.Optimizer, max_lr: float, **kwargs) -> torch.optim.lr_scheduler.OneCycleLR:

@@ -9,20 +9,22 @@
 They are plain `torch.optim.Optimizer`s: nothing here knows about µP beyond the per-group factor
 key that `optim.param_groups` writes (`LR_FACTOR_KEY`).
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.optim import Optimizer
 
-__all__ = ["LR_FACTOR_KEY", "Lion", "Adafactor", "MuonWithAdamW"]
+__all__ = ["LR_FACTOR_KEY", "Adafactor", "Lion", "MuonWithAdamW"]
 
 LR_FACTOR_KEY = "mup_lr_factor"  # a group's lr relative to the base lr (written by optim.param_groups)
 
 
-def _closure_loss(closure: Optional[Callable[[], Any]]):
+def _closure_loss(closure: Callable[[], Any] | None):
     """The loss of a `step(closure)` call: the closure re-evaluated with grad on (None without one)."""
     if closure is None:
         return None
@@ -38,8 +40,14 @@ class Lion(Optimizer):
     Typical lr: 3–10× smaller than AdamW's; typical wd: 3–10× larger.
     """
 
-    def __init__(self, params, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),
-                 weight_decay: float = 0.0, maximize: bool = False):
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-4,
+        betas: tuple[float, float] = (0.9, 0.99),
+        weight_decay: float = 0.0,
+        maximize: bool = False,
+    ):
         if not isinstance(lr, (int, float)) or lr < 0:
             raise ValueError(f"Lion: lr must be a non-negative number, got {lr!r}")
         if not (isinstance(betas, (tuple, list)) and len(betas) == 2 and all(0.0 <= b < 1.0 for b in betas)):
@@ -49,7 +57,7 @@ class Lion(Optimizer):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay, maximize=maximize))
 
     @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], Any]] = None):
+    def step(self, closure: Callable[[], Any] | None = None):
         loss = _closure_loss(closure)
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
@@ -89,7 +97,7 @@ class Adafactor(torch.optim.Adafactor):
     """
 
     @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], Any]] = None):
+    def step(self, closure: Callable[[], Any] | None = None):
         changed = []
         for group in self.param_groups:
             f = group.get(LR_FACTOR_KEY, 1.0)
@@ -119,7 +127,7 @@ class MuonWithAdamW(Optimizer):
     optimizers themselves. Either may be None when the model has no parameter for it.
     """
 
-    def __init__(self, muon: Optional[Optimizer], adamw: Optional[Optimizer]):
+    def __init__(self, muon: Optimizer | None, adamw: Optimizer | None):
         parts = [o for o in (muon, adamw) if o is not None]
         if not parts:
             raise ValueError("MuonWithAdamW needs at least one of muon and adamw")
@@ -130,7 +138,7 @@ class MuonWithAdamW(Optimizer):
         self.param_groups = [g for o in parts for g in o.param_groups]
 
     @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], Any]] = None):
+    def step(self, closure: Callable[[], Any] | None = None):
         loss = _closure_loss(closure)
         for o in self._parts:
             o.step()
@@ -141,18 +149,23 @@ class MuonWithAdamW(Optimizer):
             o.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"muon": None if self.muon is None else self.muon.state_dict(),
-                "adamw": None if self.adamw is None else self.adamw.state_dict()}
+        return {
+            "muon": None if self.muon is None else self.muon.state_dict(),
+            "adamw": None if self.adamw is None else self.adamw.state_dict(),
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not isinstance(state_dict, dict) or set(state_dict) != {"muon", "adamw"}:
-            raise ValueError("MuonWithAdamW.load_state_dict takes the dict its state_dict() returns "
-                             "(keys 'muon' and 'adamw')")
+            raise ValueError(
+                "MuonWithAdamW.load_state_dict takes the dict its state_dict() returns (keys 'muon' and 'adamw')"
+            )
         for key, o in (("muon", self.muon), ("adamw", self.adamw)):
             if (o is None) != (state_dict[key] is None):
-                raise ValueError(f"MuonWithAdamW.load_state_dict: the saved state has "
-                                 f"{'no' if state_dict[key] is None else 'a'} {key} part and this optimizer "
-                                 f"{'has' if o is not None else 'has none'}")
+                raise ValueError(
+                    f"MuonWithAdamW.load_state_dict: the saved state has "
+                    f"{'no' if state_dict[key] is None else 'a'} {key} part and this optimizer "
+                    f"{'has' if o is not None else 'has none'}"
+                )
             if o is not None:
                 o.load_state_dict(state_dict[key])
         self.param_groups = [g for o in self._parts for g in o.param_groups]

@@ -5,13 +5,15 @@ factors relative to the base model), the attention logit scale (see `attention`)
 only where the formulation needs it or a tunable multiplier is not 1 — the class of the
 readout or input layers, to a subclass that applies the multiplier (see `scaled_forward`). It records a `MuSpec` on the model for `param_groups`.
 """
+
 from __future__ import annotations
 
 import fnmatch
 import math
 import os
 import warnings
-from typing import Any, Iterable, Mapping, Optional, Union
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -19,39 +21,54 @@ from torch import nn
 from . import attention as attn
 from . import scaled_forward
 from ._observe import Observation, observe, observe_model
-from .roles import MuPWarning, ParamInfo, classify
 from .depth import BRANCH_ATTR, Branch, DepthMap, block_containers, find_branches, outermost
-from .rules import (BRANCH_MULTIPLIER, DEFAULT_DEPTH_ALPHA, DEFAULT_FORMULATION, NO_MULTIPLIERS, READOUT_MULTIPLIER,
-                    TunableMultipliers, check_depth_alpha, depth_factor, factor, formulation_name,
-                    formulation_rules)
+from .roles import MuPWarning, ParamInfo, classify
+from .rules import (
+    BRANCH_MULTIPLIER,
+    DEFAULT_DEPTH_ALPHA,
+    DEFAULT_FORMULATION,
+    NO_MULTIPLIERS,
+    READOUT_MULTIPLIER,
+    TunableMultipliers,
+    check_depth_alpha,
+    depth_factor,
+    factor,
+    formulation_name,
+    formulation_rules,
+)
 from .shapes import WidthShapes, canonical_name
 from .spec import SPEC_ATTR, MuSpec, find_spec
 
-__all__ = ["BaseShapes", "parametrize", "Zeroing", "Multiplied"]
+__all__ = ["BaseShapes", "Multiplied", "Zeroing", "parametrize"]
 
-BaseShapes = Union[str, os.PathLike, WidthShapes, Mapping]
+BaseShapes = str | os.PathLike | WidthShapes | Mapping
 _QUERY_MODULE_NAMES = ("q_proj", "query", "to_q", "wq", "q", "w_q", "q_lin", "query_proj")
 _FUSED_QKV_NAMES = ("qkv", "c_attn", "wqkv", "qkv_proj", "to_qkv", "in_proj", "query_key_value")
 
 
-def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optional[nn.Module] = None, *,
-                base_shapes: Optional[BaseShapes] = None,
-                formulation: str = DEFAULT_FORMULATION,
-                init_mult: Optional[Mapping[str, float]] = None,
-                lr_mult: Optional[Mapping[str, float]] = None,
-                output_mult: float = 1.0,
-                attn_mult: float = 1.0,
-                embedding_mult: float = 1.0,
-                zero_init_readout: bool = False,
-                zero_init_query: Union[bool, str, Iterable[str]] = False,
-                roles: Optional[Mapping[str, str]] = None,
-                transposed: Iterable[str] = (),
-                attention: bool = True,
-                attn_base_head_dim: Optional[int] = None,
-                depth_alpha: float = DEFAULT_DEPTH_ALPHA,
-                residual_branches: Optional[Iterable[str]] = None,
-                base_depth: Optional[Union[int, Mapping[str, int]]] = None,
-                example_inputs: Any = None) -> nn.Module:
+def parametrize(
+    model: nn.Module,
+    base: nn.Module | None = None,
+    delta: nn.Module | None = None,
+    *,
+    base_shapes: BaseShapes | None = None,
+    formulation: str = DEFAULT_FORMULATION,
+    init_mult: Mapping[str, float] | None = None,
+    lr_mult: Mapping[str, float] | None = None,
+    output_mult: float = 1.0,
+    attn_mult: float = 1.0,
+    embedding_mult: float = 1.0,
+    zero_init_readout: bool = False,
+    zero_init_query: bool | str | Iterable[str] = False,
+    roles: Mapping[str, str] | None = None,
+    transposed: Iterable[str] = (),
+    attention: bool = True,
+    attn_base_head_dim: int | None = None,
+    depth_alpha: float = DEFAULT_DEPTH_ALPHA,
+    residual_branches: Iterable[str] | None = None,
+    base_depth: int | Mapping[str, int] | None = None,
+    example_inputs: Any = None,
+) -> nn.Module:
     """Put `model` in µP relative to `base` (and `delta`), in place; returns `model`.
 
     Args:
@@ -94,8 +111,10 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
     if not isinstance(model, nn.Module):
         raise TypeError(f"parametrize needs an nn.Module as `model`, got {type(model).__name__}")
     if find_spec(model) is not None:
-        raise ValueError(f"parametrize was already called on this {type(model).__name__}; it rescales the "
-                         "init, so calling it twice would apply µP twice. Build a fresh model instead")
+        raise ValueError(
+            f"parametrize was already called on this {type(model).__name__}; it rescales the "
+            "init, so calling it twice would apply µP twice. Build a fresh model instead"
+        )
     mults = TunableMultipliers(dict(init_mult or {}), dict(lr_mult or {}), output_mult, attn_mult, embedding_mult)
     formulation = formulation_name(formulation)
     rules = formulation_rules(formulation)
@@ -104,20 +123,27 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
     depth = _depth_map(model, shapes, base_depth)
     seen = observe_model(model, example_inputs)
     if example_inputs is not None and not seen.ran:
-        raise ValueError(f"parametrize could not run the model on example_inputs ({seen.error}); pass inputs the "
-                         "model's forward accepts (a tensor, a tuple of arguments or a dict of keyword arguments)")
+        raise ValueError(
+            f"parametrize could not run the model on example_inputs ({seen.error}); pass inputs the "
+            "model's forward accepts (a tensor, a tuple of arguments or a dict of keyword arguments)"
+        )
     if not seen.ran:
-        warnings.warn(f"parametrize could not run a probe forward of {type(model).__name__} ({seen.error}): roles "
-                      f"follow module types and shapes, and attention is found only by attributes and source (an "
-                      f"attention module computed otherwise keeps its own scale). Pass example_inputs= (a tensor, "
-                      f"a tuple of arguments or a dict of keyword arguments) so that both are observed",
-                      MuPWarning, stacklevel=2)
+        warnings.warn(
+            f"parametrize could not run a probe forward of {type(model).__name__} ({seen.error}): roles "
+            f"follow module types and shapes, and attention is found only by attributes and source (an "
+            f"attention module computed otherwise keeps its own scale). Pass example_inputs= (a tensor, "
+            f"a tuple of arguments or a dict of keyword arguments) so that both are observed",
+            MuPWarning,
+            stacklevel=2,
+        )
     infos = classify(model, shapes, roles, transposed, depth, seen)
-    branches, helper_blocks = (find_branches(model, depth, residual_branches)
-                               if depth.containers and alpha > 0 else ([], []))
+    branches, helper_blocks = (
+        find_branches(model, depth, residual_branches) if depth.containers and alpha > 0 else ([], [])
+    )
     branches, folded = _fold_branches(branches, infos, formulation)
-    attention_plan = (_plan_attention(model, seen, shapes, depth, float(attn_mult), attn_base_head_dim)
-                      if attention else [])
+    attention_plan = (
+        _plan_attention(model, seen, shapes, depth, float(attn_mult), attn_base_head_dim) if attention else []
+    )
     params = {canonical_name(n): p for n, p in model.named_parameters()}
     zeroing = _readout_zeroing(model, infos, params) if zero_init_readout else []
     zeroing += _query_zeroing(model, zero_init_query) if zero_init_query else []
@@ -131,18 +157,30 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
     base_values = None
     if base is not None and not any(p.is_meta for p in base.parameters()):
         base_values = {canonical_name(n): p.detach() for n, p in base.named_parameters()}
-    spec = MuSpec(shapes, infos, formulation, mults,
-                  init_source="base values" if base_values is not None else "assumed PyTorch-default scaling",
-                  depth_alpha=alpha if depth.containers else 0.0, depth=dict(depth.containers))
+    spec = MuSpec(
+        shapes,
+        infos,
+        formulation,
+        mults,
+        init_source="base values" if base_values is not None else "assumed PyTorch-default scaling",
+        depth_alpha=alpha if depth.containers else 0.0,
+        depth=dict(depth.containers),
+    )
     with torch.no_grad():
         for name, info in infos.items():
-            scale = _init_scale(info, shapes, rules[info.role].init, mults.init_mult(info.role),
-                                params[name], None if base_values is None else base_values[info.base_name])
+            scale = _init_scale(
+                info,
+                shapes,
+                rules[info.role].init,
+                mults.init_mult(info.role),
+                params[name],
+                None if base_values is None else base_values[info.base_name],
+            )
             scale *= depth_factor(spec.depth_rule(name).init, info.m_depth, spec.depth_alpha)
             spec.init_scales[name] = scale
             if scale != 1.0:
                 params[name].mul_(scale)
-        for what, tensor in zeroing:
+        for _what, tensor in zeroing:
             tensor.zero_()
     spec.zero_init = [what for what, _ in zeroing]
     _install_multipliers(model, multipliers)
@@ -154,18 +192,23 @@ def parametrize(model: nn.Module, base: Optional[nn.Module] = None, delta: Optio
     return model
 
 
-def _plan_attention(model: nn.Module, seen: Observation, shapes: WidthShapes, depth: DepthMap, alpha: float,
-                    override_d0: Optional[int]) -> list:
+def _plan_attention(
+    model: nn.Module, seen: Observation, shapes: WidthShapes, depth: DepthMap, alpha: float, override_d0: int | None
+) -> list:
     """The attention modules to rescale, from the probe forward (or, without one, attributes)."""
     if not seen.ran:
         base_of = {canonical_name(n): depth.to_base(canonical_name(n)) for n, _ in model.named_modules()}
         heads = {n: shapes.attention_head_dims[b] for n, b in base_of.items() if b in shapes.attention_head_dims}
         fixes = attn.legacy_plan(model, heads, alpha, override_d0)
         if any(f.how != "unchanged" for f in fixes):
-            warnings.warn(f"no probe forward ran ({seen.error}), so the attention scales of "
-                          f"{', '.join(f.name or '<model>' for f in fixes)} are set by assuming that each computes "
-                          f"1/√d, not measured. Pass example_inputs= to parametrize to have them measured and "
-                          f"verified", MuPWarning, stacklevel=3)
+            warnings.warn(
+                f"no probe forward ran ({seen.error}), so the attention scales of "
+                f"{', '.join(f.name or '<model>' for f in fixes)} are set by assuming that each computes "
+                f"1/√d, not measured. Pass example_inputs= to parametrize to have them measured and "
+                f"verified",
+                MuPWarning,
+                stacklevel=3,
+            )
         return fixes
 
     def base_scale(name: str, d: int, s: float) -> tuple[int, float]:
@@ -179,12 +222,14 @@ def _plan_attention(model: nn.Module, seen: Observation, shapes: WidthShapes, de
                 f"attention module '{name}' computes attention at head dim {d} but its base head dim is unknown (the "
                 f"base model's probe forward did not reach it); pass attn_base_head_dim=<head dim of the base "
                 f"model>, example_inputs= that run the base model, or attention=False if the model already "
-                f"scales its logits the µP way")
+                f"scales its logits the µP way"
+            )
         if not math.isclose(s, 1.0 / math.sqrt(d), rel_tol=1e-6):
             raise ValueError(
                 f"attention module '{name}' computes q·kᵀ × {s:.4g} at head dim {d}, not 1/√d, and the base model's "
                 f"scale was not measured (base_shapes without attention scales, or a base that could not run): "
-                f"pass base= (a real or meta model) with example_inputs=, or save the shapes with this version")
+                f"pass base= (a real or meta model) with example_inputs=, or save the shapes with this version"
+            )
         return int(d0), 1.0 / math.sqrt(d0)
 
     def probe():
@@ -198,8 +243,10 @@ def _install_attention(model: nn.Module, fixes: list, alpha: float, seen: Observ
     originals = {f.name: getattr(f.module, f.attr) for f in fixes if f.attr is not None}
     revert = attn.install(fixes, alpha)
     if not seen.ran:
-        return [attn.AttentionScale(f.name, f.how, f.d0, f.d, f.before, f.target, f.target, False,
-                                    originals.get(f.name)) for f in fixes]
+        return [
+            attn.AttentionScale(f.name, f.how, f.d0, f.d, f.before, f.target, f.target, False, originals.get(f.name))
+            for f in fixes
+        ]
     after = observe(model, seen.inputs)
     calls = after.attention_by_module()
     out = []
@@ -207,16 +254,25 @@ def _install_attention(model: nn.Module, fixes: list, alpha: float, seen: Observ
         measured = calls.get(f.name)
         if not after.ran or not measured or not all(math.isclose(c.scale, f.target, rel_tol=1e-5) for c in measured):
             revert()
-            got = (f"measured {measured[0].scale:.6g}" if measured else
-                   f"no attention call seen ({after.error})" if not after.ran else "no attention call seen")
+            got = (
+                f"measured {measured[0].scale:.6g}"
+                if measured
+                else f"no attention call seen ({after.error})"
+                if not after.ran
+                else "no attention call seen"
+            )
             raise ValueError(
                 f"attention module '{f.name}' ({type(f.module).__name__}): after setting µP's logit scale through "
                 f"{f.how}, the probe forward {got} instead of {f.target:.6g} (= α·s₀·d₀/d with α={alpha:g}, "
                 f"d₀={f.d0}, d={f.d}). The model is unchanged. Compute the logits with "
                 f"`mt.attn_scale(self, head_dim)` or F.scaled_dot_product_attention, or pass attention=False if the "
-                f"model already scales them the µP way")
-        out.append(attn.AttentionScale(f.name, f.how, f.d0, f.d, f.before, f.target, measured[0].scale, True,
-                                       originals.get(f.name)))
+                f"model already scales them the µP way"
+            )
+        out.append(
+            attn.AttentionScale(
+                f.name, f.how, f.d0, f.d, f.before, f.target, measured[0].scale, True, originals.get(f.name)
+            )
+        )
     return out
 
 
@@ -247,16 +303,19 @@ def _depth_map(model: nn.Module, shapes: WidthShapes, base_depth) -> DepthMap:
     if isinstance(base_depth, int) and not isinstance(base_depth, bool):
         outer = outermost(block_containers(target))
         if len(outer) != 1:
-            raise ValueError(f"base_depth={base_depth} is ambiguous: the model has block containers "
-                             f"{', '.join(outer) or 'none'}; pass base_depth={{'container': L0}}")
+            raise ValueError(
+                f"base_depth={base_depth} is ambiguous: the model has block containers "
+                f"{', '.join(outer) or 'none'}; pass base_depth={{'container': L0}}"
+            )
         base_depth = {outer[0]: base_depth}
     elif base_depth is not None and not isinstance(base_depth, Mapping):
         raise TypeError(f"base_depth must be an int or a dict of container → int, got {type(base_depth).__name__}")
     return DepthMap.between(base, target, base_depth)
 
 
-def _fold_branches(branches: list[Branch], infos: dict[str, ParamInfo], formulation: str) \
-        -> tuple[list[Branch], list[Branch]]:
+def _fold_branches(
+    branches: list[Branch], infos: dict[str, ParamInfo], formulation: str
+) -> tuple[list[Branch], list[Branch]]:
     """Split the branches into (forward multiplier, folded into their last layer).
 
     Table 3 has no forward multipliers, so a branch whose output is a Linear/Conv layer's gets the
@@ -277,8 +336,9 @@ def _fold_branches(branches: list[Branch], infos: dict[str, ParamInfo], formulat
     return keep, folded
 
 
-def _install_branch_multipliers(model: nn.Module, depth: DepthMap, alpha: float, branches: list[Branch],
-                                helper_blocks: list[str]) -> dict[str, float]:
+def _install_branch_multipliers(
+    model: nn.Module, depth: DepthMap, alpha: float, branches: list[Branch], helper_blocks: list[str]
+) -> dict[str, float]:
     """Multiply every residual branch output by (L/L₀)^-α; returns {module: multiplier}."""
     installed = {}
     for b in branches:
@@ -297,8 +357,9 @@ def _rms(t: torch.Tensor) -> float:
     return float(t.detach().to(torch.float64).pow(2).mean().sqrt())
 
 
-def _init_scale(info: ParamInfo, shapes: WidthShapes, init_exp, init_mult: float,
-                p: torch.Tensor, base_p: Optional[torch.Tensor]) -> float:
+def _init_scale(
+    info: ParamInfo, shapes: WidthShapes, init_exp, init_mult: float, p: torch.Tensor, base_p: torch.Tensor | None
+) -> float:
     """Factor to multiply the model's current init by."""
     own = shapes.params[info.base_name].multipliers(tuple(p.shape))
     if all(m == 1.0 for m in own) and info.module_fan_in_mult == 1.0:
@@ -312,9 +373,9 @@ def _init_scale(info: ParamInfo, shapes: WidthShapes, init_exp, init_mult: float
         return target * _rms(base_p) / current * init_mult
     # Shapes only: assume the user's init scales like PyTorch's default.
     if info.layout is not None or (p.ndim >= 2 and info.role in ("hidden", "output")):
-        assumed = info.m_in ** -0.5
+        assumed = info.m_in**-0.5
     elif p.ndim == 1 and info.module_fan_in_mult != 1.0:
-        assumed = info.module_fan_in_mult ** -0.5
+        assumed = info.module_fan_in_mult**-0.5
     else:
         assumed = 1.0
     return target / assumed * init_mult
@@ -330,8 +391,10 @@ Zeroing = list[tuple[str, torch.Tensor]]  # (description, tensor or view to zero
 def _readout_zeroing(model, infos: dict[str, ParamInfo], params) -> Zeroing:
     tied = [n for n, i in infos.items() if i.tied_readouts]
     if tied:
-        raise ValueError(f"zero_init_readout would zero '{tied[0]}', which is tied to the input "
-                         "embedding; untie the readout or leave zero_init_readout=False")
+        raise ValueError(
+            f"zero_init_readout would zero '{tied[0]}', which is tied to the input "
+            "embedding; untie the readout or leave zero_init_readout=False"
+        )
     found: Zeroing = []
     for name, info in infos.items():
         if info.role != "output":
@@ -382,8 +445,10 @@ def _query_zeroing(model: nn.Module, which) -> Zeroing:
         if isinstance(bias, torch.Tensor):
             found.append((f"{cname}.bias (query third)", bias[:n]))
     if not found:
-        raise ValueError("zero_init_query: no query projection found; pass the query weights' module "
-                         "names as a pattern, e.g. zero_init_query='*.attn.q_proj'")
+        raise ValueError(
+            "zero_init_query: no query projection found; pass the query weights' module "
+            "names as a pattern, e.g. zero_init_query='*.attn.q_proj'"
+        )
     return found
 
 
@@ -397,10 +462,12 @@ def _readout_input_ratio(seen: Observation, shapes: WidthShapes, depth: DepthMap
     readout gets the decoder output × d_model^-½) would add that dependence on top of µP's; the
     readout's input multiplier takes it back to the base model's value.
     """
+
     def ratio(module: str) -> float:
         if not seen.ran:
             return 1.0
         return shapes.input_scales.get(depth.to_base(module), 1.0) / seen.input_scales.get(module, 1.0)
+
     return ratio
 
 
@@ -411,16 +478,24 @@ def _is_layer(model: nn.Module, name: str) -> bool:
     return not list(module.children()) and set(module._parameters) <= {"weight", "bias"}
 
 
-def _forward_multipliers(infos: dict[str, ParamInfo], rules, mults: TunableMultipliers,
-                         input_ratio=lambda module: 1.0, model: Optional[nn.Module] = None) -> Multiplied:
+def _forward_multipliers(
+    infos: dict[str, ParamInfo],
+    rules,
+    mults: TunableMultipliers,
+    input_ratio=lambda module: 1.0,
+    model: nn.Module | None = None,
+) -> Multiplied:
     """Which modules need a forward multiplier, and its value (none in Table 3 at α = 1)."""
     readout_rule = formulation_rules(READOUT_MULTIPLIER)["output"]
     found: Multiplied = []
     for name, info in infos.items():
         if info.role == "input" and mults.embedding != 1.0 and info.layout is not None:
             # α_embedding on the lookup / input projection — a tied embedding's too (not on its readout)
-            found += [(m, scaled_forward.Side.OUTPUT, mults.embedding) for m, local in info.usages
-                      if local == "weight" and m not in info.tied_readouts]
+            found += [
+                (m, scaled_forward.Side.OUTPUT, mults.embedding)
+                for m, local in info.usages
+                if local == "weight" and m not in info.tied_readouts
+            ]
         if info.role == "output":
             c = mults.output * factor(rules["output"].forward, info.m_in, info.m_out)
             readouts = [m for m, _ in info.usages]
@@ -435,9 +510,11 @@ def _forward_multipliers(infos: dict[str, ParamInfo], rules, mults: TunableMulti
         if all(v == 1.0 for v in per_module.values()):
             continue
         if not needs_module:
-            raise ValueError(f"'{name}' is a readout held as a raw parameter of a module that does more than apply "
-                             f"it, so its forward multiplier ({c:.4g}) cannot be installed; make the readout an "
-                             "nn.Linear, or use formulation='no_multipliers' with output_mult=1")
+            raise ValueError(
+                f"'{name}' is a readout held as a raw parameter of a module that does more than apply "
+                f"it, so its forward multiplier ({c:.4g}) cannot be installed; make the readout an "
+                "nn.Linear, or use formulation='no_multipliers' with output_mult=1"
+            )
         found += [(m, scaled_forward.Side.INPUT, v) for m, v in per_module.items() if v != 1.0]
     return found
 
@@ -450,11 +527,15 @@ def _in_effect(multipliers: Multiplied, seen: Observation) -> Multiplied:
     kept = []
     for mname, side, c in multipliers:
         if mname and mname not in seen.called:
-            warnings.warn(f"parametrize: '{mname}' should get a forward constant ({side}{c:.4g}: α_output, "
-                          f"α_embedding or the readout's 1/m), but its forward never runs on the probe (another module "
-                          f"uses its parameters directly), so no multiplier can be installed on it; it is left out. "
-                          f"Call the module instead of reading its weight, or keep the multiplier at 1 "
-                          f"(output_mult / embedding_mult)", MuPWarning, stacklevel=3)
+            warnings.warn(
+                f"parametrize: '{mname}' should get a forward constant ({side}{c:.4g}: α_output, "
+                f"α_embedding or the readout's 1/m), but its forward never runs on the probe (another module "
+                f"uses its parameters directly), so no multiplier can be installed on it; it is left out. "
+                f"Call the module instead of reading its weight, or keep the multiplier at 1 "
+                f"(output_mult / embedding_mult)",
+                MuPWarning,
+                stacklevel=3,
+            )
             continue
         kept.append((mname, side, c))
     return kept

@@ -22,24 +22,25 @@ an input weight, as TP5 Table 8 does), two → ``hidden`` with the ``nn.Linear``
 A parameter shared between an embedding and a readout (tied weights) is an input weight for
 the optimizer and gets TP5 Table 8's forward multiplier 1/m_in where it is used as readout.
 """
+
 from __future__ import annotations
 
 import fnmatch
 import warnings
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Optional
 
 from torch import nn
 
-from .depth import DepthMap
-from ._observe import Observation, Use
-from .rules import ROLES
 from ._naming import canonical_name, listed_differences
+from ._observe import Observation, Use
+from .depth import DepthMap
+from .rules import ROLES
 from .shapes import ParamShape, WidthShapes
 
-__all__ = ["Layout", "ParamInfo", "classify", "MuPWarning"]
+__all__ = ["Layout", "MuPWarning", "ParamInfo", "classify"]
 
-Layout = Optional[tuple[int, int]]  # (fan_in dim, fan_out dim) or None when not a weight matrix
+Layout = tuple[int, int] | None  # (fan_in dim, fan_out dim) or None when not a weight matrix
 
 
 @dataclass
@@ -53,13 +54,13 @@ class ParamInfo:
     m_out: float
     layout: Layout
     usages: list[tuple[str, str]] = field(default_factory=list)  # (module name, local name)
-    tied_readouts: list[str] = field(default_factory=list)       # modules using it as readout
+    tied_readouts: list[str] = field(default_factory=list)  # modules using it as readout
     module_fan_in_mult: float = 1.0  # m of the owning weight's fan_in, for biases (meta-base init)
-    base_name: str = ""              # its name in the base model (differs inside deeper blocks)
-    block: Optional[str] = None      # the depth container holding it (None outside repeated blocks)
-    m_depth: float = 1.0             # L/L₀ of that container
-    depth_role: str = "outside"      # row of rules.DEPTH_RULES: outside, block, branch_end
-    source: str = "module"           # what settled the role: usage (probe forward), module, shape, override
+    base_name: str = ""  # its name in the base model (differs inside deeper blocks)
+    block: str | None = None  # the depth container holding it (None outside repeated blocks)
+    m_depth: float = 1.0  # L/L₀ of that container
+    depth_role: str = "outside"  # row of rules.DEPTH_RULES: outside, block, branch_end
+    source: str = "module"  # what settled the role: usage (probe forward), module, shape, override
     fan_in_dims: tuple[int, ...] = ()
     fan_out_dims: tuple[int, ...] = ()
 
@@ -84,7 +85,11 @@ def _module_layout(module: nn.Module, local: str, ndim: int, transposed: bool) -
     if isinstance(module, (nn.Linear, nn.modules.conv._ConvNd)) and local == "weight":
         return (1, 0)
     if isinstance(module, nn.MultiheadAttention) and local in (
-            "in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight"):
+        "in_proj_weight",
+        "q_proj_weight",
+        "k_proj_weight",
+        "v_proj_weight",
+    ):
         return (1, 0)
     if type(module).__name__ == "Conv1D" and local == "weight" and hasattr(module, "nf"):
         return (0, 1)  # Hugging Face GPT-2 style: weight stored (in, out)
@@ -95,10 +100,13 @@ def _role_from_layout(name: str, shape: ParamShape, layout: tuple[int, int]) -> 
     fi, fo = layout
     extra = [i for i, w in enumerate(shape.width) if w and i not in (fi, fo)]
     if extra:
-        raise ValueError(f"parameter '{name}' has width dim {extra[0]} that is neither its fan_in nor its "
-                         f"fan_out dim; set its role with roles={{'{name}': ...}}")
-    return {(False, False): "scalar", (False, True): "input",
-            (True, False): "output", (True, True): "hidden"}[(shape.width[fi], shape.width[fo])]
+        raise ValueError(
+            f"parameter '{name}' has width dim {extra[0]} that is neither its fan_in nor its "
+            f"fan_out dim; set its role with roles={{'{name}': ...}}"
+        )
+    return {(False, False): "scalar", (False, True): "input", (True, False): "output", (True, True): "hidden"}[
+        (shape.width[fi], shape.width[fo])
+    ]
 
 
 def _role_from_count(name: str, shape: ParamShape) -> str:
@@ -109,8 +117,10 @@ def _role_from_count(name: str, shape: ParamShape) -> str:
         return "vector"
     if n == 2:
         return "hidden"
-    raise ValueError(f"parameter '{name}' has {n} width dims; mutransfer handles at most two. "
-                     f"Set its role with roles={{'{name}': ...}} and its layout with transposed=")
+    raise ValueError(
+        f"parameter '{name}' has {n} width dims; mutransfer handles at most two. "
+        f"Set its role with roles={{'{name}': ...}} and its layout with transposed="
+    )
 
 
 def _multipliers(name: str, role: str, shape: ParamShape, tshape: tuple[int, ...], layout: Layout):
@@ -133,11 +143,14 @@ def _multipliers(name: str, role: str, shape: ParamShape, tshape: tuple[int, ...
 def _role_from_dims(name: str, shape: ParamShape, fan_in: tuple[int, ...], fan_out: tuple[int, ...], what: str) -> str:
     extra = [i for i, w in enumerate(shape.width) if w and i not in fan_in and i not in fan_out]
     if extra:
-        raise ValueError(f"parameter '{name}' has width dim {extra[0]} that is neither its fan_in nor its fan_out "
-                         f"dim in `{what}` (a batch dim that grows with width); set its role with "
-                         f"roles={{'{name}': ...}}")
-    return {(False, False): "scalar", (False, True): "input", (True, False): "output",
-            (True, True): "hidden"}[(any(shape.width[i] for i in fan_in), any(shape.width[i] for i in fan_out))]
+        raise ValueError(
+            f"parameter '{name}' has width dim {extra[0]} that is neither its fan_in nor its fan_out "
+            f"dim in `{what}` (a batch dim that grows with width); set its role with "
+            f"roles={{'{name}': ...}}"
+        )
+    return {(False, False): "scalar", (False, True): "input", (True, False): "output", (True, True): "hidden"}[
+        (any(shape.width[i] for i in fan_in), any(shape.width[i] for i in fan_out))
+    ]
 
 
 def _product(mult: tuple[float, ...], dims: Iterable[int]) -> float:
@@ -150,7 +163,7 @@ def _product(mult: tuple[float, ...], dims: Iterable[int]) -> float:
 @dataclass
 class _UseRole:
     module: str
-    owner: Optional[nn.Module]
+    owner: nn.Module | None
     local: str
     layout: Layout
     role: str
@@ -159,8 +172,9 @@ class _UseRole:
     observed: bool = False
 
 
-def _observed_roles(name: str, shape: ParamShape, uses: list[Use], modules: Mapping[str, nn.Module],
-                    warnings: list[str]) -> list[_UseRole]:
+def _observed_roles(
+    name: str, shape: ParamShape, uses: list[Use], modules: Mapping[str, nn.Module], warnings: list[str]
+) -> list[_UseRole]:
     """Per-use roles from what the probe forward saw: contractions and embedding lookups settle the
     role (both at once: a tied embedding); rows gathered by index count as a lookup unless the
     parameter is also contracted (experts gathered per token); elementwise uses (gains, biases,
@@ -176,8 +190,10 @@ def _observed_roles(name: str, shape: ParamShape, uses: list[Use], modules: Mapp
         if op == "elementwise":
             n = sum(shape.width)
             if n > 1:
-                warnings.append(f"'{name}' is used elementwise (in `{u.what}`) but has {n} width dims; treated as "
-                                f"vector-like along its first. Set roles={{'{name}': ...}} to settle it")
+                warnings.append(
+                    f"'{name}' is used elementwise (in `{u.what}`) but has {n} width dims; treated as "
+                    f"vector-like along its first. Set roles={{'{name}': ...}} to settle it"
+                )
                 first = shape.width.index(True)
                 out.append(_UseRole(u.module, modules.get(u.module), "", None, "vector", (), (first,), True))
                 continue
@@ -191,9 +207,14 @@ def _observed_roles(name: str, shape: ParamShape, uses: list[Use], modules: Mapp
     return out
 
 
-def classify(model: nn.Module, shapes: WidthShapes, roles: Optional[Mapping[str, str]] = None,
-             transposed: Iterable[str] = (), depth: Optional[DepthMap] = None,
-             observation: Optional[Observation] = None) -> dict[str, ParamInfo]:
+def classify(
+    model: nn.Module,
+    shapes: WidthShapes,
+    roles: Mapping[str, str] | None = None,
+    transposed: Iterable[str] = (),
+    depth: DepthMap | None = None,
+    observation: Observation | None = None,
+) -> dict[str, ParamInfo]:
     """Role and width multipliers of every parameter of `model` (keyed by canonical name).
 
     `depth` maps the names of a model deeper (or shallower) than the base onto the base's.
@@ -230,8 +251,10 @@ def classify(model: nn.Module, shapes: WidthShapes, roles: Optional[Mapping[str,
     for what, patterns in (("roles", list(roles)), ("transposed", transposed)):
         for pat in patterns:
             if not any(_match(a, [pat]) for a in every_alias):
-                raise ValueError(f"{what} pattern '{pat}' matches no parameter of the model; parameter names look "
-                                 f"like '{next(iter(canonical.values()), '')}' (see model.named_parameters())")
+                raise ValueError(
+                    f"{what} pattern '{pat}' matches no parameter of the model; parameter names look "
+                    f"like '{next(iter(canonical.values()), '')}' (see model.named_parameters())"
+                )
     observed = observation.uses if observation is not None and observation.ran else {}
     warnings: list[str] = []
     guessed: list[str] = []
@@ -243,8 +266,9 @@ def classify(model: nn.Module, shapes: WidthShapes, roles: Optional[Mapping[str,
         shape = shapes.params[base_name]
         tshape = tuple(p.shape)
         if len(tshape) != len(shape.base):
-            raise ValueError(f"parameter '{name}' has rank {len(tshape)} in the model but rank "
-                             f"{len(shape.base)} in the base shapes")
+            raise ValueError(
+                f"parameter '{name}' has rank {len(tshape)} in the model but rank {len(shape.base)} in the base shapes"
+            )
         uses = usages.get(pid, [])
         aliases = [f"{m}.{l}" if m else l for m, _, l in uses] or [name]
         is_transposed = any(_match(a, transposed) for a in aliases)
@@ -256,8 +280,17 @@ def classify(model: nn.Module, shapes: WidthShapes, roles: Optional[Mapping[str,
             for mname, module, local in uses:
                 layout = _module_layout(module, local, len(tshape), is_transposed)
                 if layout:
-                    per_use.append(_UseRole(mname, module, local, layout, _role_from_layout(name, shape, layout),
-                                            (layout[0],), (layout[1],)))
+                    per_use.append(
+                        _UseRole(
+                            mname,
+                            module,
+                            local,
+                            layout,
+                            _role_from_layout(name, shape, layout),
+                            (layout[0],),
+                            (layout[1],),
+                        )
+                    )
                 else:
                     per_use.append(_UseRole(mname, module, local, None, _role_from_count(name, shape)))
                     if override is None and sum(shape.width) >= 1 and len(tshape) >= 2:
@@ -279,9 +312,11 @@ def classify(model: nn.Module, shapes: WidthShapes, roles: Optional[Mapping[str,
             chosen = next(u for u in per_use if u.role == "input")
             tied_readouts = list(dict.fromkeys(u.module for u in per_use if u.role == "output"))
         else:
-            raise ValueError(f"parameter '{name}' is used in different roles ({', '.join(sorted(use_roles))}"
-                             f"{' in ' + ', '.join(sorted({u.module for u in per_use})) if per_use else ''}); "
-                             f"set its role with roles={{'{name}': ...}}")
+            raise ValueError(
+                f"parameter '{name}' is used in different roles ({', '.join(sorted(use_roles))}"
+                f"{' in ' + ', '.join(sorted({u.module for u in per_use})) if per_use else ''}); "
+                f"set its role with roles={{'{name}': ...}}"
+            )
 
         mult = shape.multipliers(tshape)
         if chosen.fan_in or chosen.fan_out:
@@ -296,27 +331,53 @@ def classify(model: nn.Module, shapes: WidthShapes, roles: Optional[Mapping[str,
         if uses:
             mname, module, local = uses[0]
             if len(tshape) == 1 and local.endswith("bias") and hasattr(module, "weight"):
-                w = getattr(module, "weight")
+                w = module.weight
                 wname = f"{mname}.weight" if mname else "weight"
                 wl = _module_layout(module, "weight", getattr(w, "ndim", 0), is_transposed)
                 wbase = depth.to_base(wname)
                 if wl is not None and wbase in shapes.params:
                     module_fan_in_mult = shapes.params[wbase].multipliers(tuple(w.shape))[wl[0]]
         where = depth.locate(name)
-        source = ("override" if override is not None else "usage" if chosen.observed else
-                  "module" if chosen.layout is not None else "shape")
-        infos[name] = ParamInfo(name, tshape, role, float(m_in), float(m_out), chosen.layout,
-                                [(m, l) for m, _, l in uses] or [("", name)], tied_readouts,
-                                float(module_fan_in_mult), base_name, where[0] if where else None,
-                                depth.multiplier(name), "block" if where else "outside", source,
-                                chosen.fan_in, chosen.fan_out)
+        source = (
+            "override"
+            if override is not None
+            else "usage"
+            if chosen.observed
+            else "module"
+            if chosen.layout is not None
+            else "shape"
+        )
+        infos[name] = ParamInfo(
+            name,
+            tshape,
+            role,
+            float(m_in),
+            float(m_out),
+            chosen.layout,
+            [(m, l) for m, _, l in uses] or [("", name)],
+            tied_readouts,
+            float(module_fan_in_mult),
+            base_name,
+            where[0] if where else None,
+            depth.multiplier(name),
+            "block" if where else "outside",
+            source,
+            chosen.fan_in,
+            chosen.fan_out,
+        )
     if guessed:
-        why = ("the probe forward did not use them" if observed else
-               f"no probe forward ran ({observation.error})" if observation is not None and observation.error
-               else "usage was not observed")
-        warnings.append(f"roles of {', '.join(guessed[:6])}{' …' if len(guessed) > 6 else ''} follow their shapes only "
-                        f"({why}): a raw matrix is taken as (fan_out, fan_in). Pass example_inputs= to parametrize "
-                        f"so that usage can be observed, or set roles={{'name': ...}} / transposed=")
+        why = (
+            "the probe forward did not use them"
+            if observed
+            else f"no probe forward ran ({observation.error})"
+            if observation is not None and observation.error
+            else "usage was not observed"
+        )
+        warnings.append(
+            f"roles of {', '.join(guessed[:6])}{' …' if len(guessed) > 6 else ''} follow their shapes only "
+            f"({why}): a raw matrix is taken as (fan_out, fan_in). Pass example_inputs= to parametrize "
+            f"so that usage can be observed, or set roles={{'name': ...}} / transposed="
+        )
     for w in warnings:
         _warn(w)
     return infos

@@ -44,16 +44,42 @@ step of the same size differ by exactly the gradient's scale). Muon's ε only gu
 a norm and does not scale. Adafactor's ε₂ floors RMS(W), so it scales like the
 init: it reads ``init``. The tests check every one of these identities row by row.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
 
-__all__ = ["Exponents", "ROLES", "Rule", "TABLE3", "TABLE8", "FORMULATIONS", "OPTIMIZER_FAMILIES",
-           "WEIGHT_DECAY_POLICIES", "OPTIMIZERS", "OptimizerRule", "optimizer_rule", "DEFAULT_WEIGHT_DECAY_POLICY", "DepthRule", "BRANCH_MULTIPLIER",
-           "DEPTH_RULES", "DEFAULT_DEPTH_ALPHA", "depth_factor", "check_depth_alpha", "factor",
-           "optimizer_family", "formulation_rules", "formulation_name", "Multipliers", "TunableMultipliers",
-           "NO_MULTIPLIERS", "READOUT_MULTIPLIER", "FORMULATION_ALIASES", "DEFAULT_FORMULATION"]
+__all__ = [
+    "BRANCH_MULTIPLIER",
+    "DEFAULT_DEPTH_ALPHA",
+    "DEFAULT_FORMULATION",
+    "DEFAULT_WEIGHT_DECAY_POLICY",
+    "DEPTH_RULES",
+    "FORMULATIONS",
+    "FORMULATION_ALIASES",
+    "NO_MULTIPLIERS",
+    "OPTIMIZERS",
+    "OPTIMIZER_FAMILIES",
+    "READOUT_MULTIPLIER",
+    "ROLES",
+    "TABLE3",
+    "TABLE8",
+    "WEIGHT_DECAY_POLICIES",
+    "DepthRule",
+    "Exponents",
+    "Multipliers",
+    "OptimizerRule",
+    "Rule",
+    "TunableMultipliers",
+    "check_depth_alpha",
+    "depth_factor",
+    "factor",
+    "formulation_name",
+    "formulation_rules",
+    "optimizer_family",
+    "optimizer_rule",
+]
 
 Exponents = tuple[float, float]  # exponents of (m_in, m_out)
 
@@ -74,11 +100,11 @@ class Rule:
 # TP5 Table 3: µP without forward multipliers. Zero forward overhead; the default.
 TABLE3: dict[str, Rule] = {
     #                 init         forward     sgd_lr       adam_lr      adam_eps     spectral_lr  adafactor_lr
-    "input":   Rule((0.0, 0.0),  (0.0, 0.0), (0.0, 1.0),  (0.0, 0.0),  (0.0, -1.0), (0.5, 0.5),  (0.0, 0.0)),
-    "vector":  Rule((0.0, 0.0),  (0.0, 0.0), (0.0, 1.0),  (0.0, 0.0),  (0.0, -1.0), (0.5, 0.5),  (0.0, 0.0)),
-    "hidden":  Rule((-0.5, 0.0), (0.0, 0.0), (-1.0, 1.0), (-1.0, 0.0), (0.0, -1.0), (-0.5, 0.5), (-0.5, 0.0)),
-    "output":  Rule((-1.0, 0.0), (0.0, 0.0), (-1.0, 0.0), (-1.0, 0.0), (0.0, 0.0),  (-0.5, 0.5), (0.0, 0.0)),
-    "scalar":  Rule((0.0, 0.0),  (0.0, 0.0), (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0)),
+    "input": Rule((0.0, 0.0), (0.0, 0.0), (0.0, 1.0), (0.0, 0.0), (0.0, -1.0), (0.5, 0.5), (0.0, 0.0)),
+    "vector": Rule((0.0, 0.0), (0.0, 0.0), (0.0, 1.0), (0.0, 0.0), (0.0, -1.0), (0.5, 0.5), (0.0, 0.0)),
+    "hidden": Rule((-0.5, 0.0), (0.0, 0.0), (-1.0, 1.0), (-1.0, 0.0), (0.0, -1.0), (-0.5, 0.5), (-0.5, 0.0)),
+    "output": Rule((-1.0, 0.0), (0.0, 0.0), (-1.0, 0.0), (-1.0, 0.0), (0.0, 0.0), (-0.5, 0.5), (0.0, 0.0)),
+    "scalar": Rule((0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0)),
 }
 # (input/vector: m_in ≡ 1, so their spectral exponents of m_in are written as the identity gives them)
 
@@ -87,7 +113,7 @@ TABLE3: dict[str, Rule] = {
 # tie the input embedding to the readout (both then share the `input` init and lr).
 TABLE8: dict[str, Rule] = {
     **TABLE3,
-    "output":  Rule((0.0, 0.0),  (-1.0, 0.0), (1.0, 0.0),  (0.0, 0.0),  (-1.0, 0.0), (0.5, 0.5),  (0.0, 0.0)),
+    "output": Rule((0.0, 0.0), (-1.0, 0.0), (1.0, 0.0), (0.0, 0.0), (-1.0, 0.0), (0.5, 0.5), (0.0, 0.0)),
 }
 
 # Formulation names that read without the paper; TP5's table numbers are accepted as aliases.
@@ -111,7 +137,7 @@ class OptimizerRule:
     lr: str
     eps: tuple[str, ...] = ()
     kind: str = "entrywise"
-    partner: Optional[str] = None
+    partner: str | None = None
     note: str = ""
 
 
@@ -125,7 +151,12 @@ OPTIMIZERS: dict[str, OptimizerRule] = {
     "sgd": OptimizerRule("sgd_lr", (), "linear", note="momentum and nesterov as torch.optim.SGD"),
     # Adam and relatives: g/√v has Θ(1) entries whatever the gradient's scale (TP4b: µP for
     # entrywise adaptive optimizers). ε sits next to √v: gradient-scaled.
-    "adam": _ADAM, "adamw": _ADAM, "adamax": _ADAM, "nadam": _ADAM, "radam": _ADAM, "rmsprop": _ADAM,
+    "adam": _ADAM,
+    "adamw": _ADAM,
+    "adamax": _ADAM,
+    "nadam": _ADAM,
+    "radam": _ADAM,
+    "rmsprop": _ADAM,
     "adagrad": _ADAM,
     # Lion (Chen et al. 2023): ΔW = −lr·sign(β₁m + (1−β₁)g), every entry exactly ±lr: Adam's column
     # with no ε at all. Its decoupled decay is lr·wd per step, like AdamW.
@@ -139,16 +170,18 @@ OPTIMIZERS: dict[str, OptimizerRule] = {
     # the width grows: width-consistent, nothing to scale. The 1/√t cap of ρ_t is the same number
     # for every group and would flatten µP's ratios once 1/√t < lr; mt.optim.Adafactor scales the
     # cap by each group's factor (see optimizers.Adafactor).
-    "adafactor": OptimizerRule("adafactor_lr", ("adam_eps", "init"), "relative",
-                               note="torch.optim.Adafactor: relative step; ε = (ε₁, ε₂)"),
+    "adafactor": OptimizerRule(
+        "adafactor_lr", ("adam_eps", "init"), "relative", note="torch.optim.Adafactor: relative step; ε = (ε₁, ε₂)"
+    ),
     # Muon (Jordan et al. 2024; torch.optim.Muon): the momentum of a 2-D matrix orthogonalised by
     # Newton–Schulz, every singular value ≈ 1, so ‖ΔW‖₂ = lr·adjust(shape): the spectral column,
     # divided by how torch's `adjust_lr_fn` changes between the base shape and this one (so the
     # product is µP's, never both: see optim.muon_adjust_ratio). Its ε only guards a division by
     # the Frobenius norm (scale-free): not scaled. Only hidden matrices: embeddings, readout,
     # vectors, scalars and tensors that are not 2-D go to the AdamW partner with Adam's columns.
-    "muon": OptimizerRule("spectral_lr", (), "spectral", partner="adamw",
-                          note="torch.optim.Muon for hidden matrices, AdamW for the rest"),
+    "muon": OptimizerRule(
+        "spectral_lr", (), "spectral", partner="adamw", note="torch.optim.Muon for hidden matrices, AdamW for the rest"
+    ),
     # SOAP (Vyas et al. 2024; pytorch_optimizer.SOAP): Adam run in the eigenbasis of Shampoo's factors
     # GGᵀ and GᵀG. The rotation is orthogonal, so the step's entries keep Adam's size Θ(lr). The part of
     # a gradient that lies in the span of the earlier ones (the eigenbasis's top block) gets a
@@ -160,11 +193,16 @@ OPTIMIZERS: dict[str, OptimizerRule] = {
     # coordinate check passes with these and fails with the spectral column (hidden updates grow
     # like √width). (Shampoo itself, L^-¼GR^-¼, is not scale-invariant: its step grows like √‖G‖,
     # and it has no width-independent exponent without grafting; SOAP is the family member offered.)
-    "soap": OptimizerRule("adam_lr", ("adam_eps",), "entrywise", note="pytorch_optimizer.SOAP: Adam in a rotated basis"),
+    "soap": OptimizerRule(
+        "adam_lr", ("adam_eps",), "entrywise", note="pytorch_optimizer.SOAP: Adam in a rotated basis"
+    ),
 }
 # The earlier name → "sgd"/"adam" map, for code that imports it.
-OPTIMIZER_FAMILIES: dict[str, str] = {k: ("sgd" if r.kind == "linear" else "adam") for k, r in OPTIMIZERS.items()
-                                      if r.kind in ("linear", "entrywise") and k != "lion"}
+OPTIMIZER_FAMILIES: dict[str, str] = {
+    k: ("sgd" if r.kind == "linear" else "adam")
+    for k, r in OPTIMIZERS.items()
+    if r.kind in ("linear", "entrywise") and k != "lion"
+}
 # A family name used by older callers of MuSpec.factors: "sgd"/"adam" name their own rows.
 
 # Weight decay: torch's AdamW and SGD decay by lr·wd per step, so a group whose lr shrinks
@@ -212,9 +250,9 @@ class DepthRule:
 BRANCH_MULTIPLIER = (0.0, -1.0)  # m_L^-α on every residual branch output
 DEPTH_RULES: dict[str, DepthRule] = {
     #                       init          sgd_lr       adam_lr      adam_eps     spectral_lr  adafactor_lr
-    "outside":    DepthRule((0.0, 0.0),   (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0),  (0.0, 0.0)),
-    "block":      DepthRule((0.0, 0.0),   (-1.0, 2.0), (-1.0, 1.0), (0.0, -1.0), (-1.0, 1.0), (-1.0, 1.0)),
-    "branch_end": DepthRule((0.0, -1.0),  (-1.0, 0.0), (-1.0, 0.0), (0.0, 0.0),  (-1.0, 0.0), (-1.0, 1.0)),
+    "outside": DepthRule((0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0)),
+    "block": DepthRule((0.0, 0.0), (-1.0, 2.0), (-1.0, 1.0), (0.0, -1.0), (-1.0, 1.0), (-1.0, 1.0)),
+    "branch_end": DepthRule((0.0, -1.0), (-1.0, 0.0), (-1.0, 0.0), (0.0, 0.0), (-1.0, 0.0), (-1.0, 1.0)),
 }
 DEFAULT_DEPTH_ALPHA = 1.0  # CompleteP: the paper's best; 0.5 is Depth-µP; 0 turns depth scaling off
 
@@ -223,14 +261,13 @@ def depth_factor(exponent: tuple[float, float], m_depth: float, alpha: float) ->
     """m_L ** (c + k·α), exactly 1.0 at base depth."""
     c, k = exponent
     e = c + k * alpha
-    return 1.0 if (m_depth == 1.0 or e == 0.0) else float(m_depth ** e)
+    return 1.0 if (m_depth == 1.0 or e == 0.0) else float(m_depth**e)
 
 
 def check_depth_alpha(alpha, name: str = "depth_alpha") -> float:
     """`alpha` as a float in [0, 1]; TypeError/ValueError naming `name` otherwise (the one check of
     depth_alpha: parametrize, the sweep config and the CLI)."""
-    message = (f"{name} must be a number in [0, 1] (0.5 Depth-µP, 1.0 CompleteP, 0 no depth scaling), "
-               f"got {alpha!r}")
+    message = f"{name} must be a number in [0, 1] (0.5 Depth-µP, 1.0 CompleteP, 0 no depth scaling), got {alpha!r}"
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
         raise TypeError(message)
     if not 0.0 <= alpha <= 1.0:
@@ -243,17 +280,16 @@ def factor(exponents: Exponents, m_in: float, m_out: float) -> float:
     a, b = exponents
     out = 1.0
     if a and m_in != 1.0:
-        out *= m_in ** a
+        out *= m_in**a
     if b and m_out != 1.0:
-        out *= m_out ** b
+        out *= m_out**b
     return out
 
 
 def optimizer_rule(name: str) -> OptimizerRule:
     """The rule of the optimizer called `name` (case-insensitive); a clear error otherwise."""
     if not isinstance(name, str):
-        raise TypeError(f"optimizer must be a name such as 'adamw', 'sgd', 'muon' or 'lion', got "
-                        f"{type(name).__name__}")
+        raise TypeError(f"optimizer must be a name such as 'adamw', 'sgd', 'muon' or 'lion', got {type(name).__name__}")
     key = name.lower()
     if key not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer '{name}'; use one of {', '.join(OPTIMIZERS)}")
@@ -271,9 +307,11 @@ def formulation_name(name: str) -> str:
     "readout_multiplier" (Table 8, alias "table8")."""
     canonical = FORMULATION_ALIASES.get(name, name) if isinstance(name, str) else name
     if canonical not in FORMULATIONS:
-        raise ValueError(f"unknown formulation {name!r}; use 'no_multipliers' (TP5 Table 3: init and lr carry the "
-                         "scaling, no forward multiplier; default; alias 'table3') or 'readout_multiplier' (Table 8: "
-                         "the readout multiplies by 1/m, as the mup package; alias 'table8')")
+        raise ValueError(
+            f"unknown formulation {name!r}; use 'no_multipliers' (TP5 Table 3: init and lr carry the "
+            "scaling, no forward multiplier; default; alias 'table3') or 'readout_multiplier' (Table 8: "
+            "the readout multiplies by 1/m, as the mup package; alias 'table8')"
+        )
     return canonical
 
 

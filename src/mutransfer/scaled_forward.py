@@ -10,18 +10,18 @@ subclass of its own class (``MuScaled<Name>``) whose forward applies the constan
 plain float attributes of the module. Parameters, buffers, state_dict keys and
 ``isinstance`` checks are unchanged; the subclasses pickle by reference to their parent.
 """
+
 from __future__ import annotations
 
 import importlib
 from enum import Enum
-from typing import Optional
 
 import torch
 from torch import nn
 
 from . import _sdpa
 
-__all__ = ["Side", "INPUT_ATTR", "OUTPUT_ATTR", "SDPA_ATTR", "scaled_class", "install"]
+__all__ = ["INPUT_ATTR", "OUTPUT_ATTR", "SDPA_ATTR", "Side", "install", "scaled_class"]
 
 
 class Side(str, Enum):
@@ -73,13 +73,17 @@ def _make(parent: type) -> type:
         return out
 
     key = _key(parent)
-    cls = type(f"MuScaled{parent.__name__}", (parent,), {
-        "forward": forward,
-        "_mutransfer_parent": parent,
-        "__module__": __name__,
-        "__qualname__": key,
-        "__doc__": f"{parent.__name__} with µP's forward multipliers (see mutransfer.scaled_forward).",
-    })
+    cls = type(
+        f"MuScaled{parent.__name__}",
+        (parent,),
+        {
+            "forward": forward,
+            "_mutransfer_parent": parent,
+            "__module__": __name__,
+            "__qualname__": key,
+            "__doc__": f"{parent.__name__} with µP's forward multipliers (see mutransfer.scaled_forward).",
+        },
+    )
     globals()[key] = cls
     return cls
 
@@ -93,8 +97,13 @@ def scaled_class(parent: type) -> type:
     return _CLASSES[parent]
 
 
-def install(module: nn.Module, *, input_mult: Optional[float] = None, output_mult: Optional[float] = None,
-            sdpa: Optional[float] = None) -> None:
+def install(
+    module: nn.Module,
+    *,
+    input_mult: float | None = None,
+    output_mult: float | None = None,
+    sdpa: float | None = None,
+) -> None:
     """Give `module` forward multipliers (input ×, output ×) and/or a correction of the logit scale of
     the ``scaled_dot_product_attention`` calls made inside its forward (`sdpa`)."""
     module.__class__ = scaled_class(type(module))

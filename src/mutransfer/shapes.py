@@ -4,22 +4,23 @@ A dim is a *width* dim when it differs between the base model and the delta mode
 without a delta, between the base and the target). Everything downstream is relative to the
 base sizes recorded here, so a training job can load them from JSON and never build a base model.
 """
+
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping, Union
 
 import torch
 from torch import nn
 
-from .attention import base_head_dims
-from .depth import DepthMap
 from ._naming import canonical_name, listed_differences
 from ._observe import observe_model
+from .attention import base_head_dims
+from .depth import DepthMap
 
-__all__ = ["SHAPES_FORMAT_VERSION", "ParamShape", "WidthShapes", "save_shapes", "load_shapes"]
+__all__ = ["SHAPES_FORMAT_VERSION", "ParamShape", "WidthShapes", "load_shapes", "save_shapes"]
 
 SHAPES_FORMAT_VERSION = 1
 
@@ -48,10 +49,13 @@ class WidthShapes:
 
     # ------------------------------------------------------------------ building
     @classmethod
-    def from_models(cls, base: Union[nn.Module, Mapping[str, tuple]],
-                    delta: Union[nn.Module, Mapping[str, tuple], None] = None,
-                    target: Union[nn.Module, Mapping[str, tuple], None] = None,
-                    example_inputs=None) -> "WidthShapes":
+    def from_models(
+        cls,
+        base: nn.Module | Mapping[str, tuple],
+        delta: nn.Module | Mapping[str, tuple] | None = None,
+        target: nn.Module | Mapping[str, tuple] | None = None,
+        example_inputs=None,
+    ) -> WidthShapes:
         """Compare base with delta (or with target when no delta is given).
 
         A base given as a module (real or meta) also gets a probe forward (on `example_inputs`, or
@@ -65,27 +69,33 @@ class WidthShapes:
         else:
             raise ValueError("width shapes need a `delta` model (or a target) to compare `base` with")
         depth = DepthMap.between(base_shapes, other)
-        _check_same_names({depth.normalized(n) for n in base_shapes}, {depth.normalized(n) for n in other},
-                          "base", other_name)
+        _check_same_names(
+            {depth.normalized(n) for n in base_shapes}, {depth.normalized(n) for n in other}, "base", other_name
+        )
         params: dict[str, ParamShape] = {}
         for name, bshape in base_shapes.items():
             oshape = other[depth.from_base(name)]
             if len(bshape) != len(oshape):
                 raise ValueError(
                     f"parameter '{name}' has rank {len(bshape)} in base but rank {len(oshape)} in "
-                    f"{other_name}; base and {other_name} must be the same architecture")
+                    f"{other_name}; base and {other_name} must be the same architecture"
+                )
             if other_name == "delta":
                 shrunk = [i for i, (b, o) in enumerate(zip(bshape, oshape)) if o < b]
                 if shrunk:
                     raise ValueError(
                         f"parameter '{name}': dim {shrunk[0]} shrinks from {bshape[shrunk[0]]} in base "
                         f"to {oshape[shrunk[0]]} in delta; the delta model must be wider than the base "
-                        f"in every width dim")
+                        f"in every width dim"
+                    )
             params[name] = ParamShape(tuple(bshape), tuple(b != o for b, o in zip(bshape, oshape)))
         if not any(any(p.width) for p in params.values()):
-            hint = ("base and delta have identical shapes" if delta is not None else
-                    "base and target have identical shapes; pass delta= (a wider copy of the base) "
-                    "so that the width dims can be found even at base width")
+            hint = (
+                "base and delta have identical shapes"
+                if delta is not None
+                else "base and target have identical shapes; pass delta= (a wider copy of the base) "
+                "so that the width dims can be found even at base width"
+            )
             raise ValueError(f"no width dim found: {hint}")
         shapes = cls(params)
         if isinstance(base, nn.Module):
@@ -110,18 +120,22 @@ class WidthShapes:
             "input_scales": dict(self.input_scales),
         }
 
-    def save(self, path: Union[str, os.PathLike]) -> None:
+    def save(self, path: str | os.PathLike) -> None:
         with open(path, "w", encoding="utf-8") as f:
             json.dump(self.to_dict(), f, indent=1)
 
     @classmethod
-    def from_dict(cls, data: dict, source: str = "base_shapes") -> "WidthShapes":
+    def from_dict(cls, data: dict, source: str = "base_shapes") -> WidthShapes:
         if not isinstance(data, dict) or data.get("format") != "mutransfer.width_shapes":
-            raise ValueError(f"{source} is not a mutransfer width-shapes file "
-                             "(expected the JSON written by WidthShapes.save / mt.save_shapes)")
+            raise ValueError(
+                f"{source} is not a mutransfer width-shapes file "
+                "(expected the JSON written by WidthShapes.save / mt.save_shapes)"
+            )
         if data.get("version") != SHAPES_FORMAT_VERSION:
-            raise ValueError(f"{source} has format version {data.get('version')}; "
-                             f"this mutransfer reads version {SHAPES_FORMAT_VERSION}")
+            raise ValueError(
+                f"{source} has format version {data.get('version')}; "
+                f"this mutransfer reads version {SHAPES_FORMAT_VERSION}"
+            )
         params = {}
         for name, entry in data["params"].items():
             base, width = entry.get("base"), entry.get("width")
@@ -134,7 +148,7 @@ class WidthShapes:
         return cls(params, heads, scales, inputs)
 
     @classmethod
-    def load(cls, path: Union[str, os.PathLike]) -> "WidthShapes":
+    def load(cls, path: str | os.PathLike) -> WidthShapes:
         if not os.path.exists(path):
             raise ValueError(f"base_shapes file '{path}' does not exist")
         try:
@@ -145,7 +159,7 @@ class WidthShapes:
         return cls.from_dict(data, source=f"base_shapes file '{path}'")
 
 
-def save_shapes(base: nn.Module, delta: nn.Module, path: Union[str, os.PathLike], example_inputs=None) -> WidthShapes:
+def save_shapes(base: nn.Module, delta: nn.Module, path: str | os.PathLike, example_inputs=None) -> WidthShapes:
     """Find the width dims of `base` vs `delta` and write them to `path` (JSON), with the base's attention
     scales measured on a probe forward (on `example_inputs`, or inputs made for it)."""
     shapes = WidthShapes.from_models(base, delta, example_inputs=example_inputs)
@@ -153,7 +167,7 @@ def save_shapes(base: nn.Module, delta: nn.Module, path: Union[str, os.PathLike]
     return shapes
 
 
-def load_shapes(path: Union[str, os.PathLike]) -> WidthShapes:
+def load_shapes(path: str | os.PathLike) -> WidthShapes:
     return WidthShapes.load(path)
 
 
@@ -167,8 +181,7 @@ def _shapes_of(obj, what: str) -> dict[str, tuple[int, ...]]:
                 s = s.shape
             out[canonical_name(n)] = tuple(int(x) for x in s)
         return out
-    raise TypeError(f"`{what}` must be an nn.Module or a mapping of parameter name to shape, "
-                    f"got {type(obj).__name__}")
+    raise TypeError(f"`{what}` must be an nn.Module or a mapping of parameter name to shape, got {type(obj).__name__}")
 
 
 def _check_same_names(a, b, a_name: str, b_name: str) -> None:
@@ -176,5 +189,7 @@ def _check_same_names(a, b, a_name: str, b_name: str) -> None:
     only_b = sorted(set(b) - set(a))
     if only_a or only_b:
         parts = listed_differences((f"only in {a_name}", only_a), (f"only in {b_name}", only_b))
-        raise ValueError(f"{a_name} and {b_name} have different parameter names ({parts}); "
-                         "they must be the same architecture at different widths")
+        raise ValueError(
+            f"{a_name} and {b_name} have different parameter names ({parts}); "
+            "they must be the same architecture at different widths"
+        )

@@ -1,18 +1,26 @@
 """The µP spec kept on a parametrized model, and how to find it through wrappers."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from torch import nn
 
 from ._naming import DDP_ATTR, WRAPPER_ATTRS
 from .roles import ParamInfo
-from .rules import (DEPTH_RULES, DepthRule, Rule, TunableMultipliers, depth_factor, factor, formulation_rules,
-                    optimizer_rule)
+from .rules import (
+    DEPTH_RULES,
+    DepthRule,
+    Rule,
+    TunableMultipliers,
+    depth_factor,
+    factor,
+    formulation_rules,
+    optimizer_rule,
+)
 from .shapes import WidthShapes
 
-__all__ = ["SPEC_ATTR", "MuSpec", "spec_holder", "find_spec", "require_spec"]
+__all__ = ["SPEC_ATTR", "MuSpec", "find_spec", "require_spec", "spec_holder"]
 
 SPEC_ATTR = "_mutransfer_spec"
 # Attributes under which wrappers keep the user's model: torch.compile, DDP/DataParallel, FSDP1, checkpointing.
@@ -36,7 +44,7 @@ class MuSpec:
     init_source: str = "base values"
     # module → (Side.INPUT or Side.OUTPUT, constant): the forward constants parametrize installed
     forward_constants: dict[str, tuple[str, float]] = field(default_factory=dict)
-    attention: list[tuple[str, str, int, Optional[int]]] = field(default_factory=list)
+    attention: list[tuple[str, str, int, int | None]] = field(default_factory=list)
     zero_init: list[str] = field(default_factory=list)
     depth_alpha: float = 0.0
     depth: dict[str, tuple[int, int]] = field(default_factory=dict)  # container → (L₀, L)
@@ -85,20 +93,21 @@ class MuSpec:
         return (lr_f,) + (eps or (1.0,))
 
 
-def spec_holder(model: nn.Module) -> Optional[nn.Module]:
+def spec_holder(model: nn.Module) -> nn.Module | None:
     """The module that carries the spec: the model itself or the user's model inside wrappers
     (torch.compile, DDP/DataParallel, FSDP1, activation checkpointing); None if never parametrized."""
     seen = 0
     while model is not None and seen < 8:
         if SPEC_ATTR in model.__dict__:
             return model
-        model = next((getattr(model, a) for a in _WRAPPED_ATTRS
-                      if isinstance(getattr(model, a, None), nn.Module)), None)
+        model = next(
+            (getattr(model, a) for a in _WRAPPED_ATTRS if isinstance(getattr(model, a, None), nn.Module)), None
+        )
         seen += 1
     return None
 
 
-def find_spec(model: nn.Module) -> Optional[MuSpec]:
+def find_spec(model: nn.Module) -> MuSpec | None:
     holder = spec_holder(model)
     return None if holder is None else holder.__dict__[SPEC_ATTR]
 
@@ -108,6 +117,8 @@ def require_spec(model: nn.Module, caller: str) -> MuSpec:
         raise TypeError(f"{caller} needs an nn.Module, got {type(model).__name__}")
     spec = find_spec(model)
     if spec is None:
-        raise ValueError(f"{caller}: the model ({type(model).__name__}) was never parametrized; "
-                         "call mt.parametrize(model, base=..., delta=...) first")
+        raise ValueError(
+            f"{caller}: the model ({type(model).__name__}) was never parametrized; "
+            "call mt.parametrize(model, base=..., delta=...) first"
+        )
     return spec

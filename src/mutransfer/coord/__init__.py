@@ -1,7 +1,17 @@
 """The coordinate check (TP5 appendix D.1): train a few steps at several widths and test whether
 every activation scales as µP predicts. `run` trains and records, `report` holds the records and
 the verdict (slopes against the exponents µP predicts), `plot` draws them."""
+
 from .report import ATTN_SUFFIX, CoordCheckResult, Record, Trend
 from .run import DEFAULT_OPTIMIZER, MODEL_OUTPUT, check_widths, coord_check
 
-__all__ = ["coord_check", "check_widths", "CoordCheckResult", "Record", "Trend", "DEFAULT_OPTIMIZER", "MODEL_OUTPUT", "ATTN_SUFFIX"]
+__all__ = [
+    "ATTN_SUFFIX",
+    "DEFAULT_OPTIMIZER",
+    "MODEL_OUTPUT",
+    "CoordCheckResult",
+    "Record",
+    "Trend",
+    "check_widths",
+    "coord_check",
+]

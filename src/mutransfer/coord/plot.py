@@ -1,8 +1,9 @@
 """Plot of a coordinate check: one log-log panel per step, failing modules highlighted."""
+
 from __future__ import annotations
 
 import os
-from typing import Any, Union
+from typing import Any
 
 __all__ = ["plot_result"]
 
@@ -11,14 +12,16 @@ def _matplotlib():
     try:
         import matplotlib
     except ImportError:
-        raise ImportError("plotting needs matplotlib, a dependency of mutransfer that is missing here: "
-                          "pip install matplotlib") from None
+        raise ImportError(
+            "plotting needs matplotlib, a dependency of mutransfer that is missing here: pip install matplotlib"
+        ) from None
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
+
     return plt
 
 
-def plot_result(result: Any, path: Union[str, os.PathLike], max_legend: int = 12) -> None:
+def plot_result(result: Any, path: str | os.PathLike, max_legend: int = 12) -> None:
     """Draw a `CoordCheckResult` (its trends, steps and verdict; duck-typed, so that this module
     does not import the report that calls it) to `path`."""
     plt = _matplotlib()
@@ -47,8 +50,16 @@ def plot_result(result: Any, path: Union[str, os.PathLike], max_legend: int = 12
         trends = by_panel.get((quantity, step), [])
         for t in sorted(trends, key=lambda t: t.module in color_of):
             if t.module in failing:
-                ax.plot(t.widths, t.means, "-o", color=color_of[t.module], lw=2.2, ms=4, zorder=4,
-                        alpha=1.0 if not t.passed else 0.55)
+                ax.plot(
+                    t.widths,
+                    t.means,
+                    "-o",
+                    color=color_of[t.module],
+                    lw=2.2,
+                    ms=4,
+                    zorder=4,
+                    alpha=1.0 if not t.passed else 0.55,
+                )
             elif t.module in color_of:
                 ax.plot(t.widths, t.means, "--", color=color_of[t.module], lw=1.4, zorder=3)
             else:
@@ -65,11 +76,15 @@ def plot_result(result: Any, path: Union[str, os.PathLike], max_legend: int = 12
         axes[r][0].set_ylabel("mean |coordinate|", fontsize=8)
 
     verdict = "PASS" if result.passed else "FAIL"
-    fig.suptitle(f"Coordinate check {verdict} — {result.parametrization}, {result.optimizer} lr={result.lr:g}, "
-                 f"{result.seeds} seeds; rule: growth ≤ {result.max_growth:g}× per 16× {result.axis}",
-                 color="#1a7f37" if result.passed else "#c62828", fontsize=11)
-    handles = [Line2D([], [], color=color_of[m], lw=2.2, marker="o", ms=4, label=f"{m} (fails)")
-               for m in failing[:max_legend]]
+    fig.suptitle(
+        f"Coordinate check {verdict} — {result.parametrization}, {result.optimizer} lr={result.lr:g}, "
+        f"{result.seeds} seeds; rule: growth ≤ {result.max_growth:g}× per 16× {result.axis}",
+        color="#1a7f37" if result.passed else "#c62828",
+        fontsize=11,
+    )
+    handles = [
+        Line2D([], [], color=color_of[m], lw=2.2, marker="o", ms=4, label=f"{m} (fails)") for m in failing[:max_legend]
+    ]
     if len(failing) > max_legend:
         handles.append(Line2D([], [], color="none", label=f"… {len(failing) - max_legend} more failing"))
     handles += [Line2D([], [], color=color_of[m], lw=1.4, ls="--", label=f"{m} (within the rule)") for m in key]

@@ -19,6 +19,7 @@ mistakes (attention left at 1/√d keeps its logits Θ(1) at init where µP's sh
 readout in SP; unscaled lrs, slope ½ to 2) fail clearly. With one point per width (one seed,
 two widths) SE is 0 and the slope itself is compared. A run whose loss became NaN/inf fails.
 """
+
 from __future__ import annotations
 
 import csv
@@ -26,13 +27,12 @@ import json
 import math
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Optional, Union
 
 from ..depth import in_numbered_block
 
-__all__ = ["PathLike", "VANISHING_SLOPE", "ATTN_SUFFIX", "Record", "Trend", "CoordCheckResult"]
+__all__ = ["ATTN_SUFFIX", "VANISHING_SLOPE", "CoordCheckResult", "PathLike", "Record", "Trend"]
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 VANISHING_SLOPE = -0.5
 ATTN_SUFFIX = " [attn logits]"  # attention logits' changes start as O(1/√d) cross terms: no warning
 
@@ -61,15 +61,17 @@ class Trend:
     growth: float  # fitted growth factor from the smallest to the largest width
     passed: bool
     expected: float = 0.0  # the slope µP predicts (0: Θ(1); −½: shrinks like 1/√width at init)
-    reason: str = ""       # why it failed: "grows" (faster than predicted), "vanishes", "diverged"
+    reason: str = ""  # why it failed: "grows" (faster than predicted), "vanishes", "diverged"
 
     def __str__(self) -> str:
-        return (f"{self.module} {self.quantity} at step {self.step}: ×{self.growth:.3g} from "
-                f"{self.widths[0]} to {self.widths[-1]} (slope {self.slope:+.2f} ± {self.slope_se:.2f}, "
-                f"µP predicts {self.expected:+.2f})")
+        return (
+            f"{self.module} {self.quantity} at step {self.step}: ×{self.growth:.3g} from "
+            f"{self.widths[0]} to {self.widths[-1]} (slope {self.slope:+.2f} ± {self.slope_se:.2f}, "
+            f"µP predicts {self.expected:+.2f})"
+        )
 
 
-def _fit_slope(points: list[tuple[int, float]]) -> Optional[tuple[float, float]]:
+def _fit_slope(points: list[tuple[int, float]]) -> tuple[float, float] | None:
     """Least-squares slope of log(value) on log(width) and its standard error; None when fewer
     than two widths have a positive value."""
     pts = [(math.log(w), math.log(v)) for w, v in points if v > 0 and math.isfinite(v)]
@@ -86,7 +88,7 @@ def _fit_slope(points: list[tuple[int, float]]) -> Optional[tuple[float, float]]
     return slope, math.sqrt(residual / sxx)
 
 
-def _excess(t: "Trend") -> float:
+def _excess(t: Trend) -> float:
     """How far a trend lies outside the rule, in slope units (inf for diverged runs)."""
     if t.reason == "vanishes":
         return VANISHING_SLOPE - (t.slope + 2 * t.slope_se)
@@ -113,7 +115,7 @@ class CoordCheckResult:
     parametrization: str = ""
     diverged: list[tuple[int, int, int]] = field(default_factory=list)  # (width, seed, step)
     axis: str = "width"  # "depth": `widths` and Record.width hold depths, at `fixed_width`
-    fixed_width: Optional[int] = None
+    fixed_width: int | None = None
     expected: dict[str, float] = field(default_factory=dict)  # module → predicted slope of its size at init
     # modules fed attention probabilities: their early changes are cross terms, like the logits'
     attention_probs: list[str] = field(default_factory=list)
@@ -129,7 +131,7 @@ class CoordCheckResult:
         return self.widths
 
     @property
-    def depths(self) -> Optional[list[int]]:
+    def depths(self) -> list[int] | None:
         """The depths of a depth check, else None."""
         return self.widths if self.axis == "depth" else None
 
@@ -146,8 +148,21 @@ class CoordCheckResult:
             means = [sum(by_width[w]) / len(by_width[w]) for w in ws]
             expected = self.expected.get(module, 0.0) if (quantity == "size" and step == 0) else 0.0
             if any(not math.isfinite(m) for m in means):
-                trends.append(Trend(module, quantity, step, tuple(ws), tuple(means), math.inf, 0.0, math.inf, False,
-                                    expected, "diverged"))
+                trends.append(
+                    Trend(
+                        module,
+                        quantity,
+                        step,
+                        tuple(ws),
+                        tuple(means),
+                        math.inf,
+                        0.0,
+                        math.inf,
+                        False,
+                        expected,
+                        "diverged",
+                    )
+                )
                 continue
             if len(ws) < 2 or max(means) <= 1e-30:
                 continue  # exactly zero everywhere (e.g. a zero-initialized readout at step 0)
@@ -156,11 +171,29 @@ class CoordCheckResult:
                 continue
             slope, se = fit
             grows = slope - 2 * se > expected + self.max_slope
-            vanishes = (quantity == "change" and step > 0 and slope + 2 * se < VANISHING_SLOPE
-                        and not module.endswith(ATTN_SUFFIX) and module not in self.attention_probs
-                        and not (self.axis == "depth" and _in_numbered_block(module)))
-            trends.append(Trend(module, quantity, step, tuple(ws), tuple(means), slope, se, math.exp(slope * span),
-                                not (grows or vanishes), expected, "grows" if grows else "vanishes" if vanishes else ""))
+            vanishes = (
+                quantity == "change"
+                and step > 0
+                and slope + 2 * se < VANISHING_SLOPE
+                and not module.endswith(ATTN_SUFFIX)
+                and module not in self.attention_probs
+                and not (self.axis == "depth" and _in_numbered_block(module))
+            )
+            trends.append(
+                Trend(
+                    module,
+                    quantity,
+                    step,
+                    tuple(ws),
+                    tuple(means),
+                    slope,
+                    se,
+                    math.exp(slope * span),
+                    not (grows or vanishes),
+                    expected,
+                    "grows" if grows else "vanishes" if vanishes else "",
+                )
+            )
         return sorted(trends, key=lambda t: (t.module, t.quantity, t.step))
 
     @property
@@ -175,10 +208,19 @@ class CoordCheckResult:
     @property
     def warnings(self) -> list[Trend]:
         """Changes that seem to vanish with width (slope < −0.5) without significance."""
-        return sorted((t for t in self.trends if t.passed and t.quantity == "change" and t.step > 0
-                       and t.slope < VANISHING_SLOPE and not t.module.endswith(ATTN_SUFFIX)
-                       and not (self.axis == "depth" and _in_numbered_block(t.module))),
-                      key=lambda t: t.slope)
+        return sorted(
+            (
+                t
+                for t in self.trends
+                if t.passed
+                and t.quantity == "change"
+                and t.step > 0
+                and t.slope < VANISHING_SLOPE
+                and not t.module.endswith(ATTN_SUFFIX)
+                and not (self.axis == "depth" and _in_numbered_block(t.module))
+            ),
+            key=lambda t: t.slope,
+        )
 
     def failing_modules(self) -> list[str]:
         """Modules with at least one failure, worst first."""
@@ -201,12 +243,21 @@ class CoordCheckResult:
             mean = sum(vals) / len(vals)
             std = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
             t = by_key.get((module, quantity, step))
-            out.append({"module": module, "quantity": quantity, "step": step, "width": width, "mean": mean,
-                        "std": std, "slope": None if t is None else t.slope,
-                        "slope_se": None if t is None else t.slope_se,
-                        "growth": None if t is None else t.growth,
-                        "passed": True if t is None else t.passed,
-                        "expected": None if t is None else t.expected})
+            out.append(
+                {
+                    "module": module,
+                    "quantity": quantity,
+                    "step": step,
+                    "width": width,
+                    "mean": mean,
+                    "std": std,
+                    "slope": None if t is None else t.slope,
+                    "slope_se": None if t is None else t.slope_se,
+                    "growth": None if t is None else t.growth,
+                    "passed": True if t is None else t.passed,
+                    "expected": None if t is None else t.expected,
+                }
+            )
         return out
 
     def to_csv(self, path: PathLike) -> None:
@@ -218,10 +269,19 @@ class CoordCheckResult:
 
     def to_dict(self) -> dict:
         return {
-            "passed": self.passed, "parametrization": self.parametrization, "axis": self.axis,
-            "fixed_width": self.fixed_width, "sizes": self.sizes, "widths": self.widths,
-            "optimizer": self.optimizer, "lr": self.lr, "steps": self.steps, "seeds": self.seeds,
-            "max_growth": self.max_growth, "max_slope": self.max_slope, "expected": dict(self.expected),
+            "passed": self.passed,
+            "parametrization": self.parametrization,
+            "axis": self.axis,
+            "fixed_width": self.fixed_width,
+            "sizes": self.sizes,
+            "widths": self.widths,
+            "optimizer": self.optimizer,
+            "lr": self.lr,
+            "steps": self.steps,
+            "seeds": self.seeds,
+            "max_growth": self.max_growth,
+            "max_slope": self.max_slope,
+            "expected": dict(self.expected),
             "diverged": [{"width": w, "seed": s, "step": t} for w, s, t in self.diverged],
             "failures": [asdict(t) for t in self.failures],
             "warnings": [asdict(t) for t in self.warnings],
@@ -238,14 +298,18 @@ class CoordCheckResult:
         w0, w1 = self.widths[0], self.widths[-1]
         ax = self.axis
         where = f", width {self.fixed_width}" if self.fixed_width is not None else ""
-        head = (f"Coordinate check ({self.parametrization}, {self.optimizer} lr={self.lr:g}, {ax}s "
-                f"{', '.join(map(str, self.widths))}{where}, {self.steps} steps × {self.seeds} seeds): "
-                f"{'PASS' if self.passed else 'FAIL'}")
-        rule = (f"rule: each curve's slope of log size vs log {ax} is compared with the exponent µP predicts "
-                f"(0 for activations and their changes; −½ per doubling of fan_in or head dim for readout outputs "
-                f"and attention logits at init): it fails when slope − 2·SE exceeds the prediction by more than "
-                f"{self.max_slope:.3f} ({self.max_growth:g}× per 16× {ax}; over {w0}→{w1} ×"
-                f"{(w1 / w0) ** self.max_slope:.2f}), or when a change vanishes (slope + 2·SE < {VANISHING_SLOPE})")
+        head = (
+            f"Coordinate check ({self.parametrization}, {self.optimizer} lr={self.lr:g}, {ax}s "
+            f"{', '.join(map(str, self.widths))}{where}, {self.steps} steps × {self.seeds} seeds): "
+            f"{'PASS' if self.passed else 'FAIL'}"
+        )
+        rule = (
+            f"rule: each curve's slope of log size vs log {ax} is compared with the exponent µP predicts "
+            f"(0 for activations and their changes; −½ per doubling of fan_in or head dim for readout outputs "
+            f"and attention logits at init): it fails when slope − 2·SE exceeds the prediction by more than "
+            f"{self.max_slope:.3f} ({self.max_growth:g}× per 16× {ax}; over {w0}→{w1} ×"
+            f"{(w1 / w0) ** self.max_slope:.2f}), or when a change vanishes (slope + 2·SE < {VANISHING_SLOPE})"
+        )
         lines = [head, rule]
         if self.seeds * len(self.widths) <= 2:
             lines.append("note: one seed at two widths gives no estimate of noise; use ≥ 3 widths or ≥ 2 seeds")
@@ -260,8 +324,10 @@ class CoordCheckResult:
             if worst is not None:
                 lines.append(f"all {len(self.trends)} curves within the rule; steepest: {worst}")
         if self.warnings:
-            lines.append(f"{len(self.warnings)} changes shrink with {ax} (slope < {VANISHING_SLOPE}, not significant); "
-                         "µP keeps them Θ(1). Steepest:")
+            lines.append(
+                f"{len(self.warnings)} changes shrink with {ax} (slope < {VANISHING_SLOPE}, not significant); "
+                "µP keeps them Θ(1). Steepest:"
+            )
             lines += self._table(self._worst_per_module(self.warnings, worst_is_low=True)[:5])
         return "\n".join(lines)
 
@@ -280,8 +346,10 @@ class CoordCheckResult:
         for t in trends:
             growth = "inf" if t.growth == math.inf else f"×{t.growth:.3g}"
             slope = f"{t.slope:+.2f} ± {t.slope_se:.2f}"
-            out.append(f"  {t.module:<{wm}}  {t.quantity:<8}  {t.step:>4}  {growth:>9}  {slope:>13}  "
-                       f"{t.expected:>+5.2f}  {t.reason}".rstrip())
+            out.append(
+                f"  {t.module:<{wm}}  {t.quantity:<8}  {t.step:>4}  {growth:>9}  {slope:>13}  "
+                f"{t.expected:>+5.2f}  {t.reason}".rstrip()
+            )
         return out
 
     # ------------------------------------------------------------------ plot
@@ -290,4 +358,5 @@ class CoordCheckResult:
         """Log-log curves of every module against width: one panel for the size at init, one per
         step for the change since init. Failing curves are drawn thick and named in the legend."""
         from .plot import plot_result
+
         plot_result(self, path, max_legend=max_legend)

@@ -12,28 +12,29 @@ Attention logits are recorded for modules that call ``F.scaled_dot_product_atten
 ``nn.MultiheadAttention`` (recomputed from its inputs), and for hand-written attention that
 uses ``mt.attn_logits``.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Optional, Sequence, Union
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .. import attention as attn
-from .report import ATTN_SUFFIX, CoordCheckResult, Record
-from ..depth import block_containers, join_name, split_block
 from .._naming import canonical_name
 from .._observe import recording
-from ..devices import AUTO, DeviceLike, move, resolve_device
-from ..optim import build_optimizer
 from .._progress import Progress
-from ..optim import hidden_matrices
+from ..depth import block_containers, join_name, split_block
+from ..devices import AUTO, DeviceLike, move, resolve_device
+from ..optim import build_optimizer, hidden_matrices
 from ..rules import OPTIMIZERS, optimizer_family
 from ..spec import find_spec
+from .report import ATTN_SUFFIX, CoordCheckResult, Record
 
-__all__ = ["check_widths", "MODEL_OUTPUT", "DEFAULT_OPTIMIZER", "LossFn", "OptimizerFactory", "coord_check"]
+__all__ = ["DEFAULT_OPTIMIZER", "MODEL_OUTPUT", "LossFn", "OptimizerFactory", "check_widths", "coord_check"]
 
 MODEL_OUTPUT = "(model output)"
 DEFAULT_OPTIMIZER = "adam"  # coord_check's default, and `mutransfer coord-check --optimizer`'s
@@ -43,11 +44,23 @@ LossFn = Callable[[Any, Any], torch.Tensor]
 OptimizerFactory = Callable[[nn.Module, float], torch.optim.Optimizer]
 
 
-def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequence[int]],
-                data: Sequence[tuple[Any, Any]], optimizer: Union[str, OptimizerFactory] = DEFAULT_OPTIMIZER,
-                lr: float = 1e-2, steps: int = 4, seeds: int = 3, loss_fn: Optional[LossFn] = None, *,
-                depths: Optional[Sequence[int]] = None, max_growth: float = 1.5, weight_decay: float = 0.0,
-                eps: Optional[float] = None, progress: bool = True, device: DeviceLike = AUTO) -> CoordCheckResult:
+def coord_check(
+    make_model: Callable[..., nn.Module],
+    widths: int | Sequence[int],
+    data: Sequence[tuple[Any, Any]],
+    optimizer: str | OptimizerFactory = DEFAULT_OPTIMIZER,
+    lr: float = 1e-2,
+    steps: int = 4,
+    seeds: int = 3,
+    loss_fn: LossFn | None = None,
+    *,
+    depths: Sequence[int] | None = None,
+    max_growth: float = 1.5,
+    weight_decay: float = 0.0,
+    eps: float | None = None,
+    progress: bool = True,
+    device: DeviceLike = AUTO,
+) -> CoordCheckResult:
     """Train `make_model(width)` for `steps` steps at each width and seed; return the verdict.
 
     Across depth: give `depths` (at least two) and one width; `make_model(width, depth)` is
@@ -84,8 +97,9 @@ def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequenc
     if depths is not None:
         widths = [widths] if isinstance(widths, int) else list(widths)
         if len(set(widths)) != 1:
-            raise ValueError(f"a coordinate check across depth takes one width (widths={widths}); check width "
-                             "and depth in two runs")
+            raise ValueError(
+                f"a coordinate check across depth takes one width (widths={widths}); check width and depth in two runs"
+            )
         axis, sizes, fixed_width = "depth", check_widths(depths, "depths"), int(widths[0])
     else:
         axis, sizes, fixed_width = "width", check_widths(widths), None
@@ -103,7 +117,7 @@ def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequenc
     if not max_growth > 1.0:
         raise ValueError(f"max_growth must be > 1 (allowed growth per 16× width), got {max_growth!r}")
 
-    expected, readouts = (_predictions(make_model, sizes, data[0][0], where) if axis == "width" else ({}, {}))
+    expected, readouts = _predictions(make_model, sizes, data[0][0], where) if axis == "width" else ({}, {})
     head_dims: dict[str, dict[int, int]] = {}
     prob_modules: set[str] = set()
     out_dims: dict[str, dict[int, set]] = {}
@@ -128,35 +142,52 @@ def coord_check(make_model: Callable[..., nn.Module], widths: Union[int, Sequenc
                     # a plain model has no roles: its hidden matrices are the 2-D parameters whose both dims
                     # change with width, seen against the same model at twice the width (shapes only: one
                     # look per size serves every seed)
-                    hidden = hidden_matrices(model, make_model(2 * size) if axis == "width"
-                                             else make_model(2 * fixed_width, size))
-            run_records, bad_step, probe = _run(model, data, optimizer, family, lr, weight_decay, eps, steps, loss_fn,
-                                                is_mup, readouts, hidden)
+                    hidden = hidden_matrices(
+                        model, make_model(2 * size) if axis == "width" else make_model(2 * fixed_width, size)
+                    )
+            run_records, bad_step, probe = _run(
+                model, data, optimizer, family, lr, weight_decay, eps, steps, loss_fn, is_mup, readouts, hidden
+            )
             rename = _depth_names(model) if axis == "depth" else {}
             prob_modules |= {rename.get(m, m) for m in probe.prob_modules if rename.get(m, m) is not None}
             for label, d in probe.head_dims.items():
                 head_dims.setdefault(label, {})[size] = d
             for label, d in probe.out_dims.items():
                 out_dims.setdefault(label, {}).setdefault(size, set()).add(d)
-            records += [Record(rename.get(m, m), q, t, size, seed, v) for (m, q, t), v in run_records.items()
-                        if rename.get(m, m) is not None]
+            records += [
+                Record(rename.get(m, m), q, t, size, seed, v)
+                for (m, q, t), v in run_records.items()
+                if rename.get(m, m) is not None
+            ]
             if bad_step is not None:
                 diverged.append((size, seed, bad_step))
             bar.advance()
     bar.close()
     if axis == "width":
         # a readout is only predicted to shrink where its output is finite (the same size at every width)
-        expected = {m: e for m, e in expected.items()
-                    if len({d for ds in out_dims.get(m, {}).values() for d in ds}) == 1}
+        expected = {
+            m: e for m, e in expected.items() if len({d for ds in out_dims.get(m, {}).values() for d in ds}) == 1
+        }
         for label, by_size in head_dims.items():
             gamma = _growth_exponent(by_size)
             if gamma:
                 expected[label] = -0.5 * gamma
     name = optimizer if isinstance(optimizer, str) else getattr(optimizer, "__name__", "custom optimizer")
-    return CoordCheckResult(records, widths=list(sizes), steps=steps, seeds=seeds, optimizer=name, lr=float(lr),
-                            max_growth=max_growth, parametrization="/".join(sorted(parametrizations)),
-                            diverged=diverged, axis=axis, fixed_width=fixed_width, expected=expected,
-                            attention_probs=sorted(prob_modules))
+    return CoordCheckResult(
+        records,
+        widths=list(sizes),
+        steps=steps,
+        seeds=seeds,
+        optimizer=name,
+        lr=float(lr),
+        max_growth=max_growth,
+        parametrization="/".join(sorted(parametrizations)),
+        diverged=diverged,
+        axis=axis,
+        fixed_width=fixed_width,
+        expected=expected,
+        attention_probs=sorted(prob_modules),
+    )
 
 
 def _growth_exponent(by_size: dict[int, float]) -> float:
@@ -167,8 +198,7 @@ def _growth_exponent(by_size: dict[int, float]) -> float:
     return math.log(by_size[sizes[-1]] / by_size[sizes[0]]) / math.log(sizes[-1] / sizes[0])
 
 
-def _predictions(make_model, sizes: list[int], inputs,
-                 device: torch.device) -> tuple[dict[str, float], dict[str, str]]:
+def _predictions(make_model, sizes: list[int], inputs, device: torch.device) -> tuple[dict[str, float], dict[str, str]]:
     """µP's predicted slope of each readout's output at init, and the readouts' biases.
 
     The two smallest models are compared as base and delta and classified from a probe forward
@@ -178,23 +208,25 @@ def _predictions(make_model, sizes: list[int], inputs,
     """
     import warnings
 
+    from .._observe import observe
     from ..roles import classify
     from ..shapes import WidthShapes
-    from .._observe import observe
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.manual_seed(0)
             small, wider = make_model(sizes[0]), make_model(sizes[1])
-            shapes = WidthShapes.from_models({n: p.shape for n, p in small.named_parameters()},
-                                             {n: p.shape for n, p in wider.named_parameters()})
+            shapes = WidthShapes.from_models(
+                {n: p.shape for n, p in small.named_parameters()}, {n: p.shape for n, p in wider.named_parameters()}
+            )
             infos = classify(wider, shapes, observation=observe(wider.to(device), inputs))
     except Exception:  # the prediction is a refinement; without it every curve is held to Θ(1)
         return {}, {}
     expected: dict[str, float] = {}
     readouts: dict[str, str] = {}
     step = math.log(sizes[1] / sizes[0])
-    for name, info in infos.items():
+    for _name, info in infos.items():
         if info.role == "output":
             modules, m_in = [m for m, _ in info.usages], info.m_in
         elif info.tied_readouts:  # a tied readout's fan_in is the embedding's fan_out
@@ -209,7 +241,7 @@ def _predictions(make_model, sizes: list[int], inputs,
     return expected, readouts
 
 
-def _depth_names(model: nn.Module) -> dict[str, Optional[str]]:
+def _depth_names(model: nn.Module) -> dict[str, str | None]:
     """For a check across depth: module name → its name in the records, or None to leave it out.
 
     The first block keeps its name, the last block of each container is called
@@ -218,11 +250,11 @@ def _depth_names(model: nn.Module) -> dict[str, Optional[str]]:
     """
     shapes = {canonical_name(n): tuple(p.shape) for n, p in model.named_parameters()}
     containers = block_containers(shapes)
-    out: dict[str, Optional[str]] = {}
+    out: dict[str, str | None] = {}
     for name, _ in model.named_modules():
         for prefix, n in containers.items():
             hit = split_block(name, prefix)
-            if hit is None or hit[0] == 0 and n > 1:
+            if hit is None or (hit[0] == 0 and n > 1):
                 continue
             index, rest = hit
             new = None if index != n - 1 else join_name(prefix, "last", rest)
@@ -234,9 +266,20 @@ def _depth_names(model: nn.Module) -> dict[str, Optional[str]]:
 # --------------------------------------------------------------------------- one run
 
 
-def _run(model: nn.Module, data, optimizer, family: Optional[str], lr: float, weight_decay: float,
-         eps: Optional[float], steps: int, loss_fn: Optional[LossFn], is_mup: bool, readouts: dict[str, str],
-         hidden: Optional[set] = None):
+def _run(
+    model: nn.Module,
+    data,
+    optimizer,
+    family: str | None,
+    lr: float,
+    weight_decay: float,
+    eps: float | None,
+    steps: int,
+    loss_fn: LossFn | None,
+    is_mup: bool,
+    readouts: dict[str, str],
+    hidden: set | None = None,
+):
     model.train()
     opt = _make_optimizer(model, optimizer, lr, weight_decay, eps, is_mup, hidden)
     probe = _Probe(model, readouts)
@@ -295,7 +338,7 @@ def _logits(output) -> torch.Tensor:
     raise TypeError(f"cannot find logits in the model's output ({type(output).__name__}); pass loss_fn=")
 
 
-def _loss(output, targets, loss_fn: Optional[LossFn]) -> torch.Tensor:
+def _loss(output, targets, loss_fn: LossFn | None) -> torch.Tensor:
     if loss_fn is not None:
         loss = loss_fn(output, targets)
     elif isinstance(getattr(output, "loss", None), torch.Tensor):
@@ -319,7 +362,7 @@ def _mean_abs(t: torch.Tensor) -> float:
     return float(t.abs().mean()) if t.numel() else 0.0
 
 
-def _first_float(output) -> Optional[torch.Tensor]:
+def _first_float(output) -> torch.Tensor | None:
     """The tensor of a module's output that the check follows."""
     if isinstance(output, torch.Tensor):
         return output if output.is_floating_point() else None
@@ -342,7 +385,7 @@ def _first_float(output) -> Optional[torch.Tensor]:
 class _Probe:
     """Forward hooks on every module and attention logits recorded (see `observe`), run on demand."""
 
-    def __init__(self, model: nn.Module, readouts: Optional[dict[str, str]] = None):
+    def __init__(self, model: nn.Module, readouts: dict[str, str] | None = None):
         self.model = model
         self.active = False
         self.captured: dict[str, torch.Tensor] = {}
@@ -371,6 +414,7 @@ class _Probe:
                 self.captured[label] = h.detach().float().clone()
                 if h.ndim:
                     self.out_dims[label] = int(h.shape[-1])
+
         return hook
 
     def _record_logits(self, label: str, q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool) -> None:
@@ -418,6 +462,7 @@ class _Probe:
             cfg = getattr(mod, "_mutransfer_attn", None)
             scale = attn.mup_logit_scale(cfg, hd)
             self._record_logits(label, q, k, scale, bool(kwargs.get("is_causal", False)))
+
         return hook
 
     def measure(self, inputs) -> dict[str, torch.Tensor]:

@@ -1,5 +1,6 @@
 """Argument checks shared by the limits: an integer with a lower bound, a positive finite number.
 Both name the argument; a wrong type is a TypeError, a wrong value a ValueError."""
+
 from __future__ import annotations
 
 import math

@@ -5,16 +5,17 @@ E[φ(u)φ(v)] (NNGP) and E[φ'(u)φ'(v)] (NTK). relu, erf and the identity have 
 form; anything else (a name below or any elementwise callable) is integrated by Gauss–Hermite
 quadrature, with φ' from autograd unless given.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Fn", "Moments", "Activation", "get_activation", "autograd_derivative"]
+__all__ = ["Activation", "Fn", "Moments", "autograd_derivative", "get_activation"]
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
 Moments = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (a, b, c) -> E[...]
@@ -49,8 +50,8 @@ class Activation:
     name: str
     fn: Fn
     derivative: Fn
-    phi_moment: Optional[Moments] = None   # closed-form E[φ(u)φ(v)]
-    dphi_moment: Optional[Moments] = None  # closed-form E[φ'(u)φ'(v)]
+    phi_moment: Moments | None = None  # closed-form E[φ(u)φ(v)]
+    dphi_moment: Moments | None = None  # closed-form E[φ'(u)φ'(v)]
 
 
 def autograd_derivative(fn: Fn) -> Fn:
@@ -59,14 +60,16 @@ def autograd_derivative(fn: Fn) -> Fn:
             z = x.detach().requires_grad_(True)
             (g,) = torch.autograd.grad(fn(z).sum(), z)
         return g.detach()
+
     return derivative
 
 
 _NAMED: dict[str, Activation] = {
     "relu": Activation("relu", torch.relu, lambda x: (x > 0).to(x.dtype), _relu_phi, _relu_dphi),
     "erf": Activation("erf", torch.erf, lambda x: (2 / math.sqrt(math.pi)) * torch.exp(-x * x), _erf_phi, _erf_dphi),
-    "identity": Activation("identity", lambda x: x, torch.ones_like,
-                           lambda a, b, c: c, lambda a, b, c: torch.ones_like(c)),
+    "identity": Activation(
+        "identity", lambda x: x, torch.ones_like, lambda a, b, c: c, lambda a, b, c: torch.ones_like(c)
+    ),
     "tanh": Activation("tanh", torch.tanh, lambda x: 1 - torch.tanh(x) ** 2),
     "gelu": Activation("gelu", F.gelu, autograd_derivative(F.gelu)),
     "sigmoid": Activation("sigmoid", torch.sigmoid, lambda x: torch.sigmoid(x) * (1 - torch.sigmoid(x))),
@@ -76,13 +79,15 @@ _NAMED: dict[str, Activation] = {
 _NAMED["linear"] = _NAMED["identity"]
 
 
-def get_activation(activation: Union[str, Fn], derivative: Optional[Fn] = None) -> Activation:
+def get_activation(activation: str | Fn, derivative: Fn | None = None) -> Activation:
     """A named activation (closed form where known) or any elementwise callable."""
     if isinstance(activation, str):
         key = activation.lower()
         if key not in _NAMED:
-            raise ValueError(f"unknown activation '{activation}'; use one of {', '.join(sorted(_NAMED))} or pass "
-                             "an elementwise callable")
+            raise ValueError(
+                f"unknown activation '{activation}'; use one of {', '.join(sorted(_NAMED))} or pass "
+                "an elementwise callable"
+            )
         act = _NAMED[key]
         if derivative is not None:
             return Activation(act.name, act.fn, derivative, act.phi_moment, None)

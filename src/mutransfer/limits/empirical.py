@@ -1,9 +1,11 @@
 """Kernels of finite networks: the empirical NTK (torch.func) and a Monte Carlo NNGP, and the
 finite fully-connected network in the NTK parametrization that `kernels` describes."""
+
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Callable, Optional, Union
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -11,7 +13,7 @@ from torch import nn
 from .activations import Fn, get_activation
 from .kernels import ArrayLike, as_inputs
 
-__all__ = ["NTKLinear", "NTKMLP", "empirical_ntk", "empirical_nngp"]
+__all__ = ["NTKMLP", "NTKLinear", "empirical_nngp", "empirical_ntk"]
 
 
 class NTKLinear(nn.Module):
@@ -32,11 +34,19 @@ class NTKLinear(nn.Module):
 class NTKMLP(nn.Module):
     """`depth` hidden layers of `width` units: the finite network whose limit `kernels` computes."""
 
-    def __init__(self, d_in: int, width: int, depth: int = 1, activation: Union[str, Fn] = "relu",
-                 weight_var: float = 2.0, bias_var: float = 0.0, d_out: int = 1):
+    def __init__(
+        self,
+        d_in: int,
+        width: int,
+        depth: int = 1,
+        activation: str | Fn = "relu",
+        weight_var: float = 2.0,
+        bias_var: float = 0.0,
+        d_out: int = 1,
+    ):
         super().__init__()
         sizes = [d_in] + [width] * depth + [d_out]
-        self.layers = nn.ModuleList(NTKLinear(a, b, weight_var, bias_var) for a, b in zip(sizes[:-1], sizes[1:]))
+        self.layers = nn.ModuleList(NTKLinear(a, b, weight_var, bias_var) for a, b in itertools.pairwise(sizes))
         self.act = get_activation(activation).fn
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -45,8 +55,7 @@ class NTKMLP(nn.Module):
         return self.layers[-1](x)
 
 
-def empirical_ntk(model: nn.Module, x1: ArrayLike, x2: Optional[ArrayLike] = None,
-                  chunk: int = 256) -> torch.Tensor:
+def empirical_ntk(model: nn.Module, x1: ArrayLike, x2: ArrayLike | None = None, chunk: int = 256) -> torch.Tensor:
     """Θ(x, x') = Σ_params ⟨∂f(x)/∂θ, ∂f(x')/∂θ⟩ of `model` as it is, (n1, n2) float64.
 
     With several outputs, the per-output kernels are averaged (the infinite-width NTK is the
@@ -55,6 +64,7 @@ def empirical_ntk(model: nn.Module, x1: ArrayLike, x2: Optional[ArrayLike] = Non
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     from torch.func import functional_call, jacrev, vmap
+
     params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
     dtype = next(iter(params.values())).dtype
     a = as_inputs(x1, "x1").to(dtype)
@@ -66,7 +76,7 @@ def empirical_ntk(model: nn.Module, x1: ArrayLike, x2: Optional[ArrayLike] = Non
     def jac(x: torch.Tensor) -> torch.Tensor:  # (n, outputs, P)
         parts = []
         for s in range(0, len(x), chunk):
-            j = vmap(jacrev(f), in_dims=(None, 0))(params, x[s:s + chunk])
+            j = vmap(jacrev(f), in_dims=(None, 0))(params, x[s : s + chunk])
             parts.append(torch.cat([t.reshape(t.shape[0], t.shape[1], -1) for t in j.values()], -1))
         return torch.cat(parts).to(torch.float64)
 
@@ -75,8 +85,9 @@ def empirical_ntk(model: nn.Module, x1: ArrayLike, x2: Optional[ArrayLike] = Non
     return torch.einsum("iop,jop->ij", j1, j2) / j1.shape[1]
 
 
-def empirical_nngp(make_model: Callable[[], nn.Module], x1: ArrayLike, x2: Optional[ArrayLike] = None,
-                   samples: int = 100) -> tuple[torch.Tensor, torch.Tensor]:
+def empirical_nngp(
+    make_model: Callable[[], nn.Module], x1: ArrayLike, x2: ArrayLike | None = None, samples: int = 100
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Monte Carlo NNGP: the mean of f(x) f(x')ᵀ over `samples` fresh networks from `make_model()`,
     with its standard error; both (n1, n2) float64 (outputs averaged)."""
     if not isinstance(samples, int) or samples < 2:

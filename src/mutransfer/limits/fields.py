@@ -22,19 +22,38 @@ with itself, batch-diagonal: (n, …)); spatial positions either `full` (…, *S
 (…, *S). A concatenation along the width gives a field of several parts, each a fraction of
 the coordinates.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 
 from .activations import Fn, autograd_derivative
 from .gaussian import MAX_ORDER, expect_1d, expect_2d, hermite_coefficients
 
-__all__ = ["Layout", "Basis", "Elem", "Term", "Field", "IDENTITY", "ONE", "RELU", "STEP", "ERF", "ERF_D",
-           "generic", "elem_of", "FALLBACK_ORDER", "BLOCKS", "expect", "expect_both", "mean"]
+__all__ = [
+    "BLOCKS",
+    "ERF",
+    "ERF_D",
+    "FALLBACK_ORDER",
+    "IDENTITY",
+    "ONE",
+    "RELU",
+    "STEP",
+    "Basis",
+    "Elem",
+    "Field",
+    "Layout",
+    "Term",
+    "elem_of",
+    "expect",
+    "expect_both",
+    "generic",
+    "mean",
+]
 
 BLOCKS = ("x", "a", "b")
 _SERIES_TERMS = 240
@@ -45,6 +64,7 @@ FALLBACK_ORDER = 160  # 2-D quadrature where Mehler's series does not converge
 @dataclass(frozen=True)
 class Layout:
     """Spatial sizes S (in kernel order) and whether the kernel keeps every pair of positions."""
+
     spatial: tuple[int, ...]
     full: bool
 
@@ -78,13 +98,14 @@ class Layout:
 class Basis:
     """One layer's output family: kernels per block and the cross tangent kernel, all in `layout`.
     `support`: the layer outputs it is a function of (itself, unless it is derived by LayerNorm)."""
+
     id: int
     layout: Layout
     k: dict[str, torch.Tensor]
-    ntk: Optional[torch.Tensor]
+    ntk: torch.Tensor | None
     support: frozenset[int]
     gaussian: bool = True  # False: a pooled non-Gaussian value, known by its kernels and `means`
-    means: Optional[dict[str, torch.Tensor]] = None  # per side 'a'/'b', (n, *S)
+    means: dict[str, torch.Tensor] | None = None  # per side 'a'/'b', (n, *S)
     node: object = None  # the graph node that made it (its layout follows that node's needs)
 
 
@@ -92,12 +113,13 @@ class Basis:
 class Elem:
     """An elementwise function with what the expectations need: its kind (closed forms are chosen
     by kind), the callable, and its derivative as another Elem (None: zero)."""
+
     kind: str
     fn: Fn
     name: str
-    derivative: Optional[Callable[[], Optional["Elem"]]] = None
+    derivative: Callable[[], Elem | None] | None = None
 
-    def d(self) -> Optional["Elem"]:
+    def d(self) -> Elem | None:
         return None if self.derivative is None else self.derivative()
 
 
@@ -128,7 +150,7 @@ def elem_of(act) -> Elem:
     return generic(act.fn, act.name, act.derivative)
 
 
-def generic(fn: Fn, name: str, derivative: Optional[Fn] = None) -> Elem:
+def generic(fn: Fn, name: str, derivative: Fn | None = None) -> Elem:
     """Any elementwise function; its derivative by autograd unless given."""
     d = derivative or autograd_derivative(fn)
     return Elem("generic", fn, name, lambda: Elem("generic", d, f"{name}'", lambda: generic(d, f"{name}'")))
@@ -141,6 +163,7 @@ ERF = Elem("erf", torch.erf, "erf", lambda: ERF_D)
 @dataclass(frozen=True)
 class Term:
     """coef · f(Σ_j a_j Z_j); `combo` is ((basis id, a_j), ...) sorted; empty for a constant."""
+
     coef: float
     f: Elem
     combo: tuple[tuple[int, float], ...]
@@ -150,6 +173,7 @@ class Term:
 class Field:
     """A width tensor: parts (fraction of the width, terms); axes: the tensor's axes, each a tuple
     of atoms ('B' batch, 'W' width, int spatial index into layout.spatial); sizes: atom → size."""
+
     parts: list[tuple[float, list[Term]]]
     axes: list[tuple]
     sizes: dict
@@ -163,6 +187,7 @@ class Field:
 
 
 # ---- expectations of pairs of elementwise functions of a bivariate Gaussian -----------------------
+
 
 def _cos(a, b, c):
     s = torch.sqrt(a * b)
@@ -202,9 +227,14 @@ def _identity_step(a, b, c):  # E[u · 1(v > 0)] = Cov(u, v) · density of v at 
     return torch.where(b > 0, c / torch.sqrt(2 * math.pi * b.clamp_min(1e-300)), torch.zeros_like(c))
 
 
-_CLOSED = {("relu", "relu"): _relu_relu, ("step", "step"): _step_step, ("erf", "erf"): _erf_erf,
-           ("erf_d", "erf_d"): _erfd_erfd, ("identity", "identity"): lambda a, b, c: c,
-           ("identity", "step"): _identity_step}
+_CLOSED = {
+    ("relu", "relu"): _relu_relu,
+    ("step", "step"): _step_step,
+    ("erf", "erf"): _erf_erf,
+    ("erf_d", "erf_d"): _erfd_erfd,
+    ("identity", "identity"): lambda a, b, c: c,
+    ("identity", "step"): _identity_step,
+}
 
 
 def mean(f: Elem, v: torch.Tensor) -> torch.Tensor:
@@ -230,8 +260,9 @@ def _coefficients(f: Elem, v: torch.Tensor, terms: int) -> tuple[torch.Tensor, t
     return hermite_coefficients(f.fn, uniq, terms), inv
 
 
-def expect_both(f: Elem, g: Elem, va: torch.Tensor, vb: torch.Tensor, c: torch.Tensor, derivative: bool,
-                **options) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def expect_both(
+    f: Elem, g: Elem, va: torch.Tensor, vb: torch.Tensor, c: torch.Tensor, derivative: bool, **options
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(E[f(u) g(v)], E[f'(u) g'(v)] or None): what one pair of terms gives the NNGP and the NTK."""
     if f.kind == "relu" and g.kind == "relu":
         va, vb, c = torch.broadcast_tensors(va, vb, c)
@@ -243,8 +274,16 @@ def expect_both(f: Elem, g: Elem, va: torch.Tensor, vb: torch.Tensor, c: torch.T
     return value, (None if df is None or dg is None else expect(df, dg, va, vb, c, **options))
 
 
-def expect(f: Elem, g: Elem, va: torch.Tensor, vb: torch.Tensor, c: torch.Tensor, *, terms: int = _SERIES_TERMS,
-           fallback_order: int = FALLBACK_ORDER) -> torch.Tensor:
+def expect(
+    f: Elem,
+    g: Elem,
+    va: torch.Tensor,
+    vb: torch.Tensor,
+    c: torch.Tensor,
+    *,
+    terms: int = _SERIES_TERMS,
+    fallback_order: int = FALLBACK_ORDER,
+) -> torch.Tensor:
     """E[f(u) g(v)] for (u, v) centred Gaussian with Var u = va, Var v = vb, Cov = c (broadcast).
     Closed forms by kind; else Mehler's series with `terms` Hermite coefficients wherever one side's
     coefficients decay, 2-D Gauss–Hermite quadrature of `fallback_order` per dimension elsewhere."""
@@ -285,6 +324,5 @@ def expect(f: Elem, g: Elem, va: torch.Tensor, vb: torch.Tensor, c: torch.Tensor
 
 def _row_converged(coeffs: torch.Tensor, tol: float = 1e-4) -> torch.Tensor:
     """Per row of Hermite coefficients: does the last tenth fall below `tol` × the norm?"""
-    tail = coeffs[:, -max(2, coeffs.shape[1] // 10):].abs().amax(1)
+    tail = coeffs[:, -max(2, coeffs.shape[1] // 10) :].abs().amax(1)
     return tail <= tol * coeffs.norm(dim=1).clamp_min(1e-300)
-

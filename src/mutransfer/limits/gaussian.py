@@ -9,6 +9,7 @@ E[f(u) g(v)] with Var u = a, Var v = b, corr ρ is computed two ways:
 - 2-D tensor Gauss–Hermite quadrature, the fallback when the Hermite coefficients do not decay
   (kinks and jumps: relu by quadrature, its step derivative), good to ~1e-3 there.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,8 +19,16 @@ import torch
 
 from .activations import Fn
 
-__all__ = ["MAX_ORDER", "nodes", "expect_1d", "weighted_hermite", "hermite_coefficients", "converged",
-           "mehler", "expect_2d"]
+__all__ = [
+    "MAX_ORDER",
+    "converged",
+    "expect_1d",
+    "expect_2d",
+    "hermite_coefficients",
+    "mehler",
+    "nodes",
+    "weighted_hermite",
+]
 
 # Elements of the (pairs × nodes²) work array per chunk: ~128 MB in float64.
 _CHUNK_ELEMENTS = 16_000_000
@@ -87,7 +96,7 @@ def hermite_coefficients(f: Fn, var: torch.Tensor, terms: int, order: int = MAX_
 def converged(coeffs: torch.Tensor, tol: float = 1e-4) -> bool:
     """Do the Hermite coefficients decay (the last tenth below `tol` × the norm)? The series' error
     is about the square of the tail (≲1e-7 relative at the default); kinks fail this."""
-    tail = coeffs[:, -max(2, coeffs.shape[1] // 10):].abs().amax(1)
+    tail = coeffs[:, -max(2, coeffs.shape[1] // 10) :].abs().amax(1)
     norm = coeffs.norm(dim=1).clamp_min(1e-300)
     return bool((tail <= tol * norm).all())
 
@@ -111,10 +120,10 @@ def expect_2d(f: Fn, g: Fn, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, o
     z2 = z[None, :].expand(order, order).reshape(-1)
     step = max(1, _CHUNK_ELEMENTS // (order * order))
     for s in range(0, c.numel(), step):
-        ai, bi, ci = a[s:s + step, None], b[s:s + step, None], c[s:s + step, None]
+        ai, bi, ci = a[s : s + step, None], b[s : s + step, None], c[s : s + step, None]
         sa, sb = torch.sqrt(ai.clamp_min(0)), torch.sqrt(bi.clamp_min(0))
         rho = torch.where(sa * sb > 0, ci / (sa * sb).clamp_min(1e-300), torch.zeros_like(ci)).clamp(-1, 1)
         u = sa * z1
         v = sb * (rho * z1 + torch.sqrt(1 - rho * rho) * z2)
-        out[s:s + step] = (f(u) * g(v) * ww).sum(-1)
+        out[s : s + step] = (f(u) * g(v) * ww).sum(-1)
     return out.reshape(shape)

@@ -13,23 +13,30 @@ parametrization (W ~ N(0, σ_w²/fan_in), b ~ N(0, σ_b²)); the NTK Θ is the N
 (in the standard parametrization the NTK has no width-independent limit). weight_var = 2 with
 relu keeps the diagonal constant through the layers (He init).
 """
-from __future__ import annotations
 
-from typing import Optional, Union
+from __future__ import annotations
 
 import numpy as np
 import torch
-
 from torch import nn
 
 from .activations import Activation, Fn, get_activation
 from .fields import FALLBACK_ORDER, elem_of, expect_both
 from .gaussian import MAX_ORDER, expect_1d
 
-__all__ = ["ArrayLike", "DEFAULT_QUAD_ORDER", "DEFAULT_SERIES_TERMS", "as_inputs", "kernels", "mlp_kernels", "nngp",
-           "ntk", "nngp_diag"]
+__all__ = [
+    "DEFAULT_QUAD_ORDER",
+    "DEFAULT_SERIES_TERMS",
+    "ArrayLike",
+    "as_inputs",
+    "kernels",
+    "mlp_kernels",
+    "nngp",
+    "nngp_diag",
+    "ntk",
+]
 
-ArrayLike = Union[torch.Tensor, np.ndarray]
+ArrayLike = torch.Tensor | np.ndarray
 DEFAULT_QUAD_ORDER = FALLBACK_ORDER  # per dimension, for the 2-D quadrature fallback
 DEFAULT_SERIES_TERMS = 240  # Hermite coefficients in Mehler's series
 
@@ -80,10 +87,13 @@ def _diag_next(act: Activation, d: torch.Tensor, order: int) -> torch.Tensor:
 def _model_call(fn_name: str, first, rest: tuple, kwargs: dict):
     """`f(model, x1, x2=None, weight_var=2.0, bias_var=0.0, **options)` → ModelKernels."""
     from .traced import model_kernels
+
     names = ("x1", "x2", "weight_var", "bias_var")
     if len(rest) > len(names):
-        raise TypeError(f"{fn_name}(model, x1, x2=None, weight_var=2.0, bias_var=0.0, ...) takes at most "
-                        f"{len(names)} positional arguments after the model")
+        raise TypeError(
+            f"{fn_name}(model, x1, x2=None, weight_var=2.0, bias_var=0.0, ...) takes at most "
+            f"{len(names)} positional arguments after the model"
+        )
     bound = dict(zip(names, rest))
     for key in bound:
         if key in kwargs:
@@ -110,10 +120,19 @@ def kernels(x1, x2=None, *args, **kwargs):
     return mlp_kernels(x1, x2, *args, **kwargs)
 
 
-def mlp_kernels(x1: ArrayLike, x2: Optional[ArrayLike] = None, depth: int = 1, activation: Union[str, Fn] = "relu",
-            weight_var: float = 2.0, bias_var: float = 0.0, *, derivative: Optional[Fn] = None,
-            ntk: bool = True, quad_order: int = DEFAULT_QUAD_ORDER,
-            series_terms: int = DEFAULT_SERIES_TERMS) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def mlp_kernels(
+    x1: ArrayLike,
+    x2: ArrayLike | None = None,
+    depth: int = 1,
+    activation: str | Fn = "relu",
+    weight_var: float = 2.0,
+    bias_var: float = 0.0,
+    *,
+    derivative: Fn | None = None,
+    ntk: bool = True,
+    quad_order: int = DEFAULT_QUAD_ORDER,
+    series_terms: int = DEFAULT_SERIES_TERMS,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(NNGP, NTK) kernels between the rows of x1 and x2 (x2 = x1 when None), each (n1, n2) float64.
 
     `activation`: "relu", "erf", "identity" (closed forms), "tanh", "gelu", "sigmoid", "softplus",
@@ -174,14 +193,28 @@ def ntk(x1, x2=None, *args, **kwargs) -> torch.Tensor:
     return _mlp(x1, x2, *args, **kwargs)[1]
 
 
-def _mlp(x1, x2=None, depth: int = 1, activation: Union[str, Fn] = "relu", weight_var: float = 2.0,
-         bias_var: float = 0.0, **kwargs):
+def _mlp(
+    x1,
+    x2=None,
+    depth: int = 1,
+    activation: str | Fn = "relu",
+    weight_var: float = 2.0,
+    bias_var: float = 0.0,
+    **kwargs,
+):
     return mlp_kernels(x1, x2, depth, activation, weight_var, bias_var, **kwargs)
 
 
-def nngp_diag(x: ArrayLike, depth: int = 1, activation: Union[str, Fn] = "relu", weight_var: float = 2.0,
-              bias_var: float = 0.0, *, derivative: Optional[Fn] = None,
-              quad_order: int = DEFAULT_QUAD_ORDER) -> torch.Tensor:
+def nngp_diag(
+    x: ArrayLike,
+    depth: int = 1,
+    activation: str | Fn = "relu",
+    weight_var: float = 2.0,
+    bias_var: float = 0.0,
+    *,
+    derivative: Fn | None = None,
+    quad_order: int = DEFAULT_QUAD_ORDER,
+) -> torch.Tensor:
     """K(x, x) for every row of x, without the (n, n) matrix."""
     _check(depth, weight_var, bias_var)
     act = get_activation(activation, derivative)

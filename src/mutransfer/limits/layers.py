@@ -23,10 +23,11 @@ Conventions (the PyTorch layer, and where neural-tangents defines the same layer
   fallback × 160² nodes, only on entries where it is needed. `nn.LayerNorm` (= `stax.LayerNorm`,
   eps as the module's: PyTorch's default 1e-5, neural-tangents' 1e-12), `+`, `torch.cat`: one pass.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -37,8 +38,18 @@ from .fields import Layout
 # Carlo networks treat exactly these): W ~ N(0, σ_w²/fan_in), b ~ N(0, σ_b²).
 LAYER_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
-__all__ = ["LAYER_TYPES", "AxisOp", "pad_index", "conv", "pool", "pool_mean", "contract_diagonal", "global_mean", "to_layout",
-           "input_kernel"]
+__all__ = [
+    "LAYER_TYPES",
+    "AxisOp",
+    "contract_diagonal",
+    "conv",
+    "global_mean",
+    "input_kernel",
+    "pad_index",
+    "pool",
+    "pool_mean",
+    "to_layout",
+]
 
 
 class AxisOp:
@@ -49,14 +60,13 @@ class AxisOp:
         self.length, self.k, self.s, self.d, self.lo, self.hi, self.mode = length, k, s, d, lo, hi, mode
         self.out = (length + lo + hi - d * (k - 1) - 1) // s + 1
         if self.out < 1:
-            raise ValueError(f"a window of {k} (dilation {d}) does not fit {length} positions padded by "
-                             f"({lo}, {hi})")
+            raise ValueError(f"a window of {k} (dilation {d}) does not fit {length} positions padded by ({lo}, {hi})")
         self.index = pad_index(length, lo, hi, mode)
 
     def counts(self) -> torch.Tensor:
         """Real (non-padding) positions in each window."""
         real = (self.index >= 0).to(torch.float64)
-        return sum(real[self.d * t: self.d * t + self.s * (self.out - 1) + 1: self.s] for t in range(self.k))
+        return sum(real[self.d * t : self.d * t + self.s * (self.out - 1) + 1 : self.s] for t in range(self.k))
 
 
 def pad_index(length: int, lo: int, hi: int, mode: str) -> torch.Tensor:
@@ -158,8 +168,11 @@ def _conv_zeros(k: torch.Tensor, dims: tuple[int, ...], op: AxisOp) -> torch.Ten
 def _window_mean(t: torch.Tensor, dim: int, op: AxisOp, count_include_pad: bool) -> torch.Tensor:
     """The windows of `op` along one axis, summed and divided by the window size (or by the real
     positions in it)."""
-    norm = (torch.full((op.out,), float(op.k), dtype=t.dtype, device=t.device) if count_include_pad
-            else op.counts().to(t.device))
+    norm = (
+        torch.full((op.out,), float(op.k), dtype=t.dtype, device=t.device)
+        if count_include_pad
+        else op.counts().to(t.device)
+    )
     t = _padded(t, dim, op)
     t = sum(_window(t, dim, op, i) for i in range(op.k))
     shape = [1] * t.ndim
@@ -193,11 +206,16 @@ def contract_diagonal(k: torch.Tensor, layout: Layout, block: str, atoms: Sequen
     keep = [a for a in range(ns) if a not in atoms]
     if layout.full:
         # move the contracted pairs to the end, take their diagonal, average
-        perm = list(range(nb)) + [nb + a for a in keep] + [nb + ns + a for a in keep] + \
-            [nb + a for a in atoms] + [nb + ns + a for a in atoms]
+        perm = (
+            list(range(nb))
+            + [nb + a for a in keep]
+            + [nb + ns + a for a in keep]
+            + [nb + a for a in atoms]
+            + [nb + ns + a for a in atoms]
+        )
         k = k.permute(perm)
         p = math.prod(layout.spatial[a] for a in atoms)
-        k = k.reshape(*k.shape[:nb + 2 * len(keep)], p, p)
+        k = k.reshape(*k.shape[: nb + 2 * len(keep)], p, p)
         return k.diagonal(dim1=-2, dim2=-1).mean(-1)
     return k.mean(dim=tuple(nb + a for a in atoms))
 

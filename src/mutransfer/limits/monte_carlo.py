@@ -10,11 +10,11 @@ are not in the NTK. The module runs in eval mode. The
 standard error is over samples; a finite width adds its own O(1/width) bias, which it does not
 include.
 """
+
 from __future__ import annotations
 
 import copy
 import math
-from typing import Optional
 
 import torch
 from torch import nn
@@ -22,7 +22,6 @@ from torch import nn
 from .layers import LAYER_TYPES
 
 __all__ = ["layer_factors", "monte_carlo_kernels"]
-
 
 
 def layer_factors(model: nn.Module, weight_var: float, bias_var: float) -> dict[str, float]:
@@ -47,11 +46,15 @@ def _resample(model: nn.Module, weight_var: float, bias_var: float, g: torch.Gen
         for mname, m in model.named_modules():
             if isinstance(m, LAYER_TYPES):
                 w = m.weight
-                w.copy_((torch.randn(w.shape, generator=g, dtype=w.dtype) * math.sqrt(weight_var / w[0].numel()))
-                        .to(w.device))
+                w.copy_(
+                    (torch.randn(w.shape, generator=g, dtype=w.dtype) * math.sqrt(weight_var / w[0].numel())).to(
+                        w.device
+                    )
+                )
                 if m.bias is not None:
-                    m.bias.copy_((torch.randn(m.bias.shape, generator=g, dtype=w.dtype) * math.sqrt(bias_var))
-                                 .to(w.device))
+                    m.bias.copy_(
+                        (torch.randn(m.bias.shape, generator=g, dtype=w.dtype) * math.sqrt(bias_var)).to(w.device)
+                    )
             elif any(True for _ in m.parameters(recurse=False)):
                 if hasattr(m, "reset_parameters"):
                     m.reset_parameters()
@@ -61,19 +64,31 @@ def _resample(model: nn.Module, weight_var: float, bias_var: float, g: torch.Gen
 
 def _output(out, n: int) -> torch.Tensor:
     if not isinstance(out, torch.Tensor):
-        raise ValueError(f"the model returns {type(out).__name__}; the kernels need one output tensor (batch "
-                         "axis first): wrap the model so that forward returns it")
+        raise ValueError(
+            f"the model returns {type(out).__name__}; the kernels need one output tensor (batch "
+            "axis first): wrap the model so that forward returns it"
+        )
     return out.reshape(n, -1)
 
 
-def monte_carlo_kernels(model: nn.Module, x1: torch.Tensor, x2: Optional[torch.Tensor] = None,
-                        weight_var: float = 2.0, bias_var: float = 0.0, *, samples: int = 32, ntk: bool = True,
-                        seed: int = 0, chunk: int = 64) -> dict:
+def monte_carlo_kernels(
+    model: nn.Module,
+    x1: torch.Tensor,
+    x2: torch.Tensor | None = None,
+    weight_var: float = 2.0,
+    bias_var: float = 0.0,
+    *,
+    samples: int = 32,
+    ntk: bool = True,
+    seed: int = 0,
+    chunk: int = 64,
+) -> dict:
     """Monte Carlo NNGP and NTK of one output unit (outputs averaged), float64, with standard errors.
     Returns {"nngp", "nngp_se", "ntk", "ntk_se", "own_init"} (ntk entries None when ntk=False)."""
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 2:
         raise ValueError(f"samples must be an integer ≥ 2, got {samples!r}")
     from torch.func import functional_call, jacrev, vmap
+
     a = x1.detach().to(torch.float64)
     net = copy.deepcopy(model).to(device=a.device, dtype=torch.float64).eval()  # computed where the inputs are
     g = torch.Generator().manual_seed(seed)  # on the CPU: the same networks on every device
@@ -93,13 +108,15 @@ def monte_carlo_kernels(model: nn.Module, x1: torch.Tensor, x2: Optional[torch.T
         def f(p, x):
             return _output(functional_call(net, p, (x[None],), strict=False), 1).reshape(-1)
 
-        def jac(x):
+        def jac(x, params=params):
             parts = []
             for s in range(0, len(x), chunk):
-                j = vmap(jacrev(f), in_dims=(None, 0))(params, x[s:s + chunk])
-                parts.append(torch.cat([t.reshape(t.shape[0], t.shape[1], -1) * math.sqrt(factors[n])
-                                        for n, t in j.items()], -1))
+                j = vmap(jacrev(f), in_dims=(None, 0))(params, x[s : s + chunk])
+                parts.append(
+                    torch.cat([t.reshape(t.shape[0], t.shape[1], -1) * math.sqrt(factors[n]) for n, t in j.items()], -1)
+                )
             return torch.cat(parts)
+
         ja = jac(a)
         jb = ja if x2 is None else jac(b)
         ts.append(torch.einsum("iop,jop->ij", ja, jb) / ja.shape[1])
@@ -107,6 +124,7 @@ def monte_carlo_kernels(model: nn.Module, x1: torch.Tensor, x2: Optional[torch.T
     def stats(xs):
         st = torch.stack(xs)
         return st.mean(0), st.std(0) / math.sqrt(len(xs))
+
     k, kse = stats(ks)
     t, tse = stats(ts) if ntk else (None, None)
     return {"nngp": k, "nngp_se": kse, "ntk": t, "ntk_se": tse, "own_init": own}

@@ -42,10 +42,10 @@ Three ways to take the expectation:
   split into `groups` independent replicas that each train on their own; the prediction is their
   mean and the standard error their spread / √groups (`predict(..., return_error=True)`).
 """
+
 from __future__ import annotations
 
 import math
-from typing import Optional, Union
 
 import numpy as np
 import torch
@@ -56,16 +56,26 @@ from .activations import Fn, get_activation
 from .gaussian import nodes
 from .kernels import ArrayLike, as_inputs, as_targets
 
-__all__ = ["METHODS", "OPTIMIZERS", "sgd_batches", "MuPLimit", "OneHiddenLayer", "train_finite",
-           "finite_optimizer", "feature_movement", "fitted_slope"]
+__all__ = [
+    "METHODS",
+    "OPTIMIZERS",
+    "MuPLimit",
+    "OneHiddenLayer",
+    "feature_movement",
+    "finite_optimizer",
+    "fitted_slope",
+    "sgd_batches",
+    "train_finite",
+]
 
 METHODS = ("auto", "linear", "quadrature", "monte_carlo")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 _ADAPTIVE = ("adam", "adamw")
 
 
-def _check_optimizer(optimizer: str, momentum: float, nesterov: bool, betas, eps: float,
-                     weight_decay: float = 0.0) -> None:
+def _check_optimizer(
+    optimizer: str, momentum: float, nesterov: bool, betas, eps: float, weight_decay: float = 0.0
+) -> None:
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
     if not 0.0 <= momentum < 1.0:
@@ -75,8 +85,10 @@ def _check_optimizer(optimizer: str, momentum: float, nesterov: bool, betas, eps
     if not weight_decay >= 0:
         raise ValueError(f"weight_decay must be ≥ 0, got {weight_decay!r}")
     if weight_decay and optimizer != "adamw":
-        raise ValueError("weight_decay is the decoupled decay of optimizer='adamw' (p ← p·(1 − lr·wd), the same "
-                         "at every width); an L2 term in the gradient would need wd/n at width n: use 'adamw'")
+        raise ValueError(
+            "weight_decay is the decoupled decay of optimizer='adamw' (p ← p·(1 − lr·wd), the same "
+            "at every width); an L2 term in the gradient would need wd/n at width n: use 'adamw'"
+        )
     if optimizer in _ADAPTIVE:
         if momentum:
             raise ValueError("momentum is an SGD setting; Adam's is betas=(β₁, β₂)")
@@ -91,15 +103,15 @@ class _Updater:
     gradients: the same arithmetic as torch.optim.SGD / Adam / AdamW, so that the limit and the
     finite networks take the same steps (see the module docstring)."""
 
-    def __init__(self, optimizer: str, momentum: float, nesterov: bool, betas, eps: float,
-                 weight_decay: float = 0.0):
+    def __init__(self, optimizer: str, momentum: float, nesterov: bool, betas, eps: float, weight_decay: float = 0.0):
         self.optimizer, self.momentum, self.nesterov = optimizer, momentum, nesterov
         self.betas, self.eps, self.weight_decay = tuple(betas), eps, weight_decay
         self.state: dict[str, list[torch.Tensor]] = {}
         self.t = 0
 
-    def step(self, grads: dict[str, torch.Tensor], lr: float,
-             params: Optional[dict[str, torch.Tensor]] = None) -> dict[str, torch.Tensor]:
+    def step(
+        self, grads: dict[str, torch.Tensor], lr: float, params: dict[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
         """The change −lr·(update) of each named state tensor (`params`: their values, for AdamW's decay)."""
         self.t += 1
         out = {}
@@ -118,15 +130,16 @@ class _Updater:
                 m = b1 * m + (1 - b1) * g
                 s = b2 * s + (1 - b2) * g * g
                 self.state[name] = [m, s]
-                denom = (s / (1 - b2 ** self.t)).sqrt() + self.eps
-                out[name] = -lr * (m / (1 - b1 ** self.t)) / denom
+                denom = (s / (1 - b2**self.t)).sqrt() + self.eps
+                out[name] = -lr * (m / (1 - b1**self.t)) / denom
                 if self.weight_decay:
                     out[name] = out[name] - lr * self.weight_decay * params[name]
         return out
 
 
-def sgd_batches(n: int, steps: int, batch_size: Optional[int], seed: int = 0,
-                device: Optional[torch.device] = None) -> list[torch.Tensor]:
+def sgd_batches(
+    n: int, steps: int, batch_size: int | None, seed: int = 0, device: torch.device | None = None
+) -> list[torch.Tensor]:
     """The minibatch index sets of `steps` SGD steps (all of 0..n-1 for full batch): shared by the
     limit and the finite networks so that both see the same data order. Drawn on the CPU (the
     same order on every device), returned on `device` (the data's)."""
@@ -142,17 +155,33 @@ class MuPLimit:
     `optimizer="sgd"` (with `momentum`, `nesterov`), `"adam"` (with `betas`, `eps`) or `"adamw"` (and
     `weight_decay`): the limit of `train_finite` with the same arguments (module docstring)."""
 
-    def __init__(self, activation: Union[str, Fn] = "relu", method: str = "auto", *, optimizer: str = "sgd",
-                 momentum: float = 0.0, nesterov: bool = False, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, samples: int = 16384, groups: int = 8, quad_points: Optional[int] = None,
-                 max_nodes: int = 120_000, derivative: Optional[Fn] = None, seed: int = 0):
+    def __init__(
+        self,
+        activation: str | Fn = "relu",
+        method: str = "auto",
+        *,
+        optimizer: str = "sgd",
+        momentum: float = 0.0,
+        nesterov: bool = False,
+        betas=(0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        samples: int = 16384,
+        groups: int = 8,
+        quad_points: int | None = None,
+        max_nodes: int = 120_000,
+        derivative: Fn | None = None,
+        seed: int = 0,
+    ):
         if method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
         _check_optimizer(optimizer, momentum, nesterov, betas, eps, weight_decay)
         if optimizer in _ADAPTIVE and method in ("linear", "quadrature"):
-            raise ValueError(f"method={method!r} needs u to stay a linear function of its start within the span "
-                             "of the inputs, which Adam's entrywise update breaks; use method='monte_carlo' "
-                             "(or 'auto')")
+            raise ValueError(
+                f"method={method!r} needs u to stay a linear function of its start within the span "
+                "of the inputs, which Adam's entrywise update breaks; use method='monte_carlo' "
+                "(or 'auto')"
+            )
         self.optimizer, self.momentum, self.nesterov, self.betas, self.eps = optimizer, momentum, nesterov, betas, eps
         self.weight_decay = weight_decay
         if not isinstance(samples, int) or samples < 2 * groups or samples % (2 * groups):
@@ -174,8 +203,9 @@ class MuPLimit:
         rank = int(torch.linalg.matrix_rank(x))
         return "quadrature" if (k == 1 and rank + 1 <= 4) else "monte_carlo"
 
-    def fit(self, x: ArrayLike, y: ArrayLike, steps: int, lr: float, batch_size: Optional[int] = None,
-            batch_seed: int = 0) -> "MuPLimit":
+    def fit(
+        self, x: ArrayLike, y: ArrayLike, steps: int, lr: float, batch_size: int | None = None, batch_seed: int = 0
+    ) -> MuPLimit:
         """Train the limit for `steps` steps of the optimizer at learning rate `lr` (module docstring)."""
         x = as_inputs(x, "x")
         y = as_targets(y, x.shape[0]).to(x.device)  # computed where x is
@@ -188,8 +218,7 @@ class MuPLimit:
         if self.method_used == "quadrature" and self.k != 1:
             raise ValueError("method='quadrature' takes one output (y of shape (n,)); use 'monte_carlo'")
         getattr(self, f"_init_{self.method_used}")()
-        self._updater = _Updater(self.optimizer, self.momentum, self.nesterov, self.betas, self.eps,
-                                 self.weight_decay)
+        self._updater = _Updater(self.optimizer, self.momentum, self.nesterov, self.betas, self.eps, self.weight_decay)
         for batch in sgd_batches(len(x), steps, batch_size, batch_seed, x.device):
             getattr(self, f"_step_{self.method_used}")(batch, lr)
         state = {"linear": ("M",), "quadrature": ("v", "a"), "monte_carlo": ("u", "v")}[self.method_used]
@@ -198,7 +227,7 @@ class MuPLimit:
         self._fitted = True
         return self
 
-    def predict(self, x: ArrayLike, return_error: bool = False, chunk: Optional[int] = None):
+    def predict(self, x: ArrayLike, return_error: bool = False, chunk: int | None = None):
         """f(x) of the limit, (m,) for one output or (m, k); with `return_error`, also the Monte
         Carlo standard error (zeros for the exact and quadrature methods)."""
         if not self._fitted:
@@ -207,10 +236,13 @@ class MuPLimit:
         if x.shape[1] != self.d:
             raise ValueError(f"x has {x.shape[1]} features; the limit was fitted on {self.d}")
         fn = getattr(self, f"_predict_{self.method_used}")
-        per_point = {"linear": self.d, "quadrature": 2 * getattr(self, "w", x).shape[0] * 16,
-                     "monte_carlo": self.samples}[self.method_used]
+        per_point = {
+            "linear": self.d,
+            "quadrature": 2 * getattr(self, "w", x).shape[0] * 16,
+            "monte_carlo": self.samples,
+        }[self.method_used]
         chunk = chunk or max(1, 8_000_000 // per_point)
-        parts = [fn(x[s:s + chunk]) for s in range(0, len(x), chunk)]
+        parts = [fn(x[s : s + chunk]) for s in range(0, len(x), chunk)]
         mean, err = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
         if self.k == 1:
             mean, err = mean[:, 0], err[:, 0]
@@ -222,18 +254,24 @@ class MuPLimit:
         d, k = self.d, self.k
         dev = self.x.device
         self.M = torch.eye(d + k, dtype=torch.float64, device=dev)
-        self.cov0 = torch.diag(torch.cat([torch.full((d,), 1.0 / d, dtype=torch.float64, device=dev),
-                                          torch.ones(k, dtype=torch.float64, device=dev)]))
+        self.cov0 = torch.diag(
+            torch.cat(
+                [
+                    torch.full((d,), 1.0 / d, dtype=torch.float64, device=dev),
+                    torch.ones(k, dtype=torch.float64, device=dev),
+                ]
+            )
+        )
 
     def _cross(self) -> torch.Tensor:
         """E[v uᵀ] (k × d) under the current M."""
         c = self.M @ self.cov0 @ self.M.T
-        return c[self.d:, :self.d]
+        return c[self.d :, : self.d]
 
     def _step_linear(self, batch: torch.Tensor, lr: float) -> None:
         xb = self.x[batch]
-        chi = (xb @ self._cross().T - self.y[batch]) / len(batch)          # (B, k)
-        g = xb.T @ chi                                                       # (d, k)
+        chi = (xb @ self._cross().T - self.y[batch]) / len(batch)  # (B, k)
+        g = xb.T @ chi  # (d, k)
         d, k = self.d, self.k
         # the scaled gradient of the neuron z = (u, v) = M z₀ is (g v, gᵀ u) = [[0, g], [gᵀ, 0]] M z₀
         a = torch.zeros(d + k, d + k, dtype=torch.float64, device=g.device)
@@ -258,11 +296,11 @@ class MuPLimit:
         z, w = (t.to(self.x.device) for t in nodes(order))
         grids = torch.meshgrid(*([z] * (r + 1)), indexing="ij")
         wgrid = torch.meshgrid(*([w] * (r + 1)), indexing="ij")
-        zs = torch.stack([g.reshape(-1) for g in grids], 1)                 # (Q, r+1)
+        zs = torch.stack([g.reshape(-1) for g in grids], 1)  # (Q, r+1)
         ws = torch.stack([g.reshape(-1) for g in wgrid], 1).prod(1)
-        half = zs[:, -1] > 0                                                 # pair node v with −v
+        half = zs[:, -1] > 0  # pair node v with −v
         self.w = ws[half]
-        h0 = zs[half, :r] @ (q * lam.sqrt()).T                               # (Q/2, N)
+        h0 = zs[half, :r] @ (q * lam.sqrt()).T  # (Q/2, N)
         v0 = zs[half, -1:]
         # state of both halves (v₀ and −v₀ share h₀): stacked on a leading axis of 2
         self.h = torch.stack([h0, h0.clone()])
@@ -277,11 +315,11 @@ class MuPLimit:
         return ((self.v * feats).sum(0) * self.w[:, None]).sum(0)
 
     def _step_quadrature(self, batch: torch.Tensor, lr: float) -> None:
-        phi = self.act.fn(self.h[..., batch])                                 # (2, Q/2, B)
+        phi = self.act.fn(self.h[..., batch])  # (2, Q/2, B)
         f = self._f_nodes(phi)
-        chi = (f - self.y[batch, 0]) / len(batch)                             # (B,)
+        chi = (f - self.y[batch, 0]) / len(batch)  # (B,)
         gv = (phi * chi).sum(-1, keepdim=True)
-        ga = torch.zeros_like(self.a)                  # u's gradient Σ_b c_b x_b, as coefficients c
+        ga = torch.zeros_like(self.a)  # u's gradient Σ_b c_b x_b, as coefficients c
         ga[..., batch] = chi * self.v * self.act.derivative(self.h[..., batch])
         step = self._updater.step({"v": gv, "a": ga}, lr)
         self.v = self.v + step["v"]
@@ -289,10 +327,10 @@ class MuPLimit:
         self.h = self.h + step["a"] @ self.gram.T
 
     def _predict_quadrature(self, x: torch.Tensor):
-        kx = self.x @ x.T                                                     # (N, m)
-        cond_mean = self.h_init @ (self.gram_pinv @ kx)                       # (Q/2, m)
+        kx = self.x @ x.T  # (N, m)
+        cond_mean = self.h_init @ (self.gram_pinv @ kx)  # (Q/2, m)
         cond_var = ((x * x).sum(1) - (kx * (self.gram_pinv @ kx)).sum(0)).clamp_min(0) / self.d
-        shift = self.a @ kx                                                   # (2, Q/2, m)
+        shift = self.a @ kx  # (2, Q/2, m)
         z, w = (t.to(x.device) for t in nodes(max(8, self.order)))
         pre = (cond_mean + shift)[..., None] + cond_var.sqrt()[:, None] * z  # (2, Q/2, m, q)
         feats = (self.act.fn(pre) * w).sum(-1)
@@ -308,8 +346,8 @@ class MuPLimit:
         u = torch.randn(r, half, self.d, generator=g, dtype=torch.float64) / math.sqrt(self.d)
         v = torch.randn(r, half, self.k, generator=g, dtype=torch.float64)
         u, v = u.to(self.x.device), v.to(self.x.device)  # drawn on the CPU: the same neurons on every device
-        self.u = torch.stack([u, u.clone()], 1)                               # (R, 2, half, d)
-        self.v = torch.stack([v, -v], 1)                                      # (R, 2, half, k)
+        self.u = torch.stack([u, u.clone()], 1)  # (R, 2, half, d)
+        self.v = torch.stack([v, -v], 1)  # (R, 2, half, k)
 
     def _f_mc(self, phi: torch.Tensor) -> torch.Tensor:
         """Each replica's f from activations (R, 2, half, m), (R, m, k). The two antithetic halves are
@@ -319,9 +357,9 @@ class MuPLimit:
 
     def _step_monte_carlo(self, batch: torch.Tensor, lr: float) -> None:
         xb = self.x[batch]
-        pre = torch.einsum("rqhd,bd->rqhb", self.u, xb)                       # (R, 2, half, B)
+        pre = torch.einsum("rqhd,bd->rqhb", self.u, xb)  # (R, 2, half, B)
         phi = self.act.fn(pre)
-        chi = (self._f_mc(phi) - self.y[batch]) / len(batch)                  # (R, B, k): each replica its own
+        chi = (self._f_mc(phi) - self.y[batch]) / len(batch)  # (R, B, k): each replica its own
         dv = torch.einsum("rqhb,rbk->rqhk", phi, chi)
         s = torch.einsum("rqhk,rbk->rqhb", self.v, chi) * self.act.derivative(pre)
         du = torch.einsum("rqhb,bd->rqhd", s, xb)
@@ -340,8 +378,15 @@ class OneHiddenLayer(nn.Module):
     """f(x) = c_n · Σ_α v_α φ(u_α·x) with u ~ N(0, I/d), v ~ N(0, 1): c_n = 1/n in µP, 1/√n in the
     NTK parametrization. Train it with `train_finite`, which sets the matching learning rates."""
 
-    def __init__(self, d_in: int, width: int, d_out: int = 1, activation: Union[str, Fn] = "relu",
-                 parametrization: str = "mup", dtype: torch.dtype = torch.float64):
+    def __init__(
+        self,
+        d_in: int,
+        width: int,
+        d_out: int = 1,
+        activation: str | Fn = "relu",
+        parametrization: str = "mup",
+        dtype: torch.dtype = torch.float64,
+    ):
         super().__init__()
         if parametrization not in ("mup", "ntk"):
             raise ValueError(f"parametrization must be 'mup' or 'ntk', got {parametrization!r}")
@@ -358,9 +403,16 @@ class OneHiddenLayer(nn.Module):
         return self.scale * self.act(self.preactivations(x)) @ self.v.T
 
 
-def finite_optimizer(model: OneHiddenLayer, lr: float, optimizer: str = "sgd", momentum: float = 0.0,
-                     nesterov: bool = False, betas=(0.9, 0.999), eps: float = 1e-8,
-                     weight_decay: float = 0.0) -> torch.optim.Optimizer:
+def finite_optimizer(
+    model: OneHiddenLayer,
+    lr: float,
+    optimizer: str = "sgd",
+    momentum: float = 0.0,
+    nesterov: bool = False,
+    betas=(0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+) -> torch.optim.Optimizer:
     """The torch optimizer whose n → ∞ limit is `MuPLimit(..., optimizer=...)` with the same arguments.
 
     Both u and v of `OneHiddenLayer` are vector-like (one width dimension), and v sits behind the
@@ -373,20 +425,34 @@ def finite_optimizer(model: OneHiddenLayer, lr: float, optimizer: str = "sgd", m
     width = model.u.shape[0]
     if optimizer in _ADAPTIVE:
         if model.parametrization != "mup":
-            raise ValueError(f"optimizer={optimizer!r} is defined for parametrization='mup' only; use 'sgd' for "
-                             "the NTK one")
+            raise ValueError(
+                f"optimizer={optimizer!r} is defined for parametrization='mup' only; use 'sgd' for the NTK one"
+            )
         if optimizer == "adamw":
-            return torch.optim.AdamW(model.parameters(), lr=lr, betas=tuple(betas), eps=eps / width,
-                                     weight_decay=weight_decay)
+            return torch.optim.AdamW(
+                model.parameters(), lr=lr, betas=tuple(betas), eps=eps / width, weight_decay=weight_decay
+            )
         return torch.optim.Adam(model.parameters(), lr=lr, betas=tuple(betas), eps=eps / width)
     scale = width if model.parametrization == "mup" else 1.0
     return torch.optim.SGD(model.parameters(), lr=lr * scale, momentum=momentum, nesterov=nesterov)
 
 
-def train_finite(model: OneHiddenLayer, x: ArrayLike, y: ArrayLike, steps: int, lr: float,
-                 batch_size: Optional[int] = None, batch_seed: int = 0, *, optimizer: str = "sgd",
-                 momentum: float = 0.0, nesterov: bool = False, betas=(0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0) -> OneHiddenLayer:
+def train_finite(
+    model: OneHiddenLayer,
+    x: ArrayLike,
+    y: ArrayLike,
+    steps: int,
+    lr: float,
+    batch_size: int | None = None,
+    batch_seed: int = 0,
+    *,
+    optimizer: str = "sgd",
+    momentum: float = 0.0,
+    nesterov: bool = False,
+    betas=(0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+) -> OneHiddenLayer:
     """Train on (1/B) Σ ½‖f − y‖² with `finite_optimizer`: SGD at lr η·n (µP) or η (NTK) on u and v,
     with `momentum`/`nesterov`; or, µP only, Adam/AdamW at lr η with ε/n (`betas`, `eps`,
     AdamW's decoupled `weight_decay`)."""

@@ -61,10 +61,10 @@ rate η·n, the hidden matrices keep learning rate η, and the readout has learn
 SGD table (TP5, Table 3, with the π-init replacing the Gaussian init of the hidden matrices).
 Biases and weight decay of the paper are not implemented.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 from torch import nn
@@ -74,7 +74,7 @@ from .activations import get_activation
 from .kernels import ArrayLike, as_inputs, as_targets
 from .mup_limit import sgd_batches
 
-__all__ = ["PiNet", "PiLimit", "train_pi", "pi_initial_state", "relu_delta_moment"]
+__all__ = ["PiLimit", "PiNet", "pi_initial_state", "relu_delta_moment", "train_pi"]
 
 _RELU = get_activation("relu")
 _TINY = 1e-150  # |g| floor: an all-zero representation gives V = 0 instead of 0/0
@@ -86,8 +86,13 @@ def relu_delta_moment(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 
 
 def _check_depth(depth) -> int:
-    return integer(depth, "depth", 2, " (the number of hidden layers of the π-net; for one hidden layer use "
-                                      "MuPLimit, whose limit needs no finite rank)")
+    return integer(
+        depth,
+        "depth",
+        2,
+        " (the number of hidden layers of the π-net; for one hidden layer use "
+        "MuPLimit, whose limit needs no finite rank)",
+    )
 
 
 def _check_batch(batch_size) -> None:
@@ -143,8 +148,7 @@ class PiLimit:
     α_in = 1 and lr = 0.05 the limit above diverges within 6 steps.
     """
 
-    def __init__(self, depth: int, rank: int, *, input_alpha: float = 1.0, output_alpha: float = 1.0,
-                 seed: int = 0):
+    def __init__(self, depth: int, rank: int, *, input_alpha: float = 1.0, output_alpha: float = 1.0, seed: int = 0):
         self.depth = _check_depth(depth)
         self.rank = integer(rank, "rank", 1, " (the rank r of the π-limit's finite representation)")
         self.input_alpha = positive(input_alpha, "input_alpha")
@@ -161,24 +165,25 @@ class PiLimit:
         for a, b in zip(self.A, self.B):
             s = g.norm(dim=1, keepdim=True).clamp_min(_TINY)
             gbar = g / s
-            q = gbar @ b.T                                                   # cos∠(bᵢ, g), (m × M)
+            q = gbar @ b.T  # cos∠(bᵢ, g), (m × M)
             saved.append((g, s, gbar, q))
-            g = _RELU.phi_moment(s.new_ones(()), s * s, s * q) @ a         # Σᵢ aᵢ V(bᵢ, g)
+            g = _RELU.phi_moment(s.new_ones(()), s * s, s * q) @ a  # Σᵢ aᵢ V(bᵢ, g)
         return self.output_alpha * g, saved
 
     def _step(self, batch: torch.Tensor, lr: float, input_lr_mult: float, output_lr_mult: float) -> None:
         x, y = self.x[batch], self.y[batch]
         f, saved = self._forward(x)
-        delta = self.output_alpha * (f - y) / len(batch)                     # ∂ℓ/∂g^{L+1}
+        delta = self.output_alpha * (f - y) / len(batch)  # ∂ℓ/∂g^{L+1}
         new_rows = []
-        for layer in range(self.depth - 1, -1, -1):                           # readout first
+        for layer in range(self.depth - 1, -1, -1):  # readout first
             g, s, gbar, q = saved[layer]
             mult = lr * (output_lr_mult if layer == self.depth - 1 else 1.0)
-            new_rows.append((-mult * s * delta, gbar))                        # a = −η s δ, b = ḡ
-            gamma = delta @ self.A[layer].T                                   # aᵢ·δ, (B × M)
-            step_moment = _RELU.dphi_moment(s.new_ones(()), s * s, s * q)   # E[1(ω·b>0) 1(ω·g>0)]
-            delta = (gamma * step_moment) @ self.B[layer] + \
-                (gamma * relu_delta_moment(q, s)).sum(1, keepdim=True) * g    # Σᵢ (aᵢ·δ) ∇_g V(bᵢ, g)
+            new_rows.append((-mult * s * delta, gbar))  # a = −η s δ, b = ḡ
+            gamma = delta @ self.A[layer].T  # aᵢ·δ, (B × M)
+            step_moment = _RELU.dphi_moment(s.new_ones(()), s * s, s * q)  # E[1(ω·b>0) 1(ω·g>0)]
+            delta = (gamma * step_moment) @ self.B[layer] + (gamma * relu_delta_moment(q, s)).sum(
+                1, keepdim=True
+            ) * g  # Σᵢ (aᵢ·δ) ∇_g V(bᵢ, g)
         self.A_in = self.A_in - lr * input_lr_mult * self.input_alpha * (x.T @ delta)
         for layer, (a_new, b_new) in zip(range(self.depth - 1, -1, -1), new_rows):
             self.A[layer] = torch.cat([self.A[layer], a_new])
@@ -186,8 +191,18 @@ class PiLimit:
 
     # ------------------------------------------------------------------ public API
 
-    def fit(self, x: ArrayLike, y: ArrayLike, steps: int, lr: float, batch_size: Optional[int] = None,
-            batch_seed: int = 0, *, input_lr_mult: float = 1.0, output_lr_mult: float = 1.0) -> "PiLimit":
+    def fit(
+        self,
+        x: ArrayLike,
+        y: ArrayLike,
+        steps: int,
+        lr: float,
+        batch_size: int | None = None,
+        batch_seed: int = 0,
+        *,
+        input_lr_mult: float = 1.0,
+        output_lr_mult: float = 1.0,
+    ) -> PiLimit:
         """Train the limit from its initial state for `steps` SGD steps at learning rate `lr`."""
         x = as_inputs(x, "x")
         y = as_targets(y, x.shape[0]).to(x.device)  # computed where x is
@@ -204,10 +219,12 @@ class PiLimit:
         self.B = [b.to(dev) for _, b in layers] + [torch.zeros(0, self.rank, dtype=torch.float64, device=dev)]
         for step, batch in enumerate(sgd_batches(len(x), steps, batch_size, batch_seed, dev), start=1):
             self._step(batch, lr, input_lr_mult, output_lr_mult)
-            if not all(bool(torch.isfinite(a[-len(batch):]).all()) for a in self.A):
-                raise ValueError(f"the π-limit diverged at step {step} of {steps} (lr={lr}, input_alpha="
-                                 f"{self.input_alpha}, rank={self.rank}): its representations grow with the rank "
-                                 "and the depth, so lower lr or input_alpha")
+            if not all(bool(torch.isfinite(a[-len(batch) :]).all()) for a in self.A):
+                raise ValueError(
+                    f"the π-limit diverged at step {step} of {steps} (lr={lr}, input_alpha="
+                    f"{self.input_alpha}, rank={self.rank}): its representations grow with the rank "
+                    "and the depth, so lower lr or input_alpha"
+                )
         self._fitted = True
         return self
 
@@ -221,7 +238,7 @@ class PiLimit:
 
     def _chunks(self, x: torch.Tensor):
         rows = max(1, 4_000_000 // max(1, max(a.shape[0] for a in self.A)))
-        return [x[i:i + rows] for i in range(0, len(x), rows)]
+        return [x[i : i + rows] for i in range(0, len(x), rows)]
 
     def predict(self, x: ArrayLike) -> torch.Tensor:
         """f(x) of the limit: (m,) for one output, (m, k) for several. float64."""
@@ -236,7 +253,7 @@ class PiLimit:
         parts = [[g for g, _, _, _ in self._forward(part)[1]] for part in self._chunks(x)]
         return [torch.cat([p[layer] for p in parts]) for layer in range(self.depth)]
 
-    def feature_kernel(self, x1: ArrayLike, x2: Optional[ArrayLike] = None, layer: Optional[int] = None):
+    def feature_kernel(self, x1: ArrayLike, x2: ArrayLike | None = None, layer: int | None = None):
         """The post-activation kernel of hidden layer `layer` (1 … depth, default the last):
         V(gˡ(x1), gˡ(x2)) = lim relu(hˡ(x1))·relu(hˡ(x2)) of the finite π-net, (m1 × m2)."""
         layer = self.depth if layer is None else layer
@@ -262,9 +279,20 @@ class PiNet(nn.Module):
     matrices Ω¹ … Ω^L (n × r, iid N(0, 1)) from `omega_seed` (None: torch's global generator).
     Train it with `train_pi`, which projects the hidden gradients. Needs width ≥ rank."""
 
-    def __init__(self, d_in: int, width: int, depth: int, rank: int, d_out: int = 1, *,
-                 input_alpha: float = 1.0, output_alpha: float = 1.0, seed: int = 0,
-                 omega_seed: Optional[int] = None, dtype: torch.dtype = torch.float64):
+    def __init__(
+        self,
+        d_in: int,
+        width: int,
+        depth: int,
+        rank: int,
+        d_out: int = 1,
+        *,
+        input_alpha: float = 1.0,
+        output_alpha: float = 1.0,
+        seed: int = 0,
+        omega_seed: int | None = None,
+        dtype: torch.dtype = torch.float64,
+    ):
         super().__init__()
         depth = _check_depth(depth)
         integer(d_in, "d_in", 1)
@@ -277,7 +305,7 @@ class PiNet(nn.Module):
         gen = torch.Generator().manual_seed(omega_seed) if omega_seed is not None else None
         omegas = [torch.randn(width, rank, generator=gen, dtype=torch.float64) for _ in range(depth)]
         a_in, layers = pi_initial_state(d_in, depth, rank, seed)
-        weights = [width ** -0.5 * omegas[0] @ a_in.T]
+        weights = [width**-0.5 * omegas[0] @ a_in.T]
         for l, (a, b) in enumerate(layers, start=1):
             weights.append(omegas[l] @ a.T @ torch.relu(omegas[l - 1] @ b.T).T / width)
         weights.append(torch.zeros(d_out, width, dtype=torch.float64))
@@ -295,7 +323,7 @@ class PiNet(nn.Module):
         """Post-activations relu(h¹), …, relu(h^L), each (m × n)."""
         h = self.input_alpha * x @ self.weights[0].T
         out = [torch.relu(h)]
-        for w in self.weights[1:self.depth]:
+        for w in self.weights[1 : self.depth]:
             out.append(torch.relu(out[-1] @ w.T))
         return out
 
@@ -303,8 +331,18 @@ class PiNet(nn.Module):
         return self.output_alpha * self.features(x)[-1] @ self.weights[-1].T
 
 
-def train_pi(net: PiNet, x: ArrayLike, y: ArrayLike, steps: int, lr: float, batch_size: Optional[int] = None,
-             batch_seed: int = 0, *, input_lr_mult: float = 1.0, output_lr_mult: float = 1.0) -> PiNet:
+def train_pi(
+    net: PiNet,
+    x: ArrayLike,
+    y: ArrayLike,
+    steps: int,
+    lr: float,
+    batch_size: int | None = None,
+    batch_seed: int = 0,
+    *,
+    input_lr_mult: float = 1.0,
+    output_lr_mult: float = 1.0,
+) -> PiNet:
     """Projected SGD on (1/B) Σ ½‖f − y‖² (in place; returns `net`): Wˡ ← Wˡ − η Πˡ∇ℓ for the hidden
     matrices (η·`input_lr_mult` for W¹), W^{L+1} ← W^{L+1} − η·`output_lr_mult`·∇ℓ; the batches
     of `sgd_batches`, the same as `PiLimit.fit`."""

@@ -1,15 +1,13 @@
 """Predictions of infinitely wide networks: NNGP posterior and NTK gradient flow on MSE."""
+
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
-
 from torch import nn
 
 from .kernels import ArrayLike, as_inputs, as_targets, kernels, nngp_diag
 
-__all__ = ["nngp_predict", "ntk_predict", "gp_posterior", "gradient_flow"]
+__all__ = ["gp_posterior", "gradient_flow", "nngp_predict", "ntk_predict"]
 
 
 def _targets(y: ArrayLike, n: int, device: torch.device) -> tuple[torch.Tensor, bool]:
@@ -28,12 +26,14 @@ class _ModelKernels:
         if self.model is None:
             return as_inputs(x, name)
         from .program import prepare_inputs
+
         return prepare_inputs(x, name)
 
     def pair(self, a, b, ntk: bool):
         if self.model is None:
             return kernels(a, b, ntk=ntk, **self.kw)
         from .traced import model_kernels
+
         r = model_kernels(self.model, a, b, ntk=ntk, **self.kw)
         return r.nngp, r.ntk
 
@@ -41,6 +41,7 @@ class _ModelKernels:
         if self.model is None:
             return nngp_diag(x, **{k: v for k, v in self.kw.items() if k not in ("series_terms", "ntk")})
         from .traced import model_kernel_diag
+
         return model_kernel_diag(self.model, x, **self.kw)
 
 
@@ -56,8 +57,9 @@ def _split(args, kernel_kwargs, n: int):
     return _ModelKernels(None, kernel_kwargs), args
 
 
-def nngp_predict(*args, noise_var: float = 0.0, jitter: float = 1e-10,
-                 **kernel_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+def nngp_predict(
+    *args, noise_var: float = 0.0, jitter: float = 1e-10, **kernel_kwargs
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Posterior (mean, variance) at x_test of the NNGP (exact Bayesian inference, Gaussian noise).
 
     mean = K*ₓ (Kₓₓ + σ²I)⁻¹ y,  var = K** − K*ₓ (Kₓₓ + σ²I)⁻¹ Kₓ*  (per test point; the same for
@@ -78,7 +80,7 @@ def nngp_predict(*args, noise_var: float = 0.0, jitter: float = 1e-10,
     return (mean[:, 0] if squeeze else mean), var
 
 
-def ntk_predict(*args, t: Optional[float] = None, lr: float = 1.0, **kernel_kwargs) -> torch.Tensor:
+def ntk_predict(*args, t: float | None = None, lr: float = 1.0, **kernel_kwargs) -> torch.Tensor:
     """Mean prediction at x_test of the infinitely wide network trained by gradient flow on MSE.
 
     Loss ½ Σᵢ (f(xᵢ) − yᵢ)², so df/dt = −lr · Θ (f − y). Averaged over initializations (f₀ has
@@ -97,9 +99,15 @@ def ntk_predict(*args, t: Optional[float] = None, lr: float = 1.0, **kernel_kwar
     return mean[:, 0] if squeeze else mean
 
 
-def gp_posterior(k_train: torch.Tensor, k_test_train: torch.Tensor, y: torch.Tensor,
-                 k_test_diag: Optional[torch.Tensor] = None, *, noise_var: float = 0.0,
-                 jitter: float = 1e-10) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def gp_posterior(
+    k_train: torch.Tensor,
+    k_test_train: torch.Tensor,
+    y: torch.Tensor,
+    k_test_diag: torch.Tensor | None = None,
+    *,
+    noise_var: float = 0.0,
+    jitter: float = 1e-10,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """GP posterior from kernels you already have: mean K*ₓ (Kₓₓ + σ²I)⁻¹ y (y (n, k)) and, given
     K(x*, x*), the variance per test point."""
     if noise_var < 0:
@@ -113,8 +121,13 @@ def gp_posterior(k_train: torch.Tensor, k_test_train: torch.Tensor, y: torch.Ten
     return mean, (k_test_diag - (v * v).sum(0)).clamp_min(0)
 
 
-def gradient_flow(theta_train: torch.Tensor, theta_test_train: torch.Tensor, y: torch.Tensor,
-                  t: Optional[float] = None, lr: float = 1.0) -> torch.Tensor:
+def gradient_flow(
+    theta_train: torch.Tensor,
+    theta_test_train: torch.Tensor,
+    y: torch.Tensor,
+    t: float | None = None,
+    lr: float = 1.0,
+) -> torch.Tensor:
     """Θ*ₓ Θₓₓ⁻¹ (I − exp(−lr Θₓₓ t)) y from kernels you already have; t=None is t = ∞."""
     if t is not None and t < 0:
         raise ValueError(f"t must be ≥ 0 (or None for t = ∞), got {t}")

@@ -11,12 +11,13 @@ Three passes over the traced graph:
    or an average pool downstream) and which only its diagonal (everything else);
 3. **kernels**, in chunks of x1 rows (every rule is independent across input pairs), float64.
 """
+
 from __future__ import annotations
 
 import math
 import operator
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -25,15 +26,17 @@ from torch import fx, nn
 from . import layers as L
 from .fields import ERF, IDENTITY, ONE, RELU, STEP, Basis, Elem, Field, Layout, Term, expect_both, generic, mean
 
-__all__ = ["NotExact", "trace", "program_kernels", "prepare_inputs"]
+__all__ = ["NotExact", "prepare_inputs", "program_kernels", "trace"]
 
-_CHUNK_ELEMENTS = 4_000_000  # float64 entries of one (chunk, n2, *S, *S) block: 32 MB, so a layer's passes stay in cache
+_CHUNK_ELEMENTS = (
+    4_000_000  # float64 entries of one (chunk, n2, *S, *S) block: 32 MB, so a layer's passes stay in cache
+)
 
 
 class NotExact(Exception):
     """An op the exact propagation has no rule for; `what` names it, `node` is the graph node."""
 
-    def __init__(self, what: str, node: Optional[fx.Node] = None):
+    def __init__(self, what: str, node: fx.Node | None = None):
         self.what, self.node = what, node
         where = f" at graph node '{node.name}' ({node.op} {_target_name(node)})" if node is not None else ""
         super().__init__(f"{what}{where}")
@@ -44,7 +47,7 @@ def _target_name(node: fx.Node) -> str:
     return t if isinstance(t, str) else getattr(t, "__name__", repr(t))
 
 
-def trace(model: nn.Module, example: Optional[torch.Tensor] = None) -> fx.GraphModule:
+def trace(model: nn.Module, example: torch.Tensor | None = None) -> fx.GraphModule:
     """torch.fx graph of `model` (torch.nn's own layers stay whole: fx's default leaves); where fx
     cannot trace it (Python control flow on shapes, say) and an `example` input is given,
     torch.export's ATen graph, with the batch axis dynamic."""
@@ -61,15 +64,19 @@ def trace(model: nn.Module, example: Optional[torch.Tensor] = None) -> fx.GraphM
         gm._mutransfer_exported = True
         return gm
     except Exception as e:
-        raise NotExact(f"neither torch.fx ({fx_error}) nor torch.export ({type(e).__name__}: "
-                       f"{str(e).splitlines()[0] if str(e) else ''}) can trace {type(model).__name__}") from e
+        raise NotExact(
+            f"neither torch.fx ({fx_error}) nor torch.export ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}) can trace {type(model).__name__}"
+        ) from e
 
 
 # ---- values --------------------------------------------------------------------------------------
 
+
 @dataclass
 class Pair:
     """A value computed from the inputs alone, once per side (x1 chunk, x2)."""
+
     a: Any
     b: Any
 
@@ -98,7 +105,7 @@ def _has(v, cls) -> bool:
     return False
 
 
-def _scalar(v) -> Optional[float]:
+def _scalar(v) -> float | None:
     if isinstance(v, bool):
         return None
     if isinstance(v, (int, float)):
@@ -109,6 +116,7 @@ def _scalar(v) -> Optional[float]:
 
 
 # ---- elementwise functions -------------------------------------------------------------------------
+
 
 def _gelu_tanh(x):
     return F.gelu(x, approximate="tanh")
@@ -125,9 +133,18 @@ def _elementwise(name: str, node: fx.Node, **kw) -> list[tuple[float, Elem, floa
         return [(a, IDENTITY, 1.0), (1.0 - a, RELU, 1.0)]
     if name == "abs":
         return [(1.0, RELU, 1.0), (1.0, RELU, -1.0)]
-    fns = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "silu": F.silu, "mish": F.mish, "sin": torch.sin,
-           "cos": torch.cos, "exp": torch.exp, "selu": F.selu, "softsign": F.softsign,
-           "gelu": (_gelu_tanh if kw.get("approximate", "none") == "tanh" else F.gelu)}
+    fns = {
+        "tanh": torch.tanh,
+        "sigmoid": torch.sigmoid,
+        "silu": F.silu,
+        "mish": F.mish,
+        "sin": torch.sin,
+        "cos": torch.cos,
+        "exp": torch.exp,
+        "selu": F.selu,
+        "softsign": F.softsign,
+        "gelu": (_gelu_tanh if kw.get("approximate", "none") == "tanh" else F.gelu),
+    }
     if name in fns:
         return [(1.0, generic(fns[name], name), 1.0)]
     if name == "elu":
@@ -159,44 +176,148 @@ def _elementwise(name: str, node: fx.Node, **kw) -> list[tuple[float, Elem, floa
     raise NotExact(f"no rule for the elementwise function {name}", node)
 
 
-_MODULE_ACT = {nn.ReLU: "relu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid", nn.SiLU: "silu", nn.GELU: "gelu",
-               nn.LeakyReLU: "leaky_relu", nn.ELU: "elu", nn.CELU: "celu", nn.SELU: "selu", nn.Softplus: "softplus",
-               nn.Mish: "mish", nn.Hardtanh: "hardtanh", nn.Softsign: "softsign", nn.ReLU6: "relu6"}
-_FN_ACT = {torch.relu: "relu", F.relu: "relu", torch.tanh: "tanh", F.tanh: "tanh", torch.sigmoid: "sigmoid",
-           F.sigmoid: "sigmoid", F.silu: "silu", F.gelu: "gelu", F.leaky_relu: "leaky_relu", F.elu: "elu",
-           F.celu: "celu", F.selu: "selu", torch.selu: "selu", F.softplus: "softplus", F.mish: "mish",
-           F.hardtanh: "hardtanh", F.softsign: "softsign", F.relu6: "relu6", torch.erf: "erf", torch.special.erf: "erf",
-           torch.abs: "abs", torch.sin: "sin", torch.cos: "cos", torch.exp: "exp"}
-_METHOD_FN = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "neg": torch.neg,
-              "__add__": operator.add, "__radd__": operator.add, "__sub__": operator.sub, "__mul__": operator.mul,
-              "__rmul__": operator.mul, "__truediv__": operator.truediv, "__neg__": operator.neg,
-              "pow": torch.pow, "__pow__": torch.pow, "square": torch.square, "sign": torch.sign,
-              "clamp": torch.clamp, "clip": torch.clip, "clamp_min": torch.clamp_min, "clamp_max": torch.clamp_max,
-              "mean": torch.mean, "sum": torch.sum}
-_POSITIONAL = {"leaky_relu": ("negative_slope",), "softplus": ("beta", "threshold"), "hardtanh": ("min_val", "max_val"),
-               "elu": ("alpha",), "celu": ("alpha",), "gelu": ("approximate",)}
-_METHOD_ACT = {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "erf": "erf", "abs": "abs", "sin": "sin",
-               "cos": "cos", "exp": "exp"}
-_MODULE_KW = {nn.LeakyReLU: ("negative_slope",), nn.ELU: ("alpha",), nn.CELU: ("alpha",), nn.GELU: ("approximate",),
-              nn.Softplus: ("beta", "threshold"), nn.Hardtanh: ("min_val", "max_val")}
+_MODULE_ACT = {
+    nn.ReLU: "relu",
+    nn.Tanh: "tanh",
+    nn.Sigmoid: "sigmoid",
+    nn.SiLU: "silu",
+    nn.GELU: "gelu",
+    nn.LeakyReLU: "leaky_relu",
+    nn.ELU: "elu",
+    nn.CELU: "celu",
+    nn.SELU: "selu",
+    nn.Softplus: "softplus",
+    nn.Mish: "mish",
+    nn.Hardtanh: "hardtanh",
+    nn.Softsign: "softsign",
+    nn.ReLU6: "relu6",
+}
+_FN_ACT = {
+    torch.relu: "relu",
+    F.relu: "relu",
+    torch.tanh: "tanh",
+    F.tanh: "tanh",
+    torch.sigmoid: "sigmoid",
+    F.sigmoid: "sigmoid",
+    F.silu: "silu",
+    F.gelu: "gelu",
+    F.leaky_relu: "leaky_relu",
+    F.elu: "elu",
+    F.celu: "celu",
+    F.selu: "selu",
+    torch.selu: "selu",
+    F.softplus: "softplus",
+    F.mish: "mish",
+    F.hardtanh: "hardtanh",
+    F.softsign: "softsign",
+    F.relu6: "relu6",
+    torch.erf: "erf",
+    torch.special.erf: "erf",
+    torch.abs: "abs",
+    torch.sin: "sin",
+    torch.cos: "cos",
+    torch.exp: "exp",
+}
+_METHOD_FN = {
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "div": torch.div,
+    "neg": torch.neg,
+    "__add__": operator.add,
+    "__radd__": operator.add,
+    "__sub__": operator.sub,
+    "__mul__": operator.mul,
+    "__rmul__": operator.mul,
+    "__truediv__": operator.truediv,
+    "__neg__": operator.neg,
+    "pow": torch.pow,
+    "__pow__": torch.pow,
+    "square": torch.square,
+    "sign": torch.sign,
+    "clamp": torch.clamp,
+    "clip": torch.clip,
+    "clamp_min": torch.clamp_min,
+    "clamp_max": torch.clamp_max,
+    "mean": torch.mean,
+    "sum": torch.sum,
+}
+_POSITIONAL = {
+    "leaky_relu": ("negative_slope",),
+    "softplus": ("beta", "threshold"),
+    "hardtanh": ("min_val", "max_val"),
+    "elu": ("alpha",),
+    "celu": ("alpha",),
+    "gelu": ("approximate",),
+}
+_METHOD_ACT = {
+    "relu": "relu",
+    "tanh": "tanh",
+    "sigmoid": "sigmoid",
+    "erf": "erf",
+    "abs": "abs",
+    "sin": "sin",
+    "cos": "cos",
+    "exp": "exp",
+}
+_MODULE_KW = {
+    nn.LeakyReLU: ("negative_slope",),
+    nn.ELU: ("alpha",),
+    nn.CELU: ("alpha",),
+    nn.GELU: ("approximate",),
+    nn.Softplus: ("beta", "threshold"),
+    nn.Hardtanh: ("min_val", "max_val"),
+}
 
 
 def _aten_table() -> dict:
     """ATen ops of a torch.export graph → the torch functions the rules know (same arguments)."""
     aten = torch.ops.aten
-    table = {aten.linear: F.linear, aten.conv1d: F.conv1d, aten.conv2d: F.conv2d, aten.conv3d: F.conv3d,
-             aten.relu: torch.relu, aten.tanh: torch.tanh, aten.sigmoid: torch.sigmoid, aten.erf: torch.erf,
-             aten.abs: torch.abs, aten.gelu: F.gelu, aten.silu: F.silu, aten.leaky_relu: F.leaky_relu,
-             aten.softplus: F.softplus, aten.hardtanh: F.hardtanh, aten.mish: F.mish, aten.sin: torch.sin,
-             aten.cos: torch.cos, aten.exp: torch.exp, aten.add: torch.add, aten.sub: torch.sub, aten.mul: torch.mul,
-             aten.div: torch.div, aten.neg: torch.neg, aten.view: torch.reshape, aten.reshape: torch.reshape,
-             aten._unsafe_view: torch.reshape, aten.flatten: torch.flatten, aten.permute: torch.permute,
-             aten.transpose: torch.transpose, aten.unsqueeze: torch.unsqueeze, aten.squeeze: torch.squeeze,
-             aten.mean: torch.mean, aten.sum: torch.sum, aten.cat: torch.cat, aten.dropout: F.dropout,
-             aten.adaptive_avg_pool1d: F.adaptive_avg_pool1d, aten.adaptive_avg_pool2d: F.adaptive_avg_pool2d,
-             aten.adaptive_avg_pool3d: F.adaptive_avg_pool3d, aten.avg_pool1d: F.avg_pool1d,
-             aten.avg_pool2d: F.avg_pool2d, aten.avg_pool3d: F.avg_pool3d, aten.layer_norm: F.layer_norm,
-             aten.pad: F.pad}
+    table = {
+        aten.linear: F.linear,
+        aten.conv1d: F.conv1d,
+        aten.conv2d: F.conv2d,
+        aten.conv3d: F.conv3d,
+        aten.relu: torch.relu,
+        aten.tanh: torch.tanh,
+        aten.sigmoid: torch.sigmoid,
+        aten.erf: torch.erf,
+        aten.abs: torch.abs,
+        aten.gelu: F.gelu,
+        aten.silu: F.silu,
+        aten.leaky_relu: F.leaky_relu,
+        aten.softplus: F.softplus,
+        aten.hardtanh: F.hardtanh,
+        aten.mish: F.mish,
+        aten.sin: torch.sin,
+        aten.cos: torch.cos,
+        aten.exp: torch.exp,
+        aten.add: torch.add,
+        aten.sub: torch.sub,
+        aten.mul: torch.mul,
+        aten.div: torch.div,
+        aten.neg: torch.neg,
+        aten.view: torch.reshape,
+        aten.reshape: torch.reshape,
+        aten._unsafe_view: torch.reshape,
+        aten.flatten: torch.flatten,
+        aten.permute: torch.permute,
+        aten.transpose: torch.transpose,
+        aten.unsqueeze: torch.unsqueeze,
+        aten.squeeze: torch.squeeze,
+        aten.mean: torch.mean,
+        aten.sum: torch.sum,
+        aten.cat: torch.cat,
+        aten.dropout: F.dropout,
+        aten.adaptive_avg_pool1d: F.adaptive_avg_pool1d,
+        aten.adaptive_avg_pool2d: F.adaptive_avg_pool2d,
+        aten.adaptive_avg_pool3d: F.adaptive_avg_pool3d,
+        aten.avg_pool1d: F.avg_pool1d,
+        aten.avg_pool2d: F.avg_pool2d,
+        aten.avg_pool3d: F.avg_pool3d,
+        aten.layer_norm: F.layer_norm,
+        aten.pad: F.pad,
+    }
     return table
 
 
@@ -217,18 +338,31 @@ class _Alias:
 
 # ---- the run -----------------------------------------------------------------------------------------
 
+
 class _Run:
     """One pass over the graph. `compute=False` is the structure pass (no kernel tensors)."""
 
-    def __init__(self, gm: fx.GraphModule, xa: torch.Tensor, xb: torch.Tensor, same: bool, weight_var: float,
-                 bias_var: float, compute: bool, full: dict, want_ntk: bool, *, originals: dict,
-                 self_only: bool = False):
+    def __init__(
+        self,
+        gm: fx.GraphModule,
+        xa: torch.Tensor,
+        xb: torch.Tensor,
+        same: bool,
+        weight_var: float,
+        bias_var: float,
+        compute: bool,
+        full: dict,
+        want_ntk: bool,
+        *,
+        originals: dict,
+        self_only: bool = False,
+    ):
         self.gm, self.xa, self.xb, self.same = gm, xa, xb, same
         self.wv, self.bv = weight_var, bias_var
         self.compute, self.full, self.want_ntk = compute, full, want_ntk
         self.bases: dict[int, Basis] = {}
         self.requires: dict[fx.Node, list[tuple[fx.Node, str]]] = {}
-        self.node: Optional[fx.Node] = None
+        self.node: fx.Node | None = None
         self._float64: dict[str, nn.Module] = {}
         self.self_only = self_only  # only each input with itself (the 'a' block): K(x, x) per row
         self.used_weights: dict[int, str] = {}
@@ -245,8 +379,15 @@ class _Run:
     def layout_here(self, spatial: tuple) -> Layout:
         return Layout(tuple(spatial), bool(self.full.get(self.node, False)) and len(spatial) > 0)
 
-    def new_basis(self, layout: Layout, k: Optional[dict], ntk, support: frozenset = frozenset(),
-                  means: Optional[dict] = None, gaussian: bool = True) -> int:
+    def new_basis(
+        self,
+        layout: Layout,
+        k: dict | None,
+        ntk,
+        support: frozenset = frozenset(),
+        means: dict | None = None,
+        gaussian: bool = True,
+    ) -> int:
         bid = len(self.bases)
         self.bases[bid] = Basis(bid, layout, k or {}, ntk, frozenset(support) | {bid}, gaussian, means, self.node)
         return bid
@@ -286,7 +427,7 @@ class _Run:
         n = (self.xa if side == "a" else self.xb).shape[0]
         return out if out is not None else torch.zeros(n, *layout.spatial, dtype=torch.float64, device=self.xa.device)
 
-    def _opaque(self, t: Term) -> Optional[Basis]:
+    def _opaque(self, t: Term) -> Basis | None:
         if len(t.combo) == 1 and not self.bases[t.combo[0][0]].gaussian:
             return self.bases[t.combo[0][0]]
         return None
@@ -321,14 +462,18 @@ class _Run:
                             if ntk:
                                 t_part = _acc(t_part, L.to_layout(ot.ntk, ot.layout, lay, "x"), w)
                         else:  # independent (checked in the structure pass): product of means; no Θ
-                            k_part = _acc(k_part, self._outer(self._term_mean(t, sa, lay), self._term_mean(s, sb, lay),
-                                                              lay, block), w)
+                            k_part = _acc(
+                                k_part,
+                                self._outer(self._term_mean(t, sa, lay), self._term_mean(s, sb, lay), lay, block),
+                                w,
+                            )
                         continue
                     c = self._combo_k(t.combo, s.combo, block, lay)
                     va, vb = lay.sides(self._combo_var(t.combo, sa, lay), self._combo_var(s.combo, sb, lay), block)
                     if c is None:
-                        c = torch.zeros(torch.broadcast_shapes(va.shape, vb.shape), dtype=torch.float64,
-                                        device=va.device)
+                        c = torch.zeros(
+                            torch.broadcast_shapes(va.shape, vb.shape), dtype=torch.float64, device=va.device
+                        )
                     th = self._combo_ntk(t.combo, s.combo, lay) if ntk else None
                     v, dv = expect_both(t.f, s.f, va, vb, c, th is not None)
                     k_part = _acc(k_part, v, w)
@@ -338,7 +483,7 @@ class _Run:
             t_total = _acc(t_total, t_part, frac)
         return k_total, (None if isinstance(t_total, float) else t_total)
 
-    def input_kernels(self, x: Field) -> tuple[dict, Optional[torch.Tensor]]:
+    def input_kernels(self, x: Field) -> tuple[dict, torch.Tensor | None]:
         """What a layer reads of its input: the kernel of x in each block this run computes, in
         x.layout, and (when the NTK is wanted) its tangent kernel, computed with the cross block."""
         k, th = {}, None
@@ -370,8 +515,10 @@ class _Run:
             for j in ids:
                 for k in ids:
                     if j < k and (self.bases[j].support & self.bases[k].support):
-                        self.fail("a sum of a derived tensor (LayerNorm or pooling output) and a tensor it was "
-                                  "computed from, or of two derived from the same tensor")
+                        self.fail(
+                            "a sum of a derived tensor (LayerNorm or pooling output) and a tensor it was "
+                            "computed from, or of two derived from the same tensor"
+                        )
 
     # -- per node
     def run(self):
@@ -419,8 +566,9 @@ class _Run:
                 obj = getattr(obj, part)
             return self.originals.get(node.target, obj)
         fields = _has(args, Field) or _has(kwargs, Field)
-        layer = (node.op == "call_module" and isinstance(self.gm.get_submodule(node.target), L.LAYER_TYPES)) or \
-            (node.op == "call_function" and node.target in _LAYER_FNS)
+        layer = (node.op == "call_module" and isinstance(self.gm.get_submodule(node.target), L.LAYER_TYPES)) or (
+            node.op == "call_function" and node.target in _LAYER_FNS
+        )
         if layer and (_has(args, Pair) or _has(kwargs, Pair)):  # the network's input layer
             fields = True
         if not fields:  # data (or constants) only: evaluate per side
@@ -442,6 +590,7 @@ class _Run:
             if any(True for _ in m.parameters()) or any(True for _ in m.buffers()):
                 if node.target not in self._float64:  # a module on input data runs in float64
                     import copy
+
                     self._float64[node.target] = copy.deepcopy(m).to(device=self.xa.device, dtype=torch.float64)
                 return self._float64[node.target]
             return m
@@ -480,15 +629,28 @@ class _Run:
 
     def method(self, name: str, args, kwargs):
         x = args[0]
-        if name.endswith("_") and not name.startswith("_") and name[:-1] in _METHOD_ACT.keys() | {
-                "add", "sub", "mul", "div", "neg"}:
+        if (
+            name.endswith("_")
+            and not name.startswith("_")
+            and name[:-1] in _METHOD_ACT.keys() | {"add", "sub", "mul", "div", "neg"}
+        ):
             name = name[:-1]  # x.relu_(), x.add_(y): the same value as the out-of-place op
         if name in _METHOD_ACT:
             return self.activate(x, _METHOD_ACT[name])
         if name in ("contiguous", "float", "double", "clone", "detach", "to"):
             return x
-        if name in ("view", "reshape", "flatten", "permute", "transpose", "unsqueeze", "squeeze", "unflatten",
-                    "swapaxes", "movedim") and isinstance(x, Field):
+        if name in (
+            "view",
+            "reshape",
+            "flatten",
+            "permute",
+            "transpose",
+            "unsqueeze",
+            "squeeze",
+            "unflatten",
+            "swapaxes",
+            "movedim",
+        ) and isinstance(x, Field):
             rest = [_side(a, 0) for a in args[1:]]
             kw = {k: _side(v, 0) for k, v in kwargs.items()}
             return self.reshape_like(x, lambda t: getattr(t, name)(*rest, **kw))
@@ -542,12 +704,28 @@ class _Run:
             nd = w.ndim - 2
             tup = lambda v, d: tuple(v) if isinstance(v, (tuple, list)) else (v if v is not None else d,) * nd  # noqa
             pad = vals["padding"] if isinstance(vals["padding"], str) else tup(vals["padding"], 0)
-            return self.conv(x, w, tup(vals["stride"], 1), pad, tup(vals["dilation"], 1), vals["groups"] or 1, "zeros",
-                             tuple(w.shape[2:]), vals["bias"])
+            return self.conv(
+                x,
+                w,
+                tup(vals["stride"], 1),
+                pad,
+                tup(vals["dilation"], 1),
+                vals["groups"] or 1,
+                "zeros",
+                tuple(w.shape[2:]),
+                vals["bias"],
+            )
         if fn in (torch.flatten,):
             return self.flatten(args[0], *(args[1:]), **kwargs)
-        if fn in (torch.reshape, torch.permute, torch.transpose, torch.squeeze, torch.unsqueeze, torch.swapaxes,
-                  torch.movedim):
+        if fn in (
+            torch.reshape,
+            torch.permute,
+            torch.transpose,
+            torch.squeeze,
+            torch.unsqueeze,
+            torch.swapaxes,
+            torch.movedim,
+        ):
             rest = [_side(a, 0) for a in args[1:]]
             kw = {k: _side(v, 0) for k, v in kwargs.items()}
             return self.reshape_like(args[0], lambda t: fn(t, *rest, **kw))
@@ -561,8 +739,13 @@ class _Run:
             vals.update(kwargs)
             if vals.get("ceil_mode") or vals.get("divisor_override"):
                 self.fail("avg_pool with ceil_mode or divisor_override has no rule")
-            return self.avg_pool(args[0], vals["kernel_size"], vals.get("stride") or vals["kernel_size"],
-                                 vals.get("padding", 0), vals.get("count_include_pad", True))
+            return self.avg_pool(
+                args[0],
+                vals["kernel_size"],
+                vals.get("stride") or vals["kernel_size"],
+                vals.get("padding", 0),
+                vals.get("count_include_pad", True),
+            )
         if fn in (F.adaptive_avg_pool1d, F.adaptive_avg_pool2d, F.adaptive_avg_pool3d):
             return self.adaptive_pool(args[0], args[1] if len(args) > 1 else kwargs["output_size"])
         if fn is F.pad:
@@ -574,8 +757,9 @@ class _Run:
             names = ("normalized_shape", "weight", "bias", "eps")
             vals = dict(zip(names, args[1:]))
             vals.update(kwargs)
-            return self.layer_norm(args[0], vals["normalized_shape"], vals.get("weight"), vals.get("bias"),
-                                   vals.get("eps", 1e-5))
+            return self.layer_norm(
+                args[0], vals["normalized_shape"], vals.get("weight"), vals.get("bias"), vals.get("eps", 1e-5)
+            )
         if fn is getattr and isinstance(args[0], Field):
             if args[1] == "shape":
                 return self.size(args[0])
@@ -608,9 +792,11 @@ class _Run:
             if fn is None:  # a Gaussian combination: closed forms stay available
                 new = [Term(c, f, tuple((j, a * sign) for j, a in g)) for c, f, sign in pieces]
             else:
+
                 def comp(u, fn=fn):
                     v = fn(u)
                     return sum(c * f.fn(sign * v) for c, f, sign in pieces)
+
                 new = [Term(1.0, generic(comp, f"{name}∘…"), g)]
             parts.append((frac, new))
         return replace(x, parts=parts)
@@ -619,7 +805,9 @@ class _Run:
         for v, what in ((lo, "min"), (hi, "max")):
             if v is not None and _scalar(v) is None:
                 self.fail(f"clamp with a tensor {what}")
-        return self.activate(x, "clamp", min=None if lo is None else _scalar(lo), max=None if hi is None else _scalar(hi))
+        return self.activate(
+            x, "clamp", min=None if lo is None else _scalar(lo), max=None if hi is None else _scalar(hi)
+        )
 
     def _pow(self, x, exponent):
         e = _scalar(exponent)
@@ -631,8 +819,10 @@ class _Run:
         """(g, None) if the terms sum to the Gaussian g; (g, F) if they are F(g) for one Gaussian g
         (every combination a multiple of g); otherwise not exact."""
         if any(self._opaque(t) is not None for t in terms):
-            self.fail("a nonlinearity applied to a pooled non-Gaussian tensor (the master theorem needs a "
-                      "Gaussian input: put a Linear or Conv before it)")
+            self.fail(
+                "a nonlinearity applied to a pooled non-Gaussian tensor (the master theorem needs a "
+                "Gaussian input: put a Linear or Conv before it)"
+            )
         lin: dict[int, float] = {}
         for t in terms:
             if t.f.kind == "identity":
@@ -651,12 +841,15 @@ class _Run:
                 continue
             lam = _ratio(t.combo, ref)
             if lam is None:
-                self.fail("a nonlinearity applied to a sum of non-Gaussian tensors of different Gaussian "
-                          "combinations (the master theorem needs one Gaussian input)")
+                self.fail(
+                    "a nonlinearity applied to a sum of non-Gaussian tensors of different Gaussian "
+                    "combinations (the master theorem needs one Gaussian input)"
+                )
             pieces.append((t.coef, t.f, lam))
 
         def fn(u):
             return sum(c * (f.fn(lam * u) if f.kind != "one" else torch.ones_like(u)) for c, f, lam in pieces)
+
         return ref, fn
 
     def add(self, a, b, ca: float, cb: float):
@@ -666,17 +859,25 @@ class _Run:
                 self.fail(f"adding width tensors whose axes differ ({a.shape(1)} and {b.shape(1)})")
             if len(a.parts) != len(b.parts) or any(abs(p[0] - q[0]) > 1e-12 for p, q in zip(a.parts, b.parts)):
                 self.fail("adding concatenations with different splits of the width")
-            parts = [(p[0], [replace(t, coef=t.coef * ca) for t in p[1]] + [replace(t, coef=t.coef * cb) for t in q[1]])
-                     for p, q in zip(a.parts, b.parts)]
+            parts = [
+                (p[0], [replace(t, coef=t.coef * ca) for t in p[1]] + [replace(t, coef=t.coef * cb) for t in q[1]])
+                for p, q in zip(a.parts, b.parts)
+            ]
             self.check_independent(parts)
             return replace(a, parts=parts, layout=_common_layout(a, b))
         if isinstance(a, Field) and sb is not None:
-            return replace(a, parts=[(fr, [replace(t, coef=t.coef * ca) for t in ts] + [Term(sb * cb, ONE, ())])
-                                     for fr, ts in a.parts])
+            return replace(
+                a,
+                parts=[
+                    (fr, [replace(t, coef=t.coef * ca) for t in ts] + [Term(sb * cb, ONE, ())]) for fr, ts in a.parts
+                ],
+            )
         if isinstance(b, Field) and sa is not None:
             return self.add(b, a, cb, ca)
-        self.fail("adding a tensor computed from the input or a parameter to a width tensor has no rule "
-                  "(a learned or fixed per-position offset is not in the master theorem's ops here)")
+        self.fail(
+            "adding a tensor computed from the input or a parameter to a width tensor has no rule "
+            "(a learned or fixed per-position offset is not in the master theorem's ops here)"
+        )
 
     def scale(self, x, s: float):
         x = self._as_field(x)
@@ -694,18 +895,25 @@ class _Run:
             fb = fb or (lambda u: u)
             lam = _ratio(gb, ga) if ga and gb else None
             if lam is not None:
-                return replace(a, parts=[(1.0, [Term(1.0, generic(lambda u: fa(u) * fb(lam * u), "product"), ga)])],
-                               layout=_common_layout(a, b))
-        self.fail("a product of two width tensors that are not functions of one Gaussian (a gated unit) has no "
-                  "exact rule here")
+                return replace(
+                    a,
+                    parts=[(1.0, [Term(1.0, generic(lambda u: fa(u) * fb(lam * u), "product"), ga)])],
+                    layout=_common_layout(a, b),
+                )
+        self.fail(
+            "a product of two width tensors that are not functions of one Gaussian (a gated unit) has no "
+            "exact rule here"
+        )
 
     def _shared(self, weight: torch.Tensor):
         """A weight used by a second layer call (weight sharing, a module applied twice): its
         outputs are correlated and its NTK gets cross terms the rules here do not carry."""
         key = weight.data_ptr()
         if key in self.used_weights:
-            self.fail(f"a weight used by two layer calls (first at graph node '{self.used_weights[key]}'): "
-                      "weight sharing has no exact rule here")
+            self.fail(
+                f"a weight used by two layer calls (first at graph node '{self.used_weights[key]}'): "
+                "weight sharing has no exact rule here"
+            )
         self.used_weights[key] = self.node.name
 
     def linear(self, x, weight, bias):
@@ -724,16 +932,20 @@ class _Run:
             sizes["W"] = fan_out
             k = ntk = None
             if self.compute:
-                k = {blk: self._affine(L.input_kernel(*self._input_sides(xa, xb, blk), lay, blk), bias)
-                     for blk in self._blocks()}
+                k = {
+                    blk: self._affine(L.input_kernel(*self._input_sides(xa, xb, blk), lay, blk), bias)
+                    for blk in self._blocks()
+                }
                 k = self._fill(k)
                 ntk = self._own_ntk(k["x"], weight, bias) if self.want_ntk else None
             return self._field_of(self.new_basis(lay, k, ntk), axes, sizes, lay)
         x = self._as_field(x)
         last = x.axes[-1]
         if "W" not in last:
-            self.fail("a Linear over an axis that is not the width (it mixes positions or the batch with a "
-                      "finite random matrix)")
+            self.fail(
+                "a Linear over an axis that is not the width (it mixes positions or the batch with a "
+                "finite random matrix)"
+            )
         if x.sizes["W"] * math.prod(x.sizes[a] for a in last if a != "W") != fan_in:
             self.fail(f"a Linear with fan_in {fan_in} on an axis of {x.shape(1)[-1]}")
         contracted = [a for a in last if a != "W"]
@@ -751,8 +963,11 @@ class _Run:
             if self.want_ntk:
                 if th is not None:
                     th = L.contract_diagonal(th, x.layout, "x", contracted)
-                    ntk = torch.add(self._own_ntk(k["x"], weight, bias),
-                                    L.to_layout(th, Layout(spatial, x.layout.full), lay, "x"), alpha=self.wv)
+                    ntk = torch.add(
+                        self._own_ntk(k["x"], weight, bias),
+                        L.to_layout(th, Layout(spatial, x.layout.full), lay, "x"),
+                        alpha=self.wv,
+                    )
                 else:
                     ntk = self._own_ntk(k["x"], weight, bias)
         axes = [tuple(renum[a] if a in renum else a for a in ax) for ax in x.axes[:-1]] + [("W",)]
@@ -790,8 +1005,9 @@ class _Run:
 
     def _affine(self, k: torch.Tensor, bias, scale: float = 1.0) -> torch.Tensor:
         """σ_w² · scale · K (+ σ_b²), one pass, out of place."""
-        return torch.add(torch.tensor(self.bv if bias is not None else 0.0, dtype=k.dtype, device=k.device), k,
-                         alpha=self.wv * scale)
+        return torch.add(
+            torch.tensor(self.bv if bias is not None else 0.0, dtype=k.dtype, device=k.device), k, alpha=self.wv * scale
+        )
 
     def conv(self, x, weight, stride, padding, dilation, groups, padding_mode, kernel_size, bias):
         w = weight.weight if isinstance(weight, nn.Module) else weight
@@ -809,10 +1025,15 @@ class _Run:
             src_layout = None
         else:
             x = self._as_field(x)
-            if len(x.axes) != nd + 2 or x.axes[1] != ("W",) or any(len(ax) != 1 or ax[0] in ("W", "B")
-                                                                   for ax in x.axes[2:]):
-                self.fail(f"a {nd}-d convolution on a tensor laid out as {x.axes} (it needs (batch, width, "
-                          f"{nd} position axes))")
+            if (
+                len(x.axes) != nd + 2
+                or x.axes[1] != ("W",)
+                or any(len(ax) != 1 or ax[0] in ("W", "B") for ax in x.axes[2:])
+            ):
+                self.fail(
+                    f"a {nd}-d convolution on a tensor laid out as {x.axes} (it needs (batch, width, "
+                    f"{nd} position axes))"
+                )
             if x.sizes["W"] != c_in:
                 self.fail(f"a convolution with {c_in} input channels on {x.sizes['W']}")
             atoms = [ax[0] for ax in x.axes[2:]]
@@ -862,8 +1083,11 @@ class _Run:
             if self.want_ntk:
                 if src_layout is not None and th is not None:
                     th = L.to_layout(th, src_layout, inner, "x")
-                    ntk = torch.add(self._own_ntk(k["x"], w, bias), L.conv(th, inner, "x", ops, average=False),
-                                    alpha=self.wv / filter_size)
+                    ntk = torch.add(
+                        self._own_ntk(k["x"], w, bias),
+                        L.conv(th, inner, "x", ops, average=False),
+                        alpha=self.wv / filter_size,
+                    )
                 else:
                     ntk = self._own_ntk(k["x"], w, bias)
         axes = [("B",), ("W",)] + [(a,) for a in atoms]
@@ -873,10 +1097,13 @@ class _Run:
 
     def layer_norm(self, x, normalized_shape, weight, bias, eps):
         x = self._as_field(x)
-        shape = tuple(normalized_shape) if isinstance(normalized_shape, (tuple, list, torch.Size)) else (normalized_shape,)
+        shape = (
+            tuple(normalized_shape) if isinstance(normalized_shape, (tuple, list, torch.Size)) else (normalized_shape,)
+        )
         if len(shape) != 1 or x.axes[-1] != ("W",):
-            self.fail(f"LayerNorm over {shape} on axes {x.axes}: only a LayerNorm over the width axis alone "
-                      "has a limit rule")
+            self.fail(
+                f"LayerNorm over {shape} on axes {x.axes}: only a LayerNorm over the width axis alone has a limit rule"
+            )
         if len(x.parts) != 1:
             self.fail("LayerNorm of a concatenation")
         g, fn = self._one_gaussian(x.parts[0][1])
@@ -887,9 +1114,11 @@ class _Run:
         if bias is not None and not torch.all(bias == 0):
             self.fail("LayerNorm whose bias is not all zeros at init")
         if self.want_ntk and weight is not None and weight.requires_grad:
-            self.fail("LayerNorm with a trained gain: its tangent kernel is LN(h)_i(x)·LN(h)_i(x') per coordinate, "
-                      "correlated with the coordinate, which the NTK rules here do not carry (use "
-                      "elementwise_affine=False or freeze the gain with requires_grad_(False))")
+            self.fail(
+                "LayerNorm with a trained gain: its tangent kernel is LN(h)_i(x)·LN(h)_i(x') per coordinate, "
+                "correlated with the coordinate, which the NTK rules here do not carry (use "
+                "elementwise_affine=False or freeze the gain with requires_grad_(False))"
+            )
         lay = self.layout_here(x.layout.spatial)
         k = ntk = None
         if self.compute:
@@ -1059,7 +1288,7 @@ class _Run:
         ops = {a: L.AxisOp(x.sizes[a], k, s, 1, p, p) for a, k, s, p in zip(atoms, ks, st, pd)}
         return self._pool_field(x, [], ops, bool(count_include_pad))
 
-    def _pool_field(self, x: Field, global_atoms: list, ops: Optional[dict], count_include_pad: bool) -> Field:
+    def _pool_field(self, x: Field, global_atoms: list, ops: dict | None, count_include_pad: bool) -> Field:
         """A linear map over positions: windows (`ops`) and/or a global mean over `global_atoms`.
         A Gaussian input gives a Gaussian basis; anything else an opaque one (kernel, NTK, means)."""
         self.need(self.node.all_input_nodes[0], "full") if self.node.all_input_nodes else None
@@ -1071,8 +1300,11 @@ class _Run:
         renum = {a: i for i, a in enumerate(keep)}
         spatial = tuple(sizes_after[a] for a in keep)
         lay = self.layout_here(spatial)
-        gaussian = all(len(p[1]) > 0 for p in x.parts) and len(x.parts) == 1 and \
-            all(t.f.kind == "identity" and self._opaque(t) is None for t in x.parts[0][1])
+        gaussian = (
+            all(len(p[1]) > 0 for p in x.parts)
+            and len(x.parts) == 1
+            and all(t.f.kind == "identity" and self._opaque(t) is None for t in x.parts[0][1])
+        )
         k = ntk = means = None
         xin = replace(x, layout=replace(x.layout, full=True)) if x.layout.spatial else x
         mid = Layout(tuple(sizes_after), True)
@@ -1097,8 +1329,12 @@ class _Run:
                 for side in ("a", "b"):
                     m = self.field_means(xin, side)
                     if not isinstance(m, torch.Tensor):
-                        m = torch.zeros((self.xa if side == "a" else self.xb).shape[0], *x.layout.spatial,
-                                        dtype=torch.float64, device=self.xa.device)
+                        m = torch.zeros(
+                            (self.xa if side == "a" else self.xb).shape[0],
+                            *x.layout.spatial,
+                            dtype=torch.float64,
+                            device=self.xa.device,
+                        )
                     if ops:
                         m = L.pool_mean(m, ops, count_include_pad)
                     if global_atoms:
@@ -1112,14 +1348,16 @@ class _Run:
         bid = self.new_basis(lay, k, ntk, support, means, gaussian)
         axes = []
         for ax in x.axes:
-            new = tuple(renum[a] if isinstance(a, int) else a for a in ax if not (isinstance(a, int) and a not in renum))
+            new = tuple(
+                renum[a] if isinstance(a, int) else a for a in ax if not (isinstance(a, int) and a not in renum)
+            )
             axes.append(new)
         sizes = {renum[a]: spatial[renum[a]] for a in keep}
         sizes["W"] = x.sizes["W"]
         return self._field_of(bid, axes, sizes, lay)
 
 
-def _ratio(combo, ref) -> Optional[float]:
+def _ratio(combo, ref) -> float | None:
     """λ if the Gaussian combination `combo` is λ·`ref` (same layer outputs, proportional weights)."""
     d, r = dict(combo), dict(ref)
     if set(d) != set(r):
@@ -1161,6 +1399,7 @@ def _needs(gm: fx.GraphModule, requires: dict) -> dict:
 
 def prepare_inputs(x, name: str) -> torch.Tensor:
     import numpy as np
+
     if isinstance(x, np.ndarray):
         x = torch.from_numpy(x)
     if not isinstance(x, torch.Tensor):
@@ -1170,8 +1409,17 @@ def prepare_inputs(x, name: str) -> torch.Tensor:
     return x.detach().to(torch.float64)
 
 
-def program_kernels(model: nn.Module, x1, x2=None, weight_var: float = 2.0, bias_var: float = 0.0, *,
-                    ntk: bool = True, gm: Optional[fx.GraphModule] = None, self_only: bool = False):
+def program_kernels(
+    model: nn.Module,
+    x1,
+    x2=None,
+    weight_var: float = 2.0,
+    bias_var: float = 0.0,
+    *,
+    ntk: bool = True,
+    gm: fx.GraphModule | None = None,
+    self_only: bool = False,
+):
     """(NNGP, NTK or None) of one output unit of `model` in the infinite-width limit, exactly.
     `self_only`: just K(x, x) per row of x1, (n1, …). Raises NotExact naming the op and graph node
     where no rule applies."""
@@ -1179,21 +1427,35 @@ def program_kernels(model: nn.Module, x1, x2=None, weight_var: float = 2.0, bias
     same = x2 is None
     b = a if same else prepare_inputs(x2, "x2")
     if a.shape[1:] != b.shape[1:]:
-        raise ValueError(f"x1 and x2 must have the same shape after the batch axis, got {tuple(a.shape)} and "
-                         f"{tuple(b.shape)}")
+        raise ValueError(
+            f"x1 and x2 must have the same shape after the batch axis, got {tuple(a.shape)} and {tuple(b.shape)}"
+        )
     dtype = next((p.dtype for p in model.parameters()), torch.float32)
     gm = gm if gm is not None else trace(model, a[:2].to(dtype) if len(a) >= 2 else torch.cat([a, a]).to(dtype))
     originals = dict(model.named_parameters())
     originals.update(dict(model.named_buffers()))
 
     def make_run(xa, xb, same_inputs, compute, needs, want_ntk, self_only=False) -> _Run:
-        return _Run(gm, xa, xb, same_inputs, weight_var, bias_var, compute, needs, want_ntk, originals=originals,
-                    self_only=self_only)
+        return _Run(
+            gm,
+            xa,
+            xb,
+            same_inputs,
+            weight_var,
+            bias_var,
+            compute,
+            needs,
+            want_ntk,
+            originals=originals,
+            self_only=self_only,
+        )
+
     probe = make_run(a[:1], b[:1], same, False, {}, ntk)
     out = probe.run()
     if not isinstance(out, Field):
-        raise NotExact("the model's output is not a single tensor computed through a Linear or Conv "
-                       f"(got {type(out).__name__})")
+        raise NotExact(
+            f"the model's output is not a single tensor computed through a Linear or Conv (got {type(out).__name__})"
+        )
     full = _needs(gm, probe.requires)
     if self_only:
         run = make_run(a, a, True, True, full, False, self_only=True)
@@ -1201,8 +1463,9 @@ def program_kernels(model: nn.Module, x1, x2=None, weight_var: float = 2.0, bias
         return res.layout.diagonal(run.field_kernel(res, "a"), "a"), None
     # chunks of x1 rows, so one block stays near _CHUNK_ELEMENTS; with x2 = x1 only the upper
     # triangle of row chunks is computed (the kernel is symmetric), the rest mirrored
-    per_row = len(b) * max([1] + [math.prod(bs.layout.spatial) ** (2 if full.get(bs.node) else 1)
-                                  for bs in probe.bases.values()])
+    per_row = len(b) * max(
+        [1] + [math.prod(bs.layout.spatial) ** (2 if full.get(bs.node) else 1) for bs in probe.bases.values()]
+    )
     rows = max(1, min(len(a), _CHUNK_ELEMENTS // max(1, per_row)))
     k = t = None
     for s in range(0, len(a), rows):

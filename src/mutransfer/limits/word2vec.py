@@ -49,19 +49,33 @@ the AUC of a word's inflection partner among all other vocabulary words (chance 
 and 3CosAdd analogy accuracy a : a* :: b : b* over pairs of the same suffix, excluding the three
 question words (ties split the credit; chance 1/(V−3)).
 """
+
 from __future__ import annotations
 
 import math
-from typing import Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import nn
 
 from ._checks import integer, positive
 
-__all__ = ["skipgram_batches", "SkipGram", "train_skipgram", "Word2VecLimit", "ntk_limit_similarity",
-           "cosine_similarity", "morphological_groups", "inflection_pairs", "inflection_analogies",
-           "partner_auc", "analogy_accuracy", "evaluate_embeddings", "similarity_gap", "SUFFIXES"]
+__all__ = [
+    "SUFFIXES",
+    "SkipGram",
+    "Word2VecLimit",
+    "analogy_accuracy",
+    "cosine_similarity",
+    "evaluate_embeddings",
+    "inflection_analogies",
+    "inflection_pairs",
+    "morphological_groups",
+    "ntk_limit_similarity",
+    "partner_auc",
+    "similarity_gap",
+    "skipgram_batches",
+    "train_skipgram",
+]
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -74,24 +88,34 @@ SUFFIXES = (
 )
 
 
-
-
 def _token_ids(tokens, vocab_size: int) -> torch.Tensor:
     if isinstance(tokens, (str, bytes)):
         raise TypeError("tokens must be a sequence of integer token ids (map words to ids first), got a string")
     t = torch.as_tensor(tokens if isinstance(tokens, torch.Tensor) else list(tokens))
     if t.ndim != 1 or t.dtype.is_floating_point or t.dtype == torch.bool:
-        raise TypeError(f"tokens must be a 1-D sequence of integer token ids, got dtype {t.dtype}, shape {tuple(t.shape)}")
+        raise TypeError(
+            f"tokens must be a 1-D sequence of integer token ids, got dtype {t.dtype}, shape {tuple(t.shape)}"
+        )
     t = t.long()
     if len(t) and (int(t.min()) < 0 or int(t.max()) >= vocab_size):
-        raise ValueError(f"tokens must be ids in [0, vocab_size={vocab_size}), got range "
-                         f"[{int(t.min())}, {int(t.max())}]")
+        raise ValueError(
+            f"tokens must be ids in [0, vocab_size={vocab_size}), got range [{int(t.min())}, {int(t.max())}]"
+        )
     return t
 
 
-def skipgram_batches(tokens, vocab_size: int, *, epochs: int = 1, batch_size: int = 512, window: int = 2,
-                     negatives: int = 5, seed: int = 0, subsample: Optional[float] = None,
-                     power: float = 0.75) -> list[Batch]:
+def skipgram_batches(
+    tokens,
+    vocab_size: int,
+    *,
+    epochs: int = 1,
+    batch_size: int = 512,
+    window: int = 2,
+    negatives: int = 5,
+    seed: int = 0,
+    subsample: float | None = None,
+    power: float = 0.75,
+) -> list[Batch]:
     """The SGNS minibatches `(words, contexts, negative_contexts)` of shapes (B,), (B,), (B, K),
     a deterministic function of `seed`: made once and shared by the finite nets and the limit so
     that all of them see the same data order and the same negative samples.
@@ -133,25 +157,33 @@ def skipgram_batches(tokens, vocab_size: int, *, epochs: int = 1, batch_size: in
         w, c = torch.cat(ws), torch.cat(cs)
         perm = torch.randperm(len(w), generator=g)
         w, c = w[perm], c[perm]
-        neg = torch.multinomial(noise, len(w) * negatives, replacement=True, generator=g).view(len(w), negatives) \
-            if negatives else torch.empty(len(w), 0, dtype=torch.long)
+        neg = (
+            torch.multinomial(noise, len(w) * negatives, replacement=True, generator=g).view(len(w), negatives)
+            if negatives
+            else torch.empty(len(w), 0, dtype=torch.long)
+        )
         for s in range(0, len(w), batch_size):
-            out.append((w[s:s + batch_size], c[s:s + batch_size], neg[s:s + batch_size]))
+            out.append((w[s : s + batch_size], c[s : s + batch_size], neg[s : s + batch_size]))
     return out
 
 
 def _check_batches(batches, vocab_size: int) -> list[Batch]:
     if isinstance(batches, torch.Tensor) or not isinstance(batches, (list, tuple)):
-        raise TypeError("batches must be the list of (words, contexts, negatives) made by skipgram_batches, "
-                        f"got {type(batches).__name__}")
+        raise TypeError(
+            "batches must be the list of (words, contexts, negatives) made by skipgram_batches, "
+            f"got {type(batches).__name__}"
+        )
     for i, b in enumerate(batches):
         if not (isinstance(b, (tuple, list)) and len(b) == 3 and all(isinstance(x, torch.Tensor) for x in b)):
-            raise TypeError(f"batches[{i}] must be a (words, contexts, negatives) tuple of tensors "
-                            "as made by skipgram_batches")
+            raise TypeError(
+                f"batches[{i}] must be a (words, contexts, negatives) tuple of tensors as made by skipgram_batches"
+            )
         w, c, n = b
         if w.ndim != 1 or c.shape != w.shape or n.ndim != 2 or n.shape[0] != w.shape[0]:
-            raise ValueError(f"batches[{i}] has shapes {tuple(w.shape)}, {tuple(c.shape)}, {tuple(n.shape)}; "
-                             "expected (B,), (B,), (B, K)")
+            raise ValueError(
+                f"batches[{i}] has shapes {tuple(w.shape)}, {tuple(c.shape)}, {tuple(n.shape)}; "
+                "expected (B,), (B,), (B, K)"
+            )
         hi = max(int(x.max()) for x in b if x.numel()) if w.numel() else 0
         if hi >= vocab_size:
             raise ValueError(f"batches[{i}] holds token id {hi} ≥ the model's vocab_size {vocab_size}")
@@ -165,18 +197,20 @@ def _sgns_step(U: torch.Tensor, C: torch.Tensor, batch: Batch, scale: float, alp
     B = len(w)
     if B == 0:
         return 0.0
-    ctx = torch.cat([c[:, None], neg], 1)                                    # (B, K+1): positive first
-    uw, cx = U[w], C[ctx]                                                     # (B, n), (B, K+1, n)
-    s = scale * torch.bmm(cx, uw[:, :, None])[..., 0]                         # (B, K+1)
+    ctx = torch.cat([c[:, None], neg], 1)  # (B, K+1): positive first
+    uw, cx = U[w], C[ctx]  # (B, n), (B, K+1, n)
+    s = scale * torch.bmm(cx, uw[:, :, None])[..., 0]  # (B, K+1)
     sign = torch.ones_like(s)
     sign[:, 0] = -1.0
     loss = float(nn.functional.softplus(sign * s).sum() / B)
-    g = torch.sigmoid(s) / B                                                  # ∂L/∂s: σ(s) − 1[positive]
+    g = torch.sigmoid(s) / B  # ∂L/∂s: σ(s) − 1[positive]
     g[:, 0] -= 1.0 / B
-    grad_u = torch.bmm(g[:, None], cx)[:, 0]                                  # (B, n) = Σ_k g C_ctx
+    grad_u = torch.bmm(g[:, None], cx)[:, 0]  # (B, n) = Σ_k g C_ctx
     # Σ over the batch of g·U_w onto the context rows: a sparse (V × B) matrix times U_w
     idx = torch.stack([ctx.reshape(-1), torch.arange(B).repeat_interleave(ctx.shape[1])])
-    grad_c = torch.sparse.mm(torch.sparse_coo_tensor(idx, g.reshape(-1), (C.shape[0], B), check_invariants=False).coalesce(), uw)
+    grad_c = torch.sparse.mm(
+        torch.sparse_coo_tensor(idx, g.reshape(-1), (C.shape[0], B), check_invariants=False).coalesce(), uw
+    )
     U.index_add_(0, w, grad_u, alpha=-alpha)
     C.add_(grad_c, alpha=-alpha)
     return loss
@@ -206,8 +240,15 @@ class SkipGram(nn.Module):
     c_n = 1/n for ``parametrization="mup"`` and 1/√n for ``"ntk"``. Train it with `train_skipgram`,
     which sets the parametrization's learning rate (η·n in µP, η in NTK)."""
 
-    def __init__(self, vocab_size: int, width: int, parametrization: str = "mup", sigma: float = 1.0,
-                 dtype: torch.dtype = torch.float32, seed: Optional[int] = None):
+    def __init__(
+        self,
+        vocab_size: int,
+        width: int,
+        parametrization: str = "mup",
+        sigma: float = 1.0,
+        dtype: torch.dtype = torch.float32,
+        seed: int | None = None,
+    ):
         super().__init__()
         vocab_size = integer(vocab_size, "vocab_size")
         width = integer(width, "width")
@@ -217,10 +258,12 @@ class SkipGram(nn.Module):
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
         g = torch.Generator().manual_seed(int(seed)) if seed is not None else None
-        self.U = nn.Parameter(sigma * torch.randn(vocab_size, width, generator=g, dtype=torch.float64).to(dtype),
-                              requires_grad=False)
-        self.C = nn.Parameter(sigma * torch.randn(vocab_size, width, generator=g, dtype=torch.float64).to(dtype),
-                              requires_grad=False)
+        self.U = nn.Parameter(
+            sigma * torch.randn(vocab_size, width, generator=g, dtype=torch.float64).to(dtype), requires_grad=False
+        )
+        self.C = nn.Parameter(
+            sigma * torch.randn(vocab_size, width, generator=g, dtype=torch.float64).to(dtype), requires_grad=False
+        )
         self.vocab_size, self.width, self.sigma = vocab_size, width, sigma
         self.parametrization = parametrization
         self.scale = 1.0 / width if parametrization == "mup" else 1.0 / math.sqrt(width)
@@ -270,8 +313,14 @@ class Word2VecLimit:
     `kernel()` the limit's E[u_w u_w'].
     """
 
-    def __init__(self, vocab_size: int, sigma: float = 1.0, width: Optional[int] = None, seed: int = 0,
-                 dtype: torch.dtype = torch.float64):
+    def __init__(
+        self,
+        vocab_size: int,
+        sigma: float = 1.0,
+        width: int | None = None,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float64,
+    ):
         self.vocab_size = integer(vocab_size, "vocab_size")
         self.sigma = positive(sigma, "sigma")
         V = self.vocab_size
@@ -297,7 +346,7 @@ class Word2VecLimit:
         e0 = (self.sigma * e0).to(self.dtype)
         self.U, self.C = e0[:V].clone(), e0[V:].clone()
 
-    def fit(self, batches: Sequence[Batch], lr: float) -> "Word2VecLimit":
+    def fit(self, batches: Sequence[Batch], lr: float) -> Word2VecLimit:
         """Train from the init for all of `batches` (from `skipgram_batches`) at learning rate η = `lr`
         (the finite µP nets' η, i.e. their SGD lr is η·n). Refitting restarts from the init."""
         lr = positive(lr, "lr")
@@ -366,7 +415,7 @@ def inflection_pairs(vocab, min_stem: int = 3) -> list[tuple[int, int]]:
     pairs = set()
     for forms in morphological_groups(vocab, min_stem).values():
         ids = sorted(set(forms.values()))
-        pairs.update((a, b) for k, a in enumerate(ids) for b in ids[k + 1:])
+        pairs.update((a, b) for k, a in enumerate(ids) for b in ids[k + 1 :])
     return sorted(pairs)
 
 
@@ -403,11 +452,11 @@ def partner_auc(sim, pairs: Sequence[tuple[int, int]]) -> float:
     p = torch.as_tensor(list(pairs), dtype=torch.long)
     x = torch.cat([p[:, 0], p[:, 1]])
     y = torch.cat([p[:, 1], p[:, 0]])
-    rows = s[x].clone()                                            # (P, V)
-    rows[torch.arange(len(x)), x] = float("nan")                   # the query word itself is no candidate
+    rows = s[x].clone()  # (P, V)
+    rows[torch.arange(len(x)), x] = float("nan")  # the query word itself is no candidate
     target = rows[torch.arange(len(x)), y][:, None]
     less = (rows < target).sum(1).double()
-    ties = (rows == target).sum(1).double() - 1                    # minus y itself
+    ties = (rows == target).sum(1).double() - 1  # minus y itself
     return float(((less + 0.5 * ties) / (s.shape[0] - 2)).mean())
 
 
@@ -421,8 +470,8 @@ def analogy_accuracy(sim, analogies: Sequence[tuple[int, int, int, int]], chunk:
     q = torch.as_tensor(list(analogies), dtype=torch.long)
     total = 0.0
     for k in range(0, len(q), chunk):
-        a, a2, b, b2 = q[k:k + chunk].T
-        score = s[b] - s[a] + s[a2]                                # (Q, V)
+        a, a2, b, b2 = q[k : k + chunk].T
+        score = s[b] - s[a] + s[a2]  # (Q, V)
         r = torch.arange(len(a))
         for idx in (a, a2, b):
             score[r, idx] = -float("inf")
@@ -442,12 +491,17 @@ def evaluate_embeddings(sim, vocab, min_stem: int = 3) -> dict[str, float]:
     if s.shape[0] != len(vocab):
         raise ValueError(f"sim is {s.shape[0]}×{s.shape[0]} but vocab has {len(vocab)} words")
     pairs, analogies = inflection_pairs(vocab, min_stem), inflection_analogies(vocab, min_stem)
-    return {"auc": partner_auc(s, pairs), "auc_chance": 0.5, "pairs": len(pairs),
-            "analogy": analogy_accuracy(s, analogies) if analogies else float("nan"),
-            "analogy_chance": 1.0 / (len(vocab) - 3), "analogies": len(analogies)}
+    return {
+        "auc": partner_auc(s, pairs),
+        "auc_chance": 0.5,
+        "pairs": len(pairs),
+        "analogy": analogy_accuracy(s, analogies) if analogies else float("nan"),
+        "analogy_chance": 1.0 / (len(vocab) - 3),
+        "analogies": len(analogies),
+    }
 
 
-def similarity_gap(sim, reference, words: Optional[Sequence[int]] = None) -> float:
+def similarity_gap(sim, reference, words: Sequence[int] | None = None) -> float:
     """RMS difference of two similarity matrices over the off-diagonal entries among `words` (all by default)."""
     a, b = _check_sim(sim), _check_sim(reference, "reference")
     if a.shape != b.shape:

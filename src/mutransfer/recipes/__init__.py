@@ -1,7 +1,21 @@
 """Small reference models and data used by the examples, the tests, the checks and the demo."""
+
 from .data import gaussian_batches, image_batches, stdlib_text, text_batches
 from .models import CNN, GPT, MLP, MHATransformer, ResMLP, ResNet
 from .registry import RECIPES, Recipe, get_recipe
 
-__all__ = ["MLP", "CNN", "GPT", "MHATransformer", "ResMLP", "ResNet", "RECIPES", "Recipe", "get_recipe", "stdlib_text",
-           "text_batches", "gaussian_batches", "image_batches"]
+__all__ = [
+    "CNN",
+    "GPT",
+    "MLP",
+    "RECIPES",
+    "MHATransformer",
+    "Recipe",
+    "ResMLP",
+    "ResNet",
+    "gaussian_batches",
+    "get_recipe",
+    "image_batches",
+    "stdlib_text",
+    "text_batches",
+]

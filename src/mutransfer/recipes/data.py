@@ -3,6 +3,7 @@
 The text comes from the docstrings of Python's own standard library, so it exists on every
 machine that runs Python and needs no download.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -10,11 +11,33 @@ from functools import lru_cache
 
 import torch
 
-__all__ = ["stdlib_text", "text_batches", "gaussian_batches", "image_batches"]
+__all__ = ["gaussian_batches", "image_batches", "stdlib_text", "text_batches"]
 
-_DOC_MODULES = ("collections", "itertools", "functools", "json", "re", "string", "textwrap", "argparse",
-                "pathlib", "statistics", "fractions", "decimal", "heapq", "bisect", "difflib", "calendar",
-                "csv", "logging", "inspect", "dataclasses", "unittest", "subprocess", "shutil")
+_DOC_MODULES = (
+    "collections",
+    "itertools",
+    "functools",
+    "json",
+    "re",
+    "string",
+    "textwrap",
+    "argparse",
+    "pathlib",
+    "statistics",
+    "fractions",
+    "decimal",
+    "heapq",
+    "bisect",
+    "difflib",
+    "calendar",
+    "csv",
+    "logging",
+    "inspect",
+    "dataclasses",
+    "unittest",
+    "subprocess",
+    "shutil",
+)
 
 
 @lru_cache(maxsize=1)
@@ -43,8 +66,8 @@ def text_batches(n_batches: int, batch: int, seq: int, seed: int = 0) -> list[tu
     out = []
     for _ in range(n_batches):
         starts = torch.randint(0, len(data) - seq - 1, (batch,), generator=g)
-        x = torch.stack([data[s:s + seq] for s in starts])
-        y = torch.stack([data[s + 1:s + seq + 1] for s in starts])
+        x = torch.stack([data[s : s + seq] for s in starts])
+        y = torch.stack([data[s + 1 : s + seq + 1] for s in starts])
         out.append((x, y))
     return out
 
@@ -52,12 +75,16 @@ def text_batches(n_batches: int, batch: int, seq: int, seed: int = 0) -> list[tu
 def gaussian_batches(n_batches: int, batch: int, d_in: int, n_classes: int, seed: int = 0):
     """Gaussian inputs with random class labels."""
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(batch, d_in, generator=g), torch.randint(0, n_classes, (batch,), generator=g))
-            for _ in range(n_batches)]
+    return [
+        (torch.randn(batch, d_in, generator=g), torch.randint(0, n_classes, (batch,), generator=g))
+        for _ in range(n_batches)
+    ]
 
 
 def image_batches(n_batches: int, batch: int, channels: int, size: int, n_classes: int, seed: int = 0):
     """Random images (batch, channels, size, size) with random class labels."""
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(batch, channels, size, size, generator=g),
-             torch.randint(0, n_classes, (batch,), generator=g)) for _ in range(n_batches)]
+    return [
+        (torch.randn(batch, channels, size, size, generator=g), torch.randint(0, n_classes, (batch,), generator=g))
+        for _ in range(n_batches)
+    ]

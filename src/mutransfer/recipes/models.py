@@ -3,16 +3,25 @@
 Nothing here knows about µP: they are what a user would write, so that `mt.parametrize`
 is exercised the way users use it.
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["MLP", "ResBlock", "ResMLP", "CNN", "BasicBlock", "ResNet", "CausalSelfAttention", "Block", "GPT",
-           "MHATransformer"]
+__all__ = [
+    "CNN",
+    "GPT",
+    "MLP",
+    "BasicBlock",
+    "Block",
+    "CausalSelfAttention",
+    "MHATransformer",
+    "ResBlock",
+    "ResMLP",
+    "ResNet",
+]
 
 
 class MLP(nn.Module):
@@ -93,8 +102,9 @@ class BasicBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(out_channels)
         self.shortcut = nn.Sequential()
         if stride != 1 or in_channels != out_channels:
-            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
-                                          nn.BatchNorm2d(out_channels))
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False), nn.BatchNorm2d(out_channels)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = F.relu(self.bn1(self.conv1(x)))
@@ -116,7 +126,7 @@ class ResNet(nn.Module):
         self.bn = nn.BatchNorm2d(width)
         layers, channels = [], width
         for i, n in enumerate(blocks):
-            out = width * 2 ** i
+            out = width * 2**i
             for j in range(n):
                 layers.append(BasicBlock(channels, out, stride=2 if (i > 0 and j == 0) else 1))
                 channels = out
@@ -165,8 +175,16 @@ class GPT(nn.Module):
     attention matters.
     """
 
-    def __init__(self, width: int, vocab: int = 256, n_layer: int = 2, n_head: int = 4, ctx: int = 64,
-                 tied: bool = True, init_std: Optional[float] = 0.02):
+    def __init__(
+        self,
+        width: int,
+        vocab: int = 256,
+        n_layer: int = 2,
+        n_head: int = 4,
+        ctx: int = 64,
+        tied: bool = True,
+        init_std: float | None = 0.02,
+    ):
         super().__init__()
         self.wte = nn.Embedding(vocab, width)
         self.wpe = nn.Embedding(ctx, width)

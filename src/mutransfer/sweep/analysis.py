@@ -4,11 +4,13 @@ their drift.
 In a sweep over depths, a drift "along width" is measured at one depth (default: the smallest,
 the proxy depth) and a drift "along depth" at one width (default: the smallest, the proxy width).
 """
+
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -16,10 +18,29 @@ from .runner import Sweep, trial_outcome
 from .space import Choice, LogUniform
 from .verdict import Verdict, interval, judge, resample_index
 
-__all__ = ["AXES", "TrialResult", "load_results", "counts", "in_cell", "best", "along_cells", "optima",
-           "drift", "max_drift_steps", "bigger_is_better", "wider_is_better", "deeper_is_better",
-           "transferred_hparams", "axes", "cells_along", "verdicts", "same_point", "head_to_head", "costs",
-           "placements"]
+__all__ = [
+    "AXES",
+    "TrialResult",
+    "along_cells",
+    "axes",
+    "best",
+    "bigger_is_better",
+    "cells_along",
+    "costs",
+    "counts",
+    "deeper_is_better",
+    "drift",
+    "head_to_head",
+    "in_cell",
+    "load_results",
+    "max_drift_steps",
+    "optima",
+    "placements",
+    "same_point",
+    "transferred_hparams",
+    "verdicts",
+    "wider_is_better",
+]
 
 AXES = ("width", "depth")
 
@@ -33,17 +54,17 @@ class TrialResult:
     loss: float  # NaN when diverged, failed or pruned
     diverged: bool
     seconds: float
-    depth: Optional[int] = None  # None when the sweep has no depths
+    depth: int | None = None  # None when the sweep has no depths
     losses: tuple = ()  # one loss per seed (NaN where that seed diverged); () when not recorded
     failed: bool = False  # the objective raised (see `error`); loss is NaN
     error: str = ""
     cpu_seconds: float = 0.0  # process CPU time of the trial (all seeds); 0 when not recorded
     extra: tuple = ()  # ((axis, value),) in a cell of a further batch size or horizon; () otherwise
     pruned: bool = False  # stopped early by the sweep's pruner: worse than the study's finished trials
-    pruned_step: Optional[int] = None  # the last step reported before pruning (None: none reported)
+    pruned_step: int | None = None  # the last step reported before pruning (None: none reported)
     pruned_loss: float = math.nan  # the loss reported at `pruned_step` (a lower fidelity than `loss`)
     device: str = ""  # where it trained: "cpu", "cuda:0" ("" when not recorded: a sweep before devices)
-    cuda_visible_devices: Optional[str] = None  # its worker's CUDA_VISIBLE_DEVICES (None when unset)
+    cuda_visible_devices: str | None = None  # its worker's CUDA_VISIBLE_DEVICES (None when unset)
     precision: str = ""  # "fp32" or "bf16" ("" when not recorded)
 
     @property
@@ -51,8 +72,9 @@ class TrialResult:
         """'cuda:0 (CUDA_VISIBLE_DEVICES=3)', 'cpu (CUDA_VISIBLE_DEVICES=1)', 'cpu', or '' if not recorded."""
         if not self.device:
             return ""
-        return self.device + ("" if self.cuda_visible_devices is None
-                              else f" (CUDA_VISIBLE_DEVICES={self.cuda_visible_devices})")
+        return self.device + (
+            "" if self.cuda_visible_devices is None else f" (CUDA_VISIBLE_DEVICES={self.cuda_visible_devices})"
+        )
 
     @property
     def ok(self) -> bool:
@@ -70,17 +92,35 @@ def load_results(sweep: Sweep, failed: bool = True) -> list[TrialResult]:
             kind = trial_outcome(t)  # the runner's rule: one home for what counts as a result
             if kind is None or (kind == "failed" and not failed):
                 continue
-            params = {name: t.params.get(name, t.system_attrs.get("fixed_params", {}).get(name))
-                      for name in sweep.config.space}
+            params = {
+                name: t.params.get(name, t.system_attrs.get("fixed_params", {}).get(name))
+                for name in sweep.config.space
+            }
             losses = tuple(math.nan if v is None else float(v) for v in t.user_attrs.get("losses", ()))
             step, last = t.user_attrs.get("pruned_step"), t.user_attrs.get("pruned_loss")
-            out.append(TrialResult(parametrization, width, t.number, params,
-                                   float(t.value) if kind == "complete" else math.nan, kind == "diverged",
-                                   float(t.user_attrs.get("seconds", 0.0)), depth, losses, kind == "failed",
-                                   str(t.user_attrs.get("error", "")), float(t.user_attrs.get("cpu_seconds", 0.0)),
-                                   extra, kind == "pruned", None if step is None else int(step),
-                                   math.nan if last is None else float(last), str(t.user_attrs.get("device", "")),
-                                   t.user_attrs.get("cuda_visible_devices"), str(t.user_attrs.get("precision", ""))))
+            out.append(
+                TrialResult(
+                    parametrization,
+                    width,
+                    t.number,
+                    params,
+                    float(t.value) if kind == "complete" else math.nan,
+                    kind == "diverged",
+                    float(t.user_attrs.get("seconds", 0.0)),
+                    depth,
+                    losses,
+                    kind == "failed",
+                    str(t.user_attrs.get("error", "")),
+                    float(t.user_attrs.get("cpu_seconds", 0.0)),
+                    extra,
+                    kind == "pruned",
+                    None if step is None else int(step),
+                    math.nan if last is None else float(last),
+                    str(t.user_attrs.get("device", "")),
+                    t.user_attrs.get("cuda_visible_devices"),
+                    str(t.user_attrs.get("precision", "")),
+                )
+            )
     return out
 
 
@@ -96,28 +136,38 @@ def placements(results: list[TrialResult]) -> dict[str, dict[str, float]]:
     return dict(sorted(out.items()))
 
 
-def counts(results: list[TrialResult], parametrization: Optional[str] = None) -> dict[str, int]:
+def counts(results: list[TrialResult], parametrization: str | None = None) -> dict[str, int]:
     """{"completed", "diverged", "failed", "pruned"} trial counts (of one parametrization, or all)."""
     rs = [r for r in results if parametrization is None or r.parametrization == parametrization]
-    return {"completed": sum(r.ok for r in rs), "diverged": sum(r.diverged for r in rs),
-            "failed": sum(r.failed for r in rs), "pruned": sum(r.pruned for r in rs)}
+    return {
+        "completed": sum(r.ok for r in rs),
+        "diverged": sum(r.diverged for r in rs),
+        "failed": sum(r.failed for r in rs),
+        "pruned": sum(r.pruned for r in rs),
+    }
 
 
-def in_cell(results: list[TrialResult], parametrization: str, width: int, depth: Optional[int] = None,
-            extra: tuple = ()) -> list[TrialResult]:
+def in_cell(
+    results: list[TrialResult], parametrization: str, width: int, depth: int | None = None, extra: tuple = ()
+) -> list[TrialResult]:
     """The trials of one (parametrization, width, depth[, extra]) cell, whatever their outcome."""
-    return [r for r in results if r.parametrization == parametrization and r.width == width and r.depth == depth
-            and r.extra == tuple(extra)]
+    return [
+        r
+        for r in results
+        if r.parametrization == parametrization and r.width == width and r.depth == depth and r.extra == tuple(extra)
+    ]
 
 
-def best(results: list[TrialResult], parametrization: str, width: int, depth: Optional[int] = None,
-         extra: tuple = ()) -> Optional[TrialResult]:
+def best(
+    results: list[TrialResult], parametrization: str, width: int, depth: int | None = None, extra: tuple = ()
+) -> TrialResult | None:
     """The lowest-loss trial of one cell; `depth` None matches a sweep without depths."""
-    return min((r for r in in_cell(results, parametrization, width, depth, extra) if r.ok), key=lambda r: r.loss,
-               default=None)
+    return min(
+        (r for r in in_cell(results, parametrization, width, depth, extra) if r.ok), key=lambda r: r.loss, default=None
+    )
 
 
-def along_cells(sweep: Sweep, along: str, at: Optional[int] = None) -> list[tuple[int, Optional[int]]]:
+def along_cells(sweep: Sweep, along: str, at: int | None = None) -> list[tuple[int, int | None]]:
     """The (width, depth) cells visited when moving along `along` with the other axis held `at`."""
     cfg = sweep.config
     if along == "width":
@@ -131,14 +181,21 @@ def along_cells(sweep: Sweep, along: str, at: Optional[int] = None) -> list[tupl
     raise ValueError(f"along must be one of {', '.join(AXES)}, got {along!r}")
 
 
-def optima(sweep: Sweep, results: list[TrialResult], parametrization: str, along: str = "width",
-           at: Optional[int] = None) -> list[TrialResult]:
+def optima(
+    sweep: Sweep, results: list[TrialResult], parametrization: str, along: str = "width", at: int | None = None
+) -> list[TrialResult]:
     """The best trial of each cell along `along` (cells with no finished trial left out)."""
     return [b for w, d in along_cells(sweep, along, at) if (b := best(results, parametrization, w, d)) is not None]
 
 
-def drift(sweep: Sweep, results: list[TrialResult], parametrization: str, name: str, along: str = "width",
-          at: Optional[int] = None) -> Optional[float]:
+def drift(
+    sweep: Sweep,
+    results: list[TrialResult],
+    parametrization: str,
+    name: str,
+    along: str = "width",
+    at: int | None = None,
+) -> float | None:
     """How far the optimum of HP `name` moves from the smallest to the largest width (or depth,
     `along="depth"`): in octaves (log2 ratio) for a log-scaled HP, in units of the value
     otherwise; None for a choice."""
@@ -152,8 +209,14 @@ def drift(sweep: Sweep, results: list[TrialResult], parametrization: str, name: 
     return math.log2(b / a) if isinstance(dim, LogUniform) else b - a
 
 
-def max_drift_steps(sweep: Sweep, results: list[TrialResult], parametrization: str, name: str,
-                    along: str = "width", at: Optional[int] = None) -> Optional[float]:
+def max_drift_steps(
+    sweep: Sweep,
+    results: list[TrialResult],
+    parametrization: str,
+    name: str,
+    along: str = "width",
+    at: int | None = None,
+) -> float | None:
     """Largest move of the optimum between any two widths (or depths), in grid steps (log HPs on a grid)."""
     dim = sweep.config.space[name]
     if not isinstance(dim, LogUniform) or dim.grid < 2:
@@ -163,30 +226,38 @@ def max_drift_steps(sweep: Sweep, results: list[TrialResult], parametrization: s
     return (max(opts) - min(opts)) / step if len(opts) >= 2 else None
 
 
-def bigger_is_better(sweep: Sweep, results: list[TrialResult], parametrization: str, along: str = "width",
-                     at: Optional[int] = None) -> Optional[bool]:
+def bigger_is_better(
+    sweep: Sweep, results: list[TrialResult], parametrization: str, along: str = "width", at: int | None = None
+) -> bool | None:
     """Does the best loss decrease as width (or depth) grows: lower at the largest than at the
     smallest, and never up by more than 1% from one to the next? (Exact ties are not "better".)"""
     losses = [b.loss for b in optima(sweep, results, parametrization, along, at)]
     if len(losses) < 2:
         return None
-    return losses[-1] < losses[0] and all(b <= a + 0.01 * abs(a) for a, b in zip(losses, losses[1:]))
+    return losses[-1] < losses[0] and all(b <= a + 0.01 * abs(a) for a, b in itertools.pairwise(losses))
 
 
-def wider_is_better(sweep: Sweep, results: list[TrialResult], parametrization: str,
-                    depth: Optional[int] = None) -> Optional[bool]:
+def wider_is_better(
+    sweep: Sweep, results: list[TrialResult], parametrization: str, depth: int | None = None
+) -> bool | None:
     """Does the best loss decrease (not increase by more than 1%) as width grows (at `depth`)?"""
     return bigger_is_better(sweep, results, parametrization, "width", depth)
 
 
-def deeper_is_better(sweep: Sweep, results: list[TrialResult], parametrization: str,
-                     width: Optional[int] = None) -> Optional[bool]:
+def deeper_is_better(
+    sweep: Sweep, results: list[TrialResult], parametrization: str, width: int | None = None
+) -> bool | None:
     """Does the best loss decrease (not increase by more than 1%) as depth grows (at `width`)?"""
     return bigger_is_better(sweep, results, parametrization, "depth", width)
 
 
-def transferred_hparams(sweep: Sweep, results: list[TrialResult], width: Optional[int] = None,
-                        parametrization: str = "mup", depth: Optional[int] = None) -> Optional[dict[str, Any]]:
+def transferred_hparams(
+    sweep: Sweep,
+    results: list[TrialResult],
+    width: int | None = None,
+    parametrization: str = "mup",
+    depth: int | None = None,
+) -> dict[str, Any] | None:
     """The optimum found at the proxy `width` and `depth` (default: the smallest), with the [fixed] table."""
     width = width or min(sweep.config.widths)
     depth = depth or sweep.config.proxy_depth
@@ -206,19 +277,23 @@ def axes(sweep: Sweep) -> list[str]:
     return out + [axis for axis, values in cfg.axes.items() if len(values) > 1]
 
 
-def cells_along(sweep: Sweep, results: list[TrialResult], parametrization: str, axis: str
-                ) -> list[tuple[int, list[TrialResult]]]:
+def cells_along(
+    sweep: Sweep, results: list[TrialResult], parametrization: str, axis: str
+) -> list[tuple[int, list[TrialResult]]]:
     """[(axis value, that cell's trials)] along `axis`, proxy first: widths at the proxy depth,
     depths at the proxy width, batch sizes or horizons at the proxy width and depth."""
     cfg = sweep.config
     if axis in ("width", "depth"):
-        return [(w if axis == "width" else d, in_cell(results, parametrization, w, d))
-                for w, d in along_cells(sweep, axis)]
+        return [
+            (w if axis == "width" else d, in_cell(results, parametrization, w, d)) for w, d in along_cells(sweep, axis)
+        ]
     if axis not in cfg.axes:
         raise ValueError(f"axis must be one of {', '.join(axes(sweep))}, got {axis!r}")
     values = cfg.axes[axis]
-    return [(v, in_cell(results, parametrization, min(cfg.widths), cfg.proxy_depth,
-                        () if v == values[0] else ((axis, v),))) for v in values]
+    return [
+        (v, in_cell(results, parametrization, min(cfg.widths), cfg.proxy_depth, () if v == values[0] else ((axis, v),)))
+        for v in values
+    ]
 
 
 def verdicts(sweep: Sweep, results: list[TrialResult]) -> dict[str, dict[str, Verdict]]:
@@ -229,21 +304,24 @@ def verdicts(sweep: Sweep, results: list[TrialResult]) -> dict[str, dict[str, Ve
     for p in cfg.parametrizations:
         out[p] = {}
         for axis in axes(sweep):
-            v = judge(p, axis, cells_along(sweep, results, p, axis), cfg.space, len(cfg.seeds),
-                      grid=cfg.sampler == "grid")
+            v = judge(
+                p, axis, cells_along(sweep, results, p, axis), cfg.space, len(cfg.seeds), grid=cfg.sampler == "grid"
+            )
             if v is not None:
                 out[p][axis] = v
     return out
 
 
-def same_point(results: list[TrialResult], parametrization: str, width: int, depth: Optional[int],
-               params: dict) -> Optional[TrialResult]:
+def same_point(
+    results: list[TrialResult], parametrization: str, width: int, depth: int | None, params: dict
+) -> TrialResult | None:
     """The finished trial of a cell at exactly `params` (a grid point evaluated in several cells)."""
-    return next((r for r in in_cell(results, parametrization, width, depth) if r.params == params and not r.failed),
-                None)
+    return next(
+        (r for r in in_cell(results, parametrization, width, depth) if r.params == params and not r.failed), None
+    )
 
 
-def head_to_head(sweep: Sweep, results: list[TrialResult]) -> Optional[dict[str, Any]]:
+def head_to_head(sweep: Sweep, results: list[TrialResult]) -> dict[str, Any] | None:
     """TP5 Fig. 1's promise at the largest swept width: µP with the proxy's HPs against SP re-tuned
     there (its own best). None unless both parametrizations were swept on a grid point shared by
     the proxy and the largest width."""
@@ -261,10 +339,16 @@ def head_to_head(sweep: Sweep, results: list[TrialResult]) -> Optional[dict[str,
     mup_best = best(results, "mup", width, depth)
     worse = at.diverged or at.pruned  # pruned: stopped early as worse than that study's finished trials
     loss = math.inf if worse else at.loss
-    out = {"width": width, "proxy_width": proxy, "mup_transferred": None if worse else at.loss,
-           "mup_pruned": at.pruned,
-           "mup_best": None if mup_best is None else mup_best.loss, "sp_retuned": sp.loss,
-           "relative": (loss - sp.loss) / abs(sp.loss) if sp.loss else None, "relative_interval": None}
+    out = {
+        "width": width,
+        "proxy_width": proxy,
+        "mup_transferred": None if worse else at.loss,
+        "mup_pruned": at.pruned,
+        "mup_best": None if mup_best is None else mup_best.loss,
+        "sp_retuned": sp.loss,
+        "relative": (loss - sp.loss) / abs(sp.loss) if sp.loss else None,
+        "relative_interval": None,
+    }
     n = len(cfg.seeds)
     rivals = [r.losses for r in in_cell(results, "sp", width, depth) if r.ok and len(r.losses) == n]
     if n > 1 and not worse and sp.loss and len(at.losses) == n and rivals:
@@ -276,19 +360,30 @@ def head_to_head(sweep: Sweep, results: list[TrialResult]) -> Optional[dict[str,
     return out
 
 
-def costs(sweep: Sweep, results: list[TrialResult], transfer: Optional[dict] = None) -> dict[str, Any]:
+def costs(sweep: Sweep, results: list[TrialResult], transfer: dict | None = None) -> dict[str, Any]:
     """Compute in CPU seconds (wall seconds where CPU time was not recorded): the whole sweep, the
     µP proxy cell alone (what tuning costs), and one µP target run from `transfer.json`."""
+
     def spent(rs) -> float:
         return sum(r.cpu_seconds or r.seconds for r in rs)
 
     cfg = sweep.config
-    proxy = [r for r in in_cell(results, "mup" if "mup" in cfg.parametrizations else cfg.parametrizations[0],
-                                min(cfg.widths), cfg.proxy_depth)]
+    proxy = [
+        r
+        for r in in_cell(
+            results,
+            "mup" if "mup" in cfg.parametrizations else cfg.parametrizations[0],
+            min(cfg.widths),
+            cfg.proxy_depth,
+        )
+    ]
     out: dict[str, Any] = {"sweep_cpu_seconds": spent(results), "proxy_cpu_seconds": spent(proxy)}
     if transfer and "mup" in transfer:
         target = transfer["mup"].get("cpu_seconds") or transfer["mup"].get("seconds")
         if target:
-            out.update(target_cpu_seconds=target, proxy_over_target=out["proxy_cpu_seconds"] / target,
-                       sweep_over_target=out["sweep_cpu_seconds"] / target)
+            out.update(
+                target_cpu_seconds=target,
+                proxy_over_target=out["proxy_cpu_seconds"] / target,
+                sweep_over_target=out["sweep_cpu_seconds"] / target,
+            )
     return out

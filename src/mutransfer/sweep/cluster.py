@@ -43,6 +43,7 @@ Other schedulers: the engine needs only "start `run_workers` on N machines with 
 storage": a Ray or Dask user starts `mutransfer worker RUN --storage URL` (or `run_workers`) in
 each of their tasks; nothing else is needed.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,7 +54,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 from optuna.trial import TrialState
 
@@ -64,14 +65,38 @@ from .runner import STORAGE_ENV, Sweep, trial_outcome
 from .storage import default_url, mask_url
 from .workers import die_with_parent, run_workers
 
-__all__ = ["CLUSTER_FILE", "CLUSTER_DIR", "NodeTask", "ClusterRun", "check_cluster", "submit", "job_states",
-           "trial_counts", "status_lines", "wait", "cancel", "run_cluster"]
+__all__ = [
+    "CLUSTER_DIR",
+    "CLUSTER_FILE",
+    "ClusterRun",
+    "NodeTask",
+    "cancel",
+    "check_cluster",
+    "job_states",
+    "run_cluster",
+    "status_lines",
+    "submit",
+    "trial_counts",
+    "wait",
+]
 
 CLUSTER_FILE = "cluster.json"
 JOB_END_SECONDS = 30.0  # once every trial is done, how long `wait` waits for the jobs to end
 CLUSTER_DIR = "cluster"  # submitit's folder in the run directory: scripts, pickles, logs
-FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
-                "BOOT_FAIL", "DEADLINE", "DONE", "FINISHED", "INTERRUPTED")
+FINAL_STATES = (
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "OUT_OF_MEMORY",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "DONE",
+    "FINISHED",
+    "INTERRUPTED",
+)
 
 try:  # the optional extra mutransfer[cluster]
     from submitit.helpers import Checkpointable as _Checkpointable
@@ -83,12 +108,13 @@ class NodeTask(_Checkpointable):  # type: ignore[misc,valid-type]
     """One array task: the workers of one node (see the module docstring). Requeued by submitit at a
     time limit or preemption with the same arguments (its `checkpoint`)."""
 
-    def __call__(self, run_dir: str, gpus: int, trials_per_device: int, threads: Optional[int] = None) -> int:
+    def __call__(self, run_dir: str, gpus: int, trials_per_device: int, threads: int | None = None) -> int:
         die_with_parent()  # a task whose job controller is killed leaves no orphan training
         url = os.environ.get(STORAGE_ENV)
         sweep = Sweep(run_dir, storage=url)
-        placement = plan(list(range(gpus)) if gpus else "cpu", trials_per_device, threads=threads,
-                         what="cluster.gpus_per_job")
+        placement = plan(
+            list(range(gpus)) if gpus else "cpu", trials_per_device, threads=threads, what="cluster.gpus_per_job"
+        )
         codes = run_workers(run_dir, sweep.url, placement)
         left = sweep.total_trials() - sweep.finished()
         print(f"mutransfer task: workers exited with {codes}; {left} trial(s) of the sweep left", flush=True)
@@ -98,12 +124,14 @@ class NodeTask(_Checkpointable):  # type: ignore[misc,valid-type]
 class ClusterRun:
     """The jobs of a submitted sweep, as recorded in ``RUN/cluster.json``."""
 
-    def __init__(self, run_dir: Union[str, os.PathLike]):
+    def __init__(self, run_dir: str | os.PathLike):
         self.run_dir = Path(run_dir)
         path = self.run_dir / CLUSTER_FILE
         if not path.is_file():
-            raise ValueError(f"{self.run_dir}: no {CLUSTER_FILE}; this sweep was not submitted to a cluster "
-                             "(a [cluster] table in its config, or --cluster)")
+            raise ValueError(
+                f"{self.run_dir}: no {CLUSTER_FILE}; this sweep was not submitted to a cluster "
+                "(a [cluster] table in its config, or --cluster)"
+            )
         data = json.loads(path.read_text())
         self.backend: str = data["backend"]
         self.folder = Path(data["folder"])
@@ -114,6 +142,7 @@ class ClusterRun:
         """submitit Job objects for the recorded ids (Slurm: states from sacct)."""
         if not self._jobs:
             import submitit
+
             if self.backend == "slurm":
                 self._jobs = [submitit.SlurmJob(folder=self.folder, job_id=j) for j in self.job_ids]
         return self._jobs
@@ -128,17 +157,25 @@ def check_cluster(cluster: ClusterConfig, url: str) -> None:
         raise ValueError("[cluster] needs submitit: pip install 'mutransfer[cluster]'") from None
     if cluster.backend == "slurm":
         if shutil.which("sbatch") is None:
-            raise ValueError("cluster.backend = \"slurm\" but sbatch is not on PATH: submit from a Slurm login node, "
-                             "or set [cluster] backend = \"local\" to run the jobs on this machine")
+            raise ValueError(
+                'cluster.backend = "slurm" but sbatch is not on PATH: submit from a Slurm login node, '
+                'or set [cluster] backend = "local" to run the jobs on this machine'
+            )
         if url.startswith("sqlite"):
-            raise ValueError(f"cluster.backend = \"slurm\" needs a storage every node reaches; {mask_url(url)} is an "
-                             "SQLite file (unsafe across machines): pass --storage postgresql://user@host/db (or set "
-                             "storage in the config)")
+            raise ValueError(
+                f'cluster.backend = "slurm" needs a storage every node reaches; {mask_url(url)} is an '
+                "SQLite file (unsafe across machines): pass --storage postgresql://user@host/db (or set "
+                "storage in the config)"
+            )
 
 
 def _slurm_parameters(cluster: ClusterConfig, name: str) -> dict[str, Any]:
-    params: dict[str, Any] = {"time": cluster.time_min, "job_name": f"mutransfer-{name}",
-                              "array_parallelism": cluster.jobs, "signal_delay_s": 120}
+    params: dict[str, Any] = {
+        "time": cluster.time_min,
+        "job_name": f"mutransfer-{name}",
+        "array_parallelism": cluster.jobs,
+        "signal_delay_s": 120,
+    }
     if cluster.gpus_per_job:
         params["gres"] = f"gpu:{cluster.gpus_per_job}"
     for key in ("partition", "cpus_per_task", "account", "qos"):
@@ -149,7 +186,7 @@ def _slurm_parameters(cluster: ClusterConfig, name: str) -> dict[str, Any]:
     if cluster.setup:
         params["setup"] = list(cluster.setup)
     for key, value in cluster.slurm.items():
-        params[key[len("slurm_"):] if key.startswith("slurm_") else key] = value
+        params[key[len("slurm_") :] if key.startswith("slurm_") else key] = value
     return params
 
 
@@ -161,21 +198,24 @@ def _local_gpu_ids(cluster: ClusterConfig, devices: Any) -> list[list[int]]:
         return [[] for _ in range(cluster.jobs)]
     parsed = parse_devices(devices, "devices") if devices is not None else "auto"
     if parsed == "cpu":
-        raise ValueError("cluster.gpus_per_job > 0 but devices = \"cpu\"; set gpus_per_job = 0 for CPU jobs")
+        raise ValueError('cluster.gpus_per_job > 0 but devices = "cpu"; set gpus_per_job = 0 for CPU jobs')
     ids = list(range(visible_devices())) if parsed == "auto" else parsed
     if len(ids) < g * cluster.jobs:
-        raise ValueError(f"cluster: {cluster.jobs} local jobs × gpus_per_job {g} need {g * cluster.jobs} GPUs; "
-                         f"devices gives {len(ids)} ({ids}); lower jobs or gpus_per_job, or list more devices")
-    names = gpu_names(ids[:g * cluster.jobs], "devices")
+        raise ValueError(
+            f"cluster: {cluster.jobs} local jobs × gpus_per_job {g} need {g * cluster.jobs} GPUs; "
+            f"devices gives {len(ids)} ({ids}); lower jobs or gpus_per_job, or list more devices"
+        )
+    names = gpu_names(ids[: g * cluster.jobs], "devices")
     odd = [name for name in names if not name.isdigit()]
     if odd:
-        raise ValueError(f"cluster.backend = \"local\" pins GPUs by number; CUDA_VISIBLE_DEVICES holds {odd[0]!r}: "
-                         "use numeric ids")
+        raise ValueError(
+            f'cluster.backend = "local" pins GPUs by number; CUDA_VISIBLE_DEVICES holds {odd[0]!r}: use numeric ids'
+        )
     physical = [int(name) for name in names]
-    return [physical[j * g:(j + 1) * g] for j in range(cluster.jobs)]
+    return [physical[j * g : (j + 1) * g] for j in range(cluster.jobs)]
 
 
-def submit(sweep: Sweep, cluster: ClusterConfig, devices: Any = None, threads: Optional[int] = None) -> ClusterRun:
+def submit(sweep: Sweep, cluster: ClusterConfig, devices: Any = None, threads: int | None = None) -> ClusterRun:
     """Submit `cluster.jobs` tasks running the workers of the prepared `sweep`; writes cluster.json."""
     import submitit
 
@@ -197,12 +237,17 @@ def submit(sweep: Sweep, cluster: ClusterConfig, devices: Any = None, threads: O
             executor = submitit.LocalExecutor(folder=folder, max_num_timeout=1000)
             ids = []
             for gpus in _local_gpu_ids(cluster, devices):
-                executor.update_parameters(timeout_min=cluster.time_min, gpus_per_node=len(gpus),
-                                           visible_gpus=tuple(gpus), setup=list(cluster.setup))
+                executor.update_parameters(
+                    timeout_min=cluster.time_min,
+                    gpus_per_node=len(gpus),
+                    visible_gpus=tuple(gpus),
+                    setup=list(cluster.setup),
+                )
                 ids.append(executor.submit(NodeTask(), *args).job_id)
     except (OSError, submitit.core.utils.FailedJobError, submitit.core.utils.FailedSubmissionError) as e:
-        raise ValueError(f"cluster: submission failed: {str(e).strip().splitlines()[-1] if str(e).strip() else e}") \
-            from None
+        raise ValueError(
+            f"cluster: submission failed: {str(e).strip().splitlines()[-1] if str(e).strip() else e}"
+        ) from None
     finally:
         if previous is None:
             os.environ.pop(STORAGE_ENV, None)
@@ -264,20 +309,29 @@ def trial_counts(sweep: Sweep) -> dict[str, dict[str, int]]:
         outcomes = [trial_outcome(t) for t in trials]
         done = sum(o is not None for o in outcomes)
         running = sum(t.state == TrialState.RUNNING for t in trials)
-        out[study.study_name] = {"done": done, "running": running, "failed": sum(o == "failed" for o in outcomes),
-                                 "pending": max(0, per_cell - done - running)}
+        out[study.study_name] = {
+            "done": done,
+            "running": running,
+            "failed": sum(o == "failed" for o in outcomes),
+            "pending": max(0, per_cell - done - running),
+        }
     return out
 
 
-def status_lines(sweep: Sweep, run: Optional[ClusterRun] = None) -> list[str]:
+def status_lines(sweep: Sweep, run: ClusterRun | None = None) -> list[str]:
     """What `mutransfer status` prints: a line per study and, for a cluster sweep, the jobs."""
     counts = trial_counts(sweep)
     width = max(len(n) for n in counts)
     total = {k: sum(c[k] for c in counts.values()) for k in ("done", "running", "failed", "pending")}
-    lines = [f"sweep {sweep.config.name}: {total['done']}/{sweep.total_trials()} done, {total['running']} running, "
-             f"{total['failed']} failed, {total['pending']} pending (storage {mask_url(sweep.url)})"]
-    lines += [f"  {name:<{width}}  done {c['done']:>4}  running {c['running']:>3}  failed {c['failed']:>3}  "
-              f"pending {c['pending']:>4}" for name, c in counts.items()]
+    lines = [
+        f"sweep {sweep.config.name}: {total['done']}/{sweep.total_trials()} done, {total['running']} running, "
+        f"{total['failed']} failed, {total['pending']} pending (storage {mask_url(sweep.url)})"
+    ]
+    lines += [
+        f"  {name:<{width}}  done {c['done']:>4}  running {c['running']:>3}  failed {c['failed']:>3}  "
+        f"pending {c['pending']:>4}"
+        for name, c in counts.items()
+    ]
     if run is not None:
         states = job_states(run)
         lines.append(f"jobs ({run.backend}): {_tally(states)} — ids {', '.join(states)}")
@@ -296,8 +350,10 @@ def wait(sweep: Sweep, run: ClusterRun, progress: bool = True, poll: float = 2.0
             states = job_states(run)
             done = sum(c["done"] for c in counts.values())
             bar.done = done
-            bar.update(f"{sum(c['running'] for c in counts.values())} running, "
-                       f"{sum(c['pending'] for c in counts.values())} pending; jobs {_tally(states).lower()}")
+            bar.update(
+                f"{sum(c['running'] for c in counts.values())} running, "
+                f"{sum(c['pending'] for c in counts.values())} pending; jobs {_tally(states).lower()}"
+            )
             bar.advance(0)
             if done >= total:
                 if time.monotonic() >= ends_by or all(_ended(s) for s in states.values()):
@@ -329,10 +385,17 @@ def cancel(run: ClusterRun) -> list[str]:
     return done
 
 
-def run_cluster(config_path: Union[str, os.PathLike], run_dir: Union[str, os.PathLike], storage: Optional[str] = None,
-                overrides: Optional[dict[str, Any]] = None, detach: bool = False, progress: bool = True,
-                retry_failed: bool = False, devices: Any = None,
-                threads: Optional[int] = None) -> tuple[Sweep, ClusterRun, Optional[bool]]:
+def run_cluster(
+    config_path: str | os.PathLike,
+    run_dir: str | os.PathLike,
+    storage: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    detach: bool = False,
+    progress: bool = True,
+    retry_failed: bool = False,
+    devices: Any = None,
+    threads: int | None = None,
+) -> tuple[Sweep, ClusterRun, bool | None]:
     """Create/resume the sweep, submit its workers as jobs and (unless `detach`) wait for them.
 
     `overrides`: [cluster] keys given on the command line (``--cluster slurm --jobs 4 ...``).
@@ -351,17 +414,22 @@ def run_cluster(config_path: Union[str, os.PathLike], run_dir: Union[str, os.Pat
         previous = ClusterRun(run_dir)
         live = [j for j, s in job_states(previous).items() if not _ended(s)]
         if live:
-            raise ValueError(f"{run_dir}: jobs {', '.join(live)} of an earlier submission are still queued or running; "
-                             f"watch them with `mutransfer status {run_dir}` or stop them with "
-                             f"`mutransfer cancel {run_dir}` first")
+            raise ValueError(
+                f"{run_dir}: jobs {', '.join(live)} of an earlier submission are still queued or running; "
+                f"watch them with `mutransfer status {run_dir}` or stop them with "
+                f"`mutransfer cancel {run_dir}` first"
+            )
     sweep = Sweep.create(config_path, run_dir, storage)
     sweep.prepare()
     if retry_failed:
         n = sweep.retry_failed()
         print(f"retrying {n} failed trial(s)" if n else "no failed trial to retry", file=sys.stderr)
     run = submit(sweep, cluster, config.devices if devices is None else devices, threads or config.threads)
-    print(f"submitted {len(run.job_ids)} {cluster.backend} job(s): {', '.join(run.job_ids)} "
-          f"(logs in {run.folder})", file=sys.stderr, flush=True)
+    print(
+        f"submitted {len(run.job_ids)} {cluster.backend} job(s): {', '.join(run.job_ids)} (logs in {run.folder})",
+        file=sys.stderr,
+        flush=True,
+    )
     if detach:
         return sweep, run, None
     return sweep, run, wait(sweep, run, progress)

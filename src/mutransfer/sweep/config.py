@@ -87,6 +87,7 @@ directory instead. Rerunning ``mutransfer sweep CONFIG`` with the TOML moved els
 contents) updates `config_dir` in the copy. `config_dir` may be given in a TOML by hand; it
 must then be an absolute path.
 """
+
 from __future__ import annotations
 
 import json
@@ -94,16 +95,35 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any
 
 from ..devices import known_precision
 from ..rules import check_depth_alpha
 from .placement import parse_devices
+
+if TYPE_CHECKING:
+    import optuna
 from .space import Choice, Dimension, dimension_from_dict
 
-__all__ = ["SAMPLERS", "PARAMETRIZATIONS", "PRUNERS", "AUTO", "PRUNER_OPTIONS", "EXTRA_AXES", "KEYS",
-           "CONFIG_DIR_KEY", "BACKENDS", "CLUSTER_KEYS", "ClusterConfig", "cluster_config", "SweepConfig", "resolve_storage",
-           "config_from_dict", "load_config", "pinned_text"]
+__all__ = [
+    "AUTO",
+    "BACKENDS",
+    "CLUSTER_KEYS",
+    "CONFIG_DIR_KEY",
+    "EXTRA_AXES",
+    "KEYS",
+    "PARAMETRIZATIONS",
+    "PRUNERS",
+    "PRUNER_OPTIONS",
+    "SAMPLERS",
+    "ClusterConfig",
+    "SweepConfig",
+    "cluster_config",
+    "config_from_dict",
+    "load_config",
+    "pinned_text",
+    "resolve_storage",
+]
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -121,19 +141,59 @@ PRUNER_OPTIONS: dict[str, dict[str, Any]] = {
     "successive_halving": {"min_resource": AUTO, "reduction_factor": 4, "min_early_stopping_rate": 0},
     "hyperband": {"min_resource": 1, "max_resource": AUTO, "reduction_factor": 3},
 }
-_OPTION_RULES = {"n_startup_trials": (0, False), "n_warmup_steps": (0, False), "interval_steps": (1, False),
-                 "min_resource": (1, True), "max_resource": (1, True), "reduction_factor": (2, False),
-                 "min_early_stopping_rate": (0, False)}
+_OPTION_RULES = {
+    "n_startup_trials": (0, False),
+    "n_warmup_steps": (0, False),
+    "interval_steps": (1, False),
+    "min_resource": (1, True),
+    "max_resource": (1, True),
+    "reduction_factor": (2, False),
+    "min_early_stopping_rate": (0, False),
+}
 EXTRA_AXES = {"batch_sizes": "batch_size", "steps": "steps"}  # config key -> the hyperparameter it sets
-KEYS = {*EXTRA_AXES, "name", "objective", "widths", "base_width", "target_width", "depths", "base_depth", "target_depth",
-        "parametrizations", "sampler", "n_trials", "seeds", "storage", "space", "fixed", "config_dir",
-        "pruner", "pruner_options", "devices", "trials_per_device", "threads", "precision", "cluster"}
+KEYS = {
+    *EXTRA_AXES,
+    "name",
+    "objective",
+    "widths",
+    "base_width",
+    "target_width",
+    "depths",
+    "base_depth",
+    "target_depth",
+    "parametrizations",
+    "sampler",
+    "n_trials",
+    "seeds",
+    "storage",
+    "space",
+    "fixed",
+    "config_dir",
+    "pruner",
+    "pruner_options",
+    "devices",
+    "trials_per_device",
+    "threads",
+    "precision",
+    "cluster",
+}
 CONFIG_DIR_KEY = "config_dir"
 BACKENDS = ("slurm", "local")
 # [cluster] keys with their defaults (see `cluster`); `slurm` is a table passed to submitit as slurm_*.
-CLUSTER_KEYS: dict[str, Any] = {"backend": "slurm", "jobs": 1, "gpus_per_job": 0, "trials_per_device": 1,
-                                "partition": None, "time_min": 60, "mem_gb": None, "cpus_per_task": None,
-                                "account": None, "qos": None, "setup": [], "slurm": {}}
+CLUSTER_KEYS: dict[str, Any] = {
+    "backend": "slurm",
+    "jobs": 1,
+    "gpus_per_job": 0,
+    "trials_per_device": 1,
+    "partition": None,
+    "time_min": 60,
+    "mem_gb": None,
+    "cpus_per_task": None,
+    "account": None,
+    "qos": None,
+    "setup": [],
+    "slurm": {},
+}
 
 
 @dataclass(frozen=True)
@@ -144,12 +204,12 @@ class ClusterConfig:
     jobs: int = 1
     gpus_per_job: int = 0
     trials_per_device: int = 1
-    partition: Optional[str] = None
+    partition: str | None = None
     time_min: int = 60
-    mem_gb: Optional[float] = None
-    cpus_per_task: Optional[int] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
+    mem_gb: float | None = None
+    cpus_per_task: int | None = None
+    account: str | None = None
+    qos: str | None = None
     setup: tuple[str, ...] = ()
     slurm: dict[str, Any] = field(default_factory=dict)
 
@@ -160,26 +220,26 @@ class SweepConfig:
     widths: list[int]
     space: dict[str, Dimension]
     name: str = "sweep"
-    base_width: Optional[int] = None
-    target_width: Optional[int] = None
+    base_width: int | None = None
+    target_width: int | None = None
     parametrizations: list[str] = field(default_factory=lambda: ["mup", "sp"])
     sampler: str = "grid"
     n_trials: int = 16
     seeds: list[int] = field(default_factory=lambda: [0])
     storage: str = ""
     fixed: dict[str, Any] = field(default_factory=dict)
-    depths: Optional[list[int]] = None
-    base_depth: Optional[int] = None
-    target_depth: Optional[int] = None
-    config_dir: Optional[Path] = None  # where relative paths resolve (the TOML's directory); None: cwd
+    depths: list[int] | None = None
+    base_depth: int | None = None
+    target_depth: int | None = None
+    config_dir: Path | None = None  # where relative paths resolve (the TOML's directory); None: cwd
     axes: dict[str, list[int]] = field(default_factory=dict)  # extra axes: HP name -> values, proxy first
     pruner: str = "none"
     pruner_options: dict[str, Any] = field(default_factory=dict)  # given ones; defaults in PRUNER_OPTIONS
     devices: Any = None  # "auto" | "cpu" | list of GPU ids; None: not set (auto, but --workers alone means CPU)
-    trials_per_device: Optional[int] = None
-    threads: Optional[int] = None
+    trials_per_device: int | None = None
+    threads: int | None = None
     precision: str = "fp32"
-    cluster: Optional[ClusterConfig] = None
+    cluster: ClusterConfig | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -189,21 +249,22 @@ class SweepConfig:
             self.base_depth = min(self.depths)
 
     @property
-    def cells(self) -> list[tuple[str, int, Optional[int]]]:
+    def cells(self) -> list[tuple[str, int, int | None]]:
         """(parametrization, width, depth) of the width × depth grid; depth is None without `depths`.
         `all_cells` adds the cells of further batch sizes and horizons."""
-        depths: list[Optional[int]] = list(self.depths) if self.depths is not None else [None]
+        depths: list[int | None] = list(self.depths) if self.depths is not None else [None]
         return [(p, w, d) for p in self.parametrizations for w in self.widths for d in depths]
 
     @property
-    def all_cells(self) -> list[tuple[str, int, Optional[int], tuple]]:
+    def all_cells(self) -> list[tuple[str, int, int | None, tuple]]:
         """(parametrization, width, depth, extra), one Optuna study each. `extra` is () for every
         width × depth cell (they run at the proxy batch size and horizon, `proxy_extra`) and
         ((axis, value),) for a further batch size or horizon, which runs at the proxy width and depth."""
         out = [(*cell, ()) for cell in self.cells]
         for axis, values in self.axes.items():
-            out += [(p, min(self.widths), self.proxy_depth, ((axis, v),)) for p in self.parametrizations
-                    for v in values[1:]]
+            out += [
+                (p, min(self.widths), self.proxy_depth, ((axis, v),)) for p in self.parametrizations for v in values[1:]
+            ]
         return out
 
     @property
@@ -216,11 +277,12 @@ class SweepConfig:
         """The config as written, without `config_dir` (where it lives is not what it says)."""
         return {k: v for k, v in self.raw.items() if k != CONFIG_DIR_KEY}
 
-    def optuna_pruner(self) -> Optional["optuna.pruners.BasePruner"]:
+    def optuna_pruner(self) -> optuna.pruners.BasePruner | None:
         """The Optuna pruner each study gets (None for ``pruner = "none"``)."""
         if self.pruner == "none":
             return None
         import optuna
+
         kw = {**PRUNER_OPTIONS[self.pruner], **self.pruner_options}
         if self.pruner == "median":
             return optuna.pruners.MedianPruner(**kw)
@@ -229,7 +291,7 @@ class SweepConfig:
         return optuna.pruners.HyperbandPruner(**kw)
 
     @property
-    def proxy_depth(self) -> Optional[int]:
+    def proxy_depth(self) -> int | None:
         """The smallest swept depth (None without `depths`): where transferred HPs come from."""
         return min(self.depths) if self.depths is not None else None
 
@@ -253,12 +315,14 @@ def _positive_int(key: str, value) -> int:
 def _at_least_the_proxy(key: str, value: int, swept_key: str, swept: list[int]) -> None:
     """A target is where the proxy's HPs transfer to: not below the smallest swept value (the proxy)."""
     if value < min(swept):
-        raise ValueError(f"{key} ({value}) is below the smallest of {swept_key} ({min(swept)}), the proxy the "
-                         f"hyperparameters transfer from; set {key} to at least {min(swept)} (usually larger than "
-                         f"every one of {swept_key}), or remove it")
+        raise ValueError(
+            f"{key} ({value}) is below the smallest of {swept_key} ({min(swept)}), the proxy the "
+            f"hyperparameters transfer from; set {key} to at least {min(swept)} (usually larger than "
+            f"every one of {swept_key}), or remove it"
+        )
 
 
-def _depth_keys(data: dict[str, Any]) -> tuple[Optional[list[int]], Optional[int], Optional[int]]:
+def _depth_keys(data: dict[str, Any]) -> tuple[list[int] | None, int | None, int | None]:
     """`depths`, `base_depth` (default: the smallest depth) and `target_depth`, validated."""
     if "depths" not in data:
         for key in ("base_depth", "target_depth"):
@@ -291,38 +355,50 @@ def _pruner_keys(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """`pruner` and `pruner_options`, validated: a known pruner, and only its own options."""
     pruner = data.get("pruner", "none")
     if pruner not in PRUNERS:
-        raise ValueError(f"pruner must be one of {', '.join(repr(p) for p in PRUNERS)} (\"median\" is the "
-                         f"recommended one), got {pruner!r}")
+        raise ValueError(
+            f'pruner must be one of {", ".join(repr(p) for p in PRUNERS)} ("median" is the '
+            f"recommended one), got {pruner!r}"
+        )
     options = data.get("pruner_options", {})
     if not isinstance(options, dict):
-        raise ValueError(f"pruner_options must be a table of the pruner's settings, e.g. [pruner_options] "
-                         f"n_startup_trials = 3; got {options!r}")
+        raise ValueError(
+            f"pruner_options must be a table of the pruner's settings, e.g. [pruner_options] "
+            f"n_startup_trials = 3; got {options!r}"
+        )
     if options and pruner == "none":
-        raise ValueError('pruner_options needs a pruner: set pruner = "median" (or "successive_halving", '
-                         '"hyperband"), or remove pruner_options')
+        raise ValueError(
+            'pruner_options needs a pruner: set pruner = "median" (or "successive_halving", '
+            '"hyperband"), or remove pruner_options'
+        )
     allowed = PRUNER_OPTIONS[pruner]
     unknown = set(options) - set(allowed)
     if unknown:
-        raise ValueError(f"pruner_options: unknown key(s) {', '.join(sorted(unknown))} for pruner {pruner!r}; "
-                         f"allowed: {', '.join(sorted(allowed))}")
+        raise ValueError(
+            f"pruner_options: unknown key(s) {', '.join(sorted(unknown))} for pruner {pruner!r}; "
+            f"allowed: {', '.join(sorted(allowed))}"
+        )
     for key, value in options.items():
         minimum, auto = _OPTION_RULES[key]
         if auto and value == AUTO:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"pruner_options.{key} must be an integer ≥ {minimum}"
-                             + (' or "auto"' if auto else "") + f", got {value!r}")
+            raise ValueError(
+                f"pruner_options.{key} must be an integer ≥ {minimum}"
+                + (' or "auto"' if auto else "")
+                + f", got {value!r}"
+            )
     if pruner == "hyperband":
         if options.get("min_resource") == AUTO:
-            raise ValueError("pruner_options.min_resource must be an integer ≥ 1 for hyperband (\"auto\" is for "
-                             "successive_halving)")
+            raise ValueError(
+                'pruner_options.min_resource must be an integer ≥ 1 for hyperband ("auto" is for successive_halving)'
+            )
         lo, hi = options.get("min_resource", allowed["min_resource"]), options.get("max_resource", AUTO)
         if hi != AUTO and lo != AUTO and hi < lo:
             raise ValueError(f"pruner_options.max_resource ({hi}) must be at least min_resource ({lo})")
     return pruner, dict(options)
 
 
-def _placement_keys(data: dict[str, Any]) -> tuple[Any, Optional[int], Optional[int], str]:
+def _placement_keys(data: dict[str, Any]) -> tuple[Any, int | None, int | None, str]:
     """`devices`, `trials_per_device`, `threads` and `precision`, validated (the ids are checked
     against the GPUs when the sweep starts, on the machine that runs it)."""
     devices = data.get("devices")
@@ -341,7 +417,7 @@ def _placement_keys(data: dict[str, Any]) -> tuple[Any, Optional[int], Optional[
     return devices, counts[0], counts[1], precision
 
 
-def _cluster_keys(data: dict[str, Any]) -> Optional[ClusterConfig]:
+def _cluster_keys(data: dict[str, Any]) -> ClusterConfig | None:
     """The ``[cluster]`` table, validated; None without one."""
     table = data.get("cluster")
     return None if table is None else cluster_config(table)
@@ -354,11 +430,15 @@ def cluster_config(table: Any) -> ClusterConfig:
         raise ValueError('cluster must be a table, e.g. [cluster] backend = "slurm"')
     unknown = set(table) - set(CLUSTER_KEYS)
     if unknown:
-        raise ValueError(f"cluster: unknown key(s) {', '.join(sorted(unknown))}; allowed: "
-                         f"{', '.join(sorted(CLUSTER_KEYS))} (anything else for sbatch goes in [cluster.slurm])")
+        raise ValueError(
+            f"cluster: unknown key(s) {', '.join(sorted(unknown))}; allowed: "
+            f"{', '.join(sorted(CLUSTER_KEYS))} (anything else for sbatch goes in [cluster.slurm])"
+        )
     got = {**CLUSTER_KEYS, **table}
     if got["backend"] not in BACKENDS:
-        raise ValueError(f"cluster.backend must be one of {', '.join(repr(b) for b in BACKENDS)}, got {got['backend']!r}")
+        raise ValueError(
+            f"cluster.backend must be one of {', '.join(repr(b) for b in BACKENDS)}, got {got['backend']!r}"
+        )
     for key in ("jobs", "trials_per_device", "time_min"):
         _positive_int(f"cluster.{key}", got[key])
     for key in ("gpus_per_job",):
@@ -374,29 +454,43 @@ def cluster_config(table: Any) -> ClusterConfig:
             raise ValueError(f"cluster.{key} must be a non-empty string, got {got[key]!r}")
     setup = got["setup"]
     if not isinstance(setup, list) or any(not isinstance(line, str) for line in setup):
-        raise ValueError(f"cluster.setup must be a list of shell lines (run before each worker, e.g. "
-                         f"[\"module load cuda\"]), got {setup!r}")
+        raise ValueError(
+            f"cluster.setup must be a list of shell lines (run before each worker, e.g. "
+            f'["module load cuda"]), got {setup!r}'
+        )
     slurm = got["slurm"]
     if not isinstance(slurm, dict):
         raise ValueError(f"cluster.slurm must be a table of submitit slurm_* parameters, got {slurm!r}")
-    return ClusterConfig(got["backend"], got["jobs"], got["gpus_per_job"], got["trials_per_device"], got["partition"],
-                         got["time_min"], None if mem is None else float(mem), got["cpus_per_task"], got["account"],
-                         got["qos"], tuple(setup), dict(slurm))
+    return ClusterConfig(
+        got["backend"],
+        got["jobs"],
+        got["gpus_per_job"],
+        got["trials_per_device"],
+        got["partition"],
+        got["time_min"],
+        None if mem is None else float(mem),
+        got["cpus_per_task"],
+        got["account"],
+        got["qos"],
+        tuple(setup),
+        dict(slurm),
+    )
 
 
-def resolve_storage(url: str, base_dir: Optional[Path]) -> str:
+def resolve_storage(url: str, base_dir: Path | None) -> str:
     """An SQLite URL with a relative path made absolute against `base_dir`; other URLs unchanged."""
     prefix = "sqlite:///"
     if base_dir is None or not url.startswith(prefix) or ":memory:" in url:
         return url
-    path = url[len(prefix):]
+    path = url[len(prefix) :]
     if not path or os.path.isabs(path):
         return url
     return prefix + str((Path(base_dir) / path).resolve())
 
 
-def config_from_dict(data: dict[str, Any], source: str = "config",
-                     base_dir: Optional[Union[str, os.PathLike]] = None) -> SweepConfig:
+def config_from_dict(
+    data: dict[str, Any], source: str = "config", base_dir: str | os.PathLike | None = None
+) -> SweepConfig:
     """Validate a config dict; every error names the key and `source`. Relative paths (objective
     file or module, SQLite storage) resolve against the `config_dir` key, else `base_dir`, else
     the current directory."""
@@ -418,8 +512,11 @@ def config_from_dict(data: dict[str, Any], source: str = "config",
             raise ValueError("space must be a table with at least one hyperparameter, e.g. [space.lr]")
         dims = {name: dimension_from_dict(name, spec) for name, spec in space.items()}
         parametrizations = data.get("parametrizations", ["mup", "sp"])
-        if (not isinstance(parametrizations, list) or not parametrizations
-                or any(p not in PARAMETRIZATIONS for p in parametrizations)):
+        if (
+            not isinstance(parametrizations, list)
+            or not parametrizations
+            or any(p not in PARAMETRIZATIONS for p in parametrizations)
+        ):
             raise ValueError(f"parametrizations must be a list from {PARAMETRIZATIONS}, got {parametrizations!r}")
         sampler = data.get("sampler", "grid")
         if sampler not in SAMPLERS:
@@ -448,8 +545,10 @@ def config_from_dict(data: dict[str, Any], source: str = "config",
         _check_depth_alpha(fixed, dims)
         for key, hp in EXTRA_AXES.items():
             if hp in axes and (hp in fixed or hp in dims):
-                raise ValueError(f"{hp} is swept by the top-level {key} list; remove {hp} from "
-                                 f"{'[fixed]' if hp in fixed else '[space]'}")
+                raise ValueError(
+                    f"{hp} is swept by the top-level {key} list; remove {hp} from "
+                    f"{'[fixed]' if hp in fixed else '[space]'}"
+                )
         pruner, pruner_options = _pruner_keys(data)
         devices, trials_per_device, threads, precision = _placement_keys(data)
         cluster = _cluster_keys(data)
@@ -460,21 +559,43 @@ def config_from_dict(data: dict[str, Any], source: str = "config",
         if CONFIG_DIR_KEY in data:
             given = data[CONFIG_DIR_KEY]
             if not isinstance(given, str) or not os.path.isabs(given):
-                raise ValueError(f"config_dir must be an absolute path (the directory relative paths resolve "
-                                 f"against; default: the TOML file's directory), got {given!r}")
+                raise ValueError(
+                    f"config_dir must be an absolute path (the directory relative paths resolve "
+                    f"against; default: the TOML file's directory), got {given!r}"
+                )
             config_dir = Path(given)
     except ValueError as e:
         raise ValueError(f"{source}: {e}") from None
-    return SweepConfig(objective=objective, widths=widths, space=dims, name=name, base_width=base_width,
-                       target_width=target, parametrizations=list(parametrizations), sampler=sampler,
-                       n_trials=n_trials, seeds=seeds, storage=resolve_storage(storage, config_dir),
-                       fixed=dict(fixed), depths=depths, base_depth=base_depth, target_depth=target_depth, axes=axes,
-                       config_dir=config_dir, pruner=pruner, pruner_options=pruner_options, devices=devices,
-                       trials_per_device=trials_per_device, threads=threads, precision=precision, cluster=cluster,
-                       raw=dict(data))
+    return SweepConfig(
+        objective=objective,
+        widths=widths,
+        space=dims,
+        name=name,
+        base_width=base_width,
+        target_width=target,
+        parametrizations=list(parametrizations),
+        sampler=sampler,
+        n_trials=n_trials,
+        seeds=seeds,
+        storage=resolve_storage(storage, config_dir),
+        fixed=dict(fixed),
+        depths=depths,
+        base_depth=base_depth,
+        target_depth=target_depth,
+        axes=axes,
+        config_dir=config_dir,
+        pruner=pruner,
+        pruner_options=pruner_options,
+        devices=devices,
+        trials_per_device=trials_per_device,
+        threads=threads,
+        precision=precision,
+        cluster=cluster,
+        raw=dict(data),
+    )
 
 
-def load_config(path: Union[str, os.PathLike]) -> SweepConfig:
+def load_config(path: str | os.PathLike) -> SweepConfig:
     """Read and validate a TOML config; relative paths in it resolve against its directory."""
     path = Path(path)
     if not path.is_file():
@@ -488,12 +609,11 @@ def load_config(path: Union[str, os.PathLike]) -> SweepConfig:
     return config_from_dict(data, str(path), base_dir=path.parent)
 
 
-def pinned_text(path: Union[str, os.PathLike], config: SweepConfig) -> str:
+def pinned_text(path: str | os.PathLike, config: SweepConfig) -> str:
     """The text of the TOML at `path` as the run directory keeps it: with `config_dir` recorded at
     the top (unless the file sets it), so that the copy resolves relative paths as the original."""
     text = Path(path).read_text()
     if CONFIG_DIR_KEY in config.raw or config.config_dir is None:
         return text
     quoted = json.dumps(str(config.config_dir)).replace("\x7f", "\\u007f")  # a TOML basic string
-    return (f"{CONFIG_DIR_KEY} = {quoted}  "
-            "# added by mutransfer: relative paths below resolve here\n" + text)
+    return f"{CONFIG_DIR_KEY} = {quoted}  # added by mutransfer: relative paths below resolve here\n" + text

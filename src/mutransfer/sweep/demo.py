@@ -17,27 +17,47 @@ smaller than the proxy's and its logits take steps to grow. The base width (64),
 makes it worse here. SP tunes only its lr, as in TP5 Fig. 1: at the base width SP and µP are the
 same model, so an α_output tuned there is the one µP carries to width 256.
 """
+
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
-from typing import Optional, Union
 
 from .analysis import load_results, transferred_hparams
-from .report import head_to_head_line, write_report
 from .placement import visible_devices
-from .workers import run_sweep
+from .report import head_to_head_line, write_report
 from .transfer import format_transfer, transfer
+from .workers import run_sweep
 
-__all__ = ["FULL", "QUICK", "FIXED", "LR", "tune_config", "demo_config", "run_demo", "format_summary"]
+__all__ = ["FIXED", "FULL", "LR", "QUICK", "demo_config", "format_summary", "run_demo", "tune_config"]
 
 # lr grids in integer octaves (low..high); output_mult in half octaves (2^mult_low .. 2^mult_high, mult_grid points):
 # at width 32 its loss valley is shallow (1.6% from α=1 to the best) and its floor lies between 2 and 4.
-FULL = dict(widths=[32, 64, 128, 256], low=-10, high=-4, tune_low=-10, tune_high=-4, steps=150, seeds=[0, 1],
-            mult_low=0, mult_high=3, mult_grid=7)
-QUICK = dict(widths=[32, 256], low=-10, high=-5, tune_low=-8, tune_high=-5, steps=150, seeds=[0, 1],
-             mult_low=1, mult_high=2.5, mult_grid=4)
+FULL = dict(
+    widths=[32, 64, 128, 256],
+    low=-10,
+    high=-4,
+    tune_low=-10,
+    tune_high=-4,
+    steps=150,
+    seeds=[0, 1],
+    mult_low=0,
+    mult_high=3,
+    mult_grid=7,
+)
+QUICK = dict(
+    widths=[32, 256],
+    low=-10,
+    high=-5,
+    tune_low=-8,
+    tune_high=-5,
+    steps=150,
+    seeds=[0, 1],
+    mult_low=1,
+    mult_high=2.5,
+    mult_grid=4,
+)
 FIXED = """
 [fixed]
 steps = {steps}
@@ -69,22 +89,28 @@ def _lr(low: int, high: int) -> str:
 def tune_config(quick: bool = False) -> str:
     """Stage 1: lr × output_mult at the proxy width, µP only."""
     c = _settings(quick)
-    return (f'# Written by `mutransfer demo` (stage 1: tune at the proxy); `mutransfer sweep` resumes it.\n'
-            f'name = "demo-tune{"-quick" if quick else ""}"\nobjective = "recipe:gpt"\nwidths = [{c["widths"][0]}]\n'
-            f'parametrizations = ["mup"]\nsampler = "grid"\nseeds = {c["seeds"]}\n' + _lr(c["tune_low"], c["tune_high"])
-            + f'\n[space.output_mult]\ntype = "log"\nlow = "2**{c["mult_low"]}"\nhigh = "2**{c["mult_high"]}"\n'
-              f'grid = {c["mult_grid"]}\n' + FIXED.format(steps=c["steps"]))
+    return (
+        f"# Written by `mutransfer demo` (stage 1: tune at the proxy); `mutransfer sweep` resumes it.\n"
+        f'name = "demo-tune{"-quick" if quick else ""}"\nobjective = "recipe:gpt"\nwidths = [{c["widths"][0]}]\n'
+        f'parametrizations = ["mup"]\nsampler = "grid"\nseeds = {c["seeds"]}\n'
+        + _lr(c["tune_low"], c["tune_high"])
+        + f'\n[space.output_mult]\ntype = "log"\nlow = "2**{c["mult_low"]}"\nhigh = "2**{c["mult_high"]}"\n'
+        f"grid = {c['mult_grid']}\n" + FIXED.format(steps=c["steps"])
+    )
 
 
 def demo_config(quick: bool = False, output_mult: float = 1.0) -> str:
     """Stage 2: the lr sweep at every width, µP (with the proxy's output_mult) and SP."""
     c = _settings(quick)
-    return (f'# Written by `mutransfer demo` (stage 2: check the transfer); `mutransfer sweep` resumes it.\n'
-            f'name = "demo{"-quick" if quick else ""}"\nobjective = "recipe:gpt"\nwidths = {c["widths"]}\n'
-            f'parametrizations = ["mup", "sp"]\nsampler = "grid"\nseeds = {c["seeds"]}\n' + _lr(c["low"], c["high"])
-            + FIXED.format(steps=c["steps"])
-            + f"# µP's α_output, tuned at width {c['widths'][0]} in stage 1. recipe:gpt applies µP's multipliers\n"
-              f"# to µP models only: SP tunes its lr alone, as in TP5 Fig. 1.\noutput_mult = {output_mult!r}\n")
+    return (
+        f"# Written by `mutransfer demo` (stage 2: check the transfer); `mutransfer sweep` resumes it.\n"
+        f'name = "demo{"-quick" if quick else ""}"\nobjective = "recipe:gpt"\nwidths = {c["widths"]}\n'
+        f'parametrizations = ["mup", "sp"]\nsampler = "grid"\nseeds = {c["seeds"]}\n'
+        + _lr(c["low"], c["high"])
+        + FIXED.format(steps=c["steps"])
+        + f"# µP's α_output, tuned at width {c['widths'][0]} in stage 1. recipe:gpt applies µP's multipliers\n"
+        f"# to µP models only: SP tunes its lr alone, as in TP5 Fig. 1.\noutput_mult = {output_mult!r}\n"
+    )
 
 
 def _write(path: Path, text: str) -> Path:
@@ -93,7 +119,7 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-Devices = Union[None, str, list[int]]
+Devices = str | list[int] | None
 
 
 def _sweep(config: Path, run: Path, workers: int, progress: bool, devices: Devices = None):
@@ -103,20 +129,27 @@ def _sweep(config: Path, run: Path, workers: int, progress: bool, devices: Devic
         return run_sweep(config, run, workers=workers if on_cpu else None, progress=progress, devices=devices)
     except ValueError as e:
         if "different config" in str(e):  # a demo of another version (or another --quick) ran here
-            raise ValueError(f"{run} holds a demo run with other settings: give another --out, or delete "
-                             f"{run.parent} to start afresh") from None
+            raise ValueError(
+                f"{run} holds a demo run with other settings: give another --out, or delete "
+                f"{run.parent} to start afresh"
+            ) from None
         raise
 
 
-def _target_device(devices: Devices) -> Optional[str]:
+def _target_device(devices: Devices) -> str | None:
     """The one device the transfer's target trains on: "auto"/"cpu" as they are, the first GPU of a list."""
     if isinstance(devices, list):
         return f"cuda:{devices[0]}" if devices else None
     return devices
 
 
-def run_demo(out: Union[str, Path] = "mutransfer-demo", quick: bool = False, workers: int = 2,
-             progress: bool = True, devices: Devices = None) -> dict:
+def run_demo(
+    out: str | Path = "mutransfer-demo",
+    quick: bool = False,
+    workers: int = 2,
+    progress: bool = True,
+    devices: Devices = None,
+) -> dict:
     """Run the demo's three stages in `out` (resuming what is there); the summary `format_summary` prints.
 
     `devices`: where the sweeps train, as `run_sweep` takes it (None: the configs' own, "auto", "cpu"
@@ -130,24 +163,40 @@ def run_demo(out: Union[str, Path] = "mutransfer-demo", quick: bool = False, wor
     tuned = transferred_hparams(tune, load_results(tune))
     if tuned is None:
         raise ValueError(f"{tune.run_dir}: no finished trial at the proxy; rerun `mutransfer demo` to resume")
-    sweep = _sweep(_write(out / "demo.toml", demo_config(quick, tuned["output_mult"])), out / "run", workers,
-                   progress, devices)
+    sweep = _sweep(
+        _write(out / "demo.toml", demo_config(quick, tuned["output_mult"])), out / "run", workers, progress, devices
+    )
     transferred = transfer(sweep, max(sweep.config.widths), device=_target_device(devices))
     report = write_report(sweep)
     summary = json.loads((sweep.run_dir / "summary.json").read_text())
     tune_results = load_results(tune)
-    return {"report": report, "summary": summary, "transfer": transferred, "tuned": tuned,
-            "tune_trials": len(tune_results), "tune_optima": tune_summary["verdicts"][1:], "tune_cpu_seconds": sum(r.cpu_seconds for r in tune_results),
-            "seconds": time.perf_counter() - start, "sweep": sweep}
+    return {
+        "report": report,
+        "summary": summary,
+        "transfer": transferred,
+        "tuned": tuned,
+        "tune_trials": len(tune_results),
+        "tune_optima": tune_summary["verdicts"][1:],
+        "tune_cpu_seconds": sum(r.cpu_seconds for r in tune_results),
+        "seconds": time.perf_counter() - start,
+        "sweep": sweep,
+    }
 
 
 def format_summary(result: dict) -> str:
     """The terminal's account of the demo: every sentence from the run's own summary.json."""
     s = result["summary"]
     t = result["tuned"]
-    lines = ["", f"Stage 1, tuned at width {s['proxy_width']} (µP, {result['tune_trials']} trials): "
-                 f"lr {t['lr']:.3g}, output_mult {t['output_mult']:g}"]
-    lines += [f"  {line}" for line in result.get("tune_optima", [])] + ["", "Verdict:"] + [f"  {line}" for line in s["verdicts"]]
+    lines = [
+        "",
+        f"Stage 1, tuned at width {s['proxy_width']} (µP, {result['tune_trials']} trials): "
+        f"lr {t['lr']:.3g}, output_mult {t['output_mult']:g}",
+    ]
+    lines += (
+        [f"  {line}" for line in result.get("tune_optima", [])]
+        + ["", "Verdict:"]
+        + [f"  {line}" for line in s["verdicts"]]
+    )
     h2h = head_to_head_line(s.get("head_to_head"))
     if h2h:
         lines.append(f"  {h2h}")
@@ -166,17 +215,26 @@ def format_summary(result: dict) -> str:
             text = f"{o['log2']:+.2f}" + (f" [{iv[0]:+.1f},{iv[1]:+.1f}]" if iv else "")
             cells.append(text + ("!" if o["edge"] else ""))
         lines.append(f"  {label:<5} " + "".join(f"{c:>20}" for c in cells))
-    if any(o.get("edge") for p in s["analysis"].values() for o in
-           p.get("width", {}).get("hparams", {}).get("lr", {}).get("optimum", {}).values()):
+    if any(
+        o.get("edge")
+        for p in s["analysis"].values()
+        for o in p.get("width", {}).get("hparams", {}).get("lr", {}).get("optimum", {}).values()
+    ):
         lines.append("  (! on the grid's edge)")
     lines += ["", format_transfer(result["transfer"])]
     target = result["transfer"].get("mup", {}).get("cpu_seconds")
     if target:
-        lines.append(f"  stage 1 (tuning lr × output_mult at width {s['proxy_width']}): "
-                     f"{result['tune_cpu_seconds']:.0f} CPU s = {result['tune_cpu_seconds'] / target:.1f}× one "
-                     f"target run")
+        lines.append(
+            f"  stage 1 (tuning lr × output_mult at width {s['proxy_width']}): "
+            f"{result['tune_cpu_seconds']:.0f} CPU s = {result['tune_cpu_seconds'] / target:.1f}× one "
+            f"target run"
+        )
     better = s["wider_is_better"]
-    lines.append("Wider is better: " + ", ".join(f"{'µP' if p == 'mup' else 'SP'} {'yes' if v else 'no'}"
-                                                 for p, v in better.items() if v is not None))
+    lines.append(
+        "Wider is better: "
+        + ", ".join(
+            f"{'µP' if p == 'mup' else 'SP'} {'yes' if v else 'no'}" for p, v in better.items() if v is not None
+        )
+    )
     lines.append(f"Report: {result['report']}   ({result['seconds']:.0f} s in all)")
     return "\n".join(lines)

@@ -33,11 +33,13 @@ seed's data and step) across trials, so the later seeds' values, on other data, 
 apples with oranges; a trial pruned on its first seed never trains the others. A non-finite loss
 is not reported (return NaN from the objective to mark a diverged trial).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 import optuna
 import torch
@@ -45,7 +47,7 @@ import torch
 from ..devices import autocast as _autocast
 from ..rules import ROLES
 
-__all__ = ["Objective", "MULTIPLIER_NAMES", "Reporter", "Pruned", "Scale", "mup_kwargs"]
+__all__ = ["MULTIPLIER_NAMES", "Objective", "Pruned", "Reporter", "Scale", "mup_kwargs"]
 
 Objective = Callable[[dict, "Scale"], float]
 MULTIPLIER_NAMES = ("output_mult", "attn_mult", "embedding_mult")
@@ -69,10 +71,10 @@ class Scale:
     base_width: int
     parametrization: str  # "mup" or "sp"
     seed: int = 0
-    depth: Optional[int] = None
-    base_depth: Optional[int] = None
-    reporter: Optional[Reporter] = field(default=None, compare=False, repr=False)
-    device: torch.device = torch.device("cpu")
+    depth: int | None = None
+    base_depth: int | None = None
+    reporter: Reporter | None = field(default=None, compare=False, repr=False)
+    device: torch.device = torch.device("cpu")  # noqa: RUF009 (a torch.device is immutable)
     precision: str = "fp32"
 
     @property
@@ -98,8 +100,20 @@ class Scale:
 
     def __reduce__(self):
         # A reporter talks to the sweep's storage from this process: a copy elsewhere is a plain Scale.
-        return (Scale, (self.width, self.base_width, self.parametrization, self.seed, self.depth, self.base_depth,
-                        None, self.device, self.precision))
+        return (
+            Scale,
+            (
+                self.width,
+                self.base_width,
+                self.parametrization,
+                self.seed,
+                self.depth,
+                self.base_depth,
+                None,
+                self.device,
+                self.precision,
+            ),
+        )
 
 
 def mup_kwargs(hparams: dict[str, Any]) -> dict[str, Any]:

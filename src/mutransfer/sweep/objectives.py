@@ -16,25 +16,35 @@ Every tenth of the steps each calls `scale.report(step, loss)` with the mean tra
 last tenth of the steps so far (a single minibatch's loss is too noisy to prune on): in a sweep
 with a pruner, a trial clearly worse than its study's finished ones stops there.
 """
+
 from __future__ import annotations
 
 import math
 import os
-from typing import Callable, Optional, Union
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from .. import optim as mt_optim
+from .._loading import load_callable
 from ..devices import check_precision
 from ..parametrize import parametrize
-from ..rules import OPTIMIZERS
 from ..recipes.data import stdlib_text
 from ..recipes.models import GPT, MLP, ResMLP
-from .._loading import load_callable
+from ..rules import OPTIMIZERS
 from .objective import Objective, Scale, mup_kwargs
 
-__all__ = ["OPTIMIZER_HPS", "Builder", "train_gpt", "train_mlp", "TASKS", "train_resmlp", "SWEEP_RECIPES", "load_objective"]
+__all__ = [
+    "OPTIMIZER_HPS",
+    "SWEEP_RECIPES",
+    "TASKS",
+    "Builder",
+    "load_objective",
+    "train_gpt",
+    "train_mlp",
+    "train_resmlp",
+]
 
 
 def _threads(hp: dict) -> None:
@@ -42,7 +52,7 @@ def _threads(hp: dict) -> None:
         torch.set_num_threads(int(hp["threads"]))
 
 
-Builder = Callable[[int, Optional[int]], torch.nn.Module]  # (width, depth) -> plain model
+Builder = Callable[[int, int | None], torch.nn.Module]  # (width, depth) -> plain model
 
 
 def _depth(hp: dict, scale: Scale, key: str, default: int) -> tuple[int, int]:
@@ -58,7 +68,8 @@ def _depth(hp: dict, scale: Scale, key: str, default: int) -> tuple[int, int]:
 # Hyperparameters each optimizer reads from a trial (besides lr, weight_decay), with their defaults.
 OPTIMIZER_HPS: dict[str, dict[str, object]] = {
     "sgd": {"momentum": 0.9, "nesterov": False},
-    "adam": {"beta1": 0.9, "beta2": 0.95}, "adamw": {"beta1": 0.9, "beta2": 0.95},
+    "adam": {"beta1": 0.9, "beta2": 0.95},
+    "adamw": {"beta1": 0.9, "beta2": 0.95},
     "lion": {"beta1": 0.9, "beta2": 0.99},
     "adafactor": {"beta2_decay": -0.8},
     "muon": {"momentum": 0.95, "nesterov": True, "adjust_lr_fn": None, "partner_lr": None},
@@ -68,8 +79,10 @@ OPTIMIZER_HPS: dict[str, dict[str, object]] = {
 
 def _optimizer_kwargs(name: str, hp: dict) -> dict:
     if name not in OPTIMIZER_HPS:
-        raise ValueError(f"optimizer '{name}' is not a sweep optimizer; the recipes train with one of "
-                         f"{', '.join(OPTIMIZER_HPS)} (hyperparameter 'optimizer')")
+        raise ValueError(
+            f"optimizer '{name}' is not a sweep optimizer; the recipes train with one of "
+            f"{', '.join(OPTIMIZER_HPS)} (hyperparameter 'optimizer')"
+        )
     got = {k: hp.get(k, v) for k, v in OPTIMIZER_HPS[name].items()}
     if "beta1" in got:
         got["betas"] = (float(got.pop("beta1")), float(got.pop("beta2")))
@@ -83,8 +96,7 @@ def _optimizer_kwargs(name: str, hp: dict) -> dict:
     return got
 
 
-def _optimizer(model, hp: dict, scale: Scale, build: Builder,
-               base_depth: Optional[int] = None) -> torch.optim.Optimizer:
+def _optimizer(model, hp: dict, scale: Scale, build: Builder, base_depth: int | None = None) -> torch.optim.Optimizer:
     """The optimizer named by hp["optimizer"] (default "adamw", betas (0.9, 0.95)); its own
     hyperparameters from `OPTIMIZER_HPS`. Under µP the model is first parametrized against
     build(base width, base depth) and the delta build(2 × base width, base depth), with µP's
@@ -94,8 +106,12 @@ def _optimizer(model, hp: dict, scale: Scale, build: Builder,
     name = str(hp.get("optimizer", "adamw")).lower()
     kwargs = _optimizer_kwargs(name, hp)
     if scale.mup:
-        parametrize(model, base=build(scale.base_width, base_depth),
-                    delta=build(2 * scale.base_width, base_depth), **mup_kwargs(hp))
+        parametrize(
+            model,
+            base=build(scale.base_width, base_depth),
+            delta=build(2 * scale.base_width, base_depth),
+            **mup_kwargs(hp),
+        )
     hidden = None
     if not scale.mup and OPTIMIZERS[name].partner is not None:
         hidden = mt_optim.hidden_matrices(model, build(2 * scale.width, scale.depth))
@@ -149,7 +165,7 @@ def train_gpt(hp: dict, scale: Scale) -> float:
     init_std = hp.get("init_std", 0.02)
     init_std = None if init_std in (None, "default") else float(init_std)
 
-    def build(width: int, layers: Optional[int] = None) -> GPT:
+    def build(width: int, layers: int | None = None) -> GPT:
         return GPT(width, n_layer=layers or n_layer, n_head=n_head, ctx=seq, tied=tied, init_std=init_std)
 
     _threads(hp)
@@ -181,7 +197,7 @@ def train_mlp(hp: dict, scale: Scale) -> float:
     steps, batch = int(hp.get("steps", 100)), int(hp.get("batch_size", 64))
     d_in, n_classes = int(hp.get("d_in", 32)), int(hp.get("n_classes", 10))
 
-    def build(width: int, depth: Optional[int] = None) -> MLP:
+    def build(width: int, depth: int | None = None) -> MLP:
         return MLP(width, d_in=d_in, d_out=n_classes, depth=3)
 
     _threads(hp)
@@ -193,8 +209,7 @@ def train_mlp(hp: dict, scale: Scale) -> float:
     torch.manual_seed(scale.seed)
     model = _placed(build(scale.width), scale)
     opt = _optimizer(model, hp, scale, build)
-    return _train(model, opt, lambda s: (xs[s], ys[s]), steps, lambda m, x, y: F.cross_entropy(m(x).float(), y),
-                  scale)
+    return _train(model, opt, lambda s: (xs[s], ys[s]), steps, lambda m, x, y: F.cross_entropy(m(x).float(), y), scale)
 
 
 TASKS = ("classify", "regress")
@@ -217,7 +232,7 @@ def train_resmlp(hp: dict, scale: Scale) -> float:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
     depth, base_depth = _depth(hp, scale, "depth", 2)
 
-    def build(width: int, blocks: Optional[int] = None) -> ResMLP:
+    def build(width: int, blocks: int | None = None) -> ResMLP:
         return ResMLP(width, depth=blocks or depth, d_in=d_in, d_out=d_out)
 
     _threads(hp)
@@ -237,7 +252,7 @@ def train_resmlp(hp: dict, scale: Scale) -> float:
 SWEEP_RECIPES = {"gpt": train_gpt, "mlp": train_mlp, "resmlp": train_resmlp}
 
 
-def load_objective(spec: str, base_dir: Optional[Union[str, os.PathLike]] = None) -> Objective:
+def load_objective(spec: str, base_dir: str | os.PathLike | None = None) -> Objective:
     """'recipe:NAME' for a built-in, else 'module:function' or 'path/to/file.py:function'.
 
     A relative file path is taken from `base_dir` (a sweep: its TOML file's directory; default the

@@ -23,17 +23,28 @@ ran 4 threads, and tiny models slowed down many times over (see benchmarks/sweep
 Worker processes are new interpreters (``subprocess``, the same as multiprocessing's
 ``spawn``): nothing of this process's state, CUDA's included, is inherited.
 """
+
 from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
 
-__all__ = ["Devices", "Placement", "SLOT_ENV", "THREADS_ENV", "DEVICE_ENV", "available_cores", "visible_devices", "parse_devices", "gpu_names",
-           "plan"]
+__all__ = [
+    "DEVICE_ENV",
+    "SLOT_ENV",
+    "THREADS_ENV",
+    "Devices",
+    "Placement",
+    "available_cores",
+    "gpu_names",
+    "parse_devices",
+    "plan",
+    "visible_devices",
+]
 
-Devices = Union[str, Sequence[int], None]
+Devices = str | Sequence[int] | None
 SLOT_ENV = "MUTRANSFER_SLOT"  # a worker's slot number, "<slot>/<slots>"
 THREADS_ENV = "MUTRANSFER_THREADS"  # a worker's torch thread count
 DEVICE_ENV = "MUTRANSFER_DEVICE"  # "cuda" for a GPU slot, "cpu" for a CPU slot
@@ -48,7 +59,7 @@ class Placement:
     torch threads per worker; `local_worker`: whether the sweep's own process runs trials too
     (CPU sweeps: yes, as before; GPU sweeps: no, it only watches, and never touches CUDA)."""
 
-    gpus: tuple[Optional[str], ...]
+    gpus: tuple[str | None, ...]
     threads: int
     local_worker: bool
 
@@ -62,9 +73,13 @@ class Placement:
 
     def env(self, slot: int) -> dict[str, str]:
         """The environment variables a worker in `slot` starts with."""
-        env = {THREADS_ENV: str(self.threads), "OMP_NUM_THREADS": str(self.threads),
-               "MKL_NUM_THREADS": str(self.threads), SLOT_ENV: f"{slot}/{self.slots}",
-               DEVICE_ENV: "cpu" if self.gpus[slot] is None else "cuda"}
+        env = {
+            THREADS_ENV: str(self.threads),
+            "OMP_NUM_THREADS": str(self.threads),
+            "MKL_NUM_THREADS": str(self.threads),
+            SLOT_ENV: f"{slot}/{self.slots}",
+            DEVICE_ENV: "cpu" if self.gpus[slot] is None else "cuda",
+        }
         gpu = self.gpus[slot]
         if gpu is not None:
             env[_CUDA] = gpu
@@ -77,8 +92,10 @@ class Placement:
             return f"{self.slots} CPU worker{'s' if self.slots != 1 else ''}, {threads}"
         ids = list(dict.fromkeys(g for g in self.gpus if g is not None))
         per = self.slots // len(ids)
-        return (f"{self.slots} worker{'s' if self.slots != 1 else ''} on GPU{'s' if len(ids) != 1 else ''} "
-                f"{', '.join(ids)} ({per} per device; CUDA_VISIBLE_DEVICES), {threads}")
+        return (
+            f"{self.slots} worker{'s' if self.slots != 1 else ''} on GPU{'s' if len(ids) != 1 else ''} "
+            f"{', '.join(ids)} ({per} per device; CUDA_VISIBLE_DEVICES), {threads}"
+        )
 
 
 def available_cores() -> int:
@@ -92,13 +109,14 @@ def available_cores() -> int:
 def visible_devices() -> int:
     """How many GPUs this process sees, without creating a CUDA context (0 without CUDA)."""
     import torch
+
     if not torch.cuda.is_available():
         return 0
     return torch.cuda.device_count()
 
 
-def parse_devices(devices: Devices, what: str = "devices") -> Union[str, list[int]]:
-    """"auto", "cpu" or the list of GPU ids in `devices` (a config value or a CLI string like
+def parse_devices(devices: Devices, what: str = "devices") -> str | list[int]:
+    """ "auto", "cpu" or the list of GPU ids in `devices` (a config value or a CLI string like
     "0,1,2,3"); a ValueError naming `what` otherwise."""
     if devices is None:
         return "auto"
@@ -111,27 +129,36 @@ def parse_devices(devices: Devices, what: str = "devices") -> Union[str, list[in
         except ValueError:
             raise ValueError(f"{what} must be 'auto', 'cpu' or GPU ids like 0,1,2,3; got {text!r}") from None
     if not isinstance(devices, (list, tuple)) or any(isinstance(d, bool) or not isinstance(d, int) for d in devices):
-        raise ValueError(f"{what} must be \"auto\", \"cpu\" or a list of GPU ids like [0, 1]; got {devices!r}")
+        raise ValueError(f'{what} must be "auto", "cpu" or a list of GPU ids like [0, 1]; got {devices!r}')
     if not devices:
-        raise ValueError(f"{what} is empty; give GPU ids like [0, 1], or \"auto\" (every visible GPU, else the "
-                         "CPU) or \"cpu\"")
+        raise ValueError(
+            f'{what} is empty; give GPU ids like [0, 1], or "auto" (every visible GPU, else the CPU) or "cpu"'
+        )
     if any(d < 0 for d in devices):
         raise ValueError(f"{what} must hold GPU ids ≥ 0, got {list(devices)!r}")
     if len(set(devices)) != len(devices):
-        raise ValueError(f"{what} has duplicates: {list(devices)!r}; to run several trials on one GPU set "
-                         "trials_per_device instead")
+        raise ValueError(
+            f"{what} has duplicates: {list(devices)!r}; to run several trials on one GPU set trials_per_device instead"
+        )
     return list(devices)
 
 
-def _positive(value: Optional[int], what: str) -> Optional[int]:
+def _positive(value: int | None, what: str) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ValueError(f"{what} must be a positive integer, got {value!r}")
     return value
 
 
-def plan(devices: Devices = None, trials_per_device: Optional[int] = None, workers: Optional[int] = None,
-         threads: Optional[int] = None, *, what: str = "devices", cores: Optional[int] = None,
-         gpu_count: Optional[int] = None) -> Placement:
+def plan(
+    devices: Devices = None,
+    trials_per_device: int | None = None,
+    workers: int | None = None,
+    threads: int | None = None,
+    *,
+    what: str = "devices",
+    cores: int | None = None,
+    gpu_count: int | None = None,
+) -> Placement:
     """The slots for `devices` (see the module docstring; None: "auto", but `workers` alone means CPU).
 
     `workers`: CPU worker processes (the sweep's own included; default `trials_per_device`, else 1);
@@ -153,19 +180,25 @@ def plan(devices: Devices = None, trials_per_device: Optional[int] = None, worke
         n = workers or trials_per_device or 1
         return Placement((None,) * n, threads or max(1, cores // n), local_worker=True)
     if workers is not None:
-        raise ValueError(f"workers ({workers}) is for CPU sweeps; on GPUs the workers are {what} × "
-                         f"trials_per_device ({len(parsed)} × {trials_per_device or 1}): set trials_per_device "
-                         "to run several trials per GPU")
+        raise ValueError(
+            f"workers ({workers}) is for CPU sweeps; on GPUs the workers are {what} × "
+            f"trials_per_device ({len(parsed)} × {trials_per_device or 1}): set trials_per_device "
+            "to run several trials per GPU"
+        )
     mapped = gpu_names(parsed, what, count)
     if count == 0:
-        warnings.warn(f"{what} {parsed}: this process sees no GPU (no CUDA, or a CPU build of torch); the trials run "
-                      "on the CPU with CUDA_VISIBLE_DEVICES set as asked", UserWarning, stacklevel=2)
+        warnings.warn(
+            f"{what} {parsed}: this process sees no GPU (no CUDA, or a CPU build of torch); the trials run "
+            "on the CPU with CUDA_VISIBLE_DEVICES set as asked",
+            UserWarning,
+            stacklevel=2,
+        )
     per = trials_per_device or 1
     gpus = tuple(g for g in mapped for _ in range(per))
     return Placement(gpus, threads or max(1, cores // len(gpus)), local_worker=False)
 
 
-def gpu_names(ids: Sequence[int], what: str = "devices", gpu_count: Optional[int] = None) -> list[str]:
+def gpu_names(ids: Sequence[int], what: str = "devices", gpu_count: int | None = None) -> list[str]:
     """The ``CUDA_VISIBLE_DEVICES`` entry of each GPU id, ids numbered as this process numbers GPUs:
     within a set ``CUDA_VISIBLE_DEVICES`` (ids 0 and 1 under ``4,5`` are ``"4"`` and ``"5"``), else
     as given. A ValueError naming `what` for an id this process cannot see (`gpu_count`: the
@@ -175,18 +208,21 @@ def gpu_names(ids: Sequence[int], what: str = "devices", gpu_count: Optional[int
     if names is not None:
         bad = [d for d in ids if d >= len(names)]
         if bad:
-            raise ValueError(f"{what}: GPU id(s) {bad} are not visible here (CUDA_VISIBLE_DEVICES={visible} "
-                             f"gives ids 0 to {len(names) - 1}); ids count within CUDA_VISIBLE_DEVICES")
+            raise ValueError(
+                f"{what}: GPU id(s) {bad} are not visible here (CUDA_VISIBLE_DEVICES={visible} "
+                f"gives ids 0 to {len(names) - 1}); ids count within CUDA_VISIBLE_DEVICES"
+            )
         return [names[d] for d in ids]
     count = visible_devices() if gpu_count is None else gpu_count
     bad = [d for d in ids if d >= count] if count else []
     if bad:
-        raise ValueError(f"{what}: GPU id(s) {bad} are not visible here (this process sees {count} "
-                         f"GPU(s), ids 0 to {count - 1})")
+        raise ValueError(
+            f"{what}: GPU id(s) {bad} are not visible here (this process sees {count} GPU(s), ids 0 to {count - 1})"
+        )
     return [str(d) for d in ids]
 
 
-def _visible_names(value: Optional[str]) -> Optional[list[str]]:
+def _visible_names(value: str | None) -> list[str] | None:
     """The entries of a set CUDA_VISIBLE_DEVICES (None when unset)."""
     if value is None:
         return None

@@ -33,6 +33,7 @@ Every trial that ran also records where and when: `device` ("cpu" or "cuda:0"), 
 (the worker's ``CUDA_VISIBLE_DEVICES``, None when unset), `precision` ("fp32"/"bf16"), `threads` (torch's
 CPU threads), `started` and `ended` (Unix times) and `worker` (host:pid).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,9 +48,10 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from itertools import product
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any
 
 import optuna
 import torch
@@ -61,12 +63,35 @@ from .config import SweepConfig, load_config, pinned_text
 from .objective import Objective, Pruned, Scale
 from .objectives import load_objective
 from .space import Choice, Dimension, LogUniform
-from .storage import (ClaimLock, Heartbeat, default_url, open_storage, quiet,
-                      optuna_logs_quiet, set_finished_trial_user_attr, study_id, trial_id)
+from .storage import (
+    ClaimLock,
+    Heartbeat,
+    default_url,
+    open_storage,
+    optuna_logs_quiet,
+    quiet,
+    set_finished_trial_user_attr,
+    study_id,
+    trial_id,
+)
 
-__all__ = ["CONFIG_FILE", "STORAGE_ENV", "POLL_SECONDS", "WATCH_SECONDS", "FIRST_WAIT_SECONDS", "STALE_CHECK_SECONDS",
-           "sigint_ignored", "COUNT_SECONDS", "FAILURES_DIR", "EXIT_INTERRUPTED", "SweepInterrupted", "trial_outcome",
-           "study_name", "cell_label", "Sweep"]
+__all__ = [
+    "CONFIG_FILE",
+    "COUNT_SECONDS",
+    "EXIT_INTERRUPTED",
+    "FAILURES_DIR",
+    "FIRST_WAIT_SECONDS",
+    "POLL_SECONDS",
+    "STALE_CHECK_SECONDS",
+    "STORAGE_ENV",
+    "WATCH_SECONDS",
+    "Sweep",
+    "SweepInterrupted",
+    "cell_label",
+    "sigint_ignored",
+    "study_name",
+    "trial_outcome",
+]
 
 CONFIG_FILE = "config.toml"
 STORAGE_ENV = "MUTRANSFER_STORAGE"
@@ -92,7 +117,7 @@ class SweepInterrupted(KeyboardInterrupt):
         self.finished, self.total = finished, total
 
 
-def trial_outcome(t: FrozenTrial) -> Optional[str]:
+def trial_outcome(t: FrozenTrial) -> str | None:
     """'complete', 'diverged', 'failed' or 'pruned' for a trial that is done; None for one that is
     not (waiting, running, or a FAIL that was interrupted, retried or went stale: each has a
     replacement in the queue). See the module docstring."""
@@ -107,24 +132,28 @@ def trial_outcome(t: FrozenTrial) -> Optional[str]:
     return "failed" if t.user_attrs.get("failed") else None
 
 
-def study_name(config: SweepConfig, parametrization: str, width: int, depth: Optional[int] = None,
-               extra: tuple = ()) -> str:
+def study_name(
+    config: SweepConfig, parametrization: str, width: int, depth: int | None = None, extra: tuple = ()
+) -> str:
     """`{name}/{parametrization}/w{width}`, plus `/d{depth}` in a sweep over depths and
     `/batch_size{b}` or `/steps{s}` for a further batch size or horizon."""
     name = f"{config.name}/{parametrization}/w{width}" + ("" if depth is None else f"/d{depth}")
     return name + "".join(f"/{axis}{value}" for axis, value in extra)
 
 
-def cell_label(parametrization: str, width: int, depth: Optional[int] = None, extra: tuple = ()) -> str:
+def cell_label(parametrization: str, width: int, depth: int | None = None, extra: tuple = ()) -> str:
     """'mup width 32', 'mup width 32 depth 4' or 'mup width 32 batch_size 64', for progress lines."""
-    return (f"{parametrization} width {width}" + ("" if depth is None else f" depth {depth}")
-            + "".join(f" {axis} {value}" for axis, value in extra))
+    return (
+        f"{parametrization} width {width}"
+        + ("" if depth is None else f" depth {depth}")
+        + "".join(f" {axis} {value}" for axis, value in extra)
+    )
 
 
 class Sweep:
     """A sweep's run directory, config, storage and studies."""
 
-    def __init__(self, run_dir: Union[str, os.PathLike], storage: Optional[str] = None, wait: float = 0.0):
+    def __init__(self, run_dir: str | os.PathLike, storage: str | None = None, wait: float = 0.0):
         """Open a run. `wait`: seconds to wait for a sweep that another process is still creating."""
         self.run_dir = Path(run_dir)
         path = self.run_dir / CONFIG_FILE
@@ -137,18 +166,19 @@ class Sweep:
                 break
             time.sleep(POLL_SECONDS)
         if not path.is_file():
-            raise ValueError(f"{self.run_dir} is not a sweep run directory (no {CONFIG_FILE}); start one with "
-                             "`mutransfer sweep CONFIG --run DIR`, or pass the sweep's name and --storage")
+            raise ValueError(
+                f"{self.run_dir} is not a sweep run directory (no {CONFIG_FILE}); start one with "
+                "`mutransfer sweep CONFIG --run DIR`, or pass the sweep's name and --storage"
+            )
         self.config = load_config(path)
         self.url = storage or self.config.storage or default_url(self.run_dir)
         self.storage = open_storage(self.url)
         self.device = torch.device("cpu")  # where this process trains trials (`work`); see `use_device`
-        self._objective: Optional[Objective] = None
-        self._studies: dict[tuple[str, int, Optional[int]], optuna.Study] = {}
+        self._objective: Objective | None = None
+        self._studies: dict[tuple[str, int, int | None], optuna.Study] = {}
 
     @classmethod
-    def create(cls, config_path: Union[str, os.PathLike], run_dir: Union[str, os.PathLike],
-               storage: Optional[str] = None) -> "Sweep":
+    def create(cls, config_path: str | os.PathLike, run_dir: str | os.PathLike, storage: str | None = None) -> Sweep:
         """Make (or reopen) the run directory for `config_path`; a rerun must use the same config.
 
         The config is validated, the objective loaded and an explicitly given storage opened
@@ -167,10 +197,12 @@ class Sweep:
             if existing.contents != config.contents:
                 changes = _differences(existing.contents, config.contents) or ["values differ in type only"]
                 shown = "; ".join(changes[:10]) + (f"; and {len(changes) - 10} more" if len(changes) > 10 else "")
-                raise ValueError(f"{run_dir} already holds a sweep with a different config ({target} → "
-                                 f"{config_path}: {shown}). To run this config, pass a new --run directory "
-                                 f"(e.g. --run {_free_sibling(run_dir)}); to resume that sweep, rerun it with "
-                                 "its own config")
+                raise ValueError(
+                    f"{run_dir} already holds a sweep with a different config ({target} → "
+                    f"{config_path}: {shown}). To run this config, pass a new --run directory "
+                    f"(e.g. --run {_free_sibling(run_dir)}); to resume that sweep, rerun it with "
+                    "its own config"
+                )
             if existing.config_dir != config.config_dir:  # the same TOML, moved: its paths resolve there now
                 _write_atomically(target, text)
         else:
@@ -192,22 +224,30 @@ class Sweep:
             self._objective = load_objective(self.config.objective, base)
         return self._objective
 
-    def study(self, parametrization: str, width: int, depth: Optional[int] = None, extra: tuple = ()) -> optuna.Study:
+    def study(self, parametrization: str, width: int, depth: int | None = None, extra: tuple = ()) -> optuna.Study:
         key = (parametrization, width, depth, tuple(extra))
         if key not in self._studies:
             self._studies[key] = self._create_study(*key)
         return self._studies[key]
 
     @optuna_logs_quiet()  # on creation only: study() runs in the work loop, and a log-level change clears logging's caches
-    def _create_study(self, parametrization: str, width: int, depth: Optional[int], extra: tuple) -> optuna.Study:
-        seed = (1000 * width + (parametrization == "sp") + 7919 * (depth or 0)
-                + sum(104729 * v for _, v in extra)) % 2 ** 32
-        sampler = (optuna.samplers.TPESampler(seed=seed) if self.config.sampler == "tpe"
-                   else optuna.samplers.RandomSampler(seed=seed))
-        return optuna.create_study(storage=self.storage, sampler=sampler, direction="minimize",
-                                   pruner=self.config.optuna_pruner() or optuna.pruners.NopPruner(),
-                                   study_name=study_name(self.config, parametrization, width, depth, extra),
-                                   load_if_exists=True)
+    def _create_study(self, parametrization: str, width: int, depth: int | None, extra: tuple) -> optuna.Study:
+        seed = (
+            1000 * width + (parametrization == "sp") + 7919 * (depth or 0) + sum(104729 * v for _, v in extra)
+        ) % 2**32
+        sampler = (
+            optuna.samplers.TPESampler(seed=seed)
+            if self.config.sampler == "tpe"
+            else optuna.samplers.RandomSampler(seed=seed)
+        )
+        return optuna.create_study(
+            storage=self.storage,
+            sampler=sampler,
+            direction="minimize",
+            pruner=self.config.optuna_pruner() or optuna.pruners.NopPruner(),
+            study_name=study_name(self.config, parametrization, width, depth, extra),
+            load_if_exists=True,
+        )
 
     # ------------------------------------------------------------------ preparing
 
@@ -247,8 +287,10 @@ class Sweep:
         deadline = time.monotonic() + timeout
         while not self.prepared():
             if time.monotonic() > deadline:
-                raise ValueError(f"sweep {self.config.name} was not prepared within {timeout:.0f} s; "
-                                 "start it with `mutransfer sweep CONFIG` first")
+                raise ValueError(
+                    f"sweep {self.config.name} was not prepared within {timeout:.0f} s; "
+                    "start it with `mutransfer sweep CONFIG` first"
+                )
             time.sleep(POLL_SECONDS)
 
     def trials_per_cell(self) -> int:
@@ -260,7 +302,7 @@ class Sweep:
 
     # ------------------------------------------------------------------ working
 
-    def _claim(self, study: optuna.Study) -> Optional[optuna.Trial]:
+    def _claim(self, study: optuna.Study) -> optuna.Trial | None:
         """Atomically take a waiting trial, or (random/TPE) start a new one while trials are due."""
         for frozen in self.storage.get_all_trials(study_id(study), deepcopy=False, states=(TrialState.WAITING,)):
             try:
@@ -279,8 +321,9 @@ class Sweep:
             return None
         counted = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
         due = len(study.get_trials(deepcopy=False, states=counted))
-        failed = sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-                     if trial_outcome(t) is not None)  # diverged or failed: done, never rerun by itself
+        failed = sum(
+            1 for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)) if trial_outcome(t) is not None
+        )  # diverged or failed: done, never rerun by itself
         if due + failed >= self.config.n_trials:
             return None
         with quiet():  # we send the heartbeats ourselves (see Heartbeat)
@@ -293,7 +336,7 @@ class Sweep:
             return trial.suggest_categorical(name, list(dim.values))
         return trial.suggest_float(name, dim.low, dim.high, log=isinstance(dim, LogUniform))
 
-    def use_device(self, device: Union[str, torch.device] = "auto", what: str = "device") -> torch.device:
+    def use_device(self, device: str | torch.device = "auto", what: str = "device") -> torch.device:
         """Train this process's trials on `device` ("auto": CUDA when visible, else the CPU), in the
         config's precision; a ValueError naming `what` when the device cannot (bf16 on an old GPU)."""
         resolved = resolve_device(device, what)
@@ -301,21 +344,36 @@ class Sweep:
         self.device = resolved
         return resolved
 
-    def scale(self, parametrization: str, width: int, depth: Optional[int], seed: int,
-              device: Optional[torch.device] = None) -> Scale:
+    def scale(
+        self, parametrization: str, width: int, depth: int | None, seed: int, device: torch.device | None = None
+    ) -> Scale:
         """Where a trial of this sweep runs; depth None keeps the objective's own depth. `device`:
         default this process's (`use_device`); the precision is the config's."""
-        return Scale(width, self.config.base_width, parametrization, seed, depth,
-                     None if depth is None else self.config.base_depth,
-                     device=self.device if device is None else device, precision=self.config.precision)
+        return Scale(
+            width,
+            self.config.base_width,
+            parametrization,
+            seed,
+            depth,
+            None if depth is None else self.config.base_depth,
+            device=self.device if device is None else device,
+            precision=self.config.precision,
+        )
 
     def hparams(self, params: dict[str, Any], extra: tuple = ()) -> dict[str, Any]:
         """What the objective receives: [fixed], the swept values, and the cell's batch size and
         horizon (the proxy's unless the cell is one of a further batch size or horizon)."""
         return {**self.config.fixed, **params, **self.config.proxy_extra, **dict(extra)}
 
-    def _run(self, study: optuna.Study, trial: optuna.Trial, parametrization: str, width: int,
-             depth: Optional[int] = None, extra: tuple = ()) -> Optional[str]:
+    def _run(
+        self,
+        study: optuna.Study,
+        trial: optuna.Trial,
+        parametrization: str,
+        width: int,
+        depth: int | None = None,
+        extra: tuple = (),
+    ) -> str | None:
         """Train one trial on every seed and record it. An exception from the objective marks the
         trial failed (returns the line to show), and so do its `sys.exit()` (argparse's parse_args
         calls it) and a return value that is not a number; Ctrl-C marks it interrupted, queues it
@@ -332,7 +390,7 @@ class Sweep:
             trial.set_user_attr("started", time.time())
             start, cpu_start = time.perf_counter(), time.process_time()
             losses: list[float] = []
-            error: Optional[tuple[BaseException, str, int, Optional[str]]] = None  # (+ message to show)
+            error: tuple[BaseException, str, int, str | None] | None = None  # (+ message to show)
             reported: list[tuple[int, float]] = []  # the last (step, loss) sent to the pruner
             pruned = False
             with Heartbeat(self.storage, trial_id(trial)):
@@ -388,11 +446,13 @@ class Sweep:
     @staticmethod
     def _reporter(trial: optuna.Trial, reported: list[tuple[int, float]]):
         """`Scale.report`'s callback: the value goes to the trial; Pruned when the pruner says so."""
+
         def report(step: int, loss: float) -> None:
             trial.report(loss, step)
             reported[:] = [(step, loss)]
             if trial.should_prune():
                 raise Pruned(f"pruned at step {step} (loss {loss:.4g})")
+
         return report
 
     def _failure_path(self, study: optuna.Study, number: int) -> Path:
@@ -410,26 +470,46 @@ class Sweep:
                 self._failure_path(study, old).unlink(missing_ok=True)
             try:
                 previous = self.storage.get_trial(
-                    self.storage.get_trial_id_from_study_id_trial_number(study_id(study), old))
+                    self.storage.get_trial_id_from_study_id_trial_number(study_id(study), old)
+                )
             except KeyError:
                 return
             old = previous.user_attrs.get("retry_of") if previous.user_attrs.get("interrupted") else None
 
-    def _failed(self, study: optuna.Study, trial: optuna.Trial, cell: tuple[str, int, Optional[int], tuple],
-                params: dict[str, Any], error: BaseException, text: str, seed: int,
-                message: Optional[str] = None) -> str:
+    def _failed(
+        self,
+        study: optuna.Study,
+        trial: optuna.Trial,
+        cell: tuple[str, int, int | None, tuple],
+        params: dict[str, Any],
+        error: BaseException,
+        text: str,
+        seed: int,
+        message: str | None = None,
+    ) -> str:
         """Record a trial whose objective raised (or returned no number: `message` says so, `text`
         is empty): FAIL with `failed`, `error`, `traceback`, and the full text in the run's failures
         directory. Returns the line to print."""
         parametrization, width, depth, extra = cell
         message = message or f"{type(error).__name__}: {error}"
         path = self._failure_path(study, trial.number)
-        report = "\n".join([
-            f"study: {study.study_name}", f"trial: {trial.number}", f"width: {width}", f"depth: {depth}",
-            *(f"{axis}: {value}" for axis, value in extra),
-            f"parametrization: {parametrization}", f"params: {json.dumps(params, default=repr)}",
-            f"fixed: {json.dumps(self.config.fixed, default=repr)}", f"seed: {seed}",
-            f"worker: {socket.gethostname()}:{os.getpid()}", f"error: {message}", "", text])
+        report = "\n".join(
+            [
+                f"study: {study.study_name}",
+                f"trial: {trial.number}",
+                f"width: {width}",
+                f"depth: {depth}",
+                *(f"{axis}: {value}" for axis, value in extra),
+                f"parametrization: {parametrization}",
+                f"params: {json.dumps(params, default=repr)}",
+                f"fixed: {json.dumps(self.config.fixed, default=repr)}",
+                f"seed: {seed}",
+                f"worker: {socket.gethostname()}:{os.getpid()}",
+                f"error: {message}",
+                "",
+                text,
+            ]
+        )
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(report)
@@ -444,8 +524,10 @@ class Sweep:
         except optuna.exceptions.UpdateFinishedTrialError:
             pass
         first = message.strip().splitlines()[0] if message.strip() else type(error).__name__
-        return (f"trial {trial.number} ({cell_label(*cell)}) failed: {first[:ERROR_CHARS]} — "
-                f"{'traceback' if text else 'details'} in {where}")
+        return (
+            f"trial {trial.number} ({cell_label(*cell)}) failed: {first[:ERROR_CHARS]} — "
+            f"{'traceback' if text else 'details'} in {where}"
+        )
 
     def _interrupted(self, study: optuna.Study, trial: optuna.Trial, params: dict[str, Any]) -> None:
         """Mark a trial cut off by Ctrl-C as FAIL `interrupted` and queue its params again, so that
@@ -460,8 +542,9 @@ class Sweep:
         except optuna.exceptions.UpdateFinishedTrialError:
             return
         if set(params) >= set(self.config.space):  # else (random/TPE) a new trial is drawn in its place
-            study.enqueue_trial({name: params[name] for name in self.config.space},
-                                user_attrs={"retry_of": trial.number})
+            study.enqueue_trial(
+                {name: params[name] for name in self.config.space}, user_attrs={"retry_of": trial.number}
+            )
 
     def retry_failed(self) -> int:
         """Queue every failed trial (the objective raised; not diverged) once more with the same
@@ -474,17 +557,23 @@ class Sweep:
                     if trial_outcome(t) != "failed":
                         continue
                     params = {**t.system_attrs.get("fixed_params", {}), **t.params}
-                    study.enqueue_trial({name: params[name] for name in self.config.space if name in params},
-                                        user_attrs={"retry_of": t.number})
+                    study.enqueue_trial(
+                        {name: params[name] for name in self.config.space if name in params},
+                        user_attrs={"retry_of": t.number},
+                    )
                     set_finished_trial_user_attr(self.storage, trial_id(t), "retried", True)
                     n += 1
         self._studies.clear()  # their caches still hold the old trials without `retried`
         return n
 
-    def _outcomes(self) -> list[Optional[str]]:
-        return [trial_outcome(t) for cell in self.config.all_cells
-                for t in self.study(*cell).get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL,
-                                                                             TrialState.PRUNED))]
+    def _outcomes(self) -> list[str | None]:
+        return [
+            trial_outcome(t)
+            for cell in self.config.all_cells
+            for t in self.study(*cell).get_trials(
+                deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+            )
+        ]
 
     def finished(self) -> int:
         """Trials done: completed, diverged, pruned or failed (not retried)."""
@@ -503,7 +592,7 @@ class Sweep:
         return sum(o == "pruned" for o in self._outcomes())
 
     @optuna_logs_quiet()
-    def work(self, progress: bool = True, max_trials: Optional[int] = None, wait_for_others: bool = True) -> int:
+    def work(self, progress: bool = True, max_trials: int | None = None, wait_for_others: bool = True) -> int:
         """Claim and run trials until none is left; then, with `wait_for_others`, wait for other
         workers' running trials to finish or go stale (a dead worker's trial is retried here).
         Returns the number of trials run here."""
@@ -535,8 +624,9 @@ class Sweep:
                 if claimed is None:
                     if not wait_for_others:
                         break
-                    running = sum(len(self.study(*c).get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-                                  for c in cells)
+                    running = sum(
+                        len(self.study(*c).get_trials(deepcopy=False, states=(TrialState.RUNNING,))) for c in cells
+                    )
                     if not running:
                         break
                     stale_checked = time.monotonic()  # while waiting, look for dead workers' trials at once
@@ -569,8 +659,10 @@ class Sweep:
             counted = 0.0
             while any(p.poll() is None for p in procs):
                 if time.monotonic() >= counted:
-                    running = sum(len(self.study(*c).get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-                                  for c in self.config.all_cells)
+                    running = sum(
+                        len(self.study(*c).get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+                        for c in self.config.all_cells
+                    )
                     bar.done = self.finished()
                     alive = sum(p.poll() is None for p in procs)
                     bar.update(f"{running} trial(s) running on {alive} worker(s)")
@@ -582,7 +674,7 @@ class Sweep:
             bar.close()
 
 
-def _as_loss(value: Any) -> tuple[float, Optional[str]]:
+def _as_loss(value: Any) -> tuple[float, str | None]:
     """The objective's return value as a float, or (nan, what is wrong with it). Numbers only:
     int, float, a NumPy scalar or a one-element tensor/array (`.item()`); not bool, not a string."""
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):
@@ -590,28 +682,34 @@ def _as_loss(value: Any) -> tuple[float, Optional[str]]:
             item = value.item()
         except (ValueError, RuntimeError, TypeError):  # more than one element
             shape = tuple(getattr(value, "shape", ()))
-            return math.nan, (f"the objective returned a {type(value).__name__} of shape {shape}; it must return "
-                              "the training loss as a float (a single number)")
+            return math.nan, (
+                f"the objective returned a {type(value).__name__} of shape {shape}; it must return "
+                "the training loss as a float (a single number)"
+            )
         if isinstance(item, (int, float)) and not isinstance(item, bool):
             return float(item), None
         value = item
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value), None
     if value is None:
-        return math.nan, ("the objective returned None; it must return the training loss as a float "
-                          "(a missing return statement?)")
+        return math.nan, (
+            "the objective returned None; it must return the training loss as a float (a missing return statement?)"
+        )
     shown = repr(value)
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
-    return math.nan, (f"the objective returned {shown} ({type(value).__name__}); it must return the training "
-                      "loss as a float")
+    return math.nan, (
+        f"the objective returned {shown} ({type(value).__name__}); it must return the training loss as a float"
+    )
 
 
 def _exit_message(e: SystemExit) -> str:
     """The failure message of an objective that called sys.exit."""
     code = "" if e.code is None else repr(e.code)
-    return (f"the objective called sys.exit({code}) (argparse's parse_args does this on arguments it does not "
-            "know, e.g. the sweep's command line: pass it its own list, parse_args([])): raise an exception "
-            "instead to fail a trial")
+    return (
+        f"the objective called sys.exit({code}) (argparse's parse_args does this on arguments it does not "
+        "know, e.g. the sweep's command line: pass it its own list, parse_args([])): raise an exception "
+        "instead to fail a trial"
+    )
 
 
 def _centre_distance(index: tuple, sizes: list[int]) -> tuple:

@@ -1,12 +1,13 @@
 """Hyperparameter search spaces: log-uniform, uniform and choice, with their grids."""
+
 from __future__ import annotations
 
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
-__all__ = ["LogUniform", "Uniform", "Choice", "Dimension", "SPACE_KEYS", "dimension_from_dict"]
+__all__ = ["SPACE_KEYS", "Choice", "Dimension", "LogUniform", "Uniform", "dimension_from_dict"]
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,6 @@ class LogUniform:
         return [2 ** (a + (b - a) * i / (self.grid - 1)) for i in range(self.grid)]
 
 
-
 @dataclass(frozen=True)
 class Uniform:
     low: float
@@ -37,7 +37,6 @@ class Uniform:
         return [self.low + (self.high - self.low) * i / (self.grid - 1) for i in range(self.grid)]
 
 
-
 @dataclass(frozen=True)
 class Choice:
     values: tuple
@@ -46,8 +45,7 @@ class Choice:
         return list(self.values)
 
 
-
-Dimension = Union[LogUniform, Uniform, Choice]
+Dimension = LogUniform | Uniform | Choice
 SPACE_KEYS = {"type", "low", "high", "grid", "values"}
 
 
@@ -69,11 +67,12 @@ def _number(name: str, key: str, value) -> float:
 def dimension_from_dict(name: str, spec: dict) -> Dimension:
     """Parse one entry of the config's [space] table, naming the key at fault on error."""
     if not isinstance(spec, dict):
-        raise ValueError(f"space.{name} must be a table with type = \"log\" | \"uniform\" | \"choice\"")
+        raise ValueError(f'space.{name} must be a table with type = "log" | "uniform" | "choice"')
     unknown = set(spec) - SPACE_KEYS
     if unknown:
-        raise ValueError(f"space.{name}: unknown key(s) {', '.join(sorted(unknown))}; "
-                         f"allowed: {', '.join(sorted(SPACE_KEYS))}")
+        raise ValueError(
+            f"space.{name}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(SPACE_KEYS))}"
+        )
     kind = spec.get("type", "log")
     if kind == "choice":
         values = spec.get("values")
@@ -82,7 +81,7 @@ def dimension_from_dict(name: str, spec: dict) -> Dimension:
         _check_distinct(name, values)
         return Choice(tuple(values))
     if kind not in ("log", "uniform"):
-        raise ValueError(f"space.{name}.type must be \"log\", \"uniform\" or \"choice\", got {kind!r}")
+        raise ValueError(f'space.{name}.type must be "log", "uniform" or "choice", got {kind!r}')
     for key in ("low", "high"):
         if key not in spec:
             raise ValueError(f"space.{name}.{key} is missing")
@@ -106,10 +105,14 @@ def _check_distinct(name: str, values: list) -> None:
         for b in values[:i]:
             if a == b:
                 ta, tb = _toml(a), _toml(b)
-                same = "" if type(a) is type(b) else (
-                    f" ({tb} == {ta} in Python; if both are meant, write them as strings: \"{tb}\", \"{ta}\")")
-                raise ValueError(f"space.{name}.values has duplicates: {tb} and {ta} are the same choice{same}; "
-                                 "list each value once")
+                same = (
+                    ""
+                    if type(a) is type(b)
+                    else (f' ({tb} == {ta} in Python; if both are meant, write them as strings: "{tb}", "{ta}")')
+                )
+                raise ValueError(
+                    f"space.{name}.values has duplicates: {tb} and {ta} are the same choice{same}; list each value once"
+                )
 
 
 def _toml(value) -> str:

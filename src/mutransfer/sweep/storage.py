@@ -4,6 +4,7 @@ Trials send a heartbeat; a trial whose worker died (kill -9, a lost machine) goe
 `GRACE_PERIOD` seconds, is marked failed, and is put back in the queue with the same
 hyperparameters, so that resuming a sweep loses nothing.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -11,14 +12,25 @@ import re
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import optuna
 
-__all__ = ["optuna_logs_quiet", "study_id", "trial_id", "quiet", "HEARTBEAT_INTERVAL", "GRACE_PERIOD", "mask_url", "default_url", "open_storage",
-           "Heartbeat", "ClaimLock", "set_finished_trial_user_attr"]
-
+__all__ = [
+    "GRACE_PERIOD",
+    "HEARTBEAT_INTERVAL",
+    "ClaimLock",
+    "Heartbeat",
+    "default_url",
+    "mask_url",
+    "open_storage",
+    "optuna_logs_quiet",
+    "quiet",
+    "set_finished_trial_user_attr",
+    "study_id",
+    "trial_id",
+]
 
 
 @contextlib.contextmanager
@@ -42,6 +54,7 @@ def optuna_logs_quiet() -> Iterator[None]:
     finally:
         optuna.logging.set_verbosity(old)
 
+
 HEARTBEAT_INTERVAL = 2  # seconds
 GRACE_PERIOD = 8  # seconds without a heartbeat before a running trial counts as dead
 _CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.\-]*://)(?P<user>[^:/@]*)(:(?P<pw>[^@/]*))?@")
@@ -59,10 +72,12 @@ def default_url(run_dir: Path) -> str:
 def open_storage(url: str) -> optuna.storages.RDBStorage:
     """Connect (creating Optuna's tables if needed); ValueError naming the storage if unreachable."""
     if url.startswith("journal:"):
-        raise ValueError(f"storage {mask_url(url)}: Optuna's journal file storage records no heartbeats (Optuna "
-                         f"{optuna.__version__}), so a worker that dies or is preempted would leave its trial running "
-                         "for ever and the sweep would never finish; use postgresql://user@host/db for several "
-                         "machines, or the default SQLite file on one")
+        raise ValueError(
+            f"storage {mask_url(url)}: Optuna's journal file storage records no heartbeats (Optuna "
+            f"{optuna.__version__}), so a worker that dies or is preempted would leave its trial running "
+            "for ever and the sweep would never finish; use postgresql://user@host/db for several "
+            "machines, or the default SQLite file on one"
+        )
     if url.startswith("sqlite"):
         engine = {"connect_args": {"timeout": 120}}
     elif url.startswith("postgresql"):
@@ -71,23 +86,27 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
         raise ValueError(f"storage {mask_url(url)}: use sqlite:///path/to/file.db or postgresql://user@host/db")
     with quiet():
         if hasattr(optuna.storages, "RetryHeartbeatStaleTrialCallback"):  # Optuna ≥ 4.9
-            callback = {"heartbeat_stale_trial_callback":
-                        optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3)}
+            callback = {"heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3)}
         else:
             callback = {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=3)}
     last = None
     for attempt in range(6):
         try:
             with quiet():
-                storage = optuna.storages.RDBStorage(url, engine_kwargs=engine,
-                                                     heartbeat_interval=HEARTBEAT_INTERVAL,
-                                                     grace_period=GRACE_PERIOD, **callback)
+                storage = optuna.storages.RDBStorage(
+                    url,
+                    engine_kwargs=engine,
+                    heartbeat_interval=HEARTBEAT_INTERVAL,
+                    grace_period=GRACE_PERIOD,
+                    **callback,
+                )
             if url.startswith("sqlite") and ":memory:" not in url:
                 _sqlite_wal(storage)
             return storage
         except ImportError as e:
-            raise ValueError(f"storage {mask_url(url)}: driver missing ({e}); for PostgreSQL: "
-                             "pip install 'mutransfer[postgres]'") from None
+            raise ValueError(
+                f"storage {mask_url(url)}: driver missing ({e}); for PostgreSQL: pip install 'mutransfer[postgres]'"
+            ) from None
         except Exception as e:  # sqlalchemy's OperationalError and friends
             last = e
             text = str(e)
@@ -138,7 +157,7 @@ class Heartbeat:
                 pass
             self._stop.wait(HEARTBEAT_INTERVAL)
 
-    def __enter__(self) -> "Heartbeat":
+    def __enter__(self) -> Heartbeat:
         self._thread.start()
         return self
 
@@ -159,10 +178,10 @@ class ClaimLock:
     def __init__(self, url: str):
         self.path = None
         if url.startswith("sqlite:///") and ":memory:" not in url:
-            self.path = url[len("sqlite:///"):] + ".claim-lock"
+            self.path = url[len("sqlite:///") :] + ".claim-lock"
         self._file = None
 
-    def __enter__(self) -> "ClaimLock":
+    def __enter__(self) -> ClaimLock:
         if self.path is not None:
             try:
                 import fcntl
@@ -175,6 +194,7 @@ class ClaimLock:
     def __exit__(self, *exc) -> None:
         if self._file is not None:
             import fcntl
+
             fcntl.flock(self._file, fcntl.LOCK_UN)
             self._file.close()
             self._file = None

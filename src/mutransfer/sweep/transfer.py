@@ -19,25 +19,23 @@ so that one-time setup in a fresh process is left out), "cpu_seconds_per_seed"}`
 how the target trained: e.g. "cuda:0", "bf16"). If the run directory already has a report.html, the report is written
 again so that it shows this transfer.
 """
+
 from __future__ import annotations
 
 import json
 import math
 import time
 import warnings
-from typing import Optional
 
 from ..devices import DeviceLike, check_precision, resolve_device
 from .analysis import costs, load_results, transferred_hparams
 from .report import TRANSFER_RUNS, transfer_where, write_report
 from .runner import Sweep
 
-__all__ = ["target_depth", "transfer", "format_transfer"]
+__all__ = ["format_transfer", "target_depth", "transfer"]
 
 
-
-
-def target_depth(sweep: Sweep, depth: Optional[int] = None) -> Optional[int]:
+def target_depth(sweep: Sweep, depth: int | None = None) -> int | None:
     """`depth`, else the config's target_depth, else the largest swept depth (None without depths)."""
     cfg = sweep.config
     if cfg.depths is None:
@@ -55,16 +53,26 @@ def _check_target(axis: str, value: int, proxy: int, bigger: str, same: str, sta
     if value < 1:
         raise ValueError(f"--{axis} must be positive (at least the proxy {axis} {proxy}), got {value}")
     if value < proxy:
-        raise ValueError(f"--{axis} {value} is below the proxy {axis} {proxy} (the smallest swept {axis}): "
-                         f"µTransfer goes from the proxy to a {bigger} target; give --{axis} {proxy} or more")
+        raise ValueError(
+            f"--{axis} {value} is below the proxy {axis} {proxy} (the smallest swept {axis}): "
+            f"µTransfer goes from the proxy to a {bigger} target; give --{axis} {proxy} or more"
+        )
     if value == proxy:
-        warnings.warn(f"--{axis} {value} equals the proxy {axis}: the target is {same}, "
-                      f"so nothing is transferred across {axis}", UserWarning, stacklevel=stacklevel + 1)
+        warnings.warn(
+            f"--{axis} {value} equals the proxy {axis}: the target is {same}, so nothing is transferred across {axis}",
+            UserWarning,
+            stacklevel=stacklevel + 1,
+        )
 
 
-def transfer(sweep: Sweep, width: Optional[int] = None, depth: Optional[int] = None,
-             batch_size: Optional[int] = None, steps: Optional[int] = None,
-             device: Optional[DeviceLike] = None) -> dict:
+def transfer(
+    sweep: Sweep,
+    width: int | None = None,
+    depth: int | None = None,
+    batch_size: int | None = None,
+    steps: int | None = None,
+    device: DeviceLike | None = None,
+) -> dict:
     """Train the target (width, depth) with each parametrization's proxy optimum; writes transfer.json.
     `batch_size` / `steps`: the target's, where the objective reads them (default: the proxy's).
     `device`: where the target trains ("auto", "cpu", "cuda", "cuda:N" or a `torch.device`; the
@@ -89,13 +97,18 @@ def transfer(sweep: Sweep, width: Optional[int] = None, depth: Optional[int] = N
     out.update(overrides)
     if overrides:  # does the sweep say the HPs carry over to that batch size or horizon?
         from .analysis import verdicts
+
         judged = verdicts(sweep, results).get("mup", {})
         for key in overrides:
             v = judged.get(key)
             if v is not None and not v.transferred:
-                warnings.warn(f"the sweep did not find µP's HPs to transfer across {key.replace('_', ' ')} "
-                              f"({', '.join(h.reasons[0] for h in v.hps.values() if h.reasons)}); the proxy's "
-                              f"HPs may be off at {key} {overrides[key]}", UserWarning, stacklevel=2)
+                warnings.warn(
+                    f"the sweep did not find µP's HPs to transfer across {key.replace('_', ' ')} "
+                    f"({', '.join(h.reasons[0] for h in v.hps.values() if h.reasons)}); the proxy's "
+                    f"HPs may be off at {key} {overrides[key]}",
+                    UserWarning,
+                    stacklevel=2,
+                )
     out["seeds"] = sweep.config.seeds
     placed = sweep.scale(sweep.config.parametrizations[0], width, depth, sweep.config.seeds[0], device=where_to)
     check_precision(placed.precision, placed.device, "precision")
@@ -116,12 +129,20 @@ def transfer(sweep: Sweep, width: Optional[int] = None, depth: Optional[int] = N
         # The first call in a process also pays one-time setup (imports, loading data: 1.6 CPU s
         # for recipe:gpt's text); every seed trains the same model, so the cheapest seed × seeds
         # counts the training alone (with one seed, setup cannot be told apart and is included).
-        out[p] = {"hparams": hp, "loss": loss if math.isfinite(loss) else None,
-                  "losses": [l if math.isfinite(l) else None for l in losses], "seconds": seconds,
-                  "cpu_seconds": min(per_seed) * len(per_seed), "cpu_seconds_per_seed": per_seed}
+        out[p] = {
+            "hparams": hp,
+            "loss": loss if math.isfinite(loss) else None,
+            "losses": [l if math.isfinite(l) else None for l in losses],
+            "seconds": seconds,
+            "cpu_seconds": min(per_seed) * len(per_seed),
+            "cpu_seconds_per_seed": per_seed,
+        }
     cost = costs(sweep, results, out)
-    out.update(sweep_seconds=sum(r.seconds for r in results), sweep_cpu_seconds=cost["sweep_cpu_seconds"],
-               proxy_cpu_seconds=cost["proxy_cpu_seconds"])
+    out.update(
+        sweep_seconds=sum(r.seconds for r in results),
+        sweep_cpu_seconds=cost["sweep_cpu_seconds"],
+        proxy_cpu_seconds=cost["proxy_cpu_seconds"],
+    )
     if "sweep_over_target" in cost:
         out.update(cost_ratio=cost["sweep_over_target"], proxy_cost_ratio=cost["proxy_over_target"])
     (sweep.run_dir / "transfer.json").write_text(json.dumps(out, indent=1))
@@ -136,13 +157,20 @@ def format_transfer(out: dict) -> str:
         if p in out:
             loss = "diverged" if out[p]["loss"] is None else f"{out[p]['loss']:.4f}"
             lr = out[p]["hparams"].get("lr")
-            lines.append(f"  {label:<30} loss {loss}" + (f"  (lr {lr:.3g})" if lr is not None else "")
-                         + f"  {out[p]['seconds']:.1f} s")
+            lines.append(
+                f"  {label:<30} loss {loss}"
+                + (f"  (lr {lr:.3g})" if lr is not None else "")
+                + f"  {out[p]['seconds']:.1f} s"
+            )
     if "cost_ratio" in out:
         target = out["mup"]["cpu_seconds"]
         if "proxy_cost_ratio" in out:
-            lines.append(f"  tuning at the proxy / one target run: {out['proxy_cost_ratio']:.3g}× "
-                         f"({out['proxy_cpu_seconds']:.3g} CPU s over {target:.3g} CPU s)")
-        lines.append(f"  sweep compute / one target run: {out['cost_ratio']:.3g}× "
-                     f"({out['sweep_cpu_seconds']:.3g} CPU s over {target:.3g} CPU s; the sweep checks every width)")
+            lines.append(
+                f"  tuning at the proxy / one target run: {out['proxy_cost_ratio']:.3g}× "
+                f"({out['proxy_cpu_seconds']:.3g} CPU s over {target:.3g} CPU s)"
+            )
+        lines.append(
+            f"  sweep compute / one target run: {out['cost_ratio']:.3g}× "
+            f"({out['sweep_cpu_seconds']:.3g} CPU s over {target:.3g} CPU s; the sweep checks every width)"
+        )
     return "\n".join(lines)

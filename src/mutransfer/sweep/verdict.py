@@ -32,28 +32,57 @@ For each parametrization and hyperparameter, along one axis (width, or depth):
 
 Everything here reads the trials; no sentence of the report is written without a number behind it.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
 
 import numpy as np
 
 from .space import Choice, Dimension, LogUniform, Uniform
 
-__all__ = ["CONFIDENCE", "N_BOOTSTRAP", "TOLERANCE_OCTAVES", "MAX_REGRET", "BOOTSTRAP_SEED", "AXIS_NAMES",
-           "axis_name", "EDGE_NAMES", "coordinate", "value_at", "tolerance", "unit", "CellData", "cell_data",
-           "resample_index", "resampled_means", "profile", "parabolic_minimum", "interval", "Optimum",
-           "Estimate", "HPVerdict", "Verdict", "judge", "describe", "describe_optima"]
+__all__ = [
+    "AXIS_NAMES",
+    "BOOTSTRAP_SEED",
+    "CONFIDENCE",
+    "EDGE_NAMES",
+    "MAX_REGRET",
+    "N_BOOTSTRAP",
+    "TOLERANCE_OCTAVES",
+    "CellData",
+    "Estimate",
+    "HPVerdict",
+    "Optimum",
+    "Verdict",
+    "axis_name",
+    "cell_data",
+    "coordinate",
+    "describe",
+    "describe_optima",
+    "interval",
+    "judge",
+    "parabolic_minimum",
+    "profile",
+    "resample_index",
+    "resampled_means",
+    "tolerance",
+    "unit",
+    "value_at",
+]
 
 CONFIDENCE = 0.90
 N_BOOTSTRAP = 2000
 TOLERANCE_OCTAVES = 1.0
 MAX_REGRET = 0.02  # a relative regret this small does not matter in practice (≈ one grid step of lr off)
 BOOTSTRAP_SEED = 0  # the report is a deterministic function of the trials
-AXIS_NAMES = {"width": ("width", "widths"), "depth": ("depth", "depths"), "batch_size": ("batch size", "batch sizes"),
-              "steps": ("steps", "training horizons")}
+AXIS_NAMES = {
+    "width": ("width", "widths"),
+    "depth": ("depth", "depths"),
+    "batch_size": ("batch size", "batch sizes"),
+    "steps": ("steps", "training horizons"),
+}
 
 
 def axis_name(axis: str, plural: bool = False) -> str:
@@ -78,8 +107,8 @@ def coordinate(dim: Dimension, value) -> float:
 def value_at(dim: Dimension, x: float):
     """The HP value at coordinate `x` (inverse of `coordinate`)."""
     if isinstance(dim, Choice):
-        return list(dim.values)[int(round(x))]
-    return 2.0 ** x if isinstance(dim, LogUniform) else x
+        return list(dim.values)[round(x)]
+    return 2.0**x if isinstance(dim, LogUniform) else x
 
 
 def tolerance(dim: Dimension) -> float:
@@ -198,7 +227,7 @@ def parabolic_minimum(grid: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.n
     return xs, edge
 
 
-def interval(samples: np.ndarray) -> Optional[tuple[float, float]]:
+def interval(samples: np.ndarray) -> tuple[float, float] | None:
     """The central CONFIDENCE range of bootstrap samples (row 0 excluded: it is the data); None
     when there is no spread to estimate (one seed) or no finite sample."""
     s = samples[1:]
@@ -219,7 +248,7 @@ class Optimum:
 
     at: int  # the axis value (width or depth)
     x: float  # fitted coordinate (log2 for a log HP)
-    x_interval: Optional[tuple[float, float]]
+    x_interval: tuple[float, float] | None
     grid_x: float  # the best evaluated coordinate
     edge: int  # -1/+1 on the grid's low/high edge, -2/+2 beside a grid point not evaluated, 0 inside
     loss: float  # best mean loss in the cell
@@ -231,9 +260,14 @@ class Optimum:
         return not self.edge and not self.flat
 
     def as_dict(self, dim: Dimension) -> dict:
-        d = {"value": value_at(dim, self.x), "grid_value": value_at(dim, self.grid_x),
-             "interval": None if self.x_interval is None else [value_at(dim, v) for v in self.x_interval],
-             "edge": EDGE_NAMES.get(self.edge), "flat": self.flat, "loss": self.loss}
+        d = {
+            "value": value_at(dim, self.x),
+            "grid_value": value_at(dim, self.grid_x),
+            "interval": None if self.x_interval is None else [value_at(dim, v) for v in self.x_interval],
+            "edge": EDGE_NAMES.get(self.edge),
+            "flat": self.flat,
+            "loss": self.loss,
+        }
         if isinstance(dim, LogUniform):
             d.update(log2=self.x, log2_interval=None if self.x_interval is None else list(self.x_interval))
         return d
@@ -242,7 +276,7 @@ class Optimum:
 @dataclass
 class Estimate:
     value: float
-    interval: Optional[tuple[float, float]]
+    interval: tuple[float, float] | None
 
     def as_dict(self) -> dict:
         return {"value": self.value, "interval": None if self.interval is None else list(self.interval)}
@@ -263,7 +297,7 @@ class HPVerdict:
     reasons: list[str]
 
     @property
-    def drift(self) -> Optional[Estimate]:
+    def drift(self) -> Estimate | None:
         return self.moves.get(self.optima[-1].at) if len(self.optima) >= 2 else None
 
 
@@ -284,23 +318,37 @@ class Verdict:
 
     def as_dict(self) -> dict:
         return {
-            "axis": self.axis, "proxy": self.proxy, "transferred": self.transferred,
-            "hparams": {n: {"optimum": {str(o.at): o.as_dict(h.dim) for o in h.optima},
-                            "move": {str(k): dict(v.as_dict(), unit=unit(h.dim).strip() or "value")
-                                     for k, v in h.moves.items()},
-                            "drift": None if h.drift is None else dict(h.drift.as_dict(),
-                                                                      unit=unit(h.dim).strip() or "value"),
-                            "tolerance": tolerance(h.dim), "transferred": h.transferred, "reasons": h.reasons}
-                        for n, h in self.hps.items()},
-            "regret": {str(k): {"loss": a.value, "relative": r.value,
-                                "relative_interval": None if r.interval is None else list(r.interval)}
-                       for k, (a, r) in self.regret.items()},
+            "axis": self.axis,
+            "proxy": self.proxy,
+            "transferred": self.transferred,
+            "hparams": {
+                n: {
+                    "optimum": {str(o.at): o.as_dict(h.dim) for o in h.optima},
+                    "move": {
+                        str(k): dict(v.as_dict(), unit=unit(h.dim).strip() or "value") for k, v in h.moves.items()
+                    },
+                    "drift": None if h.drift is None else dict(h.drift.as_dict(), unit=unit(h.dim).strip() or "value"),
+                    "tolerance": tolerance(h.dim),
+                    "transferred": h.transferred,
+                    "reasons": h.reasons,
+                }
+                for n, h in self.hps.items()
+            },
+            "regret": {
+                str(k): {
+                    "loss": a.value,
+                    "relative": r.value,
+                    "relative_interval": None if r.interval is None else list(r.interval),
+                }
+                for k, (a, r) in self.regret.items()
+            },
             "counts": self.counts,
         }
 
 
-def _regret(proxy: CellData, proxy_means: np.ndarray, cell: CellData, cell_means: np.ndarray
-            ) -> Optional[tuple[Estimate, Estimate]]:
+def _regret(
+    proxy: CellData, proxy_means: np.ndarray, cell: CellData, cell_means: np.ndarray
+) -> tuple[Estimate, Estimate] | None:
     """Loss in `cell` at the proxy's best point minus the cell's best, per resample."""
     index = {k: j for j, k in enumerate(cell.keys)}
     match = np.array([index.get(k, -1) for k in proxy.keys])
@@ -321,8 +369,9 @@ def _regret(proxy: CellData, proxy_means: np.ndarray, cell: CellData, cell_means
     return (Estimate(float(absolute[0]), interval(absolute)), Estimate(float(relative[0]), interval(relative)))
 
 
-def _locate(coords: np.ndarray, prof: np.ndarray, dim: Dimension, grid: Optional[np.ndarray],
-            noise: float) -> tuple[np.ndarray, int, float, float, bool]:
+def _locate(
+    coords: np.ndarray, prof: np.ndarray, dim: Dimension, grid: np.ndarray | None, noise: float
+) -> tuple[np.ndarray, int, float, float, bool]:
     """Per resample, the fitted optimum; for the data (row 0): its edge code, the quantisation
     extents (how far below/above the fitted point the optimum may lie given the points evaluated)
     and whether the loss is flat in this HP."""
@@ -331,8 +380,9 @@ def _locate(coords: np.ndarray, prof: np.ndarray, dim: Dimension, grid: Optional
     finite = row[np.isfinite(row)]
     i = int(np.argmin(np.where(np.isfinite(row), row, np.inf)))
     spread = float(finite.max() - finite.min()) if len(finite) else 0.0
-    flat = len(finite) >= 2 and (spread <= 1e-9 * (1.0 + abs(float(finite.min())))
-                                 or (noise > 0 and _within_noise(finite, noise)))
+    flat = len(finite) >= 2 and (
+        spread <= 1e-9 * (1.0 + abs(float(finite.min()))) or (noise > 0 and _within_noise(finite, noise))
+    )
     if isinstance(dim, Choice):  # no interpolation between choices
         xs = coords[np.argmin(np.where(np.isfinite(prof), prof, np.inf), axis=1)]
         return xs, 0, 0.0, 0.0, flat
@@ -346,8 +396,12 @@ def _locate(coords: np.ndarray, prof: np.ndarray, dim: Dimension, grid: Optional
             edge = -2 if not np.isclose(coords, below).any() else 2 if not np.isclose(coords, above).any() else 0
     if flat:
         edge = 0
-    fitted = (0 < i < len(coords) - 1 and np.isfinite(row[i - 1]) and np.isfinite(row[i + 1])
-              and (row[i - 1] != row[i] or row[i + 1] != row[i]))
+    fitted = (
+        0 < i < len(coords) - 1
+        and np.isfinite(row[i - 1])
+        and np.isfinite(row[i + 1])
+        and (row[i - 1] != row[i] or row[i + 1] != row[i])
+    )
     q_lo = q_hi = 0.0
     if not fitted or grid is None:  # the best point alone, or scattered samples: up to the neighbours' midpoints
         left = (coords[i - 1] + coords[i]) / 2 if i > 0 else coords[i]
@@ -360,12 +414,12 @@ def _within_noise(y: np.ndarray, se: float) -> bool:
     """Could the curve's values differ by seed noise alone? A chi-square test of equal means (each
     with standard error `se`) at the 1% level; its quantile by Wilson–Hilferty."""
     k = len(y) - 1
-    chi2 = float(((y - y.mean()) ** 2).sum()) / se ** 2
+    chi2 = float(((y - y.mean()) ** 2).sum()) / se**2
     quantile = k * (1 - 2 / (9 * k) + 2.326 * math.sqrt(2 / (9 * k))) ** 3
     return chi2 < quantile
 
 
-def _hull(iv: Optional[tuple[float, float]], lo: float, hi: float, point: float) -> Optional[tuple[float, float]]:
+def _hull(iv: tuple[float, float] | None, lo: float, hi: float, point: float) -> tuple[float, float] | None:
     """The bootstrap interval widened to [point - lo, point + hi] (None when neither says anything)."""
     if iv is None and lo == 0 and hi == 0:
         return None
@@ -386,7 +440,7 @@ def _noise(d: CellData) -> float:
 PASS, FAIL, UNSURE = "pass", "fail", "unsure"
 
 
-def _status(est: Optional[Estimate], low: float, high: float) -> str:
+def _status(est: Estimate | None, low: float, high: float) -> str:
     """PASS when the interval (the value without one) lies in [low, high], FAIL when it lies
     wholly outside, UNSURE otherwise or without an estimate."""
     if est is None or not math.isfinite(est.value):
@@ -397,8 +451,15 @@ def _status(est: Optional[Estimate], low: float, high: float) -> str:
     return FAIL if b < low or a > high else UNSURE
 
 
-def judge(parametrization: str, axis: str, cells: list[tuple[int, Sequence]], space: dict[str, Dimension],
-          n_seeds: int, n_bootstrap: int = N_BOOTSTRAP, grid: bool = True) -> Optional[Verdict]:
+def judge(
+    parametrization: str,
+    axis: str,
+    cells: list[tuple[int, Sequence]],
+    space: dict[str, Dimension],
+    n_seeds: int,
+    n_bootstrap: int = N_BOOTSTRAP,
+    grid: bool = True,
+) -> Verdict | None:
     """The verdict along `axis` from `cells` = [(axis value, that cell's trials)], proxy first.
 
     `grid`: the trials sit on the space's grid (edges are the grid's own; the parabolic fit is
@@ -424,8 +485,9 @@ def judge(parametrization: str, axis: str, cells: list[tuple[int, Sequence]], sp
             regret[at] = r
     hps = {}
     for name, dim in space.items():
-        grid_coords = (np.array([coordinate(dim, v) for v in dim.grid_points()])
-                       if grid and not isinstance(dim, Choice) else None)
+        grid_coords = (
+            np.array([coordinate(dim, v) for v in dim.grid_points()]) if grid and not isinstance(dim, Choice) else None
+        )
         optima, samples, quant = [], {}, {}
         for at, d in datas:
             coords = d.evaluated[name]
@@ -457,8 +519,11 @@ def judge(parametrization: str, axis: str, cells: list[tuple[int, Sequence]], sp
             if a_r is not None and math.isinf(a_r[0].value):
                 reasons.append(f"diverges at {axis} {at}")
                 continue
-            regret_status = _status(rel, -math.inf, MAX_REGRET) if rel is not None and math.isfinite(rel.value) else (
-                PASS if a_r is not None and a_r[0].value == 0 else UNSURE)
+            regret_status = (
+                _status(rel, -math.inf, MAX_REGRET)
+                if rel is not None and math.isfinite(rel.value)
+                else (PASS if a_r is not None and a_r[0].value == 0 else UNSURE)
+            )
             located = by_at[at].located and by_at[proxy_at].located
             move_status = _status(move, -tol, tol) if located else UNSURE
             if regret_status == FAIL:
@@ -482,7 +547,7 @@ def _num(v: float, unit_: str = "") -> str:
     return f"{v:+.2f}{unit_}"
 
 
-def _ci(iv: Optional[tuple[float, float]], fmt) -> str:
+def _ci(iv: tuple[float, float] | None, fmt) -> str:
     return "" if iv is None else f" ({round(100 * CONFIDENCE)}% CI {fmt(iv[0])} … {fmt(iv[1])})"
 
 
@@ -490,17 +555,21 @@ def _pct(v: float) -> str:
     return "∞" if math.isinf(v) else f"{100 * v:.1f}%"
 
 
-def _where_unknown(h: "HPVerdict", o: Optimum, axis: str) -> Optional[str]:
+def _where_unknown(h: HPVerdict, o: Optimum, axis: str) -> str | None:
     """Why an optimum's position is unknown (edge, unevaluated neighbour, flat loss), or None."""
     at = f"{axis_name(axis)} {o.at}"
     if o.flat:
         return f"{h.name} has no measurable effect on the loss at {at} (the curve is flat within seed noise)"
     if abs(o.edge) == 1:
-        return (f"{h.name} optimum at {at} is on the grid's {'high' if o.edge > 0 else 'low'} edge "
-                f"({value_at(h.dim, o.grid_x):.3g}): widen the grid")
+        return (
+            f"{h.name} optimum at {at} is on the grid's {'high' if o.edge > 0 else 'low'} edge "
+            f"({value_at(h.dim, o.grid_x):.3g}): widen the grid"
+        )
     if abs(o.edge) == 2:
-        return (f"{h.name} optimum at {at} ({value_at(h.dim, o.grid_x):.3g}) is next to a grid point not evaluated "
-                f"(failed or not run yet): retry or finish the sweep")
+        return (
+            f"{h.name} optimum at {at} ({value_at(h.dim, o.grid_x):.3g}) is next to a grid point not evaluated "
+            f"(failed or not run yet): retry or finish the sweep"
+        )
     return None
 
 
@@ -519,23 +588,30 @@ def describe(v: Verdict, label: str) -> str:
             parts.append(f"best {h.name} per {axis_name(v.axis)}: {chosen}")
         elif h.drift is not None and first.located and last.located:
             d = h.drift
-            parts.append(f"{h.name} optimum moved {_num(d.value, u)}{_ci(d.interval, lambda t: _num(t))} "
-                         f"from {axis_name(v.axis)} {first.at} to {last.at}")
+            parts.append(
+                f"{h.name} optimum moved {_num(d.value, u)}{_ci(d.interval, lambda t: _num(t))} "
+                f"from {axis_name(v.axis)} {first.at} to {last.at}"
+            )
         parts += [text for o in h.optima if (text := _where_unknown(h, o, v.axis))]
     last_at = max(v.regret) if v.regret else None
     if last_at is not None and last_at != v.proxy:
         a, r = v.regret[last_at]
         if math.isinf(a.value):
-            parts.append(f"the proxy's HPs diverge{' or were pruned' if v.counts.get('pruned') else ''} "
-                         f"at {axis_name(v.axis)} {last_at}")
+            parts.append(
+                f"the proxy's HPs diverge{' or were pruned' if v.counts.get('pruned') else ''} "
+                f"at {axis_name(v.axis)} {last_at}"
+            )
         elif math.isfinite(r.value):
             parts.append(f"regret at {axis_name(v.axis)} {last_at}: {_pct(r.value)}{_ci(r.interval, _pct)}")
         else:
-            parts.append(f"regret at {axis_name(v.axis)} {last_at}: {a.value:+.4g} in loss units (a relative "
-                         f"regret needs a positive best loss)")
+            parts.append(
+                f"regret at {axis_name(v.axis)} {last_at}: {a.value:+.4g} in loss units (a relative "
+                f"regret needs a positive best loss)"
+            )
     if v.counts.get("pruned"):
-        parts.append(f"{v.counts['diverged']} diverged, {v.counts['failed']} failed, {v.counts['pruned']} pruned "
-                     "trial(s)")
+        parts.append(
+            f"{v.counts['diverged']} diverged, {v.counts['failed']} failed, {v.counts['pruned']} pruned trial(s)"
+        )
     elif v.counts["failed"] or v.counts["diverged"]:
         parts.append(f"{v.counts['diverged']} diverged, {v.counts['failed']} failed trial(s)")
     reasons = [r for h in v.hps.values() for r in h.reasons]

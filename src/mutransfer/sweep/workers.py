@@ -3,6 +3,7 @@ storage, stop them on Ctrl-C, and run a whole sweep (`run_sweep`) or a node's sh
 (`run_workers`, what a cluster task runs). Where the slots go is `placement`; what a worker does
 with its trials is `runner.Sweep.work`.
 """
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Optional, Union
 
 import torch
 
@@ -20,7 +20,7 @@ from .placement import DEVICE_ENV, THREADS_ENV, Devices, Placement, plan
 from .runner import EXIT_INTERRUPTED, STORAGE_ENV, Sweep, SweepInterrupted, sigint_ignored
 from .storage import mask_url, optuna_logs_quiet
 
-__all__ = ["apply_threads", "die_with_parent", "run_workers", "run_sweep"]
+__all__ = ["apply_threads", "die_with_parent", "run_sweep", "run_workers"]
 
 
 # A worker process started by `run_sweep`. It starts before the sweep is created, so that its
@@ -29,10 +29,12 @@ __all__ = ["apply_threads", "die_with_parent", "run_workers", "run_sweep"]
 # end of input without them: the sweep was refused, leave quietly. Ctrl-C
 # (the terminal sends it to every process of the group) before it works exits at once and
 # quietly; later, `_worker_entry` marks its trial interrupted and exits 130 without a traceback.
-_WORKER_CODE = ("import os, signal, sys\n"
-                "signal.signal(signal.SIGINT, lambda *_: os._exit(130))\n"
-                "from mutransfer.sweep.workers import _worker_entry\n"
-                "sys.exit(_worker_entry(sys.argv[1], wait_for_others=sys.argv[2] == 'wait'))\n")
+_WORKER_CODE = (
+    "import os, signal, sys\n"
+    "signal.signal(signal.SIGINT, lambda *_: os._exit(130))\n"
+    "from mutransfer.sweep.workers import _worker_entry\n"
+    "sys.exit(_worker_entry(sys.argv[1], wait_for_others=sys.argv[2] == 'wait'))\n"
+)
 
 
 def _warm_up() -> None:
@@ -41,10 +43,10 @@ def _warm_up() -> None:
     this package 1.8 s, the first torch optimizer (it imports torch._dynamo) 2.1 s, opening an
     Optuna RDB storage (SQLAlchemy and Alembic imports) 1.1 s. A worker doing this in parallel with
     the parent's setup starts claiming trials seconds earlier."""
+    import alembic.command
+    import alembic.migration  # noqa: F401
     import torch
     from optuna.storages._rdb import models  # noqa: F401  (SQLAlchemy's ORM)
-    import alembic.command  # noqa: F401
-    import alembic.migration  # noqa: F401
 
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
 
@@ -83,7 +85,7 @@ def _worker_entry(run_dir: str, wait_for_others: bool = False) -> int:
         # on a machine without CUDA: the parent warned), on the CPU.
         gpu = os.environ.get(DEVICE_ENV) == "cuda" and torch.cuda.is_available()
         sweep.use_device("cuda" if gpu else "cpu", "devices")
-        sweep.objective
+        _ = sweep.objective  # loaded before any trial: a broken objective fails here
         sweep.work(progress=False, wait_for_others=wait_for_others)
         sweep.storage.engine.dispose()
     except KeyboardInterrupt:
@@ -127,7 +129,7 @@ def _stop_workers(procs: list[subprocess.Popen], grace: float = 60.0) -> None:
             p.wait()
 
 
-def _release(procs: list[subprocess.Popen], url: Optional[str]) -> None:
+def _release(procs: list[subprocess.Popen], url: str | None) -> None:
     """Tell the waiting workers to work on the storage at `url`, or (None) to leave, and then wait
     until they have left."""
     for p in procs:
@@ -142,8 +144,9 @@ def _release(procs: list[subprocess.Popen], url: Optional[str]) -> None:
             p.wait()
 
 
-def _start_worker(run_dir: Union[str, os.PathLike], placement: Placement, slot: int, wait: bool,
-                  die_with_parent: bool = False) -> subprocess.Popen:
+def _start_worker(
+    run_dir: str | os.PathLike, placement: Placement, slot: int, wait: bool, die_with_parent: bool = False
+) -> subprocess.Popen:
     """A worker process for `slot`: a new interpreter with the slot's GPU and thread count. With
     `wait`, it waits for the other workers' trials (no parent runs trials). `die_with_parent`: the
     kernel ends it when this process dies (a cluster task that was preempted or cancelled), so its
@@ -151,8 +154,12 @@ def _start_worker(run_dir: Union[str, os.PathLike], placement: Placement, slot: 
     env = {**os.environ, **placement.env(slot)}
     if die_with_parent:
         env[_PARENT_ENV] = str(os.getpid())
-    return subprocess.Popen([sys.executable, "-c", _WORKER_CODE, str(run_dir), "wait" if wait else "leave"],
-                            stdin=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-c", _WORKER_CODE, str(run_dir), "wait" if wait else "leave"],
+        stdin=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def die_with_parent() -> None:
@@ -165,16 +172,19 @@ def die_with_parent() -> None:
 _PR_SET_PDEATHSIG = 1
 try:  # looked up once, here: a child between fork and exec must not import
     import ctypes
+
     _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
 except (OSError, AttributeError):  # pragma: no cover
     _PRCTL = None
 
 
-def run_workers(run_dir: Union[str, os.PathLike], url: str, placement: Placement) -> list[int]:
+def run_workers(run_dir: str | os.PathLike, url: str, placement: Placement) -> list[int]:
     """Run one worker process per slot of `placement` on the sweep at `run_dir` (already prepared,
     storage `url`) until no trial is left; returns their exit codes. What a cluster task runs on
     its node: the workers die with it (preemption, cancel) and wait for each other's trials."""
-    procs = [_start_worker(run_dir, placement, slot, wait=True, die_with_parent=True) for slot in range(placement.slots)]
+    procs = [
+        _start_worker(run_dir, placement, slot, wait=True, die_with_parent=True) for slot in range(placement.slots)
+    ]
     _release(procs, url)
     try:
         return [p.wait() for p in procs]
@@ -187,24 +197,37 @@ def run_workers(run_dir: Union[str, os.PathLike], url: str, placement: Placement
 def _check_gpus(placement: Placement, precision: str) -> None:
     """Ask each GPU of `placement`, in a throwaway process (this one must not initialise CUDA),
     whether it can train in `precision`; a ValueError naming the device otherwise."""
-    code = ("import sys, torch\n"
-            "from mutransfer.devices import check_precision\n"
-            "if torch.cuda.is_available():\n"
-            "    for i in range(torch.cuda.device_count()):\n"
-            "        try: check_precision(sys.argv[1], torch.device('cuda', i), 'precision')\n"
-            "        except ValueError as e: print(e); sys.exit(2)\n")
+    code = (
+        "import sys, torch\n"
+        "from mutransfer.devices import check_precision\n"
+        "if torch.cuda.is_available():\n"
+        "    for i in range(torch.cuda.device_count()):\n"
+        "        try: check_precision(sys.argv[1], torch.device('cuda', i), 'precision')\n"
+        "        except ValueError as e: print(e); sys.exit(2)\n"
+    )
     gpus = ",".join(dict.fromkeys(g for g in placement.gpus if g is not None))
-    done = subprocess.run([sys.executable, "-c", code, precision], capture_output=True, text=True,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": gpus})
+    done = subprocess.run(
+        [sys.executable, "-c", code, precision],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": gpus},
+    )
     if done.returncode:  # check_precision's message, else the last line of what went wrong
         raise ValueError((done.stdout.strip() or done.stderr.strip() or "the GPU check failed").splitlines()[-1])
 
 
 @optuna_logs_quiet()
-def run_sweep(config_path: Union[str, os.PathLike], run_dir: Union[str, os.PathLike], workers: Optional[int] = None,
-              storage: Optional[str] = None, progress: bool = True, retry_failed: bool = False,
-              devices: Devices = None, trials_per_device: Optional[int] = None,
-              threads: Optional[int] = None) -> Sweep:
+def run_sweep(
+    config_path: str | os.PathLike,
+    run_dir: str | os.PathLike,
+    workers: int | None = None,
+    storage: str | None = None,
+    progress: bool = True,
+    retry_failed: bool = False,
+    devices: Devices = None,
+    trials_per_device: int | None = None,
+    threads: int | None = None,
+) -> Sweep:
     """Create/resume the sweep and run it on this machine's slots (see `placement`).
 
     `devices`, `trials_per_device`, `threads`: override the config's (None: the config's; see
@@ -216,14 +239,20 @@ def run_sweep(config_path: Union[str, os.PathLike], run_dir: Union[str, os.PathL
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be at least 1, got {workers}")
     config = load_config(config_path)  # again in Sweep.create; here for where the workers go
-    placement = plan(config.devices if devices is None else devices, trials_per_device or config.trials_per_device,
-                     workers, threads or config.threads)
+    placement = plan(
+        config.devices if devices is None else devices,
+        trials_per_device or config.trials_per_device,
+        workers,
+        threads or config.threads,
+    )
     if placement.on_gpus and config.precision != "fp32":
         _check_gpus(placement, config.precision)
     # The workers start first and warm up while this process creates the sweep; they begin work
     # on "go", or leave when the sweep is refused.
-    procs = [_start_worker(run_dir, placement, slot, wait=not placement.local_worker)
-             for slot in range(int(placement.local_worker), placement.slots)]
+    procs = [
+        _start_worker(run_dir, placement, slot, wait=not placement.local_worker)
+        for slot in range(int(placement.local_worker), placement.slots)
+    ]
     previous_threads = torch.get_num_threads()
     try:
         sweep = Sweep.create(config_path, run_dir, storage)  # config, objective and storage checked first
@@ -259,18 +288,33 @@ def run_sweep(config_path: Union[str, os.PathLike], run_dir: Union[str, os.PathL
     failed = [(p.pid, c) for p, c in zip(procs, codes) if c]
     unfinished = sweep.total_trials() - sweep.finished()
     if failed and unfinished > 0:
-        raise RuntimeError(f"{len(failed)} worker process(es) failed (exit codes {[c for _, c in failed]}) "
-                           f"and {unfinished} trial(s) are unfinished; rerun to resume")
+        raise RuntimeError(
+            f"{len(failed)} worker process(es) failed (exit codes {[c for _, c in failed]}) "
+            f"and {unfinished} trial(s) are unfinished; rerun to resume"
+        )
     if failed:
         for pid, code in failed:  # the other workers ran what they left: the sweep is complete
-            print(f"warning: worker process {pid} exited with {code}{_exit_reason(code)}; its trials were retried",
-                  file=sys.stderr, flush=True)
+            print(
+                f"warning: worker process {pid} exited with {code}{_exit_reason(code)}; its trials were retried",
+                file=sys.stderr,
+                flush=True,
+            )
     elif unfinished > 0:
         raise RuntimeError(f"the workers left with {unfinished} trial(s) unfinished; rerun to resume")
     with open(sweep.run_dir / "run.json", "w") as f:
-        json.dump({"storage": mask_url(sweep.url), "placement": placement.describe(),
-                   "devices": sorted(set(g for g in placement.gpus if g is not None)) or "cpu",
-                   "threads": placement.threads, "precision": sweep.config.precision,
-                   "finished_trials": sweep.finished(),
-                   "failed_trials": sweep.failed(), "pruned_trials": sweep.pruned(), "total_trials": sweep.total_trials()}, f, indent=1)
+        json.dump(
+            {
+                "storage": mask_url(sweep.url),
+                "placement": placement.describe(),
+                "devices": sorted(set(g for g in placement.gpus if g is not None)) or "cpu",
+                "threads": placement.threads,
+                "precision": sweep.config.precision,
+                "finished_trials": sweep.finished(),
+                "failed_trials": sweep.failed(),
+                "pruned_trials": sweep.pruned(),
+                "total_trials": sweep.total_trials(),
+            },
+            f,
+            indent=1,
+        )
     return sweep
