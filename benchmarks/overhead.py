@@ -67,8 +67,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import mutransfer as mt
-from mutransfer import _sdpa as mt_sdpa
-from mutransfer import attention as mt_attention
+from mutransfer._core import sdpa as mt_sdpa
+from mutransfer._core import attention as mt_attention
 from mutransfer import scaled_forward
 from mutransfer.recipes import GPT, MLP
 from mutransfer.recipes.models import CausalSelfAttention

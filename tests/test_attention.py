@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import mutransfer as mt
-from mutransfer.attention import MuMultiheadAttention
+from mutransfer._core.attention import MuMultiheadAttention
 from mutransfer.recipes import GPT
 
 

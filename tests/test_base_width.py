@@ -32,7 +32,7 @@ def test_base_width_is_bit_for_bit_the_plain_model(cls, x, formulation):
         assert groups[0]["lr"] == 3e-3 and groups[0]["weight_decay"] == 0.1
         if optimizer != "sgd":
             assert groups[0]["eps"] == 1e-7
-    assert mu._mutransfer_spec.forward_multipliers == {}
+    assert mu._mutransfer_spec.forward_constants == {}
 
 
 def test_training_at_base_width_matches_plain_training_exactly():

@@ -11,7 +11,7 @@ from torch import nn
 import mutransfer as mt
 from mutransfer.recipes.data import gaussian_batches
 from mutransfer.recipes.models import GPT, MLP, ResMLP
-from mutransfer.spec import find_spec
+from mutransfer._core.spec import find_spec
 
 
 def _resmlp(width=128, depth=8, alpha=1.0, **kw):
@@ -142,7 +142,7 @@ def test_gpt_branches_and_attention_in_deeper_blocks():
     # attention's output is its out-projection's: both branches fold into a Linear layer
     assert set(spec.folded_branches) == {f"blocks.{i}.{b}" for i in range(6) for b in ("attn.proj", "fc_out")}
     assert all(c == pytest.approx(3**-0.5) for c in spec.folded_branches.values())
-    assert spec.branches == {} and spec.forward_multipliers == {"lm_head": ("input ×", 0.5)}
+    assert spec.branches == {} and spec.forward_constants == {"lm_head": ("input ×", 0.5)}
     assert {a.module for a in spec.attention} == {f"blocks.{i}.attn" for i in range(6)}
     assert model(torch.randint(0, 256, (2, 16))).shape == (2, 16, 256)
     assert "depth blocks: L₀=2 → L=6" in mt.describe(model)

@@ -26,7 +26,7 @@ def test_multipliers_apply_at_base_width_too():
     torch.manual_seed(0)
     m = mt.parametrize(MLP(64), base=MLP(64), delta=MLP(128), init_mult={"input": 0.5}, output_mult=2.0)
     assert torch.equal(m.input.weight, 0.5 * plain.input.weight)
-    assert m._mutransfer_spec.forward_multipliers == {"readout": ("input ×", 2.0)}
+    assert m._mutransfer_spec.forward_constants == {"readout": ("input ×", 2.0)}
 
 
 def test_output_and_embedding_multipliers_scale_the_forward_pass():
@@ -45,8 +45,8 @@ def test_table8_readout_multiplier_is_one_over_m():
     m = build(MLP, 256, 64)
     torch.manual_seed(0)
     t8 = mt.parametrize(MLP(256), base=MLP(64), delta=MLP(128), formulation="table8", output_mult=2.0)
-    assert t8._mutransfer_spec.forward_multipliers == {"readout": ("input ×", 0.5)}
-    assert m._mutransfer_spec.forward_multipliers == {}
+    assert t8._mutransfer_spec.forward_constants == {"readout": ("input ×", 0.5)}
+    assert m._mutransfer_spec.forward_constants == {}
 
 
 def test_zero_init_readout_and_query():

@@ -18,7 +18,7 @@ import mutransfer as mt
 
 
 def observe_model(model, inputs=None):
-    from mutransfer._observe import observe_model as observe  # imported here: each test fails on its own before
+    from mutransfer._core.observe import observe_model as observe  # imported here: each test fails on its own before
 
     return observe(model, inputs)
 

@@ -105,7 +105,7 @@ def test_gpt_with_tied_embeddings():
     assert spec.params["blocks.0.ln1.weight"].role == "vector"
     assert spec.params["wpe.weight"].role == "input"
     # Table 8 on the tied readout: the readout's input is multiplied by 1/m
-    assert spec.forward_multipliers == {"lm_head": ("input ×", 1 / M)}
+    assert spec.forward_constants == {"lm_head": ("input ×", 1 / M)}
     groups = mt.param_groups(m, 1.0, "adam")
     assert group_of(groups, m.wte.weight)["lr"] == 1.0
     assert group_of(groups, m.wte.weight)["eps"] == pytest.approx(1e-8 / M)

@@ -5,7 +5,7 @@ import torch
 
 import mutransfer as mt
 from mutransfer.recipes import GPT, MLP
-from mutransfer.shapes import WidthShapes, canonical_name
+from mutransfer._core.shapes import WidthShapes, canonical_name
 
 
 def test_width_dims_found_from_base_and_delta():

@@ -865,7 +865,7 @@ def test_the_library_does_not_import_the_cli():
 
 
 def test_loading_errors_are_value_errors_naming_the_file(tmp_path):
-    from mutransfer._loading import load_callable
+    from mutransfer._core.loading import load_callable
 
     bad = tmp_path / "broken_at_import.py"
     bad.write_text("import math\nraise KeyError('missing setting')\n")

@@ -13,14 +13,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..errors import KernelWarning
 from .monte_carlo import monte_carlo_kernels
 from .program import NotExact, prepare_inputs, program_kernels
 
 __all__ = ["KernelWarning", "ModelKernels", "model_kernel_diag", "model_kernels"]
-
-
-class KernelWarning(UserWarning):
-    """A kernel that is not the exact infinite-width value (a Monte Carlo estimate)."""
 
 
 @dataclass

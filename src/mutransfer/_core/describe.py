@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from torch import nn
 
+from ..optim import group_factors
+from ..rules import optimizer_rule
 from .depth import block_pattern
-from .optim import group_factors
-from .rules import optimizer_rule
 from .spec import require_spec
 
 __all__ = ["describe"]

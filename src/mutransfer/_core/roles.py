@@ -32,10 +32,11 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ._naming import canonical_name, listed_differences
-from ._observe import Observation, Use
+from ..errors import ModelError, MuPWarning
+from ..rules import ROLES
 from .depth import DepthMap
-from .rules import ROLES
+from .naming import canonical_name, listed_differences
+from .observe import Observation, Use
 from .shapes import ParamShape, WidthShapes
 
 __all__ = ["Layout", "MuPWarning", "ParamInfo", "classify"]
@@ -100,7 +101,7 @@ def _role_from_layout(name: str, shape: ParamShape, layout: tuple[int, int]) -> 
     fi, fo = layout
     extra = [i for i, w in enumerate(shape.width) if w and i not in (fi, fo)]
     if extra:
-        raise ValueError(
+        raise ModelError(
             f"parameter '{name}' has width dim {extra[0]} that is neither its fan_in nor its "
             f"fan_out dim; set its role with roles={{'{name}': ...}}"
         )
@@ -117,7 +118,7 @@ def _role_from_count(name: str, shape: ParamShape) -> str:
         return "vector"
     if n == 2:
         return "hidden"
-    raise ValueError(
+    raise ModelError(
         f"parameter '{name}' has {n} width dims; mutransfer handles at most two. "
         f"Set its role with roles={{'{name}': ...}} and its layout with transposed="
     )
@@ -130,11 +131,11 @@ def _multipliers(name: str, role: str, shape: ParamShape, tshape: tuple[int, ...
         return 1.0, 1.0
     if role in ("vector", "input") and layout is None:
         if len(width_dims) != 1:
-            raise ValueError(f"parameter '{name}' is treated as {role} but has {len(width_dims)} width dims")
+            raise ModelError(f"parameter '{name}' is treated as {role} but has {len(width_dims)} width dims")
         return 1.0, mult[width_dims[0]]
     if layout is None:  # hidden/output without a known layout: nn.Linear convention
         if len(tshape) < 2:
-            raise ValueError(f"parameter '{name}' has role '{role}' but only {len(tshape)} dim(s)")
+            raise ModelError(f"parameter '{name}' has role '{role}' but only {len(tshape)} dim(s)")
         layout = (1, 0)
     fi, fo = layout
     return mult[fi], mult[fo]
@@ -143,7 +144,7 @@ def _multipliers(name: str, role: str, shape: ParamShape, tshape: tuple[int, ...
 def _role_from_dims(name: str, shape: ParamShape, fan_in: tuple[int, ...], fan_out: tuple[int, ...], what: str) -> str:
     extra = [i for i, w in enumerate(shape.width) if w and i not in fan_in and i not in fan_out]
     if extra:
-        raise ValueError(
+        raise ModelError(
             f"parameter '{name}' has width dim {extra[0]} that is neither its fan_in nor its fan_out "
             f"dim in `{what}` (a batch dim that grows with width); set its role with "
             f"roles={{'{name}': ...}}"
@@ -227,7 +228,7 @@ def classify(
     transposed = list(transposed or ())
     for pat, role in roles.items():
         if role not in ROLES:
-            raise ValueError(f"roles['{pat}'] = '{role}' is not a role; use one of {', '.join(ROLES)}")
+            raise ModelError(f"roles['{pat}'] = '{role}' is not a role; use one of {', '.join(ROLES)}")
 
     canonical: dict[int, str] = {}
     for n, p in model.named_parameters():
@@ -236,7 +237,7 @@ def classify(
     extra = sorted({depth.normalized(n) for n in shapes.params} - {depth.normalized(n) for n in canonical.values()})
     if missing or extra:
         parts = listed_differences(("not in the base shapes", missing), ("only in the base shapes", extra))
-        raise ValueError(f"model and base shapes have different parameter names ({parts})")
+        raise ModelError(f"model and base shapes have different parameter names ({parts})")
 
     usages: dict[int, list[tuple[str, nn.Module, str]]] = {}
     modules: dict[str, nn.Module] = {}
@@ -251,7 +252,7 @@ def classify(
     for what, patterns in (("roles", list(roles)), ("transposed", transposed)):
         for pat in patterns:
             if not any(_match(a, [pat]) for a in every_alias):
-                raise ValueError(
+                raise ModelError(
                     f"{what} pattern '{pat}' matches no parameter of the model; parameter names look "
                     f"like '{next(iter(canonical.values()), '')}' (see model.named_parameters())"
                 )
@@ -266,7 +267,7 @@ def classify(
         shape = shapes.params[base_name]
         tshape = tuple(p.shape)
         if len(tshape) != len(shape.base):
-            raise ValueError(
+            raise ModelError(
                 f"parameter '{name}' has rank {len(tshape)} in the model but rank {len(shape.base)} in the base shapes"
             )
         uses = usages.get(pid, [])
@@ -312,7 +313,7 @@ def classify(
             chosen = next(u for u in per_use if u.role == "input")
             tied_readouts = list(dict.fromkeys(u.module for u in per_use if u.role == "output"))
         else:
-            raise ValueError(
+            raise ModelError(
                 f"parameter '{name}' is used in different roles ({', '.join(sorted(use_roles))}"
                 f"{' in ' + ', '.join(sorted({u.module for u in per_use})) if per_use else ''}); "
                 f"set its role with roles={{'{name}': ...}}"
@@ -385,7 +386,3 @@ def classify(
 
 def _warn(message: str) -> None:
     warnings.warn(message, MuPWarning, stacklevel=4)
-
-
-class MuPWarning(UserWarning):
-    """A decision mutransfer could not establish on the running model (names the parameter and the fix)."""

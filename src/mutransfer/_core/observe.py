@@ -50,8 +50,8 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from ._naming import canonical_name
 from .devices import module_device, move
+from .naming import canonical_name
 
 __all__ = [
     "AttentionCall",

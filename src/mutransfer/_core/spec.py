@@ -6,9 +6,8 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ._naming import DDP_ATTR, WRAPPER_ATTRS
-from .roles import ParamInfo
-from .rules import (
+from ..errors import ModelError
+from ..rules import (
     DEPTH_RULES,
     DepthRule,
     Rule,
@@ -18,6 +17,8 @@ from .rules import (
     formulation_rules,
     optimizer_rule,
 )
+from .naming import DDP_ATTR, WRAPPER_ATTRS
+from .roles import ParamInfo
 from .shapes import WidthShapes
 
 __all__ = ["SPEC_ATTR", "MuSpec", "find_spec", "require_spec", "spec_holder"]
@@ -50,11 +51,6 @@ class MuSpec:
     depth: dict[str, tuple[int, int]] = field(default_factory=dict)  # container → (L₀, L)
     branches: dict[str, float] = field(default_factory=dict)  # module (or helper block) → multiplier
     folded_branches: dict[str, float] = field(default_factory=dict)  # layer holding a folded multiplier
-
-    @property
-    def forward_multipliers(self) -> dict[str, tuple[str, float]]:
-        """The earlier name of `forward_constants`."""
-        return self.forward_constants
 
     def rule(self, name: str) -> Rule:
         return formulation_rules(self.formulation)[self.params[name].role]
@@ -117,7 +113,7 @@ def require_spec(model: nn.Module, caller: str) -> MuSpec:
         raise TypeError(f"{caller} needs an nn.Module, got {type(model).__name__}")
     spec = find_spec(model)
     if spec is None:
-        raise ValueError(
+        raise ModelError(
             f"{caller}: the model ({type(model).__name__}) was never parametrized; "
             "call mt.parametrize(model, base=..., delta=...) first"
         )

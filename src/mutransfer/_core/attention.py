@@ -36,10 +36,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import _sdpa as sdpa
-from . import scaled_forward
-from ._naming import canonical_name
-from ._observe import AttentionCall
+from .. import scaled_forward
+from ..errors import ModelError
+from . import sdpa
+from .naming import canonical_name
+from .observe import AttentionCall
 
 __all__ = [
     "AttentionScale",
@@ -315,7 +316,7 @@ def plan(
         ds = {c.head_dim for c in found}
         scales = {round(c.scale, 12) for c in found}
         if len(ds) > 1 or len(scales) > 1:
-            raise ValueError(
+            raise ModelError(
                 f"attention module '{name}' computes attention {len(found)} times with different head "
                 f"dims or scales ({sorted(ds)}, {sorted(scales)}); mutransfer gives one µP scale per "
                 f"module: compute each attention in its own submodule"
@@ -330,7 +331,7 @@ def plan(
         kinds = {c.kind for c in found}
         if isinstance(module, nn.MultiheadAttention):
             if module.add_zero_attn:
-                raise ValueError(
+                raise ModelError(
                     f"nn.MultiheadAttention '{name}' uses add_zero_attn=True, which mutransfer's µP "
                     "attention does not support"
                 )
@@ -343,7 +344,7 @@ def plan(
     _find_attributes([f for f in fixes if f.how in ("sdpa", "eager")], probe)
     for f in fixes:
         if f.how == "eager":
-            raise ValueError(
+            raise ModelError(
                 f"attention module '{f.name}' ({type(f.module).__name__}) computes its logits as q·kᵀ × {f.before:.4g} "
                 f"(head dim {f.d}) with a constant mutransfer cannot reach from outside (no float attribute holds it; "
                 f"µP needs {f.target:.4g} = α·s₀·d₀/d with d₀={f.d0}). Write the scale as "
@@ -442,14 +443,14 @@ def legacy_plan(
         d0 = override_d0 if override_d0 is not None else base_heads.get(cname)
         d = head_dim_of(module)
         if d0 is None or d is None:
-            raise ValueError(
+            raise ModelError(
                 f"attention module '{cname}' ({type(module).__name__}) calls {kind} attention but its "
                 f"head dim cannot be read (no probe forward ran); pass example_inputs= to parametrize so that it "
                 f"is measured, attn_base_head_dim=<head dim of the base model>, or attention=False if the "
                 f"model already scales its logits the µP way"
             )
         if kind == "mha" and module.add_zero_attn:
-            raise ValueError(
+            raise ModelError(
                 f"nn.MultiheadAttention '{cname}' uses add_zero_attn=True, which "
                 "mutransfer's µP attention does not support"
             )

@@ -18,12 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import attention as attn
-from . import scaled_forward
-from ._observe import Observation, observe, observe_model
-from .depth import BRANCH_ATTR, Branch, DepthMap, block_containers, find_branches, outermost
-from .roles import MuPWarning, ParamInfo, classify
-from .rules import (
+from .. import scaled_forward
+from ..errors import ModelError
+from ..rules import (
     BRANCH_MULTIPLIER,
     DEFAULT_DEPTH_ALPHA,
     DEFAULT_FORMULATION,
@@ -36,6 +33,10 @@ from .rules import (
     formulation_name,
     formulation_rules,
 )
+from . import attention as attn
+from .depth import BRANCH_ATTR, Branch, DepthMap, block_containers, find_branches, outermost
+from .observe import Observation, observe, observe_model
+from .roles import MuPWarning, ParamInfo, classify
 from .shapes import WidthShapes, canonical_name
 from .spec import SPEC_ATTR, MuSpec, find_spec
 
@@ -111,7 +112,7 @@ def parametrize(
     if not isinstance(model, nn.Module):
         raise TypeError(f"parametrize needs an nn.Module as `model`, got {type(model).__name__}")
     if find_spec(model) is not None:
-        raise ValueError(
+        raise ModelError(
             f"parametrize was already called on this {type(model).__name__}; it rescales the "
             "init, so calling it twice would apply µP twice. Build a fresh model instead"
         )
@@ -123,7 +124,7 @@ def parametrize(
     depth = _depth_map(model, shapes, base_depth)
     seen = observe_model(model, example_inputs)
     if example_inputs is not None and not seen.ran:
-        raise ValueError(
+        raise ModelError(
             f"parametrize could not run the model on example_inputs ({seen.error}); pass inputs the "
             "model's forward accepts (a tensor, a tuple of arguments or a dict of keyword arguments)"
         )
@@ -147,7 +148,7 @@ def parametrize(
     params = {canonical_name(n): p for n, p in model.named_parameters()}
     zeroing = _readout_zeroing(model, infos, params) if zero_init_readout else []
     zeroing += _query_zeroing(model, zero_init_query) if zero_init_query else []
-    multipliers = _forward_multipliers(infos, rules, mults, _readout_input_ratio(seen, shapes, depth), model)
+    multipliers = _forward_constants(infos, rules, mults, _readout_input_ratio(seen, shapes, depth), model)
     if seen.ran:
         multipliers = _in_effect(multipliers, seen)
 
@@ -218,14 +219,14 @@ def _plan_attention(
             return measured
         d0 = override_d0 if override_d0 is not None else shapes.attention_head_dims.get(bname)
         if d0 is None:
-            raise ValueError(
+            raise ModelError(
                 f"attention module '{name}' computes attention at head dim {d} but its base head dim is unknown (the "
                 f"base model's probe forward did not reach it); pass attn_base_head_dim=<head dim of the base "
                 f"model>, example_inputs= that run the base model, or attention=False if the model already "
                 f"scales its logits the µP way"
             )
         if not math.isclose(s, 1.0 / math.sqrt(d), rel_tol=1e-6):
-            raise ValueError(
+            raise ModelError(
                 f"attention module '{name}' computes q·kᵀ × {s:.4g} at head dim {d}, not 1/√d, and the base model's "
                 f"scale was not measured (base_shapes without attention scales, or a base that could not run): "
                 f"pass base= (a real or meta model) with example_inputs=, or save the shapes with this version"
@@ -261,7 +262,7 @@ def _install_attention(model: nn.Module, fixes: list, alpha: float, seen: Observ
                 if not after.ran
                 else "no attention call seen"
             )
-            raise ValueError(
+            raise ModelError(
                 f"attention module '{f.name}' ({type(f.module).__name__}): after setting µP's logit scale through "
                 f"{f.how}, the probe forward {got} instead of {f.target:.6g} (= α·s₀·d₀/d with α={alpha:g}, "
                 f"d₀={f.d0}, d={f.d}). The model is unchanged. Compute the logits with "
@@ -279,7 +280,7 @@ def _install_attention(model: nn.Module, fixes: list, alpha: float, seen: Observ
 def _resolve_shapes(model, base, delta, base_shapes, example_inputs=None) -> WidthShapes:
     if base_shapes is not None:
         if base is not None or delta is not None:
-            raise ValueError("pass either base_shapes= or base=/delta=, not both")
+            raise ModelError("pass either base_shapes= or base=/delta=, not both")
         if isinstance(base_shapes, WidthShapes):
             return base_shapes
         if isinstance(base_shapes, (str, os.PathLike)):
@@ -288,7 +289,7 @@ def _resolve_shapes(model, base, delta, base_shapes, example_inputs=None) -> Wid
             return WidthShapes.from_dict(dict(base_shapes))
         raise TypeError(f"base_shapes must be a path, a WidthShapes or a dict, got {type(base_shapes).__name__}")
     if base is None:
-        raise ValueError("parametrize needs base= (the model at base width) or base_shapes=")
+        raise ModelError("parametrize needs base= (the model at base width) or base_shapes=")
     if not isinstance(base, nn.Module):
         raise TypeError(f"base must be an nn.Module, got {type(base).__name__}")
     if delta is not None and not isinstance(delta, nn.Module):
@@ -303,7 +304,7 @@ def _depth_map(model: nn.Module, shapes: WidthShapes, base_depth) -> DepthMap:
     if isinstance(base_depth, int) and not isinstance(base_depth, bool):
         outer = outermost(block_containers(target))
         if len(outer) != 1:
-            raise ValueError(
+            raise ModelError(
                 f"base_depth={base_depth} is ambiguous: the model has block containers "
                 f"{', '.join(outer) or 'none'}; pass base_depth={{'container': L0}}"
             )
@@ -391,7 +392,7 @@ Zeroing = list[tuple[str, torch.Tensor]]  # (description, tensor or view to zero
 def _readout_zeroing(model, infos: dict[str, ParamInfo], params) -> Zeroing:
     tied = [n for n, i in infos.items() if i.tied_readouts]
     if tied:
-        raise ValueError(
+        raise ModelError(
             f"zero_init_readout would zero '{tied[0]}', which is tied to the input "
             "embedding; untie the readout or leave zero_init_readout=False"
         )
@@ -405,7 +406,7 @@ def _readout_zeroing(model, infos: dict[str, ParamInfo], params) -> Zeroing:
             if isinstance(bias, torch.Tensor) and bias.ndim == 1:
                 found.append((f"{mname}.bias" if mname else "bias", bias))
     if not found:
-        raise ValueError("zero_init_readout=True but the model has no output (readout) parameter")
+        raise ModelError("zero_init_readout=True but the model has no output (readout) parameter")
     return found
 
 
@@ -433,7 +434,7 @@ def _query_zeroing(model: nn.Module, which) -> Zeroing:
         else:
             continue
         if not isinstance(weight, torch.Tensor):
-            raise ValueError(f"zero_init_query: module '{cname}' has no weight to zero")
+            raise ModelError(f"zero_init_query: module '{cname}' has no weight to zero")
         if not fused:
             found.append((cname, weight))
             if isinstance(bias, torch.Tensor):
@@ -445,7 +446,7 @@ def _query_zeroing(model: nn.Module, which) -> Zeroing:
         if isinstance(bias, torch.Tensor):
             found.append((f"{cname}.bias (query third)", bias[:n]))
     if not found:
-        raise ValueError(
+        raise ModelError(
             "zero_init_query: no query projection found; pass the query weights' module "
             "names as a pattern, e.g. zero_init_query='*.attn.q_proj'"
         )
@@ -478,7 +479,7 @@ def _is_layer(model: nn.Module, name: str) -> bool:
     return not list(module.children()) and set(module._parameters) <= {"weight", "bias"}
 
 
-def _forward_multipliers(
+def _forward_constants(
     infos: dict[str, ParamInfo],
     rules,
     mults: TunableMultipliers,
@@ -510,7 +511,7 @@ def _forward_multipliers(
         if all(v == 1.0 for v in per_module.values()):
             continue
         if not needs_module:
-            raise ValueError(
+            raise ModelError(
                 f"'{name}' is a readout held as a raw parameter of a module that does more than apply "
                 f"it, so its forward multiplier ({c:.4g}) cannot be installed; make the readout an "
                 "nn.Linear, or use formulation='no_multipliers' with output_mult=1"

@@ -47,13 +47,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import scaled_forward
-from ._naming import canonical_name
-from ._observe import call_model, to_device
-from ._observe import example_inputs as probe_candidates
+from .. import scaled_forward
+from ..errors import ExportError
 from .attention import MuMultiheadAttention, mha_in_projections, mup_logit_scale
 from .depth import BRANCH_ATTR, branch_end, branch_outputs
 from .devices import DeviceLike, module_device, resolve_device, same_device
+from .naming import canonical_name
+from .observe import call_model, to_device
+from .observe import example_inputs as probe_candidates
 from .roles import MuPWarning
 from .spec import SPEC_ATTR, require_spec, spec_holder
 
@@ -220,7 +221,7 @@ class _Folder:
                 cfg = module.__dict__["_mutransfer_attn"]
                 d = heads[cname].d if cname in heads else None
                 if d is None:
-                    raise ValueError(
+                    raise ExportError(
                         f"export: attention module '{cname}' uses mt.attn_scale but its head dim was not "
                         "recorded by parametrize; parametrize it with example_inputs="
                     )
@@ -236,7 +237,7 @@ class _Folder:
                 attr = a.how[len("attribute ") :]
                 name, module = self._module(a.module)
                 if a.attribute_value is None:
-                    raise ValueError(
+                    raise ExportError(
                         f"export: attention module '{a.module}' holds µP's logit scale in its attribute "
                         f"'{attr}', whose own value was not recorded (parametrized by an older version); "
                         "parametrize the model again"
@@ -255,7 +256,7 @@ class _Folder:
         for n, m in self.modules.items():
             if canonical_name(n) == name:
                 return n, m
-        raise ValueError(f"export: no module '{name}' in the model")
+        raise ExportError(f"export: no module '{name}' in the model")
 
     def _scale_mha_query(self, module: nn.MultiheadAttention, c: float) -> None:
         (w_q, b_q), _, _ = mha_in_projections(module)  # views into in_proj_weight/bias when fused
@@ -316,7 +317,7 @@ class _Folder:
                 # carries the same output constant, and the weight takes it once
                 if math.isclose(self.applied[id(p)], c.factor, rel_tol=1e-12):
                     continue
-                raise ValueError(
+                raise ExportError(
                     f"export: '{canonical_name(c.module)}' multiplies its output by {c.factor:.6g} "
                     f"but shares {pname} with {', '.join(self.owners[id(p)])}, which another module "
                     f"multiplies by {self.applied[id(p)]:.6g}: one weight cannot take both"
@@ -400,7 +401,7 @@ class _Folder:
                 error = now
             else:
                 undo()
-        raise ValueError(
+        raise ExportError(
             f"export: {what} of '{canonical_name(c.module)}' ({_class_name(module)}, ×{c.factor:.6g}) "
             f"cannot be folded into {where}: no layer of it takes the factor with the module's output "
             "unchanged; the model cannot be made plain"
@@ -419,7 +420,7 @@ class _Folder:
             if self._module_matches(c.module, calls):
                 return
             undo()
-        raise ValueError(
+        raise ExportError(
             f"export: attention module '{canonical_name(c.module)}' ({_class_name(module)}) needs its "
             f"logits ×{c.factor:.6g} (µP's scale over the plain one) and no query or key projection, "
             "fused qkv projection or query norm inside it takes the factor with the module's output "
@@ -433,7 +434,7 @@ class _Folder:
         module = self.modules[c.module]
         weight = module._parameters.get("weight")
         if weight is None:
-            raise ValueError(
+            raise ExportError(
                 f"export: readout '{canonical_name(c.module)}' ({_class_name(module)}) has no weight "
                 "parameter to take its multiplier"
             )
@@ -456,7 +457,7 @@ class _Folder:
             for cfg in _configs(self.plain):
                 cfg.tie_word_embeddings = False
             return
-        raise ValueError(
+        raise ExportError(
             f"export: readout '{canonical_name(c.module)}' shares its weight with "
             f"{', '.join(o for o in self.owners[id(weight)] if not o.startswith(c.module + '.'))} and "
             f"needs ×{need:.6g} on its input; no affine norm right before it can take that factor "
@@ -509,7 +510,7 @@ class _Folder:
 
     def _module_error(self, name: str, calls) -> float:
         if name not in calls:
-            raise ValueError(
+            raise ExportError(
                 f"export: module '{canonical_name(name)}' did not run on the probe forward, so where its "
                 "µP constant can be folded cannot be checked; pass example_inputs= that reach it"
             )
@@ -606,7 +607,7 @@ def _error(a, b) -> float:
 def _check(plain: nn.Module, reference: nn.Module, inputs, rtol: float, what: str) -> None:
     err = _error(call_model(plain, inputs), call_model(reference, inputs))
     if not err <= rtol:
-        raise ValueError(
+        raise ExportError(
             f"export: {what} differs from the µP model on the probe forward (relative difference "
             f"{err:.3g} > rtol={rtol:g}); nothing was returned. Report this with the model's class"
         )
@@ -618,7 +619,7 @@ def _probe_inputs(model: nn.Module, inputs):
         try:
             call_model(model.eval(), inputs)
         except Exception as e:
-            raise ValueError(
+            raise ExportError(
                 f"export could not run the model on example_inputs ({type(e).__name__}: {e}); pass "
                 "inputs its forward accepts (a tensor, a tuple of arguments or a dict of keyword "
                 "arguments)"
@@ -631,7 +632,7 @@ def _probe_inputs(model: nn.Module, inputs):
             return cand
         except Exception as e:
             errors.append(f"{type(e).__name__}: {e}")
-    raise ValueError(
+    raise ExportError(
         f"export could not make inputs for a probe forward of {type(model).__name__} "
         f"({'; '.join(errors) or 'no input layer found'}); pass example_inputs="
     )

@@ -28,7 +28,8 @@ import torch
 import torch.fx
 from torch import nn
 
-from ._naming import canonical_name
+from ..errors import ModelError
+from .naming import canonical_name
 
 __all__ = [
     "BRANCH_ATTR",
@@ -126,12 +127,12 @@ class DepthMap:
         found = {p: found[p] for p in outermost(found)}
         for prefix, l0 in (base_depth or {}).items():
             if prefix not in o:
-                raise ValueError(
+                raise ModelError(
                     f"base_depth names '{prefix}', which is not a container of repeated "
                     f"blocks in the model (found: {', '.join(sorted(o)) or 'none'})"
                 )
             if isinstance(l0, bool) or not isinstance(l0, int) or l0 < 1:
-                raise ValueError(f"base_depth['{prefix}'] must be a positive integer, got {l0!r}")
+                raise ModelError(f"base_depth['{prefix}'] must be a positive integer, got {l0!r}")
             found[prefix] = (l0, o[prefix])
         return cls({p: v for p, v in found.items() if v[0] != v[1]})
 
@@ -326,10 +327,10 @@ def find_branches(model: nn.Module, depth: DepthMap, patterns: Iterable[str] | N
                 raise TypeError(f"residual_branches must hold module name patterns (str), got {pat!r}")
             hits = [n for n in modules if fnmatch.fnmatchcase(n, pat)]
             if not hits:
-                raise ValueError(f"residual_branches pattern '{pat}' matches no module of the model")
+                raise ModelError(f"residual_branches pattern '{pat}' matches no module of the model")
             for n in hits:
                 if depth.locate(n) is None:
-                    raise ValueError(
+                    raise ModelError(
                         f"residual_branches: '{n}' is not inside a block of a depth container "
                         f"({', '.join(depth.containers) or 'none found'})"
                     )
@@ -339,11 +340,11 @@ def find_branches(model: nn.Module, depth: DepthMap, patterns: Iterable[str] | N
     for prefix, (_, l) in depth.containers.items():
         first = modules.get(join_name(prefix, 0))
         if first is None:
-            raise ValueError(f"depth container '{prefix}': block 0 is not a module")
+            raise ModelError(f"depth container '{prefix}': block 0 is not a module")
         try:
             kind, found = trace_branches(first)
         except _TraceFailure as e:
-            raise ValueError(
+            raise ModelError(
                 f"depth scaling needs the residual branches of the blocks in '{prefix}', but {e}. Name the "
                 f"branch modules with residual_branches=['{prefix}.*.attn', '{prefix}.*.mlp'] (patterns), write "
                 f"`x = x + mt.residual_branch(self, branch)` in the block's forward, or pass depth_alpha=0 "

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ._naming import canonical_name, listed_differences
-from ._observe import observe_model
+from ..errors import ModelError
 from .attention import base_head_dims
 from .depth import DepthMap
+from .naming import canonical_name, listed_differences
+from .observe import observe_model
 
 __all__ = ["SHAPES_FORMAT_VERSION", "ParamShape", "WidthShapes", "load_shapes", "save_shapes"]
 
@@ -67,7 +68,7 @@ class WidthShapes:
         elif target is not None:
             other, other_name = _shapes_of(target, "target"), "target"
         else:
-            raise ValueError("width shapes need a `delta` model (or a target) to compare `base` with")
+            raise ModelError("width shapes need a `delta` model (or a target) to compare `base` with")
         depth = DepthMap.between(base_shapes, other)
         _check_same_names(
             {depth.normalized(n) for n in base_shapes}, {depth.normalized(n) for n in other}, "base", other_name
@@ -76,14 +77,14 @@ class WidthShapes:
         for name, bshape in base_shapes.items():
             oshape = other[depth.from_base(name)]
             if len(bshape) != len(oshape):
-                raise ValueError(
+                raise ModelError(
                     f"parameter '{name}' has rank {len(bshape)} in base but rank {len(oshape)} in "
                     f"{other_name}; base and {other_name} must be the same architecture"
                 )
             if other_name == "delta":
                 shrunk = [i for i, (b, o) in enumerate(zip(bshape, oshape)) if o < b]
                 if shrunk:
-                    raise ValueError(
+                    raise ModelError(
                         f"parameter '{name}': dim {shrunk[0]} shrinks from {bshape[shrunk[0]]} in base "
                         f"to {oshape[shrunk[0]]} in delta; the delta model must be wider than the base "
                         f"in every width dim"
@@ -96,7 +97,7 @@ class WidthShapes:
                 else "base and target have identical shapes; pass delta= (a wider copy of the base) "
                 "so that the width dims can be found even at base width"
             )
-            raise ValueError(f"no width dim found: {hint}")
+            raise ModelError(f"no width dim found: {hint}")
         shapes = cls(params)
         if isinstance(base, nn.Module):
             shapes.attention_head_dims = base_head_dims(base)
@@ -127,12 +128,12 @@ class WidthShapes:
     @classmethod
     def from_dict(cls, data: dict, source: str = "base_shapes") -> WidthShapes:
         if not isinstance(data, dict) or data.get("format") != "mutransfer.width_shapes":
-            raise ValueError(
+            raise ModelError(
                 f"{source} is not a mutransfer width-shapes file "
                 "(expected the JSON written by WidthShapes.save / mt.save_shapes)"
             )
         if data.get("version") != SHAPES_FORMAT_VERSION:
-            raise ValueError(
+            raise ModelError(
                 f"{source} has format version {data.get('version')}; "
                 f"this mutransfer reads version {SHAPES_FORMAT_VERSION}"
             )
@@ -140,7 +141,7 @@ class WidthShapes:
         for name, entry in data["params"].items():
             base, width = entry.get("base"), entry.get("width")
             if not isinstance(base, list) or not isinstance(width, list) or len(base) != len(width):
-                raise ValueError(f"{source}: entry for '{name}' needs lists 'base' and 'width' of equal length")
+                raise ModelError(f"{source}: entry for '{name}' needs lists 'base' and 'width' of equal length")
             params[name] = ParamShape(tuple(int(b) for b in base), tuple(bool(w) for w in width))
         heads = {k: int(v) for k, v in data.get("attention_head_dims", {}).items()}
         scales = {k: (int(v[0]), float(v[1])) for k, v in data.get("attention_scales", {}).items()}
@@ -150,12 +151,12 @@ class WidthShapes:
     @classmethod
     def load(cls, path: str | os.PathLike) -> WidthShapes:
         if not os.path.exists(path):
-            raise ValueError(f"base_shapes file '{path}' does not exist")
+            raise ModelError(f"base_shapes file '{path}' does not exist")
         try:
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)
         except json.JSONDecodeError as e:
-            raise ValueError(f"base_shapes file '{path}' is not valid JSON: {e}") from None
+            raise ModelError(f"base_shapes file '{path}' is not valid JSON: {e}") from None
         return cls.from_dict(data, source=f"base_shapes file '{path}'")
 
 
@@ -189,7 +190,7 @@ def _check_same_names(a, b, a_name: str, b_name: str) -> None:
     only_b = sorted(set(b) - set(a))
     if only_a or only_b:
         parts = listed_differences((f"only in {a_name}", only_a), (f"only in {b_name}", only_b))
-        raise ValueError(
+        raise ModelError(
             f"{a_name} and {b_name} have different parameter names ({parts}); "
             "they must be the same architecture at different widths"
         )
