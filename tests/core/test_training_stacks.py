@@ -11,7 +11,7 @@ import torch
 import mutransfer as mt
 from mutransfer.recipes import GPT, text_batches
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
 from train_plain import train as steps  # noqa: E402  (the example's own loop: the test runs what users copy)
 

@@ -15,7 +15,7 @@ import torch
 import mutransfer as mt
 from mutransfer.recipes import ResNet
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_resnet_roles_under_mup():

@@ -1,6 +1,6 @@
 """Device-clean code without a GPU: `device=` threaded through coord_check, the recipes, transfer and
 export; bf16 autocast on the CPU; the meta device for the kernels and for a µP model. (On a GPU,
-tests/test_cuda.py runs the same paths on CUDA.)"""
+tests/core/test_cuda.py runs the same paths on CUDA.)"""
 
 import math
 

@@ -1,4 +1,4 @@
-"""The same paths as tests/test_devices.py on a real GPU (marked `cuda`: skipped without one, see
+"""The same paths as tests/core/test_devices.py on a real GPU (marked `cuda`: skipped without one, see
 conftest.py): µP training, the coordinate check, a bf16 recipe and export, everything on CUDA."""
 
 import math
