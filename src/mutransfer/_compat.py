@@ -28,7 +28,8 @@ class _MovedModuleFinder:
             return None
         from importlib.util import spec_from_loader
 
-        return spec_from_loader(fullname, self)
+        # the Loader protocol is create_module + exec_module (importlib.abc is not imported at start-up)
+        return spec_from_loader(fullname, self)  # type: ignore[arg-type]
 
     def create_module(self, spec) -> ModuleType:
         new, instead = MOVED_MODULES[spec.name]
