@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import linecache
 import re
@@ -234,3 +235,35 @@ def test_pages_reference_only_existing_images():
                 broken.append(f"{page.relative_to(DOCS)} → {target}")
     assert not broken, f"images that do not exist: {broken}"
 
+
+def _rules_hook():
+    spec = importlib.util.spec_from_file_location("rules_tables", DOCS / "hooks" / "rules_tables.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_rules_page_tables_come_from_the_rules_data():
+    from mutransfer import rules
+
+    hook = _rules_hook()
+    assert hook.width_factor((-1.0, 1.0)) == "×m_out/m_in"
+    assert hook.width_factor((-0.5, 0.0)) == "×1/√m_in"
+    assert hook.width_factor((0.0, 0.0)) == "×1"
+    assert hook.depth_exponent((-1.0, 2.0)) == "×m_L^(2α−1)"
+    assert hook.depth_exponent((0.0, -1.0)) == "×m_L^-α"
+    assert hook.depth_exponent((-1.0, 0.0)) == "×m_L^-1"
+    page = hook.render((DOCS / "rules.md").read_text(encoding="utf-8"))
+    assert "<!-- rules-tables" not in page
+    hidden = next(line for line in page.splitlines() if line.startswith("| `hidden` |"))
+    assert hidden.split(" | ")[1:5] == [
+        hook.width_factor(rules.TABLE3["hidden"].init),
+        hook.width_factor(rules.TABLE3["hidden"].forward),
+        hook.width_factor(rules.TABLE3["hidden"].sgd_lr),
+        hook.width_factor(rules.TABLE3["hidden"].adam_lr),
+    ]
+    for name in rules.OPTIMIZERS:
+        assert f"| `{name}` |" in page
+    for where in rules.DEPTH_RULES:
+        assert f"| `{where}` |" in page
