@@ -221,7 +221,7 @@ CLUSTER: tuple[Key, ...] = (
     Key("jobs", "integer ≥ 1", 1, "Array tasks, each one node's worth of workers."),
     Key("gpus_per_job", "integer ≥ 0", 0, "GPUs per task (`--gres=gpu:N`); 0: CPU workers."),
     Key("trials_per_device", "integer ≥ 1", 1, "Workers per GPU (per task on the CPU)."),
-    Key("partition", "string", None, "The Slurm partition."),
+    Key("partition", "string", None, "The Slurm partition to submit to (`--partition`)."),
     Key(
         "time_min",
         "integer ≥ 1",
@@ -230,8 +230,8 @@ CLUSTER: tuple[Key, ...] = (
     ),
     Key("mem_gb", "number > 0", None, "Memory per task in GB."),
     Key("cpus_per_task", "integer ≥ 1", None, "CPUs per task; the workers split them."),
-    Key("account", "string", None, "The Slurm account."),
-    Key("qos", "string", None, "The Slurm QOS."),
+    Key("account", "string", None, "The Slurm account to charge (`--account`)."),
+    Key("qos", "string", None, "The Slurm quality of service (`--qos`)."),
     Key("setup", "list of strings", [], 'Shell lines run before each worker, e.g. `["module load cuda"]`.'),
     Key("slurm", "table", {}, "Anything else, verbatim to submitit's SlurmExecutor (`slurm_` prefix optional)."),
 )
