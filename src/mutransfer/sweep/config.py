@@ -236,9 +236,20 @@ def resolve_storage(url: str, base_dir: Path | None) -> str:
 def config_from_dict(
     data: dict[str, Any], source: str = "config", base_dir: str | os.PathLike | None = None
 ) -> SweepConfig:
-    """Validate a config dict; every error names the key and `source`. Relative paths (objective
-    file or module, SQLite storage) resolve against the `config_dir` key, else `base_dir`, else
-    the current directory."""
+    """Validate a config dict (the keys of `schema.TOP_LEVEL`).
+
+    Args:
+        data: the config, as a TOML file would give it.
+        source: what to name in error messages (the file's path for `load_config`).
+        base_dir: where relative paths (objective file or module, SQLite storage) resolve when
+            `data` has no ``config_dir``; default the current directory.
+
+    Returns:
+        The validated config.
+
+    Raises:
+        ConfigError: (a ValueError) naming `source`, the key at fault and the fix.
+    """
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: a sweep config must be a table")
     unknown = set(data) - KEYS
@@ -361,7 +372,18 @@ def _renamed_keys(data: dict[str, Any], source: str) -> dict[str, Any]:
 
 
 def load_config(path: str | os.PathLike) -> SweepConfig:
-    """Read and validate a TOML config; relative paths in it resolve against its directory."""
+    """Read and validate a TOML config; relative paths in it resolve against its directory.
+
+    Args:
+        path: the TOML file.
+
+    Returns:
+        The validated config.
+
+    Raises:
+        ConfigError: (a ValueError) for a missing or unreadable file, bad TOML, or a bad key
+            (see `config_from_dict`).
+    """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} not found")

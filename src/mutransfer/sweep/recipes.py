@@ -253,11 +253,19 @@ SWEEP_RECIPES = {"gpt": train_gpt, "mlp": train_mlp, "resmlp": train_resmlp}
 
 
 def load_objective(spec: str, base_dir: str | os.PathLike | None = None) -> Objective:
-    """'recipe:NAME' for a built-in, else 'module:function' or 'path/to/file.py:function'.
+    """The objective a config names.
 
-    A relative file path is taken from `base_dir` (a sweep: its TOML file's directory; default the
-    current directory); a dotted module is imported from `base_dir` or the current directory.
-    ValueError, naming the file, for anything wrong — an exception raised by the module's import too.
+    Args:
+        spec: 'recipe:NAME' for a built-in, else 'module:function' or 'path/to/file.py:function'.
+        base_dir: where a relative file path is taken from and a dotted module imported from (a
+            sweep: its TOML file's directory); default the current directory.
+
+    Returns:
+        The function `train(hparams, scale) -> float`.
+
+    Raises:
+        ValueError: naming the file, for anything wrong — an exception raised by the module's
+            import too.
     """
     kind, _, name = spec.partition(":")
     if kind == "recipe":

@@ -87,9 +87,19 @@ class Scale:
         return _autocast(self.device, self.precision)
 
     def report(self, step: int, loss: float) -> None:
-        """An intermediate training loss at `step` (≥ 0, increasing): raises `Pruned` when the
-        sweep's pruner stops the trial. A no-op without a pruner or outside a sweep, and for a
-        non-finite loss (the objective's NaN return marks divergence)."""
+        """Report an intermediate training loss to the sweep's pruner.
+
+        A no-op without a pruner or outside a sweep, and for a non-finite loss (the objective's
+        NaN return marks divergence).
+
+        Args:
+            step: the training step (≥ 0, increasing).
+            loss: a smoothed training loss (a single minibatch's is too noisy to prune on).
+
+        Raises:
+            Pruned: the pruner stops the trial; let it propagate.
+            ValueError: `step` is not a non-negative integer.
+        """
         if self.reporter is None:
             return
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
@@ -117,7 +127,18 @@ class Scale:
 
 
 def mup_kwargs(hparams: dict[str, Any]) -> dict[str, Any]:
-    """The `mt.parametrize` keyword arguments held in `hparams` (reserved names above)."""
+    """The `mt.parametrize` keyword arguments held in `hparams` (the reserved names above).
+
+    Args:
+        hparams: what the objective received.
+
+    Returns:
+        ``output_mult``, ``attn_mult``, ``embedding_mult``, ``depth_alpha``, and ``init_mult`` /
+        ``lr_mult`` dicts by role, for those present; ``{}`` when none is.
+
+    Raises:
+        TypeError: ``depth_alpha`` is not a number.
+    """
     kw: dict[str, Any] = {name: float(hparams[name]) for name in MULTIPLIER_NAMES if name in hparams}
     if "depth_alpha" in hparams:
         kw["depth_alpha"] = _number("depth_alpha", hparams["depth_alpha"])

@@ -232,14 +232,33 @@ def run_sweep(
     trials_per_device: int | None = None,
     threads: int | None = None,
 ) -> Sweep:
-    """Create/resume the sweep and run it on this machine's slots (see `placement`).
+    """Create (or resume) the sweep and run it on this machine's slots (see `placement`).
 
-    `devices`, `trials_per_device`, `threads`: override the config's (None: the config's; see
-    `placement.plan`). On the CPU there are `workers` processes (this one included; default 1);
-    on GPUs one worker per device × trials_per_device, each seeing its one GPU, and this process
-    only watches. `retry_failed`: first queue every failed trial again (see `Sweep.retry_failed`).
-    Ctrl-C marks the running trials interrupted (queued again), stops the workers and raises
-    `SweepInterrupted` (a KeyboardInterrupt); rerunning resumes."""
+    On the CPU there are `workers` processes (this one included); on GPUs one worker per device ×
+    `trials_per_device`, each seeing its one GPU, and this process only watches. A summary is
+    written to ``RUN/run.json``.
+
+    Args:
+        config_path: the sweep's TOML file.
+        run_dir: the run directory (created, or resumed when it holds the same config).
+        workers: CPU worker processes, this one included (default 1).
+        storage: the storage URL (default ``MUTRANSFER_STORAGE``, the config's, else
+            ``RUN/sweep.db``).
+        progress: show a progress bar on stderr.
+        retry_failed: first queue every failed trial again (see `Sweep.retry_failed`).
+        devices: "auto", "cpu" or GPU ids; None: the config's.
+        trials_per_device: workers per GPU; None: the config's.
+        threads: torch threads per worker; None: the config's (else the cores split).
+
+    Returns:
+        The finished sweep.
+
+    Raises:
+        ValueError: a bad config, objective, storage or placement (nothing is left behind).
+        SweepInterrupted: Ctrl-C (a KeyboardInterrupt): the running trials were marked
+            interrupted and queued again; rerunning resumes.
+        RuntimeError: worker processes failed and trials are unfinished; rerunning resumes.
+    """
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be at least 1, got {workers}")
     config = load_config(config_path)  # read once: where the workers go, then the sweep itself
