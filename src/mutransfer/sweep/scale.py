@@ -79,6 +79,7 @@ class Scale:
 
     @property
     def mup(self) -> bool:
+        """Is this trial µP (`parametrization == "mup"`)? False for SP, the plain model."""
         return self.parametrization == "mup"
 
     def autocast(self):
