@@ -32,11 +32,10 @@ from .recipes import load_objective
 from .rundir import differences, fetch_config, free_sibling, write_atomically
 from .scale import Objective, Scale
 from .storage import ClaimLock, default_url, open_storage, optuna_logs_quiet
-from .studies import POLL_SECONDS, Studies
+from .studies import POLL_SECONDS, Studies, Tally
 from .trials import (
     FAILURES_DIR,
     RunContext,
-    Tally,
     claim,
     make_scale,
     retry_failed,

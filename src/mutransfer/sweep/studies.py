@@ -1,11 +1,12 @@
 """A sweep's Optuna studies, one per `Cell`: created or loaded once per process, the grid enqueued
 once, up front (centre first with a pruner), and the questions asked of all of them together
-(prepared? how many trials? how many running?)."""
+(prepared? how many trials, by outcome? how many running?)."""
 
 from __future__ import annotations
 
 import time
 from itertools import product
+from typing import NamedTuple
 
 import optuna
 from optuna.trial import TrialState
@@ -13,11 +14,51 @@ from optuna.trial import TrialState
 from .cells import Cell
 from .config import SweepConfig
 from .storage import optuna_logs_quiet, quiet
-from .trials import Tally, tally
+from .trials import trial_outcome
 
-__all__ = ["POLL_SECONDS", "Studies", "grid"]
+__all__ = ["POLL_SECONDS", "Studies", "Tally", "grid", "tally"]
 
 POLL_SECONDS = 1.0
+_DONE_STATES = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+
+
+class Tally(NamedTuple):
+    """The sweep's trials counted by outcome, in one pass over its studies (see `tally`)."""
+
+    total: int  # trials the sweep runs: its grid points (or n_trials) × its cells
+    complete: int
+    diverged: int
+    failed: int  # the objective raised, not yet retried
+    pruned: int
+
+    @property
+    def finished(self) -> int:
+        """Trials done: completed, diverged, pruned or failed (not retried)."""
+        return self.complete + self.diverged + self.failed + self.pruned
+
+    @property
+    def unfinished(self) -> int:
+        """Trials still to run (waiting, running, or replaced by a queued retry)."""
+        return self.total - self.finished
+
+
+def tally(studies: list[optuna.Study], total: int) -> Tally:
+    """Count the outcomes of every trial of `studies` once.
+
+    Args:
+        studies: the sweep's studies (one per cell).
+        total: how many trials the sweep runs in all.
+
+    Returns:
+        The counts by outcome.
+    """
+    counts = dict.fromkeys(("complete", "diverged", "failed", "pruned"), 0)
+    for study in studies:
+        for t in study.get_trials(deepcopy=False, states=_DONE_STATES):
+            outcome = trial_outcome(t)
+            if outcome is not None:
+                counts[outcome] += 1
+    return Tally(total, counts["complete"], counts["diverged"], counts["failed"], counts["pruned"])
 
 
 def grid(config: SweepConfig) -> list[dict]:

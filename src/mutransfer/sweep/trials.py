@@ -41,7 +41,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import optuna
 import torch
@@ -58,20 +58,17 @@ __all__ = [
     "FAILURES_DIR",
     "TRACEBACK_CHARS",
     "RunContext",
-    "Tally",
     "claim",
     "failure_path",
     "make_scale",
     "retry_failed",
     "run_trial",
     "sigint_ignored",
-    "tally",
     "trial_outcome",
 ]
 
 FAILURES_DIR = "failures"
 ERROR_CHARS, TRACEBACK_CHARS = 500, 4000
-_DONE_STATES = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 
 
 def trial_outcome(t: FrozenTrial) -> str | None:
@@ -94,45 +91,6 @@ def trial_outcome(t: FrozenTrial) -> str | None:
     if t.user_attrs.get("diverged"):
         return "diverged"
     return "failed" if t.user_attrs.get("failed") else None
-
-
-class Tally(NamedTuple):
-    """The sweep's trials counted by outcome, in one pass over its studies (see `tally`)."""
-
-    total: int  # trials the sweep runs: its grid points (or n_trials) × its cells
-    complete: int
-    diverged: int
-    failed: int  # the objective raised, not yet retried
-    pruned: int
-
-    @property
-    def finished(self) -> int:
-        """Trials done: completed, diverged, pruned or failed (not retried)."""
-        return self.complete + self.diverged + self.failed + self.pruned
-
-    @property
-    def unfinished(self) -> int:
-        """Trials still to run (waiting, running, or replaced by a queued retry)."""
-        return self.total - self.finished
-
-
-def tally(studies: list[optuna.Study], total: int) -> Tally:
-    """Count the outcomes of every trial of `studies` once.
-
-    Args:
-        studies: the sweep's studies (one per cell).
-        total: how many trials the sweep runs in all.
-
-    Returns:
-        The counts by outcome.
-    """
-    counts = dict.fromkeys(("complete", "diverged", "failed", "pruned"), 0)
-    for study in studies:
-        for t in study.get_trials(deepcopy=False, states=_DONE_STATES):
-            outcome = trial_outcome(t)
-            if outcome is not None:
-                counts[outcome] += 1
-    return Tally(total, counts["complete"], counts["diverged"], counts["failed"], counts["pruned"])
 
 
 def make_scale(config: SweepConfig, cell: Cell, seed: int, device: torch.device) -> Scale:
