@@ -318,8 +318,8 @@ def test_a_worker_dying_right_after_claiming_does_not_block_the_sweep(tmp_path):
     run = tmp_path / "run"
     Sweep.create(cfg, run).prepare()
     code = (
-        "import os, sys; from mutransfer.sweep import Sweep; s = Sweep(sys.argv[1]); "
-        "t = s._claim(s.study('mup', 16)); assert t is not None; os._exit(0)"
+        "import os, sys; from mutransfer.sweep import Sweep; from mutransfer.sweep.trials import claim; "
+        "s = Sweep(sys.argv[1]); t = claim(s.storage, s.study('mup', 16), s.config); assert t is not None; os._exit(0)"
     )
     subprocess.run([sys.executable, "-c", code, str(run)], check=True, timeout=120)
     # Without a first heartbeat the claimed trial never goes stale and the worker waits for it

@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 from mutransfer.cli import main
 from mutransfer.sweep import Pruned, Scale, Sweep, config_from_dict
 from mutransfer.sweep.analysis import best, counts, load_results, verdicts
-from mutransfer.sweep.objectives import train_mlp
+from mutransfer.sweep.recipes import train_mlp
 
 OBJECTIVE = textwrap.dedent('''
     import math

@@ -1,19 +1,74 @@
-"""µTransfer sweeps on proxy models: Optuna studies per (parametrization, width[, depth]), report, transfer."""
+"""µTransfer sweeps on proxy models: one Optuna study per cell (parametrization, width[, depth]),
+workers claiming trials, a report and the transfer to the target.
 
-from .config import SweepConfig, config_from_dict, load_config
-from .objective import Pruned, Scale, mup_kwargs
-from .runner import Sweep
-from .storage import mask_url
-from .workers import run_sweep
+What users call is here (`mt.sweep.run_sweep`, `mt.sweep.Sweep`, `mt.sweep.load_config`, and
+`Scale`, `Pruned`, `mup_kwargs` for their own objective); the modules behind it are the engine.
+Everything is imported on first use, so that ``import mutransfer.sweep`` does not wait for torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from typing import TYPE_CHECKING, Any
+
+# public name → module (relative to this package) that defines it
+_EXPORTS: dict[str, str] = {
+    "Sweep": ".runner",
+    "run_sweep": ".workers",
+    "SweepConfig": ".config",
+    "load_config": ".config",
+    "config_from_dict": ".config",
+    "Cell": ".cells",
+    "Scale": ".scale",
+    "Pruned": ".scale",
+    "mup_kwargs": ".scale",
+    "load_objective": ".recipes",
+    "mask_url": ".storage",
+}
+# old public name → (module, name, what to use instead); importable for one release with a warning
+_DEPRECATED: dict[str, tuple[str, str, str]] = {}
 
 __all__ = [
+    "Cell",
     "Pruned",
     "Scale",
     "Sweep",
     "SweepConfig",
     "config_from_dict",
     "load_config",
+    "load_objective",
     "mask_url",
     "mup_kwargs",
     "run_sweep",
 ]
+
+if TYPE_CHECKING:  # what type checkers and the API docs see; at run time `__getattr__` imports on use
+    from .cells import Cell
+    from .config import SweepConfig, config_from_dict, load_config
+    from .recipes import load_objective
+    from .runner import Sweep
+    from .scale import Pruned, Scale, mup_kwargs
+    from .storage import mask_url
+    from .workers import run_sweep
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    elif name in _DEPRECATED:
+        module, attr, instead = _DEPRECATED[name]
+        warnings.warn(
+            f"mutransfer.sweep.{name} is deprecated and will be removed in the next release; use {instead}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(module, __name__), attr)
+    else:
+        raise AttributeError(f"module 'mutransfer.sweep' has no attribute {name!r}")
+    globals()[name] = value  # the next access is a plain lookup
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

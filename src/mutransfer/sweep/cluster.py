@@ -61,8 +61,9 @@ from optuna.trial import TrialState
 from .._core.progress import Progress
 from .config import ClusterConfig, cluster_config, load_config
 from .placement import gpu_names, parse_devices, plan, visible_devices
-from .runner import STORAGE_ENV, Sweep, trial_outcome
+from .runner import STORAGE_ENV, Sweep
 from .storage import default_url, mask_url
+from .trials import trial_outcome
 from .workers import die_with_parent, run_workers
 
 __all__ = [
@@ -104,7 +105,7 @@ except ImportError:  # pragma: no cover - submitit missing: `check_cluster` refu
     _Checkpointable = object  # type: ignore[assignment,misc]
 
 
-class NodeTask(_Checkpointable):  # type: ignore[misc,valid-type]
+class NodeTask(_Checkpointable):
     """One array task: the workers of one node (see the module docstring). Requeued by submitit at a
     time limit or preemption with the same arguments (its `checkpoint`)."""
 
@@ -199,7 +200,7 @@ def _local_gpu_ids(cluster: ClusterConfig, devices: Any) -> list[list[int]]:
     parsed = parse_devices(devices, "devices") if devices is not None else "auto"
     if parsed == "cpu":
         raise ValueError('cluster.gpus_per_job > 0 but devices = "cpu"; set gpus_per_job = 0 for CPU jobs')
-    ids = list(range(visible_devices())) if parsed == "auto" else parsed
+    ids = list(range(visible_devices())) if isinstance(parsed, str) else parsed  # "auto" (or "cpu", refused above)
     if len(ids) < g * cluster.jobs:
         raise ValueError(
             f"cluster: {cluster.jobs} local jobs × gpus_per_job {g} need {g * cluster.jobs} GPUs; "
@@ -234,16 +235,16 @@ def submit(sweep: Sweep, cluster: ClusterConfig, devices: Any = None, threads: i
             jobs = executor.map_array(NodeTask(), *[[a] * cluster.jobs for a in args])
             ids = [j.job_id for j in jobs]
         else:
-            executor = submitit.LocalExecutor(folder=folder, max_num_timeout=1000)
+            local = submitit.LocalExecutor(folder=folder, max_num_timeout=1000)
             ids = []
             for gpus in _local_gpu_ids(cluster, devices):
-                executor.update_parameters(
+                local.update_parameters(
                     timeout_min=cluster.time_min,
                     gpus_per_node=len(gpus),
                     visible_gpus=tuple(gpus),
                     setup=list(cluster.setup),
                 )
-                ids.append(executor.submit(NodeTask(), *args).job_id)
+                ids.append(local.submit(NodeTask(), *args).job_id)
     except (OSError, submitit.core.utils.FailedJobError, submitit.core.utils.FailedSubmissionError) as e:
         raise ValueError(
             f"cluster: submission failed: {str(e).strip().splitlines()[-1] if str(e).strip() else e}"

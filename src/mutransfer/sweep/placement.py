@@ -176,7 +176,7 @@ def plan(
             parsed = "cpu"
         else:
             parsed = list(range(count))
-    if parsed == "cpu":
+    if isinstance(parsed, str):  # "cpu": "auto" became a list of ids above, or "cpu"
         n = workers or trials_per_device or 1
         return Placement((None,) * n, threads or max(1, cores // n), local_worker=True)
     if workers is not None:

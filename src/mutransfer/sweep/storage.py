@@ -14,6 +14,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO, Any
 
 import optuna
 
@@ -79,14 +80,16 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
             "machines, or the default SQLite file on one"
         )
     if url.startswith("sqlite"):
-        engine = {"connect_args": {"timeout": 120}}
+        engine: dict[str, Any] = {"connect_args": {"timeout": 120}}
     elif url.startswith("postgresql"):
         engine = {"connect_args": {"connect_timeout": 5}, "pool_pre_ping": True}
     else:
         raise ValueError(f"storage {mask_url(url)}: use sqlite:///path/to/file.db or postgresql://user@host/db")
     with quiet():
         if hasattr(optuna.storages, "RetryHeartbeatStaleTrialCallback"):  # Optuna ≥ 4.9
-            callback = {"heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3)}
+            callback: dict[str, Any] = {
+                "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3)
+            }
         else:
             callback = {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=3)}
     last = None
@@ -176,10 +179,10 @@ class ClaimLock:
     """
 
     def __init__(self, url: str):
-        self.path = None
+        self.path: str | None = None
         if url.startswith("sqlite:///") and ":memory:" not in url:
             self.path = url[len("sqlite:///") :] + ".claim-lock"
-        self._file = None
+        self._file: IO[str] | None = None
 
     def __enter__(self) -> ClaimLock:
         if self.path is not None:
@@ -187,8 +190,8 @@ class ClaimLock:
                 import fcntl
             except ImportError:  # not POSIX
                 return self
-            self._file = open(self.path, "a")
-            fcntl.flock(self._file, fcntl.LOCK_EX)
+            self._file = handle = open(self.path, "a")
+            fcntl.flock(handle, fcntl.LOCK_EX)
         return self
 
     def __exit__(self, *exc) -> None:

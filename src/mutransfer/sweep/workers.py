@@ -15,10 +15,12 @@ import time
 
 import torch
 
+from ..errors import SweepInterrupted
 from .config import load_config
 from .placement import DEVICE_ENV, THREADS_ENV, Devices, Placement, plan
-from .runner import EXIT_INTERRUPTED, STORAGE_ENV, Sweep, SweepInterrupted, sigint_ignored
+from .runner import EXIT_INTERRUPTED, STORAGE_ENV, Sweep
 from .storage import mask_url, optuna_logs_quiet
+from .trials import sigint_ignored
 
 __all__ = ["apply_threads", "die_with_parent", "run_sweep", "run_workers"]
 
@@ -134,6 +136,8 @@ def _release(procs: list[subprocess.Popen], url: str | None) -> None:
     until they have left."""
     for p in procs:
         try:
+            if p.stdin is None:
+                continue
             if url is not None:
                 p.stdin.write(f"go {url}\n")
             p.stdin.close()
@@ -228,17 +232,36 @@ def run_sweep(
     trials_per_device: int | None = None,
     threads: int | None = None,
 ) -> Sweep:
-    """Create/resume the sweep and run it on this machine's slots (see `placement`).
+    """Create (or resume) the sweep and run it on this machine's slots (see `placement`).
 
-    `devices`, `trials_per_device`, `threads`: override the config's (None: the config's; see
-    `placement.plan`). On the CPU there are `workers` processes (this one included; default 1);
-    on GPUs one worker per device × trials_per_device, each seeing its one GPU, and this process
-    only watches. `retry_failed`: first queue every failed trial again (see `Sweep.retry_failed`).
-    Ctrl-C marks the running trials interrupted (queued again), stops the workers and raises
-    `SweepInterrupted` (a KeyboardInterrupt); rerunning resumes."""
+    On the CPU there are `workers` processes (this one included); on GPUs one worker per device ×
+    `trials_per_device`, each seeing its one GPU, and this process only watches. A summary is
+    written to ``RUN/run.json``.
+
+    Args:
+        config_path: the sweep's TOML file.
+        run_dir: the run directory (created, or resumed when it holds the same config).
+        workers: CPU worker processes, this one included (default 1).
+        storage: the storage URL (default ``MUTRANSFER_STORAGE``, the config's, else
+            ``RUN/sweep.db``).
+        progress: show a progress bar on stderr.
+        retry_failed: first queue every failed trial again (see `Sweep.retry_failed`).
+        devices: "auto", "cpu" or GPU ids; None: the config's.
+        trials_per_device: workers per GPU; None: the config's.
+        threads: torch threads per worker; None: the config's (else the cores split).
+
+    Returns:
+        The finished sweep.
+
+    Raises:
+        ValueError: a bad config, objective, storage or placement (nothing is left behind).
+        SweepInterrupted: Ctrl-C (a KeyboardInterrupt): the running trials were marked
+            interrupted and queued again; rerunning resumes.
+        RuntimeError: worker processes failed and trials are unfinished; rerunning resumes.
+    """
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be at least 1, got {workers}")
-    config = load_config(config_path)  # again in Sweep.create; here for where the workers go
+    config = load_config(config_path)  # read once: where the workers go, then the sweep itself
     placement = plan(
         config.devices if devices is None else devices,
         trials_per_device or config.trials_per_device,
@@ -255,7 +278,7 @@ def run_sweep(
     ]
     previous_threads = torch.get_num_threads()
     try:
-        sweep = Sweep.create(config_path, run_dir, storage)  # config, objective and storage checked first
+        sweep = Sweep.create(config_path, run_dir, storage, config=config)  # objective and storage checked first
         if placement.local_worker:
             sweep.use_device("cpu")
         sweep.prepare()
@@ -277,7 +300,8 @@ def run_sweep(
     except KeyboardInterrupt:
         with sigint_ignored():
             _stop_workers(procs)
-            raise SweepInterrupted(sweep.finished(), sweep.total_trials()) from None
+            tally = sweep.tally()
+            raise SweepInterrupted(tally.finished, tally.total) from None
     except SystemExit:
         with sigint_ignored():
             _stop_workers(procs)
@@ -286,7 +310,8 @@ def run_sweep(
         torch.set_num_threads(previous_threads)
         codes = [p.wait() for p in procs]
     failed = [(p.pid, c) for p, c in zip(procs, codes) if c]
-    unfinished = sweep.total_trials() - sweep.finished()
+    tally = sweep.tally()  # one pass over the studies for the checks and run.json
+    unfinished = tally.unfinished
     if failed and unfinished > 0:
         raise RuntimeError(
             f"{len(failed)} worker process(es) failed (exit codes {[c for _, c in failed]}) "
@@ -309,10 +334,10 @@ def run_sweep(
                 "devices": sorted(set(g for g in placement.gpus if g is not None)) or "cpu",
                 "threads": placement.threads,
                 "precision": sweep.config.precision,
-                "finished_trials": sweep.finished(),
-                "failed_trials": sweep.failed(),
-                "pruned_trials": sweep.pruned(),
-                "total_trials": sweep.total_trials(),
+                "finished_trials": tally.finished,
+                "failed_trials": tally.failed,
+                "pruned_trials": tally.pruned,
+                "total_trials": tally.total,
             },
             f,
             indent=1,

@@ -1,0 +1,60 @@
+"""A run directory's files: writing the config copy atomically, fetching it from the storage for a
+worker elsewhere, and telling what changed when a rerun brings a different config."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+__all__ = ["differences", "fetch_config", "free_sibling", "write_atomically"]
+
+
+def differences(old: Any, new: Any, key: str = "") -> list[str]:
+    """'space.lr.low: "2**-10" → "2**-12"' for every key whose value differs (tables compared key by key)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for k in list(old) + [k for k in new if k not in old]:
+            out += differences(old.get(k, _ABSENT), new.get(k, _ABSENT), f"{key}.{k}" if key else str(k))
+        return out
+    if old == new and type(old) is type(new):
+        return []
+    return [f"{key}: {_shown(old)} → {_shown(new)}"]
+
+
+_ABSENT = object()
+
+
+def _shown(value: Any) -> str:
+    if value is _ABSENT:
+        return "(not set)"
+    text = json.dumps(value, default=str, ensure_ascii=False)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def free_sibling(run_dir: Path) -> Path:
+    """`run_dir` with the first suffix -2, -3, … that names no existing path."""
+    for i in range(2, 1000):
+        candidate = run_dir.with_name(f"{run_dir.name}-{i}")
+        if not candidate.exists():
+            return candidate
+    return run_dir.with_name(f"{run_dir.name}-new")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write `text` to `path` so that a concurrent reader sees the old file or the new, never half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def fetch_config(storage: optuna.storages.BaseStorage, name: str, path: Path) -> None:
+    """Write the config of the sweep called `name` from its studies in `storage` to `path`."""
+    for summary in optuna.study.get_all_study_summaries(storage, include_best_trial=False):
+        if summary.study_name.startswith(f"{name}/") and "config_toml" in summary.user_attrs:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(summary.user_attrs["config_toml"])
+            return

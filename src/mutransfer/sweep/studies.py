@@ -1,0 +1,208 @@
+"""A sweep's Optuna studies, one per `Cell`: created or loaded once per process, the grid enqueued
+once, up front (centre first with a pruner), and the questions asked of all of them together
+(prepared? how many trials, by outcome? how many running?)."""
+
+from __future__ import annotations
+
+import time
+from itertools import product
+from typing import NamedTuple
+
+import optuna
+from optuna.trial import TrialState
+
+from .cells import Cell
+from .config import SweepConfig
+from .storage import optuna_logs_quiet, quiet
+from .trials import trial_outcome
+
+__all__ = ["POLL_SECONDS", "Studies", "Tally", "grid", "tally"]
+
+POLL_SECONDS = 1.0
+_DONE_STATES = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+
+
+class Tally(NamedTuple):
+    """The sweep's trials counted by outcome, in one pass over its studies (see `tally`)."""
+
+    total: int  # trials the sweep runs: its grid points (or n_trials) × its cells
+    complete: int
+    diverged: int
+    failed: int  # the objective raised, not yet retried
+    pruned: int
+
+    @property
+    def finished(self) -> int:
+        """Trials done: completed, diverged, pruned or failed (not retried)."""
+        return self.complete + self.diverged + self.failed + self.pruned
+
+    @property
+    def unfinished(self) -> int:
+        """Trials still to run (waiting, running, or replaced by a queued retry)."""
+        return self.total - self.finished
+
+
+def tally(studies: list[optuna.Study], total: int) -> Tally:
+    """Count the outcomes of every trial of `studies` once.
+
+    Args:
+        studies: the sweep's studies (one per cell).
+        total: how many trials the sweep runs in all.
+
+    Returns:
+        The counts by outcome.
+    """
+    counts = dict.fromkeys(("complete", "diverged", "failed", "pruned"), 0)
+    for study in studies:
+        for t in study.get_trials(deepcopy=False, states=_DONE_STATES):
+            outcome = trial_outcome(t)
+            if outcome is not None:
+                counts[outcome] += 1
+    return Tally(total, counts["complete"], counts["diverged"], counts["failed"], counts["pruned"])
+
+
+def grid(config: SweepConfig) -> list[dict]:
+    """Every grid point of the config's space, in the order they are enqueued.
+
+    Args:
+        config: the sweep's config.
+
+    Returns:
+        One dict of hyperparameter values per point: ascending, or centre first then outwards
+        with a pruner (good references first, so that the clearly bad ends are pruned early).
+    """
+    names = list(config.space)
+    axes = [d.grid_points() for d in config.space.values()]
+    points = list(product(*(range(len(a)) for a in axes)))
+    if config.pruner != "none":
+        points = sorted(points, key=lambda ix: _centre_distance(ix, [len(a) for a in axes]))
+    return [{n: a[i] for n, a, i in zip(names, axes, ix)} for ix in points]
+
+
+def _centre_distance(index: tuple, sizes: list[int]) -> tuple:
+    """Sort key of a grid point (indices per HP): its distance from the grid's middle in grid
+    steps, then the lower side first."""
+    offsets = tuple(i - (n - 1) / 2 for i, n in zip(index, sizes))
+    return (sum(o * o for o in offsets), offsets)
+
+
+class Studies:
+    """The studies of one sweep on one storage, each opened once and kept.
+
+    Args:
+        config: the sweep's config (its cells, sampler and pruner).
+        storage: the Optuna storage the studies live in.
+    """
+
+    def __init__(self, config: SweepConfig, storage: optuna.storages.RDBStorage):
+        self.config = config
+        self.storage = storage
+        self._open: dict[Cell, optuna.Study] = {}
+        self._grid: list[dict] | None = None
+
+    def __getitem__(self, cell: Cell | tuple) -> optuna.Study:
+        """The study of `cell` (a `Cell` or the equal tuple), created on first use."""
+        key = Cell(*cell)
+        if key not in self._open:
+            self._open[key] = self._create(key)
+        return self._open[key]
+
+    def all(self) -> list[optuna.Study]:
+        """Every study of the sweep, in the order of `SweepConfig.all_cells`."""
+        return [self[cell] for cell in self.config.all_cells]
+
+    def forget(self) -> None:
+        """Drop the opened studies (Optuna caches finished trials: reopen to see changes made to them)."""
+        self._open.clear()
+
+    @optuna_logs_quiet()  # on creation only: a log-level change clears logging's caches
+    def _create(self, cell: Cell) -> optuna.Study:
+        seed = cell.sampler_seed
+        sampler = (
+            optuna.samplers.TPESampler(seed=seed)
+            if self.config.sampler == "tpe"
+            else optuna.samplers.RandomSampler(seed=seed)
+        )
+        return optuna.create_study(
+            storage=self.storage,
+            sampler=sampler,
+            direction="minimize",
+            pruner=self.config.optuna_pruner() or optuna.pruners.NopPruner(),
+            study_name=cell.study_name(self.config.name),
+            load_if_exists=True,
+        )
+
+    @property
+    def grid(self) -> list[dict]:
+        """The config's grid points in enqueueing order (see `grid`), computed once."""
+        if self._grid is None:
+            self._grid = grid(self.config)
+        return self._grid
+
+    @property
+    def trials_per_cell(self) -> int:
+        """Trials each study runs: its grid points, or `n_trials` (random/TPE)."""
+        return len(self.grid) if self.config.sampler == "grid" else self.config.n_trials
+
+    @property
+    def total(self) -> int:
+        """Trials the whole sweep runs."""
+        return self.trials_per_cell * len(self.config.all_cells)
+
+    @optuna_logs_quiet()
+    def prepare(self, config_toml: str) -> None:
+        """Create the studies; for a grid sweep, enqueue every grid point once.
+
+        Args:
+            config_toml: the run's copy of the config, kept on each study so that workers on
+                other machines can join by the sweep's name.
+        """
+        for study in self.all():
+            if "config_toml" not in study.user_attrs:
+                study.set_user_attr("config_toml", config_toml)
+            if self.config.sampler == "grid" and not study.user_attrs.get("enqueued"):
+                for params in self.grid:
+                    study.enqueue_trial(params, skip_if_exists=True)
+                study.set_user_attr("enqueued", True)
+
+    def prepared(self) -> bool:
+        """Has `prepare` run (every study exists and, for a grid, is enqueued)?"""
+        summaries = optuna.study.get_all_study_summaries(self.storage, include_best_trial=False)
+        names = {s.study_name: s for s in summaries}
+        for cell in self.config.all_cells:
+            summary = names.get(cell.study_name(self.config.name))
+            if summary is None or (self.config.sampler == "grid" and not summary.user_attrs.get("enqueued")):
+                return False
+        return True
+
+    def wait_prepared(self, timeout: float) -> None:
+        """Block until the sweep's own process has prepared the studies (a worker may start first).
+
+        Args:
+            timeout: seconds to wait.
+
+        Raises:
+            ValueError: the sweep was not prepared in time.
+        """
+        deadline = time.monotonic() + timeout
+        while not self.prepared():
+            if time.monotonic() > deadline:
+                raise ValueError(
+                    f"sweep {self.config.name} was not prepared within {timeout:.0f} s; "
+                    "start it with `mutransfer sweep CONFIG` first"
+                )
+            time.sleep(POLL_SECONDS)
+
+    def tally(self) -> Tally:
+        """Every study's trials counted by outcome, in one pass."""
+        return tally(self.all(), self.total)
+
+    def running(self) -> int:
+        """Trials running now, on any worker."""
+        return sum(len(s.get_trials(deepcopy=False, states=(TrialState.RUNNING,))) for s in self.all())
+
+    def fail_stale(self) -> None:
+        """Mark the trials of dead workers (heartbeat stale) failed; Optuna queues their retries."""
+        with quiet():
+            for study in self.all():
+                optuna.storages.fail_stale_trials(study)
