@@ -27,8 +27,8 @@ import time
 
 import torch
 
-from mutransfer.sweep.objective import Scale
-from mutransfer.sweep.objectives import train_gpt, train_resmlp
+from mutransfer.sweep.recipes import train_gpt, train_resmlp
+from mutransfer.sweep.scale import Scale
 
 VARIANTS = [("CompleteP α=1", "mup", 1.0), ("Depth-µP α=½", "mup", 0.5), ("no depth scaling", "sp", None)]
 MODELS = {

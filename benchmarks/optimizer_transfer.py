@@ -7,7 +7,7 @@ embeddings, text from the standard library's docs) — in one run:
 
 1. the coordinate check in µP and in standard parametrization (SP) on the recipe's data;
 2. an lr sweep (a grid of powers of 2) at four widths spanning 8×, in µP and in SP, training with
-   the sweep recipes' own objectives (`mutransfer.sweep.objectives`): the mean training loss of the
+   the sweep recipes' own objectives (`mutransfer.sweep.recipes`): the mean training loss of the
    last tenth of the steps. The optimum's position on the grid at each width, and how many grid
    steps it moves across the widths (max − min of the argmin), and the move from the narrowest to the
    widest of the optimum refined by the sweep report's parabola (`sweep.verdict.parabolic_minimum`),
@@ -38,8 +38,8 @@ import torch
 
 import mutransfer as mt
 from mutransfer.recipes import get_recipe
-from mutransfer.sweep.objective import Scale
-from mutransfer.sweep.objectives import train_gpt, train_mlp
+from mutransfer.sweep.recipes import train_gpt, train_mlp
+from mutransfer.sweep.scale import Scale
 from mutransfer.sweep.verdict import parabolic_minimum
 
 # (name in mt, extra hyperparameters of the sweep objective, lr grid as log2 (lo, hi) per model)

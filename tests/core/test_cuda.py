@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 import mutransfer as mt
 from mutransfer.recipes import GPT, MLP, get_recipe
-from mutransfer.sweep.objective import Scale
-from mutransfer.sweep.objectives import train_mlp
+from mutransfer.sweep.recipes import train_mlp
+from mutransfer.sweep.scale import Scale
 
 pytestmark = pytest.mark.cuda
 CUDA = torch.device("cuda")

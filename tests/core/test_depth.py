@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import mutransfer as mt
+from mutransfer._core.spec import find_spec
 from mutransfer.recipes.data import gaussian_batches
 from mutransfer.recipes.models import GPT, MLP, ResMLP
-from mutransfer._core.spec import find_spec
 
 
 def _resmlp(width=128, depth=8, alpha=1.0, **kw):

@@ -10,8 +10,8 @@ from torch import nn
 
 import mutransfer as mt
 import mutransfer.coord.run as coord_run
-from mutransfer.cli import main
 from mutransfer._core.devices import module_device, move
+from mutransfer.cli import main
 from mutransfer.recipes import MLP, get_recipe
 
 MLP_DATA = get_recipe("mlp").data()
@@ -124,8 +124,8 @@ def test_cli_device_cpu_runs(capsys, tmp_path):
 # --------------------------------------------------------------------------- the sweep recipes
 
 
-from mutransfer.sweep.objective import Scale  # noqa: E402
-from mutransfer.sweep.objectives import train_gpt, train_mlp, train_resmlp  # noqa: E402
+from mutransfer.sweep.recipes import train_gpt, train_mlp, train_resmlp  # noqa: E402
+from mutransfer.sweep.scale import Scale  # noqa: E402
 
 # Measured (CPU, µP, width 64 over base 32, 30 steps): |bf16 − fp32| / fp32 = 0.44% (mlp), 0.26% (resmlp),
 # 0.02% (gpt, 6 steps). 2% leaves room for other BLAS builds while a float32-only run (gap 0) or a broken

@@ -319,8 +319,8 @@ def test_coord_check_passes_mup_and_fails_sp_on_the_gpt(optimizer):
 
 @pytest.mark.parametrize("optimizer", ["lion", "muon", "adafactor"])
 def test_sweep_objective_trains_with_the_optimizer(optimizer):
-    from mutransfer.sweep.objective import Scale
-    from mutransfer.sweep.objectives import train_mlp
+    from mutransfer.sweep.recipes import train_mlp
+    from mutransfer.sweep.scale import Scale
 
     hp = {"lr": 1e-3 if optimizer != "adafactor" else 0.03, "optimizer": optimizer, "steps": 20}
     first = train_mlp({**hp, "steps": 2}, Scale(128, 64, "mup"))
@@ -349,8 +349,8 @@ def _regret(optimizer, grid, parametrization, seeds=2):
     """The residual MLP (pre-LN blocks) regressing a teacher's outputs — not the benchmark's models or
     data. The lr tuned at width 32 (mean of 2 seeds), used at 8× the width: its loss there over the wide
     model's own best on the grid, minus 1 (the transfer's regret), and the narrow model's best index."""
-    from mutransfer.sweep.objective import Scale
-    from mutransfer.sweep.objectives import train_resmlp
+    from mutransfer.sweep.recipes import train_resmlp
+    from mutransfer.sweep.scale import Scale
 
     hp = {"optimizer": optimizer, "task": "regress", "steps": 60, "d_in": 16, "d_out": 4, "threads": 2}
     if optimizer == "muon":

@@ -9,8 +9,8 @@ import pytest
 import mutransfer as mt
 from mutransfer.recipes.data import text_batches
 from mutransfer.recipes.models import GPT
-from mutransfer.sweep.objective import Scale
-from mutransfer.sweep.objectives import train_gpt, train_resmlp
+from mutransfer.sweep.recipes import train_gpt, train_resmlp
+from mutransfer.sweep.scale import Scale
 
 pytestmark = pytest.mark.slow
 
