@@ -156,7 +156,9 @@ def test_local_backend_pins_each_job_to_its_gpus(tmp_path, capsys):
         by_worker.setdefault(t.user_attrs["worker"], set()).add(t.user_attrs["cuda_visible_devices"])
     assert all(len(ids) == 1 for ids in by_worker.values())  # one GPU per worker
     assert {i for ids in by_worker.values() for i in ids} <= {"0", "1", "2", "3"}
-    assert len({i for ids in by_worker.values() for i in ids}) >= 3
+    # submitit alone would give every worker GPU 0; at least two ids show the pinning (not all four:
+    # on a loaded machine one job's workers may start after the other's have run all 8 trials).
+    assert len({i for ids in by_worker.values() for i in ids}) >= 2
     capsys.readouterr()
     assert main(["status", str(run)]) == 0
     out = capsys.readouterr().out
