@@ -16,7 +16,7 @@ import numpy as np
 
 from .runner import Sweep, trial_outcome
 from .space import Choice, LogUniform
-from .verdict import Verdict, interval, judge, resample_index
+from .statistics import Verdict, interval, judge, resample_index
 
 __all__ = [
     "AXES",

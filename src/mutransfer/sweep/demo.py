@@ -26,7 +26,8 @@ from pathlib import Path
 
 from .analysis import load_results, transferred_hparams
 from .placement import visible_devices
-from .report import head_to_head_line, write_report
+from .report import write_report
+from .summary import head_to_head_line
 from .transfer import format_transfer, transfer
 from .workers import run_sweep
 

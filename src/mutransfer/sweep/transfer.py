@@ -29,8 +29,9 @@ import warnings
 
 from .._core.devices import DeviceLike, check_precision, resolve_device
 from .analysis import costs, load_results, transferred_hparams
-from .report import TRANSFER_RUNS, transfer_where, write_report
+from .report import write_report
 from .runner import Sweep
+from .summary import TRANSFER_RUNS, transfer_where
 
 __all__ = ["format_transfer", "target_depth", "transfer"]
 
