@@ -36,6 +36,7 @@ __all__ = [
     "max_drift_steps",
     "optima",
     "placements",
+    "proxy_verdict",
     "same_point",
     "transferred_hparams",
     "verdicts",
@@ -310,6 +311,23 @@ def verdicts(sweep: Sweep, results: list[TrialResult]) -> dict[str, dict[str, Ve
             if v is not None:
                 out[p][axis] = v
     return out
+
+
+def proxy_verdict(sweep: Sweep, results: list[TrialResult], parametrization: str) -> Verdict | None:
+    """The optima at the proxy cell alone: what a sweep at one scale finds (nothing to transfer yet).
+
+    Args:
+        sweep: the sweep.
+        results: its trials (`load_results`).
+        parametrization: "mup" or "sp".
+
+    Returns:
+        A `Verdict` with one cell per HP (its fitted optimum and interval), or None without a
+        usable trial at the proxy.
+    """
+    cfg = sweep.config
+    cells = [(min(cfg.widths), in_cell(results, parametrization, min(cfg.widths), cfg.proxy_depth))]
+    return judge(parametrization, "width", cells, cfg.space, len(cfg.seeds), grid=cfg.sampler == "grid")
 
 
 def same_point(

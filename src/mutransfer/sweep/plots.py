@@ -250,7 +250,7 @@ def plot_hparam(
         labels,
         loc="upper center",
         bbox_to_anchor=(0.5, 0.0),
-        ncol=min(4, max(1, len(labels))),
+        ncol=min(2 * len(params), max(1, len(labels))),
         fontsize=8,
         frameon=False,
     )

@@ -20,13 +20,14 @@ from .analysis import (
     in_cell,
     load_results,
     max_drift_steps,
+    proxy_verdict,
     verdicts,
     wider_is_better,
 )
 from .plots import LINESTYLES, axis_lines, cell_of, curves, plot_hparam, varying
 from .runner import Sweep
 from .space import Choice, LogUniform
-from .statistics import CONFIDENCE, Verdict, unit, value_at
+from .statistics import CONFIDENCE, Optimum, Verdict, unit, value_at
 from .storage import mask_url
 from .summary import TRANSFER_RUNS, head_to_head_line, load_transfer, plain, summarize, transfer_where, verdict_lines
 from .verdict import LABEL, axis_name
@@ -271,11 +272,13 @@ def write_report(sweep: Sweep, out_dir: Path | None = None) -> Path:
     summary = summarize(sweep, results, judged)
     images = []
     for name in cfg.space:
-        fitted = {}
+        fitted: dict[tuple, Optimum] = {}
         for p, by_axis in judged.items():
             for axis, v in by_axis.items():
                 for o in v.hps[name].optima:
                     fitted.setdefault((p, *cell_of(sweep, axis, o.at)), o)
+            if not by_axis and (v := proxy_verdict(sweep, results, p)) is not None:  # one scale: the proxy's optima
+                fitted[(p, *cell_of(sweep, "width", min(cfg.widths)))] = v.hps[name].optima[0]
         png = out / f"loss_vs_{name}.png"
         plot_hparam(sweep, results, name, png, fitted)
         images.append(png.name)

@@ -18,9 +18,9 @@ from .analysis import (
     deeper_is_better,
     drift,
     head_to_head,
-    in_cell,
     max_drift_steps,
     placements,
+    proxy_verdict,
     transferred_hparams,
     verdicts,
     wider_is_better,
@@ -28,7 +28,7 @@ from .analysis import (
 from .analysis import axes as verdict_axes
 from .runner import Sweep
 from .space import LogUniform
-from .statistics import CONFIDENCE, Verdict, judge
+from .statistics import CONFIDENCE, Verdict
 from .verdict import axis_name, describe, describe_optima, short_label
 
 __all__ = [
@@ -157,16 +157,7 @@ def summarize(sweep: Sweep, results: list[TrialResult], judged: dict | None = No
     ] + [
         describe_optima(v, short_label(p))
         for p in cfg.parametrizations
-        if (
-            v := judge(
-                p,
-                "width",
-                [(min(cfg.widths), in_cell(results, p, min(cfg.widths), cfg.proxy_depth))],
-                cfg.space,
-                len(cfg.seeds),
-            )
-        )
-        is not None
+        if (v := proxy_verdict(sweep, results, p)) is not None
     ]
     h2h = head_to_head(sweep, results)
     summary = {
@@ -249,7 +240,7 @@ def summary_text(summary: dict, report: str | None = None) -> str:
         f", depth {summary['proxy_depth']}" if summary.get("proxy_depth") is not None else ""
     )
     if hps:
-        lines += ["", f"Transferred hyperparameters (the µP optimum at the proxy, {where}; also in transferred.json):"]
+        lines += ["", f"Transferred hyperparameters (the µP proxy's best trial, {where}; also in transferred.json):"]
         width = max(len(k) for k in hps)
         lines += [f"  {k:<{width}} = {_value(v)}" for k, v in hps.items()]
     else:
@@ -265,4 +256,4 @@ def _value(v) -> str:
         log = math.log2(v) if v > 0 else math.nan
         exact = math.isfinite(log) and abs(log - round(log)) < 1e-9 and abs(log) > 3
         return f"{v:.6g}" + (f" (2^{round(log)})" if exact else "")
-    return json.dumps(v) if isinstance(v, str) else str(v)
+    return json.dumps(v) if isinstance(v, (str, bool)) else str(v)
