@@ -97,7 +97,8 @@ def _coord_check(args) -> int:
             recipe = get_recipe(args.recipe)
         except ValueError as e:
             raise UsageError(str(e)) from None
-        build, default_widths, default_lr = recipe.build, list(recipe.widths), recipe.lr_for(family)
+        build: Callable = recipe.build
+        default_widths, default_lr = list(recipe.widths), recipe.lr_for(family)
         if args.depths:
             if recipe.build_depth is None:
                 raise UsageError(f"recipe {recipe.name} has a fixed depth; --depths works with gpt and resmlp")
@@ -227,9 +228,9 @@ def _run_check(args, make_model: Callable, widths: list, data: list, lr: float, 
         raise UsageError(str(e)) from None
     result.to_csv(out / "coord_check.csv")
     result.to_json(out / "coord_check.json")
-    plot = out / "coord_check.png"
+    plot: Path | None = out / "coord_check.png"
     try:
-        result.plot(plot)
+        result.plot(out / "coord_check.png")
     except ImportError as e:
         plot = None
         print(f"(no plot: {e})", file=sys.stderr)

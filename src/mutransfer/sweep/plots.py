@@ -32,9 +32,10 @@ def curves(sweep: Sweep) -> list[tuple[int, int | None, str]]:
     """(width, depth, legend label) of each plotted curve: one per width, per depth, or per both."""
     cfg = sweep.config
     by_width, by_depth = varying(sweep)
-    out = []
+    out: list[tuple[int, int | None, str]] = []
+    depths: list[int | None] = list(cfg.depths) if cfg.depths else [None]
     for w in cfg.widths:
-        for d in cfg.depths or [None]:
+        for d in depths:
             label = ", ".join(([f"width {w}"] if by_width else []) + ([f"depth {d}"] if by_depth else []))
             out.append((w, d, label))
     return out
@@ -43,7 +44,7 @@ def curves(sweep: Sweep) -> list[tuple[int, int | None, str]]:
 def _styles(sweep: Sweep, cmap) -> dict[tuple[int, int | None], tuple]:
     """(color, linestyle) per curve: color by width (by depth when only depth varies), dashes by depth."""
     cfg = sweep.config
-    depths = cfg.depths or [None]
+    depths: list[int | None] = list(cfg.depths) if cfg.depths else [None]
     by_width, by_depth = varying(sweep)
     colored = cfg.widths if by_width else depths
     color = {v: cmap(0.1 + 0.8 * i / max(1, len(colored) - 1)) for i, v in enumerate(colored)}

@@ -98,7 +98,7 @@ def _drift_rows(sweep: Sweep, results: list[TrialResult]) -> str:
     if cfg.depths is None:
         lines = [("width", None, None)]
     else:
-        lines = ([("width", d, f"widths at depth {d}") for d in cfg.depths] if len(cfg.widths) > 1 else []) + (
+        lines = ([("width", d, f"widths at depth {d}") for d in cfg.depths] if len(cfg.widths) > 1 else []) + (  # type: ignore[assignment]
             [("depth", w, f"depths at width {w}") for w in cfg.widths] if len(cfg.depths) > 1 else []
         )
     rows, known = [], False
@@ -277,8 +277,10 @@ def write_report(sweep: Sweep, out_dir: Path | None = None) -> Path:
             for axis, v in by_axis.items():
                 for o in v.hps[name].optima:
                     fitted.setdefault((p, *cell_of(sweep, axis, o.at)), o)
-            if not by_axis and (v := proxy_verdict(sweep, results, p)) is not None:  # one scale: the proxy's optima
-                fitted[(p, *cell_of(sweep, "width", min(cfg.widths)))] = v.hps[name].optima[0]
+            at_proxy = None if by_axis else proxy_verdict(sweep, results, p)
+            if at_proxy is not None:  # a sweep at one scale: the proxy's optima
+                key = (p, *cell_of(sweep, "width", min(cfg.widths)))
+                fitted[key] = at_proxy.hps[name].optima[0]
         png = out / f"loss_vs_{name}.png"
         plot_hparam(sweep, results, name, png, fitted)
         images.append(png.name)
@@ -307,7 +309,7 @@ def write_report(sweep: Sweep, out_dir: Path | None = None) -> Path:
     across_head = "<th>across</th>" if depths else ""
     head = "".join(f"<th>best {html.escape(k)}</th>" for k in cfg.space)
     scope = f"widths {', '.join(map(str, cfg.widths))} (µP base width {cfg.base_width})" + (
-        f", depths {', '.join(map(str, cfg.depths))} (µP base depth {cfg.base_depth})" if depths else ""
+        f", depths {', '.join(map(str, cfg.depths))} (µP base depth {cfg.base_depth})" if cfg.depths else ""
     )
     proxy = f"width {min(cfg.widths)}" + (f" and depth {cfg.proxy_depth}" if depths else "")
     curve = " and ".join(axis for axis, varies in zip(("width", "depth"), varying(sweep)) if varies)

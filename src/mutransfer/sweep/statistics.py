@@ -137,7 +137,9 @@ def cell_data(trials: Sequence, space: dict[str, Dimension], n_seeds: int) -> Ce
     A pruned trial was stopped because it was worse, at the same step, than trials already finished
     in its study: it counts as evaluated and worse than any completed one (+inf, like a diverged
     one), so that it neither wins an optimum nor makes its neighbour a grid edge."""
-    rows, keys, xs = [], [], {n: [] for n in space}
+    rows: list[list[float]] = []
+    keys: list[tuple] = []
+    xs: dict[str, list[float]] = {n: [] for n in space}
     for r in trials:
         if r.failed:
             continue
@@ -462,7 +464,7 @@ def _status(est: Estimate | None, low: float, high: float) -> str:
 def judge(
     parametrization: str,
     axis: str,
-    cells: list[tuple[int, Sequence]],
+    cells: Sequence[tuple[int, Sequence]],
     space: dict[str, Dimension],
     n_seeds: int,
     n_bootstrap: int = N_BOOTSTRAP,

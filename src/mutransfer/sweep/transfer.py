@@ -45,7 +45,7 @@ def target_depth(sweep: Sweep, depth: int | None = None) -> int | None:
         return None
     if depth is None:
         depth = cfg.target_depth or max(cfg.depths)
-    _check_target("depth", depth, cfg.proxy_depth, "deeper", "the proxy's depth", stacklevel=3)
+    _check_target("depth", depth, cfg.proxy_depth or min(cfg.depths), "deeper", "the proxy's depth", stacklevel=3)
     return depth
 
 
