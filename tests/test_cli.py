@@ -311,3 +311,19 @@ def test_coord_check_with_another_optimizer_passes_mup_and_fails_sp(tmp_path, ca
     assert run(*args, "--parametrization", "sp", "--out", str(tmp_path / "sp")) == 1
     assert run("coord-check", "--recipe", "mlp", "--optimizer", "shampoo", "--out", str(tmp_path), "--no-progress") == 2
     assert "unknown optimizer 'shampoo'" in capsys.readouterr().err
+
+
+def test_the_docs_cli_page_is_generated_from_the_parser():
+    """docs/hooks/cli_reference.py expands docs/cli.md's marker into every subcommand's own help."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("cli_reference", root / "docs" / "hooks" / "cli_reference.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    page = hook.on_page_markdown((root / "docs" / "cli.md").read_text())
+    assert hook.MARKER not in page
+    for name in ("coord-check", "sweep", "worker", "status", "cancel", "report", "transfer", "demo", "export"):
+        assert f"## `mutransfer {name}`" in page and f"usage: mutransfer {name}" in page
+    assert "--retry-failed" in page and "--quick" in page and "--storage" in page
