@@ -147,7 +147,7 @@ def test_every_estimate_sits_in_the_middle_of_its_interval_even_with_two_seeds()
     assert all(iv is not None for _, iv in estimates)
     for x, (lo, hi) in estimates:
         assert lo < x < hi and x - lo == pytest.approx(hi - x), (x, lo, hi)
-    for absolute, relative in v.regret.values():
+    for _absolute, relative in v.regret.values():
         if relative.interval is not None:
             lo, hi = relative.interval
             assert 0 <= lo <= relative.value <= hi  # a regret is never negative
