@@ -188,7 +188,14 @@ def run_demo(
 
 
 def format_summary(result: dict) -> str:
-    """The terminal's account of the demo: every sentence from the run's own summary.json."""
+    """The terminal's account of the demo: every sentence from the run's own summary.json.
+
+    Args:
+        result: what `run_demo` returns.
+
+    Returns:
+        Lines of text, the last one the report's path and the time taken.
+    """
     s = result["summary"]
     t = result["tuned"]
     lines = [

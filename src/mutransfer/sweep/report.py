@@ -261,7 +261,18 @@ def _failure_rows(results: list[TrialResult]) -> str:
 
 
 def write_report(sweep: Sweep, out_dir: Path | None = None) -> Path:
-    """Write the report into `out_dir` (default: the run directory); returns report.html's path."""
+    """Write report.html, its figures, summary.json and transferred.json.
+
+    Args:
+        sweep: the sweep (finished or still running).
+        out_dir: where to write; default: the run directory.
+
+    Returns:
+        report.html's path.
+
+    Raises:
+        ValueError: the sweep has no finished trial yet.
+    """
     out = Path(out_dir or sweep.run_dir)
     out.mkdir(parents=True, exist_ok=True)
     results = load_results(sweep)

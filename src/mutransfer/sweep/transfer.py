@@ -153,6 +153,14 @@ def transfer(
 
 
 def format_transfer(out: dict) -> str:
+    """What `mutransfer transfer` prints: each target run's loss and lr, then the compute ratios.
+
+    Args:
+        out: the result of `transfer` (transfer.json's content).
+
+    Returns:
+        Lines of text.
+    """
     lines = [f"transfer from {transfer_where(out, 'proxy')} to {transfer_where(out, 'target')}:"]
     for p, label in TRANSFER_RUNS:
         if p in out:

@@ -129,7 +129,15 @@ def describe(v: Verdict, label: str) -> str:
 
     The head is "transferred", "did not transfer" (the optimum moved beyond the tolerance and the
     regret is not small, the regret is significantly above `MAX_REGRET`, or the proxy's HPs
-    diverge), or "cannot tell" (an optimum's position unknown, or intervals too wide)."""
+    diverge), or "cannot tell" (an optimum's position unknown, or intervals too wide).
+
+    Args:
+        v: the verdict (`statistics.judge`).
+        label: who it is about, at the head of the sentence ("µP across widths").
+
+    Returns:
+        The sentence, ending with a full stop.
+    """
     parts = []
     for h in v.hps.values():
         first, last = h.optima[0], h.optima[-1]
@@ -187,7 +195,15 @@ def describe(v: Verdict, label: str) -> str:
 
 def describe_optima(v: Verdict, label: str) -> str:
     """One sentence for a sweep at one scale (nothing to transfer yet): each HP's fitted optimum,
-    its interval, and a grid-edge warning."""
+    its interval, and a grid-edge warning.
+
+    Args:
+        v: the verdict at the proxy alone (`analysis.proxy_verdict`).
+        label: who it is about ("µP").
+
+    Returns:
+        The sentence, ending with a full stop.
+    """
     parts = []
     for h in v.hps.values():
         o = h.optima[0]
