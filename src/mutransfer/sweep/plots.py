@@ -115,9 +115,19 @@ def plot_hparam(
     lines: list[tuple[tuple, str, tuple]] | None = None,
     title: str = "",
 ) -> None:
-    """`fitted`: {(parametrization, width, depth, extra): verdict.Optimum} of HP `name`, drawn as a
-    star at the fitted optimum with its interval as a bar (else the best trial is starred).
-    `lines`: [((width, depth, extra), label, (color, linestyle))], default one per width/depth."""
+    """Draw training loss against HP `name`, one panel per parametrization, and save it as a PNG.
+
+    Args:
+        sweep: the sweep.
+        results: its trials (`analysis.load_results`).
+        name: the hyperparameter on the x axis.
+        path: the PNG to write.
+        fitted: {(parametrization, width, depth, extra): `statistics.Optimum`} of HP `name`: a ★
+            at the fitted optimum with its interval as a bar, and an open circle at the best grid
+            point where it differs; a cell without one gets the circle only.
+        lines: [((width, depth, extra), label, (color, linestyle))]; default one per width/depth.
+        title: appended to the figure's title.
+    """
     fitted = fitted or {}
     import matplotlib
 

@@ -470,11 +470,21 @@ def judge(
     n_bootstrap: int = N_BOOTSTRAP,
     grid: bool = True,
 ) -> Verdict | None:
-    """The verdict along `axis` from `cells` = [(axis value, that cell's trials)], proxy first.
+    """The verdict along `axis`: optima, intervals, moves, regret and the decision.
 
-    `grid`: the trials sit on the space's grid (edges are the grid's own; the parabolic fit is
-    trusted); otherwise intervals also span half the distance to the neighbouring samples.
-    None when the proxy cell has no usable trial."""
+    Args:
+        parametrization: "mup" or "sp".
+        axis: "width", "depth", "batch_size" or "steps".
+        cells: [(axis value, that cell's trials)]; the smallest value is the proxy.
+        space: the swept hyperparameters.
+        n_seeds: seeds per trial.
+        n_bootstrap: bootstrap resamples.
+        grid: the trials sit on the space's grid (edges are the grid's own; the parabolic fit is
+            trusted); otherwise intervals also span half the distance to the neighbouring samples.
+
+    Returns:
+        The `Verdict`, or None when the proxy cell has no usable trial.
+    """
     cells = sorted(cells, key=lambda c: c[0])
     idx = resample_index(n_seeds, n_bootstrap if n_seeds > 1 else 1)
     datas = [(at, cell_data(trials, space, n_seeds)) for at, trials in cells]

@@ -131,7 +131,16 @@ def summarize(sweep: Sweep, results: list[TrialResult], judged: dict | None = No
     """summary.json: the verdict line, per parametrization and axis the optima with intervals, drift
     with interval, transferred, regret and trial counts (`verdicts`); the grid optima per cell and
     their drift, bigger-is-better checks, the head-to-head at the largest width, the transferred HPs
-    and the cost."""
+    and the cost.
+
+    Args:
+        sweep: the sweep.
+        results: its trials (`analysis.load_results`).
+        judged: `analysis.verdicts(sweep, results)` when already computed.
+
+    Returns:
+        The content of summary.json (NaN and infinities still in; `plain` makes it JSON).
+    """
     cfg = sweep.config
     ps = cfg.parametrizations
     judged = verdicts(sweep, results) if judged is None else judged
