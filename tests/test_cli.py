@@ -225,7 +225,7 @@ def _actions(parser, path="mutransfer"):
 def test_every_flag_of_every_subcommand_has_help():
     import argparse
 
-    from mutransfer.cli import _parser
+    from mutransfer.cli import build_parser as _parser
 
     actions = list(_actions(_parser()))
     assert len(actions) > 30  # the walk reaches the subcommands
@@ -240,7 +240,7 @@ def test_every_flag_of_every_subcommand_has_help():
 def test_every_subcommand_describes_itself_and_its_exit_codes():
     import argparse
 
-    from mutransfer.cli import _parser
+    from mutransfer.cli import build_parser as _parser
 
     subs = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
     for name, sub in subs.items():
@@ -250,18 +250,25 @@ def test_every_subcommand_describes_itself_and_its_exit_codes():
     assert "run directory" in worker_run and "the sweep's name" in worker_run and "--storage" in worker_run
 
 
-def test_importing_the_package_or_the_cli_touches_no_signal_handler():
-    """`import mutransfer` is lazy (torch loads inside the command, where Ctrl-C is handled and
-    ends with one line and 130), so neither the package nor the CLI module installs a handler: a
-    library import inside another program leaves its SIGINT as it was."""
-    code = (
-        "import signal\n"
-        "before = signal.getsignal(signal.SIGINT)\n"
-        "import mutransfer, mutransfer.cli\n"
-        "mutransfer.parametrize  # the first real import (torch) too\n"
-        "assert signal.getsignal(signal.SIGINT) is before, signal.getsignal(signal.SIGINT)\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+def test_ctrl_c_in_a_command_ends_quietly_with_130_and_import_leaves_sigint_alone(monkeypatch, capsys):
+    """A Ctrl-C inside a command prints one line and exits 130; `import mutransfer` (lazy: no torch)
+    installs no signal handler, so a library import in another program is left alone."""
+    import signal
+
+    from mutransfer.cli import _results
+
+    code = "import signal, mutransfer, mutransfer.cli\nprint(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert other.returncode == 0 and other.stdout == "True\n", other
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_results, "_report", interrupted)
+    before = signal.getsignal(signal.SIGINT)
+    assert main(["report", "somewhere"]) == 130
+    assert capsys.readouterr().err == "interrupted\n"
+    assert signal.getsignal(signal.SIGINT) is before  # called in-process: SIGINT left as it was
 
 
 def test_version(capsys):
@@ -277,7 +284,7 @@ def test_coord_check_defaults_to_the_library_optimizer():
     import inspect
 
     import mutransfer as mt
-    from mutransfer.cli import _parser
+    from mutransfer.cli import build_parser as _parser
     from mutransfer.coord import DEFAULT_OPTIMIZER
 
     assert inspect.signature(mt.coord_check).parameters["optimizer"].default == DEFAULT_OPTIMIZER
@@ -304,3 +311,19 @@ def test_coord_check_with_another_optimizer_passes_mup_and_fails_sp(tmp_path, ca
     assert run(*args, "--parametrization", "sp", "--out", str(tmp_path / "sp")) == 1
     assert run("coord-check", "--recipe", "mlp", "--optimizer", "shampoo", "--out", str(tmp_path), "--no-progress") == 2
     assert "unknown optimizer 'shampoo'" in capsys.readouterr().err
+
+
+def test_the_docs_cli_page_is_generated_from_the_parser():
+    """docs/hooks/cli_reference.py expands docs/cli.md's marker into every subcommand's own help."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("cli_reference", root / "docs" / "hooks" / "cli_reference.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    page = hook.on_page_markdown((root / "docs" / "cli.md").read_text())
+    assert hook.MARKER not in page
+    for name in ("coord-check", "sweep", "worker", "status", "cancel", "report", "transfer", "demo", "export"):
+        assert f"## `mutransfer {name}`" in page and f"usage: mutransfer {name}" in page
+    assert "--retry-failed" in page and "--quick" in page and "--storage" in page

@@ -2,10 +2,31 @@
 proxy's HPs is as good as SP re-tuned at the target (TP5 Fig. 1's promise) — all read from the run (slow)."""
 
 import json
+import math
 
 import pytest
 
 from mutransfer.cli import main
+from mutransfer.sweep.demo import FULL, QUICK, demo_config, tune_config
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_the_demo_configs_bracket_the_optima_they_look_for(quick, tmp_path):
+    """Fast: the configs the demo writes load, sweep widths 32 → 128 (width 256 alone cost 60% of the
+    demo's compute), and their grids bracket µP's optimum (2^-5.7 at width 32) and SP's at 128 (2^-8.4)."""
+    from mutransfer.sweep.config import load_config
+
+    (tmp_path / "tune.toml").write_text(tune_config(quick))
+    (tmp_path / "demo.toml").write_text(demo_config(quick, output_mult=2.0))
+    tune, demo = load_config(tmp_path / "tune.toml"), load_config(tmp_path / "demo.toml")
+    settings = QUICK if quick else FULL
+    assert tune.widths == [32] and demo.widths == settings["widths"] and max(demo.widths) == 128
+    lrs = [math.log2(v) for v in demo.space["lr"].grid_points()]
+    assert lrs[0] <= -9 and lrs[-1] >= -5 and len(demo.seeds) == 2
+    tune_lrs = [math.log2(v) for v in tune.space["lr"].grid_points()]
+    mults = [math.log2(v) for v in tune.space["output_mult"].grid_points()]
+    assert tune_lrs[0] < -5.7 < tune_lrs[-1] and mults[0] <= 1 and mults[-1] >= 2
+    assert demo.fixed["output_mult"] == 2.0 and demo.parametrizations == ["mup", "sp"]
 
 
 @pytest.mark.slow
@@ -19,15 +40,16 @@ def test_demo_quick_reproduces_the_headline_result(tmp_path, capsys):
     assert summary["transferred_hparams"]["output_mult"] == pytest.approx(output_mult)  # stage 2: the tuned α_output
     mup = summary["analysis"]["mup"]["width"]["hparams"]["lr"]
     sp = summary["analysis"]["sp"]["width"]["hparams"]["lr"]
-    assert len(summary["seeds"]) >= 2 and mup["optimum"]["256"]["log2_interval"] is not None  # error bars
-    assert mup["drift"]["interval"] is not None and summary["analysis"]["mup"]["width"]["regret"]["256"]
+    target = str(max(summary["widths"]))
+    assert len(summary["seeds"]) >= 2 and mup["optimum"][target]["log2_interval"] is not None  # error bars
+    assert mup["drift"]["interval"] is not None and summary["analysis"]["mup"]["width"]["regret"][target]
     assert summary["transferred"]["mup"] is True, summary["verdicts"]
     assert abs(mup["drift"]["value"]) <= 1 and sp["drift"]["value"] < -1, (mup["drift"], sp["drift"])
     assert summary["wider_is_better"]["mup"] is True
     h2h = summary["head_to_head"]
-    assert h2h["width"] == 256 and h2h["relative"] <= 0.01, h2h  # µP tuned small ≤ SP re-tuned big (+1%)
+    assert h2h["width"] == 128 and h2h["relative"] <= 0.01, h2h  # µP tuned small ≤ SP re-tuned big (+1%)
     transfer = json.loads((tmp_path / "run" / "transfer.json").read_text())
-    assert transfer["target_width"] == 256 and transfer["proxy_width"] == 32
+    assert transfer["target_width"] == 128 and transfer["proxy_width"] == 32
     assert transfer["mup"]["loss"] < transfer["sp"]["loss"]
     assert transfer["mup"]["hparams"]["output_mult"] == pytest.approx(output_mult) and transfer["proxy_cost_ratio"] > 0
     for name in ("report.html", "loss_vs_lr.png", "transferred.json"):

@@ -135,7 +135,25 @@ OBJECTIVE = textwrap.dedent('''
 ''')
 
 
-def test_the_report_states_what_the_data_show_not_a_fixed_caption(tmp_path):
+def test_every_estimate_sits_in_the_middle_of_its_interval_even_with_two_seeds():
+    """With two seeds the bootstrap has three distinct draws, two of them single-seed fits: a plain
+    quantile range put the estimate on its own edge (the demo printed "+0.09 (90% CI -0.05 … +0.09)")."""
+    rng = np.random.default_rng(3)
+    v = judge(
+        "mup", "width", [(w, cell("mup", w, -6.3, seeds=2, noise=0.03, rng=rng)) for w in (16, 64, 256)], {"lr": LR}, 2
+    )
+    h = v.hps["lr"]
+    estimates = [(o.x, o.x_interval) for o in h.optima] + [(m.value, m.interval) for m in h.moves.values()]
+    assert all(iv is not None for _, iv in estimates)
+    for x, (lo, hi) in estimates:
+        assert lo < x < hi and x - lo == pytest.approx(hi - x), (x, lo, hi)
+    for _absolute, relative in v.regret.values():
+        if relative.interval is not None:
+            lo, hi = relative.interval
+            assert 0 <= lo <= relative.value <= hi  # a regret is never negative
+
+
+def test_the_report_states_what_the_data_show_not_a_fixed_caption(tmp_path, capsys):
     """On main the report printed "Under µP the optima line up … Under SP they move" whatever the data."""
     (tmp_path / "obj.py").write_text(OBJECTIVE)
     cfg = tmp_path / "s.toml"
@@ -153,9 +171,16 @@ def test_the_report_states_what_the_data_show_not_a_fixed_caption(tmp_path):
     )
     run = tmp_path / "run"
     assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
+    capsys.readouterr()
     assert main(["report", str(run)]) == 0
+    printed = capsys.readouterr().out
     summary = json.loads((run / "summary.json").read_text())
     assert summary["transferred"] == {"mup": False, "sp": True}
+    # `mutransfer report` prints the verdicts and the transferred HPs, then the path
+    assert all(line in printed for line in summary["verdicts"])
+    lr = summary["transferred_hparams"]["lr"]
+    assert "Transferred hyperparameters" in printed and f"lr = {lr:.6g}" in printed
+    assert printed.rstrip().endswith(f"report: {run / 'report.html'}")
     mup = summary["analysis"]["mup"]["width"]["hparams"]["lr"]
     assert mup["drift"]["value"] == pytest.approx(-3.0, abs=1e-6)
     assert mup["optimum"]["128"]["log2"] == pytest.approx(-7.0, abs=1e-6)
@@ -163,6 +188,7 @@ def test_the_report_states_what_the_data_show_not_a_fixed_caption(tmp_path):
     assert summary["verdict"].startswith("µP across widths did not transfer: lr optimum moved -3.00 octaves")
     html = (run / "report.html").read_text()
     assert "line up" not in html and "did not transfer" in html and summary["verdict"] in html
+    assert html.count("<table>") == html.count("</th></tr><tr>")  # every table has a row under its header
 
 
 AXES_OBJECTIVE = textwrap.dedent('''

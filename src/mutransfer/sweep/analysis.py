@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from .runner import Sweep, trial_outcome
 from .space import Choice, LogUniform
-from .verdict import Verdict, interval, judge, resample_index
+from .statistics import Verdict, interval, judge, resample_index
 
 __all__ = [
     "AXES",
@@ -36,6 +37,7 @@ __all__ = [
     "max_drift_steps",
     "optima",
     "placements",
+    "proxy_verdict",
     "same_point",
     "transferred_hparams",
     "verdicts",
@@ -104,7 +106,7 @@ def load_results(sweep: Sweep, failed: bool = True) -> list[TrialResult]:
                     width,
                     t.number,
                     params,
-                    float(t.value) if kind == "complete" else math.nan,
+                    float(t.value) if kind == "complete" and t.value is not None else math.nan,
                     kind == "diverged",
                     float(t.user_attrs.get("seconds", 0.0)),
                     depth,
@@ -279,13 +281,14 @@ def axes(sweep: Sweep) -> list[str]:
 
 def cells_along(
     sweep: Sweep, results: list[TrialResult], parametrization: str, axis: str
-) -> list[tuple[int, list[TrialResult]]]:
+) -> list[tuple[int, Sequence[TrialResult]]]:
     """[(axis value, that cell's trials)] along `axis`, proxy first: widths at the proxy depth,
     depths at the proxy width, batch sizes or horizons at the proxy width and depth."""
     cfg = sweep.config
     if axis in ("width", "depth"):
         return [
-            (w if axis == "width" else d, in_cell(results, parametrization, w, d)) for w, d in along_cells(sweep, axis)
+            (w if axis == "width" else _known(d), in_cell(results, parametrization, w, d))
+            for w, d in along_cells(sweep, axis)
         ]
     if axis not in cfg.axes:
         raise ValueError(f"axis must be one of {', '.join(axes(sweep))}, got {axis!r}")
@@ -294,6 +297,13 @@ def cells_along(
         (v, in_cell(results, parametrization, min(cfg.widths), cfg.proxy_depth, () if v == values[0] else ((axis, v),)))
         for v in values
     ]
+
+
+def _known(depth: int | None) -> int:
+    """A depth along the depth axis (which exists only in a sweep over depths)."""
+    if depth is None:
+        raise ValueError("a verdict along depth needs a sweep over depths")
+    return depth
 
 
 def verdicts(sweep: Sweep, results: list[TrialResult]) -> dict[str, dict[str, Verdict]]:
@@ -310,6 +320,23 @@ def verdicts(sweep: Sweep, results: list[TrialResult]) -> dict[str, dict[str, Ve
             if v is not None:
                 out[p][axis] = v
     return out
+
+
+def proxy_verdict(sweep: Sweep, results: list[TrialResult], parametrization: str) -> Verdict | None:
+    """The optima at the proxy cell alone: what a sweep at one scale finds (nothing to transfer yet).
+
+    Args:
+        sweep: the sweep.
+        results: its trials (`load_results`).
+        parametrization: "mup" or "sp".
+
+    Returns:
+        A `Verdict` with one cell per HP (its fitted optimum and interval), or None without a
+        usable trial at the proxy.
+    """
+    cfg = sweep.config
+    cells = [(min(cfg.widths), in_cell(results, parametrization, min(cfg.widths), cfg.proxy_depth))]
+    return judge(parametrization, "width", cells, cfg.space, len(cfg.seeds), grid=cfg.sampler == "grid")
 
 
 def same_point(
@@ -356,7 +383,7 @@ def head_to_head(sweep: Sweep, results: list[TrialResult]) -> dict[str, Any] | N
         idx = resample_index(n)
         mup = np.asarray(at.losses)[idx].mean(axis=1)
         sp_best = np.asarray(rivals)[:, idx].mean(axis=2).min(axis=0)
-        out["relative_interval"] = interval((mup - sp_best) / np.abs(sp_best))
+        out["relative_interval"] = interval((mup - sp_best) / np.abs(sp_best))  # type: ignore[assignment]
     return out
 
 

@@ -1,9 +1,8 @@
-"""`mutransfer report RUN`: report.html, one PNG per hyperparameter, transferred.json.
+"""`mutransfer report RUN`: report.html, one PNG per hyperparameter, summary.json, transferred.json.
 
-Each PNG shows training loss against one hyperparameter, one curve per width (per depth in a
-sweep over depths; per width and depth when both vary), µP and SP side by side (TP5 Fig. 1
-style), with each curve's optimum marked. For a sweep over several HPs the curve is the
-profile: the best loss over the other HPs at each value.
+The figures are drawn in `plots`, the numbers gathered in `summary` (from `analysis` and
+`statistics`), the sentences written in `verdict`; this module lays them out as HTML (every
+value escaped) and writes the files.
 """
 
 from __future__ import annotations
@@ -16,24 +15,22 @@ from pathlib import Path
 from .analysis import (
     TrialResult,
     best,
-    costs,
-    counts,
     deeper_is_better,
     drift,
-    head_to_head,
     in_cell,
     load_results,
     max_drift_steps,
-    placements,
-    transferred_hparams,
+    proxy_verdict,
     verdicts,
     wider_is_better,
 )
-from .analysis import axes as verdict_axes
+from .plots import LINESTYLES, axis_lines, cell_of, curves, plot_hparam, varying
 from .runner import Sweep
 from .space import Choice, LogUniform
+from .statistics import CONFIDENCE, Optimum, Verdict, unit, value_at
 from .storage import mask_url
-from .verdict import CONFIDENCE, Verdict, axis_name, describe, describe_optima, judge, unit, value_at
+from .summary import TRANSFER_RUNS, head_to_head_line, load_transfer, plain, summarize, transfer_where, verdict_lines
+from .verdict import LABEL, axis_name
 
 __all__ = [
     "LABEL",
@@ -50,23 +47,6 @@ __all__ = [
     "write_report",
 ]
 
-# The two target runs of `transfer`, in the order they are shown.
-TRANSFER_RUNS = (("mup", "µP target, µP proxy optimum"), ("sp", "SP target, SP proxy optimum"))
-
-
-def transfer_where(out: dict, which: str) -> str:
-    """'width 32' or 'width 32, depth 2' (and the target's batch size and steps when given): the
-    "proxy" or "target" of a transfer result."""
-    depth = out.get(f"{which}_depth")
-    where = f"width {out[f'{which}_width']}" + ("" if depth is None else f", depth {depth}")
-    if which == "target":
-        where += "".join(f", {k.replace('_', ' ')} {out[k]}" for k in ("batch_size", "steps") if k in out)
-    return where
-
-
-LABEL = {"mup": "µP", "sp": "SP (standard)"}
-LINESTYLES = ("-", "--", ":", "-.")
-
 
 def _fmt(v) -> str:
     if isinstance(v, float):
@@ -74,367 +54,6 @@ def _fmt(v) -> str:
             return f"2^{round(math.log2(v))}"
         return f"{v:.4g}"
     return str(v)
-
-
-def _varying(sweep: Sweep) -> tuple[bool, bool]:
-    """(by width, by depth): which axes the curves are drawn along (width when neither varies)."""
-    cfg = sweep.config
-    by_depth = cfg.depths is not None and len(cfg.depths) > 1
-    return len(cfg.widths) > 1 or not by_depth, by_depth
-
-
-def curves(sweep: Sweep) -> list[tuple[int, int | None, str]]:
-    """(width, depth, legend label) of each plotted curve: one per width, per depth, or per both."""
-    cfg = sweep.config
-    by_width, by_depth = _varying(sweep)
-    out = []
-    for w in cfg.widths:
-        for d in cfg.depths or [None]:
-            label = ", ".join(([f"width {w}"] if by_width else []) + ([f"depth {d}"] if by_depth else []))
-            out.append((w, d, label))
-    return out
-
-
-def _styles(sweep: Sweep, cmap) -> dict[tuple[int, int | None], tuple]:
-    """(color, linestyle) per curve: color by width (by depth when only depth varies), dashes by depth."""
-    cfg = sweep.config
-    depths = cfg.depths or [None]
-    by_width, by_depth = _varying(sweep)
-    colored = cfg.widths if by_width else depths
-    color = {v: cmap(0.1 + 0.8 * i / max(1, len(colored) - 1)) for i, v in enumerate(colored)}
-    dashed = by_width and by_depth
-    return {
-        (w, d): (color[w if by_width else d], LINESTYLES[depths.index(d) % len(LINESTYLES)] if dashed else "-")
-        for w in cfg.widths
-        for d in depths
-    }
-
-
-def cell_of(sweep: Sweep, axis: str, at: int) -> tuple:
-    """(width, depth, extra) of the cell at value `at` along `axis` (the others at the proxy)."""
-    cfg = sweep.config
-    if axis == "width":
-        return at, cfg.proxy_depth, ()
-    if axis == "depth":
-        return min(cfg.widths), at, ()
-    return min(cfg.widths), cfg.proxy_depth, () if at == cfg.axes[axis][0] else ((axis, at),)
-
-
-def axis_lines(sweep: Sweep, axis: str, cmap) -> list[tuple[tuple, str, tuple]]:
-    """The curves along a further batch-size or horizon axis: one per value, at the proxy width and depth."""
-    cfg = sweep.config
-    values = cfg.axes[axis]
-    return [
-        (
-            (min(cfg.widths), cfg.proxy_depth, () if v == values[0] else ((axis, v),)),
-            f"{axis} {v}",
-            (cmap(0.1 + 0.8 * i / max(1, len(values) - 1)), "-"),
-        )
-        for i, v in enumerate(values)
-    ]
-
-
-def plot_hparam(
-    sweep: Sweep,
-    results: list[TrialResult],
-    name: str,
-    path: Path,
-    fitted: dict | None = None,
-    lines: list[tuple[tuple, str, tuple]] | None = None,
-    title: str = "",
-) -> None:
-    """`fitted`: {(parametrization, width, depth, extra): verdict.Optimum} of HP `name`, drawn as a
-    star at the fitted optimum with its interval as a bar (else the best trial is starred).
-    `lines`: [((width, depth, extra), label, (color, linestyle))], default one per width/depth."""
-    fitted = fitted or {}
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    dim = sweep.config.space[name]
-    params = sweep.config.parametrizations
-    if lines is None:
-        style = _styles(sweep, plt.get_cmap("viridis"))
-        lines = [((w, d, ()), label, style[(w, d)]) for w, d, label in curves(sweep)]
-    keys = {key for key, _, _ in lines}
-    results = [r for r in results if (r.width, r.depth, r.extra) in keys]
-    fig, axes = plt.subplots(1, len(params), figsize=(5.2 * len(params), 4.8), sharey=True, squeeze=False)
-    choices = list(dim.values) if isinstance(dim, Choice) else None
-    # The y-range of what is drawn: each curve's profile over the other HPs (per cell, the best loss
-    # at each value of this HP), so a secondary HP's curves are not squashed by the lr's range.
-    drawn: dict = {}
-    for r in results:
-        if r.ok:
-            key = (r.parametrization, r.width, r.depth, r.extra, r.params[name])
-            drawn[key] = min(drawn.get(key, math.inf), r.loss)
-    finite = list(drawn.values())
-    lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
-
-    def x_of(v):
-        if choices is not None:
-            return choices.index(v)
-        return math.log2(v) if isinstance(dim, LogUniform) else v
-
-    for ax, p in zip(axes[0], params):
-        for (w, d, extra), label, (color, dashes) in lines:
-            cell = in_cell(results, p, w, d, extra)
-            profile: dict = {}
-            for r in cell:
-                x = x_of(r.params[name])
-                if r.ok and (x not in profile or r.loss < profile[x]):
-                    profile[x] = r.loss
-            xs = sorted(profile)
-            ax.plot(xs, [profile[x] for x in xs], marker="o", linestyle=dashes, ms=3, color=color, label=label)
-            spread = [
-                (x, r)
-                for r in cell
-                for x in [x_of(r.params[name])]
-                if r.ok and len(r.losses) > 1 and profile.get(x) == r.loss
-            ]
-            if spread:  # seed-to-seed range of each plotted point
-                ax.vlines(
-                    [x for x, _ in spread],
-                    [min(r.losses) for _, r in spread],
-                    [max(r.losses) for _, r in spread],
-                    color=color,
-                    lw=1,
-                    alpha=0.7,
-                )
-            div = sorted({x_of(r.params[name]) for r in cell if r.diverged} - set(profile))
-            if div:
-                ax.plot(div, [hi] * len(div), "x", color=color, ms=6)
-            failed = sorted({x_of(r.params[name]) for r in cell if r.failed} - set(profile))
-            if failed:
-                ax.plot(failed, [hi] * len(failed), "v", color="red", ms=7, markeredgecolor=color)
-            pruned = [
-                (x, r.pruned_loss if math.isfinite(r.pruned_loss) else hi)
-                for r in cell
-                if r.pruned
-                for x in [x_of(r.params[name])]
-                if x not in profile
-            ]
-            if pruned:  # at the last loss reported before pruning (an earlier step), kept inside the axes
-                ax.plot(
-                    [x for x, _ in pruned],
-                    [min(v, hi + 0.04 * (hi - lo)) for _, v in pruned],
-                    "s",
-                    color="grey",
-                    ms=4,
-                    markeredgecolor=color,
-                    alpha=0.8,
-                )
-            o = fitted.get((p, w, d, extra))
-            if o is not None and choices is None:
-                if o.x_interval is not None:
-                    ax.hlines(o.loss, o.x_interval[0], o.x_interval[1], color=color, lw=3, alpha=0.6, zorder=4)
-                ax.plot(
-                    [o.x], [o.loss], "*", ms=14, color=color, markeredgecolor="red" if o.edge else "black", zorder=5
-                )
-            elif (b := best(results, p, w, d, extra)) is not None:
-                ax.plot([x_of(b.params[name])], [b.loss], "*", ms=14, color=color, markeredgecolor="black", zorder=5)
-        ax.set_title(LABEL[p], fontsize=12)
-        if choices is not None:
-            ax.set_xticks(range(len(choices)))
-            ax.set_xticklabels([str(c) for c in choices])
-            ax.set_xlabel(name)
-        else:
-            ax.set_xlabel(f"log2 {name}" if isinstance(dim, LogUniform) else name)
-        ax.grid(True, alpha=0.3)
-    axes[0][0].set_ylabel("training loss")
-    span = hi - lo
-    axes[0][0].set_ylim(lo - 0.05 * span, lo + min(span, 3 * max(span / 3, 1e-9)) + 0.08 * span)
-    handles, labels = axes[0][-1].get_legend_handles_labels()
-    fig.legend(
-        handles,
-        labels,
-        loc="lower center",
-        ncol=min(6, max(1, len(labels))),
-        fontsize=8,
-        title=f"★ fitted optimum (bar: its {round(100 * CONFIDENCE)}% interval)   | range over seeds   "
-        f"× diverged   ▼ failed   ■ pruned (last reported loss)",
-        title_fontsize=8,
-        frameon=False,
-    )
-    fig.suptitle(f"{sweep.config.name}: training loss vs {name}{title}", fontsize=12)
-    fig.tight_layout(rect=(0, 0.08 + 0.03 * ((len(labels) - 1) // 6), 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _cell_optimum(b: TrialResult | None) -> dict | None:
-    return None if b is None else {"loss": b.loss, **b.params}
-
-
-def _drift_entry(sweep: Sweep, results: list[TrialResult], p: str, along: str) -> dict:
-    """{hp: {"octaves"|"value": drift, "max_grid_steps": ...}} along one axis, at the proxy."""
-    space = sweep.config.space
-    return {
-        n: {
-            "octaves" if isinstance(space[n], LogUniform) else "value": drift(sweep, results, p, n, along),
-            "max_grid_steps": max_drift_steps(sweep, results, p, n, along),
-        }
-        for n in space
-    }
-
-
-def _load_transfer(sweep: Sweep) -> dict | None:
-    path = sweep.run_dir / "transfer.json"  # written by `mutransfer transfer`
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def verdict_lines(sweep: Sweep, judged: dict[str, dict[str, Verdict]]) -> list[str]:
-    """One sentence per (parametrization, axis), µP first: the verdicts at the top of the report."""
-    lines = []
-    for p in sorted(judged, key=lambda p: p != "mup"):
-        for axis, v in judged[p].items():
-            lines.append(describe(v, f"{LABEL[p].split(' ')[0]} across {axis_name(axis, plural=True)}"))
-    return lines
-
-
-def head_to_head_line(h: dict | None) -> str | None:
-    """TP5 Fig. 1's promise, measured: µP with the proxy's HPs against SP re-tuned at the largest width."""
-    if h is None:
-        return None
-    if h["mup_transferred"] is None:
-        what = "was pruned (worse early on than that width's finished trials)" if h.get("mup_pruned") else "diverged"
-        return (
-            f"At width {h['width']}, µP with the HPs tuned at width {h['proxy_width']} {what}; SP re-tuned "
-            f"there reaches {h['sp_retuned']:.4g}."
-        )
-    rel, iv = h["relative"], h.get("relative_interval")
-    lo, hi = iv if iv is not None else (rel, rel)
-    if rel is None:
-        judgement = "no relative difference: SP's loss is 0"
-    elif hi < -0.01:
-        judgement = "µP is better"
-    elif hi <= 0.01:
-        judgement = "µP is as good (within 1%) or better"
-    elif lo > 0.01:
-        judgement = "SP re-tuned at the large width is better: at this scale µP does not pay off"
-    else:
-        judgement = "within the noise the two cannot be told apart: add seeds"
-    ci = "" if iv is None else f", 90% CI {100 * iv[0]:+.1f}% … {100 * iv[1]:+.1f}%"
-    return (
-        f"At width {h['width']}, µP with the HPs tuned at width {h['proxy_width']} reaches "
-        f"{h['mup_transferred']:.4f}; SP re-tuned at width {h['width']} reaches {h['sp_retuned']:.4f} "
-        f"({'' if rel is None else f'{100 * rel:+.1f}%{ci}: '}{judgement})."
-    )
-
-
-def _plain(value):
-    """JSON for pipelines: NaN and ±inf become null (a diverged loss, an unknown ratio); grid values
-    lose their float noise (0.19999999999999998 → 0.2)."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, float):
-        return float(f"{value:.12g}") if math.isfinite(value) else None
-    return value
-
-
-def summarize(sweep: Sweep, results: list[TrialResult], judged: dict | None = None) -> dict:
-    """summary.json: the verdict line, per parametrization and axis the optima with intervals, drift
-    with interval, transferred, regret and trial counts (`verdicts`); the grid optima per cell and
-    their drift, bigger-is-better checks, the head-to-head at the largest width, the transferred HPs
-    and the cost."""
-    cfg = sweep.config
-    ps = cfg.parametrizations
-    judged = verdicts(sweep, results) if judged is None else judged
-    lines = verdict_lines(sweep, judged)
-    for p in ps:
-        if verdict_axes(sweep) and not judged[p]:
-            c = counts(results, p)
-            lines.append(
-                f"{LABEL[p].split(' ')[0]}: no verdict: no completed trial at the proxy "
-                f"({c['diverged']} diverged, {c['failed']} failed, {c['pruned']} pruned); "
-                f"fix the objective or the ranges and rerun"
-            )
-    done, total = sweep.finished(), sweep.total_trials()
-    if done < total:
-        lines.insert(
-            0,
-            f"The sweep is unfinished ({done} of {total} trials done): every verdict below is "
-            f"provisional; finish it with `mutransfer sweep` and report again.",
-        )
-    lines = lines or [
-        "No transfer verdict: every trial ran at one width and depth, so this sweep tunes at that scale; "
-        "sweep several widths (or depths, batch sizes, horizons) to check a transfer."
-    ] + [
-        describe_optima(v, LABEL[p].split(" ")[0])
-        for p in cfg.parametrizations
-        if (
-            v := judge(
-                p,
-                "width",
-                [(min(cfg.widths), in_cell(results, p, min(cfg.widths), cfg.proxy_depth))],
-                cfg.space,
-                len(cfg.seeds),
-            )
-        )
-        is not None
-    ]
-    h2h = head_to_head(sweep, results)
-    summary = {
-        "name": cfg.name,
-        "objective": cfg.objective,
-        "verdict": " ".join(lines[:1]),
-        "verdicts": lines,
-        "transferred": {p: all(v.transferred for v in judged[p].values()) if judged[p] else None for p in ps},
-        "confidence": CONFIDENCE,
-        "seeds": cfg.seeds,
-        "widths": cfg.widths,
-        "proxy_width": min(cfg.widths),
-    }
-    if cfg.depths is not None:
-        summary.update(depths=cfg.depths, base_depth=cfg.base_depth, proxy_depth=cfg.proxy_depth)
-    summary["analysis"] = {p: {axis: v.as_dict() for axis, v in judged[p].items()} for p in ps}
-    summary["head_to_head"] = h2h
-    summary["transferred_hparams"] = transferred_hparams(sweep, results)
-    if cfg.depths is None:
-        summary["optima"] = {p: {str(w): _cell_optimum(best(results, p, w)) for w in cfg.widths} for p in ps}
-    else:
-        summary["optima"] = {
-            p: {str(w): {str(d): _cell_optimum(best(results, p, w, d)) for d in cfg.depths} for w in cfg.widths}
-            for p in ps
-        }
-    summary["drift"] = {p: _drift_entry(sweep, results, p, "width") for p in ps}
-    if cfg.depths is not None:
-        summary["depth_drift"] = {p: _drift_entry(sweep, results, p, "depth") for p in ps}
-    summary["wider_is_better"] = {p: wider_is_better(sweep, results, p) for p in ps}
-    if cfg.depths is not None:
-        summary["deeper_is_better"] = {p: deeper_is_better(sweep, results, p) for p in ps}
-    c = counts(results)
-    summary.update(
-        trials=len(results),
-        diverged=c["diverged"],
-        failed=c["failed"],
-        pruned=c["pruned"],
-        counts={p: counts(results, p) for p in ps},
-        sweep_seconds=sum(r.seconds for r in results),
-        cost=costs(sweep, results, _load_transfer(sweep)),
-    )
-    summary["precision"] = cfg.precision
-    summary["placements"] = placements(results)
-    summary["trial_list"] = [
-        {
-            "parametrization": r.parametrization,
-            "width": r.width,
-            "depth": r.depth,
-            **{axis: value for axis, value in r.extra},
-            "number": r.number,
-            "params": r.params,
-            "loss": r.loss,
-            "outcome": ("pruned" if r.pruned else "failed" if r.failed else "diverged" if r.diverged else "complete"),
-            "device": r.device or None,
-            "cuda_visible_devices": r.cuda_visible_devices,
-            "precision": r.precision or None,
-            "seconds": r.seconds,
-        }
-        for r in results
-    ]
-    return summary
 
 
 def _placement_text(placed: dict) -> str:
@@ -479,10 +98,10 @@ def _drift_rows(sweep: Sweep, results: list[TrialResult]) -> str:
     if cfg.depths is None:
         lines = [("width", None, None)]
     else:
-        lines = ([("width", d, f"widths at depth {d}") for d in cfg.depths] if len(cfg.widths) > 1 else []) + (
+        lines = ([("width", d, f"widths at depth {d}") for d in cfg.depths] if len(cfg.widths) > 1 else []) + (  # type: ignore[assignment]
             [("depth", w, f"depths at width {w}") for w in cfg.widths] if len(cfg.depths) > 1 else []
         )
-    rows = []
+    rows, known = [], False
     for p in cfg.parametrizations:
         for n in cfg.space:
             for along, at, label in lines:
@@ -494,7 +113,8 @@ def _drift_rows(sweep: Sweep, results: list[TrialResult]) -> str:
                     f"<td>{'—' if d is None else f'{d:+.2f}{unit}'}</td>"
                     f"<td>{'—' if steps is None else f'{steps:.0f}'}</td></tr>"
                 )
-    return "".join(rows)
+                known = known or d is not None
+    return "".join(rows) if known else ""  # one width and depth: nothing drifts, no table
 
 
 def _bigger_is_better_html(sweep: Sweep, results: list[TrialResult]) -> str:
@@ -507,6 +127,8 @@ def _bigger_is_better_html(sweep: Sweep, results: list[TrialResult]) -> str:
         return f"<li>{LABEL[p]}: {answer} (best loss by {what}: {losses})</li>"
 
     if cfg.depths is None:
+        if len(cfg.widths) < 2:
+            return ""
         wider = "".join(
             item(p, wider_is_better(sweep, results, p), [(w, None) for w in cfg.widths], "width")
             for p in cfg.parametrizations
@@ -531,7 +153,7 @@ def _bigger_is_better_html(sweep: Sweep, results: list[TrialResult]) -> str:
 
 
 def _transfer_html(sweep: Sweep, summary: dict) -> str:
-    t = _load_transfer(sweep)
+    t = load_transfer(sweep)
     if t is None:
         return ""
     cells = []
@@ -539,18 +161,39 @@ def _transfer_html(sweep: Sweep, summary: dict) -> str:
         if p in t:
             loss = "diverged" if t[p]["loss"] is None else f"{t[p]['loss']:.4f}"
             cells.append(f"<tr><td>{label}</td><td>{_fmt(t[p]['hparams'].get('lr', '—'))}</td><td>{loss}</td></tr>")
-    cost = summary["cost"]
-    ratio = ""
-    if "proxy_over_target" in cost:
-        ratio = (
-            f"<p>Compute: tuning at the proxy (µP, {cost['proxy_cpu_seconds']:.3g} CPU s) cost "
-            f"{cost['proxy_over_target']:.3g}× one target run ({cost['target_cpu_seconds']:.3g} CPU s); "
-            f"the whole sweep, checks at every width included, {cost['sweep_over_target']:.3g}×.</p>"
-        )
     return (
         f"<h2>Transfer from {transfer_where(t, 'proxy')} to {transfer_where(t, 'target')}</h2>"
-        f"<table><tr><th>run</th><th>lr</th><th>training loss</th></tr>{''.join(cells)}</table>{ratio}"
+        + _table("<th>run</th><th>lr</th><th>training loss</th>", "".join(cells))
+        + compute_html(summary["cost"], t)
     )
+
+
+def compute_html(cost: dict, transfer: dict) -> str:
+    """The compute paragraph: CPU seconds of training, and how many target runs each amount is.
+
+    Args:
+        cost: summary.json's "cost" (`analysis.costs`).
+        transfer: transfer.json's content.
+
+    Returns:
+        An HTML paragraph, or "" when no target run was costed.
+    """
+    if "proxy_over_target" not in cost:
+        return ""
+    where = html.escape(transfer_where(transfer, "target"))
+    return (
+        "<p>Compute, in CPU seconds of training (process time summed over all seeds; on GPUs, wall "
+        f"seconds): one µP target run at {where} took {cost['target_cpu_seconds']:.0f} CPU s. Tuning at the "
+        f"proxy (the µP trials at the proxy only) took {cost['proxy_cpu_seconds']:.0f} CPU s, as much as "
+        f"{cost['proxy_over_target']:.2g} target runs; the whole sweep (every width, µP and SP, the checks "
+        f"included) took {cost['sweep_cpu_seconds']:.0f} CPU s, as much as {cost['sweep_over_target']:.2g} "
+        "target runs.</p>"
+    )
+
+
+def _table(head: str, rows: str) -> str:
+    """A table with a header row, or "" without rows (no empty table in the report)."""
+    return f"<table><tr>{head}</tr>{rows}</table>" if rows else ""
 
 
 def _interval_text(iv, fmt) -> str:
@@ -618,7 +261,18 @@ def _failure_rows(results: list[TrialResult]) -> str:
 
 
 def write_report(sweep: Sweep, out_dir: Path | None = None) -> Path:
-    """Write the report into `out_dir` (default: the run directory); returns report.html's path."""
+    """Write report.html, its figures, summary.json and transferred.json.
+
+    Args:
+        sweep: the sweep (finished or still running).
+        out_dir: where to write; default: the run directory.
+
+    Returns:
+        report.html's path.
+
+    Raises:
+        ValueError: the sweep has no finished trial yet.
+    """
     out = Path(out_dir or sweep.run_dir)
     out.mkdir(parents=True, exist_ok=True)
     results = load_results(sweep)
@@ -629,11 +283,15 @@ def write_report(sweep: Sweep, out_dir: Path | None = None) -> Path:
     summary = summarize(sweep, results, judged)
     images = []
     for name in cfg.space:
-        fitted = {}
+        fitted: dict[tuple, Optimum] = {}
         for p, by_axis in judged.items():
             for axis, v in by_axis.items():
                 for o in v.hps[name].optima:
                     fitted.setdefault((p, *cell_of(sweep, axis, o.at)), o)
+            at_proxy = None if by_axis else proxy_verdict(sweep, results, p)
+            if at_proxy is not None:  # a sweep at one scale: the proxy's optima
+                key = (p, *cell_of(sweep, "width", min(cfg.widths)))
+                fitted[key] = at_proxy.hps[name].optima[0]
         png = out / f"loss_vs_{name}.png"
         plot_hparam(sweep, results, name, png, fitted)
         images.append(png.name)
@@ -654,18 +312,18 @@ def write_report(sweep: Sweep, out_dir: Path | None = None) -> Path:
                 images.append(png.name)
 
     transferred = summary["transferred_hparams"]
-    (out / "transferred.json").write_text(json.dumps(_plain(transferred), indent=1, allow_nan=False))
-    (out / "summary.json").write_text(json.dumps(_plain(summary), indent=1, allow_nan=False))
+    (out / "transferred.json").write_text(json.dumps(plain(transferred), indent=1, allow_nan=False))
+    (out / "summary.json").write_text(json.dumps(plain(summary), indent=1, allow_nan=False))
 
     depths = cfg.depths is not None
     depth_head = ("<th>depth</th>" if depths else "") + ("<th>batch size / steps</th>" if cfg.axes else "")
     across_head = "<th>across</th>" if depths else ""
     head = "".join(f"<th>best {html.escape(k)}</th>" for k in cfg.space)
     scope = f"widths {', '.join(map(str, cfg.widths))} (µP base width {cfg.base_width})" + (
-        f", depths {', '.join(map(str, cfg.depths))} (µP base depth {cfg.base_depth})" if depths else ""
+        f", depths {', '.join(map(str, cfg.depths))} (µP base depth {cfg.base_depth})" if cfg.depths else ""
     )
     proxy = f"width {min(cfg.widths)}" + (f" and depth {cfg.proxy_depth}" if depths else "")
-    curve = " and ".join(axis for axis, varies in zip(("width", "depth"), _varying(sweep)) if varies)
+    curve = " and ".join(axis for axis, varies in zip(("width", "depth"), varying(sweep)) if varies)
     verdict = "".join(f"<li>{html.escape(line)}</li>" for line in summary["verdicts"])
     h2h = head_to_head_line(summary["head_to_head"])
     if h2h:
@@ -693,6 +351,35 @@ def write_report(sweep: Sweep, out_dir: Path | None = None) -> Path:
         if seeds > 1
         else "interval (with one seed it spans only the grid's resolution; add seeds for noise)"
     )
+    verdict_rows = _verdict_rows(sweep, judged)
+    verdict_html = (
+        f"""<h2>Optimum, move from the proxy and regret</h2>
+<p>Move: the optimum's shift from the proxy's. Regret: the loss with the proxy's best HPs minus that
+{curve}'s own best, relative to it. Transferred when every optimum is located (not on a grid edge, beside an
+unevaluated point or on a flat curve) and, everywhere, the proxy's HPs do not diverge, the regret is not
+significantly above 2%, and either the regret's interval lies below 2% or the move's within ±1 octave (one grid
+step for a uniform HP). Intervals are {round(100 * CONFIDENCE)}%, centred on the estimate; log-scaled HPs in
+log2.</p>"""
+        + _table(
+            "<th>parametrization</th><th>hyperparameter</th><th>where</th><th>fitted optimum</th><th>interval</th>"
+            "<th>move</th><th>interval</th><th>regret</th><th>interval</th><th>note</th>",
+            verdict_rows,
+        )
+        if verdict_rows
+        else ""
+    )
+    drift_rows = _drift_rows(sweep, results)
+    drift_html = (
+        f"<h2>Drift of the best grid point across {'widths and depths' if depths else 'widths'}</h2>"
+        + _table(
+            f"<th>parametrization</th><th>hyperparameter</th>{across_head}"
+            f"<th>{'smallest → largest' if depths else 'smallest → largest width'}</th>"
+            "<th>largest move (grid steps)</th>",
+            drift_rows,
+        )
+        if drift_rows
+        else ""
+    )
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>µTransfer sweep: {html.escape(cfg.name)}</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}}
@@ -710,18 +397,10 @@ th{{background:#f3f3f3}}img{{max-width:100%;border:1px solid #eee}}pre{{backgrou
 <p>One curve per {curve}, the mean over seeds; a vertical bar is the range over seeds; ★ marks each curve's
 optimum fitted below grid resolution (a parabola through the best point and its neighbours, in log2 for a
 log-scaled HP), the horizontal bar its {uncertainty}; a red-edged ★ sits on the grid's edge.</p>
-<h2>Optimum, move from the proxy and regret</h2>
-<p>Move: the optimum's shift from the proxy's. Regret: the loss with the proxy's best HPs minus that
-{curve}'s own best, relative to it. Transferred when every optimum is located (not on a grid edge, beside an
-unevaluated point or on a flat curve) and, everywhere, the proxy's HPs do not diverge, the regret is not
-significantly above 2%, and either the regret's interval lies below 2% or the move's within ±1 octave (one grid
-step for a uniform HP). Intervals are {round(100 * CONFIDENCE)}%; log-scaled HPs in log2.</p>
-<table><tr><th>parametrization</th><th>hyperparameter</th><th>where</th><th>fitted optimum</th><th>interval</th>
-<th>move</th><th>interval</th><th>regret</th><th>interval</th><th>note</th></tr>{_verdict_rows(sweep, judged)}</table>
+{verdict_html}
 <h2>Best trial per {"width and depth" if depths else "width"}</h2>
 <table><tr><th>parametrization</th><th>width</th>{depth_head}{head}<th>loss</th><th>trials</th><th>diverged</th><th>failed</th><th>pruned</th></tr>{_optimum_rows(sweep, results)}</table>
-<h2>Drift of the best grid point across {"widths and depths" if depths else "widths"}</h2>
-<table><tr><th>parametrization</th><th>hyperparameter</th>{across_head}<th>{"smallest → largest" if depths else "smallest → largest width"}</th><th>largest move (grid steps)</th></tr>{_drift_rows(sweep, results)}</table>
+{drift_html}
 {_bigger_is_better_html(sweep, results)}
 {failure_html}
 <h2>Transferred hyperparameters</h2>

@@ -29,8 +29,9 @@ import warnings
 
 from .._core.devices import DeviceLike, check_precision, resolve_device
 from .analysis import costs, load_results, transferred_hparams
-from .report import TRANSFER_RUNS, transfer_where, write_report
+from .report import write_report
 from .runner import Sweep
+from .summary import TRANSFER_RUNS, transfer_where
 
 __all__ = ["format_transfer", "target_depth", "transfer"]
 
@@ -44,7 +45,7 @@ def target_depth(sweep: Sweep, depth: int | None = None) -> int | None:
         return None
     if depth is None:
         depth = cfg.target_depth or max(cfg.depths)
-    _check_target("depth", depth, cfg.proxy_depth, "deeper", "the proxy's depth", stacklevel=3)
+    _check_target("depth", depth, cfg.proxy_depth or min(cfg.depths), "deeper", "the proxy's depth", stacklevel=3)
     return depth
 
 
@@ -152,6 +153,14 @@ def transfer(
 
 
 def format_transfer(out: dict) -> str:
+    """What `mutransfer transfer` prints: each target run's loss and lr, then the compute ratios.
+
+    Args:
+        out: the result of `transfer` (transfer.json's content).
+
+    Returns:
+        Lines of text.
+    """
     lines = [f"transfer from {transfer_where(out, 'proxy')} to {transfer_where(out, 'target')}:"]
     for p, label in TRANSFER_RUNS:
         if p in out:

@@ -1,0 +1,143 @@
+"""`mutransfer report | transfer | demo`: what a sweep found, the target trained with it, the demo end to end."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+from ..errors import UsageError
+from ._common import EXIT_PASS, device, devices, open_sweep
+
+
+def add_parsers(sub) -> None:
+    """Add this group's subcommands to the `mutransfer` parser's subparsers `sub`."""
+    r = sub.add_parser(
+        "report",
+        help="write report.html, plots and transferred.json for a sweep",
+        description="Analyse a sweep's finished trials (it may still be running) and write "
+        "RUN/report.html with its plots, summary.json and transferred.json (the "
+        "hyperparameters to use at the target); print the verdicts, the transferred "
+        "hyperparameters and the report's path. Exit 0 when the report is written, "
+        "2 on a bad run directory or storage or a sweep without results, "
+        "130 on Ctrl-C.",
+    )
+    r.add_argument("run", help="run directory")
+    r.add_argument("--storage", help="storage URL (default: the run's own)")
+    r.set_defaults(handler=_report)
+
+    t = sub.add_parser(
+        "transfer",
+        help="train the target with the proxy's optimum (µP) and compare with SP",
+        description="Train the target model (--width, --depth) once with the µP proxy's best "
+        "hyperparameters transferred as they are, and with SP's, and print both losses "
+        "(recorded in RUN/transfer.json and the report). Exit 0 when the target was "
+        "trained, 2 on a bad run directory, storage or target, or a sweep without "
+        "results, 130 on Ctrl-C.",
+    )
+    t.add_argument("run", help="run directory")
+    t.add_argument(
+        "--width",
+        type=int,
+        help="target width, at least the proxy's (the smallest swept width; "
+        "default: the config's target_width or largest width)",
+    )
+    t.add_argument(
+        "--depth",
+        type=int,
+        help="target depth for a sweep over depths, at least the proxy's (default: "
+        "the config's target_depth or largest depth)",
+    )
+    t.add_argument(
+        "--batch-size",
+        type=int,
+        help="the target's batch size, passed to the objective as hparams['batch_size'] (default: the proxy's)",
+    )
+    t.add_argument(
+        "--steps",
+        type=int,
+        help="the target's training steps, passed to the objective as hparams['steps'] (default: the proxy's)",
+    )
+    t.add_argument("--storage", help="storage URL (default: the run's own)")
+    t.add_argument(
+        "--device",
+        help="where the target trains: auto (CUDA when present), cpu, cuda or cuda:N (default: the sweep's own)",
+    )
+    t.set_defaults(handler=_transfer)
+    d = sub.add_parser(
+        "demo",
+        help="tune a byte-level GPT at width 32, check the transfer to 64 and 128 (µP vs SP), transfer",
+        description="Reproduces TP5's headline figure on a laptop: tune lr × output multiplier at "
+        "width 32 (µP, 25 trials), sweep the lr at widths 32, 64, 128 (µP and SP, 42 trials), train "
+        "width 128 with the proxy's hyperparameters, and write the report (720 CPU seconds in all, "
+        "measured on a 2-core CPU). Rerunning resumes. Exit 0 when done, 2 on bad arguments, 130 on Ctrl-C "
+        "(rerun to resume).",
+    )
+    d.add_argument("--out", default="mutransfer-demo", help="output directory (default ./mutransfer-demo)")
+    d.add_argument(
+        "--quick",
+        action="store_true",
+        help="widths 32 and 128, 6 lrs, a 3×3 tuning grid (about a third of the full demo's compute)",
+    )
+    d.add_argument("--workers", type=int, default=2, help="local worker processes (default 2)")
+    d.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    d.add_argument(
+        "--device",
+        default="auto",
+        help="where the sweeps and the target train: auto (CUDA when present, else the CPU; default), cpu, "
+        "or comma-separated GPU ids such as 0,1",
+    )
+    d.set_defaults(handler=_demo)
+
+
+def _demo(args) -> int:
+    from ..sweep.demo import format_summary, run_demo
+
+    if args.workers < 1:
+        raise UsageError("--workers must be at least 1")
+    where = devices(args.device)
+    try:
+        result = run_demo(
+            args.out, quick=args.quick, workers=args.workers, progress=not args.no_progress, devices=where
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    print(format_summary(result))
+    return EXIT_PASS
+
+
+def _report(args) -> int:
+    import json
+
+    from ..sweep.report import write_report
+    from ..sweep.summary import summary_text
+
+    sweep = open_sweep(args)
+    try:
+        path = write_report(sweep)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    print(summary_text(json.loads((path.parent / "summary.json").read_text()), str(path)))
+    return EXIT_PASS
+
+
+def _transfer(args) -> int:
+    from ..sweep.transfer import format_transfer, transfer
+
+    sweep = open_sweep(args)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", UserWarning)
+            out = transfer(
+                sweep,
+                args.width,
+                args.depth,
+                args.batch_size,
+                args.steps,
+                device=None if args.device is None else device(args.device),
+            )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    for w in caught:
+        print(f"mutransfer transfer: warning: {w.message}", file=sys.stderr)
+    print(format_transfer(out))
+    return EXIT_PASS

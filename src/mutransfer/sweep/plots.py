@@ -1,0 +1,269 @@
+"""The report's figures: training loss against each hyperparameter, one curve per width (per depth
+in a sweep over depths; per width and depth when both vary), µP and SP side by side (TP5 Fig. 1
+style). For a sweep over several HPs a curve is the profile: the best loss over the other HPs at
+each value. Each curve's fitted optimum (the number the verdict quotes) is a ★ with its interval
+as a bar; the best grid point is an open circle.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from .analysis import TrialResult, best, in_cell
+from .runner import Sweep
+from .space import Choice, LogUniform
+from .statistics import CONFIDENCE
+from .verdict import LABEL
+
+__all__ = ["LINESTYLES", "axis_lines", "cell_of", "curves", "plot_hparam", "varying"]
+
+LINESTYLES = ("-", "--", ":", "-.")
+
+
+def varying(sweep: Sweep) -> tuple[bool, bool]:
+    """(by width, by depth): which axes the curves are drawn along (width when neither varies)."""
+    cfg = sweep.config
+    by_depth = cfg.depths is not None and len(cfg.depths) > 1
+    return len(cfg.widths) > 1 or not by_depth, by_depth
+
+
+def curves(sweep: Sweep) -> list[tuple[int, int | None, str]]:
+    """(width, depth, legend label) of each plotted curve: one per width, per depth, or per both."""
+    cfg = sweep.config
+    by_width, by_depth = varying(sweep)
+    out: list[tuple[int, int | None, str]] = []
+    depths: list[int | None] = list(cfg.depths) if cfg.depths else [None]
+    for w in cfg.widths:
+        for d in depths:
+            label = ", ".join(([f"width {w}"] if by_width else []) + ([f"depth {d}"] if by_depth else []))
+            out.append((w, d, label))
+    return out
+
+
+def _styles(sweep: Sweep, cmap) -> dict[tuple[int, int | None], tuple]:
+    """(color, linestyle) per curve: color by width (by depth when only depth varies), dashes by depth."""
+    cfg = sweep.config
+    depths: list[int | None] = list(cfg.depths) if cfg.depths else [None]
+    by_width, by_depth = varying(sweep)
+    colored = cfg.widths if by_width else depths
+    color = {v: cmap(0.1 + 0.8 * i / max(1, len(colored) - 1)) for i, v in enumerate(colored)}
+    dashed = by_width and by_depth
+    return {
+        (w, d): (color[w if by_width else d], LINESTYLES[depths.index(d) % len(LINESTYLES)] if dashed else "-")
+        for w in cfg.widths
+        for d in depths
+    }
+
+
+def cell_of(sweep: Sweep, axis: str, at: int) -> tuple:
+    """(width, depth, extra) of the cell at value `at` along `axis` (the others at the proxy)."""
+    cfg = sweep.config
+    if axis == "width":
+        return at, cfg.proxy_depth, ()
+    if axis == "depth":
+        return min(cfg.widths), at, ()
+    return min(cfg.widths), cfg.proxy_depth, () if at == cfg.axes[axis][0] else ((axis, at),)
+
+
+def axis_lines(sweep: Sweep, axis: str, cmap) -> list[tuple[tuple, str, tuple]]:
+    """The curves along a further batch-size or horizon axis: one per value, at the proxy width and depth."""
+    cfg = sweep.config
+    values = cfg.axes[axis]
+    return [
+        (
+            (min(cfg.widths), cfg.proxy_depth, () if v == values[0] else ((axis, v),)),
+            f"{axis} {v}",
+            (cmap(0.1 + 0.8 * i / max(1, len(values) - 1)), "-"),
+        )
+        for i, v in enumerate(values)
+    ]
+
+
+def _markers(confidence: float) -> dict:
+    """The legend entry of each kind of marker (grey: the curves' colours say which curve)."""
+    from matplotlib.lines import Line2D
+
+    grey = "0.35"
+    return {
+        "fitted": Line2D(
+            [],
+            [],
+            marker="*",
+            ms=11,
+            color=grey,
+            mec="black",
+            ls="-",
+            lw=2.5,
+            label=f"fitted optimum (the verdict's number), bar: its {round(100 * confidence)}% interval",
+        ),
+        "edge": Line2D([], [], marker="*", ms=11, color=grey, mec="red", ls="none", label="optimum on the grid's edge"),
+        "grid": Line2D([], [], marker="o", ms=8, mfc="none", mec=grey, ls="none", label="best grid point"),
+        "spread": Line2D([], [], marker="|", ms=10, color=grey, ls="none", label="range over seeds"),
+        "diverged": Line2D([], [], marker="x", ms=6, color=grey, ls="none", label="diverged"),
+        "failed": Line2D([], [], marker="v", ms=6, color="red", ls="none", label="failed"),
+        "pruned": Line2D([], [], marker="s", ms=4, color="grey", ls="none", label="pruned (last reported loss)"),
+    }
+
+
+def plot_hparam(
+    sweep: Sweep,
+    results: list[TrialResult],
+    name: str,
+    path: Path,
+    fitted: dict | None = None,
+    lines: list[tuple[tuple, str, tuple]] | None = None,
+    title: str = "",
+) -> None:
+    """Draw training loss against HP `name`, one panel per parametrization, and save it as a PNG.
+
+    Args:
+        sweep: the sweep.
+        results: its trials (`analysis.load_results`).
+        name: the hyperparameter on the x axis.
+        path: the PNG to write.
+        fitted: {(parametrization, width, depth, extra): `statistics.Optimum`} of HP `name`: a ★
+            at the fitted optimum with its interval as a bar, and an open circle at the best grid
+            point where it differs; a cell without one gets the circle only.
+        lines: [((width, depth, extra), label, (color, linestyle))]; default one per width/depth.
+        title: appended to the figure's title.
+    """
+    fitted = fitted or {}
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    dim = sweep.config.space[name]
+    params = sweep.config.parametrizations
+    if lines is None:
+        style = _styles(sweep, plt.get_cmap("viridis"))
+        lines = [((w, d, ()), label, style[(w, d)]) for w, d, label in curves(sweep)]
+    keys = {key for key, _, _ in lines}
+    results = [r for r in results if (r.width, r.depth, r.extra) in keys]
+    fig, axes = plt.subplots(1, len(params), figsize=(5.2 * len(params), 4.8), sharey=True, squeeze=False)
+    choices = list(dim.values) if isinstance(dim, Choice) else None
+    # The y-range of what is drawn: each curve's profile over the other HPs (per cell, the best loss
+    # at each value of this HP), so a secondary HP's curves are not squashed by the lr's range.
+    drawn: dict = {}
+    for r in results:
+        if r.ok:
+            key = (r.parametrization, r.width, r.depth, r.extra, r.params[name])
+            drawn[key] = min(drawn.get(key, math.inf), r.loss)
+    finite = list(drawn.values())
+    lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
+
+    def x_of(v):
+        if choices is not None:
+            return choices.index(v)
+        return math.log2(v) if isinstance(dim, LogUniform) else v
+
+    seen: set[str] = set()  # the kinds of marker drawn, each explained once in the legend
+    for ax, p in zip(axes[0], params):
+        for (w, d, extra), label, (color, dashes) in lines:
+            cell = in_cell(results, p, w, d, extra)
+            profile: dict = {}
+            for r in cell:
+                x = x_of(r.params[name])
+                if r.ok and (x not in profile or r.loss < profile[x]):
+                    profile[x] = r.loss
+            xs = sorted(profile)
+            ax.plot(xs, [profile[x] for x in xs], marker="o", linestyle=dashes, ms=3, color=color, label=label)
+            spread = [
+                (x, r)
+                for r in cell
+                for x in [x_of(r.params[name])]
+                if r.ok and len(r.losses) > 1 and profile.get(x) == r.loss
+            ]
+            if spread:  # seed-to-seed range of each plotted point
+                ax.vlines(
+                    [x for x, _ in spread],
+                    [min(r.losses) for _, r in spread],
+                    [max(r.losses) for _, r in spread],
+                    color=color,
+                    lw=1,
+                    alpha=0.7,
+                )
+            div = sorted({x_of(r.params[name]) for r in cell if r.diverged} - set(profile))
+            if div:
+                ax.plot(div, [hi] * len(div), "x", color=color, ms=6)
+            failed = sorted({x_of(r.params[name]) for r in cell if r.failed} - set(profile))
+            if failed:
+                ax.plot(failed, [hi] * len(failed), "v", color="red", ms=7, markeredgecolor=color)
+            pruned = [
+                (x, r.pruned_loss if math.isfinite(r.pruned_loss) else hi)
+                for r in cell
+                if r.pruned
+                for x in [x_of(r.params[name])]
+                if x not in profile
+            ]
+            if pruned:  # at the last loss reported before pruning (an earlier step), kept inside the axes
+                ax.plot(
+                    [x for x, _ in pruned],
+                    [min(v, hi + 0.04 * (hi - lo)) for _, v in pruned],
+                    "s",
+                    color="grey",
+                    ms=4,
+                    markeredgecolor=color,
+                    alpha=0.8,
+                )
+            o = fitted.get((p, w, d, extra))
+            b = best(results, p, w, d, extra)
+            if o is not None and choices is None:
+                if o.x_interval is not None:  # the interval of the fitted optimum, drawn under its star
+                    lo_x, hi_x = o.x_interval
+                    ax.errorbar(
+                        [o.x],
+                        [o.loss],
+                        xerr=[[o.x - lo_x], [hi_x - o.x]],
+                        fmt="none",
+                        ecolor=color,
+                        elinewidth=2.5,
+                        capsize=5,
+                        capthick=2,
+                        zorder=4,
+                    )
+                ax.plot(
+                    [o.x], [o.loss], "*", ms=13, color=color, markeredgecolor="red" if o.edge else "black", zorder=6
+                )
+                seen.add("fitted")
+                seen.update({"edge"} if o.edge else set())
+                if b is not None and abs(x_of(b.params[name]) - o.x) > 1e-9:
+                    ax.plot([x_of(b.params[name])], [b.loss], "o", ms=9, mfc="none", mec=color, mew=1.5, zorder=5)
+                    seen.add("grid")
+            elif b is not None:
+                ax.plot([x_of(b.params[name])], [b.loss], "o", ms=9, mfc="none", mec=color, mew=1.5, zorder=5)
+                seen.add("grid")
+            seen.update(
+                kind
+                for kind, drawn_ in (("spread", spread), ("diverged", div), ("failed", failed), ("pruned", pruned))
+                if drawn_
+            )
+        ax.set_title(LABEL[p], fontsize=12)
+        if choices is not None:
+            ax.set_xticks(range(len(choices)))
+            ax.set_xticklabels([str(c) for c in choices])
+            ax.set_xlabel(name)
+        else:
+            ax.set_xlabel(f"log2 {name}" if isinstance(dim, LogUniform) else name)
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("training loss")
+    span = hi - lo
+    axes[0][0].set_ylim(lo - 0.05 * span, lo + min(span, 3 * max(span / 3, 1e-9)) + 0.08 * span)
+    handles, labels = axes[0][-1].get_legend_handles_labels()
+    handles += [marker for kind, marker in _markers(CONFIDENCE).items() if kind in seen]
+    labels += [marker.get_label() for kind, marker in _markers(CONFIDENCE).items() if kind in seen]
+    fig.suptitle(f"{sweep.config.name}: training loss vs {name}{title}", fontsize=12)
+    fig.tight_layout()
+    # Below the panels, outside them; bbox_inches="tight" grows the canvas so nothing is clipped.
+    fig.legend(
+        handles,
+        labels,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        ncol=min(2 * len(params), max(1, len(labels))),
+        fontsize=8,
+        frameon=False,
+    )
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
