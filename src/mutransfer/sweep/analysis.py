@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from .runner import Sweep, trial_outcome
+from .runner import Sweep
 from .space import Choice, LogUniform
 from .statistics import Verdict, interval, judge, resample_index
+from .trials import trial_outcome
 
 __all__ = [
     "AXES",
@@ -178,7 +179,7 @@ def along_cells(sweep: Sweep, along: str, at: int | None = None) -> list[tuple[i
     if along == "depth":
         if cfg.depths is None:
             return []
-        width = at if at is not None else min(cfg.widths)
+        width = at if at is not None else cfg.proxy_width
         return [(width, d) for d in cfg.depths]
     raise ValueError(f"along must be one of {', '.join(AXES)}, got {along!r}")
 
@@ -261,7 +262,7 @@ def transferred_hparams(
     depth: int | None = None,
 ) -> dict[str, Any] | None:
     """The optimum found at the proxy `width` and `depth` (default: the smallest), with the [fixed] table."""
-    width = width or min(sweep.config.widths)
+    width = width or sweep.config.proxy_width
     depth = depth or sweep.config.proxy_depth
     b = best(results, parametrization, width, depth)
     return None if b is None else {**sweep.config.fixed, **b.params}
@@ -294,7 +295,7 @@ def cells_along(
         raise ValueError(f"axis must be one of {', '.join(axes(sweep))}, got {axis!r}")
     values = cfg.axes[axis]
     return [
-        (v, in_cell(results, parametrization, min(cfg.widths), cfg.proxy_depth, () if v == values[0] else ((axis, v),)))
+        (v, in_cell(results, parametrization, cfg.proxy_width, cfg.proxy_depth, () if v == values[0] else ((axis, v),)))
         for v in values
     ]
 
@@ -335,7 +336,7 @@ def proxy_verdict(sweep: Sweep, results: list[TrialResult], parametrization: str
         usable trial at the proxy.
     """
     cfg = sweep.config
-    cells = [(min(cfg.widths), in_cell(results, parametrization, min(cfg.widths), cfg.proxy_depth))]
+    cells = [(cfg.proxy_width, in_cell(results, parametrization, cfg.proxy_width, cfg.proxy_depth))]
     return judge(parametrization, "width", cells, cfg.space, len(cfg.seeds), grid=cfg.sampler == "grid")
 
 
@@ -355,7 +356,7 @@ def head_to_head(sweep: Sweep, results: list[TrialResult]) -> dict[str, Any] | N
     cfg = sweep.config
     if not {"mup", "sp"} <= set(cfg.parametrizations) or len(cfg.widths) < 2:
         return None
-    proxy, width, depth = min(cfg.widths), max(cfg.widths), cfg.proxy_depth
+    proxy, width, depth = cfg.proxy_width, max(cfg.widths), cfg.proxy_depth
     tuned = best(results, "mup", proxy, depth)
     sp = best(results, "sp", width, depth)
     if tuned is None or sp is None:
@@ -400,7 +401,7 @@ def costs(sweep: Sweep, results: list[TrialResult], transfer: dict | None = None
         for r in in_cell(
             results,
             "mup" if "mup" in cfg.parametrizations else cfg.parametrizations[0],
-            min(cfg.widths),
+            cfg.proxy_width,
             cfg.proxy_depth,
         )
     ]

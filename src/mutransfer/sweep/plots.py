@@ -62,8 +62,8 @@ def cell_of(sweep: Sweep, axis: str, at: int) -> tuple:
     if axis == "width":
         return at, cfg.proxy_depth, ()
     if axis == "depth":
-        return min(cfg.widths), at, ()
-    return min(cfg.widths), cfg.proxy_depth, () if at == cfg.axes[axis][0] else ((axis, at),)
+        return cfg.proxy_width, at, ()
+    return cfg.proxy_width, cfg.proxy_depth, () if at == cfg.axes[axis][0] else ((axis, at),)
 
 
 def axis_lines(sweep: Sweep, axis: str, cmap) -> list[tuple[tuple, str, tuple]]:
@@ -72,7 +72,7 @@ def axis_lines(sweep: Sweep, axis: str, cmap) -> list[tuple[tuple, str, tuple]]:
     values = cfg.axes[axis]
     return [
         (
-            (min(cfg.widths), cfg.proxy_depth, () if v == values[0] else ((axis, v),)),
+            (cfg.proxy_width, cfg.proxy_depth, () if v == values[0] else ((axis, v),)),
             f"{axis} {v}",
             (cmap(0.1 + 0.8 * i / max(1, len(values) - 1)), "-"),
         )

@@ -290,7 +290,7 @@ def write_report(sweep: Sweep, out_dir: Path | None = None) -> Path:
                     fitted.setdefault((p, *cell_of(sweep, axis, o.at)), o)
             at_proxy = None if by_axis else proxy_verdict(sweep, results, p)
             if at_proxy is not None:  # a sweep at one scale: the proxy's optima
-                key = (p, *cell_of(sweep, "width", min(cfg.widths)))
+                key = (p, *cell_of(sweep, "width", cfg.proxy_width))
                 fitted[key] = at_proxy.hps[name].optima[0]
         png = out / f"loss_vs_{name}.png"
         plot_hparam(sweep, results, name, png, fitted)
@@ -307,7 +307,7 @@ def write_report(sweep: Sweep, out_dir: Path | None = None) -> Path:
                     png,
                     fitted,
                     axis_lines(sweep, axis, plt.get_cmap("plasma")),
-                    f" across {axis} (width {min(cfg.widths)})",
+                    f" across {axis} (width {cfg.proxy_width})",
                 )
                 images.append(png.name)
 
@@ -322,7 +322,7 @@ def write_report(sweep: Sweep, out_dir: Path | None = None) -> Path:
     scope = f"widths {', '.join(map(str, cfg.widths))} (µP base width {cfg.base_width})" + (
         f", depths {', '.join(map(str, cfg.depths))} (µP base depth {cfg.base_depth})" if cfg.depths else ""
     )
-    proxy = f"width {min(cfg.widths)}" + (f" and depth {cfg.proxy_depth}" if depths else "")
+    proxy = f"width {cfg.proxy_width}" + (f" and depth {cfg.proxy_depth}" if depths else "")
     curve = " and ".join(axis for axis, varies in zip(("width", "depth"), varying(sweep)) if varies)
     verdict = "".join(f"<li>{html.escape(line)}</li>" for line in summary["verdicts"])
     h2h = head_to_head_line(summary["head_to_head"])

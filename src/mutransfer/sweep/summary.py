@@ -178,7 +178,7 @@ def summarize(sweep: Sweep, results: list[TrialResult], judged: dict | None = No
         "confidence": CONFIDENCE,
         "seeds": cfg.seeds,
         "widths": cfg.widths,
-        "proxy_width": min(cfg.widths),
+        "proxy_width": cfg.proxy_width,
     }
     if cfg.depths is not None:
         summary.update(depths=cfg.depths, base_depth=cfg.base_depth, proxy_depth=cfg.proxy_depth)

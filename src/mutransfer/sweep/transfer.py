@@ -82,7 +82,7 @@ def transfer(
     where_to = None if device is None else resolve_device(device, "device")
     if width is None:
         width = sweep.config.target_width or max(sweep.config.widths)
-    proxy, proxy_depth = min(sweep.config.widths), sweep.config.proxy_depth
+    proxy, proxy_depth = sweep.config.proxy_width, sweep.config.proxy_depth
     _check_target("width", width, proxy, "wider", "the proxy itself", stacklevel=2)
     depth = target_depth(sweep, depth)
     results = load_results(sweep)
