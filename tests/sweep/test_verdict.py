@@ -212,7 +212,7 @@ def test_batch_size_and_steps_are_axes_with_drift_and_regret(tmp_path, capsys):
         objective = "obj.py:train"
         widths = [16, 64]
         batch_sizes = [32, 8]
-        steps = [10, 40]
+        horizons = [10, 40]
         seeds = [0, 1]
         [space.lr]
         low = "2**-10"
