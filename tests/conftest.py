@@ -9,6 +9,7 @@ the verdict is asserted. Muon steps in bfloat16, which a CPU runs slowly: keep i
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import pytest
@@ -18,7 +19,11 @@ from torch import nn
 
 import mutransfer as mt
 
-torch.set_num_threads(2)
+# One intra-op thread per test process by default. With 2 threads, any other busy process on the
+# cores (a second xdist worker, a benchmark, a shared runner) makes OpenMP's threads wait on each
+# other: measured on a loaded 2-core CPU, one depth coordinate check took 101-107 s with 2 threads
+# and 10.5-11.2 s with 1. MUTRANSFER_TEST_THREADS=2 restores the old setting on a machine of one's own.
+torch.set_num_threads(int(os.environ.get("MUTRANSFER_TEST_THREADS", "1")))
 
 
 def build(cls, width: int, base_width: int, seed: int = 0, mup: bool = True, **kw) -> nn.Module:
