@@ -15,7 +15,7 @@ from mutransfer.recipes import CNN, GPT, MLP, MHATransformer, get_recipe
 MLP_DATA = get_recipe("mlp").data()
 CNN_DATA = get_recipe("cnn").data()
 GPT_DATA = get_recipe("gpt").data()
-WIDTHS = [64, 128, 256, 512, 1024]
+WIDTHS = [64, 128, 256, 512]  # verdict margins as with 1024 (MLP, GPT) at ⅓–½ the time: tests/conftest.py
 LR = {"sgd": 0.1, "adam": 1e-2}
 GPT_LR = {"sgd": 1.0, "adam": 1e-2}
 
@@ -75,7 +75,7 @@ def test_standard_parametrization_mlp_fails_at_the_logits(optimizer):
 
 @pytest.mark.slow
 def test_standard_parametrization_transformer_fails_at_the_logits():
-    result = check(factory(GPT, 64, mup=False), GPT_DATA, "adam", 1e-2, widths=[64, 256, 1024], seeds=2)
+    result = check(factory(GPT, 64, mup=False), GPT_DATA, "adam", 1e-2, widths=[64, 256, 512], seeds=2)
     assert not result.passed
     assert "lm_head" in result.failing_modules()
     assert any(m.endswith("[attn logits]") for m in result.failing_modules())
