@@ -306,7 +306,9 @@ def _coord(recipe_name, optimizer, mup, widths):
 
 @pytest.mark.parametrize("optimizer", ["sgd", "lion", "adafactor", "soap", "muon"])
 def test_coord_check_passes_mup_and_fails_sp_on_the_mlp(optimizer):
-    widths = [64, 256, 512]  # margins as at 1024 (tests/conftest.py, "Sizes")
+    # margins as at 1024 (tests/conftest.py, "Sizes"); Muon's bf16 step: µP −0.12 / SP +0.60 at 64…256
+    # (14 s) against −0.13 / +0.67 at 64…512 (130 s)
+    widths = [64, 128, 256] if optimizer == "muon" else [64, 256, 512]
     assert _coord("mlp", optimizer, True, widths).passed
     assert not _coord("mlp", optimizer, False, widths).passed
 
