@@ -15,7 +15,7 @@ from mutransfer.recipes import CNN, GPT, MLP, MHATransformer, get_recipe
 MLP_DATA = get_recipe("mlp").data()
 CNN_DATA = get_recipe("cnn").data()
 GPT_DATA = get_recipe("gpt").data()
-WIDTHS = [64, 128, 256, 512, 1024]
+WIDTHS = [64, 128, 256, 512]  # verdict margins as with 1024 (MLP, GPT) at ⅓–½ the time: tests/conftest.py
 LR = {"sgd": 0.1, "adam": 1e-2}
 GPT_LR = {"sgd": 1.0, "adam": 1e-2}
 
@@ -75,7 +75,7 @@ def test_standard_parametrization_mlp_fails_at_the_logits(optimizer):
 
 @pytest.mark.slow
 def test_standard_parametrization_transformer_fails_at_the_logits():
-    result = check(factory(GPT, 64, mup=False), GPT_DATA, "adam", 1e-2, widths=[64, 256, 1024], seeds=2)
+    result = check(factory(GPT, 64, mup=False), GPT_DATA, "adam", 1e-2, widths=[64, 256, 512], seeds=2)
     assert not result.passed
     assert "lm_head" in result.failing_modules()
     assert any(m.endswith("[attn logits]") for m in result.failing_modules())
@@ -155,14 +155,14 @@ class LossObj(TupleOut):
 
 @pytest.mark.parametrize("cls", [TupleOut, DictOut, LogitsObj])
 def test_models_returning_tuples_dicts_or_logits_objects(cls):
-    result = check(factory(cls, 64), MLP_DATA, "adam", 1e-2, widths=[64, 256, 1024], seeds=2)
+    result = check(factory(cls, 64), MLP_DATA, "adam", 1e-2, widths=[64, 256, 512], seeds=2)
     assert result.passed
     assert any(t.module == "mlp.readout" for t in result.trends)
 
 
 def test_model_that_returns_its_loss_and_a_user_loss_fn():
     data = [({"x": x, "labels": y}, None) for x, y in MLP_DATA]
-    result = check(factory(LossObj, 64), data, "adam", 1e-2, widths=[64, 256, 1024], seeds=2)
+    result = check(factory(LossObj, 64), data, "adam", 1e-2, widths=[64, 256, 512], seeds=2)
     assert result.passed
     calls = []
 
@@ -285,7 +285,7 @@ def test_diverging_training_is_reported():
 
 
 def test_exports_csv_json_plot_and_text(tmp_path):
-    result = check(factory(MLP, 64, mup=False), MLP_DATA, "adam", 1e-2, widths=[64, 256, 1024], seeds=2)
+    result = check(factory(MLP, 64, mup=False), MLP_DATA, "adam", 1e-2, widths=[64, 256, 512], seeds=2)
     result.to_csv(tmp_path / "c.csv")
     result.to_json(tmp_path / "c.json")
     result.plot(tmp_path / "c.png")
