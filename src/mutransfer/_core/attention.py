@@ -40,7 +40,7 @@ from .. import scaled_forward
 from ..errors import ModelError
 from . import sdpa
 from .naming import canonical_name
-from .observe import AttentionCall
+from .observation import AttentionCall
 
 __all__ = [
     "AttentionScale",

@@ -36,7 +36,7 @@ from ..errors import ModelError, MuPWarning
 from ..rules import ROLES
 from .depth import DepthMap
 from .naming import canonical_name, listed_differences
-from .observe import Observation, Use
+from .observation import Observation, Use
 from .shapes import ParamShape, WidthShapes
 
 __all__ = ["Layout", "MuPWarning", "ParamInfo", "classify"]

@@ -27,7 +27,7 @@ from .._core import attention as attn
 from .._core.depth import block_containers, join_name, split_block
 from .._core.devices import AUTO, DeviceLike, move, resolve_device
 from .._core.naming import canonical_name
-from .._core.observe import recording
+from .._core.recorder import recording
 from .._core.progress import Progress
 from .._core.spec import find_spec
 from ..errors import CoordCheckError
