@@ -341,7 +341,7 @@ def test_export_probes_on_another_device_through_a_copy_and_returns_the_model_wh
 
 
 def test_export_fused_qkv_row_indices_live_on_the_weights_device():
-    from mutransfer._core.export import _query_candidates
+    from mutransfer._core.fold import _query_candidates
 
     class Attn(nn.Module):
         def __init__(self):
