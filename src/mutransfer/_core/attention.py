@@ -43,6 +43,7 @@ from .naming import canonical_name
 from .observation import AttentionCall
 
 __all__ = [
+    "AttentionFix",
     "AttentionScale",
     "MuMultiheadAttention",
     "attention_kind",
@@ -270,7 +271,15 @@ class AttentionScale:
 
 
 @dataclass
-class _Fix:
+class AttentionFix:
+    """How one attention module gets µP's logit scale: planned by `plan`/`legacy_plan`, applied by `install`.
+
+    `before`/`target` are logit scales (the constant multiplying q·kᵀ) at head dims `d` (the model's)
+    and `d0` (the base's); `how` names the mechanism ("attribute …", "sdpa", "mha", "helper",
+    "unchanged"); `attr` is the float attribute holding the scale, if any (`divides` when the forward
+    divides by it).
+    """
+
     module: nn.Module
     name: str
     how: str
@@ -303,7 +312,7 @@ def plan(
     base_scale: Callable[[str, int, float], tuple[int, float]],
     alpha: float,
     probe: Callable[[], dict[str, list[AttentionCall]] | None],
-) -> list[_Fix]:
+) -> list[AttentionFix]:
     """How to give every observed attention module µP's logit scale α·s₀·d₀/d, before any change.
 
     `calls`: the target's attention calls by module (from a probe forward); `base_scale(name, d, s)`
@@ -311,7 +320,7 @@ def plan(
     perturbation test that finds the float attribute holding the scale, if any).
     """
     modules = {canonical_name(n): m for n, m in model.named_modules()}
-    fixes: list[_Fix] = []
+    fixes: list[AttentionFix] = []
     for name, found in calls.items():
         ds = {c.head_dim for c in found}
         scales = {round(c.scale, 12) for c in found}
@@ -326,7 +335,7 @@ def plan(
         target = alpha * s0 * d0 / d
         module = modules.get(name, model)
         if math.isclose(target, s, rel_tol=1e-9):
-            fixes.append(_Fix(module, name, "unchanged", d0, d, s, target))
+            fixes.append(AttentionFix(module, name, "unchanged", d0, d, s, target))
             continue
         kinds = {c.kind for c in found}
         if isinstance(module, nn.MultiheadAttention):
@@ -340,7 +349,7 @@ def plan(
             how = "helper"
         else:
             how = "sdpa" if kinds == {"sdpa"} else "eager"
-        fixes.append(_Fix(module, name, how, d0, d, s, target))
+        fixes.append(AttentionFix(module, name, how, d0, d, s, target))
     _find_attributes([f for f in fixes if f.how in ("sdpa", "eager")], probe)
     for f in fixes:
         if f.how == "eager":
@@ -356,7 +365,7 @@ def plan(
     return fixes
 
 
-def _find_attributes(fixes: list[_Fix], probe) -> None:
+def _find_attributes(fixes: list[AttentionFix], probe) -> None:
     """Perturbation test: ×2 on a candidate attribute that doubles (halves) the measured scale holds it."""
     pending = {id(f.module): (f, _candidates(f.module)) for f in fixes}
     k = 0
@@ -387,7 +396,7 @@ def _find_attributes(fixes: list[_Fix], probe) -> None:
         k += 1
 
 
-def install(fixes: list[_Fix], alpha: float) -> Callable[[], None]:
+def install(fixes: list[AttentionFix], alpha: float) -> Callable[[], None]:
     """Give every planned module its µP logit scale; returns a function that undoes it."""
     undo: list[Callable[[], None]] = []
     for f in fixes:
@@ -428,13 +437,13 @@ def install(fixes: list[_Fix], alpha: float) -> Callable[[], None]:
 
 def legacy_plan(
     model: nn.Module, base_heads: dict[str, int], alpha: float, override_d0: int | None = None
-) -> list[_Fix]:
+) -> list[AttentionFix]:
     """Attention found from module attributes and source when no probe forward could run.
 
     Assumes each module's own scale is 1/√d (what nearly every model computes); parametrize
     warns that the scales are not verified.
     """
-    fixes: list[_Fix] = []
+    fixes: list[AttentionFix] = []
     for name, module in model.named_modules():
         kind = attention_kind(module)
         if kind is None:
@@ -459,6 +468,6 @@ def legacy_plan(
         if math.isclose(target, before, rel_tol=1e-9):
             how = "unchanged"
         fixes.append(
-            _Fix(module, cname, how, int(d0), int(d), before, target, "scaling" if kind == "scaling" else None)
+            AttentionFix(module, cname, how, int(d0), int(d), before, target, "scaling" if kind == "scaling" else None)
         )
     return fixes

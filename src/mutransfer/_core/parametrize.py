@@ -9,7 +9,6 @@ readout or input layers, to a subclass that applies the multiplier (see `scaled_
 from __future__ import annotations
 
 import fnmatch
-import math
 import os
 import warnings
 from collections.abc import Iterable, Mapping
@@ -19,7 +18,7 @@ import torch
 from torch import nn
 
 from .. import scaled_forward
-from ..errors import ModelError
+from ..errors import ModelError, MuPWarning
 from ..rules import (
     BRANCH_MULTIPLIER,
     DEFAULT_DEPTH_ALPHA,
@@ -33,10 +32,11 @@ from ..rules import (
     formulation_name,
     formulation_rules,
 )
-from . import attention as attn
+from .attention_plan import base_attention, install_attention, plan_attention
 from .depth import BRANCH_ATTR, Branch, DepthMap, block_containers, find_branches, outermost
-from .observe import Observation, observe, observe_model
-from .roles import MuPWarning, ParamInfo, classify
+from .observation import Observation
+from .observe import observe_model
+from .roles import ParamInfo, classify
 from .shapes import WidthShapes, canonical_name
 from .spec import SPEC_ATTR, MuSpec, find_spec
 
@@ -143,7 +143,9 @@ def parametrize(
     )
     branches, folded = _fold_branches(branches, infos, formulation)
     attention_plan = (
-        _plan_attention(model, seen, shapes, depth, float(attn_mult), attn_base_head_dim) if attention else []
+        plan_attention(model, seen, base_attention(model, shapes, depth, attn_base_head_dim), float(attn_mult))
+        if attention
+        else []
     )
     params = {canonical_name(n): p for n, p in model.named_parameters()}
     zeroing = _readout_zeroing(model, infos, params) if zero_init_readout else []
@@ -154,7 +156,7 @@ def parametrize(
 
     # Everything is checked: from here on the model changes. Attention first: its scales are measured
     # again on a probe forward, and a mismatch undoes the change and raises before anything else changes.
-    spec_attention = _install_attention(model, attention_plan, float(attn_mult), seen)
+    spec_attention = install_attention(model, attention_plan, float(attn_mult), seen)
     base_values = None
     if base is not None and not any(p.is_meta for p in base.parameters()):
         base_values = {canonical_name(n): p.detach() for n, p in base.named_parameters()}
@@ -191,90 +193,6 @@ def parametrize(
     spec.folded_branches = {b.end: depth_factor(BRANCH_MULTIPLIER, depth.multiplier(b.end), alpha) for b in folded}
     setattr(model, SPEC_ATTR, spec)
     return model
-
-
-def _plan_attention(
-    model: nn.Module, seen: Observation, shapes: WidthShapes, depth: DepthMap, alpha: float, override_d0: int | None
-) -> list:
-    """The attention modules to rescale, from the probe forward (or, without one, attributes)."""
-    if not seen.ran:
-        base_of = {canonical_name(n): depth.to_base(canonical_name(n)) for n, _ in model.named_modules()}
-        heads = {n: shapes.attention_head_dims[b] for n, b in base_of.items() if b in shapes.attention_head_dims}
-        fixes = attn.legacy_plan(model, heads, alpha, override_d0)
-        if any(f.how != "unchanged" for f in fixes):
-            warnings.warn(
-                f"no probe forward ran ({seen.error}), so the attention scales of "
-                f"{', '.join(f.name or '<model>' for f in fixes)} are set by assuming that each computes "
-                f"1/√d, not measured. Pass example_inputs= to parametrize to have them measured and "
-                f"verified",
-                MuPWarning,
-                stacklevel=3,
-            )
-        return fixes
-
-    def base_scale(name: str, d: int, s: float) -> tuple[int, float]:
-        bname = depth.to_base(name)
-        measured = shapes.attention_scales.get(bname)
-        if measured is not None and override_d0 in (None, measured[0]):
-            return measured
-        d0 = override_d0 if override_d0 is not None else shapes.attention_head_dims.get(bname)
-        if d0 is None:
-            raise ModelError(
-                f"attention module '{name}' computes attention at head dim {d} but its base head dim is unknown (the "
-                f"base model's probe forward did not reach it); pass attn_base_head_dim=<head dim of the base "
-                f"model>, example_inputs= that run the base model, or attention=False if the model already "
-                f"scales its logits the µP way"
-            )
-        if not math.isclose(s, 1.0 / math.sqrt(d), rel_tol=1e-6):
-            raise ModelError(
-                f"attention module '{name}' computes q·kᵀ × {s:.4g} at head dim {d}, not 1/√d, and the base model's "
-                f"scale was not measured (base_shapes without attention scales, or a base that could not run): "
-                f"pass base= (a real or meta model) with example_inputs=, or save the shapes with this version"
-            )
-        return int(d0), 1.0 / math.sqrt(d0)
-
-    def probe():
-        return observe(model, seen.inputs).attention_by_module()
-
-    return attn.plan(model, seen.attention_by_module(), base_scale, alpha, probe)
-
-
-def _install_attention(model: nn.Module, fixes: list, alpha: float, seen: Observation) -> list:
-    """Install the planned scales, measure them on a probe forward, undo and raise on any mismatch."""
-    originals = {f.name: getattr(f.module, f.attr) for f in fixes if f.attr is not None}
-    revert = attn.install(fixes, alpha)
-    if not seen.ran:
-        return [
-            attn.AttentionScale(f.name, f.how, f.d0, f.d, f.before, f.target, f.target, False, originals.get(f.name))
-            for f in fixes
-        ]
-    after = observe(model, seen.inputs)
-    calls = after.attention_by_module()
-    out = []
-    for f in fixes:
-        measured = calls.get(f.name)
-        if not after.ran or not measured or not all(math.isclose(c.scale, f.target, rel_tol=1e-5) for c in measured):
-            revert()
-            got = (
-                f"measured {measured[0].scale:.6g}"
-                if measured
-                else f"no attention call seen ({after.error})"
-                if not after.ran
-                else "no attention call seen"
-            )
-            raise ModelError(
-                f"attention module '{f.name}' ({type(f.module).__name__}): after setting µP's logit scale through "
-                f"{f.how}, the probe forward {got} instead of {f.target:.6g} (= α·s₀·d₀/d with α={alpha:g}, "
-                f"d₀={f.d0}, d={f.d}). The model is unchanged. Compute the logits with "
-                f"`mt.attn_scale(self, head_dim)` or F.scaled_dot_product_attention, or pass attention=False if the "
-                f"model already scales them the µP way"
-            )
-        out.append(
-            attn.AttentionScale(
-                f.name, f.how, f.d0, f.d, f.before, f.target, measured[0].scale, True, originals.get(f.name)
-            )
-        )
-    return out
 
 
 def _resolve_shapes(model, base, delta, base_shapes, example_inputs=None) -> WidthShapes:
