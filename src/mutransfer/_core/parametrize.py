@@ -40,7 +40,7 @@ from .roles import ParamInfo, classify
 from .shapes import WidthShapes, canonical_name
 from .spec import SPEC_ATTR, MuSpec, find_spec
 
-__all__ = ["BaseShapes", "Multiplied", "Zeroing", "parametrize"]
+__all__ = ["BaseShapes", "ForwardConstants", "Zeroing", "parametrize"]
 
 BaseShapes = str | os.PathLike | WidthShapes | Mapping
 _QUERY_MODULE_NAMES = ("q_proj", "query", "to_q", "wq", "q", "w_q", "q_lin", "query_proj")
@@ -116,7 +116,7 @@ def parametrize(
             f"parametrize was already called on this {type(model).__name__}; it rescales the "
             "init, so calling it twice would apply µP twice. Build a fresh model instead"
         )
-    mults = TunableMultipliers(dict(init_mult or {}), dict(lr_mult or {}), output_mult, attn_mult, embedding_mult)
+    tunable = TunableMultipliers(dict(init_mult or {}), dict(lr_mult or {}), output_mult, attn_mult, embedding_mult)
     formulation = formulation_name(formulation)
     rules = formulation_rules(formulation)
     alpha = check_depth_alpha(depth_alpha)
@@ -150,9 +150,9 @@ def parametrize(
     params = {canonical_name(n): p for n, p in model.named_parameters()}
     zeroing = _readout_zeroing(model, infos, params) if zero_init_readout else []
     zeroing += _query_zeroing(model, zero_init_query) if zero_init_query else []
-    multipliers = _forward_constants(infos, rules, mults, _readout_input_ratio(seen, shapes, depth), model)
+    constants = _forward_constants(infos, rules, tunable, _readout_input_ratio(seen, shapes, depth), model)
     if seen.ran:
-        multipliers = _in_effect(multipliers, seen)
+        constants = _in_effect(constants, seen)
 
     # Everything is checked: from here on the model changes. Attention first: its scales are measured
     # again on a probe forward, and a mismatch undoes the change and raises before anything else changes.
@@ -164,30 +164,30 @@ def parametrize(
         shapes,
         infos,
         formulation,
-        mults,
+        tunable,
         init_source="base values" if base_values is not None else "assumed PyTorch-default scaling",
         depth_alpha=alpha if depth.containers else 0.0,
         depth=dict(depth.containers),
     )
     with torch.no_grad():
         for name, info in infos.items():
-            scale = _init_scale(
+            init_factor = _init_factor(
                 info,
                 shapes,
                 rules[info.role].init,
-                mults.init_mult(info.role),
+                tunable.init_mult(info.role),
                 params[name],
                 None if base_values is None else base_values[info.base_name],
             )
-            scale *= depth_factor(spec.depth_rule(name).init, info.m_depth, spec.depth_alpha)
-            spec.init_scales[name] = scale
-            if scale != 1.0:
-                params[name].mul_(scale)
+            init_factor *= depth_factor(spec.depth_rule(name).init, info.m_depth, spec.depth_alpha)
+            spec.init_scales[name] = init_factor  # the field keeps its name: MuSpec is pickled with models
+            if init_factor != 1.0:
+                params[name].mul_(init_factor)
         for _what, tensor in zeroing:
             tensor.zero_()
     spec.zero_init = [what for what, _ in zeroing]
-    _install_multipliers(model, multipliers)
-    spec.forward_constants = {m: (kind, c) for m, kind, c in multipliers}
+    _install_forward_constants(model, constants)
+    spec.forward_constants = {m: (kind, c) for m, kind, c in constants}
     spec.attention = spec_attention
     spec.branches = _install_branch_multipliers(model, depth, alpha, branches, helper_blocks)
     spec.folded_branches = {b.end: depth_factor(BRANCH_MULTIPLIER, depth.multiplier(b.end), alpha) for b in folded}
@@ -237,7 +237,7 @@ def _fold_branches(
 ) -> tuple[list[Branch], list[Branch]]:
     """Split the branches into (forward multiplier, folded into their last layer).
 
-    Table 3 has no forward multipliers, so a branch whose output is a Linear/Conv layer's gets the
+    Table 3 has no forward constants, so a branch whose output is a Linear/Conv layer's gets the
     multiplier folded into that layer's parameters ("branch_end" depth rule); its parameters must
     belong to that layer alone. Everything else keeps a forward multiplier.
     """
@@ -276,11 +276,11 @@ def _rms(t: torch.Tensor) -> float:
     return float(t.detach().to(torch.float64).pow(2).mean().sqrt())
 
 
-def _init_scale(
+def _init_factor(
     info: ParamInfo, shapes: WidthShapes, init_exp, init_mult: float, p: torch.Tensor, base_p: torch.Tensor | None
 ) -> float:
     """Factor to multiply the model's current init by."""
-    own = shapes.params[info.base_name].multipliers(tuple(p.shape))
+    own = shapes.params[info.base_name].width_ratios(tuple(p.shape))
     if all(m == 1.0 for m in own) and info.module_fan_in_mult == 1.0:
         # Base width for this parameter (and, for a bias, for its layer's fan_in): keep the user's init.
         return init_mult
@@ -371,7 +371,7 @@ def _query_zeroing(model: nn.Module, which) -> Zeroing:
     return found
 
 
-Multiplied = list[tuple[str, scaled_forward.Side, float]]  # (module name, input or output, constant)
+ForwardConstants = list[tuple[str, scaled_forward.Side, float]]  # (module name, input or output, constant)
 
 
 def _readout_input_ratio(seen: Observation, shapes: WidthShapes, depth: DepthMap):
@@ -400,28 +400,28 @@ def _is_layer(model: nn.Module, name: str) -> bool:
 def _forward_constants(
     infos: dict[str, ParamInfo],
     rules,
-    mults: TunableMultipliers,
+    tunable: TunableMultipliers,
     input_ratio=lambda module: 1.0,
     model: nn.Module | None = None,
-) -> Multiplied:
+) -> ForwardConstants:
     """Which modules need a forward multiplier, and its value (none in Table 3 at α = 1)."""
     readout_rule = formulation_rules(READOUT_MULTIPLIER)["output"]
-    found: Multiplied = []
+    found: ForwardConstants = []
     for name, info in infos.items():
-        if info.role == "input" and mults.embedding != 1.0 and info.layout is not None:
+        if info.role == "input" and tunable.embedding != 1.0 and info.layout is not None:
             # α_embedding on the lookup / input projection — a tied embedding's too (not on its readout)
             found += [
-                (m, scaled_forward.Side.OUTPUT, mults.embedding)
+                (m, scaled_forward.Side.OUTPUT, tunable.embedding)
                 for m, local in info.usages
                 if local == "weight" and m not in info.tied_readouts
             ]
         if info.role == "output":
-            c = mults.output * factor(rules["output"].forward, info.m_in, info.m_out)
+            c = tunable.output * factor(rules["output"].forward, info.m_in, info.m_out)
             readouts = [m for m, _ in info.usages]
             needs_module = model is None or all(_is_layer(model, m) for m in readouts)
         elif info.tied_readouts:
             # Table 8 on a tied readout; its fan_in is the embedding's fan_out.
-            c = mults.output * factor(readout_rule.forward, info.m_out, 1.0)
+            c = tunable.output * factor(readout_rule.forward, info.m_out, 1.0)
             readouts, needs_module = info.tied_readouts, True
         else:
             continue
@@ -438,13 +438,13 @@ def _forward_constants(
     return found
 
 
-def _in_effect(multipliers: Multiplied, seen: Observation) -> Multiplied:
+def _in_effect(constants: ForwardConstants, seen: Observation) -> ForwardConstants:
     """The forward constants whose module's forward ran on the probe. A constant on a module that
     never runs (its parent uses its weight directly, as HF Mamba's mixer does with `dt_proj`)
     would have no effect: it is left out, with a warning naming the module, not recorded as if it
     were in effect."""
     kept = []
-    for mname, side, c in multipliers:
+    for mname, side, c in constants:
         if mname and mname not in seen.called:
             warnings.warn(
                 f"parametrize: '{mname}' should get a forward constant ({side}{c:.4g}: α_output, "
@@ -460,8 +460,8 @@ def _in_effect(multipliers: Multiplied, seen: Observation) -> Multiplied:
     return kept
 
 
-def _install_multipliers(model: nn.Module, multipliers: Multiplied) -> None:
-    for mname, kind, c in multipliers:
+def _install_forward_constants(model: nn.Module, constants: ForwardConstants) -> None:
+    for mname, kind, c in constants:
         module = _module(model, mname)
         if kind is scaled_forward.Side.INPUT:
             scaled_forward.install(module, input_mult=c)

@@ -125,7 +125,7 @@ def _role_from_count(name: str, shape: ParamShape) -> str:
 
 
 def _multipliers(name: str, role: str, shape: ParamShape, tshape: tuple[int, ...], layout: Layout):
-    mult = shape.multipliers(tshape)
+    mult = shape.width_ratios(tshape)
     width_dims = [i for i, w in enumerate(shape.width) if w]
     if role == "scalar":
         return 1.0, 1.0
@@ -319,7 +319,7 @@ def classify(
                 f"set its role with roles={{'{name}': ...}}"
             )
 
-        mult = shape.multipliers(tshape)
+        mult = shape.width_ratios(tshape)
         if chosen.fan_in or chosen.fan_out:
             m_in, m_out = _product(mult, chosen.fan_in), _product(mult, chosen.fan_out)
             if role in ("vector", "input") and not chosen.fan_in:
@@ -337,7 +337,7 @@ def classify(
                 wl = _module_layout(module, "weight", getattr(w, "ndim", 0), is_transposed)
                 wbase = depth.to_base(wname)
                 if wl is not None and wbase in shapes.params:
-                    module_fan_in_mult = shapes.params[wbase].multipliers(tuple(w.shape))[wl[0]]
+                    module_fan_in_mult = shapes.params[wbase].width_ratios(tuple(w.shape))[wl[0]]
         where = depth.locate(name)
         source = (
             "override"

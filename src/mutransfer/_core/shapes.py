@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -33,9 +34,30 @@ class ParamShape:
     base: tuple[int, ...]
     width: tuple[bool, ...]
 
-    def multipliers(self, shape: tuple[int, ...]) -> tuple[float, ...]:
-        """Width multiplier of every dim for a parameter of `shape` (1.0 for finite dims)."""
+    def width_ratios(self, shape: tuple[int, ...]) -> tuple[float, ...]:
+        """The width ratio m = size / base size of every dim of a parameter of `shape`.
+
+        Args:
+            shape: the parameter's shape in the model.
+
+        Returns:
+            One ratio per dim (1.0 for finite dims).
+        """
         return tuple(s / b if w else 1.0 for s, b, w in zip(shape, self.base, self.width))
+
+    def multipliers(self, shape: tuple[int, ...]) -> tuple[float, ...]:
+        """Deprecated spelling of `width_ratios` (kept one release; "multipliers" are tunable HPs).
+
+        Args:
+            shape: the parameter's shape in the model.
+
+        Returns:
+            `width_ratios(shape)`.
+        """
+        warnings.warn(
+            "ParamShape.multipliers is deprecated; use ParamShape.width_ratios", DeprecationWarning, stacklevel=2
+        )
+        return self.width_ratios(shape)
 
 
 @dataclass
