@@ -173,14 +173,15 @@ class MuonWithAdamW(Optimizer):
         self.param_groups = [g for o in self._parts for g in o.param_groups]
 
     @property
-    def state(self):  # the parts' states, read-only view for tools that inspect optimizer.state
-        merged = {}
+    def state(self) -> dict[Any, Any]:  # type: ignore[override]
+        """The parts' states merged: a read-only view for tools that inspect ``optimizer.state``."""
+        merged: dict[Any, Any] = {}
         for o in self._parts:
             merged.update(o.state)
         return merged
 
     @state.setter
-    def state(self, value) -> None:  # Optimizer.__init__ assigns an empty state; the parts hold the real one
+    def state(self, value: Any) -> None:  # Optimizer.__init__ assigns an empty state; the parts hold the real one
         pass
 
     def __repr__(self) -> str:

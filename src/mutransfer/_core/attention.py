@@ -27,6 +27,7 @@ A second probe forward then measures every module again; any scale that is not �
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Callable
@@ -172,17 +173,34 @@ class MuMultiheadAttention(nn.MultiheadAttention):
     in place by `parametrize`, so state_dicts stay interchangeable.
     """
 
+    _mutransfer_attn: tuple[float, int] | None  # (α_attention, base head dim d₀), set by parametrize
+
     def forward(
         self,
-        query,
-        key,
-        value,
-        key_padding_mask=None,
-        need_weights=True,
-        attn_mask=None,
-        average_attn_weights=True,
-        is_causal=False,
-    ):
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        need_weights: bool = True,
+        attn_mask: torch.Tensor | None = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """nn.MultiheadAttention's forward with µP's logit scale α·√d₀/d instead of 1/√d.
+
+        Args:
+            query: as nn.MultiheadAttention's.
+            key: as nn.MultiheadAttention's.
+            value: as nn.MultiheadAttention's.
+            key_padding_mask: as nn.MultiheadAttention's.
+            need_weights: as nn.MultiheadAttention's.
+            attn_mask: as nn.MultiheadAttention's.
+            average_attn_weights: as nn.MultiheadAttention's.
+            is_causal: as nn.MultiheadAttention's.
+
+        Returns:
+            (attention output, attention weights or None), as nn.MultiheadAttention's.
+        """
         scale = mup_logit_scale(self._mutransfer_attn, self.head_dim)
         batched = query.dim() == 3
         if not batched:
@@ -197,7 +215,7 @@ class MuMultiheadAttention(nn.MultiheadAttention):
         dtype = q.dtype
         attn_mask = _as_additive(attn_mask, dtype)
         key_padding_mask = _as_additive(key_padding_mask, dtype)
-        if self.bias_k is not None:
+        if self.bias_k is not None and self.bias_v is not None:
             k = torch.cat([k, self.bias_k.expand(1, bsz, -1)])
             v = torch.cat([v, self.bias_v.expand(1, bsz, -1)])
             if attn_mask is not None:
@@ -407,21 +425,14 @@ def install(fixes: list[AttentionFix], alpha: float) -> Callable[[], None]:
         if f.attr is not None:
             old = getattr(module, f.attr)
             setattr(module, f.attr, old / correction if f.divides else old * correction)
-            undo.append(lambda m=module, a=f.attr, v=old: setattr(m, a, v))
+            undo.append(functools.partial(setattr, module, f.attr, old))
             continue
-        old_class, had = module.__class__, module.__dict__.get("_mutransfer_attn")
-        undo.append(
-            lambda m=module, c=old_class, h=had: (
-                setattr(m, "__class__", c),
-                m.__dict__.pop("_mutransfer_attn", None),
-                m.__dict__.pop(scaled_forward.SDPA_ATTR, None),
-            )
-        )
+        undo.append(functools.partial(_restore_class, module, module.__class__))
         if f.how == "mha":
-            module._mutransfer_attn = (float(alpha), f.d0)
+            module.__dict__["_mutransfer_attn"] = (float(alpha), f.d0)
             module.__class__ = MuMultiheadAttention
         elif f.how == "helper":
-            module._mutransfer_attn = (float(alpha), f.d0)
+            module.__dict__["_mutransfer_attn"] = (float(alpha), f.d0)
         elif f.how == "sdpa":
             scaled_forward.install(module, sdpa=correction)
 
@@ -471,3 +482,10 @@ def legacy_plan(
             AttentionFix(module, cname, how, int(d0), int(d), before, target, "scaling" if kind == "scaling" else None)
         )
     return fixes
+
+
+def _restore_class(module: nn.Module, cls: type) -> None:
+    """Undo of an installed scale that switched the class or stored a config: back to `cls`, both removed."""
+    module.__class__ = cls
+    module.__dict__.pop("_mutransfer_attn", None)
+    module.__dict__.pop(scaled_forward.SDPA_ATTR, None)

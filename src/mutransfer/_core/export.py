@@ -43,6 +43,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import ExportError
 from .devices import DeviceLike, module_device, resolve_device, same_device
 from .export_check import (
     NoCache,
@@ -84,12 +85,20 @@ def export(
             None: the model's own device. `example_inputs` are moved there. The returned model lives
             on the model's device either way.
 
-    Returns the exported model (its class is the user's, its state_dict keys are the model's).
-    For Hugging Face models: ``export(model).save_pretrained(dir)``, then plain
-    ``from_pretrained(dir)`` gives the same outputs.
+    Returns:
+        The exported model (its class is the user's, its state_dict keys are the model's). For
+        Hugging Face models: ``export(model).save_pretrained(dir)``, then plain
+        ``from_pretrained(dir)`` gives the same outputs.
+
+    Raises:
+        ModelError: the model was never parametrized (a plain model needs no export).
+        ExportError: the model does not run on `example_inputs`, a constant has no place to go, or
+            the exported model differs from the µP model by more than `rtol` on the probe.
     """
     spec = require_spec(model, "export")  # a plain model needs no export: save it as it is
     root = spec_holder(model)
+    if root is None:  # require_spec found a spec, so a holder exists
+        raise ExportError(f"export: no module of {type(model).__name__} holds the µP spec")
     home = module_device(root)
     where = home if device is None else resolve_device(device, "device")
     training = root.training

@@ -7,6 +7,7 @@ see `export` for the rules and `export_check` for the comparisons.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Callable
@@ -112,7 +113,7 @@ class Folder:
                         found.append(_Constant(name, kind, float(module.__dict__[attr]), pop(module, attr)))
             if isinstance(module, MuMultiheadAttention):  # its q rows, exactly
                 cfg = module.__dict__.pop("_mutransfer_attn")
-                module.__class__ = nn.MultiheadAttention
+                module.__class__ = nn.MultiheadAttention  # type: ignore[assignment]
                 self._scale_mha_query(module, mup_logit_scale(cfg, module.head_dim) * math.sqrt(module.head_dim))
             elif "_mutransfer_attn" in module.__dict__:  # the attn_scale helper
                 cfg = module.__dict__["_mutransfer_attn"]
@@ -144,7 +145,7 @@ class Folder:
                         name,
                         "attention",
                         a.target / a.before,
-                        lambda m=module, k=attr, v=a.attribute_value: setattr(m, k, v),
+                        functools.partial(setattr, module, attr, a.attribute_value),
                     )
                 )
         return found
@@ -168,7 +169,7 @@ class Folder:
     ) -> Callable[[], None]:
         """Multiply a layer's weight (and bias) by c, or the rows (dim, indices) of them; returns the
         undo. Refuses a parameter that other modules share (it would change them too)."""
-        touched = []
+        touched: list[tuple[nn.Parameter, int | None, torch.Tensor | None]] = []
         for pname in ("weight", "bias") if bias else ("weight",):
             p = module._parameters.get(pname)
             if p is None:

@@ -190,7 +190,9 @@ def parametrize(
     spec.forward_constants = {m: (kind, c) for m, kind, c in constants}
     spec.attention = spec_attention
     spec.branches = _install_branch_multipliers(model, depth, alpha, branches, helper_blocks)
-    spec.folded_branches = {b.end: depth_factor(BRANCH_MULTIPLIER, depth.multiplier(b.end), alpha) for b in folded}
+    spec.folded_branches = {
+        b.end: depth_factor(BRANCH_MULTIPLIER, depth.multiplier(b.end), alpha) for b in folded if b.end is not None
+    }
     setattr(model, SPEC_ATTR, spec)
     return model
 

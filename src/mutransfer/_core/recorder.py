@@ -43,7 +43,8 @@ from __future__ import annotations
 import contextlib
 import math
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -247,8 +248,7 @@ class _Recorder(TorchFunctionMode):
             return
         if name in ELEMENTWISE or (name.startswith("r") and name[1:] in ("add", "sub", "mul", "div")):
             tensors = tensors_in(list(args) + list(kwargs.values()))
-            derived = [(t, self._p(t)) for t in tensors]
-            derived = [(t, pt) for t, pt in derived if pt is not None]
+            derived = [(t, pt) for t in tensors if (pt := self._p(t)) is not None]
             for _t, pt in derived:
                 self.use(pt[0], "elementwise", (), pt[1], name)
             # a parameter times a constant is still that parameter (weight · c, then used as a weight)
@@ -261,7 +261,7 @@ class _Recorder(TorchFunctionMode):
             ):
                 self._set_p(out, derived[0][1][0], derived[0][1][1])
 
-    def _propagate(self, name: str, t: torch.Tensor, p: tuple[str, Dims], args, kwargs, out) -> None:
+    def _propagate(self, name: str, t: Any, p: tuple[str, Dims], args, kwargs, out) -> None:
         pname, dims = p
         if (name in ("t", "T") and len(dims) == 2) or name == "mT":
             new = dims[:-2] + (dims[-1], dims[-2]) if len(dims) >= 2 else dims
@@ -306,9 +306,10 @@ class _Recorder(TorchFunctionMode):
         else:  # reshape-like
             if not isinstance(out, torch.Tensor):
                 return
-            new = reshape_dims(tuple(t.shape), tuple(out.shape), dims)
-            if new is None:
+            reshaped = reshape_dims(tuple(t.shape), tuple(out.shape), dims)
+            if reshaped is None:
                 return
+            new = reshaped
         for o in tensors_in(out):
             if o.ndim == len(new):
                 self._set_p(o, pname, new)
@@ -535,10 +536,17 @@ class _Recorder(TorchFunctionMode):
 
 
 @contextlib.contextmanager
-def recording(model: nn.Module, on_attention: Callable | None = None):
-    """Record usage and attention calls of every forward run inside the block (yields the recorder,
-    whose ``obs`` holds them). `on_attention(call, q, k, logits, causal)` is called at each attention
-    computation with its tensors: q and k for SDPA, the logits tensor for a matmul → softmax."""
+def recording(model: nn.Module, on_attention: Callable[..., None] | None = None) -> Iterator[_Recorder]:
+    """Record usage and attention calls of every forward run inside the block.
+
+    Args:
+        model: the model whose parameters and modules are named in the record.
+        on_attention: called as ``on_attention(call, q, k, logits, causal)`` at each attention
+            computation with its tensors: q and k for SDPA, the logits tensor for a matmul → softmax.
+
+    Returns:
+        A context manager yielding the recorder, whose ``obs`` (an `Observation`) holds the record.
+    """
     params: dict[int, str] = {}
     for n, p in model.named_parameters():
         params.setdefault(id(p), canonical_name(n))

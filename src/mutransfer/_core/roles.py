@@ -29,7 +29,9 @@ import fnmatch
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
+import torch
 from torch import nn
 
 from ..errors import ModelError, MuPWarning
@@ -332,7 +334,7 @@ def classify(
         if uses:
             mname, module, local = uses[0]
             if len(tshape) == 1 and local.endswith("bias") and hasattr(module, "weight"):
-                w = module.weight
+                w = cast(torch.Tensor, module.weight)
                 wname = f"{mname}.weight" if mname else "weight"
                 wl = _module_layout(module, "weight", getattr(w, "ndim", 0), is_transposed)
                 wbase = depth.to_base(wname)
@@ -379,8 +381,8 @@ def classify(
             f"({why}): a raw matrix is taken as (fan_out, fan_in). Pass example_inputs= to parametrize "
             f"so that usage can be observed, or set roles={{'name': ...}} / transposed="
         )
-    for w in warnings:
-        _warn(w)
+    for message in warnings:
+        _warn(message)
     return infos
 
 

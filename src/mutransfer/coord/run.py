@@ -16,8 +16,8 @@ uses ``mt.attn_logits``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -100,7 +100,7 @@ def coord_check(
             )
         axis, sizes, fixed_width = "depth", check_widths(depths, "depths"), int(widths[0])
     else:
-        axis, sizes, fixed_width = "width", check_widths(widths), None
+        axis, sizes, fixed_width = "width", check_widths(cast(Iterable[int], widths)), None
     data = _check_data(data)
     where = resolve_device(device, "device")
     data = [move(batch, where) for batch in data]
@@ -123,11 +123,16 @@ def coord_check(
     parametrizations = set()
     diverged: list[tuple[int, int, int]] = []
     bar = Progress(len(sizes) * seeds, "coord-check", enabled=progress)
+
+    def build(size: int, times: int = 1) -> Any:
+        """The model at `size` (width, or depth at the fixed width), the width × `times`."""
+        return make_model(times * size) if fixed_width is None else make_model(times * fixed_width, size)
+
     for size in sizes:
         for seed in range(seeds):
             bar.update(f"{axis} {size}, seed {seed}")
             torch.manual_seed(seed)
-            model = make_model(size) if axis == "width" else make_model(fixed_width, size)
+            model = build(size)
             call = f"make_model({size})" if axis == "width" else f"make_model({fixed_width}, {size})"
             if not isinstance(model, nn.Module):
                 raise TypeError(f"{call} returned {type(model).__name__}, not an nn.Module")
@@ -140,22 +145,20 @@ def coord_check(
                     # a plain model has no roles: its hidden matrices are the 2-D parameters whose both dims
                     # change with width, seen against the same model at twice the width (shapes only: one
                     # look per size serves every seed)
-                    hidden = hidden_matrices(
-                        model, make_model(2 * size) if axis == "width" else make_model(2 * fixed_width, size)
-                    )
+                    hidden = hidden_matrices(model, build(size, times=2))
             run_records, bad_step, meter = _run(
                 model, data, optimizer, family, lr, weight_decay, eps, steps, loss_fn, is_mup, readouts, hidden
             )
             rename = _depth_names(model) if axis == "depth" else {}
-            prob_modules |= {rename.get(m, m) for m in meter.prob_modules if rename.get(m, m) is not None}
+            prob_modules |= {r for m in meter.prob_modules if (r := rename.get(m, m)) is not None}
             for label, d in meter.head_dims.items():
                 head_dims.setdefault(label, {})[size] = d
             for label, d in meter.out_dims.items():
                 out_dims.setdefault(label, {}).setdefault(size, set()).add(d)
             records += [
-                Record(rename.get(m, m), q, t, size, seed, v)
+                Record(r, q, t, size, seed, v)
                 for (m, q, t), v in run_records.items()
-                if rename.get(m, m) is not None
+                if (r := rename.get(m, m)) is not None
             ]
             if bad_step is not None:
                 diverged.append((size, seed, bad_step))
@@ -188,7 +191,7 @@ def coord_check(
     )
 
 
-def _growth_exponent(by_size: dict[int, float]) -> float:
+def _growth_exponent(by_size: Mapping[int, float]) -> float:
     """Slope of log(value) against log(size) through the smallest and largest size."""
     sizes = sorted(by_size)
     if len(sizes) < 2 or by_size[sizes[0]] <= 0:
