@@ -11,7 +11,7 @@ from `scaled_lrs`, or build them with `OneCycleLR` here; `check_lr_ratios` catch
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -80,7 +80,7 @@ def _soap_class():
     return cls
 
 
-def _plain_groups(model: nn.Module, optimizer: str, groups, hidden: set[str] | None):
+def _plain_groups(model: nn.Module, optimizer: str, groups: Any, hidden: set[str] | None) -> list[Any] | MuonGroups:
     params = list(groups) if groups is not None else [{"params": [p for p in model.parameters() if p.requires_grad]}]
     if OPTIMIZERS[optimizer].partner is None:
         return params
@@ -103,14 +103,14 @@ def build_optimizer(
     lr: float,
     *,
     weight_decay: float = 0.0,
-    eps=None,
+    eps: Any = None,
     mup: bool | None = None,
     weight_decay_policy: str = DEFAULT_WEIGHT_DECAY_POLICY,
-    groups=None,
+    groups: Iterable[dict | torch.Tensor] | None = None,
     partner_lr: float | None = None,
     partner_betas: tuple[float, float] | None = None,
     hidden: set[str] | None = None,
-    **kwargs,
+    **kwargs: Any,
 ) -> torch.optim.Optimizer:
     """The optimizer named `optimizer` (any name in `rules.OPTIMIZERS`) over the whole model.
 
@@ -119,12 +119,33 @@ def build_optimizer(
     `hidden` names the matrices it takes). Other keyword arguments (momentum, betas, nesterov,
     adjust_lr_fn, …) go to the optimizer (Muon: to torch.optim.Muon; `partner_lr` and
     `partner_betas` to its AdamW). The one place the library builds one.
+
+    Args:
+        model: the model whose parameters it updates (parametrized or plain).
+        optimizer: any name in `rules.OPTIMIZERS` ("sgd", "adam", "adamw", "lion", "adafactor", "muon", "soap", …).
+        lr: the base learning rate.
+        weight_decay: base weight decay (see `param_groups`).
+        eps: ε at base width (see `param_groups`); None: the optimizer's default.
+        mup: use µP's groups; None: whether the model was parametrized.
+        weight_decay_policy: one of `rules.WEIGHT_DECAY_POLICIES`.
+        groups: your own parameter groups instead of all of the model's.
+        partner_lr: Muon only: the base lr of its AdamW partner (default `lr`).
+        partner_betas: Muon only: the betas of its AdamW partner.
+        hidden: Muon on a plain model only: the names of the hidden matrices (`hidden_matrices`).
+        **kwargs: further keyword arguments of the optimizer.
+
+    Returns:
+        The optimizer (for "muon", a `mutransfer.optimizers.MuonWithAdamW`).
+
+    Raises:
+        OptimizerError: an unknown optimizer name, a bad argument, or Muon on a plain model without `hidden`.
     """
     optimizer_rule(optimizer)  # a clear error for an unknown name
     name = optimizer.lower()
     if mup is None:
         mup = find_spec(model) is not None
     adjust = kwargs.get("adjust_lr_fn")
+    pg: list[dict[str, Any]] | MuonGroups
     if mup:
         pg = param_groups(
             model,
@@ -139,17 +160,21 @@ def build_optimizer(
         )
     else:
         pg = _plain_groups(model, name, groups, hidden)
-    eps_kw = {} if eps is None else {"eps": tuple(eps) if name == "adafactor" else eps}
+    eps_kw: dict[str, Any] = {} if eps is None else {"eps": tuple(eps) if name == "adafactor" else eps}
+    partner_kw: dict[str, Any] = {} if partner_betas is None else {"betas": tuple(partner_betas)}
+    one = cast("list[dict[str, Any]]", pg)  # every optimizer but Muon: one list of groups
     if name in _TORCH_CLASSES:
         cls = getattr(torch.optim, _TORCH_CLASSES[name])
-        return cls(pg, lr=lr, weight_decay=weight_decay, **eps_kw, **kwargs)
+        return cls(one, lr=lr, weight_decay=weight_decay, **eps_kw, **kwargs)
     if name == "lion":
-        return _Lion(pg, lr=lr, weight_decay=weight_decay, **kwargs)
+        return _Lion(one, lr=lr, weight_decay=weight_decay, **kwargs)
     if name == "adafactor":
-        return _Adafactor(pg, lr=lr, weight_decay=weight_decay, **eps_kw, **kwargs)
+        return _Adafactor(one, lr=lr, weight_decay=weight_decay, **eps_kw, **kwargs)
     if name == "soap":
-        return _soap_class()(pg, lr=lr, weight_decay=weight_decay, **eps_kw, **kwargs)
+        return _soap_class()(one, lr=lr, weight_decay=weight_decay, **eps_kw, **kwargs)
     if name == "muon":
+        if not isinstance(pg, MuonGroups):  # param_groups and _plain_groups give Muon its two lists
+            raise OptimizerError("optimizer 'muon' needs MuonGroups (hidden matrices + the rest)")
         cls = torch_muon().Muon
         muon = cls(pg.muon, lr=lr, weight_decay=weight_decay, **kwargs) if pg.muon and pg.muon[0]["params"] else None
         adamw = (
@@ -158,7 +183,7 @@ def build_optimizer(
                 lr=lr if partner_lr is None else partner_lr,
                 weight_decay=weight_decay,
                 **eps_kw,
-                **({} if partner_betas is None else {"betas": tuple(partner_betas)}),
+                **partner_kw,
             )
             if pg.adamw and pg.adamw[0]["params"]
             else None
@@ -413,12 +438,29 @@ def Muon(
 
 
 def scaled_lrs(optimizer: torch.optim.Optimizer, value: float) -> list[float]:
-    """`value` × each group's µP lr factor: per-group max_lr for OneCycleLR / CyclicLR."""
+    """`value` × each group's µP lr factor: per-group max_lr for OneCycleLR / CyclicLR.
+
+    Args:
+        optimizer: an optimizer over `param_groups`.
+        value: the base value (e.g. max_lr).
+
+    Returns:
+        One value per group, in the optimizer's group order.
+    """
     return [value * g.get(LR_FACTOR_KEY, 1.0) for g in optimizer.param_groups]
 
 
 def check_lr_ratios(optimizer: torch.optim.Optimizer, rtol: float = 1e-6) -> None:
-    """Raise ValueError if the groups' lrs no longer stand in µP's ratios (e.g. after OneCycleLR)."""
+    """Check that the groups' lrs still stand in µP's ratios (a scheduler may have overwritten them).
+
+    Args:
+        optimizer: an optimizer over `param_groups`.
+        rtol: relative tolerance of the base lr each group implies.
+
+    Raises:
+        OptimizerError: a group's lr is not its µP factor × the base lr (e.g. after OneCycleLR with
+            a scalar max_lr).
+    """
     groups = [g for g in optimizer.param_groups if LR_FACTOR_KEY in g and g[LR_FACTOR_KEY] > 0]
     if not groups:
         return
@@ -433,8 +475,20 @@ def check_lr_ratios(optimizer: torch.optim.Optimizer, rtol: float = 1e-6) -> Non
             )
 
 
-def OneCycleLR(optimizer: torch.optim.Optimizer, max_lr: float, **kwargs) -> torch.optim.lr_scheduler.OneCycleLR:
-    """torch's OneCycleLR with a scalar `max_lr` spread over the groups by their µP factors."""
+def OneCycleLR(optimizer: torch.optim.Optimizer, max_lr: float, **kwargs: Any) -> torch.optim.lr_scheduler.OneCycleLR:
+    """torch's OneCycleLR with a scalar `max_lr` spread over the groups by their µP factors.
+
+    Args:
+        optimizer: an optimizer over `param_groups` (each group carries its µP lr factor).
+        max_lr: the base max_lr, one number.
+        **kwargs: further arguments of torch.optim.lr_scheduler.OneCycleLR (total_steps=, …).
+
+    Returns:
+        The scheduler, with per-group max_lr = `max_lr` × the group's µP factor.
+
+    Raises:
+        TypeError: `max_lr` is a list (the per-group values are made here).
+    """
     if isinstance(max_lr, (list, tuple)):
         raise TypeError("mt.optim.OneCycleLR takes the base max_lr as one number; it scales it per group")
     return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=scaled_lrs(optimizer, max_lr), **kwargs)

@@ -89,6 +89,13 @@ ROLES = ("input", "vector", "hidden", "output", "scalar")
 
 @dataclass(frozen=True)
 class Rule:
+    """One role's µP rule: each column a pair of exponents of the width ratios (m_in, m_out).
+
+    ``init`` (init std), ``forward`` (a forward constant), then an lr column per kind of update
+    (``sgd_lr``, ``adam_lr``, ``spectral_lr``, ``adafactor_lr``) and ``adam_eps`` (ε of entrywise
+    updates); `factor` turns a column into a number.
+    """
+
     init: Exponents
     forward: Exponents
     sgd_lr: Exponents
@@ -235,6 +242,12 @@ DEFAULT_OPTIMIZER = "adam"
 
 @dataclass(frozen=True)
 class DepthRule:
+    """One place's depth rule (outside the blocks, in a block, a branch end): per column, ``(c, k)``.
+
+    A column's factor is m_L ** (c + k·α), m_L = depth / base depth and α the depth exponent
+    (`depth_factor`); the columns are those of `Rule` that depth changes.
+    """
+
     init: tuple[float, float]
     sgd_lr: tuple[float, float]
     adam_lr: tuple[float, float]
@@ -260,7 +273,7 @@ def depth_factor(exponent: tuple[float, float], m_depth: float, alpha: float) ->
     return 1.0 if (m_depth == 1.0 or e == 0.0) else float(m_depth**e)
 
 
-def check_depth_alpha(alpha, name: str = "depth_alpha") -> float:
+def check_depth_alpha(alpha: object, name: str = "depth_alpha") -> float:
     """`alpha` as a float in [0, 1]; TypeError/ValueError naming `name` otherwise (the one check of
     depth_alpha: parametrize, the sweep config and the CLI)."""
     message = f"{name} must be a number in [0, 1] (0.5 Depth-µP, 1.0 CompleteP, 0 no depth scaling), got {alpha!r}"

@@ -99,6 +99,14 @@ def _calls_helper(module: nn.Module, source: str | None = None) -> bool:
 
 
 def head_dim_of(module: nn.Module) -> int | None:
+    """The head dim a module declares (``head_dim``, ``d_head``, …, or embed dim / heads), else None.
+
+    Args:
+        module: an attention module.
+
+    Returns:
+        The head dim read from its attributes, or None when they do not say.
+    """
     for attr in _HEAD_DIM_ATTRS:
         v = getattr(module, attr, None)
         if isinstance(v, int) and v > 0:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,7 +33,7 @@ __all__ = [
 ]
 
 
-def copied(obj):
+def copied(obj: Any) -> Any:
     """A deep copy where one can be made (a module's inputs, a cache object), else the object."""
     try:
         return copy.deepcopy(obj)
@@ -40,7 +41,8 @@ def copied(obj):
         return obj
 
 
-def float_tensors(out) -> list[torch.Tensor]:
+def float_tensors(out: Any) -> list[torch.Tensor]:
+    """The floating-point tensors of a (nested) model output, in order."""
     if isinstance(out, torch.Tensor):
         return [out] if out.is_floating_point() else []
     if isinstance(out, dict):
@@ -50,7 +52,7 @@ def float_tensors(out) -> list[torch.Tensor]:
     return []
 
 
-def relative_error(a, b) -> float:
+def relative_error(a: Any, b: Any) -> float:
     """max |a − b| / max |b| over the floating-point tensors of two outputs (inf if they differ in kind)."""
     ta, tb = float_tensors(a), float_tensors(b)
     if len(ta) != len(tb) or not tb or any(x.shape != y.shape for x, y in zip(ta, tb)):
@@ -68,7 +70,19 @@ def relative_error(a, b) -> float:
     return worst
 
 
-def check_same_outputs(plain: nn.Module, reference: nn.Module, inputs, rtol: float, what: str) -> None:
+def check_same_outputs(plain: nn.Module, reference: nn.Module, inputs: Any, rtol: float, what: str) -> None:
+    """Run both models on `inputs` and raise unless their outputs agree within `rtol`.
+
+    Args:
+        plain: the exported model.
+        reference: the µP model it must reproduce.
+        inputs: probe inputs (as `call_model` takes them).
+        rtol: largest allowed `relative_error`.
+        what: what `plain` is, for the message.
+
+    Raises:
+        ExportError: the outputs differ by more than `rtol`.
+    """
     err = relative_error(call_model(plain, inputs), call_model(reference, inputs))
     if not err <= rtol:
         raise ExportError(
@@ -77,7 +91,19 @@ def check_same_outputs(plain: nn.Module, reference: nn.Module, inputs, rtol: flo
         )
 
 
-def probe_inputs(model: nn.Module, inputs):
+def probe_inputs(model: nn.Module, inputs: Any) -> Any:
+    """Inputs for export's probe forwards: the user's (checked to run) or the first made ones that run.
+
+    Args:
+        model: the model to probe (put in eval mode).
+        inputs: the user's `example_inputs`, or None to make them (`example_inputs`).
+
+    Returns:
+        Inputs the model's forward accepts, on its device.
+
+    Raises:
+        ExportError: the given inputs do not run, or none could be made that run.
+    """
     if inputs is not None:
         inputs = to_device(inputs, model)
         try:
@@ -110,7 +136,7 @@ def low_precision(model: nn.Module) -> torch.dtype | None:
     return None
 
 
-def cast_floats(obj, dtype: torch.dtype):
+def cast_floats(obj: Any, dtype: torch.dtype) -> Any:
     """Floating-point tensors of (nested) inputs cast to dtype."""
     if isinstance(obj, torch.Tensor):
         return obj.to(dtype) if obj.is_floating_point() else obj
@@ -145,6 +171,7 @@ def fill_zeros(model: nn.Module) -> list[str]:
 
 
 def hf_configs(model: nn.Module) -> list:
+    """A Hugging Face model's config and its text config (when different); [] for other models."""
     cfg = getattr(model, "config", None)
     if cfg is None:
         return []

@@ -59,6 +59,14 @@ class Folder:
                 self.owners.setdefault(id(p), []).append(f"{mname}.{pname}" if mname else pname)
 
     def fold(self, untie: bool) -> None:
+        """Take every µP constant out of the plain copy and fold each into weights, checked one at a time.
+
+        Args:
+            untie: give a tied readout its own weight when no norm can absorb its multiplier.
+
+        Raises:
+            ExportError: a constant has no place to go, or no candidate keeps the module's output.
+        """
         constants = self._constants()
         calls = self._calls()
         for c in constants:  # output constants first: they may scale a weight that readouts share
@@ -180,10 +188,10 @@ class Folder:
                 p.mul_(c)
                 touched.append((p, None, None))
             else:
-                dim, index = part
-                dim = 0 if p.dim() == 1 else dim
-                p.index_copy_(dim, index, p.index_select(dim, index) * c)
-                touched.append((p, dim, index))
+                along, index = part
+                along = 0 if p.dim() == 1 else along
+                p.index_copy_(along, index, p.index_select(along, index) * c)
+                touched.append((p, along, index))
 
         def undo() -> None:
             for p, dim, index in touched:

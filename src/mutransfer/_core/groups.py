@@ -8,6 +8,7 @@ torch.optim.Muon step), `hidden_matrices` for a model in standard parametrizatio
 
 from __future__ import annotations
 
+import types
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
@@ -54,7 +55,7 @@ def muon_adjust_ratio(shape: tuple[int, ...], base_shape: tuple[int, ...], adjus
     return adjust(1.0, adjust_lr_fn, torch.Size(shape)) / adjust(1.0, adjust_lr_fn, torch.Size(base_shape))
 
 
-def torch_muon():
+def torch_muon() -> types.ModuleType:
     """torch's Muon module (torch.optim._muon: the Muon class and its lr adjustment), or a clear error."""
     try:
         from torch.optim import _muon
@@ -102,7 +103,7 @@ def param_groups(
     optimizer: str = "adam",
     *,
     weight_decay: float = 0.0,
-    eps=None,
+    eps: Any = None,
     weight_decay_policy: str = DEFAULT_WEIGHT_DECAY_POLICY,
     groups: Iterable[dict | torch.Tensor] | None = None,
     partner_lr: float | None = None,
@@ -152,10 +153,11 @@ def param_groups(
         raise OptimizerError("Lion has no ε (its step is a sign); drop eps=")
     if name_lc == "adafactor" and eps is not None and not (isinstance(eps, (tuple, list)) and len(eps) == 2):
         raise OptimizerError(f"Adafactor's eps is a pair (ε₁, ε₂) as torch.optim.Adafactor takes it, got {eps!r}")
-    names = {}
+    names: dict[int, str] = {}
     for n, p in model.named_parameters():
         names.setdefault(id(p), canonical_name(n))
 
+    user_groups: list[Any]
     if groups is None:
         user_groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]
     else:
@@ -188,7 +190,7 @@ def param_groups(
                 eps_v = tuple(b * f if f != 1.0 else b for b, f in zip(base, eps_f))
             key = (who, lr_f, eps_v, wd_f)
             if key not in split:
-                new = dict(options)
+                new: dict[str, Any] = dict(options)
                 new["lr"] = g_lr * lr_f if lr_f != 1.0 else g_lr
                 new["weight_decay"] = g_wd * wd_f if wd_f != 1.0 else g_wd
                 if eps_v is not None:
@@ -243,13 +245,15 @@ def check_muon_adjust(optimizer: torch.optim.Optimizer) -> None:
             )
 
 
-def _muon_guard_hook(optimizer, args, kwargs):
-    if isinstance(optimizer, getattr(torch.optim, "Muon", ())):
+def _muon_guard_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+    muon = getattr(torch.optim, "Muon", None)
+    if muon is not None and isinstance(optimizer, muon):
         check_muon_adjust(optimizer)
     return None
 
 
 def register_muon_guard() -> None:
+    """Run `check_muon_adjust` before every torch.optim.Muon step (registered once, process-wide)."""
     global _GUARD
     if _GUARD is None:
         from torch.optim.optimizer import register_optimizer_step_pre_hook

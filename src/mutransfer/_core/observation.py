@@ -37,6 +37,8 @@ class AttentionCall:
 
 @dataclass
 class Observation:
+    """Everything one probe forward recorded (empty, with `error` set, when the forward could not run)."""
+
     uses: dict[str, list[Use]] = field(default_factory=dict)  # canonical parameter name → uses
     attention: list[AttentionCall] = field(default_factory=list)
     # module → the constant its (first) input carries from the forward code, where it is not 1
@@ -50,9 +52,11 @@ class Observation:
 
     @property
     def ran(self) -> bool:
+        """Whether the probe forward ran (then the record is complete)."""
         return self.error is None
 
     def attention_by_module(self) -> dict[str, list[AttentionCall]]:
+        """The attention calls grouped by the module that ran them, in call order."""
         out: dict[str, list[AttentionCall]] = {}
         for call in self.attention:
             out.setdefault(call.module, []).append(call)

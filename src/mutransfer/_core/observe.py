@@ -57,7 +57,16 @@ def observe(model: nn.Module, inputs: Any, on_attention: Callable | None = None)
     return obs
 
 
-def call_model(model: nn.Module, inputs: Any):
+def call_model(model: nn.Module, inputs: Any) -> Any:
+    """Call `model` on `inputs`: a dict as keyword arguments, a tuple/list as positional ones, else one argument.
+
+    Args:
+        model: the model.
+        inputs: a tensor, a tuple/list of positional arguments or a dict of keyword arguments.
+
+    Returns:
+        The model's output.
+    """
     if isinstance(inputs, dict):
         return model(**inputs)
     if isinstance(inputs, (tuple, list)):
@@ -146,7 +155,7 @@ def observe_model(model: nn.Module, inputs: Any = None) -> Observation:
     return Observation(error="; ".join(dict.fromkeys(e for e in errors if e)))
 
 
-def to_device(inputs, model: nn.Module):
+def to_device(inputs: Any, model: nn.Module) -> Any:
     """`inputs` (a tensor, or tuples, lists, dicts of them) moved to `model`'s device (as they are
     for a model without parameters)."""
     if next(model.parameters(), None) is None:

@@ -7,6 +7,9 @@ attention logits, which ones leave a tensor's forward constant unchanged (`SCALE
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import torch
 
 from .observation import Dims
@@ -197,7 +200,8 @@ SCALE_SAME = {
 }
 
 
-def op_name(func) -> str:
+def op_name(func: Any) -> str:
+    """The name a torch function goes by in the tables (dunder and in-place spellings folded: ``__iadd__`` → ``add``)."""
     name = getattr(func, "__name__", "")
     if name == "__get__":  # a property such as Tensor.T
         return getattr(getattr(func, "__self__", None), "__name__", "")
@@ -215,7 +219,8 @@ def op_name(func) -> str:
     return name
 
 
-def tensors_in(obj) -> list[torch.Tensor]:
+def tensors_in(obj: Any) -> list[torch.Tensor]:
+    """The tensors in `obj` (a tensor, or nested lists/tuples of them), in order."""
     if isinstance(obj, torch.Tensor):
         return [obj]
     if isinstance(obj, (list, tuple)):
@@ -226,7 +231,7 @@ def tensors_in(obj) -> list[torch.Tensor]:
 # --------------------------------------------------------------------------- the mode
 
 
-def add_operands(name: str, args, kwargs) -> list:
+def add_operands(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
     """(input, A, B) of baddbmm/addmm/addbmm/addmv, positional or by keyword (Bloom: batch1=, batch2=)."""
     first, second = {"addmv": ("mat", "vec")}.get(name, ("mat1", "mat2") if name == "addmm" else ("batch1", "batch2"))
     ops = list(args[:3]) + [None] * (3 - len(args[:3]))
@@ -240,6 +245,7 @@ def add_operands(name: str, args, kwargs) -> list:
 
 
 def einsum_labels(sub: str, ndim: int) -> list[str]:
+    """The labels of one einsum operand, an ellipsis expanded to ``.0``, ``.1``, … for `ndim` dims."""
     if "..." not in sub:
         return list(sub)
     head, _, tail = sub.partition("...")

@@ -69,6 +69,7 @@ class ParamInfo:
 
     @property
     def aliases(self) -> list[str]:
+        """Every ``module.parameter`` name this parameter is used under (tied weights have several)."""
         return [f"{m}.{p}" if m else p for m, p in self.usages]
 
 

@@ -12,6 +12,7 @@ import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -77,7 +78,7 @@ class WidthShapes:
         base: nn.Module | Mapping[str, tuple],
         delta: nn.Module | Mapping[str, tuple] | None = None,
         target: nn.Module | Mapping[str, tuple] | None = None,
-        example_inputs=None,
+        example_inputs: Any = None,
     ) -> WidthShapes:
         """Compare base with delta (or with target when no delta is given).
 
@@ -134,6 +135,7 @@ class WidthShapes:
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict:
+        """The shapes as plain JSON data (the format `from_dict` and `load_shapes` read)."""
         return {
             "format": "mutransfer.width_shapes",
             "version": SHAPES_FORMAT_VERSION,
@@ -144,11 +146,28 @@ class WidthShapes:
         }
 
     def save(self, path: str | os.PathLike) -> None:
+        """Write the shapes to `path` as JSON.
+
+        Args:
+            path: the file to write.
+        """
         with open(path, "w", encoding="utf-8") as f:
             json.dump(self.to_dict(), f, indent=1)
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "base_shapes") -> WidthShapes:
+        """Shapes from the JSON data `to_dict` makes.
+
+        Args:
+            data: the parsed JSON.
+            source: what the data came from, for messages.
+
+        Returns:
+            The shapes.
+
+        Raises:
+            ModelError: the data is not a mutransfer width-shapes file of a version this library reads.
+        """
         if not isinstance(data, dict) or data.get("format") != "mutransfer.width_shapes":
             raise ModelError(
                 f"{source} is not a mutransfer width-shapes file "
@@ -172,6 +191,17 @@ class WidthShapes:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> WidthShapes:
+        """Shapes from a file written by `save` / `save_shapes`.
+
+        Args:
+            path: the JSON file.
+
+        Returns:
+            The shapes.
+
+        Raises:
+            ModelError: the file is missing, not JSON, or not a width-shapes file.
+        """
         if not os.path.exists(path):
             raise ModelError(f"base_shapes file '{path}' does not exist")
         try:
@@ -182,7 +212,7 @@ class WidthShapes:
         return cls.from_dict(data, source=f"base_shapes file '{path}'")
 
 
-def save_shapes(base: nn.Module, delta: nn.Module, path: str | os.PathLike, example_inputs=None) -> WidthShapes:
+def save_shapes(base: nn.Module, delta: nn.Module, path: str | os.PathLike, example_inputs: Any = None) -> WidthShapes:
     """Find the width dims of `base` vs `delta` and write them to `path` (JSON), with the base's attention
     scales measured on a probe forward (on `example_inputs`, or inputs made for it)."""
     shapes = WidthShapes.from_models(base, delta, example_inputs=example_inputs)
@@ -191,6 +221,17 @@ def save_shapes(base: nn.Module, delta: nn.Module, path: str | os.PathLike, exam
 
 
 def load_shapes(path: str | os.PathLike) -> WidthShapes:
+    """Load width shapes saved by `save_shapes` (what ``parametrize(base_shapes=...)`` also takes).
+
+    Args:
+        path: the JSON file.
+
+    Returns:
+        The shapes.
+
+    Raises:
+        ModelError: the file is missing, not JSON, or not a width-shapes file.
+    """
     return WidthShapes.load(path)
 
 

@@ -8,6 +8,8 @@ coordinate that the check compares across widths.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -21,21 +23,24 @@ __all__ = ["MODEL_OUTPUT", "ActivationMeter", "first_float", "mean_abs", "model_
 MODEL_OUTPUT = "(model output)"
 
 
-def model_args(inputs) -> tuple:
+def model_args(inputs: Any) -> tuple[Any, ...]:
+    """The positional arguments a batch's inputs stand for (a tuple/list as they are, a dict none, else one)."""
     if isinstance(inputs, dict):
         return ()
     return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
 
 
-def model_kwargs(inputs) -> dict:
+def model_kwargs(inputs: Any) -> dict[str, Any]:
+    """The keyword arguments a batch's inputs stand for (a dict as it is, else none)."""
     return dict(inputs) if isinstance(inputs, dict) else {}
 
 
 def mean_abs(t: torch.Tensor) -> float:
+    """The mean absolute coordinate of `t` (as a float; what the check compares across widths)."""
     return float(t.abs().mean()) if t.numel() else 0.0
 
 
-def first_float(output) -> torch.Tensor | None:
+def first_float(output: Any) -> torch.Tensor | None:
     """The tensor of a module's output that the check follows."""
     if isinstance(output, torch.Tensor):
         return output if output.is_floating_point() else None
@@ -135,7 +140,7 @@ class ActivationMeter:
 
         return hook
 
-    def measure(self, inputs) -> dict[str, torch.Tensor]:
+    def measure(self, inputs: Any) -> dict[str, torch.Tensor]:
         """One forward pass on `inputs` without grad; buffers (BatchNorm statistics) restored."""
         buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
         self.captured, self.active = {}, True
@@ -152,5 +157,6 @@ class ActivationMeter:
         return self.captured
 
     def close(self) -> None:
+        """Remove the hooks."""
         for h in self.handles:
             h.remove()
