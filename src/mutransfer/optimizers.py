@@ -59,7 +59,7 @@ class Lion(Optimizer):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay, maximize=maximize))
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One Lion step over every group.
 
         Args:
@@ -75,7 +75,9 @@ class Lion(Optimizer):
                 continue
             grads = [p.grad.neg() if group["maximize"] else p.grad for p in params]
             if any(g.is_sparse for g in grads):
-                raise RuntimeError("Lion does not support sparse gradients")
+                raise OptimizerError(
+                    "Lion does not support sparse gradients; build the model with dense ones (e.g. nn.Embedding(sparse=False))"
+                )
             moms = []
             for p in params:
                 state = self.state[p]
@@ -107,7 +109,7 @@ class Adafactor(torch.optim.Adafactor):
     """
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One Adafactor step, with each group's relative-step cap 1/√t scaled by its µP lr factor.
 
         Args:
@@ -156,7 +158,7 @@ class MuonWithAdamW(Optimizer):
         self.param_groups = [g for o in parts for g in o.param_groups]
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One step of both parts (Muon, then AdamW).
 
         Args:

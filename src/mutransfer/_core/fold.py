@@ -195,7 +195,7 @@ class Folder:
 
         def undo() -> None:
             for p, dim, index in touched:
-                if index is None:
+                if dim is None or index is None:
                     p.div_(c)
                 else:
                     p.index_copy_(dim, index, p.index_select(dim, index) / c)

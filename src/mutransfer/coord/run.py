@@ -345,7 +345,10 @@ def _loss(output, targets, loss_fn: LossFn | None) -> torch.Tensor:
         else:
             loss = F.mse_loss(logits.float(), targets.float())
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        raise TypeError("the loss must be a scalar tensor")
+        raise TypeError(
+            "coord_check: the loss must be a scalar tensor; make loss_fn(output, targets) (or the model's "
+            ".loss) reduce over the batch, e.g. with .mean()"
+        )
     return loss.reshape(())
 
 
