@@ -10,8 +10,8 @@ from torch import nn
 
 import mutransfer as mt
 import mutransfer.coord.run as coord_run
-from mutransfer.cli import main
 from mutransfer._core.devices import module_device, move
+from mutransfer.cli import main
 from mutransfer.recipes import MLP, get_recipe
 
 MLP_DATA = get_recipe("mlp").data()

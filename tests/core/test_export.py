@@ -6,10 +6,10 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from test_depth import Stack
 from torch import nn
 
 import mutransfer as mt
-from test_depth import Stack
 from zoo import GPT, ZOO, loss_of, run
 
 RTOL = 1e-5

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import mutransfer as mt
-from mutransfer.recipes import GPT, MLP
 from mutransfer._core.shapes import WidthShapes, canonical_name
+from mutransfer.recipes import GPT, MLP
 
 
 def test_width_dims_found_from_base_and_delta():
