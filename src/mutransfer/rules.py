@@ -105,7 +105,7 @@ class Rule:
     adafactor_lr: Exponents
 
 
-# TP5 Table 3: µP without forward multipliers. Zero forward overhead; the default.
+# TP5 Table 3: µP without forward constants. Zero forward overhead; the default.
 TABLE3: dict[str, Rule] = {
     #                 init         forward     sgd_lr       adam_lr      adam_eps     spectral_lr  adafactor_lr
     "input": Rule((0.0, 0.0), (0.0, 0.0), (0.0, 1.0), (0.0, 0.0), (0.0, -1.0), (0.5, 0.5), (0.0, 0.0)),
@@ -116,7 +116,7 @@ TABLE3: dict[str, Rule] = {
 }
 # (input/vector: m_in ≡ 1, so their spectral exponents of m_in are written as the identity gives them)
 
-# TP5 Table 8: the readout gets a forward multiplier 1/m_in and is treated like the other
+# TP5 Table 8: the readout gets a forward constant 1/m_in and is treated like the other
 # vector-like parameters. This is what the `mup` package does, and it is the only way to
 # tie the input embedding to the readout (both then share the `input` init and lr).
 TABLE8: dict[str, Rule] = {
@@ -232,7 +232,7 @@ DEFAULT_OPTIMIZER = "adam"
 #   move in a block. Adafactor's ε₂ follows the init column.
 # Init is not scaled with depth (both papers). Weight decay follows the lr through the policy.
 #
-# "branch_end": with formulation "table3" (no forward multipliers), the multiplier of a branch
+# "branch_end": with formulation "table3" (no forward constants), the multiplier of a branch
 # whose output comes straight out of a Linear/Conv layer is folded into that layer instead
 # (abc-symmetry: W' = m_L^-α·W): init × m_L^-α, and to keep W' = m_L^-α·W at every step, a
 # normalised step × m_L^-α and its ε × m_L^α on top of the block row, SGD lr × m_L^-2α; Adafactor's
@@ -327,7 +327,7 @@ def formulation_name(name: str) -> str:
     if canonical not in FORMULATIONS:
         raise ModelError(
             f"unknown formulation {name!r}; use 'no_multipliers' (TP5 Table 3: init and lr carry the "
-            "scaling, no forward multiplier; default; alias 'table3') or 'readout_multiplier' (Table 8: "
+            "scaling, no forward constant; default; alias 'table3') or 'readout_multiplier' (Table 8: "
             "the readout multiplies by 1/m, as the mup package; alias 'table8')"
         )
     return canonical

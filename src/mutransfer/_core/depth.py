@@ -301,7 +301,7 @@ def branch_end(module: nn.Module, depth: int = 0) -> str | None:
         return None
     try:
         graph = _BlockTracer().trace(module)
-    except Exception:  # untraceable: keep the forward multiplier on the branch module
+    except Exception:  # untraceable: keep the forward constant on the branch module
         return None
     out = next((n for n in graph.nodes if n.op == "output"), None)
     last = out.args[0] if out is not None else None

@@ -88,7 +88,7 @@ def describe(model: nn.Module, optimizer: str | None = None, adjust_lr_fn: str |
         c = (l / l0) ** -spec.depth_alpha if spec.depth_alpha else 1.0
         how = []
         if inside(spec.branches):
-            how.append("forward multiplier on " + ", ".join(inside(spec.branches)))
+            how.append("forward constant on " + ", ".join(inside(spec.branches)))
         if inside(spec.folded_branches):
             how.append("folded into " + ", ".join(inside(spec.folded_branches)) + " (init × m_L^-α, no overhead)")
         lines.append(

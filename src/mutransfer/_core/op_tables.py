@@ -2,7 +2,7 @@
 
 Each table names torch functions (as `op_name` spells them) by what they do to a tensor's dims
 (permute, reshape, split, keep the shape, combine elementwise, contract, normalise) and, for
-attention logits, which ones leave a tensor's forward constant unchanged (`SCALE_SAME`).
+attention logits, which ones leave a tensor's forward constant unchanged (`CONSTANT_SAME`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 from .observation import Dims
 
 __all__ = [
+    "CONSTANT_SAME",
     "CONV",
     "ELEMENTWISE",
     "MATMUL",
@@ -23,7 +24,6 @@ __all__ = [
     "PERMUTE",
     "RESHAPE",
     "SAME_SHAPE",
-    "SCALE_SAME",
     "SOFTMAX",
     "SPLIT",
     "add_operands",
@@ -132,8 +132,8 @@ CONV = {
     "conv_transpose2d": True,
     "conv_transpose3d": True,
 }
-# Scale algebra for attention logits: how the scale of the output follows the input's.
-SCALE_SAME = {
+# Forward-constant algebra for attention logits: ops whose output carries its input's constant unchanged.
+CONSTANT_SAME = {
     "contiguous",
     "clone",
     "detach",

@@ -3,7 +3,7 @@
 What it changes: the values of the model's initial parameters (rescaled by µP's init
 factors relative to the base model), the attention logit scale (see `attention`), and —
 only where the formulation needs it or a tunable multiplier is not 1 — the class of the
-readout or input layers, to a subclass that applies the multiplier (see `scaled_forward`). It records a `MuSpec` on the model for `param_groups`.
+readout or input layers, to a subclass that applies the forward constant (see `scaled_forward`). It records a `MuSpec` on the model for `param_groups`.
 """
 
 from __future__ import annotations
@@ -237,11 +237,11 @@ def _depth_map(model: nn.Module, shapes: WidthShapes, base_depth) -> DepthMap:
 def _fold_branches(
     branches: list[Branch], infos: dict[str, ParamInfo], formulation: str
 ) -> tuple[list[Branch], list[Branch]]:
-    """Split the branches into (forward multiplier, folded into their last layer).
+    """Split the branches into (forward constant, folded into their last layer).
 
     Table 3 has no forward constants, so a branch whose output is a Linear/Conv layer's gets the
     multiplier folded into that layer's parameters ("branch_end" depth rule); its parameters must
-    belong to that layer alone. Everything else keeps a forward multiplier.
+    belong to that layer alone. Everything else keeps a forward constant.
     """
     if formulation != NO_MULTIPLIERS:
         return branches, []
@@ -406,7 +406,7 @@ def _forward_constants(
     input_ratio=lambda module: 1.0,
     model: nn.Module | None = None,
 ) -> ForwardConstants:
-    """Which modules need a forward multiplier, and its value (none in Table 3 at α = 1)."""
+    """Which modules need a forward constant, and its value (none in Table 3 at α = 1)."""
     readout_rule = formulation_rules(READOUT_MULTIPLIER)["output"]
     found: ForwardConstants = []
     for name, info in infos.items():
@@ -433,7 +433,7 @@ def _forward_constants(
         if not needs_module:
             raise ModelError(
                 f"'{name}' is a readout held as a raw parameter of a module that does more than apply "
-                f"it, so its forward multiplier ({c:.4g}) cannot be installed; make the readout an "
+                f"it, so its forward constant ({c:.4g}) cannot be installed; make the readout an "
                 "nn.Linear, or use formulation='no_multipliers' with output_mult=1"
             )
         found += [(m, scaled_forward.Side.INPUT, v) for m, v in per_module.items() if v != 1.0]

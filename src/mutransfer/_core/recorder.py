@@ -27,13 +27,13 @@ operation                                      fan_in dims of the parameter / fa
 Batch dims (e.g. the expert dim of fused expert weights ``W[e]`` or ``einsum('ebd,edf->ebf')``)
 are neither.
 
-**Attention logits.** Each tensor carries a *scale*: the product of the constants that multiplied
+**Attention logits.** Each tensor carries a *forward constant*: the product of the constants that multiplied
 it since it last came out of a parametrized layer or a normalisation (`linear`, `conv`,
 `layer_norm`, ``x * rsqrt(mean(x²))`` — the algebra is tracked, so a hand-written RMSNorm resets it
 too). A product of two such activations (``q @ kᵀ``, ``einsum``, ``baddbmm``) is a logit candidate
 with the contracted size as head dim; when it reaches a ``softmax`` the call is recorded with its
 effective scale (``(q·s)·k·c`` → ``s·c``; additive masks, position biases and ALiBi leave it alone).
-``scaled_dot_product_attention`` calls record ``scale`` (or ``1/√d``) times the scales of q and k.
+``scaled_dot_product_attention`` calls record ``scale`` (or ``1/√d``) times the forward constants of q and k.
 A constant baked into a weight's init (T5 puts its 1/√d there) is not a forward constant: the
 scale of such a model is 1.
 """
@@ -53,6 +53,7 @@ from torch.overrides import TorchFunctionMode
 from .naming import canonical_name
 from .observation import AttentionCall, Dims, Observation, Use
 from .op_tables import (
+    CONSTANT_SAME,
     CONV,
     ELEMENTWISE,
     MATMUL,
@@ -61,7 +62,6 @@ from .op_tables import (
     PERMUTE,
     RESHAPE,
     SAME_SHAPE,
-    SCALE_SAME,
     SOFTMAX,
     SPLIT,
     add_operands,
@@ -80,7 +80,7 @@ class _Recorder(TorchFunctionMode):
         self.params = params
         self.stack = module_stack
         self.prov: dict[int, tuple[weakref.ref, str, Dims]] = {}
-        self.scales: dict[int, tuple[weakref.ref, float, int | None]] = {}
+        self.constants: dict[int, tuple[weakref.ref, float, int | None]] = {}
         self.obs = Observation()
         self.on_attention = on_attention
         self.probs: dict[int, weakref.ref] = {}
@@ -108,12 +108,12 @@ class _Recorder(TorchFunctionMode):
             except TypeError:
                 pass
 
-    def _s(self, t) -> tuple[float, int | None]:
+    def _constant(self, t) -> tuple[float, int | None]:
         if isinstance(t, (int, float)) and not isinstance(t, bool):
             return float(t), None
         if not isinstance(t, torch.Tensor):
             return 1.0, None
-        entry = self.scales.get(id(t))
+        entry = self.constants.get(id(t))
         if entry is not None and entry[0]() is t:
             return entry[1], entry[2]
         return 1.0, None
@@ -129,7 +129,7 @@ class _Recorder(TorchFunctionMode):
             and t.numel() == 1
             and not t.is_meta
             and id(t) not in self.params
-            and id(t) not in self.scales
+            and id(t) not in self.constants
             and self._p(t) is None
             and not t.requires_grad
         ):
@@ -139,14 +139,14 @@ class _Recorder(TorchFunctionMode):
                 return None
         return None
 
-    def _set_s(self, t, scale: float, logit_dim: int | None = None) -> None:
+    def _set_constant(self, t, scale: float, logit_dim: int | None = None) -> None:
         if not isinstance(t, torch.Tensor):
             return
         if scale == 1.0 and logit_dim is None:
-            self.scales.pop(id(t), None)
+            self.constants.pop(id(t), None)
             return
         try:
-            self.scales[id(t)] = (weakref.ref(t), scale, logit_dim)
+            self.constants[id(t)] = (weakref.ref(t), scale, logit_dim)
         except TypeError:
             pass
 
@@ -162,7 +162,7 @@ class _Recorder(TorchFunctionMode):
         try:
             name = op_name(func)
             self._usage(name, args, kwargs, out)
-            self._scale(name, args, kwargs, out)
+            self._track_constants(name, args, kwargs, out)
         except Exception:  # observing must never break the user's forward
             self.failures += 1
         return out
@@ -425,8 +425,8 @@ class _Recorder(TorchFunctionMode):
             d = embed // heads
             self._attention("mha", d, 1.0 / math.sqrt(d), None, None)
 
-    # ------------------------------------------------------------ attention scales
-    def _scale(self, name: str, args, kwargs, out) -> None:
+    # ------------------------------------------------------------ forward constants and attention logit scales
+    def _track_constants(self, name: str, args, kwargs, out) -> None:
         if name == "scaled_dot_product_attention":
             q = args[0] if args else kwargs.get("query")
             k = args[1] if len(args) > 1 else kwargs.get("key")
@@ -434,11 +434,11 @@ class _Recorder(TorchFunctionMode):
             d = q.shape[-1]
             base = float(scale) if scale is not None else 1.0 / math.sqrt(d)
             causal = bool(args[5] if len(args) > 5 else kwargs.get("is_causal", False))
-            self._attention("sdpa", d, base * self._s(q)[0] * self._s(k)[0], q, k, causal=causal)
+            self._attention("sdpa", d, base * self._constant(q)[0] * self._constant(k)[0], q, k, causal=causal)
             return
         if name in SOFTMAX:
             x = args[0] if args else kwargs.get("input")
-            s, logit_dim = self._s(x)
+            s, logit_dim = self._constant(x)
             if logit_dim is not None:
                 self._attention("eager", logit_dim, s, None, None, logits=x)
                 if isinstance(out, torch.Tensor):
@@ -447,37 +447,37 @@ class _Recorder(TorchFunctionMode):
         if name in ("linear", "embedding") or name in CONV or name in NORMS:
             return  # a parametrized layer or a normalisation: its output starts at scale 1
         if name in MATMUL or name == "rmatmul" or name in MATMUL_ADD or name == "einsum":
-            self._scale_product(name, args, kwargs, out)
+            self._constant_product(name, args, kwargs, out)
             return
         if name in ("mul", "rmul", "div", "rdiv"):
             a, b = (args[0], args[1]) if len(args) >= 2 else (args[0], kwargs.get("other"))
-            (sa, la), (sb, lb) = self._s(a), self._s(b)
+            (sa, la), (sb, lb) = self._constant(a), self._constant(b)
             ca, cb = self._const(a), self._const(b)
             if name in ("mul", "rmul"):
                 sa = ca if ca is not None and not isinstance(a, torch.Tensor) else sa
                 sb = cb if cb is not None else sb
-                self._set_s(out, sa * sb, la if la is not None else lb)
+                self._set_constant(out, sa * sb, la if la is not None else lb)
             elif name == "div":
                 sb = cb if cb is not None else sb
                 if sb:
-                    self._set_s(out, sa / sb, la)
+                    self._set_constant(out, sa / sb, la)
             else:  # rdiv: b / a
                 if sa:
-                    self._set_s(out, (cb if cb is not None else sb) / sa, None)
+                    self._set_constant(out, (cb if cb is not None else sb) / sa, None)
             return
         if name in ("add", "sub", "radd", "rsub"):
             a, b = (args[0], args[1]) if len(args) >= 2 else (args[0], kwargs.get("other"))
             candidates = [
-                self._s(x)
+                self._constant(x)
                 for x in (a, b)
-                if isinstance(x, torch.Tensor) and id(x) in self.scales and self.scales[id(x)][0]() is x
+                if isinstance(x, torch.Tensor) and id(x) in self.constants and self.constants[id(x)][0]() is x
             ]
             if candidates:
                 logit = next((c for c in candidates if c[1] is not None), candidates[0])
-                self._set_s(out, logit[0], logit[1])
+                self._set_constant(out, logit[0], logit[1])
             return
         if name in ("pow", "square", "sqrt", "rsqrt", "reciprocal", "var", "std"):
-            s, _ = self._s(args[0] if args else None)
+            s, _ = self._constant(args[0] if args else None)
             if s == 1.0:
                 return
             power = {"square": 2.0, "sqrt": 0.5, "rsqrt": -0.5, "reciprocal": -1.0, "var": 2.0, "std": 1.0}.get(name)
@@ -485,20 +485,20 @@ class _Recorder(TorchFunctionMode):
                 e = args[1] if len(args) > 1 else kwargs.get("exponent")
                 power = float(e) if isinstance(e, (int, float)) else None
             if power is not None:
-                self._set_s(out, s**power)
+                self._set_constant(out, s**power)
             return
-        if name in SCALE_SAME:
+        if name in CONSTANT_SAME:
             src = args[0] if args else None
             if isinstance(src, (list, tuple)):  # cat/stack
-                scales = [self._s(x) for x in src]
+                scales = [self._constant(x) for x in src]
                 s, ld = scales[0] if scales else (1.0, None)
             else:
-                s, ld = self._s(src)
+                s, ld = self._constant(src)
             if s != 1.0 or ld is not None:
                 for o in tensors_in(out):
-                    self._set_s(o, s, ld)
+                    self._set_constant(o, s, ld)
 
-    def _scale_product(self, name: str, args, kwargs, out) -> None:
+    def _constant_product(self, name: str, args, kwargs, out) -> None:
         if name == "einsum":
             operands = list(args[1]) if len(args) == 2 and isinstance(args[1], (list, tuple)) else list(args[1:])
             if len(operands) != 2:
@@ -523,10 +523,10 @@ class _Recorder(TorchFunctionMode):
             return  # a product with a weight is a layer: its output starts at scale 1
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
             return
-        (sa, la), (sb, lb) = self._s(a), self._s(b)
+        (sa, la), (sb, lb) = self._constant(a), self._constant(b)
         if la is not None or lb is not None:
             return  # attention weights × values: not a logit
-        self._set_s(out, alpha * sa * sb, d)
+        self._set_constant(out, alpha * sa * sb, d)
 
     def _attention(self, kind: str, d: int, scale: float, q, k, logits=None, causal: bool = False) -> None:
         call = AttentionCall(self._module(), kind, int(d), float(scale))
@@ -563,7 +563,7 @@ def recording(model: nn.Module, on_attention: Callable[..., None] | None = None)
                 if ref is not None and ref() is args[0]:
                     recorder.obs.prob_modules.add(name)
             if args and isinstance(args[0], torch.Tensor) and name not in recorder.obs.input_scales:
-                scale = recorder._s(args[0])[0]
+                scale = recorder._constant(args[0])[0]
                 if scale != 1.0:
                     recorder.obs.input_scales[name] = scale
 

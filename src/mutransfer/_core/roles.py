@@ -20,7 +20,7 @@ an input weight, as TP5 Table 8 does), two → ``hidden`` with the ``nn.Linear``
 (fan_out, fan_in). A raw readout matrix therefore needs ``roles={"name": "output"}``.
 
 A parameter shared between an embedding and a readout (tied weights) is an input weight for
-the optimizer and gets TP5 Table 8's forward multiplier 1/m_in where it is used as readout.
+the optimizer and gets TP5 Table 8's forward constant 1/m_in where it is used as readout.
 """
 
 from __future__ import annotations
