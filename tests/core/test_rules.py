@@ -38,7 +38,7 @@ def test_unknown_names():
     with pytest.raises(ValueError, match="unknown formulation"):
         rules.formulation_rules("table5")
     with pytest.raises(ValueError, match="unknown role 'embedding'"):
-        rules.Multipliers(init={"embedding": 2.0})
+        rules.TunableMultipliers(init={"embedding": 2.0})
 
 
 def test_depth_rules_eps_follows_the_gradient_and_branch_end_is_the_abc_shift_of_block():
