@@ -11,18 +11,28 @@ from `scaled_lrs`, or build them with `OneCycleLR` here; `check_lr_ratios` catch
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import Any, cast
 
 import torch
 from torch import nn
 
+from ._core.groups import (
+    ADJUST_KEY,
+    MuonGroups,
+    check_muon_adjust,
+    group_factors,
+    hidden_matrices,
+    muon_adjust_ratio,
+    param_groups,
+    torch_muon,
+)
 from ._core.shapes import canonical_name
-from ._core.spec import MuSpec, find_spec, require_spec
+from ._core.spec import find_spec
 from .errors import OptimizerError
 from .optimizers import LR_FACTOR_KEY, MuonWithAdamW
 from .optimizers import Adafactor as _Adafactor
 from .optimizers import Lion as _Lion
-from .rules import DEFAULT_WEIGHT_DECAY_POLICY, OPTIMIZERS, WEIGHT_DECAY_POLICIES, optimizer_rule
+from .rules import DEFAULT_WEIGHT_DECAY_POLICY, OPTIMIZERS, optimizer_rule
 
 __all__ = [
     "ADJUST_KEY",
@@ -47,230 +57,6 @@ __all__ = [
     "scaled_lrs",
 ]
 
-ADJUST_KEY = "mup_adjust_lr_fn"  # the torch.optim.Muon adjust_lr_fn a Muon group's lr factor was built for
-MUON_ADJUST_FNS = (None, "original", "match_rms_adamw")
-
-
-class MuonGroups(NamedTuple):
-    """The two lists of groups a Muon run needs: ``torch.optim.Muon(groups.muon, ...)`` for the
-    hidden matrices and ``torch.optim.AdamW(groups.adamw, ...)`` for everything else. Unpacks
-    as ``muon_groups, adamw_groups = mt.param_groups(model, lr, "muon")``."""
-
-    muon: list[dict[str, Any]]
-    adamw: list[dict[str, Any]]
-
-
-def muon_adjust_ratio(shape: tuple[int, ...], base_shape: tuple[int, ...], adjust_lr_fn: str | None) -> float:
-    """How much torch.optim.Muon's own lr adjustment (`adjust_lr_fn`) grows from the base shape to
-    `shape`: the part of the spectral µP factor torch already applies. Read from torch itself
-    ("original": √max(1, rows/cols); "match_rms_adamw": 0.2·√max(rows, cols))."""
-    adjust = _torch_muon()._adjust_lr
-    return adjust(1.0, adjust_lr_fn, torch.Size(shape)) / adjust(1.0, adjust_lr_fn, torch.Size(base_shape))
-
-
-def _torch_muon():
-    """torch's Muon module (torch.optim._muon: the Muon class and its lr adjustment), or a clear error."""
-    try:
-        from torch.optim import _muon
-    except ImportError:
-        raise ImportError(
-            f"optimizer 'muon' needs torch.optim.Muon (torch >= 2.9); this is torch {torch.__version__}"
-        ) from None
-    return _muon
-
-
-def group_factors(
-    spec: MuSpec, name: str, optimizer: str, adjust_lr_fn: str | None = None
-) -> tuple[str, float, tuple[float, ...]]:
-    """(the optimizer that updates `name`, its lr factor, its ε factors) under `optimizer`: the
-    rules' width × depth factors, and for Muon divided by the growth of torch's own lr adjustment
-    (`muon_adjust_ratio`), so that the step's total scaling is µP's. What `param_groups` writes
-    and `describe(model, optimizer=...)` prints."""
-    who = spec.updater(name, optimizer)
-    lr_f, *eps_f = spec.factors(name, optimizer)
-    if who == "muon":
-        info = spec.params[name]
-        lr_f /= muon_adjust_ratio(info.shape, spec.shapes.params[info.base_name or name].base, adjust_lr_fn)
-    return who, lr_f, tuple(eps_f) if spec.columns(name, optimizer)[1] else ()
-
-
-def _check_adjust(adjust_lr_fn) -> None:
-    if adjust_lr_fn not in MUON_ADJUST_FNS:
-        raise OptimizerError(
-            f"adjust_lr_fn must be one of torch.optim.Muon's: None/'original' (lr·√max(1, rows/cols)) "
-            f"or 'match_rms_adamw' (lr·0.2·√max(rows, cols)), got {adjust_lr_fn!r}"
-        )
-
-
-def _eps_base(optimizer: str, eps, p: torch.Tensor) -> tuple:
-    """The base-width ε value(s) of one parameter, as the optimizer takes them."""
-    if optimizer == "adafactor":
-        eps1, eps2 = (None, 1e-3) if eps is None else eps
-        return (torch.finfo(p.dtype).eps if eps1 is None else eps1, eps2)
-    return (1e-8 if eps is None else eps,)
-
-
-def param_groups(
-    model: nn.Module,
-    lr: float,
-    optimizer: str = "adam",
-    *,
-    weight_decay: float = 0.0,
-    eps=None,
-    weight_decay_policy: str = DEFAULT_WEIGHT_DECAY_POLICY,
-    groups: Iterable[dict | torch.Tensor] | None = None,
-    partner_lr: float | None = None,
-    adjust_lr_fn: str | None = None,
-) -> list[dict[str, Any]] | MuonGroups:
-    """Split the parameters into groups with µP's lr, ε and weight decay for `optimizer`.
-
-    Args:
-        model: a model passed through `mt.parametrize` (or a torch.compile / DDP / FSDP wrapper).
-        lr: the base learning rate: what a parameter of the base model gets.
-        optimizer: any name in `rules.OPTIMIZERS`: "sgd" (momentum, nesterov), "adam", "adamw" (and
-            Adam's relatives), "lion", "adafactor" (torch.optim.Adafactor), "muon" (returns
-            `MuonGroups`: lists for torch.optim.Muon and torch.optim.AdamW), "soap"
-            (pytorch_optimizer.SOAP).
-        weight_decay: base weight decay; a user group's own "weight_decay" wins.
-        eps: ε at base width, scaled per group as the optimizer's rule says: Adam's ε (torch's 1e-8
-            when None), SOAP's (1e-8), Adafactor's pair (ε₁, ε₂) (torch's (None → machine ε, 1e-3)).
-            Lion has none; Muon's guards a norm division and is not scaled (its AdamW partner's is).
-        weight_decay_policy: "lr_wd_constant" (default: wd divided by the lr factor, so that the
-            per-step decay lr·wd of every group equals the base model's) or "independent".
-        groups: the user's own groups (dicts with "params" and options, or a flat list of
-            tensors); each is split further by µP factor and keeps its options.
-        partner_lr: Muon only: the base lr of its AdamW partner (default: `lr`).
-        adjust_lr_fn: Muon only: the `adjust_lr_fn` the torch.optim.Muon will run with. Its growth
-            with the shape is divided out of the µP factor, so the two never both scale the step;
-            the groups record it and a mismatch raises at the first step (`check_muon_adjust`).
-    """
-    spec = require_spec(model, "param_groups")
-    rule = optimizer_rule(optimizer)
-    name_lc = optimizer.lower()
-    if weight_decay_policy not in WEIGHT_DECAY_POLICIES:
-        raise OptimizerError(
-            f"unknown weight_decay_policy '{weight_decay_policy}'; use one of {', '.join(WEIGHT_DECAY_POLICIES)}"
-        )
-    if not isinstance(lr, (int, float)) or lr < 0:
-        raise OptimizerError(f"lr must be a non-negative number, got {lr!r}")
-    if partner_lr is not None and (rule.partner is None or not isinstance(partner_lr, (int, float)) or partner_lr < 0):
-        raise OptimizerError(
-            f"partner_lr is the base lr of Muon's AdamW partner (a non-negative number); "
-            f"got {partner_lr!r} with optimizer '{optimizer}'"
-        )
-    if name_lc == "muon":
-        _check_adjust(adjust_lr_fn)
-    elif adjust_lr_fn is not None:
-        raise OptimizerError(f"adjust_lr_fn belongs to torch.optim.Muon; optimizer '{optimizer}' has none")
-    if name_lc == "lion" and eps is not None:
-        raise OptimizerError("Lion has no ε (its step is a sign); drop eps=")
-    if name_lc == "adafactor" and eps is not None and not (isinstance(eps, (tuple, list)) and len(eps) == 2):
-        raise OptimizerError(f"Adafactor's eps is a pair (ε₁, ε₂) as torch.optim.Adafactor takes it, got {eps!r}")
-    names = {}
-    for n, p in model.named_parameters():
-        names.setdefault(id(p), canonical_name(n))
-
-    if groups is None:
-        user_groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]
-    else:
-        user_groups = list(groups)
-        if user_groups and not isinstance(user_groups[0], dict):
-            user_groups = [{"params": user_groups}]
-    out: dict[str, list[dict[str, Any]]] = {}
-    for gi, group in enumerate(user_groups):
-        if not isinstance(group, dict) or "params" not in group:
-            raise TypeError(f"groups[{gi}] must be a dict with a 'params' entry")
-        params = group["params"]
-        params = [params] if isinstance(params, torch.Tensor) else list(params)
-        options = {k: v for k, v in group.items() if k != "params"}
-        g_wd = options.get("weight_decay", weight_decay)
-        split: dict[tuple, dict[str, Any]] = {}
-        for p in params:
-            name = names.get(id(p))
-            if name is None:
-                raise OptimizerError(
-                    f"groups[{gi}] holds a parameter of shape {tuple(p.shape)} that is not in the model"
-                )
-            who, lr_f, eps_f = group_factors(spec, name, name_lc, adjust_lr_fn)
-            g_lr = options.get("lr", partner_lr if (who != name_lc and partner_lr is not None) else lr)
-            wd_f = 1.0 / lr_f if (weight_decay_policy == "lr_wd_constant" and lr_f > 0) else 1.0
-            eps_cols = spec.columns(name, name_lc)[1]
-            g_eps = options.get("eps", eps)  # Muon: its AdamW partner's
-            eps_v = None
-            if eps_cols:
-                base = _eps_base(who, g_eps, p)
-                eps_v = tuple(b * f if f != 1.0 else b for b, f in zip(base, eps_f))
-            key = (who, lr_f, eps_v, wd_f)
-            if key not in split:
-                new = dict(options)
-                new["lr"] = g_lr * lr_f if lr_f != 1.0 else g_lr
-                new["weight_decay"] = g_wd * wd_f if wd_f != 1.0 else g_wd
-                if eps_v is not None:
-                    new["eps"] = eps_v if who == "adafactor" else eps_v[0]
-                if who == "muon":
-                    new[ADJUST_KEY] = "original" if adjust_lr_fn is None else adjust_lr_fn
-                new[LR_FACTOR_KEY] = lr_f
-                new["params"] = []
-                split[key] = new
-            split[key]["params"].append(p)
-        for (who, *_), g in split.items():
-            out.setdefault(who, []).append(g)
-    if rule.partner is not None:
-        _register_muon_guard()
-        return MuonGroups(out.get(name_lc, []), out.get(rule.partner, []))
-    return out.get(name_lc, [])
-
-
-def hidden_matrices(model: nn.Module, other: nn.Module) -> set[str]:
-    """Names of the 2-D parameters of `model` whose two dims both differ in `other`, the same
-    architecture at another width: the hidden matrices, found from shapes alone (for a model in
-    standard parametrization, where Muon still needs to know which parameters are its)."""
-    theirs = {canonical_name(n): tuple(p.shape) for n, p in other.named_parameters()}
-    out = set()
-    for n, p in model.named_parameters():
-        o = theirs.get(canonical_name(n))
-        if p.ndim == 2 and o is not None and len(o) == 2 and o[0] != p.shape[0] and o[1] != p.shape[1]:
-            out.add(canonical_name(n))
-    return out
-
-
-# ----------------------------------------------------------------------- the adjust_lr_fn guard
-_GUARD = None
-
-
-def check_muon_adjust(optimizer: torch.optim.Optimizer) -> None:
-    """Raise ValueError if a Muon group built by `param_groups` runs with another `adjust_lr_fn`
-    than its lr factor was built for (both would scale the step: double scaling, or none).
-    Runs by itself before every torch.optim.Muon step once µP Muon groups exist."""
-    for i, g in enumerate(optimizer.param_groups):
-        want = g.get(ADJUST_KEY)
-        if want is None:
-            continue
-        have = g.get("adjust_lr_fn") or "original"
-        if have != want:
-            raise OptimizerError(
-                f"torch.optim.Muon group {i} runs adjust_lr_fn={g.get('adjust_lr_fn')!r}, but its µP lr factor "
-                f"{g.get(LR_FACTOR_KEY, 1.0):.4g} was built for adjust_lr_fn={want!r}: the factor already holds "
-                "the width dependence of the adjustment it was built for, so running another would scale the "
-                f"step twice (or not at all). Pass adjust_lr_fn={g.get('adjust_lr_fn')!r} to mt.param_groups, "
-                f"or build torch.optim.Muon with adjust_lr_fn={want!r}"
-            )
-
-
-def _muon_guard_hook(optimizer, args, kwargs):
-    if isinstance(optimizer, getattr(torch.optim, "Muon", ())):
-        check_muon_adjust(optimizer)
-    return None
-
-
-def _register_muon_guard() -> None:
-    global _GUARD
-    if _GUARD is None:
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-        _GUARD = register_optimizer_step_pre_hook(_muon_guard_hook)
-
-
 # ----------------------------------------------------------------------- ready optimizers
 _TORCH_CLASSES = {
     "sgd": "SGD",
@@ -294,7 +80,7 @@ def _soap_class():
     return cls
 
 
-def _plain_groups(model: nn.Module, optimizer: str, groups, hidden: set[str] | None):
+def _plain_groups(model: nn.Module, optimizer: str, groups: Any, hidden: set[str] | None) -> list[Any] | MuonGroups:
     params = list(groups) if groups is not None else [{"params": [p for p in model.parameters() if p.requires_grad]}]
     if OPTIMIZERS[optimizer].partner is None:
         return params
@@ -317,14 +103,14 @@ def build_optimizer(
     lr: float,
     *,
     weight_decay: float = 0.0,
-    eps=None,
+    eps: Any = None,
     mup: bool | None = None,
     weight_decay_policy: str = DEFAULT_WEIGHT_DECAY_POLICY,
-    groups=None,
+    groups: Iterable[dict | torch.Tensor] | None = None,
     partner_lr: float | None = None,
     partner_betas: tuple[float, float] | None = None,
     hidden: set[str] | None = None,
-    **kwargs,
+    **kwargs: Any,
 ) -> torch.optim.Optimizer:
     """The optimizer named `optimizer` (any name in `rules.OPTIMIZERS`) over the whole model.
 
@@ -333,12 +119,33 @@ def build_optimizer(
     `hidden` names the matrices it takes). Other keyword arguments (momentum, betas, nesterov,
     adjust_lr_fn, …) go to the optimizer (Muon: to torch.optim.Muon; `partner_lr` and
     `partner_betas` to its AdamW). The one place the library builds one.
+
+    Args:
+        model: the model whose parameters it updates (parametrized or plain).
+        optimizer: any name in `rules.OPTIMIZERS` ("sgd", "adam", "adamw", "lion", "adafactor", "muon", "soap", …).
+        lr: the base learning rate.
+        weight_decay: base weight decay (see `param_groups`).
+        eps: ε at base width (see `param_groups`); None: the optimizer's default.
+        mup: use µP's groups; None: whether the model was parametrized.
+        weight_decay_policy: one of `rules.WEIGHT_DECAY_POLICIES`.
+        groups: your own parameter groups instead of all of the model's.
+        partner_lr: Muon only: the base lr of its AdamW partner (default `lr`).
+        partner_betas: Muon only: the betas of its AdamW partner.
+        hidden: Muon on a plain model only: the names of the hidden matrices (`hidden_matrices`).
+        **kwargs: further keyword arguments of the optimizer.
+
+    Returns:
+        The optimizer (for "muon", a `mutransfer.optimizers.MuonWithAdamW`).
+
+    Raises:
+        OptimizerError: an unknown optimizer name, a bad argument, or Muon on a plain model without `hidden`.
     """
     optimizer_rule(optimizer)  # a clear error for an unknown name
     name = optimizer.lower()
     if mup is None:
         mup = find_spec(model) is not None
     adjust = kwargs.get("adjust_lr_fn")
+    pg: list[dict[str, Any]] | MuonGroups
     if mup:
         pg = param_groups(
             model,
@@ -353,18 +160,22 @@ def build_optimizer(
         )
     else:
         pg = _plain_groups(model, name, groups, hidden)
-    eps_kw = {} if eps is None else {"eps": tuple(eps) if name == "adafactor" else eps}
+    eps_kw: dict[str, Any] = {} if eps is None else {"eps": tuple(eps) if name == "adafactor" else eps}
+    partner_kw: dict[str, Any] = {} if partner_betas is None else {"betas": tuple(partner_betas)}
+    one = cast("list[dict[str, Any]]", pg)  # every optimizer but Muon: one list of groups
     if name in _TORCH_CLASSES:
         cls = getattr(torch.optim, _TORCH_CLASSES[name])
-        return cls(pg, lr=lr, weight_decay=weight_decay, **eps_kw, **kwargs)
+        return cls(one, lr=lr, weight_decay=weight_decay, **eps_kw, **kwargs)
     if name == "lion":
-        return _Lion(pg, lr=lr, weight_decay=weight_decay, **kwargs)
+        return _Lion(one, lr=lr, weight_decay=weight_decay, **kwargs)
     if name == "adafactor":
-        return _Adafactor(pg, lr=lr, weight_decay=weight_decay, **eps_kw, **kwargs)
+        return _Adafactor(one, lr=lr, weight_decay=weight_decay, **eps_kw, **kwargs)
     if name == "soap":
-        return _soap_class()(pg, lr=lr, weight_decay=weight_decay, **eps_kw, **kwargs)
+        return _soap_class()(one, lr=lr, weight_decay=weight_decay, **eps_kw, **kwargs)
     if name == "muon":
-        cls = _torch_muon().Muon
+        if not isinstance(pg, MuonGroups):  # param_groups and _plain_groups give Muon its two lists
+            raise OptimizerError("optimizer 'muon' needs MuonGroups (hidden matrices + the rest)")
+        cls = torch_muon().Muon
         muon = cls(pg.muon, lr=lr, weight_decay=weight_decay, **kwargs) if pg.muon and pg.muon[0]["params"] else None
         adamw = (
             torch.optim.AdamW(
@@ -372,7 +183,7 @@ def build_optimizer(
                 lr=lr if partner_lr is None else partner_lr,
                 weight_decay=weight_decay,
                 **eps_kw,
-                **({} if partner_betas is None else {"betas": tuple(partner_betas)}),
+                **partner_kw,
             )
             if pg.adamw and pg.adamw[0]["params"]
             else None
@@ -381,57 +192,275 @@ def build_optimizer(
     raise OptimizerError(f"no optimizer class for '{optimizer}'")  # every name in OPTIMIZERS has one above
 
 
-def _named(name: str, what: str):
-    def build(
-        model: nn.Module,
-        lr: float,
-        *,
-        weight_decay: float = 0.0,
-        eps=None,
-        weight_decay_policy: str = DEFAULT_WEIGHT_DECAY_POLICY,
-        groups=None,
+def _ready(
+    name: str,
+    model: nn.Module,
+    lr: float,
+    weight_decay: float,
+    eps: Any,
+    weight_decay_policy: str,
+    groups: Iterable[dict | torch.Tensor] | None,
+    kwargs: dict[str, Any],
+) -> torch.optim.Optimizer:
+    """The ready optimizers below: `build_optimizer` with µP on."""
+    return build_optimizer(
+        model,
+        name,
+        lr,
+        weight_decay=weight_decay,
+        eps=eps,
+        mup=True,
+        weight_decay_policy=weight_decay_policy,
+        groups=groups,
         **kwargs,
-    ):
-        return build_optimizer(
-            model,
-            name,
-            lr,
-            weight_decay=weight_decay,
-            eps=eps,
-            mup=True,
-            weight_decay_policy=weight_decay_policy,
-            groups=groups,
-            **kwargs,
-        )
-
-    build.__name__ = build.__qualname__ = what.split(" ")[0].split(".")[-1]
-    build.__doc__ = (
-        f"{what} over `param_groups(model, lr, '{name}', …)` of a parametrized model; other keyword "
-        "arguments go to the optimizer."
     )
-    return build
 
 
-SGD = _named("sgd", "torch.optim.SGD (momentum=, nesterov=)")
-Adam = _named("adam", "torch.optim.Adam")
-AdamW = _named("adamw", "torch.optim.AdamW")
-Lion = _named("lion", "mutransfer.optimizers.Lion")
-Adafactor = _named("adafactor", "mutransfer.optimizers.Adafactor (torch.optim.Adafactor with the µP-scaled cap)")
-SOAP = _named("soap", "pytorch_optimizer.SOAP")
-Muon = _named(
-    "muon",
-    "torch.optim.Muon (hidden matrices) + torch.optim.AdamW (the rest), as one MuonWithAdamW "
-    "(partner_lr=, partner_betas= for the AdamW; adjust_lr_fn= as torch's, never double-scaled)",
-)
+# Ready optimizers: functions that return an optimizer over a whole parametrized model. The optimizer
+# classes torch lacks (Lion, Adafactor with the scaled cap, MuonWithAdamW) live in `mutransfer.optimizers`.
+
+
+def SGD(
+    model: nn.Module,
+    lr: float,
+    *,
+    weight_decay: float = 0.0,
+    eps: Any = None,
+    weight_decay_policy: str = DEFAULT_WEIGHT_DECAY_POLICY,
+    groups: Iterable[dict | torch.Tensor] | None = None,
+    **kwargs: Any,
+) -> torch.optim.Optimizer:
+    """A ready `torch.optim.SGD` over µP's `param_groups(model, lr, "sgd", …)`.
+
+    Args:
+        model: a model put in µP by `mt.parametrize` (or a torch.compile / DDP / FSDP wrapper).
+        lr: the base learning rate (a parameter of the base model gets it; the others µP's factor × it).
+        weight_decay: base weight decay (see `param_groups`).
+        eps: ε at base width, scaled per group (see `param_groups`); None: the optimizer's default.
+        weight_decay_policy: one of `rules.WEIGHT_DECAY_POLICIES` (see `param_groups`).
+        groups: your own parameter groups (dicts or tensors) instead of all of the model's.
+        **kwargs: further keyword arguments of the optimizer (momentum=, nesterov=, …).
+
+    Returns:
+        A ready optimizer.
+
+    Raises:
+        OptimizerError: for a model that was not parametrized or a bad argument (see `param_groups`).
+    """
+    return _ready("sgd", model, lr, weight_decay, eps, weight_decay_policy, groups, kwargs)
+
+
+def Adam(
+    model: nn.Module,
+    lr: float,
+    *,
+    weight_decay: float = 0.0,
+    eps: Any = None,
+    weight_decay_policy: str = DEFAULT_WEIGHT_DECAY_POLICY,
+    groups: Iterable[dict | torch.Tensor] | None = None,
+    **kwargs: Any,
+) -> torch.optim.Optimizer:
+    """A ready `torch.optim.Adam` over µP's `param_groups(model, lr, "adam", …)`.
+
+    Args:
+        model: a model put in µP by `mt.parametrize` (or a torch.compile / DDP / FSDP wrapper).
+        lr: the base learning rate (a parameter of the base model gets it; the others µP's factor × it).
+        weight_decay: base weight decay (see `param_groups`).
+        eps: ε at base width, scaled per group (see `param_groups`); None: the optimizer's default.
+        weight_decay_policy: one of `rules.WEIGHT_DECAY_POLICIES` (see `param_groups`).
+        groups: your own parameter groups (dicts or tensors) instead of all of the model's.
+        **kwargs: further keyword arguments of the optimizer (betas=, …).
+
+    Returns:
+        A ready optimizer.
+
+    Raises:
+        OptimizerError: for a model that was not parametrized or a bad argument (see `param_groups`).
+    """
+    return _ready("adam", model, lr, weight_decay, eps, weight_decay_policy, groups, kwargs)
+
+
+def AdamW(
+    model: nn.Module,
+    lr: float,
+    *,
+    weight_decay: float = 0.0,
+    eps: Any = None,
+    weight_decay_policy: str = DEFAULT_WEIGHT_DECAY_POLICY,
+    groups: Iterable[dict | torch.Tensor] | None = None,
+    **kwargs: Any,
+) -> torch.optim.Optimizer:
+    """A ready `torch.optim.AdamW` over µP's `param_groups(model, lr, "adamw", …)`.
+
+    Args:
+        model: a model put in µP by `mt.parametrize` (or a torch.compile / DDP / FSDP wrapper).
+        lr: the base learning rate (a parameter of the base model gets it; the others µP's factor × it).
+        weight_decay: base weight decay (see `param_groups`).
+        eps: ε at base width, scaled per group (see `param_groups`); None: the optimizer's default.
+        weight_decay_policy: one of `rules.WEIGHT_DECAY_POLICIES` (see `param_groups`).
+        groups: your own parameter groups (dicts or tensors) instead of all of the model's.
+        **kwargs: further keyword arguments of the optimizer (betas=, …).
+
+    Returns:
+        A ready optimizer.
+
+    Raises:
+        OptimizerError: for a model that was not parametrized or a bad argument (see `param_groups`).
+    """
+    return _ready("adamw", model, lr, weight_decay, eps, weight_decay_policy, groups, kwargs)
+
+
+def Lion(
+    model: nn.Module,
+    lr: float,
+    *,
+    weight_decay: float = 0.0,
+    eps: Any = None,
+    weight_decay_policy: str = DEFAULT_WEIGHT_DECAY_POLICY,
+    groups: Iterable[dict | torch.Tensor] | None = None,
+    **kwargs: Any,
+) -> torch.optim.Optimizer:
+    """A ready Lion optimizer over µP's `param_groups(model, lr, "lion", …)`.
+
+    This is a factory; the optimizer class it builds is `mutransfer.optimizers.Lion`.
+
+    Args:
+        model: a model put in µP by `mt.parametrize` (or a torch.compile / DDP / FSDP wrapper).
+        lr: the base learning rate (a parameter of the base model gets it; the others µP's factor × it).
+        weight_decay: base weight decay (see `param_groups`).
+        eps: ε at base width, scaled per group (see `param_groups`); None: the optimizer's default.
+        weight_decay_policy: one of `rules.WEIGHT_DECAY_POLICIES` (see `param_groups`).
+        groups: your own parameter groups (dicts or tensors) instead of all of the model's.
+        **kwargs: further keyword arguments of the optimizer (betas=, …).
+
+    Returns:
+        A ready optimizer (a `mutransfer.optimizers.Lion`).
+
+    Raises:
+        OptimizerError: for a model that was not parametrized or a bad argument (see `param_groups`).
+    """
+    return _ready("lion", model, lr, weight_decay, eps, weight_decay_policy, groups, kwargs)
+
+
+def Adafactor(
+    model: nn.Module,
+    lr: float,
+    *,
+    weight_decay: float = 0.0,
+    eps: Any = None,
+    weight_decay_policy: str = DEFAULT_WEIGHT_DECAY_POLICY,
+    groups: Iterable[dict | torch.Tensor] | None = None,
+    **kwargs: Any,
+) -> torch.optim.Optimizer:
+    """A ready Adafactor over µP's `param_groups(model, lr, "adafactor", …)`.
+
+    This is a factory; the class it builds is `mutransfer.optimizers.Adafactor` (torch.optim.Adafactor
+    with its relative-step cap scaled per group).
+
+    Args:
+        model: a model put in µP by `mt.parametrize` (or a torch.compile / DDP / FSDP wrapper).
+        lr: the base learning rate (a parameter of the base model gets it; the others µP's factor × it).
+        weight_decay: base weight decay (see `param_groups`).
+        eps: ε at base width, scaled per group (see `param_groups`); None: the optimizer's default.
+        weight_decay_policy: one of `rules.WEIGHT_DECAY_POLICIES` (see `param_groups`).
+        groups: your own parameter groups (dicts or tensors) instead of all of the model's.
+        **kwargs: further keyword arguments of the optimizer.
+
+    Returns:
+        A ready optimizer (a `mutransfer.optimizers.Adafactor`).
+
+    Raises:
+        OptimizerError: for a model that was not parametrized or a bad argument (see `param_groups`).
+    """
+    return _ready("adafactor", model, lr, weight_decay, eps, weight_decay_policy, groups, kwargs)
+
+
+def SOAP(
+    model: nn.Module,
+    lr: float,
+    *,
+    weight_decay: float = 0.0,
+    eps: Any = None,
+    weight_decay_policy: str = DEFAULT_WEIGHT_DECAY_POLICY,
+    groups: Iterable[dict | torch.Tensor] | None = None,
+    **kwargs: Any,
+) -> torch.optim.Optimizer:
+    """A ready `pytorch_optimizer.SOAP` over µP's `param_groups(model, lr, "soap", …)` (needs pytorch_optimizer).
+
+    Args:
+        model: a model put in µP by `mt.parametrize` (or a torch.compile / DDP / FSDP wrapper).
+        lr: the base learning rate (a parameter of the base model gets it; the others µP's factor × it).
+        weight_decay: base weight decay (see `param_groups`).
+        eps: ε at base width, scaled per group (see `param_groups`); None: the optimizer's default.
+        weight_decay_policy: one of `rules.WEIGHT_DECAY_POLICIES` (see `param_groups`).
+        groups: your own parameter groups (dicts or tensors) instead of all of the model's.
+        **kwargs: further keyword arguments of the optimizer.
+
+    Returns:
+        A ready optimizer.
+
+    Raises:
+        OptimizerError: for a model that was not parametrized or a bad argument (see `param_groups`).
+    """
+    return _ready("soap", model, lr, weight_decay, eps, weight_decay_policy, groups, kwargs)
+
+
+def Muon(
+    model: nn.Module,
+    lr: float,
+    *,
+    weight_decay: float = 0.0,
+    eps: Any = None,
+    weight_decay_policy: str = DEFAULT_WEIGHT_DECAY_POLICY,
+    groups: Iterable[dict | torch.Tensor] | None = None,
+    **kwargs: Any,
+) -> torch.optim.Optimizer:
+    """A ready Muon: `torch.optim.Muon` on the hidden matrices + `torch.optim.AdamW` on the rest, as one optimizer.
+
+    This is a factory; the class it builds is `mutransfer.optimizers.MuonWithAdamW`.
+
+    Args:
+        model: a model put in µP by `mt.parametrize` (or a torch.compile / DDP / FSDP wrapper).
+        lr: the base learning rate (a parameter of the base model gets it; the others µP's factor × it).
+        weight_decay: base weight decay (see `param_groups`).
+        eps: ε at base width, scaled per group (see `param_groups`); None: the optimizer's default.
+        weight_decay_policy: one of `rules.WEIGHT_DECAY_POLICIES` (see `param_groups`).
+        groups: your own parameter groups (dicts or tensors) instead of all of the model's.
+        **kwargs: further keyword arguments of the optimizer (partner_lr=, partner_betas= for the AdamW; adjust_lr_fn= as torch's, never double-scaled).
+
+    Returns:
+        A ready optimizer (a `mutransfer.optimizers.MuonWithAdamW`).
+
+    Raises:
+        OptimizerError: for a model that was not parametrized or a bad argument (see `param_groups`).
+    """
+    return _ready("muon", model, lr, weight_decay, eps, weight_decay_policy, groups, kwargs)
 
 
 def scaled_lrs(optimizer: torch.optim.Optimizer, value: float) -> list[float]:
-    """`value` × each group's µP lr factor: per-group max_lr for OneCycleLR / CyclicLR."""
+    """`value` × each group's µP lr factor: per-group max_lr for OneCycleLR / CyclicLR.
+
+    Args:
+        optimizer: an optimizer over `param_groups`.
+        value: the base value (e.g. max_lr).
+
+    Returns:
+        One value per group, in the optimizer's group order.
+    """
     return [value * g.get(LR_FACTOR_KEY, 1.0) for g in optimizer.param_groups]
 
 
 def check_lr_ratios(optimizer: torch.optim.Optimizer, rtol: float = 1e-6) -> None:
-    """Raise ValueError if the groups' lrs no longer stand in µP's ratios (e.g. after OneCycleLR)."""
+    """Check that the groups' lrs still stand in µP's ratios (a scheduler may have overwritten them).
+
+    Args:
+        optimizer: an optimizer over `param_groups`.
+        rtol: relative tolerance of the base lr each group implies.
+
+    Raises:
+        OptimizerError: a group's lr is not its µP factor × the base lr (e.g. after OneCycleLR with
+            a scalar max_lr).
+    """
     groups = [g for g in optimizer.param_groups if LR_FACTOR_KEY in g and g[LR_FACTOR_KEY] > 0]
     if not groups:
         return
@@ -446,8 +475,20 @@ def check_lr_ratios(optimizer: torch.optim.Optimizer, rtol: float = 1e-6) -> Non
             )
 
 
-def OneCycleLR(optimizer: torch.optim.Optimizer, max_lr: float, **kwargs) -> torch.optim.lr_scheduler.OneCycleLR:
-    """torch's OneCycleLR with a scalar `max_lr` spread over the groups by their µP factors."""
+def OneCycleLR(optimizer: torch.optim.Optimizer, max_lr: float, **kwargs: Any) -> torch.optim.lr_scheduler.OneCycleLR:
+    """torch's OneCycleLR with a scalar `max_lr` spread over the groups by their µP factors.
+
+    Args:
+        optimizer: an optimizer over `param_groups` (each group carries its µP lr factor).
+        max_lr: the base max_lr, one number.
+        **kwargs: further arguments of torch.optim.lr_scheduler.OneCycleLR (total_steps=, …).
+
+    Returns:
+        The scheduler, with per-group max_lr = `max_lr` × the group's µP factor.
+
+    Raises:
+        TypeError: `max_lr` is a list (the per-group values are made here).
+    """
     if isinstance(max_lr, (list, tuple)):
         raise TypeError("mt.optim.OneCycleLR takes the base max_lr as one number; it scales it per group")
     return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=scaled_lrs(optimizer, max_lr), **kwargs)

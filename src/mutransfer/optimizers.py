@@ -59,7 +59,15 @@ class Lion(Optimizer):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay, maximize=maximize))
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None):
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One Lion step over every group.
+
+        Args:
+            closure: re-evaluates the model and returns the loss (optional).
+
+        Returns:
+            The closure's loss, or None.
+        """
         loss = _closure_loss(closure)
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
@@ -67,7 +75,9 @@ class Lion(Optimizer):
                 continue
             grads = [p.grad.neg() if group["maximize"] else p.grad for p in params]
             if any(g.is_sparse for g in grads):
-                raise RuntimeError("Lion does not support sparse gradients")
+                raise OptimizerError(
+                    "Lion does not support sparse gradients; build the model with dense ones (e.g. nn.Embedding(sparse=False))"
+                )
             moms = []
             for p in params:
                 state = self.state[p]
@@ -99,7 +109,15 @@ class Adafactor(torch.optim.Adafactor):
     """
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None):
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One Adafactor step, with each group's relative-step cap 1/√t scaled by its µP lr factor.
+
+        Args:
+            closure: re-evaluates the model and returns the loss (optional).
+
+        Returns:
+            The closure's loss, or None.
+        """
         changed = []
         for group in self.param_groups:
             f = group.get(LR_FACTOR_KEY, 1.0)
@@ -140,23 +158,45 @@ class MuonWithAdamW(Optimizer):
         self.param_groups = [g for o in parts for g in o.param_groups]
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None):
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One step of both parts (Muon, then AdamW).
+
+        Args:
+            closure: re-evaluates the model and returns the loss (optional; evaluated once).
+
+        Returns:
+            The closure's loss, or None.
+        """
         loss = _closure_loss(closure)
         for o in self._parts:
             o.step()
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the gradients of both parts.
+
+        Args:
+            set_to_none: as torch's.
+        """
         for o in self._parts:
             o.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
+        """Both parts' state dicts, under ``"muon"`` and ``"adamw"``."""
         return {
             "muon": None if self.muon is None else self.muon.state_dict(),
             "adamw": None if self.adamw is None else self.adamw.state_dict(),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load what `state_dict` returned.
+
+        Args:
+            state_dict: a dict with keys ``"muon"`` and ``"adamw"``.
+
+        Raises:
+            OptimizerError: the dict is not one this optimizer wrote.
+        """
         if not isinstance(state_dict, dict) or set(state_dict) != {"muon", "adamw"}:
             raise OptimizerError(
                 "MuonWithAdamW.load_state_dict takes the dict its state_dict() returns (keys 'muon' and 'adamw')"
@@ -172,15 +212,16 @@ class MuonWithAdamW(Optimizer):
                 o.load_state_dict(state_dict[key])
         self.param_groups = [g for o in self._parts for g in o.param_groups]
 
-    @property
-    def state(self):  # the parts' states, read-only view for tools that inspect optimizer.state
-        merged = {}
+    @property  # type: ignore[override]
+    def state(self) -> dict[Any, Any]:
+        """The parts' states merged: a read-only view for tools that inspect ``optimizer.state``."""
+        merged: dict[Any, Any] = {}
         for o in self._parts:
             merged.update(o.state)
         return merged
 
     @state.setter
-    def state(self, value) -> None:  # Optimizer.__init__ assigns an empty state; the parts hold the real one
+    def state(self, value: Any) -> None:  # Optimizer.__init__ assigns an empty state; the parts hold the real one
         pass
 
     def __repr__(self) -> str:

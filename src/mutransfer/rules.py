@@ -1,10 +1,10 @@
 """The µP rules as data: one place to read the whole parametrization.
 
 Every quantity is a factor *relative to the base model*, written as exponents of the
-parameter's two width multipliers ``(m_in, m_out)``: a factor ``m_in**a * m_out**b`` is
+parameter's two width ratios ``(m_in, m_out)``: a factor ``m_in**a * m_out**b`` is
 the pair ``(a, b)``. ``m_in`` is fan_in/base_fan_in (1 when fan_in is finite) and ``m_out``
 likewise for fan_out. Vector-like parameters (biases, norm gains, raw 1-width-dim tensors)
-have their one width dim as fan_out. At base width every multiplier is 1, so every factor
+have their one width dim as fan_out. At base width every width ratio is 1, so every factor
 is exactly 1 and µP equals the user's own model.
 
 Roles (TP5 §4, Table 3 and Table 8):
@@ -50,6 +50,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from .errors import ModelError, OptimizerError
+
 __all__ = [
     "BRANCH_MULTIPLIER",
     "DEFAULT_DEPTH_ALPHA",
@@ -87,6 +89,13 @@ ROLES = ("input", "vector", "hidden", "output", "scalar")
 
 @dataclass(frozen=True)
 class Rule:
+    """One role's µP rule: each column a pair of exponents of the width ratios (m_in, m_out).
+
+    ``init`` (init std), ``forward`` (a forward constant), then an lr column per kind of update
+    (``sgd_lr``, ``adam_lr``, ``spectral_lr``, ``adafactor_lr``) and ``adam_eps`` (ε of entrywise
+    updates); `factor` turns a column into a number.
+    """
+
     init: Exponents
     forward: Exponents
     sgd_lr: Exponents
@@ -96,7 +105,7 @@ class Rule:
     adafactor_lr: Exponents
 
 
-# TP5 Table 3: µP without forward multipliers. Zero forward overhead; the default.
+# TP5 Table 3: µP without forward constants. Zero forward overhead; the default.
 TABLE3: dict[str, Rule] = {
     #                 init         forward     sgd_lr       adam_lr      adam_eps     spectral_lr  adafactor_lr
     "input": Rule((0.0, 0.0), (0.0, 0.0), (0.0, 1.0), (0.0, 0.0), (0.0, -1.0), (0.5, 0.5), (0.0, 0.0)),
@@ -107,7 +116,7 @@ TABLE3: dict[str, Rule] = {
 }
 # (input/vector: m_in ≡ 1, so their spectral exponents of m_in are written as the identity gives them)
 
-# TP5 Table 8: the readout gets a forward multiplier 1/m_in and is treated like the other
+# TP5 Table 8: the readout gets a forward constant 1/m_in and is treated like the other
 # vector-like parameters. This is what the `mup` package does, and it is the only way to
 # tie the input embedding to the readout (both then share the `input` init and lr).
 TABLE8: dict[str, Rule] = {
@@ -223,7 +232,7 @@ DEFAULT_OPTIMIZER = "adam"
 #   move in a block. Adafactor's ε₂ follows the init column.
 # Init is not scaled with depth (both papers). Weight decay follows the lr through the policy.
 #
-# "branch_end": with formulation "table3" (no forward multipliers), the multiplier of a branch
+# "branch_end": with formulation "table3" (no forward constants), the multiplier of a branch
 # whose output comes straight out of a Linear/Conv layer is folded into that layer instead
 # (abc-symmetry: W' = m_L^-α·W): init × m_L^-α, and to keep W' = m_L^-α·W at every step, a
 # normalised step × m_L^-α and its ε × m_L^α on top of the block row, SGD lr × m_L^-2α; Adafactor's
@@ -233,6 +242,12 @@ DEFAULT_OPTIMIZER = "adam"
 
 @dataclass(frozen=True)
 class DepthRule:
+    """One place's depth rule (outside the blocks, in a block, a branch end): per column, ``(c, k)``.
+
+    A column's factor is m_L ** (c + k·α), m_L = depth / base depth and α the depth exponent
+    (`depth_factor`); the columns are those of `Rule` that depth changes.
+    """
+
     init: tuple[float, float]
     sgd_lr: tuple[float, float]
     adam_lr: tuple[float, float]
@@ -258,19 +273,28 @@ def depth_factor(exponent: tuple[float, float], m_depth: float, alpha: float) ->
     return 1.0 if (m_depth == 1.0 or e == 0.0) else float(m_depth**e)
 
 
-def check_depth_alpha(alpha, name: str = "depth_alpha") -> float:
+def check_depth_alpha(alpha: object, name: str = "depth_alpha") -> float:
     """`alpha` as a float in [0, 1]; TypeError/ValueError naming `name` otherwise (the one check of
     depth_alpha: parametrize, the sweep config and the CLI)."""
     message = f"{name} must be a number in [0, 1] (0.5 Depth-µP, 1.0 CompleteP, 0 no depth scaling), got {alpha!r}"
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
         raise TypeError(message)
     if not 0.0 <= alpha <= 1.0:
-        raise ValueError(message)
+        raise ModelError(message)
     return float(alpha)
 
 
 def factor(exponents: Exponents, m_in: float, m_out: float) -> float:
-    """m_in**a * m_out**b, exactly 1.0 when both multipliers are 1."""
+    """The µP factor ``m_in**a * m_out**b`` of a pair of exponents: the only place exponents become numbers.
+
+    Args:
+        exponents: ``(a, b)``, the exponents of the width ratios (a column of a `Rule`).
+        m_in: the fan_in width ratio (1 for a finite fan_in).
+        m_out: the fan_out width ratio (1 for a finite fan_out).
+
+    Returns:
+        The factor; exactly 1.0 when both width ratios are 1.
+    """
     a, b = exponents
     out = 1.0
     if a and m_in != 1.0:
@@ -286,7 +310,7 @@ def optimizer_rule(name: str) -> OptimizerRule:
         raise TypeError(f"optimizer must be a name such as 'adamw', 'sgd', 'muon' or 'lion', got {type(name).__name__}")
     key = name.lower()
     if key not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer '{name}'; use one of {', '.join(OPTIMIZERS)}")
+        raise OptimizerError(f"unknown optimizer '{name}'; use one of {', '.join(OPTIMIZERS)}")
     return OPTIMIZERS[key]
 
 
@@ -301,15 +325,26 @@ def formulation_name(name: str) -> str:
     "readout_multiplier" (Table 8, alias "table8")."""
     canonical = FORMULATION_ALIASES.get(name, name) if isinstance(name, str) else name
     if canonical not in FORMULATIONS:
-        raise ValueError(
+        raise ModelError(
             f"unknown formulation {name!r}; use 'no_multipliers' (TP5 Table 3: init and lr carry the "
-            "scaling, no forward multiplier; default; alias 'table3') or 'readout_multiplier' (Table 8: "
+            "scaling, no forward constant; default; alias 'table3') or 'readout_multiplier' (Table 8: "
             "the readout multiplies by 1/m, as the mup package; alias 'table8')"
         )
     return canonical
 
 
 def formulation_rules(name: str) -> dict[str, Rule]:
+    """The rule of every role under a formulation.
+
+    Args:
+        name: a formulation name or alias (see `formulation_name`).
+
+    Returns:
+        Role → `Rule` (`TABLE3` or `TABLE8`).
+
+    Raises:
+        ModelError: for an unknown formulation.
+    """
     return FORMULATIONS[formulation_name(name)]
 
 
@@ -338,16 +373,32 @@ class TunableMultipliers:
                 raise TypeError(f"{what}_mult must be a dict of role → float, got {type(table).__name__}")
             for role, value in table.items():
                 if role not in ROLES:
-                    raise ValueError(f"{what}_mult has unknown role '{role}'; roles are {', '.join(ROLES)}")
+                    raise ModelError(f"{what}_mult has unknown role '{role}'; roles are {', '.join(ROLES)}")
                 if not isinstance(value, (int, float)) or value < 0:
-                    raise ValueError(f"{what}_mult['{role}'] must be a non-negative number, got {value!r}")
+                    raise ModelError(f"{what}_mult['{role}'] must be a non-negative number, got {value!r}")
         for what in ("output", "attention", "embedding"):
             value = getattr(self, what)
             if not isinstance(value, (int, float)):
                 raise TypeError(f"{what}_mult must be a number, got {type(value).__name__}")
 
     def init_mult(self, role: str) -> float:
+        """The tunable init factor of `role` (1.0 unless set).
+
+        Args:
+            role: one of `ROLES`.
+
+        Returns:
+            The factor the role's init std is multiplied by, at every width.
+        """
         return float(self.init.get(role, 1.0))
 
     def lr_mult(self, role: str) -> float:
+        """The tunable lr factor of `role` (1.0 unless set).
+
+        Args:
+            role: one of `ROLES`.
+
+        Returns:
+            The factor the role's learning rate is multiplied by, at every width.
+        """
         return float(self.lr.get(role, 1.0))

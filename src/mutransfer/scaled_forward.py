@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 from enum import Enum
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -42,7 +43,7 @@ INPUT_ATTR = "_mutransfer_input_mult"
 OUTPUT_ATTR = "_mutransfer_output_mult"
 SDPA_ATTR = "_mutransfer_sdpa"
 _PREFIX = "MuScaled_"
-_CLASSES: dict[type, type] = {}
+_CLASSES: dict[type, type[nn.Module]] = {}
 
 
 def _key(cls: type) -> str:
@@ -50,7 +51,7 @@ def _key(cls: type) -> str:
     return f"{_PREFIX}{cls.__name__}_{path.hex()}"
 
 
-def _make(parent: type) -> type:
+def _make(parent: type[nn.Module]) -> type[nn.Module]:
     parent_forward = parent.forward
 
     def forward(self, *args, **kwargs):
@@ -73,23 +74,33 @@ def _make(parent: type) -> type:
         return out
 
     key = _key(parent)
-    cls = type(
-        f"MuScaled{parent.__name__}",
-        (parent,),
-        {
-            "forward": forward,
-            "_mutransfer_parent": parent,
-            "__module__": __name__,
-            "__qualname__": key,
-            "__doc__": f"{parent.__name__} with µP's forward multipliers (see mutransfer.scaled_forward).",
-        },
+    cls = cast(
+        "type[nn.Module]",
+        type(
+            f"MuScaled{parent.__name__}",
+            (parent,),
+            {
+                "forward": forward,
+                "_mutransfer_parent": parent,
+                "__module__": __name__,
+                "__qualname__": key,
+                "__doc__": f"{parent.__name__} with µP's forward constants (see mutransfer.scaled_forward).",
+            },
+        ),
     )
     globals()[key] = cls
     return cls
 
 
-def scaled_class(parent: type) -> type:
-    """The (cached) µP subclass of an nn.Module class."""
+def scaled_class(parent: type[nn.Module]) -> type[nn.Module]:
+    """The (cached) µP subclass of an nn.Module class.
+
+    Args:
+        parent: the user's module class (a µP subclass is returned as it is).
+
+    Returns:
+        ``MuScaled<Name>``: the parent with a forward that applies the installed forward constants.
+    """
     if "_mutransfer_parent" in parent.__dict__:
         return parent
     if parent not in _CLASSES:
@@ -104,8 +115,15 @@ def install(
     output_mult: float | None = None,
     sdpa: float | None = None,
 ) -> None:
-    """Give `module` forward multipliers (input ×, output ×) and/or a correction of the logit scale of
-    the ``scaled_dot_product_attention`` calls made inside its forward (`sdpa`)."""
+    """Give `module` forward constants (input ×, output ×) and/or a correction of the logit scale of
+    the ``scaled_dot_product_attention`` calls made inside its forward.
+
+    Args:
+        module: switched in place to its µP subclass (`scaled_class`).
+        input_mult: forward constant multiplying the module's first input (multiplies one already there).
+        output_mult: forward constant multiplying its output (multiplies one already there).
+        sdpa: factor on the logit scale of the SDPA calls its forward makes.
+    """
     module.__class__ = scaled_class(type(module))
     if input_mult is not None:
         setattr(module, INPUT_ATTR, float(input_mult) * module.__dict__.get(INPUT_ATTR, 1.0))
@@ -122,7 +140,7 @@ def __getattr__(name: str) -> type:
         raise AttributeError(name)
     try:
         module_name, qualname = bytes.fromhex(name.rsplit("_", 1)[1]).decode().split(":", 1)
-        parent = importlib.import_module(module_name)
+        parent: Any = importlib.import_module(module_name)
         for part in qualname.split("."):
             parent = getattr(parent, part)
     except (ValueError, ImportError, AttributeError) as e:

@@ -307,7 +307,7 @@ def test_every_zoo_model_exports_after_training(name):
     fresh = e.make(128)
     fresh.load_state_dict(plain.state_dict())
     fresh.eval()
-    from mutransfer._core.export import _error
+    from mutransfer._core.export_check import relative_error as _error
 
     with torch.no_grad():
         assert _error(run(fresh, x), run(m, x)) <= RTOL

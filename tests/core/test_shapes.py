@@ -15,7 +15,7 @@ def test_width_dims_found_from_base_and_delta():
     assert shapes.params["hidden.0.weight"].width == (True, True)
     assert shapes.params["readout.weight"].width == (False, True)
     assert shapes.params["readout.bias"].width == (False,)
-    assert shapes.params["hidden.0.weight"].multipliers((512, 256)) == (8.0, 4.0)
+    assert shapes.params["hidden.0.weight"].width_ratios((512, 256)) == (8.0, 4.0)
 
 
 def test_meta_device_models_give_the_same_shapes():

@@ -27,6 +27,7 @@ A second probe forward then measures every module again; any scale that is not �
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Callable
@@ -40,9 +41,10 @@ from .. import scaled_forward
 from ..errors import ModelError
 from . import sdpa
 from .naming import canonical_name
-from .observe import AttentionCall
+from .observation import AttentionCall
 
 __all__ = [
+    "AttentionFix",
     "AttentionScale",
     "MuMultiheadAttention",
     "attention_kind",
@@ -97,6 +99,14 @@ def _calls_helper(module: nn.Module, source: str | None = None) -> bool:
 
 
 def head_dim_of(module: nn.Module) -> int | None:
+    """The head dim a module declares (``head_dim``, ``d_head``, …, or embed dim / heads), else None.
+
+    Args:
+        module: an attention module.
+
+    Returns:
+        The head dim read from its attributes, or None when they do not say.
+    """
     for attr in _HEAD_DIM_ATTRS:
         v = getattr(module, attr, None)
         if isinstance(v, int) and v > 0:
@@ -171,17 +181,34 @@ class MuMultiheadAttention(nn.MultiheadAttention):
     in place by `parametrize`, so state_dicts stay interchangeable.
     """
 
+    _mutransfer_attn: tuple[float, int] | None  # (α_attention, base head dim d₀), set by parametrize
+
     def forward(
         self,
-        query,
-        key,
-        value,
-        key_padding_mask=None,
-        need_weights=True,
-        attn_mask=None,
-        average_attn_weights=True,
-        is_causal=False,
-    ):
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        need_weights: bool = True,
+        attn_mask: torch.Tensor | None = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """nn.MultiheadAttention's forward with µP's logit scale α·√d₀/d instead of 1/√d.
+
+        Args:
+            query: as nn.MultiheadAttention's.
+            key: as nn.MultiheadAttention's.
+            value: as nn.MultiheadAttention's.
+            key_padding_mask: as nn.MultiheadAttention's.
+            need_weights: as nn.MultiheadAttention's.
+            attn_mask: as nn.MultiheadAttention's.
+            average_attn_weights: as nn.MultiheadAttention's.
+            is_causal: as nn.MultiheadAttention's.
+
+        Returns:
+            (attention output, attention weights or None), as nn.MultiheadAttention's.
+        """
         scale = mup_logit_scale(self._mutransfer_attn, self.head_dim)
         batched = query.dim() == 3
         if not batched:
@@ -196,7 +223,7 @@ class MuMultiheadAttention(nn.MultiheadAttention):
         dtype = q.dtype
         attn_mask = _as_additive(attn_mask, dtype)
         key_padding_mask = _as_additive(key_padding_mask, dtype)
-        if self.bias_k is not None:
+        if self.bias_k is not None and self.bias_v is not None:
             k = torch.cat([k, self.bias_k.expand(1, bsz, -1)])
             v = torch.cat([v, self.bias_v.expand(1, bsz, -1)])
             if attn_mask is not None:
@@ -270,7 +297,15 @@ class AttentionScale:
 
 
 @dataclass
-class _Fix:
+class AttentionFix:
+    """How one attention module gets µP's logit scale: planned by `plan`/`legacy_plan`, applied by `install`.
+
+    `before`/`target` are logit scales (the constant multiplying q·kᵀ) at head dims `d` (the model's)
+    and `d0` (the base's); `how` names the mechanism ("attribute …", "sdpa", "mha", "helper",
+    "unchanged"); `attr` is the float attribute holding the scale, if any (`divides` when the forward
+    divides by it).
+    """
+
     module: nn.Module
     name: str
     how: str
@@ -303,7 +338,7 @@ def plan(
     base_scale: Callable[[str, int, float], tuple[int, float]],
     alpha: float,
     probe: Callable[[], dict[str, list[AttentionCall]] | None],
-) -> list[_Fix]:
+) -> list[AttentionFix]:
     """How to give every observed attention module µP's logit scale α·s₀·d₀/d, before any change.
 
     `calls`: the target's attention calls by module (from a probe forward); `base_scale(name, d, s)`
@@ -311,7 +346,7 @@ def plan(
     perturbation test that finds the float attribute holding the scale, if any).
     """
     modules = {canonical_name(n): m for n, m in model.named_modules()}
-    fixes: list[_Fix] = []
+    fixes: list[AttentionFix] = []
     for name, found in calls.items():
         ds = {c.head_dim for c in found}
         scales = {round(c.scale, 12) for c in found}
@@ -326,7 +361,7 @@ def plan(
         target = alpha * s0 * d0 / d
         module = modules.get(name, model)
         if math.isclose(target, s, rel_tol=1e-9):
-            fixes.append(_Fix(module, name, "unchanged", d0, d, s, target))
+            fixes.append(AttentionFix(module, name, "unchanged", d0, d, s, target))
             continue
         kinds = {c.kind for c in found}
         if isinstance(module, nn.MultiheadAttention):
@@ -340,7 +375,7 @@ def plan(
             how = "helper"
         else:
             how = "sdpa" if kinds == {"sdpa"} else "eager"
-        fixes.append(_Fix(module, name, how, d0, d, s, target))
+        fixes.append(AttentionFix(module, name, how, d0, d, s, target))
     _find_attributes([f for f in fixes if f.how in ("sdpa", "eager")], probe)
     for f in fixes:
         if f.how == "eager":
@@ -356,7 +391,7 @@ def plan(
     return fixes
 
 
-def _find_attributes(fixes: list[_Fix], probe) -> None:
+def _find_attributes(fixes: list[AttentionFix], probe) -> None:
     """Perturbation test: ×2 on a candidate attribute that doubles (halves) the measured scale holds it."""
     pending = {id(f.module): (f, _candidates(f.module)) for f in fixes}
     k = 0
@@ -387,7 +422,7 @@ def _find_attributes(fixes: list[_Fix], probe) -> None:
         k += 1
 
 
-def install(fixes: list[_Fix], alpha: float) -> Callable[[], None]:
+def install(fixes: list[AttentionFix], alpha: float) -> Callable[[], None]:
     """Give every planned module its µP logit scale; returns a function that undoes it."""
     undo: list[Callable[[], None]] = []
     for f in fixes:
@@ -398,21 +433,14 @@ def install(fixes: list[_Fix], alpha: float) -> Callable[[], None]:
         if f.attr is not None:
             old = getattr(module, f.attr)
             setattr(module, f.attr, old / correction if f.divides else old * correction)
-            undo.append(lambda m=module, a=f.attr, v=old: setattr(m, a, v))
+            undo.append(functools.partial(setattr, module, f.attr, old))
             continue
-        old_class, had = module.__class__, module.__dict__.get("_mutransfer_attn")
-        undo.append(
-            lambda m=module, c=old_class, h=had: (
-                setattr(m, "__class__", c),
-                m.__dict__.pop("_mutransfer_attn", None),
-                m.__dict__.pop(scaled_forward.SDPA_ATTR, None),
-            )
-        )
+        undo.append(functools.partial(_restore_class, module, module.__class__))
         if f.how == "mha":
-            module._mutransfer_attn = (float(alpha), f.d0)
+            module.__dict__["_mutransfer_attn"] = (float(alpha), f.d0)
             module.__class__ = MuMultiheadAttention
         elif f.how == "helper":
-            module._mutransfer_attn = (float(alpha), f.d0)
+            module.__dict__["_mutransfer_attn"] = (float(alpha), f.d0)
         elif f.how == "sdpa":
             scaled_forward.install(module, sdpa=correction)
 
@@ -428,13 +456,13 @@ def install(fixes: list[_Fix], alpha: float) -> Callable[[], None]:
 
 def legacy_plan(
     model: nn.Module, base_heads: dict[str, int], alpha: float, override_d0: int | None = None
-) -> list[_Fix]:
+) -> list[AttentionFix]:
     """Attention found from module attributes and source when no probe forward could run.
 
     Assumes each module's own scale is 1/√d (what nearly every model computes); parametrize
     warns that the scales are not verified.
     """
-    fixes: list[_Fix] = []
+    fixes: list[AttentionFix] = []
     for name, module in model.named_modules():
         kind = attention_kind(module)
         if kind is None:
@@ -459,6 +487,13 @@ def legacy_plan(
         if math.isclose(target, before, rel_tol=1e-9):
             how = "unchanged"
         fixes.append(
-            _Fix(module, cname, how, int(d0), int(d), before, target, "scaling" if kind == "scaling" else None)
+            AttentionFix(module, cname, how, int(d0), int(d), before, target, "scaling" if kind == "scaling" else None)
         )
     return fixes
+
+
+def _restore_class(module: nn.Module, cls: type) -> None:
+    """Undo of an installed scale that switched the class or stored a config: back to `cls`, both removed."""
+    module.__class__ = cls
+    module.__dict__.pop("_mutransfer_attn", None)
+    module.__dict__.pop(scaled_forward.SDPA_ATTR, None)

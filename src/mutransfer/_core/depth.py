@@ -21,8 +21,9 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import operator
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.fx
@@ -180,7 +181,7 @@ _BRANCH_OUTPUTS: list | None = None  # (block, branch output) of each call, whil
 
 
 @contextlib.contextmanager
-def branch_outputs():
+def branch_outputs() -> Iterator[list[Any]]:
     """Record the branch outputs passed to `residual_branch` during a forward (for `export`)."""
     global _BRANCH_OUTPUTS
     _BRANCH_OUTPUTS, outer = [], _BRANCH_OUTPUTS
@@ -190,7 +191,7 @@ def branch_outputs():
         _BRANCH_OUTPUTS = outer
 
 
-def residual_branch(block: nn.Module, out):
+def residual_branch(block: nn.Module, out: Any) -> Any:
     """Scale a residual branch's output by its block's depth multiplier m_L^-α.
 
     Write ``x = x + mt.residual_branch(self, self.mlp(x))`` in a block whose branches
@@ -300,7 +301,7 @@ def branch_end(module: nn.Module, depth: int = 0) -> str | None:
         return None
     try:
         graph = _BlockTracer().trace(module)
-    except Exception:  # untraceable: keep the forward multiplier on the branch module
+    except Exception:  # untraceable: keep the forward constant on the branch module
         return None
     out = next((n for n in graph.nodes if n.op == "output"), None)
     last = out.args[0] if out is not None else None

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..optim import group_factors
 from ..rules import optimizer_rule
 from .depth import block_pattern
+from .groups import group_factors
 from .spec import require_spec
 
 __all__ = ["describe"]
@@ -88,7 +88,7 @@ def describe(model: nn.Module, optimizer: str | None = None, adjust_lr_fn: str |
         c = (l / l0) ** -spec.depth_alpha if spec.depth_alpha else 1.0
         how = []
         if inside(spec.branches):
-            how.append("forward multiplier on " + ", ".join(inside(spec.branches)))
+            how.append("forward constant on " + ", ".join(inside(spec.branches)))
         if inside(spec.folded_branches):
             how.append("folded into " + ", ".join(inside(spec.folded_branches)) + " (init × m_L^-α, no overhead)")
         lines.append(
@@ -97,7 +97,7 @@ def describe(model: nn.Module, optimizer: str | None = None, adjust_lr_fn: str |
         )
     alpha = spec.multipliers.attention
     for a in spec.attention:
-        how = "left as it is" if a.how == "unchanged" else f"set through {a.how}"
+        change = "left as it is" if a.how == "unchanged" else f"set through {a.how}"
         check = (
             "measured on a probe forward"
             if a.verified
@@ -105,7 +105,7 @@ def describe(model: nn.Module, optimizer: str | None = None, adjust_lr_fn: str |
         )
         lines.append(
             f"attention {a.module or '<model>'}: q·kᵀ × {a.scale:.4g} (µP: α·s₀·d₀/d, α={alpha:g}, "
-            f"d₀={a.d0}, d={a.d}; the model's own was {a.before:.4g}; {how}; {check})"
+            f"d₀={a.d0}, d={a.d}; the model's own was {a.before:.4g}; {change}; {check})"
         )
     by_source: dict[str, int] = {}
     for info in spec.params.values():

@@ -131,8 +131,8 @@ def same_device(a: torch.device, b: torch.device) -> bool:
 
 def module_device(module: nn.Module) -> torch.device:
     """Where `module` lives: the device of its first parameter (else buffer); the CPU when it has neither."""
-    for t in module.parameters():
-        return t.device
-    for t in module.buffers():
-        return t.device
+    for p in module.parameters():
+        return p.device
+    for b in module.buffers():
+        return b.device
     return torch.device("cpu")

@@ -3,13 +3,12 @@
 What it changes: the values of the model's initial parameters (rescaled by µP's init
 factors relative to the base model), the attention logit scale (see `attention`), and —
 only where the formulation needs it or a tunable multiplier is not 1 — the class of the
-readout or input layers, to a subclass that applies the multiplier (see `scaled_forward`). It records a `MuSpec` on the model for `param_groups`.
+readout or input layers, to a subclass that applies the forward constant (see `scaled_forward`). It records a `MuSpec` on the model for `param_groups`.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import math
 import os
 import warnings
 from collections.abc import Iterable, Mapping
@@ -19,7 +18,7 @@ import torch
 from torch import nn
 
 from .. import scaled_forward
-from ..errors import ModelError
+from ..errors import ModelError, MuPWarning
 from ..rules import (
     BRANCH_MULTIPLIER,
     DEFAULT_DEPTH_ALPHA,
@@ -33,14 +32,15 @@ from ..rules import (
     formulation_name,
     formulation_rules,
 )
-from . import attention as attn
+from .attention_plan import base_attention, install_attention, plan_attention
 from .depth import BRANCH_ATTR, Branch, DepthMap, block_containers, find_branches, outermost
-from .observe import Observation, observe, observe_model
-from .roles import MuPWarning, ParamInfo, classify
+from .observation import Observation
+from .observe import observe_model
+from .roles import ParamInfo, classify
 from .shapes import WidthShapes, canonical_name
 from .spec import SPEC_ATTR, MuSpec, find_spec
 
-__all__ = ["BaseShapes", "Multiplied", "Zeroing", "parametrize"]
+__all__ = ["BaseShapes", "ForwardConstants", "Zeroing", "parametrize"]
 
 BaseShapes = str | os.PathLike | WidthShapes | Mapping
 _QUERY_MODULE_NAMES = ("q_proj", "query", "to_q", "wq", "q", "w_q", "q_lin", "query_proj")
@@ -116,7 +116,7 @@ def parametrize(
             f"parametrize was already called on this {type(model).__name__}; it rescales the "
             "init, so calling it twice would apply µP twice. Build a fresh model instead"
         )
-    mults = TunableMultipliers(dict(init_mult or {}), dict(lr_mult or {}), output_mult, attn_mult, embedding_mult)
+    tunable = TunableMultipliers(dict(init_mult or {}), dict(lr_mult or {}), output_mult, attn_mult, embedding_mult)
     formulation = formulation_name(formulation)
     rules = formulation_rules(formulation)
     alpha = check_depth_alpha(depth_alpha)
@@ -143,18 +143,20 @@ def parametrize(
     )
     branches, folded = _fold_branches(branches, infos, formulation)
     attention_plan = (
-        _plan_attention(model, seen, shapes, depth, float(attn_mult), attn_base_head_dim) if attention else []
+        plan_attention(model, seen, base_attention(model, shapes, depth, attn_base_head_dim), float(attn_mult))
+        if attention
+        else []
     )
     params = {canonical_name(n): p for n, p in model.named_parameters()}
     zeroing = _readout_zeroing(model, infos, params) if zero_init_readout else []
     zeroing += _query_zeroing(model, zero_init_query) if zero_init_query else []
-    multipliers = _forward_constants(infos, rules, mults, _readout_input_ratio(seen, shapes, depth), model)
+    constants = _forward_constants(infos, rules, tunable, _readout_input_ratio(seen, shapes, depth), model)
     if seen.ran:
-        multipliers = _in_effect(multipliers, seen)
+        constants = _in_effect(constants, seen)
 
     # Everything is checked: from here on the model changes. Attention first: its scales are measured
     # again on a probe forward, and a mismatch undoes the change and raises before anything else changes.
-    spec_attention = _install_attention(model, attention_plan, float(attn_mult), seen)
+    spec_attention = install_attention(model, attention_plan, float(attn_mult), seen)
     base_values = None
     if base is not None and not any(p.is_meta for p in base.parameters()):
         base_values = {canonical_name(n): p.detach() for n, p in base.named_parameters()}
@@ -162,119 +164,37 @@ def parametrize(
         shapes,
         infos,
         formulation,
-        mults,
+        tunable,
         init_source="base values" if base_values is not None else "assumed PyTorch-default scaling",
         depth_alpha=alpha if depth.containers else 0.0,
         depth=dict(depth.containers),
     )
     with torch.no_grad():
         for name, info in infos.items():
-            scale = _init_scale(
+            init_factor = _init_factor(
                 info,
                 shapes,
                 rules[info.role].init,
-                mults.init_mult(info.role),
+                tunable.init_mult(info.role),
                 params[name],
                 None if base_values is None else base_values[info.base_name],
             )
-            scale *= depth_factor(spec.depth_rule(name).init, info.m_depth, spec.depth_alpha)
-            spec.init_scales[name] = scale
-            if scale != 1.0:
-                params[name].mul_(scale)
+            init_factor *= depth_factor(spec.depth_rule(name).init, info.m_depth, spec.depth_alpha)
+            spec.init_scales[name] = init_factor  # the field keeps its name: MuSpec is pickled with models
+            if init_factor != 1.0:
+                params[name].mul_(init_factor)
         for _what, tensor in zeroing:
             tensor.zero_()
     spec.zero_init = [what for what, _ in zeroing]
-    _install_multipliers(model, multipliers)
-    spec.forward_constants = {m: (kind, c) for m, kind, c in multipliers}
+    _install_forward_constants(model, constants)
+    spec.forward_constants = {m: (kind, c) for m, kind, c in constants}
     spec.attention = spec_attention
     spec.branches = _install_branch_multipliers(model, depth, alpha, branches, helper_blocks)
-    spec.folded_branches = {b.end: depth_factor(BRANCH_MULTIPLIER, depth.multiplier(b.end), alpha) for b in folded}
+    spec.folded_branches = {
+        b.end: depth_factor(BRANCH_MULTIPLIER, depth.multiplier(b.end), alpha) for b in folded if b.end is not None
+    }
     setattr(model, SPEC_ATTR, spec)
     return model
-
-
-def _plan_attention(
-    model: nn.Module, seen: Observation, shapes: WidthShapes, depth: DepthMap, alpha: float, override_d0: int | None
-) -> list:
-    """The attention modules to rescale, from the probe forward (or, without one, attributes)."""
-    if not seen.ran:
-        base_of = {canonical_name(n): depth.to_base(canonical_name(n)) for n, _ in model.named_modules()}
-        heads = {n: shapes.attention_head_dims[b] for n, b in base_of.items() if b in shapes.attention_head_dims}
-        fixes = attn.legacy_plan(model, heads, alpha, override_d0)
-        if any(f.how != "unchanged" for f in fixes):
-            warnings.warn(
-                f"no probe forward ran ({seen.error}), so the attention scales of "
-                f"{', '.join(f.name or '<model>' for f in fixes)} are set by assuming that each computes "
-                f"1/√d, not measured. Pass example_inputs= to parametrize to have them measured and "
-                f"verified",
-                MuPWarning,
-                stacklevel=3,
-            )
-        return fixes
-
-    def base_scale(name: str, d: int, s: float) -> tuple[int, float]:
-        bname = depth.to_base(name)
-        measured = shapes.attention_scales.get(bname)
-        if measured is not None and override_d0 in (None, measured[0]):
-            return measured
-        d0 = override_d0 if override_d0 is not None else shapes.attention_head_dims.get(bname)
-        if d0 is None:
-            raise ModelError(
-                f"attention module '{name}' computes attention at head dim {d} but its base head dim is unknown (the "
-                f"base model's probe forward did not reach it); pass attn_base_head_dim=<head dim of the base "
-                f"model>, example_inputs= that run the base model, or attention=False if the model already "
-                f"scales its logits the µP way"
-            )
-        if not math.isclose(s, 1.0 / math.sqrt(d), rel_tol=1e-6):
-            raise ModelError(
-                f"attention module '{name}' computes q·kᵀ × {s:.4g} at head dim {d}, not 1/√d, and the base model's "
-                f"scale was not measured (base_shapes without attention scales, or a base that could not run): "
-                f"pass base= (a real or meta model) with example_inputs=, or save the shapes with this version"
-            )
-        return int(d0), 1.0 / math.sqrt(d0)
-
-    def probe():
-        return observe(model, seen.inputs).attention_by_module()
-
-    return attn.plan(model, seen.attention_by_module(), base_scale, alpha, probe)
-
-
-def _install_attention(model: nn.Module, fixes: list, alpha: float, seen: Observation) -> list:
-    """Install the planned scales, measure them on a probe forward, undo and raise on any mismatch."""
-    originals = {f.name: getattr(f.module, f.attr) for f in fixes if f.attr is not None}
-    revert = attn.install(fixes, alpha)
-    if not seen.ran:
-        return [
-            attn.AttentionScale(f.name, f.how, f.d0, f.d, f.before, f.target, f.target, False, originals.get(f.name))
-            for f in fixes
-        ]
-    after = observe(model, seen.inputs)
-    calls = after.attention_by_module()
-    out = []
-    for f in fixes:
-        measured = calls.get(f.name)
-        if not after.ran or not measured or not all(math.isclose(c.scale, f.target, rel_tol=1e-5) for c in measured):
-            revert()
-            got = (
-                f"measured {measured[0].scale:.6g}"
-                if measured
-                else f"no attention call seen ({after.error})"
-                if not after.ran
-                else "no attention call seen"
-            )
-            raise ModelError(
-                f"attention module '{f.name}' ({type(f.module).__name__}): after setting µP's logit scale through "
-                f"{f.how}, the probe forward {got} instead of {f.target:.6g} (= α·s₀·d₀/d with α={alpha:g}, "
-                f"d₀={f.d0}, d={f.d}). The model is unchanged. Compute the logits with "
-                f"`mt.attn_scale(self, head_dim)` or F.scaled_dot_product_attention, or pass attention=False if the "
-                f"model already scales them the µP way"
-            )
-        out.append(
-            attn.AttentionScale(
-                f.name, f.how, f.d0, f.d, f.before, f.target, measured[0].scale, True, originals.get(f.name)
-            )
-        )
-    return out
 
 
 def _resolve_shapes(model, base, delta, base_shapes, example_inputs=None) -> WidthShapes:
@@ -317,11 +237,11 @@ def _depth_map(model: nn.Module, shapes: WidthShapes, base_depth) -> DepthMap:
 def _fold_branches(
     branches: list[Branch], infos: dict[str, ParamInfo], formulation: str
 ) -> tuple[list[Branch], list[Branch]]:
-    """Split the branches into (forward multiplier, folded into their last layer).
+    """Split the branches into (forward constant, folded into their last layer).
 
-    Table 3 has no forward multipliers, so a branch whose output is a Linear/Conv layer's gets the
+    Table 3 has no forward constants, so a branch whose output is a Linear/Conv layer's gets the
     multiplier folded into that layer's parameters ("branch_end" depth rule); its parameters must
-    belong to that layer alone. Everything else keeps a forward multiplier.
+    belong to that layer alone. Everything else keeps a forward constant.
     """
     if formulation != NO_MULTIPLIERS:
         return branches, []
@@ -358,11 +278,11 @@ def _rms(t: torch.Tensor) -> float:
     return float(t.detach().to(torch.float64).pow(2).mean().sqrt())
 
 
-def _init_scale(
+def _init_factor(
     info: ParamInfo, shapes: WidthShapes, init_exp, init_mult: float, p: torch.Tensor, base_p: torch.Tensor | None
 ) -> float:
     """Factor to multiply the model's current init by."""
-    own = shapes.params[info.base_name].multipliers(tuple(p.shape))
+    own = shapes.params[info.base_name].width_ratios(tuple(p.shape))
     if all(m == 1.0 for m in own) and info.module_fan_in_mult == 1.0:
         # Base width for this parameter (and, for a bias, for its layer's fan_in): keep the user's init.
         return init_mult
@@ -453,7 +373,7 @@ def _query_zeroing(model: nn.Module, which) -> Zeroing:
     return found
 
 
-Multiplied = list[tuple[str, scaled_forward.Side, float]]  # (module name, input or output, constant)
+ForwardConstants = list[tuple[str, scaled_forward.Side, float]]  # (module name, input or output, constant)
 
 
 def _readout_input_ratio(seen: Observation, shapes: WidthShapes, depth: DepthMap):
@@ -482,28 +402,28 @@ def _is_layer(model: nn.Module, name: str) -> bool:
 def _forward_constants(
     infos: dict[str, ParamInfo],
     rules,
-    mults: TunableMultipliers,
+    tunable: TunableMultipliers,
     input_ratio=lambda module: 1.0,
     model: nn.Module | None = None,
-) -> Multiplied:
-    """Which modules need a forward multiplier, and its value (none in Table 3 at α = 1)."""
+) -> ForwardConstants:
+    """Which modules need a forward constant, and its value (none in Table 3 at α = 1)."""
     readout_rule = formulation_rules(READOUT_MULTIPLIER)["output"]
-    found: Multiplied = []
+    found: ForwardConstants = []
     for name, info in infos.items():
-        if info.role == "input" and mults.embedding != 1.0 and info.layout is not None:
+        if info.role == "input" and tunable.embedding != 1.0 and info.layout is not None:
             # α_embedding on the lookup / input projection — a tied embedding's too (not on its readout)
             found += [
-                (m, scaled_forward.Side.OUTPUT, mults.embedding)
+                (m, scaled_forward.Side.OUTPUT, tunable.embedding)
                 for m, local in info.usages
                 if local == "weight" and m not in info.tied_readouts
             ]
         if info.role == "output":
-            c = mults.output * factor(rules["output"].forward, info.m_in, info.m_out)
+            c = tunable.output * factor(rules["output"].forward, info.m_in, info.m_out)
             readouts = [m for m, _ in info.usages]
             needs_module = model is None or all(_is_layer(model, m) for m in readouts)
         elif info.tied_readouts:
             # Table 8 on a tied readout; its fan_in is the embedding's fan_out.
-            c = mults.output * factor(readout_rule.forward, info.m_out, 1.0)
+            c = tunable.output * factor(readout_rule.forward, info.m_out, 1.0)
             readouts, needs_module = info.tied_readouts, True
         else:
             continue
@@ -513,20 +433,20 @@ def _forward_constants(
         if not needs_module:
             raise ModelError(
                 f"'{name}' is a readout held as a raw parameter of a module that does more than apply "
-                f"it, so its forward multiplier ({c:.4g}) cannot be installed; make the readout an "
+                f"it, so its forward constant ({c:.4g}) cannot be installed; make the readout an "
                 "nn.Linear, or use formulation='no_multipliers' with output_mult=1"
             )
         found += [(m, scaled_forward.Side.INPUT, v) for m, v in per_module.items() if v != 1.0]
     return found
 
 
-def _in_effect(multipliers: Multiplied, seen: Observation) -> Multiplied:
+def _in_effect(constants: ForwardConstants, seen: Observation) -> ForwardConstants:
     """The forward constants whose module's forward ran on the probe. A constant on a module that
     never runs (its parent uses its weight directly, as HF Mamba's mixer does with `dt_proj`)
     would have no effect: it is left out, with a warning naming the module, not recorded as if it
     were in effect."""
     kept = []
-    for mname, side, c in multipliers:
+    for mname, side, c in constants:
         if mname and mname not in seen.called:
             warnings.warn(
                 f"parametrize: '{mname}' should get a forward constant ({side}{c:.4g}: α_output, "
@@ -542,8 +462,8 @@ def _in_effect(multipliers: Multiplied, seen: Observation) -> Multiplied:
     return kept
 
 
-def _install_multipliers(model: nn.Module, multipliers: Multiplied) -> None:
-    for mname, kind, c in multipliers:
+def _install_forward_constants(model: nn.Module, constants: ForwardConstants) -> None:
+    for mname, kind, c in constants:
         module = _module(model, mname)
         if kind is scaled_forward.Side.INPUT:
             scaled_forward.install(module, input_mult=c)

@@ -9,17 +9,28 @@ __all__ = ["Progress"]
 
 
 class Progress:
+    """A one-line progress bar on stderr (redrawn on a terminal; one line per finished item otherwise).
+
+    Args:
+        total: the number of items.
+        label: the bar's name.
+        enabled: draw nothing when False.
+        width: characters of the bar.
+    """
+
     def __init__(self, total: int, label: str, enabled: bool = True, width: int = 24):
         self.total, self.label, self.enabled, self.width = max(total, 1), label, enabled, width
         self.done, self.start, self.note = 0, time.perf_counter(), ""
         self.tty = sys.stderr.isatty()
 
     def update(self, note: str) -> None:
+        """Show `note` (what runs now) beside the bar."""
         self.note = note
         if self.tty:
             self._draw()
 
     def advance(self, n: int = 1) -> None:
+        """Count `n` more items done and redraw."""
         self.done += n
         self._draw()
 
@@ -40,6 +51,7 @@ class Progress:
         sys.stderr.flush()
 
     def close(self) -> None:
+        """End the bar's line."""
         if self.enabled and self.tty:
             sys.stderr.write("\n")
             sys.stderr.flush()

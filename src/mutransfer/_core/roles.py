@@ -20,7 +20,7 @@ an input weight, as TP5 Table 8 does), two → ``hidden`` with the ``nn.Linear``
 (fan_out, fan_in). A raw readout matrix therefore needs ``roles={"name": "output"}``.
 
 A parameter shared between an embedding and a readout (tied weights) is an input weight for
-the optimizer and gets TP5 Table 8's forward multiplier 1/m_in where it is used as readout.
+the optimizer and gets TP5 Table 8's forward constant 1/m_in where it is used as readout.
 """
 
 from __future__ import annotations
@@ -29,14 +29,16 @@ import fnmatch
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
+import torch
 from torch import nn
 
 from ..errors import ModelError, MuPWarning
 from ..rules import ROLES
 from .depth import DepthMap
 from .naming import canonical_name, listed_differences
-from .observe import Observation, Use
+from .observation import Observation, Use
 from .shapes import ParamShape, WidthShapes
 
 __all__ = ["Layout", "MuPWarning", "ParamInfo", "classify"]
@@ -67,6 +69,7 @@ class ParamInfo:
 
     @property
     def aliases(self) -> list[str]:
+        """Every ``module.parameter`` name this parameter is used under (tied weights have several)."""
         return [f"{m}.{p}" if m else p for m, p in self.usages]
 
 
@@ -125,7 +128,7 @@ def _role_from_count(name: str, shape: ParamShape) -> str:
 
 
 def _multipliers(name: str, role: str, shape: ParamShape, tshape: tuple[int, ...], layout: Layout):
-    mult = shape.multipliers(tshape)
+    mult = shape.width_ratios(tshape)
     width_dims = [i for i, w in enumerate(shape.width) if w]
     if role == "scalar":
         return 1.0, 1.0
@@ -319,7 +322,7 @@ def classify(
                 f"set its role with roles={{'{name}': ...}}"
             )
 
-        mult = shape.multipliers(tshape)
+        mult = shape.width_ratios(tshape)
         if chosen.fan_in or chosen.fan_out:
             m_in, m_out = _product(mult, chosen.fan_in), _product(mult, chosen.fan_out)
             if role in ("vector", "input") and not chosen.fan_in:
@@ -332,12 +335,12 @@ def classify(
         if uses:
             mname, module, local = uses[0]
             if len(tshape) == 1 and local.endswith("bias") and hasattr(module, "weight"):
-                w = module.weight
+                w = cast(torch.Tensor, module.weight)
                 wname = f"{mname}.weight" if mname else "weight"
                 wl = _module_layout(module, "weight", getattr(w, "ndim", 0), is_transposed)
                 wbase = depth.to_base(wname)
                 if wl is not None and wbase in shapes.params:
-                    module_fan_in_mult = shapes.params[wbase].multipliers(tuple(w.shape))[wl[0]]
+                    module_fan_in_mult = shapes.params[wbase].width_ratios(tuple(w.shape))[wl[0]]
         where = depth.locate(name)
         source = (
             "override"
@@ -379,8 +382,8 @@ def classify(
             f"({why}): a raw matrix is taken as (fan_out, fan_in). Pass example_inputs= to parametrize "
             f"so that usage can be observed, or set roles={{'name': ...}} / transposed="
         )
-    for w in warnings:
-        _warn(w)
+    for message in warnings:
+        _warn(message)
     return infos
 
 

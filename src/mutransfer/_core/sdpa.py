@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Iterator
+from typing import Any
 
+import torch
 import torch.nn.functional as F
 
 __all__ = ["correcting", "install_wrapper", "mup_sdpa", "torch_sdpa"]
@@ -20,7 +23,31 @@ _ACTIVE: list[float] = []  # corrections of the µP attention modules being run,
 torch_sdpa = F.scaled_dot_product_attention
 
 
-def mup_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
+def mup_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """torch's `scaled_dot_product_attention`, with the logit scale × the innermost active `correcting`.
+
+    Args:
+        query: as torch's.
+        key: as torch's.
+        value: as torch's.
+        attn_mask: as torch's.
+        dropout_p: as torch's.
+        is_causal: as torch's.
+        scale: as torch's (None: 1/√d).
+        **kwargs: further keyword arguments of torch's (enable_gqa=, …).
+
+    Returns:
+        The attention output, as torch's.
+    """
     if _ACTIVE:
         user = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
         scale = user * _ACTIVE[-1]
@@ -30,12 +57,13 @@ def mup_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, 
 
 
 def install_wrapper() -> None:
+    """Make `F.scaled_dot_product_attention` the µP wrapper (once; the one global patch)."""
     if F.scaled_dot_product_attention is not mup_sdpa:
-        F.scaled_dot_product_attention = mup_sdpa
+        F.scaled_dot_product_attention = mup_sdpa  # type: ignore[assignment]
 
 
 @contextlib.contextmanager
-def correcting(correction: float):
+def correcting(correction: float) -> Iterator[None]:
     """SDPA calls inside this block have their logit scale multiplied by `correction`."""
     _ACTIVE.append(correction)
     try:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -33,9 +35,30 @@ class ParamShape:
     base: tuple[int, ...]
     width: tuple[bool, ...]
 
-    def multipliers(self, shape: tuple[int, ...]) -> tuple[float, ...]:
-        """Width multiplier of every dim for a parameter of `shape` (1.0 for finite dims)."""
+    def width_ratios(self, shape: tuple[int, ...]) -> tuple[float, ...]:
+        """The width ratio m = size / base size of every dim of a parameter of `shape`.
+
+        Args:
+            shape: the parameter's shape in the model.
+
+        Returns:
+            One ratio per dim (1.0 for finite dims).
+        """
         return tuple(s / b if w else 1.0 for s, b, w in zip(shape, self.base, self.width))
+
+    def multipliers(self, shape: tuple[int, ...]) -> tuple[float, ...]:
+        """Deprecated spelling of `width_ratios` (kept one release; "multipliers" are tunable HPs).
+
+        Args:
+            shape: the parameter's shape in the model.
+
+        Returns:
+            `width_ratios(shape)`.
+        """
+        warnings.warn(
+            "ParamShape.multipliers is deprecated; use ParamShape.width_ratios", DeprecationWarning, stacklevel=2
+        )
+        return self.width_ratios(shape)
 
 
 @dataclass
@@ -55,7 +78,7 @@ class WidthShapes:
         base: nn.Module | Mapping[str, tuple],
         delta: nn.Module | Mapping[str, tuple] | None = None,
         target: nn.Module | Mapping[str, tuple] | None = None,
-        example_inputs=None,
+        example_inputs: Any = None,
     ) -> WidthShapes:
         """Compare base with delta (or with target when no delta is given).
 
@@ -112,6 +135,7 @@ class WidthShapes:
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict:
+        """The shapes as plain JSON data (the format `from_dict` and `load_shapes` read)."""
         return {
             "format": "mutransfer.width_shapes",
             "version": SHAPES_FORMAT_VERSION,
@@ -122,11 +146,28 @@ class WidthShapes:
         }
 
     def save(self, path: str | os.PathLike) -> None:
+        """Write the shapes to `path` as JSON.
+
+        Args:
+            path: the file to write.
+        """
         with open(path, "w", encoding="utf-8") as f:
             json.dump(self.to_dict(), f, indent=1)
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "base_shapes") -> WidthShapes:
+        """Shapes from the JSON data `to_dict` makes.
+
+        Args:
+            data: the parsed JSON.
+            source: what the data came from, for messages.
+
+        Returns:
+            The shapes.
+
+        Raises:
+            ModelError: the data is not a mutransfer width-shapes file of a version this library reads.
+        """
         if not isinstance(data, dict) or data.get("format") != "mutransfer.width_shapes":
             raise ModelError(
                 f"{source} is not a mutransfer width-shapes file "
@@ -150,6 +191,17 @@ class WidthShapes:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> WidthShapes:
+        """Shapes from a file written by `save` / `save_shapes`.
+
+        Args:
+            path: the JSON file.
+
+        Returns:
+            The shapes.
+
+        Raises:
+            ModelError: the file is missing, not JSON, or not a width-shapes file.
+        """
         if not os.path.exists(path):
             raise ModelError(f"base_shapes file '{path}' does not exist")
         try:
@@ -160,7 +212,7 @@ class WidthShapes:
         return cls.from_dict(data, source=f"base_shapes file '{path}'")
 
 
-def save_shapes(base: nn.Module, delta: nn.Module, path: str | os.PathLike, example_inputs=None) -> WidthShapes:
+def save_shapes(base: nn.Module, delta: nn.Module, path: str | os.PathLike, example_inputs: Any = None) -> WidthShapes:
     """Find the width dims of `base` vs `delta` and write them to `path` (JSON), with the base's attention
     scales measured on a probe forward (on `example_inputs`, or inputs made for it)."""
     shapes = WidthShapes.from_models(base, delta, example_inputs=example_inputs)
@@ -169,6 +221,17 @@ def save_shapes(base: nn.Module, delta: nn.Module, path: str | os.PathLike, exam
 
 
 def load_shapes(path: str | os.PathLike) -> WidthShapes:
+    """Load width shapes saved by `save_shapes` (what ``parametrize(base_shapes=...)`` also takes).
+
+    Args:
+        path: the JSON file.
+
+    Returns:
+        The shapes.
+
+    Raises:
+        ModelError: the file is missing, not JSON, or not a width-shapes file.
+    """
     return WidthShapes.load(path)
 
 

@@ -17,6 +17,7 @@ from ..rules import (
     formulation_rules,
     optimizer_rule,
 )
+from .attention import AttentionScale
 from .naming import DDP_ATTR, WRAPPER_ATTRS
 from .roles import ParamInfo
 from .shapes import WidthShapes
@@ -45,7 +46,7 @@ class MuSpec:
     init_source: str = "base values"
     # module → (Side.INPUT or Side.OUTPUT, constant): the forward constants parametrize installed
     forward_constants: dict[str, tuple[str, float]] = field(default_factory=dict)
-    attention: list[tuple[str, str, int, int | None]] = field(default_factory=list)
+    attention: list[AttentionScale] = field(default_factory=list)  # one per attention module, as installed
     zero_init: list[str] = field(default_factory=list)
     depth_alpha: float = 0.0
     depth: dict[str, tuple[int, int]] = field(default_factory=dict)  # container → (L₀, L)
@@ -53,9 +54,25 @@ class MuSpec:
     folded_branches: dict[str, float] = field(default_factory=dict)  # layer holding a folded multiplier
 
     def rule(self, name: str) -> Rule:
+        """The width rule of parameter `name` (its role's row of the formulation's table).
+
+        Args:
+            name: a canonical parameter name (a key of `params`).
+
+        Returns:
+            The `rules.Rule` of the parameter's role.
+        """
         return formulation_rules(self.formulation)[self.params[name].role]
 
     def depth_rule(self, name: str) -> DepthRule:
+        """The depth rule of parameter `name` ("outside" when depth scaling is off).
+
+        Args:
+            name: a canonical parameter name (a key of `params`).
+
+        Returns:
+            The `rules.DepthRule` of the parameter's place (outside the blocks, in a block, a branch end).
+        """
         # depth_alpha = 0 means no depth scaling at all (not the α → 0 end of the formulas)
         return DEPTH_RULES[self.params[name].depth_role if self.depth_alpha > 0 else "outside"]
 
@@ -92,23 +109,45 @@ class MuSpec:
 def spec_holder(model: nn.Module) -> nn.Module | None:
     """The module that carries the spec: the model itself or the user's model inside wrappers
     (torch.compile, DDP/DataParallel, FSDP1, activation checkpointing); None if never parametrized."""
+    current: nn.Module | None = model
     seen = 0
-    while model is not None and seen < 8:
-        if SPEC_ATTR in model.__dict__:
-            return model
-        model = next(
-            (getattr(model, a) for a in _WRAPPED_ATTRS if isinstance(getattr(model, a, None), nn.Module)), None
+    while current is not None and seen < 8:
+        if SPEC_ATTR in current.__dict__:
+            return current
+        current = next(
+            (getattr(current, a) for a in _WRAPPED_ATTRS if isinstance(getattr(current, a, None), nn.Module)), None
         )
         seen += 1
     return None
 
 
 def find_spec(model: nn.Module) -> MuSpec | None:
+    """The `MuSpec` that `parametrize` left on `model` (through wrappers), or None.
+
+    Args:
+        model: a model, parametrized or not, possibly wrapped.
+
+    Returns:
+        The spec, or None for a model that was never parametrized.
+    """
     holder = spec_holder(model)
     return None if holder is None else holder.__dict__[SPEC_ATTR]
 
 
 def require_spec(model: nn.Module, caller: str) -> MuSpec:
+    """The model's `MuSpec`, or an error naming `caller` and the fix.
+
+    Args:
+        model: the model a function was given.
+        caller: the function's name, for the message.
+
+    Returns:
+        The spec.
+
+    Raises:
+        TypeError: `model` is not an nn.Module.
+        ModelError: the model was never parametrized.
+    """
     if not isinstance(model, nn.Module):
         raise TypeError(f"{caller} needs an nn.Module, got {type(model).__name__}")
     spec = find_spec(model)

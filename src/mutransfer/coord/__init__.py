@@ -1,8 +1,8 @@
 """The coordinate check (TP5 appendix D.1): train a few steps at several widths and test whether
-every activation scales as µP predicts. `run` trains and records, `report` holds the records and
+every activation scales as µP predicts. `run` trains, `measure` records activations, `result` holds the records and
 the verdict (slopes against the exponents µP predicts), `plot` draws them."""
 
-from .report import ATTN_SUFFIX, CoordCheckResult, Record, Trend
+from .result import ATTN_SUFFIX, CoordCheckResult, Record, Trend
 from .run import DEFAULT_OPTIMIZER, MODEL_OUTPUT, check_widths, coord_check
 
 __all__ = [

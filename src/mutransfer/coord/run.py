@@ -16,28 +16,26 @@ uses ``mt.attn_logits``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._core import attention as attn
 from .._core.depth import block_containers, join_name, split_block
 from .._core.devices import AUTO, DeviceLike, move, resolve_device
 from .._core.naming import canonical_name
-from .._core.observe import recording
 from .._core.progress import Progress
 from .._core.spec import find_spec
 from ..errors import CoordCheckError
 from ..optim import build_optimizer, hidden_matrices
 from ..rules import DEFAULT_OPTIMIZER, OPTIMIZERS, optimizer_family
-from .report import ATTN_SUFFIX, CoordCheckResult, Record
+from .measure import MODEL_OUTPUT, ActivationMeter, mean_abs, model_args, model_kwargs
+from .result import ATTN_SUFFIX, CoordCheckResult, Record
 
 __all__ = ["DEFAULT_OPTIMIZER", "MODEL_OUTPUT", "LossFn", "OptimizerFactory", "check_widths", "coord_check"]
 
-MODEL_OUTPUT = "(model output)"
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
@@ -102,7 +100,7 @@ def coord_check(
             )
         axis, sizes, fixed_width = "depth", check_widths(depths, "depths"), int(widths[0])
     else:
-        axis, sizes, fixed_width = "width", check_widths(widths), None
+        axis, sizes, fixed_width = "width", check_widths(cast(Iterable[int], widths)), None
     data = _check_data(data)
     where = resolve_device(device, "device")
     data = [move(batch, where) for batch in data]
@@ -125,11 +123,16 @@ def coord_check(
     parametrizations = set()
     diverged: list[tuple[int, int, int]] = []
     bar = Progress(len(sizes) * seeds, "coord-check", enabled=progress)
+
+    def build(size: int, times: int = 1) -> Any:
+        """The model at `size` (width, or depth at the fixed width), the width × `times`."""
+        return make_model(times * size) if fixed_width is None else make_model(times * fixed_width, size)
+
     for size in sizes:
         for seed in range(seeds):
             bar.update(f"{axis} {size}, seed {seed}")
             torch.manual_seed(seed)
-            model = make_model(size) if axis == "width" else make_model(fixed_width, size)
+            model = build(size)
             call = f"make_model({size})" if axis == "width" else f"make_model({fixed_width}, {size})"
             if not isinstance(model, nn.Module):
                 raise TypeError(f"{call} returned {type(model).__name__}, not an nn.Module")
@@ -142,22 +145,20 @@ def coord_check(
                     # a plain model has no roles: its hidden matrices are the 2-D parameters whose both dims
                     # change with width, seen against the same model at twice the width (shapes only: one
                     # look per size serves every seed)
-                    hidden = hidden_matrices(
-                        model, make_model(2 * size) if axis == "width" else make_model(2 * fixed_width, size)
-                    )
-            run_records, bad_step, probe = _run(
+                    hidden = hidden_matrices(model, build(size, times=2))
+            run_records, bad_step, meter = _run(
                 model, data, optimizer, family, lr, weight_decay, eps, steps, loss_fn, is_mup, readouts, hidden
             )
             rename = _depth_names(model) if axis == "depth" else {}
-            prob_modules |= {rename.get(m, m) for m in probe.prob_modules if rename.get(m, m) is not None}
-            for label, d in probe.head_dims.items():
+            prob_modules |= {r for m in meter.prob_modules if (r := rename.get(m, m)) is not None}
+            for label, d in meter.head_dims.items():
                 head_dims.setdefault(label, {})[size] = d
-            for label, d in probe.out_dims.items():
+            for label, d in meter.out_dims.items():
                 out_dims.setdefault(label, {}).setdefault(size, set()).add(d)
             records += [
-                Record(rename.get(m, m), q, t, size, seed, v)
+                Record(r, q, t, size, seed, v)
                 for (m, q, t), v in run_records.items()
-                if rename.get(m, m) is not None
+                if (r := rename.get(m, m)) is not None
             ]
             if bad_step is not None:
                 diverged.append((size, seed, bad_step))
@@ -190,7 +191,7 @@ def coord_check(
     )
 
 
-def _growth_exponent(by_size: dict[int, float]) -> float:
+def _growth_exponent(by_size: Mapping[int, float]) -> float:
     """Slope of log(value) against log(size) through the smallest and largest size."""
     sizes = sorted(by_size)
     if len(sizes) < 2 or by_size[sizes[0]] <= 0:
@@ -282,29 +283,29 @@ def _run(
 ):
     model.train()
     opt = _make_optimizer(model, optimizer, lr, weight_decay, eps, is_mup, hidden)
-    probe = _Probe(model, readouts)
+    meter = ActivationMeter(model, readouts)
     out: dict[tuple[str, str, int], float] = {}
     measure_inputs = data[0][0]
-    initial = probe.measure(measure_inputs)
+    initial = meter.measure(measure_inputs)
     for name, h in initial.items():
-        out[(name, "size", 0)] = _mean_abs(h)
+        out[(name, "size", 0)] = mean_abs(h)
     bad_step = None
     for t in range(1, steps + 1):
         inputs, targets = data[(t - 1) % len(data)]
-        loss = _loss(model(*_args(inputs), **_kwargs(inputs)), targets, loss_fn)
+        loss = _loss(model(*model_args(inputs), **model_kwargs(inputs)), targets, loss_fn)
         if not torch.isfinite(loss.detach()).all():
             bad_step = t
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        current = probe.measure(measure_inputs)
+        current = meter.measure(measure_inputs)
         for name, h in current.items():
-            out[(name, "size", t)] = _mean_abs(h)
+            out[(name, "size", t)] = mean_abs(h)
             h0 = initial.get(name)
             if h0 is not None and h0.shape == h.shape:
-                out[(name, "change", t)] = _mean_abs(h - h0)
-    probe.close()
-    return out, bad_step, probe
+                out[(name, "change", t)] = mean_abs(h - h0)
+    meter.close()
+    return out, bad_step, meter
 
 
 def _make_optimizer(model, optimizer, lr, weight_decay, eps, is_mup, hidden=None) -> torch.optim.Optimizer:
@@ -314,16 +315,6 @@ def _make_optimizer(model, optimizer, lr, weight_decay, eps, is_mup, hidden=None
             raise TypeError(f"optimizer(model, lr) returned {type(opt).__name__}, not a torch.optim.Optimizer")
         return opt
     return build_optimizer(model, optimizer, lr, weight_decay=weight_decay, eps=eps, mup=is_mup, hidden=hidden)
-
-
-def _args(inputs) -> tuple:
-    if isinstance(inputs, dict):
-        return ()
-    return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
-
-
-def _kwargs(inputs) -> dict:
-    return dict(inputs) if isinstance(inputs, dict) else {}
 
 
 def _logits(output) -> torch.Tensor:
@@ -354,136 +345,11 @@ def _loss(output, targets, loss_fn: LossFn | None) -> torch.Tensor:
         else:
             loss = F.mse_loss(logits.float(), targets.float())
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        raise TypeError("the loss must be a scalar tensor")
+        raise TypeError(
+            "coord_check: the loss must be a scalar tensor; make loss_fn(output, targets) (or the model's "
+            ".loss) reduce over the batch, e.g. with .mean()"
+        )
     return loss.reshape(())
-
-
-def _mean_abs(t: torch.Tensor) -> float:
-    return float(t.abs().mean()) if t.numel() else 0.0
-
-
-def _first_float(output) -> torch.Tensor | None:
-    """The tensor of a module's output that the check follows."""
-    if isinstance(output, torch.Tensor):
-        return output if output.is_floating_point() else None
-    if isinstance(output, dict) or hasattr(output, "keys"):
-        for key in ("logits", "last_hidden_state"):
-            v = output.get(key) if hasattr(output, "get") else None
-            if isinstance(v, torch.Tensor):
-                return v if v.is_floating_point() else None
-        values = list(output.values())
-    elif isinstance(output, (tuple, list)):
-        values = list(output)
-    else:
-        return None
-    return next((v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()), None)
-
-
-# --------------------------------------------------------------------------- measuring
-
-
-class _Probe:
-    """Forward hooks on every module and attention logits recorded (see `observe`), run on demand."""
-
-    def __init__(self, model: nn.Module, readouts: dict[str, str] | None = None):
-        self.model = model
-        self.active = False
-        self.captured: dict[str, torch.Tensor] = {}
-        self.out_dims: dict[str, int] = {}
-        self.head_dims: dict[str, int] = {}
-        self.readouts = readouts or {}  # label → name of the readout's bias (left out of its output)
-        self.prob_modules: set[str] = set()  # modules fed attention probabilities
-        self.handles = []
-        params = dict(model.named_parameters())
-        self.biases = {label: params.get(bias) for label, bias in self.readouts.items()}
-        for name, module in model.named_modules():
-            label = name or MODEL_OUTPUT
-            self.handles.append(module.register_forward_hook(self._leave(label), always_call=True))
-            if isinstance(module, nn.MultiheadAttention):
-                self.handles.append(module.register_forward_hook(self._mha(label), with_kwargs=True))
-
-    def _leave(self, label: str):
-        def hook(mod, args, output):
-            if not self.active:
-                return
-            h = _first_float(output)
-            if h is not None and label not in self.captured:
-                bias = self.biases.get(label)
-                if isinstance(bias, torch.Tensor) and bias.ndim == 1 and h.shape[-1:] == bias.shape:
-                    h = h - bias  # a readout's bias does not scale with width: measure W·x alone
-                self.captured[label] = h.detach().float().clone()
-                if h.ndim:
-                    self.out_dims[label] = int(h.shape[-1])
-
-        return hook
-
-    def _record_logits(self, label: str, q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool) -> None:
-        key = label + ATTN_SUFFIX
-        if key in self.captured:
-            return
-        q, k = q.detach().float(), k.detach().float()
-        if q.dim() >= 3 and k.dim() >= 3 and q.shape[-3] != k.shape[-3] and q.shape[-3] % k.shape[-3] == 0:
-            k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)  # grouped-query attention
-        logits = (q @ k.transpose(-2, -1)) * scale
-        if causal:
-            n, s = logits.shape[-2], logits.shape[-1]
-            keep = torch.ones(n, s, dtype=torch.bool, device=logits.device).tril(s - n)
-            logits = logits[..., keep]
-        self.captured[key] = logits
-        self.head_dims[key] = int(q.shape[-1])
-
-    def _on_attention(self, call, q, k, logits, causal) -> None:
-        label = (call.module or MODEL_OUTPUT) + ATTN_SUFFIX
-        if label in self.captured:
-            return
-        if q is not None and k is not None:
-            self._record_logits(call.module or MODEL_OUTPUT, q, k, call.scale, causal)
-        elif logits is not None:
-            x = logits.detach().float()
-            x = x[torch.isfinite(x) & (x.abs() < 1e30)]  # masked entries (−inf or dtype min) are not logits
-            self.captured[label] = x
-            self.head_dims[label] = call.head_dim
-
-    def _mha(self, label: str):
-        def hook(mod: nn.MultiheadAttention, args, kwargs, output):
-            if not self.active or label + ATTN_SUFFIX in self.captured:
-                return
-            names = ("query", "key", "value")
-            query, key = [args[i] if i < len(args) else kwargs[names[i]] for i in range(2)]
-            (w_q, b_q), (w_k, b_k), _ = attn.mha_in_projections(mod)
-            q, k = F.linear(query, w_q, b_q), F.linear(key, w_k, b_k)
-            if q.dim() == 2:
-                q, k = q.unsqueeze(0), k.unsqueeze(0)
-            elif not mod.batch_first:
-                q, k = q.transpose(0, 1), k.transpose(0, 1)
-            h, hd = mod.num_heads, mod.head_dim
-            q = q.reshape(q.shape[0], q.shape[1], h, hd).transpose(1, 2)
-            k = k.reshape(k.shape[0], k.shape[1], h, hd).transpose(1, 2)
-            cfg = getattr(mod, "_mutransfer_attn", None)
-            scale = attn.mup_logit_scale(cfg, hd)
-            self._record_logits(label, q, k, scale, bool(kwargs.get("is_causal", False)))
-
-        return hook
-
-    def measure(self, inputs) -> dict[str, torch.Tensor]:
-        """One forward pass on `inputs` without grad; buffers (BatchNorm statistics) restored."""
-        buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
-        self.captured, self.active = {}, True
-        try:
-            with torch.no_grad(), recording(self.model, on_attention=self._on_attention) as recorder:
-                self.model(*_args(inputs), **_kwargs(inputs))
-            self.prob_modules |= {m or MODEL_OUTPUT for m in recorder.obs.prob_modules}
-        finally:
-            self.active = False
-            with torch.no_grad():
-                for n, b in self.model.named_buffers():
-                    if n in buffers:
-                        b.copy_(buffers[n])
-        return self.captured
-
-    def close(self) -> None:
-        for h in self.handles:
-            h.remove()
 
 
 # --------------------------------------------------------------------------- argument checks

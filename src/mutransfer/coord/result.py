@@ -39,6 +39,8 @@ ATTN_SUFFIX = " [attn logits]"  # attention logits' changes start as O(1/√d) c
 
 @dataclass(frozen=True)
 class Record:
+    """One measurement: a module's activation size or change at one step, width and seed."""
+
     module: str
     quantity: str  # "size" (mean |h|) or "change" (mean |h − h at init|)
     step: int
@@ -198,6 +200,7 @@ class CoordCheckResult:
 
     @property
     def passed(self) -> bool:
+        """True when no run diverged and every trend is within what µP allows."""
         return not self.diverged and all(t.passed for t in self.trends)
 
     @property
@@ -261,6 +264,11 @@ class CoordCheckResult:
         return out
 
     def to_csv(self, path: PathLike) -> None:
+        """Write the records as CSV, one row per record.
+
+        Args:
+            path: the file to write.
+        """
         rows = self.rows()
         with open(path, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["module"])
@@ -268,6 +276,7 @@ class CoordCheckResult:
             writer.writerows(rows)
 
     def to_dict(self) -> dict:
+        """The result as plain data: verdict, axis, trends and records (what `to_json` writes)."""
         return {
             "passed": self.passed,
             "parametrization": self.parametrization,
@@ -289,6 +298,11 @@ class CoordCheckResult:
         }
 
     def to_json(self, path: PathLike) -> None:
+        """Write `to_dict` as JSON (NaN and infinities as null).
+
+        Args:
+            path: the file to write.
+        """
         with open(path, "w") as f:
             json.dump(self.to_dict(), f, indent=1, default=lambda x: None if x != x or abs(x) == math.inf else x)
 

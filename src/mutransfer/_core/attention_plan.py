@@ -1,0 +1,134 @@
+"""Attention for `parametrize`: the base model's head dims and scales, the plan, and its verified install.
+
+`base_attention` walks once from each module of the model to its base module's data (head dim d₀,
+measured logit scale s₀); `plan_attention` decides how every attention module gets µP's logit scale
+α·s₀·d₀/d (measured on the probe forward, or assumed from attributes without one);
+`install_attention` applies the plan, measures it on a second probe forward, and undoes it and
+raises on any mismatch.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+from torch import nn
+
+from ..errors import ModelError, MuPWarning
+from . import attention as attn
+from .depth import DepthMap
+from .naming import canonical_name
+from .observation import AttentionCall, Observation
+from .observe import observe
+from .shapes import WidthShapes
+
+__all__ = ["BaseHead", "base_attention", "install_attention", "plan_attention"]
+
+
+@dataclass(frozen=True)
+class BaseHead:
+    """What the base model says about one attention module of the model (found once, by its base name)."""
+
+    d0: int | None  # the base head dim (attn_base_head_dim when given), None when unknown
+    measured: tuple[int, float] | None  # (d₀, s₀) measured on the base's probe forward, if it agrees with d0
+
+
+def base_attention(
+    model: nn.Module, shapes: WidthShapes, depth: DepthMap, override_d0: int | None
+) -> dict[str, BaseHead]:
+    """Every module of `model` → its base module's head dim and measured logit scale: the one walk from
+    the model back to the base model's data that both attention paths (probed or not) read."""
+    out: dict[str, BaseHead] = {}
+    for n, _ in model.named_modules():
+        name = canonical_name(n)
+        bname = depth.to_base(name)
+        measured = shapes.attention_scales.get(bname)
+        if measured is not None and override_d0 not in (None, measured[0]):
+            measured = None
+        d0 = override_d0 if override_d0 is not None else shapes.attention_head_dims.get(bname)
+        out[name] = BaseHead(d0, measured)
+    return out
+
+
+def plan_attention(
+    model: nn.Module, seen: Observation, base: dict[str, BaseHead], alpha: float
+) -> list[attn.AttentionFix]:
+    """The attention modules to rescale, from the probe forward (or, without one, attributes)."""
+    if not seen.ran:
+        heads = {n: b.d0 for n, b in base.items() if b.d0 is not None}
+        fixes = attn.legacy_plan(model, heads, alpha)
+        if any(f.how != "unchanged" for f in fixes):
+            warnings.warn(
+                f"no probe forward ran ({seen.error}), so the attention scales of "
+                f"{', '.join(f.name or '<model>' for f in fixes)} are set by assuming that each computes "
+                f"1/√d, not measured. Pass example_inputs= to parametrize to have them measured and "
+                f"verified",
+                MuPWarning,
+                stacklevel=3,
+            )
+        return fixes
+
+    def base_logit_scale(name: str, d: int, s: float) -> tuple[int, float]:
+        known = base.get(name, BaseHead(None, None))
+        if known.measured is not None:
+            return known.measured
+        if known.d0 is None:
+            raise ModelError(
+                f"attention module '{name}' computes attention at head dim {d} but its base head dim is unknown (the "
+                f"base model's probe forward did not reach it); pass attn_base_head_dim=<head dim of the base "
+                f"model>, example_inputs= that run the base model, or attention=False if the model already "
+                f"scales its logits the µP way"
+            )
+        if not math.isclose(s, 1.0 / math.sqrt(d), rel_tol=1e-6):
+            raise ModelError(
+                f"attention module '{name}' computes q·kᵀ × {s:.4g} at head dim {d}, not 1/√d, and the base model's "
+                f"scale was not measured (base_shapes without attention scales, or a base that could not run): "
+                f"pass base= (a real or meta model) with example_inputs=, or save the shapes with this version"
+            )
+        return int(known.d0), 1.0 / math.sqrt(known.d0)
+
+    def probe() -> dict[str, list[AttentionCall]]:
+        return observe(model, seen.inputs).attention_by_module()
+
+    return attn.plan(model, seen.attention_by_module(), base_logit_scale, alpha, probe)
+
+
+def install_attention(
+    model: nn.Module, fixes: list[attn.AttentionFix], alpha: float, seen: Observation
+) -> list[attn.AttentionScale]:
+    """Install the planned scales, measure them on a probe forward, undo and raise on any mismatch."""
+    originals = {f.name: getattr(f.module, f.attr) for f in fixes if f.attr is not None}
+    revert = attn.install(fixes, alpha)
+    if not seen.ran:
+        return [
+            attn.AttentionScale(f.name, f.how, f.d0, f.d, f.before, f.target, f.target, False, originals.get(f.name))
+            for f in fixes
+        ]
+    after = observe(model, seen.inputs)
+    calls = after.attention_by_module()
+    out = []
+    for f in fixes:
+        measured = calls.get(f.name)
+        if not after.ran or not measured or not all(math.isclose(c.scale, f.target, rel_tol=1e-5) for c in measured):
+            revert()
+            got = (
+                f"measured {measured[0].scale:.6g}"
+                if measured
+                else f"no attention call seen ({after.error})"
+                if not after.ran
+                else "no attention call seen"
+            )
+            raise ModelError(
+                f"attention module '{f.name}' ({type(f.module).__name__}): after setting µP's logit scale through "
+                f"{f.how}, the probe forward {got} instead of {f.target:.6g} (= α·s₀·d₀/d with α={alpha:g}, "
+                f"d₀={f.d0}, d={f.d}). The model is unchanged. Compute the logits with "
+                f"`mt.attn_scale(self, head_dim)` or F.scaled_dot_product_attention, or pass attention=False if the "
+                f"model already scales them the µP way"
+            )
+        out.append(
+            attn.AttentionScale(
+                f.name, f.how, f.d0, f.d, f.before, f.target, measured[0].scale, True, originals.get(f.name)
+            )
+        )
+    return out

@@ -1,0 +1,63 @@
+"""What a probe forward records: each parameter's uses, each attention call, and the run itself.
+
+Made by `recorder` (the `TorchFunctionMode`), read by `roles`, `attention`, `parametrize` and
+`describe`. Plain data: nothing here runs the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["AttentionCall", "Dims", "Observation", "Use"]
+
+Dims = tuple[tuple[int, ...], ...]  # per tensor dim: the parameter dims it came from
+
+
+@dataclass(frozen=True)
+class Use:
+    """One observed use of a parameter."""
+
+    module: str  # the module whose forward made the call ("" for the model itself)
+    op: str  # "contraction", "lookup" (embedding), "gather" (rows by index), "elementwise"
+    fan_in: tuple[int, ...]
+    fan_out: tuple[int, ...]
+    what: str = ""  # the torch function, for messages
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """One attention computation seen on the probe forward."""
+
+    module: str  # the innermost module running it
+    kind: str  # "sdpa", "eager" (matmul → softmax) or "mha" (nn.MultiheadAttention)
+    head_dim: int
+    scale: float  # the constant multiplying q·kᵀ (after any normalisation of q and k)
+
+
+@dataclass
+class Observation:
+    """Everything one probe forward recorded (empty, with `error` set, when the forward could not run)."""
+
+    uses: dict[str, list[Use]] = field(default_factory=dict)  # canonical parameter name → uses
+    attention: list[AttentionCall] = field(default_factory=list)
+    # module → the constant its (first) input carries from the forward code, where it is not 1
+    # (T5 multiplies the decoder output by d_model^-½ before its tied readout)
+    input_scales: dict[str, float] = field(default_factory=dict)
+    # modules whose (first) input is an attention's probabilities (dropout on them, for example)
+    prob_modules: set[str] = field(default_factory=set)
+    called: set[str] = field(default_factory=set)  # modules whose forward ran
+    error: str | None = None  # why the forward could not run (then nothing was observed)
+    inputs: Any = None  # the inputs it ran on
+
+    @property
+    def ran(self) -> bool:
+        """Whether the probe forward ran (then the record is complete)."""
+        return self.error is None
+
+    def attention_by_module(self) -> dict[str, list[AttentionCall]]:
+        """The attention calls grouped by the module that ran them, in call order."""
+        out: dict[str, list[AttentionCall]] = {}
+        for call in self.attention:
+            out.setdefault(call.module, []).append(call)
+        return out
