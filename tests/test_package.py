@@ -48,6 +48,7 @@ def test_errors_are_builtin_errors_too():
         errors.OptimizerError,
         errors.CoordCheckError,
         errors.ExportError,
+        errors.DeviceError,
         errors.ConfigError,
         errors.UsageError,
     ):

@@ -13,6 +13,7 @@ from __future__ import annotations
 __all__ = [
     "ConfigError",
     "CoordCheckError",
+    "DeviceError",
     "ExportError",
     "KernelWarning",
     "ModelError",
@@ -39,6 +40,11 @@ class OptimizerError(MuTransferError, ValueError):
 
 class CoordCheckError(MuTransferError, ValueError):
     """`coord_check` got widths, data or a model factory it cannot check."""
+
+
+class DeviceError(MuTransferError, ValueError):
+    """A `device=` or `precision=` this process cannot train on: no CUDA, an index past the
+    visible GPUs, bf16 on a GPU without it, or a name that is not a device."""
 
 
 class ExportError(MuTransferError, ValueError):

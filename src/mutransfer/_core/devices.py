@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import DeviceError
+
 __all__ = [
     "AUTO",
     "PRECISIONS",
@@ -55,26 +57,26 @@ def resolve_device(device: DeviceLike = AUTO, what: str = "device") -> torch.dev
         try:
             resolved = torch.device(device)
         except RuntimeError:
-            raise ValueError(f"{what} must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
+            raise DeviceError(f"{what} must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
     else:
         raise TypeError(
             f"{what} must be 'auto', 'cpu', 'cuda', 'cuda:N' or a torch.device, got {type(device).__name__}"
         )
     if resolved.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(
+            raise DeviceError(
                 f"{what} {str(resolved)!r}: CUDA is not available in this process "
                 "(no GPU, a CPU build of torch, or CUDA_VISIBLE_DEVICES hides them); "
                 f"use {what} 'auto' or 'cpu'"
             )
         count = torch.cuda.device_count()
         if resolved.index is not None and resolved.index >= count:
-            raise ValueError(
+            raise DeviceError(
                 f"{what} {str(resolved)!r}: this process sees {count} GPU(s) (cuda:0 to "
                 f"cuda:{count - 1}); pick one of those"
             )
     elif resolved.type not in ("cpu", "meta", "mps", "xpu"):
-        raise ValueError(
+        raise DeviceError(
             f"{what} {str(resolved)!r}: not a device mutransfer trains on; use 'auto', 'cpu' or 'cuda[:N]'"
         )
     return resolved
@@ -87,7 +89,7 @@ def check_precision(precision: str, device: torch.device, what: str = "precision
     known_precision(precision, what)
     if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         name = torch.cuda.get_device_name(device)
-        raise ValueError(f"{what} 'bf16': {device} ({name}) has no bfloat16 support; use {what} 'fp32'")
+        raise DeviceError(f"{what} 'bf16': {device} ({name}) has no bfloat16 support; use {what} 'fp32'")
     return precision
 
 
@@ -101,7 +103,7 @@ def autocast(device: torch.device, precision: str) -> ContextManager[object]:
 def known_precision(precision: str, what: str = "precision") -> str:
     """`precision` when it is one of `PRECISIONS`; a ValueError naming `what` otherwise."""
     if precision not in PRECISIONS:
-        raise ValueError(f"{what} must be one of {', '.join(repr(p) for p in PRECISIONS)}, got {precision!r}")
+        raise DeviceError(f"{what} must be one of {', '.join(repr(p) for p in PRECISIONS)}, got {precision!r}")
     return precision
 
 
