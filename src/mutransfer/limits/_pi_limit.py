@@ -69,8 +69,8 @@ import math
 import torch
 from torch import nn
 
-from ._checks import integer, positive
 from ._activations import get_activation
+from ._checks import integer, positive
 from ._kernels import ArrayLike, as_inputs, as_targets
 from ._mup_limit import sgd_batches
 
