@@ -160,6 +160,7 @@ def mlp_kernels(
         e, de = expect_both(phi, phi, d1[:, None], d2[None, :], k, ntk, terms=series_terms, fallback_order=quad_order)
         k_next = weight_var * e + bias_var
         if ntk:
+            assert theta is not None and de is not None
             theta = k_next + weight_var * de * theta
         k = k_next
         d1 = weight_var * _diag_next(act, d1, quad_order) + bias_var

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 from torch import nn
@@ -66,7 +67,10 @@ class AxisOp:
     def counts(self) -> torch.Tensor:
         """Real (non-padding) positions in each window."""
         real = (self.index >= 0).to(torch.float64)
-        return sum(real[self.d * t : self.d * t + self.s * (self.out - 1) + 1 : self.s] for t in range(self.k))
+        return cast(
+            torch.Tensor,
+            sum(real[self.d * t : self.d * t + self.s * (self.out - 1) + 1 : self.s] for t in range(self.k)),
+        )
 
 
 def pad_index(length: int, lo: int, hi: int, mode: str) -> torch.Tensor:
@@ -117,12 +121,13 @@ def conv(k: torch.Tensor, layout: Layout, block: str, ops: dict[int, AxisOp], av
             continue
         for dim in dims:
             k = _padded(k, dim, op)
-        total = None
+        total: torch.Tensor | None = None
         for t in range(op.k):
             part = k
             for dim in dims:
                 part = _window(part, dim, op, t)
             total = part if total is None else total + part
+        assert total is not None  # op.k ≥ 1
         k = total
     return k / math.prod(op.k for op in ops.values()) if average else k
 
@@ -162,6 +167,7 @@ def _conv_zeros(k: torch.Tensor, dims: tuple[int, ...], op: AxisOp) -> torch.Ten
                 src = src[(slice(None),) * dim + (slice(None, None, op.s),)]
             dst = dst.narrow(dim, o_lo, n)
         dst.add_(src)
+    assert out is not None  # op.k ≥ 1
     return out
 
 
@@ -174,7 +180,7 @@ def _window_mean(t: torch.Tensor, dim: int, op: AxisOp, count_include_pad: bool)
         else op.counts().to(t.device)
     )
     t = _padded(t, dim, op)
-    t = sum(_window(t, dim, op, i) for i in range(op.k))
+    t = cast(torch.Tensor, sum(_window(t, dim, op, i) for i in range(op.k)))
     shape = [1] * t.ndim
     shape[dim] = op.out
     return t / norm.reshape(shape)

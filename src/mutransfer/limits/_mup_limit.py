@@ -115,8 +115,8 @@ class _Updater:
                 if not self.momentum:
                     out[name] = -lr * g
                     continue
-                buf = self.state.get(name)
-                buf = g.clone() if buf is None else self.momentum * buf[0] + g
+                prev = self.state.get(name)
+                buf = g.clone() if prev is None else self.momentum * prev[0] + g
                 self.state[name] = [buf]
                 out[name] = -lr * (g + self.momentum * buf if self.nesterov else buf)
             else:
@@ -128,6 +128,7 @@ class _Updater:
                 denom = (s / (1 - b2**self.t)).sqrt() + self.eps
                 out[name] = -lr * (m / (1 - b1**self.t)) / denom
                 if self.weight_decay:
+                    assert params is not None, "AdamW's decay needs the parameters' values"
                     out[name] = out[name] - lr * self.weight_decay * params[name]
         return out
 

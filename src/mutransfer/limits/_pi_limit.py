@@ -65,6 +65,8 @@ Biases and weight decay of the paper are not implemented.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import nn
@@ -77,6 +79,9 @@ from ._mup_limit import sgd_batches
 __all__ = ["PiLimit", "PiNet", "pi_initial_state", "relu_delta_moment", "train_pi"]
 
 _RELU = get_activation("relu")
+# relu has closed forms of both moments
+_relu_phi = cast(Callable[..., torch.Tensor], _RELU.phi_moment)
+_relu_dphi = cast(Callable[..., torch.Tensor], _RELU.dphi_moment)
 _TINY = 1e-150  # |g| floor: an all-zero representation gives V = 0 instead of 0/0
 
 
@@ -155,6 +160,9 @@ class PiLimit:
         self.output_alpha = positive(output_alpha, "output_alpha")
         self.seed = seed
         self._fitted = False
+        self.A_in: torch.Tensor  # set by fit: the input layer's finite representation
+        self.A: list[torch.Tensor]  # per layer, the a-vectors of its rows
+        self.B: list[torch.Tensor]  # per layer, the b-vectors of its rows
 
     # ------------------------------------------------------------------ forward / backward
 
@@ -167,7 +175,7 @@ class PiLimit:
             gbar = g / s
             q = gbar @ b.T  # cos∠(bᵢ, g), (m × M)
             saved.append((g, s, gbar, q))
-            g = _RELU.phi_moment(s.new_ones(()), s * s, s * q) @ a  # Σᵢ aᵢ V(bᵢ, g)
+            g = _relu_phi(s.new_ones(()), s * s, s * q) @ a  # Σᵢ aᵢ V(bᵢ, g)
         return self.output_alpha * g, saved
 
     def _step(self, batch: torch.Tensor, lr: float, input_lr_mult: float, output_lr_mult: float) -> None:
@@ -180,7 +188,7 @@ class PiLimit:
             mult = lr * (output_lr_mult if layer == self.depth - 1 else 1.0)
             new_rows.append((-mult * s * delta, gbar))  # a = −η s δ, b = ḡ
             gamma = delta @ self.A[layer].T  # aᵢ·δ, (B × M)
-            step_moment = _RELU.dphi_moment(s.new_ones(()), s * s, s * q)  # E[1(ω·b>0) 1(ω·g>0)]
+            step_moment = _relu_dphi(s.new_ones(()), s * s, s * q)  # E[1(ω·b>0) 1(ω·g>0)]
             delta = (gamma * step_moment) @ self.B[layer] + (gamma * relu_delta_moment(q, s)).sum(
                 1, keepdim=True
             ) * g  # Σᵢ (aᵢ·δ) ∇_g V(bᵢ, g)
@@ -261,7 +269,7 @@ class PiLimit:
             raise ValueError(f"layer must be an integer in 1 … {self.depth}, got {layer!r}")
         g1 = self.representations(x1)[layer - 1]
         g2 = g1 if x2 is None else self.representations(x2)[layer - 1]
-        return _RELU.phi_moment((g1 * g1).sum(1)[:, None], (g2 * g2).sum(1)[None, :], g1 @ g2.T)
+        return _relu_phi((g1 * g1).sum(1)[:, None], (g2 * g2).sum(1)[None, :], g1 @ g2.T)
 
     @property
     def state_size(self) -> int:

@@ -77,6 +77,7 @@ def nngp_predict(
     kst = src.pair(xte, xtr, False)[0]
     kss = src.diag(xte)
     mean, var = gp_posterior(ktt, kst, y, kss, noise_var=noise_var, jitter=jitter)
+    assert var is not None  # given K(x*, x*)
     return (mean[:, 0] if squeeze else mean), var
 
 

@@ -116,9 +116,6 @@ def model_kernel_diag(
 
 
 def _widest(model: nn.Module) -> int:
-    sizes = [
-        max(m.weight.shape[:2])
-        for m in model.modules()
-        if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.ndim >= 2
-    ]
+    weights = [getattr(m, "weight", None) for m in model.modules()]
+    sizes = [max(w.shape[:2]) for w in weights if isinstance(w, torch.Tensor) and w.ndim >= 2]
     return max(sizes) if sizes else 0

@@ -64,7 +64,7 @@ def morphological_groups(vocab, min_stem: int = 3) -> dict[str, dict[str, int]]:
 def inflection_pairs(vocab, min_stem: int = 3) -> list[tuple[int, int]]:
     """Unordered pairs (i, j), i < j, of distinct words that share a stem (all pairs within each
     group of `morphological_groups`, e.g. return/returns, return/returned, returns/returned)."""
-    pairs = set()
+    pairs: set[tuple[int, int]] = set()
     for forms in morphological_groups(vocab, min_stem).values():
         ids = sorted(set(forms.values()))
         pairs.update((a, b) for k, a in enumerate(ids) for b in ids[k + 1 :])

@@ -55,7 +55,7 @@ def program_kernels(
         )
     dtype = next((p.dtype for p in model.parameters()), torch.float32)
     graph = gm if gm is not None else trace(model, a[:2].to(dtype) if len(a) >= 2 else torch.cat([a, a]).to(dtype))
-    originals = dict(model.named_parameters())
+    originals: dict[str, torch.Tensor] = dict(model.named_parameters())
     originals.update(dict(model.named_buffers()))
 
     def make_run(xa, xb, same_inputs, compute, full, want_ntk, self_only=False) -> Run:
@@ -110,6 +110,7 @@ def program_kernels(
         for dest, part in ((k, kk), (t, tt)):
             if dest is None:
                 continue
+            assert part is not None  # t and tt are both set when the NTK is wanted
             dest[s:e, cols] = part
             if same:
                 dest[s:, s:e] = part.transpose(0, 1)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import torch
 from torch import fx, nn
@@ -118,7 +118,8 @@ class Run:
         return self.combo_sum(g1, g2, lambda b: L.to_layout(b.k[block], b.layout, layout, block))
 
     def combo_ntk(self, g1: tuple, g2: tuple, layout: Layout) -> torch.Tensor | None:
-        return self.combo_sum(g1, g2, lambda b: L.to_layout(b.ntk, b.layout, layout, "x"))
+        # every basis carries its tangent kernel in a run that wants the NTK
+        return self.combo_sum(g1, g2, lambda b: L.to_layout(cast(torch.Tensor, b.ntk), b.layout, layout, "x"))
 
     def combo_sum(self, g1: tuple, g2: tuple, get: Callable[[Basis], torch.Tensor]) -> torch.Tensor | None:
         """Σ_j a_j a'_j · get(basis j) over the bases both combinations use (a read-only result)."""
@@ -180,7 +181,7 @@ class Run:
                         if ot is not None and os_ is not None and ot.id == os_.id:
                             k_part = acc(k_part, L.to_layout(ot.k[block], ot.layout, lay, block), w)
                             if ntk:
-                                t_part = acc(t_part, L.to_layout(ot.ntk, ot.layout, lay, "x"), w)
+                                t_part = acc(t_part, L.to_layout(cast(torch.Tensor, ot.ntk), ot.layout, lay, "x"), w)
                         else:  # independent (checked in the structure pass): product of means; no Θ
                             k_part = acc(
                                 k_part,

@@ -45,8 +45,8 @@ def trace(model: nn.Module, example: torch.Tensor | None = None) -> fx.GraphModu
         batch = torch.export.Dim("batch")
         ep = torch.export.export(model, (example,), dynamic_shapes=({0: batch},), strict=False)
         gm = ep.module()
-        gm._mutransfer_exported = True  # type: ignore[assignment]  # a marker attribute on the module
-        return gm  # type: ignore[return-value]  # ep.module() is a GraphModule (typed as nn.Module)
+        gm._mutransfer_exported = True  # type: ignore[assignment]  # a marker attribute; nn.Module's __setattr__ stub only takes tensors and modules
+        return gm
     except Exception as e:
         raise NotExact(
             f"neither torch.fx ({fx_error}) nor torch.export ({_first_line(e)}) can trace {type(model).__name__}"

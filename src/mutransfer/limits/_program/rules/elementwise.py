@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -74,7 +74,7 @@ def elementwise(name: str, node: Any, **kw: Any) -> list[tuple[float, Elem, floa
         return [(1.0, generic(lambda x: torch.clamp(x, lo, hi), "clamp"), 1.0)]
     if name == "pow":
         e = kw.get("exponent")
-        return [(1.0, generic(lambda x: torch.pow(x, e), f"pow {e}"), 1.0)]
+        return [(1.0, generic(lambda x: torch.pow(x, cast(float, e)), f"pow {e}"), 1.0)]
     if name == "relu6":
         return [(1.0, generic(F.relu6, "relu6"), 1.0)]
     if name == "hardtanh":

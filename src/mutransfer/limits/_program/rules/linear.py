@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -129,7 +129,7 @@ def conv(
 ) -> Field:
     """A 1-, 2- or 3-d convolution (module or F.conv*d) with groups=1: over the data (the input
     layer) or over a width tensor laid out (batch, width, *positions)."""
-    w = weight.weight if isinstance(weight, nn.Module) else weight
+    w = cast(torch.Tensor, weight.weight if isinstance(weight, nn.Module) else weight)
     shared(run, w)
     if groups != 1:
         run.fail(f"a convolution with groups={groups} (each group's fan-in stays finite)")
