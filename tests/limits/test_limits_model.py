@@ -339,7 +339,10 @@ class SmallCNN(nn.Module):
         return self.o(h.mean(dim=(2, 3)))
 
 
-@pytest.mark.parametrize("make,shape,width,samples", [(ResLN, (5, 4), 1024, 48), (SmallCNN, (4, 2, 5, 5), 256, 32)])
+@pytest.mark.parametrize(
+    "make,shape,width,samples",
+    [pytest.param(ResLN, (5, 4), 1024, 48, marks=pytest.mark.slow), (SmallCNN, (4, 2, 5, 5), 256, 32)],
+)
 def test_wide_finite_networks_agree_within_four_standard_errors(make, shape, width, samples):
     x = torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     exact = limits.model_kernels(make(8), x, None, WV, BV, exact=True)
