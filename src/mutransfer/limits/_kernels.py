@@ -16,6 +16,8 @@ relu keeps the diagonal constant through the layers (He init).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch import nn
@@ -106,13 +108,29 @@ def _model_call(fn_name: str, first, rest: tuple, kwargs: dict):
     return model_kernels(first, **bound, **kwargs)
 
 
-def kernels(x1, x2=None, *args, **kwargs):
-    """(NNGP, NTK) kernels, each (n1, n2) float64. Two forms:
+def kernels(
+    x1: nn.Module | ArrayLike, x2: ArrayLike | None = None, *args: Any, **kwargs: Any
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The NNGP and NTK kernels of an infinitely wide network, in one pass.
+
+    Two forms:
 
     - `kernels(model, x1, x2=None, weight_var=2.0, bias_var=0.0, *, ntk=True, exact=False,
-      samples=32)`: any `torch.nn.Module`, traced (see `model_kernels`);
-    - `kernels(x1, x2=None, depth=1, activation="relu", weight_var=2.0, bias_var=0.0, ...)`: a
-      fully-connected network with `depth` hidden layers (see `mlp_kernels`).
+      samples=32, seed=0)`: any `torch.nn.Module`, traced and propagated op by op (see
+      `model_kernels`; a Monte Carlo estimate with a `KernelWarning` where an op has no rule);
+    - `kernels(x1, x2=None, depth=1, activation="relu", weight_var=2.0, bias_var=0.0, *,
+      derivative=None, ntk=True, quad_order=160, series_terms=240)`: a fully-connected network with
+      `depth` hidden layers in the NTK parametrization.
+
+    Args:
+        x1: the module, or the first inputs (n1, d) (tensor or numpy array).
+        x2: the second inputs (n2, …); None means x1 (the kernel is then exactly symmetric).
+        *args: the rest of the form's positional arguments, as listed above.
+        **kwargs: the rest of the form's keyword arguments, as listed above.
+
+    Returns:
+        (NNGP, NTK), each (n1, n2) float64 ((n1, n2, *positions) for a module whose output has
+        positions); the NTK is None with `ntk=False`.
     """
     if isinstance(x1, nn.Module):
         r = _model_call("kernels", x1, (x2,) + args if x2 is not None or args else (), kwargs)
@@ -171,10 +189,23 @@ def mlp_kernels(
     return k, theta
 
 
-def nngp(x1, x2=None, *args, **kwargs) -> torch.Tensor:
-    """The NNGP kernel (n1, n2): covariance of the infinitely wide network's outputs at init.
-    `nngp(model, x1, x2=None, weight_var=2.0, bias_var=0.0, ...)` for any module (a Monte Carlo
-    estimate carries `.std_error`), or `nngp(x1, x2=None, depth=1, activation="relu", ...)`."""
+def nngp(x1: nn.Module | ArrayLike, x2: ArrayLike | None = None, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """The NNGP kernel: the covariance of the infinitely wide network's output at init.
+
+    `nngp(model, x1, x2=None, weight_var=2.0, bias_var=0.0, ...)` for any `torch.nn.Module` (a Monte
+    Carlo estimate carries its standard error as `.std_error` on the tensor), or
+    `nngp(x1, x2=None, depth=1, activation="relu", weight_var=2.0, bias_var=0.0, ...)` for a
+    fully-connected network. The same in the standard and the NTK parametrization.
+
+    Args:
+        x1: the module, or the first inputs (n1, d).
+        x2: the second inputs; None means x1.
+        *args: the form's other positional arguments (see `kernels`).
+        **kwargs: the form's other keyword arguments (see `kernels`).
+
+    Returns:
+        The (n1, n2) float64 kernel of one output unit.
+    """
     if isinstance(x1, nn.Module):
         r = _model_call("nngp", x1, (x2,) + args if x2 is not None or args else (), dict(kwargs, ntk=False))
         if r.nngp_std_error is not None:
@@ -183,9 +214,21 @@ def nngp(x1, x2=None, *args, **kwargs) -> torch.Tensor:
     return _mlp(x1, x2, *args, ntk=False, **kwargs)[0]
 
 
-def ntk(x1, x2=None, *args, **kwargs) -> torch.Tensor:
-    """The NTK (n1, n2) of the infinitely wide network in the NTK parametrization.
-    `ntk(model, x1, x2=None, weight_var=2.0, bias_var=0.0, ...)` or `ntk(x1, x2=None, depth=1, ...)`."""
+def ntk(x1: nn.Module | ArrayLike, x2: ArrayLike | None = None, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """The neural tangent kernel of the infinitely wide network in the NTK parametrization.
+
+    `ntk(model, x1, x2=None, weight_var=2.0, bias_var=0.0, ...)` for any `torch.nn.Module`, or
+    `ntk(x1, x2=None, depth=1, activation="relu", ...)` for a fully-connected network.
+
+    Args:
+        x1: the module, or the first inputs (n1, d).
+        x2: the second inputs; None means x1.
+        *args: the form's other positional arguments (see `kernels`).
+        **kwargs: the form's other keyword arguments (see `kernels`).
+
+    Returns:
+        The (n1, n2) float64 kernel Θ of one output unit; frozen parameters are not in it.
+    """
     if isinstance(x1, nn.Module):
         r = _model_call("ntk", x1, (x2,) + args if x2 is not None or args else (), kwargs)
         if r.ntk_std_error is not None:

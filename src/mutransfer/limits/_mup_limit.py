@@ -148,8 +148,27 @@ def sgd_batches(
 class MuPLimit:
     """The infinite-width µP limit of f(x) = (1/n) Σ v_α φ(u_α·x): `fit(x, y, steps, lr)`, `predict(x)`.
 
-    `optimizer="sgd"` (with `momentum`, `nesterov`), `"adam"` (with `betas`, `eps`) or `"adamw"` (and
-    `weight_decay`): the limit of `train_finite` with the same arguments (module docstring)."""
+    The limit of `mt.limits.finite.train_finite` on `OneHiddenLayer` with the same arguments: each
+    neuron moves by Θ(1), a deterministic function of its Gaussian start, and f is the expectation
+    over neurons (exactly 0 at init).
+
+    Args:
+        activation: φ, a name ("relu", "tanh", "identity", …) or an elementwise callable.
+        method: "linear" (identity φ, exact), "quadrature" (few inputs, one output),
+            "monte_carlo" (any; with a standard error) or "auto" (the first that applies).
+        optimizer: "sgd", "adam" or "adamw" (Adam and AdamW: Monte Carlo only).
+        momentum: SGD momentum (torch.optim.SGD semantics).
+        nesterov: Nesterov momentum.
+        betas: Adam's (β₁, β₂).
+        eps: Adam's ε as the limit sees it (the finite net of width n uses ε/n).
+        weight_decay: AdamW's decoupled decay.
+        samples: Monte Carlo neurons, a multiple of 2·groups (antithetic pairs).
+        groups: independent Monte Carlo replicas, for the standard error.
+        quad_points: Gauss–Hermite points per dimension (default: from `max_nodes`).
+        max_nodes: the largest quadrature grid.
+        derivative: φ' for a callable φ (default: autograd).
+        seed: the Monte Carlo seed.
+    """
 
     def __init__(
         self,
@@ -202,7 +221,22 @@ class MuPLimit:
     def fit(
         self, x: ArrayLike, y: ArrayLike, steps: int, lr: float, batch_size: int | None = None, batch_seed: int = 0
     ) -> MuPLimit:
-        """Train the limit for `steps` steps of the optimizer at learning rate `lr` (module docstring)."""
+        """Train the limit from its init for `steps` steps of the optimizer.
+
+        Args:
+            x: training inputs (n, d).
+            y: training targets (n,) or (n, k).
+            steps: optimizer steps (0: the limit at init).
+            lr: the learning rate η (the finite µP net's SGD lr is η·n; Adam's is η).
+            batch_size: minibatch size (None: full batch); batches from `sgd_batches`.
+            batch_seed: the minibatches' seed.
+
+        Returns:
+            self, fitted.
+
+        Raises:
+            ValueError: if the limit diverged (lower `lr`), or on bad arguments.
+        """
         x = as_inputs(x, "x")
         y = as_targets(y, x.shape[0]).to(x.device)  # computed where x is
         integer(steps, "steps", 0)
@@ -224,8 +258,17 @@ class MuPLimit:
         return self
 
     def predict(self, x: ArrayLike, return_error: bool = False, chunk: int | None = None):
-        """f(x) of the limit, (m,) for one output or (m, k); with `return_error`, also the Monte
-        Carlo standard error (zeros for the exact and quadrature methods)."""
+        """The limit's prediction f(x).
+
+        Args:
+            x: inputs (m, d).
+            return_error: also return the Monte Carlo standard error (zeros for the exact and
+                quadrature methods).
+            chunk: inputs per chunk (default: sized to the method's memory).
+
+        Returns:
+            f(x), (m,) for one output or (m, k); with `return_error`, (f(x), standard error).
+        """
         if not self._fitted:
             raise ValueError("call fit(x, y, steps, lr) before predict (steps=0 gives the limit at init)")
         x = as_inputs(x, "x").to(self.x.device)  # where the fitted state is

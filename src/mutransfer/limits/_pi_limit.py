@@ -126,6 +126,13 @@ def pi_initial_state(d_in: int, depth: int, rank: int, seed: int = 0):
 class PiLimit:
     """The exact infinite-width limit of `PiNet` trained by `train_pi`: `fit(x, y, steps, lr)`, `predict(x)`.
 
+    Args:
+        depth: hidden layers L ≥ 2 (for one hidden layer use `MuPLimit`).
+        rank: r, the rank of the π-init and of every update's finite representation.
+        input_alpha: α_in, the multiplier on the first layer's output.
+        output_alpha: α_out, the multiplier on f.
+        seed: the seed of the π-init (`PiNet(..., seed=seed)` starts from the same state).
+
     Setting (see the module docstring for the derivation). A relu MLP with `depth` = L ≥ 2 hidden
     layers in µP; π-init of rank r = `rank` drawn from `seed` (`pi_initial_state`): unit-column
     first layer, hidden matrices n⁻¹ Ω Aᵀ relu(Ω' Bᵀ)ᵀ, readout zero (f ≡ 0 at init); multipliers
@@ -211,7 +218,21 @@ class PiLimit:
         input_lr_mult: float = 1.0,
         output_lr_mult: float = 1.0,
     ) -> PiLimit:
-        """Train the limit from its initial state for `steps` SGD steps at learning rate `lr`."""
+        """Train the limit from its initial state by plain SGD.
+
+        Args:
+            x: training inputs (n, d).
+            y: training targets (n,) or (n, k).
+            steps: SGD steps (0: the limit at init).
+            lr: the learning rate η.
+            batch_size: minibatch size (None: full batch); batches from `sgd_batches`.
+            batch_seed: the minibatches' seed.
+            input_lr_mult: the first layer's lr multiplier.
+            output_lr_mult: the readout's lr multiplier.
+
+        Returns:
+            self, fitted.
+        """
         x = as_inputs(x, "x")
         y = as_targets(y, x.shape[0]).to(x.device)  # computed where x is
         integer(steps, "steps", 0)
@@ -249,7 +270,14 @@ class PiLimit:
         return [x[i : i + rows] for i in range(0, len(x), rows)]
 
     def predict(self, x: ArrayLike) -> torch.Tensor:
-        """f(x) of the limit: (m,) for one output, (m, k) for several. float64."""
+        """The limit's prediction f(x).
+
+        Args:
+            x: inputs (m, d).
+
+        Returns:
+            f(x), float64: (m,) for one output, (m, k) for several.
+        """
         x = self._inputs(x)
         out = torch.cat([self._forward(part)[0] for part in self._chunks(x)])
         return out[:, 0] if self.d_out == 1 else out

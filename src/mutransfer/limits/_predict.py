@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -58,15 +60,24 @@ def _split(args, kernel_kwargs, n: int):
 
 
 def nngp_predict(
-    *args, noise_var: float = 0.0, jitter: float = 1e-10, **kernel_kwargs
+    *args: Any, noise_var: float = 0.0, jitter: float = 1e-10, **kernel_kwargs: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Posterior (mean, variance) at x_test of the NNGP (exact Bayesian inference, Gaussian noise).
+    """Posterior mean and variance at x_test of the NNGP: exact Bayesian inference with the
+    infinitely wide network as the prior and Gaussian observation noise.
 
     mean = K*ₓ (Kₓₓ + σ²I)⁻¹ y,  var = K** − K*ₓ (Kₓₓ + σ²I)⁻¹ Kₓ*  (per test point; the same for
-    every output column). `jitter` × mean diagonal is added for numerical stability.
-    `nngp_predict(x_train, y_train, x_test, depth=..., activation=..., ...)` for the fully-connected
-    kernels, or `nngp_predict(model, x_train, y_train, x_test, weight_var=..., bias_var=...)` for
-    any module (`model_kernels`).
+    every output column). Called as `nngp_predict(x_train, y_train, x_test, depth=...,
+    activation=..., ...)` for the fully-connected kernels, or `nngp_predict(model, x_train, y_train,
+    x_test, weight_var=..., bias_var=...)` for any module (`model_kernels`).
+
+    Args:
+        *args: `[model,] x_train, y_train, x_test`; y_train (n,) or (n, k).
+        noise_var: σ², the observation noise variance.
+        jitter: added to the diagonal, times its mean, for numerical stability.
+        **kernel_kwargs: the kernel's arguments, as for `kernels`.
+
+    Returns:
+        (mean, variance): mean (m,) for y of shape (n,), else (m, k); variance (m,).
     """
     src, (x_train, y_train, x_test) = _split(args, kernel_kwargs, 3)
     xtr, xte = src.inputs(x_train, "x_train"), src.inputs(x_test, "x_test")
@@ -81,13 +92,22 @@ def nngp_predict(
     return (mean[:, 0] if squeeze else mean), var
 
 
-def ntk_predict(*args, t: float | None = None, lr: float = 1.0, **kernel_kwargs) -> torch.Tensor:
+def ntk_predict(*args: Any, t: float | None = None, lr: float = 1.0, **kernel_kwargs: Any) -> torch.Tensor:
     """Mean prediction at x_test of the infinitely wide network trained by gradient flow on MSE.
 
     Loss ½ Σᵢ (f(xᵢ) − yᵢ)², so df/dt = −lr · Θ (f − y). Averaged over initializations (f₀ has
     mean 0): f_t(x*) = Θ*ₓ Θₓₓ⁻¹ (I − exp(−lr Θₓₓ t)) y; `t=None` is t = ∞ (kernel regression
-    with the NTK). Kernel arguments (depth, activation, weight_var, bias_var, ...) as in `kernels`;
-    or `ntk_predict(model, x_train, y_train, x_test, ...)` for any module.
+    with the NTK). Called as `ntk_predict(x_train, y_train, x_test, depth=..., ...)` or
+    `ntk_predict(model, x_train, y_train, x_test, ...)` for any module.
+
+    Args:
+        *args: `[model,] x_train, y_train, x_test`; y_train (n,) or (n, k).
+        t: the training time; None for t = ∞.
+        lr: the learning rate of the flow.
+        **kernel_kwargs: the kernel's arguments, as for `kernels`.
+
+    Returns:
+        The mean prediction, (m,) for y of shape (n,), else (m, k).
     """
     src, (x_train, y_train, x_test) = _split(args, kernel_kwargs, 3)
     xtr, xte = src.inputs(x_train, "x_train"), src.inputs(x_test, "x_test")
@@ -109,8 +129,19 @@ def gp_posterior(
     noise_var: float = 0.0,
     jitter: float = 1e-10,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """GP posterior from kernels you already have: mean K*ₓ (Kₓₓ + σ²I)⁻¹ y (y (n, k)) and, given
-    K(x*, x*), the variance per test point."""
+    """The GP posterior from kernels you already have (computed once, reused across targets).
+
+    Args:
+        k_train: Kₓₓ, (n, n).
+        k_test_train: K*ₓ, (m, n).
+        y: the training targets, (n, k).
+        k_test_diag: K(x*, x*) per test point, (m,); without it no variance.
+        noise_var: σ², the observation noise variance.
+        jitter: added to the diagonal, times its mean, for numerical stability.
+
+    Returns:
+        (mean K*ₓ (Kₓₓ + σ²I)⁻¹ y of shape (m, k), variance per test point (m,) or None).
+    """
     if noise_var < 0:
         raise ValueError(f"noise_var must be ≥ 0, got {noise_var}")
     reg = noise_var + jitter * float(k_train.diagonal().mean())
@@ -129,7 +160,18 @@ def gradient_flow(
     t: float | None = None,
     lr: float = 1.0,
 ) -> torch.Tensor:
-    """Θ*ₓ Θₓₓ⁻¹ (I − exp(−lr Θₓₓ t)) y from kernels you already have; t=None is t = ∞."""
+    """The mean of gradient flow on MSE from NTKs you already have: Θ*ₓ Θₓₓ⁻¹ (I − exp(−lr Θₓₓ t)) y.
+
+    Args:
+        theta_train: Θₓₓ, (n, n).
+        theta_test_train: Θ*ₓ, (m, n).
+        y: the training targets, (n, k).
+        t: the training time; None for t = ∞ (kernel regression with the NTK).
+        lr: the learning rate of the flow.
+
+    Returns:
+        The mean prediction at the test points, (m, k).
+    """
     if t is not None and t < 0:
         raise ValueError(f"t must be ≥ 0 (or None for t = ∞), got {t}")
     lam, vec = torch.linalg.eigh(theta_train)

@@ -20,15 +20,24 @@ __all__ = ["KernelWarning", "ModelKernels", "model_kernel_diag", "model_kernels"
 
 
 class KernelWarning(UserWarning):
-    """A kernel that is not the exact infinite-width value (a Monte Carlo estimate)."""
+    """Warned when a kernel is not the exact infinite-width value but a Monte Carlo estimate over
+    finite networks of the module; the message names the op without a rule and its graph node."""
 
 
 @dataclass
 class ModelKernels:
-    """`nngp` and `ntk` (n1, n2) float64 of one output unit (n1, n2, *positions for an output with
-    positions, same position on both sides); `method` "exact" or "monte_carlo"; for Monte Carlo the
-    standard errors, the reason no exact rule applied, the sampled width's parameters left with
-    their own init."""
+    """The kernels `model_kernels` returns, and how they were obtained.
+
+    Attributes:
+        nngp: the NNGP kernel of one output unit, (n1, n2) float64 ((n1, n2, *positions) for an
+            output with positions, the same position on both sides).
+        ntk: the NTK, the same shape, or None when not asked for.
+        method: "exact" or "monte_carlo".
+        nngp_std_error: the Monte Carlo standard error of `nngp` (None when exact).
+        ntk_std_error: the Monte Carlo standard error of `ntk` (None when exact).
+        reason: why no exact rule applied: the op and its graph node (None when exact).
+        own_init: the parameters the Monte Carlo networks left with the module's own init.
+    """
 
     nngp: torch.Tensor
     ntk: torch.Tensor | None
@@ -60,14 +69,31 @@ def model_kernels(
     samples: int = 32,
     seed: int = 0,
 ) -> ModelKernels:
-    """NNGP and NTK of one output unit of `model` as every hidden width → ∞, in the NTK
-    parametrization: each Linear/Conv weight N(0, weight_var/fan_in), each bias N(0, bias_var).
+    """NNGP and NTK of one output unit of `model` as every hidden width → ∞, exact or Monte Carlo.
 
-    `model` is traced with torch.fx and the kernels propagated op by op (rules and their costs:
-    `mutransfer.limits.layers`). Where an op has no exact rule, `exact=True` raises a ValueError
-    naming the op and the graph node; otherwise `samples` finite networks of this very module
-    (at its own width) are sampled, with a `KernelWarning` saying so, and the standard errors are
-    returned alongside. x1, x2: (n, ...) inputs the model takes, batch axis first.
+    In the NTK parametrization: each Linear/Conv weight N(0, weight_var/fan_in), each bias
+    N(0, bias_var); only the architecture matters, not the module's init or width. `model` is traced
+    with torch.fx (torch.export where fx cannot) and the kernels propagated op by op (the rules:
+    the "Kernels of any module" page). Where an op has no exact rule, `exact=True` raises;
+    otherwise `samples` finite networks of this very module (at its own width) are sampled, with a
+    `KernelWarning` saying so, and the standard errors are returned alongside.
+
+    Args:
+        model: a plain `torch.nn.Module` taking one input tensor.
+        x1: inputs (n1, ...) as the module takes them, batch axis first.
+        x2: inputs (n2, ...); None means x1 (the kernel is then exactly symmetric).
+        weight_var: σ_w², the variance of each weight times its fan-in.
+        bias_var: σ_b², the variance of each bias.
+        ntk: also compute the NTK.
+        exact: raise instead of falling back to Monte Carlo.
+        samples: finite networks for the Monte Carlo fallback.
+        seed: the Monte Carlo fallback's seed.
+
+    Returns:
+        The kernels, the method used and, for Monte Carlo, the standard errors and the reason.
+
+    Raises:
+        ValueError: with `exact=True`, naming the op and the graph node that have no rule.
     """
     _check(model, weight_var, bias_var)
     a = prepare_inputs(x1, "x1")

@@ -289,6 +289,13 @@ class Word2VecLimit:
     (seeded by `seed`) when `width` > 2V — and logits U_w·C_c without the 1/n, trained by SGD at
     learning rate η, in float64. Its logits are the limit's s_∞(w, c) = E[u_w v_c] and its
     `kernel()` the limit's E[u_w u_w'].
+
+    Args:
+        vocab_size: V, the number of token ids.
+        sigma: σ, the std of every embedding entry at init.
+        width: the representation's width, ≥ 2V (default 2V; wider gives the same limit).
+        seed: the random orthonormal init's seed when `width` > 2V.
+        dtype: the representation's dtype.
     """
 
     def __init__(
@@ -325,8 +332,15 @@ class Word2VecLimit:
         self.U, self.C = e0[:V].clone(), e0[V:].clone()
 
     def fit(self, batches: Sequence[Batch], lr: float) -> Word2VecLimit:
-        """Train from the init for all of `batches` (from `skipgram_batches`) at learning rate η = `lr`
-        (the finite µP nets' η, i.e. their SGD lr is η·n). Refitting restarts from the init."""
+        """Train from the init on all of `batches`; refitting restarts from the init.
+
+        Args:
+            batches: (words, contexts, negatives) batches from `skipgram_batches`.
+            lr: η, the finite µP nets' η (their SGD lr is η·n).
+
+        Returns:
+            self, fitted.
+        """
         lr = positive(lr, "lr")
         batches = _check_batches(batches, self.vocab_size)
         self._init()
@@ -343,7 +357,11 @@ class Word2VecLimit:
         return self.U
 
     def kernel(self) -> torch.Tensor:
-        """The limit's word–word kernel E[u_w u_w'] (V, V)."""
+        """The limit's word–word kernel.
+
+        Returns:
+            E[u_w u_w'], (V, V) float64.
+        """
         return (self.U @ self.U.T).double()
 
     def similarity(self) -> torch.Tensor:
