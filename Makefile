@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mutransfer-installed
 TEST_STAMP := $(VENV)/.mutransfer-test-installed
 
-.PHONY: install demo quickstart test test-fast bench clean
+.PHONY: install demo quickstart test test-fast lint docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 # folder that tests/zoo.py puts on sys.path (its compiled ops stay absent; timm's models do not use
 # them). The last line fails the install if anything replaced the CPU torch.
 $(TEST_STAMP): $(STAMP) Makefile
-	$(PY) -m pip install --quiet -e ".[test,hf,postgres,optimizers,cluster]"
+	$(PY) -m pip install --quiet -e ".[test,hf,postgres,optimizers,cluster,docs,dev]"
 	$(PY) -m pip install --quiet --no-deps mup==1.0.0 timm==1.0.31
 	$(PY) -m pip install --quiet --no-deps --upgrade --target $(VENV)/torchvision-pyonly torchvision==0.28.0
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.__version__ == '2.13.0+cpu' else 'torch was replaced: ' + torch.__version__)"
@@ -38,8 +38,18 @@ demo: $(STAMP)
 quickstart: $(STAMP)
 	$(PY) examples/quickstart.py
 
-test: $(TEST_STAMP)
+# What CI runs (.ci/run): the fast checks first (lint, types, the docs site), then every test.
+test: $(TEST_STAMP) lint docs
 	scripts/with-postgres.sh $(PY) -m pytest -q
+
+lint: $(TEST_STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks examples scripts docs/hooks
+	$(VENV)/bin/ruff format --check src tests benchmarks examples scripts docs/hooks
+	$(VENV)/bin/mypy
+
+# The documentation site (mkdocs-material + mkdocstrings), --strict: a broken link or reference fails.
+docs: $(TEST_STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 test-fast: $(TEST_STAMP)
 	scripts/with-postgres.sh $(PY) -m pytest -q -m "not slow"
@@ -55,4 +65,4 @@ bench: $(TEST_STAMP)
 	$(PY) benchmarks/parametrize_speed.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache mutransfer-demo
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache site mutransfer-demo

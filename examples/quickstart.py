@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 import mutransfer as mt
-from mutransfer.devices import resolve_device
+from mutransfer._core.devices import resolve_device
 from mutransfer.recipes import MLP
 
 D_IN, N_CLASSES, DEPTH = 128, 10, 3  # MLP: input layer, 2 hidden width×width layers, readout

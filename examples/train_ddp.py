@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 import mutransfer as mt
-from mutransfer.devices import resolve_device
+from mutransfer._core.devices import resolve_device
 from mutransfer.recipes import GPT, text_batches
 
 

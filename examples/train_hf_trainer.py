@@ -25,7 +25,7 @@ import warnings
 import torch
 
 import mutransfer as mt
-from mutransfer.devices import resolve_device
+from mutransfer._core.devices import resolve_device
 from mutransfer.recipes import text_batches
 
 

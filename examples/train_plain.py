@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import mutransfer as mt
-from mutransfer.devices import resolve_device
+from mutransfer._core.devices import resolve_device
 from mutransfer.recipes import GPT, text_batches
 
 

@@ -11,7 +11,8 @@ PACKAGE = "mutransfer"
 
 # Each layer may import the layers after it in this list, never one before it.
 LAYERS = ["cli", "sweep", "coord", "core"]
-STANDALONE = ("limits", "recipes")  # import nothing of the package but themselves
+STANDALONE = ("limits", "recipes")  # import nothing of the package but themselves (and `errors`)
+LEAF = "mutransfer.errors"  # imports nothing: anything may raise its classes
 
 
 def module_name(path: Path) -> str:
@@ -117,7 +118,7 @@ def test_imports_point_one_way():
     for mod, targets in edges.items():
         src = layer(mod)
         for t in targets:
-            if t == PACKAGE or src == "top":
+            if t == PACKAGE or src == "top" or t == LEAF:
                 continue
             dst = layer(t)
             if src in STANDALONE or dst in STANDALONE:
@@ -172,3 +173,37 @@ def test_every_public_module_declares_its_names():
 def test_the_cli_is_a_leaf(mod):
     edges, _ = graph()
     assert not [m for m, t in edges.items() if mod in t and m != mod]
+
+
+def test_errors_is_a_leaf():
+    edges, _ = graph()
+    assert not edges[LEAF], f"mutransfer.errors imports {sorted(edges[LEAF])}"
+
+
+def test_every_public_exception_and_warning_lives_in_errors():
+    """Exception and warning classes users can meet are defined in `mutransfer.errors` only
+    (private control-flow exceptions, named with `_`, may live beside their code)."""
+    elsewhere = []
+    for path in sorted((SRC / PACKAGE).rglob("*.py")):
+        mod = module_name(path)
+        if mod == LEAF:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                bases = {getattr(b, "id", getattr(b, "attr", "")) for b in node.bases}
+                if any(b.endswith(("Error", "Exception", "Warning", "Interrupt")) for b in bases):
+                    elsewhere.append(f"{mod}.{node.name}")
+    assert not elsewhere, "exception classes outside mutransfer.errors: " + ", ".join(elsewhere)
+
+
+def test_import_is_lazy():
+    """`import mutransfer` and the CLI's parser load no torch: `mutransfer --help` answers at once."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, mutransfer, mutransfer.cli\n"
+        "heavy = [m for m in ('torch', 'numpy', 'optuna', 'matplotlib') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

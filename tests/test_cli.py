@@ -250,27 +250,18 @@ def test_every_subcommand_describes_itself_and_its_exit_codes():
     assert "run directory" in worker_run and "the sweep's name" in worker_run and "--storage" in worker_run
 
 
-def test_ctrl_c_while_the_command_imports_ends_quietly_with_130():
-    """The `mutransfer` script imports the package (torch: seconds) before `main`: a Ctrl-C then
-    prints one line, not an import traceback. `main` gives Ctrl-C back to Python; a library
-    import (another program) is left alone."""
-    signalled = (
-        "import os, signal, sys, time\nsys.argv[0] = '/venv/bin/' + sys.argv[1]\n"
-        # as a fresh shell's process (a test before may have left SIGINT ignored, which children inherit)
-        "signal.signal(signal.SIGINT, signal.default_int_handler)\nimport mutransfer\n"
-        "if sys.argv[2] == 'main':\n    from mutransfer.cli import main\n    main([])\n"
-        "try:\n    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(30)\n"
-        "except KeyboardInterrupt:\n    print('KeyboardInterrupt')\n"
+def test_importing_the_package_or_the_cli_touches_no_signal_handler():
+    """`import mutransfer` is lazy (torch loads inside the command, where Ctrl-C is handled and
+    ends with one line and 130), so neither the package nor the CLI module installs a handler: a
+    library import inside another program leaves its SIGINT as it was."""
+    code = (
+        "import signal\n"
+        "before = signal.getsignal(signal.SIGINT)\n"
+        "import mutransfer, mutransfer.cli\n"
+        "mutransfer.parametrize  # the first real import (torch) too\n"
+        "assert signal.getsignal(signal.SIGINT) is before, signal.getsignal(signal.SIGINT)\n"
     )
-    command = subprocess.run(
-        [sys.executable, "-c", signalled, "mutransfer", "-"], capture_output=True, text=True, timeout=120
-    )
-    assert command.returncode == 130 and command.stderr == "interrupted\n", command
-    for name, when in (("mutransfer", "main"), ("train.py", "-")):
-        other = subprocess.run(
-            [sys.executable, "-c", signalled, name, when], capture_output=True, text=True, timeout=120
-        )
-        assert other.returncode == 0 and other.stdout.endswith("KeyboardInterrupt\n"), other
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 def test_version(capsys):

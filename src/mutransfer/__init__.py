@@ -1,45 +1,58 @@
-"""mutransfer: the Maximal Update Parametrization (µP) and µTransfer for PyTorch."""
+"""mutransfer: the Maximal Update Parametrization (µP) and µTransfer for PyTorch.
 
-import os as _os
-import signal as _signal
-import sys as _sys
+The names users call live here (`mt.parametrize`, `mt.param_groups`, `mt.coord_check`, ...), with
+`mt.sweep` (µTransfer sweeps), `mt.limits` (infinite-width limits), `mt.optim` (ready optimizers),
+`mt.rules` (µP as data) and `mt.errors`. Everything is imported on first use, so that
+`import mutransfer` and `mutransfer --help` do not wait for torch.
+"""
 
-if (
-    _sys.argv
-    and _os.path.basename(_sys.argv[0]) in ("mutransfer", "mutransfer.exe")
-    and _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler
-):
-    # The `mutransfer` command: a Ctrl-C while torch is imported (a few seconds) ends quietly,
-    # not with an import traceback. `cli.main` restores Python's handler as it starts.
-    def _interrupted_while_importing(signum, frame):
-        _os.write(2, b"interrupted\n")
-        _os._exit(130)
+from __future__ import annotations
 
-    _signal.signal(_signal.SIGINT, _interrupted_while_importing)
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from . import limits, optim, optimizers, rules
-from .attention import attn_logits, attn_scale
-from .coord import CoordCheckResult, coord_check
-from .depth import residual_branch
-from .describe import describe
-from .export import export
-from .optim import param_groups
-from .parametrize import parametrize
-from .roles import MuPWarning
-from .shapes import WidthShapes, load_shapes, save_shapes
-from .spec import MuSpec
+from ._compat import install_module_aliases
 
 __version__ = "0.1.0"
+
+# public name → (module that defines it, attribute; None for the module itself)
+_EXPORTS: dict[str, tuple[str, str | None]] = {
+    "parametrize": ("._core.parametrize", "parametrize"),
+    "param_groups": (".optim", "param_groups"),
+    "coord_check": (".coord", "coord_check"),
+    "CoordCheckResult": (".coord", "CoordCheckResult"),
+    "describe": ("._core.describe", "describe"),
+    "export": ("._core.export", "export"),
+    "attn_scale": ("._core.attention", "attn_scale"),
+    "attn_logits": ("._core.attention", "attn_logits"),
+    "residual_branch": ("._core.depth", "residual_branch"),
+    "save_shapes": ("._core.shapes", "save_shapes"),
+    "load_shapes": ("._core.shapes", "load_shapes"),
+    "WidthShapes": ("._core.shapes", "WidthShapes"),
+    "MuSpec": ("._core.spec", "MuSpec"),
+    "resolve_device": ("._core.devices", "resolve_device"),
+    "MuPWarning": (".errors", "MuPWarning"),
+    "MuTransferError": (".errors", "MuTransferError"),
+    "errors": (".errors", None),
+    "rules": (".rules", None),
+    "optim": (".optim", None),
+    "optimizers": (".optimizers", None),
+    "sweep": (".sweep", None),
+    "limits": (".limits", None),
+}
+
 __all__ = [
     "CoordCheckResult",
     "MuPWarning",
     "MuSpec",
+    "MuTransferError",
     "WidthShapes",
     "__version__",
     "attn_logits",
     "attn_scale",
     "coord_check",
     "describe",
+    "errors",
     "export",
     "limits",
     "load_shapes",
@@ -48,6 +61,41 @@ __all__ = [
     "param_groups",
     "parametrize",
     "residual_branch",
+    "resolve_device",
     "rules",
     "save_shapes",
+    "sweep",
 ]
+
+if TYPE_CHECKING:  # what type checkers and the API docs see; at run time `__getattr__` imports on use
+    from . import errors, limits, optim, optimizers, rules, sweep
+    from ._core.attention import attn_logits, attn_scale
+    from ._core.depth import residual_branch
+    from ._core.describe import describe
+    from ._core.devices import resolve_device
+    from ._core.export import export
+    from ._core.parametrize import parametrize
+    from ._core.shapes import WidthShapes, load_shapes, save_shapes
+    from ._core.spec import MuSpec
+    from .coord import CoordCheckResult, coord_check
+    from .errors import MuPWarning, MuTransferError
+    from .optim import param_groups
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'mutransfer' has no attribute {name!r}") from None
+    value = importlib.import_module(module, __name__)
+    if attr is not None:
+        value = getattr(value, attr)
+    globals()[name] = value  # the next access is a plain lookup
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+install_module_aliases()

@@ -10,22 +10,15 @@ import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .coord import DEFAULT_OPTIMIZER, check_widths
-from .rules import OPTIMIZERS, check_depth_alpha
+from .errors import UsageError
+from .rules import DEFAULT_OPTIMIZER, OPTIMIZERS, check_depth_alpha
 
 __all__ = ["main"]
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
-class UsageError(Exception):
-    """Bad command-line input: printed without a traceback, exit code 2."""
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    package = sys.modules.get(__package__)
-    if signal.getsignal(signal.SIGINT) is getattr(package, "_interrupted_while_importing", None):
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # imports done: Ctrl-C handled below
     parser = _parser()
     args = parser.parse_args(argv)  # exits with 2 on unknown flags
     if not getattr(args, "command", None):
@@ -69,14 +62,9 @@ def _interrupted_line(args, e: KeyboardInterrupt) -> str:
 
 
 def _version() -> str:
-    try:
-        from importlib.metadata import PackageNotFoundError, version
+    from . import __version__  # the package's own string: importlib.metadata would cost 0.1 s per call
 
-        return version("mutransfer")
-    except (ImportError, PackageNotFoundError):  # running from a source tree, not installed
-        from . import __version__
-
-        return __version__
+    return __version__
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -365,7 +353,7 @@ def _demo(args) -> int:
 
 def _device(text: str, what: str = "--device"):
     """--device as a torch.device (auto: CUDA when present); a usage error naming the option when bad."""
-    from .devices import resolve_device
+    from ._core.devices import resolve_device
 
     try:
         return resolve_device(text, what)
@@ -400,9 +388,9 @@ def _existing_file(path: str, what: str) -> Path:
 def _export(args) -> int:
     import torch
 
-    from ._loading import load_callable
-    from .export import export
-    from .spec import find_spec
+    from ._core.export import export
+    from ._core.loading import load_callable
+    from ._core.spec import find_spec
 
     ckpt_path = _existing_file(args.checkpoint, "checkpoint")
     try:
@@ -764,7 +752,7 @@ def _as_requested(model, args, label: str, where: str, to_mup: Callable):
     """The factory's model in the parametrization asked for (µP via `to_mup` unless it already is)."""
     import torch
 
-    from .spec import find_spec
+    from ._core.spec import find_spec
 
     if not isinstance(model, torch.nn.Module):
         raise UsageError(f"{label} returned {type(model).__name__} for {where}, not an nn.Module")
@@ -821,6 +809,8 @@ def _parse_widths(text: str, option: str = "--widths") -> list[int]:
     except ValueError:
         raise UsageError(f"{option} must be comma-separated integers, got '{text}'") from None
     try:
+        from .coord import check_widths
+
         return check_widths(widths, option)
     except (TypeError, ValueError) as e:
         raise UsageError(str(e)) from None
@@ -828,7 +818,7 @@ def _parse_widths(text: str, option: str = "--widths") -> list[int]:
 
 def _load_module(spec: str, what: str):
     """Import `spec`'s module part (a dotted module name or a path to a .py file); UsageError if not."""
-    from ._loading import load_module
+    from ._core.loading import load_module
 
     try:
         return load_module(spec, what)
@@ -837,7 +827,7 @@ def _load_module(spec: str, what: str):
 
 
 def _load_callable(spec: str, what: str) -> Callable:
-    from ._loading import load_callable
+    from ._core.loading import load_callable
 
     try:
         return load_callable(spec, what)

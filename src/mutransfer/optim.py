@@ -16,12 +16,13 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from ._core.shapes import canonical_name
+from ._core.spec import MuSpec, find_spec, require_spec
+from .errors import OptimizerError
 from .optimizers import LR_FACTOR_KEY, MuonWithAdamW
 from .optimizers import Adafactor as _Adafactor
 from .optimizers import Lion as _Lion
 from .rules import DEFAULT_WEIGHT_DECAY_POLICY, OPTIMIZERS, WEIGHT_DECAY_POLICIES, optimizer_rule
-from .shapes import canonical_name
-from .spec import MuSpec, find_spec, require_spec
 
 __all__ = [
     "ADJUST_KEY",
@@ -95,7 +96,7 @@ def group_factors(
 
 def _check_adjust(adjust_lr_fn) -> None:
     if adjust_lr_fn not in MUON_ADJUST_FNS:
-        raise ValueError(
+        raise OptimizerError(
             f"adjust_lr_fn must be one of torch.optim.Muon's: None/'original' (lr·√max(1, rows/cols)) "
             f"or 'match_rms_adamw' (lr·0.2·√max(rows, cols)), got {adjust_lr_fn!r}"
         )
@@ -147,24 +148,24 @@ def param_groups(
     rule = optimizer_rule(optimizer)
     name_lc = optimizer.lower()
     if weight_decay_policy not in WEIGHT_DECAY_POLICIES:
-        raise ValueError(
+        raise OptimizerError(
             f"unknown weight_decay_policy '{weight_decay_policy}'; use one of {', '.join(WEIGHT_DECAY_POLICIES)}"
         )
     if not isinstance(lr, (int, float)) or lr < 0:
-        raise ValueError(f"lr must be a non-negative number, got {lr!r}")
+        raise OptimizerError(f"lr must be a non-negative number, got {lr!r}")
     if partner_lr is not None and (rule.partner is None or not isinstance(partner_lr, (int, float)) or partner_lr < 0):
-        raise ValueError(
+        raise OptimizerError(
             f"partner_lr is the base lr of Muon's AdamW partner (a non-negative number); "
             f"got {partner_lr!r} with optimizer '{optimizer}'"
         )
     if name_lc == "muon":
         _check_adjust(adjust_lr_fn)
     elif adjust_lr_fn is not None:
-        raise ValueError(f"adjust_lr_fn belongs to torch.optim.Muon; optimizer '{optimizer}' has none")
+        raise OptimizerError(f"adjust_lr_fn belongs to torch.optim.Muon; optimizer '{optimizer}' has none")
     if name_lc == "lion" and eps is not None:
-        raise ValueError("Lion has no ε (its step is a sign); drop eps=")
+        raise OptimizerError("Lion has no ε (its step is a sign); drop eps=")
     if name_lc == "adafactor" and eps is not None and not (isinstance(eps, (tuple, list)) and len(eps) == 2):
-        raise ValueError(f"Adafactor's eps is a pair (ε₁, ε₂) as torch.optim.Adafactor takes it, got {eps!r}")
+        raise OptimizerError(f"Adafactor's eps is a pair (ε₁, ε₂) as torch.optim.Adafactor takes it, got {eps!r}")
     names = {}
     for n, p in model.named_parameters():
         names.setdefault(id(p), canonical_name(n))
@@ -187,7 +188,9 @@ def param_groups(
         for p in params:
             name = names.get(id(p))
             if name is None:
-                raise ValueError(f"groups[{gi}] holds a parameter of shape {tuple(p.shape)} that is not in the model")
+                raise OptimizerError(
+                    f"groups[{gi}] holds a parameter of shape {tuple(p.shape)} that is not in the model"
+                )
             who, lr_f, eps_f = group_factors(spec, name, name_lc, adjust_lr_fn)
             g_lr = options.get("lr", partner_lr if (who != name_lc and partner_lr is not None) else lr)
             wd_f = 1.0 / lr_f if (weight_decay_policy == "lr_wd_constant" and lr_f > 0) else 1.0
@@ -245,7 +248,7 @@ def check_muon_adjust(optimizer: torch.optim.Optimizer) -> None:
             continue
         have = g.get("adjust_lr_fn") or "original"
         if have != want:
-            raise ValueError(
+            raise OptimizerError(
                 f"torch.optim.Muon group {i} runs adjust_lr_fn={g.get('adjust_lr_fn')!r}, but its µP lr factor "
                 f"{g.get(LR_FACTOR_KEY, 1.0):.4g} was built for adjust_lr_fn={want!r}: the factor already holds "
                 "the width dependence of the adjustment it was built for, so running another would scale the "
@@ -296,7 +299,7 @@ def _plain_groups(model: nn.Module, optimizer: str, groups, hidden: set[str] | N
     if OPTIMIZERS[optimizer].partner is None:
         return params
     if hidden is None:
-        raise ValueError(
+        raise OptimizerError(
             "a Muon run of a model that was not parametrized needs to know its hidden matrices: pass "
             "hidden=mt.optim.hidden_matrices(model, same_model_at_another_width) (or a set of names)"
         )
@@ -375,7 +378,7 @@ def build_optimizer(
             else None
         )
         return MuonWithAdamW(muon, adamw)
-    raise ValueError(f"no optimizer class for '{optimizer}'")  # every name in OPTIMIZERS has one above
+    raise OptimizerError(f"no optimizer class for '{optimizer}'")  # every name in OPTIMIZERS has one above
 
 
 def _named(name: str, what: str):
@@ -436,7 +439,7 @@ def check_lr_ratios(optimizer: torch.optim.Optimizer, rtol: float = 1e-6) -> Non
     for i, g in enumerate(groups):
         base = g["lr"] / g[LR_FACTOR_KEY]
         if abs(base - ref) > rtol * max(abs(ref), 1e-30):
-            raise ValueError(
+            raise OptimizerError(
                 f"optimizer group {i} has lr {g['lr']:.3g}, not µP's factor {g[LR_FACTOR_KEY]:.4g} × the base lr "
                 f"{ref:.3g}: a scheduler (OneCycleLR/CyclicLR with a scalar max_lr?) overwrote the per-group "
                 "lrs. Pass max_lr=mt.optim.scaled_lrs(optimizer, max_lr) or use mt.optim.OneCycleLR"

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
+from .errors import OptimizerError
+
 __all__ = ["LR_FACTOR_KEY", "Adafactor", "Lion", "MuonWithAdamW"]
 
 LR_FACTOR_KEY = "mup_lr_factor"  # a group's lr relative to the base lr (written by optim.param_groups)
@@ -49,11 +51,11 @@ class Lion(Optimizer):
         maximize: bool = False,
     ):
         if not isinstance(lr, (int, float)) or lr < 0:
-            raise ValueError(f"Lion: lr must be a non-negative number, got {lr!r}")
+            raise OptimizerError(f"Lion: lr must be a non-negative number, got {lr!r}")
         if not (isinstance(betas, (tuple, list)) and len(betas) == 2 and all(0.0 <= b < 1.0 for b in betas)):
-            raise ValueError(f"Lion: betas must be two numbers in [0, 1), got {betas!r}")
+            raise OptimizerError(f"Lion: betas must be two numbers in [0, 1), got {betas!r}")
         if weight_decay < 0:
-            raise ValueError(f"Lion: weight_decay must be >= 0, got {weight_decay!r}")
+            raise OptimizerError(f"Lion: weight_decay must be >= 0, got {weight_decay!r}")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay, maximize=maximize))
 
     @torch.no_grad()
@@ -130,7 +132,7 @@ class MuonWithAdamW(Optimizer):
     def __init__(self, muon: Optimizer | None, adamw: Optimizer | None):
         parts = [o for o in (muon, adamw) if o is not None]
         if not parts:
-            raise ValueError("MuonWithAdamW needs at least one of muon and adamw")
+            raise OptimizerError("MuonWithAdamW needs at least one of muon and adamw")
         self.muon, self.adamw = muon, adamw
         self._parts = parts
         super().__init__([g for o in parts for g in o.param_groups], {})
@@ -156,12 +158,12 @@ class MuonWithAdamW(Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not isinstance(state_dict, dict) or set(state_dict) != {"muon", "adamw"}:
-            raise ValueError(
+            raise OptimizerError(
                 "MuonWithAdamW.load_state_dict takes the dict its state_dict() returns (keys 'muon' and 'adamw')"
             )
         for key, o in (("muon", self.muon), ("adamw", self.adamw)):
             if (o is None) != (state_dict[key] is None):
-                raise ValueError(
+                raise OptimizerError(
                     f"MuonWithAdamW.load_state_dict: the saved state has "
                     f"{'no' if state_dict[key] is None else 'a'} {key} part and this optimizer "
                     f"{'has' if o is not None else 'has none'}"

@@ -54,13 +54,13 @@ __all__ = [
     "BRANCH_MULTIPLIER",
     "DEFAULT_DEPTH_ALPHA",
     "DEFAULT_FORMULATION",
+    "DEFAULT_OPTIMIZER",
     "DEFAULT_WEIGHT_DECAY_POLICY",
     "DEPTH_RULES",
     "FORMULATIONS",
     "FORMULATION_ALIASES",
     "NO_MULTIPLIERS",
     "OPTIMIZERS",
-    "OPTIMIZER_FAMILIES",
     "READOUT_MULTIPLIER",
     "ROLES",
     "TABLE3",
@@ -68,7 +68,6 @@ __all__ = [
     "WEIGHT_DECAY_POLICIES",
     "DepthRule",
     "Exponents",
-    "Multipliers",
     "OptimizerRule",
     "Rule",
     "TunableMultipliers",
@@ -197,19 +196,14 @@ OPTIMIZERS: dict[str, OptimizerRule] = {
         "adam_lr", ("adam_eps",), "entrywise", note="pytorch_optimizer.SOAP: Adam in a rotated basis"
     ),
 }
-# The earlier name → "sgd"/"adam" map, for code that imports it.
-OPTIMIZER_FAMILIES: dict[str, str] = {
-    k: ("sgd" if r.kind == "linear" else "adam")
-    for k, r in OPTIMIZERS.items()
-    if r.kind in ("linear", "entrywise") and k != "lion"
-}
-# A family name used by older callers of MuSpec.factors: "sgd"/"adam" name their own rows.
-
 # Weight decay: torch's AdamW and SGD decay by lr·wd per step, so a group whose lr shrinks
 # also decays more slowly. "lr_wd_constant" divides wd by the group's lr factor, keeping the
 # per-step decay (and the decay timescale) of the base model; "independent" keeps wd fixed.
 WEIGHT_DECAY_POLICIES = ("lr_wd_constant", "independent")
 DEFAULT_WEIGHT_DECAY_POLICY = "lr_wd_constant"
+
+# The optimizer `coord_check` (and `mutransfer coord-check`) uses when none is named.
+DEFAULT_OPTIMIZER = "adam"
 
 
 # Depth (TP6 Depth-µP α = ½; CompleteP, Dey et al. 2025, α = 1). m_L = L/L₀, the number of
@@ -357,6 +351,3 @@ class TunableMultipliers:
 
     def lr_mult(self, role: str) -> float:
         return float(self.lr.get(role, 1.0))
-
-
-Multipliers = TunableMultipliers  # the earlier name, kept for code that imports it

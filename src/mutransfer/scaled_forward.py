@@ -19,7 +19,7 @@ from enum import Enum
 import torch
 from torch import nn
 
-from . import _sdpa
+from ._core import sdpa as _sdpa
 
 __all__ = ["INPUT_ATTR", "OUTPUT_ATTR", "SDPA_ATTR", "Side", "install", "scaled_class"]
 

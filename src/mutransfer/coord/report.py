@@ -28,7 +28,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 
-from ..depth import in_numbered_block
+from .._core.depth import in_numbered_block
 
 __all__ = ["ATTN_SUFFIX", "VANISHING_SLOPE", "CoordCheckResult", "PathLike", "Record", "Trend"]
 

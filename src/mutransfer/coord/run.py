@@ -23,21 +23,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import attention as attn
-from .._naming import canonical_name
-from .._observe import recording
-from .._progress import Progress
-from ..depth import block_containers, join_name, split_block
-from ..devices import AUTO, DeviceLike, move, resolve_device
+from .._core import attention as attn
+from .._core.depth import block_containers, join_name, split_block
+from .._core.devices import AUTO, DeviceLike, move, resolve_device
+from .._core.naming import canonical_name
+from .._core.observe import recording
+from .._core.progress import Progress
+from .._core.spec import find_spec
+from ..errors import CoordCheckError
 from ..optim import build_optimizer, hidden_matrices
-from ..rules import OPTIMIZERS, optimizer_family
-from ..spec import find_spec
+from ..rules import DEFAULT_OPTIMIZER, OPTIMIZERS, optimizer_family
 from .report import ATTN_SUFFIX, CoordCheckResult, Record
 
 __all__ = ["DEFAULT_OPTIMIZER", "MODEL_OUTPUT", "LossFn", "OptimizerFactory", "check_widths", "coord_check"]
 
 MODEL_OUTPUT = "(model output)"
-DEFAULT_OPTIMIZER = "adam"  # coord_check's default, and `mutransfer coord-check --optimizer`'s
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
@@ -97,7 +97,7 @@ def coord_check(
     if depths is not None:
         widths = [widths] if isinstance(widths, int) else list(widths)
         if len(set(widths)) != 1:
-            raise ValueError(
+            raise CoordCheckError(
                 f"a coordinate check across depth takes one width (widths={widths}); check width and depth in two runs"
             )
         axis, sizes, fixed_width = "depth", check_widths(depths, "depths"), int(widths[0])
@@ -110,12 +110,12 @@ def coord_check(
         raise TypeError(f"make_model must be a function of width returning a model, got {type(make_model).__name__}")
     family = None if callable(optimizer) else optimizer_family(optimizer)
     if not isinstance(lr, (int, float)) or not lr > 0:
-        raise ValueError(f"lr must be a positive number, got {lr!r}")
+        raise CoordCheckError(f"lr must be a positive number, got {lr!r}")
     for name, v in (("steps", steps), ("seeds", seeds)):
         if not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+            raise CoordCheckError(f"{name} must be a positive integer, got {v!r}")
     if not max_growth > 1.0:
-        raise ValueError(f"max_growth must be > 1 (allowed growth per 16× width), got {max_growth!r}")
+        raise CoordCheckError(f"max_growth must be > 1 (allowed growth per 16× width), got {max_growth!r}")
 
     expected, readouts = _predictions(make_model, sizes, data[0][0], where) if axis == "width" else ({}, {})
     head_dims: dict[str, dict[int, int]] = {}
@@ -208,9 +208,9 @@ def _predictions(make_model, sizes: list[int], inputs, device: torch.device) -> 
     """
     import warnings
 
-    from .._observe import observe
-    from ..roles import classify
-    from ..shapes import WidthShapes
+    from .._core.observe import observe
+    from .._core.roles import classify
+    from .._core.shapes import WidthShapes
 
     try:
         with warnings.catch_warnings():
@@ -348,7 +348,7 @@ def _loss(output, targets, loss_fn: LossFn | None) -> torch.Tensor:
     else:
         logits = _logits(output)
         if targets is None:
-            raise ValueError("data has no targets and the model's output has no .loss; pass targets or loss_fn=")
+            raise CoordCheckError("data has no targets and the model's output has no .loss; pass targets or loss_fn=")
         if not targets.is_floating_point():
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
         else:
@@ -496,7 +496,7 @@ def check_widths(widths: Iterable[int], what: str = "widths") -> list[int]:
     except (TypeError, ValueError):
         raise TypeError(f"{what} must be a list of integers, got {widths!r}") from None
     if len(set(widths)) < 2 or any(w <= 0 for w in widths):
-        raise ValueError(f"{what} needs at least two different positive values, got {widths}")
+        raise CoordCheckError(f"{what} needs at least two different positive values, got {widths}")
     return sorted(set(widths))
 
 
@@ -508,7 +508,7 @@ def _check_data(data) -> list:
     except TypeError:
         raise TypeError("data must be a list of (inputs, targets) batches") from None
     if not data:
-        raise ValueError("data is empty; give at least one (inputs, targets) batch")
+        raise CoordCheckError("data is empty; give at least one (inputs, targets) batch")
     for i, batch in enumerate(data):
         if not isinstance(batch, (tuple, list)) or len(batch) != 2:
             raise TypeError(f"data[{i}] must be an (inputs, targets) pair, got {type(batch).__name__}")

@@ -13,15 +13,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..errors import KernelWarning
 from ._monte_carlo import monte_carlo_kernels
 from ._program import NotExact, prepare_inputs, program_kernels
 
 __all__ = ["KernelWarning", "ModelKernels", "model_kernel_diag", "model_kernels"]
-
-
-class KernelWarning(UserWarning):
-    """Warned when a kernel is not the exact infinite-width value but a Monte Carlo estimate over
-    finite networks of the module; the message names the op without a rule and its graph node."""
 
 
 @dataclass

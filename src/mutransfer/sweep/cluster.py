@@ -58,7 +58,7 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from .._progress import Progress
+from .._core.progress import Progress
 from .config import ClusterConfig, cluster_config, load_config
 from .placement import gpu_names, parse_devices, plan, visible_devices
 from .runner import STORAGE_ENV, Sweep, trial_outcome

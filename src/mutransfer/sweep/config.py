@@ -97,7 +97,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..devices import known_precision
+from .._core.devices import known_precision
+from ..errors import ConfigError
 from ..rules import check_depth_alpha
 from .placement import parse_devices
 
@@ -298,24 +299,24 @@ class SweepConfig:
 
 def _int_list(key: str, value, minimum: int = 0) -> list[int]:
     if not isinstance(value, list) or not value or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
-        raise ValueError(f"{key} must be a non-empty list of integers, got {value!r}")
+        raise ConfigError(f"{key} must be a non-empty list of integers, got {value!r}")
     if any(v < minimum for v in value):
-        raise ValueError(f"{key} must hold integers ≥ {minimum}, got {value!r}")
+        raise ConfigError(f"{key} must hold integers ≥ {minimum}, got {value!r}")
     if len(set(value)) != len(value):
-        raise ValueError(f"{key} has duplicates: {value!r}")
+        raise ConfigError(f"{key} has duplicates: {value!r}")
     return list(value)
 
 
 def _positive_int(key: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{key} must be a positive integer, got {value!r}")
+        raise ConfigError(f"{key} must be a positive integer, got {value!r}")
     return value
 
 
 def _at_least_the_proxy(key: str, value: int, swept_key: str, swept: list[int]) -> None:
     """A target is where the proxy's HPs transfer to: not below the smallest swept value (the proxy)."""
     if value < min(swept):
-        raise ValueError(
+        raise ConfigError(
             f"{key} ({value}) is below the smallest of {swept_key} ({min(swept)}), the proxy the "
             f"hyperparameters transfer from; set {key} to at least {min(swept)} (usually larger than "
             f"every one of {swept_key}), or remove it"
@@ -327,7 +328,7 @@ def _depth_keys(data: dict[str, Any]) -> tuple[list[int] | None, int | None, int
     if "depths" not in data:
         for key in ("base_depth", "target_depth"):
             if key in data:
-                raise ValueError(f"{key} needs depths (the depths to sweep), e.g. depths = [2, 4, 8]")
+                raise ConfigError(f"{key} needs depths (the depths to sweep), e.g. depths = [2, 4, 8]")
         return None, None, None
     depths = sorted(_int_list("depths", data["depths"], 1))
     base_depth = _positive_int("base_depth", data.get("base_depth", min(depths)))
@@ -348,32 +349,32 @@ def _check_depth_alpha(fixed: dict[str, Any], dims: dict[str, Dimension]) -> Non
         try:
             check_depth_alpha(v, key)
         except TypeError as e:  # a config error, whatever its kind
-            raise ValueError(str(e)) from None
+            raise ConfigError(str(e)) from None
 
 
 def _pruner_keys(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """`pruner` and `pruner_options`, validated: a known pruner, and only its own options."""
     pruner = data.get("pruner", "none")
     if pruner not in PRUNERS:
-        raise ValueError(
+        raise ConfigError(
             f'pruner must be one of {", ".join(repr(p) for p in PRUNERS)} ("median" is the '
             f"recommended one), got {pruner!r}"
         )
     options = data.get("pruner_options", {})
     if not isinstance(options, dict):
-        raise ValueError(
+        raise ConfigError(
             f"pruner_options must be a table of the pruner's settings, e.g. [pruner_options] "
             f"n_startup_trials = 3; got {options!r}"
         )
     if options and pruner == "none":
-        raise ValueError(
+        raise ConfigError(
             'pruner_options needs a pruner: set pruner = "median" (or "successive_halving", '
             '"hyperband"), or remove pruner_options'
         )
     allowed = PRUNER_OPTIONS[pruner]
     unknown = set(options) - set(allowed)
     if unknown:
-        raise ValueError(
+        raise ConfigError(
             f"pruner_options: unknown key(s) {', '.join(sorted(unknown))} for pruner {pruner!r}; "
             f"allowed: {', '.join(sorted(allowed))}"
         )
@@ -382,19 +383,19 @@ def _pruner_keys(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         if auto and value == AUTO:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(
+            raise ConfigError(
                 f"pruner_options.{key} must be an integer ≥ {minimum}"
                 + (' or "auto"' if auto else "")
                 + f", got {value!r}"
             )
     if pruner == "hyperband":
         if options.get("min_resource") == AUTO:
-            raise ValueError(
+            raise ConfigError(
                 'pruner_options.min_resource must be an integer ≥ 1 for hyperband ("auto" is for successive_halving)'
             )
         lo, hi = options.get("min_resource", allowed["min_resource"]), options.get("max_resource", AUTO)
         if hi != AUTO and lo != AUTO and hi < lo:
-            raise ValueError(f"pruner_options.max_resource ({hi}) must be at least min_resource ({lo})")
+            raise ConfigError(f"pruner_options.max_resource ({hi}) must be at least min_resource ({lo})")
     return pruner, dict(options)
 
 
@@ -404,7 +405,7 @@ def _placement_keys(data: dict[str, Any]) -> tuple[Any, int | None, int | None, 
     devices = data.get("devices")
     if devices is not None:
         if isinstance(devices, str) and devices not in ("auto", "cpu"):
-            raise ValueError(f'devices must be "auto", "cpu" or a list of GPU ids like [0, 1], got {devices!r}')
+            raise ConfigError(f'devices must be "auto", "cpu" or a list of GPU ids like [0, 1], got {devices!r}')
         parse_devices(devices, "devices")
     counts = []
     for key in ("trials_per_device", "threads"):
@@ -427,40 +428,40 @@ def cluster_config(table: Any) -> ClusterConfig:
     """A ``[cluster]`` table (a dict, defaults in `CLUSTER_KEYS`) validated into a `ClusterConfig`;
     a ValueError naming the key otherwise."""
     if not isinstance(table, dict):
-        raise ValueError('cluster must be a table, e.g. [cluster] backend = "slurm"')
+        raise ConfigError('cluster must be a table, e.g. [cluster] backend = "slurm"')
     unknown = set(table) - set(CLUSTER_KEYS)
     if unknown:
-        raise ValueError(
+        raise ConfigError(
             f"cluster: unknown key(s) {', '.join(sorted(unknown))}; allowed: "
             f"{', '.join(sorted(CLUSTER_KEYS))} (anything else for sbatch goes in [cluster.slurm])"
         )
     got = {**CLUSTER_KEYS, **table}
     if got["backend"] not in BACKENDS:
-        raise ValueError(
+        raise ConfigError(
             f"cluster.backend must be one of {', '.join(repr(b) for b in BACKENDS)}, got {got['backend']!r}"
         )
     for key in ("jobs", "trials_per_device", "time_min"):
         _positive_int(f"cluster.{key}", got[key])
     for key in ("gpus_per_job",):
         if isinstance(got[key], bool) or not isinstance(got[key], int) or got[key] < 0:
-            raise ValueError(f"cluster.{key} must be an integer ≥ 0, got {got[key]!r}")
+            raise ConfigError(f"cluster.{key} must be an integer ≥ 0, got {got[key]!r}")
     if got["cpus_per_task"] is not None:
         _positive_int("cluster.cpus_per_task", got["cpus_per_task"])
     mem = got["mem_gb"]
     if mem is not None and (isinstance(mem, bool) or not isinstance(mem, (int, float)) or mem <= 0):
-        raise ValueError(f"cluster.mem_gb must be a positive number, got {mem!r}")
+        raise ConfigError(f"cluster.mem_gb must be a positive number, got {mem!r}")
     for key in ("partition", "account", "qos"):
         if got[key] is not None and (not isinstance(got[key], str) or not got[key]):
-            raise ValueError(f"cluster.{key} must be a non-empty string, got {got[key]!r}")
+            raise ConfigError(f"cluster.{key} must be a non-empty string, got {got[key]!r}")
     setup = got["setup"]
     if not isinstance(setup, list) or any(not isinstance(line, str) for line in setup):
-        raise ValueError(
+        raise ConfigError(
             f"cluster.setup must be a list of shell lines (run before each worker, e.g. "
             f'["module load cuda"]), got {setup!r}'
         )
     slurm = got["slurm"]
     if not isinstance(slurm, dict):
-        raise ValueError(f"cluster.slurm must be a table of submitit slurm_* parameters, got {slurm!r}")
+        raise ConfigError(f"cluster.slurm must be a table of submitit slurm_* parameters, got {slurm!r}")
     return ClusterConfig(
         got["backend"],
         got["jobs"],
@@ -495,21 +496,21 @@ def config_from_dict(
     file or module, SQLite storage) resolve against the `config_dir` key, else `base_dir`, else
     the current directory."""
     if not isinstance(data, dict):
-        raise ValueError(f"{source}: a sweep config must be a table")
+        raise ConfigError(f"{source}: a sweep config must be a table")
     unknown = set(data) - KEYS
     if unknown:
-        raise ValueError(f"{source}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(KEYS))}")
+        raise ConfigError(f"{source}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(KEYS))}")
     try:
         for key in ("objective", "widths", "space"):
             if key not in data:
-                raise ValueError(f"'{key}' is missing")
+                raise ConfigError(f"'{key}' is missing")
         objective = data["objective"]
         if not isinstance(objective, str) or ":" not in objective:
-            raise ValueError(f"objective must be 'recipe:NAME' or 'module:function', got {objective!r}")
+            raise ConfigError(f"objective must be 'recipe:NAME' or 'module:function', got {objective!r}")
         widths = sorted(_int_list("widths", data["widths"], 1))
         space = data["space"]
         if not isinstance(space, dict) or not space:
-            raise ValueError("space must be a table with at least one hyperparameter, e.g. [space.lr]")
+            raise ConfigError("space must be a table with at least one hyperparameter, e.g. [space.lr]")
         dims = {name: dimension_from_dict(name, spec) for name, spec in space.items()}
         parametrizations = data.get("parametrizations", ["mup", "sp"])
         if (
@@ -517,13 +518,13 @@ def config_from_dict(
             or not parametrizations
             or any(p not in PARAMETRIZATIONS for p in parametrizations)
         ):
-            raise ValueError(f"parametrizations must be a list from {PARAMETRIZATIONS}, got {parametrizations!r}")
+            raise ConfigError(f"parametrizations must be a list from {PARAMETRIZATIONS}, got {parametrizations!r}")
         sampler = data.get("sampler", "grid")
         if sampler not in SAMPLERS:
-            raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
+            raise ConfigError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
         n_trials = data.get("n_trials", 16)
         if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
-            raise ValueError(f"n_trials must be a positive integer, got {n_trials!r}")
+            raise ConfigError(f"n_trials must be a positive integer, got {n_trials!r}")
         seeds = _int_list("seeds", data.get("seeds", [0]))
         base_width = _positive_int("base_width", data.get("base_width", min(widths)))
         target = data.get("target_width")
@@ -535,17 +536,17 @@ def config_from_dict(
         axes = {hp: sorted(_int_list(key, data[key], 1)) for key, hp in EXTRA_AXES.items() if key in data}
         storage = data.get("storage", "")
         if not isinstance(storage, str):
-            raise ValueError("storage must be a URL string (sqlite:///path or postgresql://...)")
+            raise ConfigError("storage must be a URL string (sqlite:///path or postgresql://...)")
         fixed = data.get("fixed", {})
         if not isinstance(fixed, dict):
-            raise ValueError("fixed must be a table of hyperparameters")
+            raise ConfigError("fixed must be a table of hyperparameters")
         overlap = set(fixed) & set(dims)
         if overlap:
-            raise ValueError(f"{', '.join(sorted(overlap))} is both swept ([space]) and fixed ([fixed])")
+            raise ConfigError(f"{', '.join(sorted(overlap))} is both swept ([space]) and fixed ([fixed])")
         _check_depth_alpha(fixed, dims)
         for key, hp in EXTRA_AXES.items():
             if hp in axes and (hp in fixed or hp in dims):
-                raise ValueError(
+                raise ConfigError(
                     f"{hp} is swept by the top-level {key} list; remove {hp} from "
                     f"{'[fixed]' if hp in fixed else '[space]'}"
                 )
@@ -554,18 +555,18 @@ def config_from_dict(
         cluster = _cluster_keys(data)
         name = data.get("name", "sweep")
         if not isinstance(name, str) or not name:
-            raise ValueError("name must be a non-empty string")
+            raise ConfigError("name must be a non-empty string")
         config_dir = Path(base_dir).resolve() if base_dir is not None else None
         if CONFIG_DIR_KEY in data:
             given = data[CONFIG_DIR_KEY]
             if not isinstance(given, str) or not os.path.isabs(given):
-                raise ValueError(
+                raise ConfigError(
                     f"config_dir must be an absolute path (the directory relative paths resolve "
                     f"against; default: the TOML file's directory), got {given!r}"
                 )
             config_dir = Path(given)
     except ValueError as e:
-        raise ValueError(f"{source}: {e}") from None
+        raise ConfigError(f"{source}: {e}") from None
     return SweepConfig(
         objective=objective,
         widths=widths,
@@ -599,13 +600,13 @@ def load_config(path: str | os.PathLike) -> SweepConfig:
     """Read and validate a TOML config; relative paths in it resolve against its directory."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"config file {path} not found")
+        raise ConfigError(f"config file {path} not found")
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{path}: not valid TOML ({e})") from None
+        raise ConfigError(f"{path}: not valid TOML ({e})") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: cannot read the config ({e})") from None
+        raise ConfigError(f"{path}: cannot read the config ({e})") from None
     return config_from_dict(data, str(path), base_dir=path.parent)
 
 

@@ -44,7 +44,7 @@ from typing import Any
 import optuna
 import torch
 
-from ..devices import autocast as _autocast
+from .._core.devices import autocast as _autocast
 from ..rules import ROLES
 
 __all__ = ["MULTIPLIER_NAMES", "Objective", "Pruned", "Reporter", "Scale", "mup_kwargs"]

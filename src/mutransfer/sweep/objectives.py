@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from .. import optim as mt_optim
-from .._loading import load_callable
-from ..devices import check_precision
-from ..parametrize import parametrize
+from .._core.devices import check_precision
+from .._core.loading import load_callable
+from .._core.parametrize import parametrize
 from ..recipes.data import stdlib_text
 from ..recipes.models import GPT, MLP, ResMLP
 from ..rules import OPTIMIZERS

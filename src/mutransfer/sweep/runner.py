@@ -57,8 +57,9 @@ import optuna
 import torch
 from optuna.trial import FrozenTrial, TrialState
 
-from .._progress import Progress
-from ..devices import check_precision, resolve_device
+from .._core.devices import check_precision, resolve_device
+from .._core.progress import Progress
+from ..errors import SweepInterrupted
 from .config import SweepConfig, load_config, pinned_text
 from .objective import Objective, Pruned, Scale
 from .objectives import load_objective
@@ -106,15 +107,6 @@ COUNT_SECONDS = 5.0  # how often the progress bar recounts every worker's finish
 FAILURES_DIR = "failures"
 ERROR_CHARS, TRACEBACK_CHARS = 500, 4000
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
-
-
-class SweepInterrupted(KeyboardInterrupt):
-    """Ctrl-C during `run_sweep`: the running trials were marked `interrupted` and queued again,
-    local workers stopped. `finished` trials of `total` are done; rerunning resumes."""
-
-    def __init__(self, finished: int, total: int):
-        super().__init__(f"interrupted: {finished} trials done, rerun to resume")
-        self.finished, self.total = finished, total
 
 
 def trial_outcome(t: FrozenTrial) -> str | None:

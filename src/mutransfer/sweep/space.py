@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import ConfigError
+
 __all__ = ["SPACE_KEYS", "Choice", "Dimension", "LogUniform", "Uniform", "dimension_from_dict"]
 
 
@@ -60,40 +62,40 @@ def _number(name: str, key: str, value) -> float:
         except ValueError:
             pass
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"space.{name}.{key} must be a number, got {value!r}")
+        raise ConfigError(f"space.{name}.{key} must be a number, got {value!r}")
     return float(value)
 
 
 def dimension_from_dict(name: str, spec: dict) -> Dimension:
     """Parse one entry of the config's [space] table, naming the key at fault on error."""
     if not isinstance(spec, dict):
-        raise ValueError(f'space.{name} must be a table with type = "log" | "uniform" | "choice"')
+        raise ConfigError(f'space.{name} must be a table with type = "log" | "uniform" | "choice"')
     unknown = set(spec) - SPACE_KEYS
     if unknown:
-        raise ValueError(
+        raise ConfigError(
             f"space.{name}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(SPACE_KEYS))}"
         )
     kind = spec.get("type", "log")
     if kind == "choice":
         values = spec.get("values")
         if not isinstance(values, list) or not values:
-            raise ValueError(f"space.{name}.values must be a non-empty list")
+            raise ConfigError(f"space.{name}.values must be a non-empty list")
         _check_distinct(name, values)
         return Choice(tuple(values))
     if kind not in ("log", "uniform"):
-        raise ValueError(f'space.{name}.type must be "log", "uniform" or "choice", got {kind!r}')
+        raise ConfigError(f'space.{name}.type must be "log", "uniform" or "choice", got {kind!r}')
     for key in ("low", "high"):
         if key not in spec:
-            raise ValueError(f"space.{name}.{key} is missing")
+            raise ConfigError(f"space.{name}.{key} is missing")
     low, high = _number(name, "low", spec["low"]), _number(name, "high", spec["high"])
     grid = spec.get("grid", 8)
     if isinstance(grid, bool) or not isinstance(grid, int) or grid < 1:
-        raise ValueError(f"space.{name}.grid must be a positive integer, got {grid!r}")
+        raise ConfigError(f"space.{name}.grid must be a positive integer, got {grid!r}")
     if not low < high:
-        raise ValueError(f"space.{name}: low ({low:g}) must be less than high ({high:g})")
+        raise ConfigError(f"space.{name}: low ({low:g}) must be less than high ({high:g})")
     if kind == "log":
         if low <= 0:
-            raise ValueError(f"space.{name}: a log range needs low > 0, got {low:g}")
+            raise ConfigError(f"space.{name}: a log range needs low > 0, got {low:g}")
         return LogUniform(low, high, grid)
     return Uniform(low, high, grid)
 
@@ -110,7 +112,7 @@ def _check_distinct(name: str, values: list) -> None:
                     if type(a) is type(b)
                     else (f' ({tb} == {ta} in Python; if both are meant, write them as strings: "{tb}", "{ta}")')
                 )
-                raise ValueError(
+                raise ConfigError(
                     f"space.{name}.values has duplicates: {tb} and {ta} are the same choice{same}; list each value once"
                 )
 

@@ -27,7 +27,7 @@ import math
 import time
 import warnings
 
-from ..devices import DeviceLike, check_precision, resolve_device
+from .._core.devices import DeviceLike, check_precision, resolve_device
 from .analysis import costs, load_results, transferred_hparams
 from .report import TRANSFER_RUNS, transfer_where, write_report
 from .runner import Sweep

@@ -199,7 +199,7 @@ def _check_gpus(placement: Placement, precision: str) -> None:
     whether it can train in `precision`; a ValueError naming the device otherwise."""
     code = (
         "import sys, torch\n"
-        "from mutransfer.devices import check_precision\n"
+        "from mutransfer._core.devices import check_precision\n"
         "if torch.cuda.is_available():\n"
         "    for i in range(torch.cuda.device_count()):\n"
         "        try: check_precision(sys.argv[1], torch.device('cuda', i), 'precision')\n"

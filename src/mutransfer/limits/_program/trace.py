@@ -12,13 +12,19 @@ from torch import fx, nn
 __all__ = ["ATEN", "ATEN_IDENTITY", "LAYER_ATEN", "LAYER_FNS", "Alias", "NotExact", "trace"]
 
 
-class NotExact(Exception):
-    """An op the exact propagation has no rule for; `what` names it, `node` is the graph node."""
+class _NotExact(Exception):
+    """An op the exact propagation has no rule for; `what` names it, `node` is the graph node.
+
+    Control flow inside `mutransfer.limits`, never met by users: `model_kernels` turns it into a
+    Monte Carlo fallback with a `KernelWarning`, or a ValueError with `exact=True`."""
 
     def __init__(self, what: str, node: fx.Node | None = None):
         self.what, self.node = what, node
         where = f" at graph node '{node.name}' ({node.op} {target_name(node)})" if node is not None else ""
         super().__init__(f"{what}{where}")
+
+
+NotExact = _NotExact  # the name the other modules of limits raise and catch it by
 
 
 def target_name(node: fx.Node) -> str:

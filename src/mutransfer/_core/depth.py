@@ -1,0 +1,367 @@
+"""Depth: the repeated residual blocks of a model, their base count L₀, and their branches.
+
+**Blocks** are found from parameter names: a prefix followed by the indices 0, 1, …, n-1
+(``blocks.0.*`` … ``blocks.7.*``: an ``nn.ModuleList`` or ``nn.Sequential``) whose blocks all
+hold the same parameter names and shapes. A block container whose count differs between the
+base model and the target is a *depth container*, with multiplier m_L = L/L₀. Parameters of
+block i of the target are read against block i mod L₀ of the base (all base blocks are alike).
+
+**Residual branches** of a block are found by tracing the block's own ``forward`` with
+torch.fx, its child modules kept opaque: every addition onto the residual stream (the block's
+first input, then each sum with it) has a branch operand, and the child module that produced
+it is the branch (``x + self.attn(self.ln1(x))`` → ``attn``). That module's output is then
+multiplied by m_L^-α (a subclass of its class, see `scaled_forward`; nothing else changes).
+Where tracing cannot see the branches, name them (``residual_branches=["blocks.*.attn",
+"blocks.*.mlp"]``, module name patterns) or scale them in the forward with
+``x = x + mt.residual_branch(self, branch_out)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import operator
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+from torch import nn
+
+from ..errors import ModelError
+from .naming import canonical_name
+
+__all__ = [
+    "BRANCH_ATTR",
+    "Branch",
+    "DepthMap",
+    "block_containers",
+    "block_pattern",
+    "branch_end",
+    "branch_outputs",
+    "find_branches",
+    "in_numbered_block",
+    "join_name",
+    "outermost",
+    "residual_branch",
+    "split_block",
+    "trace_branches",
+]
+
+BRANCH_ATTR = "_mutransfer_branch_mult"
+_TRACED_HELPER: set[int] = set()
+
+
+# --------------------------------------------------------------------------- blocks
+
+
+def block_containers(shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    """Prefix → number of blocks, for every run of identical indexed blocks in `shapes` (name → shape)."""
+    groups: dict[str, dict[int, dict[str, tuple]]] = {}
+    for name, shape in shapes.items():
+        parts = name.split(".")
+        for k, part in enumerate(parts[:-1]):
+            if part.isdigit():
+                prefix, rest = ".".join(parts[:k]), ".".join(parts[k + 1 :])
+                groups.setdefault(prefix, {}).setdefault(int(part), {})[rest] = tuple(shape)
+    out = {}
+    for prefix, blocks in groups.items():
+        if sorted(blocks) != list(range(len(blocks))):
+            continue
+        first = blocks[0]
+        if all(b == first for b in blocks.values()):
+            out[prefix] = len(blocks)
+    return out
+
+
+def split_block(name: str, prefix: str) -> tuple[int, str] | None:
+    """(index, rest) when `name` is inside block container `prefix`, else None."""
+    head = f"{prefix}." if prefix else ""
+    if not name.startswith(head):
+        return None
+    idx, _, rest = name[len(head) :].partition(".")
+    return (int(idx), rest) if idx.isdigit() else None
+
+
+def block_pattern(name: str) -> str:
+    """The name with every block index as "*": "blocks.3.attn" → "blocks.*.attn"."""
+    return ".".join("*" if p.isdigit() else p for p in name.split("."))
+
+
+def in_numbered_block(name: str) -> bool:
+    """Whether the name lies inside an indexed block (a part that is a number)."""
+    return any(p.isdigit() for p in name.split("."))
+
+
+def join_name(*parts: str | int) -> str:
+    """Dotted name of the non-empty parts: join_name("blocks", 3, "") == "blocks.3"."""
+    return ".".join(str(p) for p in parts if p != "")
+
+
+def outermost(prefixes: Iterable[str]) -> list[str]:
+    """The containers not nested inside another one (a nested container repeats per block)."""
+    prefixes = list(prefixes)
+    return [p for p in prefixes if not any(q != p and split_block(p, q) is not None for q in prefixes)]
+
+
+@dataclass
+class DepthMap:
+    """Depth containers between a base and another model: prefix → (L₀, L)."""
+
+    containers: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    @classmethod
+    def between(
+        cls,
+        base: Mapping[str, Sequence[int]],
+        other: Mapping[str, Sequence[int]],
+        base_depth: Mapping[str, int] | None = None,
+    ) -> DepthMap:
+        """Containers whose block count differs between `base` and `other` (name → shape maps).
+
+        `base_depth` ({prefix: L₀}) declares the base depth explicitly, e.g. when the base
+        model given has the target's depth (shapes only) but the HPs were tuned shallower.
+        """
+        b, o = block_containers(base), block_containers(other)
+        found = {p: (b[p], o[p]) for p in b if p in o and b[p] != o[p]}
+        found = {p: found[p] for p in outermost(found)}
+        for prefix, l0 in (base_depth or {}).items():
+            if prefix not in o:
+                raise ModelError(
+                    f"base_depth names '{prefix}', which is not a container of repeated "
+                    f"blocks in the model (found: {', '.join(sorted(o)) or 'none'})"
+                )
+            if isinstance(l0, bool) or not isinstance(l0, int) or l0 < 1:
+                raise ModelError(f"base_depth['{prefix}'] must be a positive integer, got {l0!r}")
+            found[prefix] = (l0, o[prefix])
+        return cls({p: v for p, v in found.items() if v[0] != v[1]})
+
+    def locate(self, name: str) -> tuple[str, int, str] | None:
+        """(container, block index, rest) of a parameter or module name, or None outside blocks."""
+        for prefix in sorted(self.containers, key=len, reverse=True):
+            hit = split_block(name, prefix)
+            if hit is not None:
+                return prefix, hit[0], hit[1]
+        return None
+
+    def _reindex(self, name: str, side: int) -> str:
+        hit = self.locate(name)
+        if hit is None:
+            return name
+        prefix, i, rest = hit
+        return join_name(prefix, i % self.containers[prefix][side], rest)
+
+    def to_base(self, name: str) -> str:
+        """The base model's name for `name` of the other model (block i → block i mod L₀)."""
+        return self._reindex(name, 0)
+
+    def from_base(self, name: str) -> str:
+        """The other model's name for a base name (block i → block i mod L)."""
+        return self._reindex(name, 1)
+
+    def multiplier(self, name: str) -> float:
+        """m_L = L/L₀ of the container holding `name`, 1.0 outside depth containers."""
+        hit = self.locate(name)
+        if hit is None:
+            return 1.0
+        l0, l = self.containers[hit[0]]
+        return l / l0
+
+    def normalized(self, name: str) -> str:
+        """`name` with its block index replaced by '*' (the same for every block)."""
+        hit = self.locate(name)
+        return name if hit is None else join_name(hit[0], "*", hit[2])
+
+
+# --------------------------------------------------------------------------- branches
+
+
+_BRANCH_OUTPUTS: list | None = None  # (block, branch output) of each call, while `branch_outputs` records
+
+
+@contextlib.contextmanager
+def branch_outputs():
+    """Record the branch outputs passed to `residual_branch` during a forward (for `export`)."""
+    global _BRANCH_OUTPUTS
+    _BRANCH_OUTPUTS, outer = [], _BRANCH_OUTPUTS
+    try:
+        yield _BRANCH_OUTPUTS
+    finally:
+        _BRANCH_OUTPUTS = outer
+
+
+def residual_branch(block: nn.Module, out):
+    """Scale a residual branch's output by its block's depth multiplier m_L^-α.
+
+    Write ``x = x + mt.residual_branch(self, self.mlp(x))`` in a block whose branches
+    mutransfer cannot find by tracing. Returns `out` unchanged on a model that is not
+    parametrized across depth, so the same code serves both.
+    """
+    if isinstance(out, torch.fx.Proxy):
+        _TRACED_HELPER.add(id(block))
+        return out
+    if _BRANCH_OUTPUTS is not None:
+        _BRANCH_OUTPUTS.append((block, out))
+    c = block.__dict__.get(BRANCH_ATTR, 1.0)
+    return out if c == 1.0 else out * c
+
+
+class _BlockTracer(torch.fx.Tracer):
+    """Traces one block's forward with every child module opaque."""
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return "." not in qualname or super().is_leaf_module(m, qualname)
+
+
+_ADD_FUNCTIONS = {operator.add, operator.iadd, torch.add}
+_ADD_METHODS = {"add", "add_"}
+
+
+def _is_add(node: torch.fx.Node) -> bool:
+    return (node.op == "call_function" and node.target in _ADD_FUNCTIONS) or (
+        node.op == "call_method" and node.target in _ADD_METHODS
+    )
+
+
+def trace_branches(block: nn.Module) -> tuple[str, list[tuple[str, bool]]]:
+    """How a block's residual branches can be scaled: ("modules", [(child name, tuple output)]),
+    ("helper", []) when its forward calls `residual_branch`, or raises ValueError."""
+    _TRACED_HELPER.discard(id(block))
+    try:
+        graph = _BlockTracer().trace(block)
+    except Exception as e:  # fx raises many kinds (TraceError, TypeError, NotImplementedError, ...)
+        raise _TraceFailure(
+            f"torch.fx could not trace {type(block).__name__}.forward ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''})"
+        ) from None
+    if id(block) in _TRACED_HELPER:
+        _TRACED_HELPER.discard(id(block))
+        return "helper", []
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if not placeholders:
+        raise _TraceFailure(f"{type(block).__name__}.forward takes no input")
+    stream = {placeholders[0]}
+    branches: list[tuple[str, bool]] = []
+    for node in graph.nodes:
+        if not _is_add(node) or len(node.args) < 2:
+            continue
+        a, b = node.args[0], node.args[1]
+        if a in stream and b not in stream:
+            other = b
+        elif b in stream and a not in stream:
+            other = a
+        else:
+            continue
+        stream.add(node)
+        tuple_out = False
+        if (
+            isinstance(other, torch.fx.Node)
+            and other.op == "call_function"
+            and other.target is operator.getitem
+            and other.args[1] == 0
+            and isinstance(other.args[0], torch.fx.Node)
+        ):
+            other, tuple_out = other.args[0], True
+        if not isinstance(other, torch.fx.Node) or other.op != "call_module":
+            what = other.format_node() if isinstance(other, torch.fx.Node) else repr(other)
+            raise _TraceFailure(
+                f"a residual addition in {type(block).__name__}.forward adds `{what}`, which is "
+                "not the output of a child module"
+            )
+        branches.append((str(other.target), tuple_out))
+    if not branches:
+        raise _TraceFailure(
+            f"{type(block).__name__}.forward adds nothing onto its input (no residual connection found)"
+        )
+    return "modules", branches
+
+
+class _TraceFailure(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Branch:
+    """A residual branch: the module whose output is added onto the stream."""
+
+    module: str
+    tuple_output: bool = False  # the branch is element 0 of the module's tuple output
+    end: str | None = None  # a Linear/Conv whose output *is* the branch's (the multiplier can fold into it)
+
+
+_LINEAR = (nn.Linear, nn.modules.conv._ConvNd)
+
+
+def branch_end(module: nn.Module, depth: int = 0) -> str | None:
+    """Relative name of the Linear/Conv layer whose output is `module`'s output ("" for itself)."""
+    if isinstance(module, _LINEAR):
+        return ""
+    if depth > 4 or type(module).forward is nn.Module.forward:
+        return None
+    try:
+        graph = _BlockTracer().trace(module)
+    except Exception:  # untraceable: keep the forward multiplier on the branch module
+        return None
+    out = next((n for n in graph.nodes if n.op == "output"), None)
+    last = out.args[0] if out is not None else None
+    if not isinstance(last, torch.fx.Node) or last.op != "call_module":
+        return None
+    child = str(last.target)
+    inner = branch_end(module.get_submodule(child), depth + 1)
+    return None if inner is None else join_name(child, inner)
+
+
+def find_branches(model: nn.Module, depth: DepthMap, patterns: Iterable[str] | None) -> tuple[list[Branch], list[str]]:
+    """The residual branches to scale, and the blocks that scale themselves (`residual_branch`).
+
+    With `patterns`, the named modules are the branches. Otherwise the first block of each
+    depth container is traced and the same children of every block are taken.
+    """
+    modules = {canonical_name(n): m for n, m in model.named_modules()}
+    branches: list[Branch] = []
+    helper_blocks: list[str] = []
+    if patterns is not None:
+        patterns = [patterns] if isinstance(patterns, str) else list(patterns)
+        for pat in patterns:
+            if not isinstance(pat, str):
+                raise TypeError(f"residual_branches must hold module name patterns (str), got {pat!r}")
+            hits = [n for n in modules if fnmatch.fnmatchcase(n, pat)]
+            if not hits:
+                raise ModelError(f"residual_branches pattern '{pat}' matches no module of the model")
+            for n in hits:
+                if depth.locate(n) is None:
+                    raise ModelError(
+                        f"residual_branches: '{n}' is not inside a block of a depth container "
+                        f"({', '.join(depth.containers) or 'none found'})"
+                    )
+                end = branch_end(modules[n])
+                branches.append(Branch(n, False, None if end is None else join_name(n, end)))
+        return branches, helper_blocks
+    for prefix, (_, l) in depth.containers.items():
+        first = modules.get(join_name(prefix, 0))
+        if first is None:
+            raise ModelError(f"depth container '{prefix}': block 0 is not a module")
+        try:
+            kind, found = trace_branches(first)
+        except _TraceFailure as e:
+            raise ModelError(
+                f"depth scaling needs the residual branches of the blocks in '{prefix}', but {e}. Name the "
+                f"branch modules with residual_branches=['{prefix}.*.attn', '{prefix}.*.mlp'] (patterns), write "
+                f"`x = x + mt.residual_branch(self, branch)` in the block's forward, or pass depth_alpha=0 "
+                f"to change depth without depth scaling"
+            ) from None
+        if kind == "helper":
+            helper_blocks += [join_name(prefix, i) for i in range(l)]
+            continue
+        ends = {child: (None if tuple_out else branch_end(first.get_submodule(child))) for child, tuple_out in found}
+        for i in range(l):
+            for child, tuple_out in found:
+                end = ends[child]
+                branches.append(
+                    Branch(
+                        join_name(prefix, i, child),
+                        tuple_out,
+                        None if end is None else join_name(prefix, i, child, end),
+                    )
+                )
+    return branches, helper_blocks

@@ -1,0 +1,716 @@
+"""`export`: the plain model behind a µP model — every µP forward constant folded into weights.
+
+A parametrized model computes a few constants in its forward that a state_dict does not carry:
+the readout multiplier (Table 8, always on a tied readout), α_output / α_embedding, residual
+branch multipliers across depth, and the µP attention logit scale (a module attribute such as
+Hugging Face's ``scaling``, an SDPA correction, `MuMultiheadAttention`, the `attn_scale` helper).
+Code that loads the plain architecture (``from_pretrained``, vLLM, a colleague's script) rebuilds
+those from its config and would silently compute something else. `export` returns a copy whose
+forward is the plain class's own and whose weights absorb the constants:
+
+- output × c of a layer (Linear, Conv, Embedding): its weight and bias × c;
+- input × c of a readout: its weight × c; for a readout tied to the input embedding, the
+  weight is shared, so c goes into the affine norm whose output the readout reads (GPT-2's
+  ``ln_f``, Llama's ``norm``) — the tie is kept — or, with ``untie=True``, the readout gets
+  its own weight (and a Hugging Face config ``tie_word_embeddings=False``);
+- a branch multiplier c of a residual branch: the layer whose output is the branch's × c;
+- an attention module's µP scale over the plain one, c = target/before: the query projection
+  × c (the rows of q in a fused qkv projection; the query norm's gain with QK-norm), the module's
+  own attribute restored to its plain value.
+
+**Observed, not assumed.** Where the layer to fold into is not fixed by the structure (which
+projection makes q, which layer ends a branch, which norm feeds the readout), candidates are
+tried on a probe forward and kept only when the module's output (the model's, for the readout)
+is unchanged. The search runs on a copy whose all-zero tensors (zero-initialised readout or
+query) are filled with random values, so that a fold cannot pass by multiplying zeros. The
+exported model is then checked against the µP model on the probe; a mismatch above `rtol`, or a
+constant with no place to go, is a ValueError naming the module — never a wrong checkpoint.
+
+Low precision (float16/bfloat16): the folds are decided and checked on float32 copies, then the
+weights are rounded back to the model's dtypes and compared with the µP model at that precision
+(tolerance 8 ε of the dtype). Memory: two copies of the model (float32 for a low-precision model)
+besides the original while it works (three when `device=` is not the model's own).
+
+Devices: the probe forwards run where the model lives (the device of its parameters), or on
+`device=` (a model kept on the CPU, probed on a GPU); the exported copy lives where the model does.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import scaled_forward
+from ..errors import ExportError
+from .attention import MuMultiheadAttention, mha_in_projections, mup_logit_scale
+from .depth import BRANCH_ATTR, branch_end, branch_outputs
+from .devices import DeviceLike, module_device, resolve_device, same_device
+from .naming import canonical_name
+from .observe import call_model, to_device
+from .observe import example_inputs as probe_candidates
+from .roles import MuPWarning
+from .spec import SPEC_ATTR, require_spec, spec_holder
+
+__all__ = ["RTOL", "export"]
+
+RTOL = 1e-5
+_QUERY_NAMES = ("q_proj", "query", "to_q", "wq", "q", "w_q", "q_lin", "query_proj", "q_attn")
+_KEY_NAMES = ("k_proj", "key", "to_k", "wk", "k", "w_k", "k_lin", "key_proj")
+_QUERY_NORM_NAMES = ("q_norm", "q_layernorm", "query_layernorm", "q_ln", "norm_q")
+_FUSED_NAMES = ("qkv", "c_attn", "wqkv", "qkv_proj", "to_qkv", "in_proj", "query_key_value", "Wqkv")
+_ATTRS = (scaled_forward.INPUT_ATTR, scaled_forward.OUTPUT_ATTR, scaled_forward.SDPA_ATTR)
+
+
+def export(
+    model: nn.Module,
+    example_inputs: Any = None,
+    *,
+    untie: bool = False,
+    rtol: float = RTOL,
+    device: DeviceLike | None = None,
+) -> nn.Module:
+    """A plain copy of the parametrized `model`: same outputs, no µP forward constants.
+
+    Args:
+        model: a model put in µP by `mt.parametrize` (also through DDP / torch.compile wrappers).
+            It is not changed.
+        example_inputs: inputs for the probe forwards (a tensor, a tuple of arguments or a dict
+            of keyword arguments); made from the model like `parametrize` does when omitted.
+        untie: for a readout tied to the input embedding whose multiplier no norm can absorb,
+            give the readout its own weight instead of refusing.
+        rtol: largest relative difference (max |Δ| / max |output|) allowed between the µP and the
+            exported model on the probe.
+        device: where the probe forwards run ("cpu", "cuda", "cuda:N", "auto" or a `torch.device`);
+            None: the model's own device. `example_inputs` are moved there. The returned model lives
+            on the model's device either way.
+
+    Returns the exported model (its class is the user's, its state_dict keys are the model's).
+    For Hugging Face models: ``export(model).save_pretrained(dir)``, then plain
+    ``from_pretrained(dir)`` gives the same outputs.
+    """
+    spec = require_spec(model, "export")  # a plain model needs no export: save it as it is
+    root = spec_holder(model)
+    home = module_device(root)
+    where = home if device is None else resolve_device(device, "device")
+    training = root.training
+    caching = _no_cache(root)
+    try:
+        with torch.no_grad(), caching:
+            # the model itself, or a copy on the probe device (the original stays where it is)
+            probed = root if same_device(where, home) else copy.deepcopy(root).to(where)
+            inputs = _probe_inputs(probed, example_inputs)
+            reference = copy.deepcopy(probed).eval()  # decisions are taken on this copy, zeros filled
+            low = _low_precision(reference)
+            if low is not None:  # decide in float32: bf16 rounding would hide which fold is right
+                reference.float()
+                inputs = _cast_floats(inputs, torch.float32)
+            filled = _fill_zeros(reference)
+            plain = copy.deepcopy(reference)
+            _Folder(reference, plain, inputs, spec, rtol).fold(untie)
+            _check(plain, reference, inputs, rtol, "the exported model")
+            params = dict(plain.named_parameters(remove_duplicate=False))
+            for name in filled:
+                params[name].zero_()
+            final_rtol = rtol
+            if low is not None:
+                _restore_dtypes(plain, root)
+                inputs = _cast_floats(inputs, low)
+                final_rtol = max(rtol, 8 * torch.finfo(low).eps)  # the folded weights rounded to `low`
+            _check(plain, probed, inputs, final_rtol, "the exported model (with the model's own values)")
+    finally:
+        root.train(training)
+    plain.to(home)
+    caching.restore(plain)
+    plain.train(training)
+    plain.__dict__.pop(SPEC_ATTR, None)
+    return plain
+
+
+# --------------------------------------------------------------------------- the folding
+
+
+@dataclass
+class _Constant:
+    module: str
+    kind: str  # "output", "input", "attention", "branch"
+    factor: float
+    remove: Callable[[], None]  # takes it out of the plain model's forward
+
+
+class _Folder:
+    """Takes the µP constants out of `plain` one at a time and folds each into its weights,
+    choosing where by comparing with `reference` (the µP model, zeros filled) on probe forwards:
+    while one is moved, the others are still in place, so each comparison tests that one alone."""
+
+    def __init__(self, reference: nn.Module, plain: nn.Module, inputs: Any, spec, rtol: float):
+        self.reference, self.plain, self.inputs, self.spec, self.rtol = reference, plain, inputs, spec, rtol
+        self.modules = dict(plain.named_modules())
+        self.ref_modules = dict(reference.named_modules())
+        self.applied: dict[int, float] = {}  # id(parameter) → factor folded into it so far
+        self._branch_ends: dict[int, list[str | None]] | None = None  # see _helper_ends
+        self.owners: dict[int, list[str]] = {}
+        for mname, m in plain.named_modules(remove_duplicate=False):
+            for pname, p in m.named_parameters(recurse=False, remove_duplicate=False):
+                self.owners.setdefault(id(p), []).append(f"{mname}.{pname}" if mname else pname)
+
+    def fold(self, untie: bool) -> None:
+        constants = self._constants()
+        calls = self._calls()
+        for c in constants:  # output constants first: they may scale a weight that readouts share
+            if c.kind == "output":
+                c.remove()
+                if c.factor != 1.0:
+                    self._fold_output(c, calls)
+        order = {"branch": 0, "attention": 1, "input": 2}
+        rest = [c for c in constants if c.kind != "output"] + self._readers_of_scaled_weights(constants, calls)
+        for c in sorted(rest, key=lambda c: order[c.kind]):
+            c.remove()
+            if c.kind == "input":  # even at ×1: its weight may now carry another module's factor
+                self._fold_readout(c, untie)
+            elif c.factor == 1.0:
+                continue
+            elif c.kind == "branch":
+                self._fold_branch(c, calls)
+            else:
+                self._fold_attention(c, calls)
+        for module in self.modules.values():  # every constant gone: the user's own classes again
+            parent = type(module).__dict__.get("_mutransfer_parent")
+            if parent is not None and not any(a in module.__dict__ for a in _ATTRS):
+                module.__class__ = parent
+
+    def _readers_of_scaled_weights(self, constants: list[_Constant], calls) -> list[_Constant]:
+        """Modules that ran and share a weight an output constant was folded into, with no constant
+        of their own (a tied readout whose multiplier came out as 1): each must undo that factor."""
+        own = {c.module for c in constants if c.kind in ("output", "input")}
+        out = []
+        for name, module in self.modules.items():
+            w = module._parameters.get("weight")
+            if w is not None and id(w) in self.applied and name in calls and name not in own:
+                out.append(_Constant(name, "input", 1.0, lambda: None))
+        return out
+
+    # ---- the constants, and how to take each out
+
+    def _constants(self) -> list[_Constant]:
+        found: list[_Constant] = []
+        heads = {a.module: a for a in self.spec.attention}
+
+        def pop(module, attr):
+            return lambda: module.__dict__.pop(attr, None)
+
+        for name, module in self.modules.items():
+            cname = canonical_name(name)
+            if "_mutransfer_parent" in type(module).__dict__:
+                for attr, kind in zip(_ATTRS, ("input", "output", "attention")):
+                    if attr in module.__dict__:
+                        if kind == "output" and not _is_layer(module):
+                            kind = "branch"
+                        found.append(_Constant(name, kind, float(module.__dict__[attr]), pop(module, attr)))
+            if isinstance(module, MuMultiheadAttention):  # its q rows, exactly
+                cfg = module.__dict__.pop("_mutransfer_attn")
+                module.__class__ = nn.MultiheadAttention
+                self._scale_mha_query(module, mup_logit_scale(cfg, module.head_dim) * math.sqrt(module.head_dim))
+            elif "_mutransfer_attn" in module.__dict__:  # the attn_scale helper
+                cfg = module.__dict__["_mutransfer_attn"]
+                d = heads[cname].d if cname in heads else None
+                if d is None:
+                    raise ExportError(
+                        f"export: attention module '{cname}' uses mt.attn_scale but its head dim was not "
+                        "recorded by parametrize; parametrize it with example_inputs="
+                    )
+                found.append(
+                    _Constant(
+                        name, "attention", mup_logit_scale(cfg, d) * math.sqrt(d), pop(module, "_mutransfer_attn")
+                    )
+                )
+            if BRANCH_ATTR in module.__dict__:
+                found.append(_Constant(name, "branch", float(module.__dict__[BRANCH_ATTR]), pop(module, BRANCH_ATTR)))
+        for a in self.spec.attention:
+            if a.how.startswith("attribute "):
+                attr = a.how[len("attribute ") :]
+                name, module = self._module(a.module)
+                if a.attribute_value is None:
+                    raise ExportError(
+                        f"export: attention module '{a.module}' holds µP's logit scale in its attribute "
+                        f"'{attr}', whose own value was not recorded (parametrized by an older version); "
+                        "parametrize the model again"
+                    )
+                found.append(
+                    _Constant(
+                        name,
+                        "attention",
+                        a.target / a.before,
+                        lambda m=module, k=attr, v=a.attribute_value: setattr(m, k, v),
+                    )
+                )
+        return found
+
+    def _module(self, name: str) -> tuple[str, nn.Module]:
+        for n, m in self.modules.items():
+            if canonical_name(n) == name:
+                return n, m
+        raise ExportError(f"export: no module '{name}' in the model")
+
+    def _scale_mha_query(self, module: nn.MultiheadAttention, c: float) -> None:
+        (w_q, b_q), _, _ = mha_in_projections(module)  # views into in_proj_weight/bias when fused
+        w_q.mul_(c)
+        if b_q is not None:
+            b_q.mul_(c)
+
+    # ---- where each constant goes
+
+    def _scale(
+        self, module: nn.Module, c: float, part: tuple[int, torch.Tensor] | None = None, bias: bool = True
+    ) -> Callable[[], None]:
+        """Multiply a layer's weight (and bias) by c, or the rows (dim, indices) of them; returns the
+        undo. Refuses a parameter that other modules share (it would change them too)."""
+        touched = []
+        for pname in ("weight", "bias") if bias else ("weight",):
+            p = module._parameters.get(pname)
+            if p is None:
+                continue
+            if len(self.owners.get(id(p), [])) > 1:
+                raise _Shared(self.owners[id(p)])
+            if part is None:
+                p.mul_(c)
+                touched.append((p, None, None))
+            else:
+                dim, index = part
+                dim = 0 if p.dim() == 1 else dim
+                p.index_copy_(dim, index, p.index_select(dim, index) * c)
+                touched.append((p, dim, index))
+
+        def undo() -> None:
+            for p, dim, index in touched:
+                if index is None:
+                    p.div_(c)
+                else:
+                    p.index_copy_(dim, index, p.index_select(dim, index) / c)
+
+        return undo
+
+    def _fold_output(self, c: _Constant, calls) -> None:
+        module = self.modules[c.module]
+        if c.module not in calls:  # its forward never runs (the parent uses its weight directly)
+            warnings.warn(
+                f"export: '{canonical_name(c.module)}' ({_class_name(module)}) carries a µP output "
+                f"multiplier ×{c.factor:.6g}, but its forward does not run on the probe (its parameters are "
+                "used directly by another module), so the multiplier had no effect on the µP model; the "
+                "export leaves it out",
+                MuPWarning,
+                stacklevel=4,
+            )
+            return
+        for pname in ("weight", "bias"):
+            p = module._parameters.get(pname)
+            if p is None:
+                continue
+            if id(p) in self.applied:
+                # a weight shared by several lookups (T5's encoder, decoder and `shared` embeddings): each
+                # carries the same output constant, and the weight takes it once
+                if math.isclose(self.applied[id(p)], c.factor, rel_tol=1e-12):
+                    continue
+                raise ExportError(
+                    f"export: '{canonical_name(c.module)}' multiplies its output by {c.factor:.6g} "
+                    f"but shares {pname} with {', '.join(self.owners[id(p)])}, which another module "
+                    f"multiplies by {self.applied[id(p)]:.6g}: one weight cannot take both"
+                )
+            p.mul_(c.factor)
+            self.applied[id(p)] = c.factor
+
+    def _fold_branch(self, c: _Constant, calls) -> None:
+        """Output × c of a module: into the layer that ends it (found by tracing, else searched).
+        A block calling `mt.residual_branch`: into the layers whose outputs it was given."""
+        module = self.modules[c.module]
+        if "_mutransfer_parent" not in type(self.ref_modules[c.module]).__dict__:  # the helper's multiplier
+            ends = self._helper_ends(c.module)
+            if ends:
+                undos = []
+                try:
+                    for layer in ends:
+                        undos.append(self._scale(layer, c.factor))
+                except _Shared:
+                    pass
+                else:
+                    if self._module_matches(c.module, calls):
+                        return
+                for u in reversed(undos):
+                    u()
+            return self._greedy(c, calls, "the residual branch multiplier", "the layers that end its branches")
+        end = branch_end(module)
+        if end is not None:
+            try:
+                undo = self._scale(module.get_submodule(end) if end else module, c.factor)
+            except _Shared:
+                undo = None
+            if undo is not None:
+                if self._module_matches(c.module, calls):
+                    return
+                undo()
+        self._greedy(
+            c,
+            calls,
+            "the residual branch multiplier",
+            "its last layer (a Linear/Conv whose output is the branch's, used by nothing else)",
+        )
+
+    def _helper_ends(self, block: str) -> list[nn.Module]:
+        """The layers (of `plain`) whose outputs the block passed to `residual_branch` on the probe."""
+        if self._branch_ends is None:  # one probe forward serves every block
+            made: dict[int, str] = {}
+            hooks = [
+                m.register_forward_hook(lambda mod, i, o, n=n: made.__setitem__(id(o), n))
+                for n, m in self.reference.named_modules()
+                if _is_layer(m)
+            ]
+            try:
+                with branch_outputs() as seen:
+                    call_model(self.reference, self.inputs)
+            finally:
+                for h in hooks:
+                    h.remove()
+            self._branch_ends = {}
+            for b, out in seen:
+                self._branch_ends.setdefault(id(b), []).append(made.get(id(out)))
+        names = self._branch_ends.get(id(self.ref_modules[block]), [])
+        if not names or None in names:
+            return []
+        return [self.modules[n] for n in dict.fromkeys(names)]
+
+    def _greedy(self, c: _Constant, calls, what: str, where: str) -> None:
+        """Fold c into layers of the module one at a time, last first, keeping each that brings the
+        module's output closer (a block scaling two branches needs two); done when it matches."""
+        module = self.modules[c.module]
+        error = self._module_error(c.module, calls)
+        for _, layer in reversed(list(_layers(module))):
+            try:
+                undo = self._scale(layer, c.factor)
+            except _Shared:
+                continue
+            now = self._module_error(c.module, calls)
+            if now <= self.rtol:
+                return
+            if now < 0.5 * error:
+                error = now
+            else:
+                undo()
+        raise ExportError(
+            f"export: {what} of '{canonical_name(c.module)}' ({_class_name(module)}, ×{c.factor:.6g}) "
+            f"cannot be folded into {where}: no layer of it takes the factor with the module's output "
+            "unchanged; the model cannot be made plain"
+        )
+
+    def _fold_attention(self, c: _Constant, calls) -> None:
+        """The ratio of µP's logit scale to the plain one: into q (or k) — its projection, the q
+        rows of a fused projection, or the query norm's gain."""
+        module = self.modules[c.module]
+        heads = {a.module: a.d for a in self.spec.attention}
+        for layer, part in _query_candidates(module, heads.get(canonical_name(c.module))):
+            try:
+                undo = self._scale(layer, c.factor, part)
+            except _Shared:
+                continue
+            if self._module_matches(c.module, calls):
+                return
+            undo()
+        raise ExportError(
+            f"export: attention module '{canonical_name(c.module)}' ({_class_name(module)}) needs its "
+            f"logits ×{c.factor:.6g} (µP's scale over the plain one) and no query or key projection, "
+            "fused qkv projection or query norm inside it takes the factor with the module's output "
+            "unchanged; compute q with a Linear inside the attention module (or keep the model in µP "
+            "and save it with its spec)"
+        )
+
+    def _fold_readout(self, c: _Constant, untie: bool) -> None:
+        """Input × c of a readout: into its weight; a tied weight keeps its tie through the norm
+        before the readout, or is untied on request."""
+        module = self.modules[c.module]
+        weight = module._parameters.get("weight")
+        if weight is None:
+            raise ExportError(
+                f"export: readout '{canonical_name(c.module)}' ({_class_name(module)}) has no weight "
+                "parameter to take its multiplier"
+            )
+        need = c.factor / self.applied.get(id(weight), 1.0)
+        if need == 1.0:
+            return
+        if len(self.owners[id(weight)]) == 1:
+            weight.mul_(need)
+            return
+        for norm in self._norms_before(c.module, weight.shape[-1]):
+            try:
+                undo = self._scale(norm, need)
+            except _Shared:
+                continue
+            if _error(call_model(self.plain, self.inputs), call_model(self.reference, self.inputs)) <= self.rtol:
+                return
+            undo()
+        if untie:
+            module.weight = nn.Parameter(weight.detach() * need, requires_grad=weight.requires_grad)
+            for cfg in _configs(self.plain):
+                cfg.tie_word_embeddings = False
+            return
+        raise ExportError(
+            f"export: readout '{canonical_name(c.module)}' shares its weight with "
+            f"{', '.join(o for o in self.owners[id(weight)] if not o.startswith(c.module + '.'))} and "
+            f"needs ×{need:.6g} on its input; no affine norm right before it can take that factor "
+            "(none, or its output is used elsewhere). Pass untie=True to give the readout its own "
+            "weight (a Hugging Face config gets tie_word_embeddings=False)"
+        )
+
+    def _norms_before(self, readout: str, features: int) -> list[nn.Module]:
+        """Norm-like modules (a 1-D weight of the readout's fan_in) run before the readout, last first."""
+        order: list[str] = []
+        hooks = [
+            m.register_forward_hook(lambda mod, i, o, n=n: order.append(n)) for n, m in self.plain.named_modules() if n
+        ]
+        try:
+            call_model(self.plain, self.inputs)
+        finally:
+            for h in hooks:
+                h.remove()
+        if readout not in order:
+            return []
+        before = order[: order.index(readout)]
+        out = []
+        for n in reversed(before):
+            m = self.modules[n]
+            w = m._parameters.get("weight")
+            if w is not None and w.dim() == 1 and w.shape[0] == features and m not in out:
+                out.append(m)
+        return out
+
+    # ---- comparing
+
+    def _calls(self) -> dict[str, tuple]:
+        """The (args, kwargs) of each module's first call on the probe, from the reference model."""
+        calls: dict[str, tuple] = {}
+
+        def hook(module, args, kwargs, name):
+            if name not in calls:  # a copy: a KV cache among them is filled as the forward goes on
+                calls[name] = _copied((args, kwargs))
+
+        handles = [
+            m.register_forward_pre_hook(lambda mod, a, k, n=n: hook(mod, a, k, n), with_kwargs=True)
+            for n, m in self.reference.named_modules()
+        ]
+        try:
+            call_model(self.reference, self.inputs)
+        finally:
+            for h in handles:
+                h.remove()
+        return calls
+
+    def _module_error(self, name: str, calls) -> float:
+        if name not in calls:
+            raise ExportError(
+                f"export: module '{canonical_name(name)}' did not run on the probe forward, so where its "
+                "µP constant can be folded cannot be checked; pass example_inputs= that reach it"
+            )
+        args, kwargs = _copied(calls[name])
+        mine = self.modules[name](*args, **kwargs)
+        args, kwargs = _copied(calls[name])
+        return _error(mine, self.ref_modules[name](*args, **kwargs))
+
+    def _module_matches(self, name: str, calls) -> bool:
+        return self._module_error(name, calls) <= self.rtol
+
+
+class _Shared(Exception):
+    def __init__(self, owners):
+        super().__init__(", ".join(owners))
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _copied(obj):
+    """A deep copy where one can be made (a module's inputs, a cache object), else the object."""
+    try:
+        return copy.deepcopy(obj)
+    except Exception:
+        return obj
+
+
+def _class_name(module: nn.Module) -> str:
+    """The user's class name (not mutransfer's MuScaled subclass)."""
+    return type(module).__dict__.get("_mutransfer_parent", type(module)).__name__
+
+
+def _is_layer(module: nn.Module) -> bool:
+    return not list(module.children()) and "weight" in module._parameters
+
+
+def _layers(module: nn.Module):
+    return [(n, m) for n, m in module.named_modules() if _is_layer(m)]
+
+
+def _query_candidates(module: nn.Module, head_dim: int | None) -> list[tuple[nn.Module, tuple | None]]:
+    """Where a logit factor may go, most likely first: the query projection, the key projection,
+    the q rows of a fused projection (either weight layout; q, k, v in thirds or interleaved per
+    head as GPT-NeoX), the query norm, any other layer."""
+    layers = _layers(module)
+    last = lambda n: n.rsplit(".", 1)[-1]  # noqa: E731
+    out: list = []
+    for names in (_QUERY_NAMES, _KEY_NAMES):
+        out += [(m, None) for n, m in layers if last(n) in names]
+    for n, m in layers:
+        if last(n) in _FUSED_NAMES:
+            w = m._parameters["weight"]
+            for dim in dict.fromkeys((0, w.dim() - 1)):
+                n_out = w.shape[dim]
+                if n_out % 3 == 0:
+                    out.append((m, (dim, torch.arange(n_out // 3, device=w.device))))
+                    if head_dim and n_out % (3 * head_dim) == 0:
+                        rows = torch.arange(n_out, device=w.device).view(-1, 3, head_dim)[:, 0].reshape(-1)
+                        out.append((m, (dim, rows)))
+    out += [(m, None) for n, m in layers if last(n) in _QUERY_NORM_NAMES]
+    out += [(m, None) for _, m in layers if not any(m is o for o, _ in out)]
+    return out
+
+
+def _tensors(out) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out] if out.is_floating_point() else []
+    if isinstance(out, dict):
+        return [t for v in out.values() for t in _tensors(v)]
+    if isinstance(out, (tuple, list)):
+        return [t for v in out for t in _tensors(v)]
+    return []
+
+
+def _error(a, b) -> float:
+    """max |a − b| / max |b| over the floating-point tensors of two outputs (inf if they differ in kind)."""
+    ta, tb = _tensors(a), _tensors(b)
+    if len(ta) != len(tb) or not tb or any(x.shape != y.shape for x, y in zip(ta, tb)):
+        return math.inf
+    worst = 0.0
+    for x, y in zip(ta, tb):
+        x, y = x.detach().double(), y.detach().double()
+        finite = torch.isfinite(y)
+        if not torch.equal(finite, torch.isfinite(x)) or not torch.equal(x[~finite], y[~finite]):
+            return math.inf  # masks (-inf) must agree exactly
+        x, y = x[finite], y[finite]
+        scale = float(y.abs().max()) if y.numel() else 0.0
+        diff = float((x - y).abs().max()) if y.numel() else 0.0
+        worst = max(worst, diff / scale if scale > 0 else diff)
+    return worst
+
+
+def _check(plain: nn.Module, reference: nn.Module, inputs, rtol: float, what: str) -> None:
+    err = _error(call_model(plain, inputs), call_model(reference, inputs))
+    if not err <= rtol:
+        raise ExportError(
+            f"export: {what} differs from the µP model on the probe forward (relative difference "
+            f"{err:.3g} > rtol={rtol:g}); nothing was returned. Report this with the model's class"
+        )
+
+
+def _probe_inputs(model: nn.Module, inputs):
+    if inputs is not None:
+        inputs = to_device(inputs, model)
+        try:
+            call_model(model.eval(), inputs)
+        except Exception as e:
+            raise ExportError(
+                f"export could not run the model on example_inputs ({type(e).__name__}: {e}); pass "
+                "inputs its forward accepts (a tensor, a tuple of arguments or a dict of keyword "
+                "arguments)"
+            ) from None
+        return inputs
+    errors = []
+    for cand in probe_candidates(model):
+        try:
+            call_model(model.eval(), cand)
+            return cand
+        except Exception as e:
+            errors.append(f"{type(e).__name__}: {e}")
+    raise ExportError(
+        f"export could not make inputs for a probe forward of {type(model).__name__} "
+        f"({'; '.join(errors) or 'no input layer found'}); pass example_inputs="
+    )
+
+
+def _low_precision(model: nn.Module) -> torch.dtype | None:
+    """float16/bfloat16 if any parameter is stored in it, else None."""
+    for p in model.parameters():
+        if p.dtype in (torch.float16, torch.bfloat16):
+            return p.dtype
+    return None
+
+
+def _cast_floats(obj, dtype: torch.dtype):
+    """Floating-point tensors of (nested) inputs cast to dtype."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(dtype) if obj.is_floating_point() else obj
+    if isinstance(obj, dict):
+        return {k: _cast_floats(v, dtype) for k, v in obj.items()}
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_cast_floats(v, dtype) for v in obj)
+    return obj
+
+
+def _restore_dtypes(plain: nn.Module, original: nn.Module) -> None:
+    """Every parameter and buffer of `plain` back to the dtype it has in `original`."""
+    params = dict(original.named_parameters(remove_duplicate=False))
+    buffers = dict(original.named_buffers(remove_duplicate=False))
+    for name, p in plain.named_parameters(remove_duplicate=False):
+        p.data = p.data.to(params[name].dtype)
+    for name, b in plain.named_buffers(remove_duplicate=False):
+        b.data = b.data.to(buffers[name].dtype)
+
+
+def _fill_zeros(model: nn.Module) -> list[str]:
+    """Give every all-zero floating-point parameter random values (fixed seed); their names."""
+    g = torch.Generator().manual_seed(0)
+    filled = []
+    for name, p in model.named_parameters():
+        if p.is_floating_point() and p.numel() and not p.any():
+            fan_in = p.shape[-1] if p.dim() > 1 else p.shape[0]
+            # drawn on the CPU (a seeded generator gives the same values on every device), then moved to p's
+            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32).to(p) / math.sqrt(fan_in))
+            filled.append(name)
+    return filled
+
+
+def _configs(model: nn.Module) -> list:
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return []
+    out = [cfg]
+    text = getattr(cfg, "get_text_config", None)
+    if callable(text):
+        t = text()
+        if t is not cfg:
+            out.append(t)
+    return out
+
+
+class _no_cache:
+    """Hugging Face models: no KV cache during the probes (a cache grows when a module is re-run)."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.configs = [c for c in _configs(model) if getattr(c, "use_cache", None)]
+
+    def __enter__(self):
+        for c in self.configs:
+            c.use_cache = False
+
+    def __exit__(self, *exc):
+        for c in self.configs:
+            c.use_cache = True
+
+    def restore(self, copied: nn.Module) -> None:
+        """The same configs of a copy made meanwhile: caching on again."""
+        flags = [any(c is x for x in self.configs) for c in _configs(self.model)]
+        for c, on in zip(_configs(copied), flags):
+            if on:
+                c.use_cache = True

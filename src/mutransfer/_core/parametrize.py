@@ -1,0 +1,551 @@
+"""`parametrize`: turn a model written in standard parametrization into µP, in place.
+
+What it changes: the values of the model's initial parameters (rescaled by µP's init
+factors relative to the base model), the attention logit scale (see `attention`), and —
+only where the formulation needs it or a tunable multiplier is not 1 — the class of the
+readout or input layers, to a subclass that applies the multiplier (see `scaled_forward`). It records a `MuSpec` on the model for `param_groups`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import os
+import warnings
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import scaled_forward
+from ..errors import ModelError
+from ..rules import (
+    BRANCH_MULTIPLIER,
+    DEFAULT_DEPTH_ALPHA,
+    DEFAULT_FORMULATION,
+    NO_MULTIPLIERS,
+    READOUT_MULTIPLIER,
+    TunableMultipliers,
+    check_depth_alpha,
+    depth_factor,
+    factor,
+    formulation_name,
+    formulation_rules,
+)
+from . import attention as attn
+from .depth import BRANCH_ATTR, Branch, DepthMap, block_containers, find_branches, outermost
+from .observe import Observation, observe, observe_model
+from .roles import MuPWarning, ParamInfo, classify
+from .shapes import WidthShapes, canonical_name
+from .spec import SPEC_ATTR, MuSpec, find_spec
+
+__all__ = ["BaseShapes", "Multiplied", "Zeroing", "parametrize"]
+
+BaseShapes = str | os.PathLike | WidthShapes | Mapping
+_QUERY_MODULE_NAMES = ("q_proj", "query", "to_q", "wq", "q", "w_q", "q_lin", "query_proj")
+_FUSED_QKV_NAMES = ("qkv", "c_attn", "wqkv", "qkv_proj", "to_qkv", "in_proj", "query_key_value")
+
+
+def parametrize(
+    model: nn.Module,
+    base: nn.Module | None = None,
+    delta: nn.Module | None = None,
+    *,
+    base_shapes: BaseShapes | None = None,
+    formulation: str = DEFAULT_FORMULATION,
+    init_mult: Mapping[str, float] | None = None,
+    lr_mult: Mapping[str, float] | None = None,
+    output_mult: float = 1.0,
+    attn_mult: float = 1.0,
+    embedding_mult: float = 1.0,
+    zero_init_readout: bool = False,
+    zero_init_query: bool | str | Iterable[str] = False,
+    roles: Mapping[str, str] | None = None,
+    transposed: Iterable[str] = (),
+    attention: bool = True,
+    attn_base_head_dim: int | None = None,
+    depth_alpha: float = DEFAULT_DEPTH_ALPHA,
+    residual_branches: Iterable[str] | None = None,
+    base_depth: int | Mapping[str, int] | None = None,
+    example_inputs: Any = None,
+) -> nn.Module:
+    """Put `model` in µP relative to `base` (and `delta`), in place; returns `model`.
+
+    Args:
+        model: the target model, built the usual way (any init).
+        base: the same architecture at base width. With real values, µP rescales the
+            model's own init by µP's factors relative to the base's init, whatever the init
+            scheme. On the meta device only shapes are known; then the model's init is
+            assumed to scale like PyTorch's default (weights and Linear/Conv biases
+            ∝ fan_in^-½, everything else constant).
+        delta: the same architecture wider than base in every width dim. Without it, dims
+            that differ between base and model are the width dims.
+        base_shapes: instead of base/delta, a `WidthShapes`, its dict, or a JSON path
+            written by `mt.save_shapes`. The init is then rescaled by the assumption above.
+        formulation: "no_multipliers" (TP5 Table 3: init and lr carry the scaling; default; alias
+            "table3") or "readout_multiplier" (Table 8, alias "table8": readout
+            multiplier 1/m, as the `mup` package). Tied readouts always use Table 8.
+        init_mult, lr_mult: per-role tunable factors, e.g. {"hidden": 2.0}.
+        output_mult, attn_mult, embedding_mult: α_output, α_attention, α_embedding.
+        zero_init_readout, zero_init_query: TP5 D.2's zero init (recommended; off by default
+            so that µP equals the user's model at base width). zero_init_query may also be
+            a pattern or list of patterns naming the query weights.
+        roles: {"name pattern": role} to override a parameter's role.
+        transposed: name patterns of weights stored (fan_in, fan_out).
+        attention: set False if the model already scales attention the µP way.
+        attn_base_head_dim: head dim of the base model when it cannot be read off it.
+        depth_alpha: depth scaling when the model has more (or fewer) repeated residual blocks
+            than `base`: each branch output × (L/L₀)^-α, in-block lr and ε per `rules.DEPTH_RULES`.
+            1.0 CompleteP (default), 0.5 Depth-µP, 0 no depth scaling. See `depth`.
+        residual_branches: module name patterns of the residual branches (e.g.
+            ["blocks.*.attn", "blocks.*.mlp"]) when tracing the blocks cannot find them.
+        base_depth: the base depth L₀ when the base model given is not at it (an int for the
+            model's one block container, or {container: L₀}).
+        example_inputs: inputs for the probe forward (a tensor, a tuple of positional arguments or
+            a dict of keyword arguments; small is fine: batch 1, a few tokens). The probe observes
+            how each parameter is used (its role) and measures every attention's logit scale,
+            before and after the change. Without it, inputs are made from the model (Hugging
+            Face's main input and config, timm's input size, or the first layer); if none runs,
+            roles fall back to module types and shapes, with a warning naming what was guessed.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"parametrize needs an nn.Module as `model`, got {type(model).__name__}")
+    if find_spec(model) is not None:
+        raise ModelError(
+            f"parametrize was already called on this {type(model).__name__}; it rescales the "
+            "init, so calling it twice would apply µP twice. Build a fresh model instead"
+        )
+    mults = TunableMultipliers(dict(init_mult or {}), dict(lr_mult or {}), output_mult, attn_mult, embedding_mult)
+    formulation = formulation_name(formulation)
+    rules = formulation_rules(formulation)
+    alpha = check_depth_alpha(depth_alpha)
+    shapes = _resolve_shapes(model, base, delta, base_shapes, example_inputs)
+    depth = _depth_map(model, shapes, base_depth)
+    seen = observe_model(model, example_inputs)
+    if example_inputs is not None and not seen.ran:
+        raise ModelError(
+            f"parametrize could not run the model on example_inputs ({seen.error}); pass inputs the "
+            "model's forward accepts (a tensor, a tuple of arguments or a dict of keyword arguments)"
+        )
+    if not seen.ran:
+        warnings.warn(
+            f"parametrize could not run a probe forward of {type(model).__name__} ({seen.error}): roles "
+            f"follow module types and shapes, and attention is found only by attributes and source (an "
+            f"attention module computed otherwise keeps its own scale). Pass example_inputs= (a tensor, "
+            f"a tuple of arguments or a dict of keyword arguments) so that both are observed",
+            MuPWarning,
+            stacklevel=2,
+        )
+    infos = classify(model, shapes, roles, transposed, depth, seen)
+    branches, helper_blocks = (
+        find_branches(model, depth, residual_branches) if depth.containers and alpha > 0 else ([], [])
+    )
+    branches, folded = _fold_branches(branches, infos, formulation)
+    attention_plan = (
+        _plan_attention(model, seen, shapes, depth, float(attn_mult), attn_base_head_dim) if attention else []
+    )
+    params = {canonical_name(n): p for n, p in model.named_parameters()}
+    zeroing = _readout_zeroing(model, infos, params) if zero_init_readout else []
+    zeroing += _query_zeroing(model, zero_init_query) if zero_init_query else []
+    multipliers = _forward_constants(infos, rules, mults, _readout_input_ratio(seen, shapes, depth), model)
+    if seen.ran:
+        multipliers = _in_effect(multipliers, seen)
+
+    # Everything is checked: from here on the model changes. Attention first: its scales are measured
+    # again on a probe forward, and a mismatch undoes the change and raises before anything else changes.
+    spec_attention = _install_attention(model, attention_plan, float(attn_mult), seen)
+    base_values = None
+    if base is not None and not any(p.is_meta for p in base.parameters()):
+        base_values = {canonical_name(n): p.detach() for n, p in base.named_parameters()}
+    spec = MuSpec(
+        shapes,
+        infos,
+        formulation,
+        mults,
+        init_source="base values" if base_values is not None else "assumed PyTorch-default scaling",
+        depth_alpha=alpha if depth.containers else 0.0,
+        depth=dict(depth.containers),
+    )
+    with torch.no_grad():
+        for name, info in infos.items():
+            scale = _init_scale(
+                info,
+                shapes,
+                rules[info.role].init,
+                mults.init_mult(info.role),
+                params[name],
+                None if base_values is None else base_values[info.base_name],
+            )
+            scale *= depth_factor(spec.depth_rule(name).init, info.m_depth, spec.depth_alpha)
+            spec.init_scales[name] = scale
+            if scale != 1.0:
+                params[name].mul_(scale)
+        for _what, tensor in zeroing:
+            tensor.zero_()
+    spec.zero_init = [what for what, _ in zeroing]
+    _install_multipliers(model, multipliers)
+    spec.forward_constants = {m: (kind, c) for m, kind, c in multipliers}
+    spec.attention = spec_attention
+    spec.branches = _install_branch_multipliers(model, depth, alpha, branches, helper_blocks)
+    spec.folded_branches = {b.end: depth_factor(BRANCH_MULTIPLIER, depth.multiplier(b.end), alpha) for b in folded}
+    setattr(model, SPEC_ATTR, spec)
+    return model
+
+
+def _plan_attention(
+    model: nn.Module, seen: Observation, shapes: WidthShapes, depth: DepthMap, alpha: float, override_d0: int | None
+) -> list:
+    """The attention modules to rescale, from the probe forward (or, without one, attributes)."""
+    if not seen.ran:
+        base_of = {canonical_name(n): depth.to_base(canonical_name(n)) for n, _ in model.named_modules()}
+        heads = {n: shapes.attention_head_dims[b] for n, b in base_of.items() if b in shapes.attention_head_dims}
+        fixes = attn.legacy_plan(model, heads, alpha, override_d0)
+        if any(f.how != "unchanged" for f in fixes):
+            warnings.warn(
+                f"no probe forward ran ({seen.error}), so the attention scales of "
+                f"{', '.join(f.name or '<model>' for f in fixes)} are set by assuming that each computes "
+                f"1/√d, not measured. Pass example_inputs= to parametrize to have them measured and "
+                f"verified",
+                MuPWarning,
+                stacklevel=3,
+            )
+        return fixes
+
+    def base_scale(name: str, d: int, s: float) -> tuple[int, float]:
+        bname = depth.to_base(name)
+        measured = shapes.attention_scales.get(bname)
+        if measured is not None and override_d0 in (None, measured[0]):
+            return measured
+        d0 = override_d0 if override_d0 is not None else shapes.attention_head_dims.get(bname)
+        if d0 is None:
+            raise ModelError(
+                f"attention module '{name}' computes attention at head dim {d} but its base head dim is unknown (the "
+                f"base model's probe forward did not reach it); pass attn_base_head_dim=<head dim of the base "
+                f"model>, example_inputs= that run the base model, or attention=False if the model already "
+                f"scales its logits the µP way"
+            )
+        if not math.isclose(s, 1.0 / math.sqrt(d), rel_tol=1e-6):
+            raise ModelError(
+                f"attention module '{name}' computes q·kᵀ × {s:.4g} at head dim {d}, not 1/√d, and the base model's "
+                f"scale was not measured (base_shapes without attention scales, or a base that could not run): "
+                f"pass base= (a real or meta model) with example_inputs=, or save the shapes with this version"
+            )
+        return int(d0), 1.0 / math.sqrt(d0)
+
+    def probe():
+        return observe(model, seen.inputs).attention_by_module()
+
+    return attn.plan(model, seen.attention_by_module(), base_scale, alpha, probe)
+
+
+def _install_attention(model: nn.Module, fixes: list, alpha: float, seen: Observation) -> list:
+    """Install the planned scales, measure them on a probe forward, undo and raise on any mismatch."""
+    originals = {f.name: getattr(f.module, f.attr) for f in fixes if f.attr is not None}
+    revert = attn.install(fixes, alpha)
+    if not seen.ran:
+        return [
+            attn.AttentionScale(f.name, f.how, f.d0, f.d, f.before, f.target, f.target, False, originals.get(f.name))
+            for f in fixes
+        ]
+    after = observe(model, seen.inputs)
+    calls = after.attention_by_module()
+    out = []
+    for f in fixes:
+        measured = calls.get(f.name)
+        if not after.ran or not measured or not all(math.isclose(c.scale, f.target, rel_tol=1e-5) for c in measured):
+            revert()
+            got = (
+                f"measured {measured[0].scale:.6g}"
+                if measured
+                else f"no attention call seen ({after.error})"
+                if not after.ran
+                else "no attention call seen"
+            )
+            raise ModelError(
+                f"attention module '{f.name}' ({type(f.module).__name__}): after setting µP's logit scale through "
+                f"{f.how}, the probe forward {got} instead of {f.target:.6g} (= α·s₀·d₀/d with α={alpha:g}, "
+                f"d₀={f.d0}, d={f.d}). The model is unchanged. Compute the logits with "
+                f"`mt.attn_scale(self, head_dim)` or F.scaled_dot_product_attention, or pass attention=False if the "
+                f"model already scales them the µP way"
+            )
+        out.append(
+            attn.AttentionScale(
+                f.name, f.how, f.d0, f.d, f.before, f.target, measured[0].scale, True, originals.get(f.name)
+            )
+        )
+    return out
+
+
+def _resolve_shapes(model, base, delta, base_shapes, example_inputs=None) -> WidthShapes:
+    if base_shapes is not None:
+        if base is not None or delta is not None:
+            raise ModelError("pass either base_shapes= or base=/delta=, not both")
+        if isinstance(base_shapes, WidthShapes):
+            return base_shapes
+        if isinstance(base_shapes, (str, os.PathLike)):
+            return WidthShapes.load(base_shapes)
+        if isinstance(base_shapes, Mapping):
+            return WidthShapes.from_dict(dict(base_shapes))
+        raise TypeError(f"base_shapes must be a path, a WidthShapes or a dict, got {type(base_shapes).__name__}")
+    if base is None:
+        raise ModelError("parametrize needs base= (the model at base width) or base_shapes=")
+    if not isinstance(base, nn.Module):
+        raise TypeError(f"base must be an nn.Module, got {type(base).__name__}")
+    if delta is not None and not isinstance(delta, nn.Module):
+        raise TypeError(f"delta must be an nn.Module, got {type(delta).__name__}")
+    return WidthShapes.from_models(base, delta, target=model, example_inputs=example_inputs)
+
+
+def _depth_map(model: nn.Module, shapes: WidthShapes, base_depth) -> DepthMap:
+    """Block containers whose count differs between the base (shapes) and `model`."""
+    target = {canonical_name(n): tuple(p.shape) for n, p in model.named_parameters()}
+    base = {n: ps.base for n, ps in shapes.params.items()}
+    if isinstance(base_depth, int) and not isinstance(base_depth, bool):
+        outer = outermost(block_containers(target))
+        if len(outer) != 1:
+            raise ModelError(
+                f"base_depth={base_depth} is ambiguous: the model has block containers "
+                f"{', '.join(outer) or 'none'}; pass base_depth={{'container': L0}}"
+            )
+        base_depth = {outer[0]: base_depth}
+    elif base_depth is not None and not isinstance(base_depth, Mapping):
+        raise TypeError(f"base_depth must be an int or a dict of container → int, got {type(base_depth).__name__}")
+    return DepthMap.between(base, target, base_depth)
+
+
+def _fold_branches(
+    branches: list[Branch], infos: dict[str, ParamInfo], formulation: str
+) -> tuple[list[Branch], list[Branch]]:
+    """Split the branches into (forward multiplier, folded into their last layer).
+
+    Table 3 has no forward multipliers, so a branch whose output is a Linear/Conv layer's gets the
+    multiplier folded into that layer's parameters ("branch_end" depth rule); its parameters must
+    belong to that layer alone. Everything else keeps a forward multiplier.
+    """
+    if formulation != NO_MULTIPLIERS:
+        return branches, []
+    keep, folded = [], []
+    for b in branches:
+        own = [i for i in infos.values() if b.end is not None and any(m == b.end for m, _ in i.usages)]
+        if b.end is None or not own or any(len(i.usages) != 1 for i in own):
+            keep.append(b)
+            continue
+        for info in own:
+            info.depth_role = "branch_end"
+        folded.append(b)
+    return keep, folded
+
+
+def _install_branch_multipliers(
+    model: nn.Module, depth: DepthMap, alpha: float, branches: list[Branch], helper_blocks: list[str]
+) -> dict[str, float]:
+    """Multiply every residual branch output by (L/L₀)^-α; returns {module: multiplier}."""
+    installed = {}
+    for b in branches:
+        c = depth_factor(BRANCH_MULTIPLIER, depth.multiplier(b.module), alpha)
+        if c != 1.0:
+            scaled_forward.install(_module(model, b.module), output_mult=c)
+            installed[b.module] = c
+    for bname in helper_blocks:
+        c = depth_factor(BRANCH_MULTIPLIER, depth.multiplier(bname), alpha)
+        setattr(_module(model, bname), BRANCH_ATTR, c)
+        installed[bname] = c
+    return installed
+
+
+def _rms(t: torch.Tensor) -> float:
+    return float(t.detach().to(torch.float64).pow(2).mean().sqrt())
+
+
+def _init_scale(
+    info: ParamInfo, shapes: WidthShapes, init_exp, init_mult: float, p: torch.Tensor, base_p: torch.Tensor | None
+) -> float:
+    """Factor to multiply the model's current init by."""
+    own = shapes.params[info.base_name].multipliers(tuple(p.shape))
+    if all(m == 1.0 for m in own) and info.module_fan_in_mult == 1.0:
+        # Base width for this parameter (and, for a bias, for its layer's fan_in): keep the user's init.
+        return init_mult
+    target = factor(init_exp, info.m_in, info.m_out)
+    if base_p is not None:
+        current = _rms(p)
+        if current == 0.0:
+            return init_mult  # zero init stays zero
+        return target * _rms(base_p) / current * init_mult
+    # Shapes only: assume the user's init scales like PyTorch's default.
+    if info.layout is not None or (p.ndim >= 2 and info.role in ("hidden", "output")):
+        assumed = info.m_in**-0.5
+    elif p.ndim == 1 and info.module_fan_in_mult != 1.0:
+        assumed = info.module_fan_in_mult**-0.5
+    else:
+        assumed = 1.0
+    return target / assumed * init_mult
+
+
+def _module(model: nn.Module, name: str) -> nn.Module:
+    return model.get_submodule(name) if name else model
+
+
+Zeroing = list[tuple[str, torch.Tensor]]  # (description, tensor or view to zero)
+
+
+def _readout_zeroing(model, infos: dict[str, ParamInfo], params) -> Zeroing:
+    tied = [n for n, i in infos.items() if i.tied_readouts]
+    if tied:
+        raise ModelError(
+            f"zero_init_readout would zero '{tied[0]}', which is tied to the input "
+            "embedding; untie the readout or leave zero_init_readout=False"
+        )
+    found: Zeroing = []
+    for name, info in infos.items():
+        if info.role != "output":
+            continue
+        found.append((name, params[name]))
+        for mname, _ in info.usages:
+            bias = getattr(_module(model, mname), "bias", None)
+            if isinstance(bias, torch.Tensor) and bias.ndim == 1:
+                found.append((f"{mname}.bias" if mname else "bias", bias))
+    if not found:
+        raise ModelError("zero_init_readout=True but the model has no output (readout) parameter")
+    return found
+
+
+def _query_zeroing(model: nn.Module, which) -> Zeroing:
+    """The query weights (whole tensors or the query rows of fused projections) to zero."""
+    patterns = None if which is True else ([which] if isinstance(which, str) else list(which))
+    found: Zeroing = []
+    for mname, module in model.named_modules():
+        cname = canonical_name(mname)
+        leaf = cname.rsplit(".", 1)[-1].lower()
+        weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
+        if patterns is not None:
+            if not any(fnmatch.fnmatchcase(cname, p) for p in patterns):
+                continue
+            fused = False
+        elif isinstance(module, nn.MultiheadAttention):
+            if not module._qkv_same_embed_dim:
+                found.append((f"{cname}.q_proj_weight", module.q_proj_weight))
+                continue
+            weight, bias, fused = module.in_proj_weight, module.in_proj_bias, True
+        elif leaf in _QUERY_MODULE_NAMES and isinstance(module, nn.Linear):
+            fused = False
+        elif leaf in _FUSED_QKV_NAMES and isinstance(weight, torch.Tensor):
+            fused = True
+        else:
+            continue
+        if not isinstance(weight, torch.Tensor):
+            raise ModelError(f"zero_init_query: module '{cname}' has no weight to zero")
+        if not fused:
+            found.append((cname, weight))
+            if isinstance(bias, torch.Tensor):
+                found.append((f"{cname}.bias", bias))
+            continue
+        transposed = type(module).__name__ == "Conv1D"  # (in, 3·out) layout
+        n = (weight.shape[1] if transposed else weight.shape[0]) // 3
+        found.append((f"{cname} (query third)", weight[:, :n] if transposed else weight[:n]))
+        if isinstance(bias, torch.Tensor):
+            found.append((f"{cname}.bias (query third)", bias[:n]))
+    if not found:
+        raise ModelError(
+            "zero_init_query: no query projection found; pass the query weights' module "
+            "names as a pattern, e.g. zero_init_query='*.attn.q_proj'"
+        )
+    return found
+
+
+Multiplied = list[tuple[str, scaled_forward.Side, float]]  # (module name, input or output, constant)
+
+
+def _readout_input_ratio(seen: Observation, shapes: WidthShapes, depth: DepthMap):
+    """For a readout module: the base's constant on its input over the model's (1 when neither has one).
+
+    A model whose forward multiplies the readout's input by a width-dependent constant (T5's tied
+    readout gets the decoder output × d_model^-½) would add that dependence on top of µP's; the
+    readout's input multiplier takes it back to the base model's value.
+    """
+
+    def ratio(module: str) -> float:
+        if not seen.ran:
+            return 1.0
+        return shapes.input_scales.get(depth.to_base(module), 1.0) / seen.input_scales.get(module, 1.0)
+
+    return ratio
+
+
+def _is_layer(model: nn.Module, name: str) -> bool:
+    """A module that holds only a weight (and bias) of its own and no children: its first input is
+    the input of that weight, so an input multiplier acts on the readout alone."""
+    module = _module(model, name)
+    return not list(module.children()) and set(module._parameters) <= {"weight", "bias"}
+
+
+def _forward_constants(
+    infos: dict[str, ParamInfo],
+    rules,
+    mults: TunableMultipliers,
+    input_ratio=lambda module: 1.0,
+    model: nn.Module | None = None,
+) -> Multiplied:
+    """Which modules need a forward multiplier, and its value (none in Table 3 at α = 1)."""
+    readout_rule = formulation_rules(READOUT_MULTIPLIER)["output"]
+    found: Multiplied = []
+    for name, info in infos.items():
+        if info.role == "input" and mults.embedding != 1.0 and info.layout is not None:
+            # α_embedding on the lookup / input projection — a tied embedding's too (not on its readout)
+            found += [
+                (m, scaled_forward.Side.OUTPUT, mults.embedding)
+                for m, local in info.usages
+                if local == "weight" and m not in info.tied_readouts
+            ]
+        if info.role == "output":
+            c = mults.output * factor(rules["output"].forward, info.m_in, info.m_out)
+            readouts = [m for m, _ in info.usages]
+            needs_module = model is None or all(_is_layer(model, m) for m in readouts)
+        elif info.tied_readouts:
+            # Table 8 on a tied readout; its fan_in is the embedding's fan_out.
+            c = mults.output * factor(readout_rule.forward, info.m_out, 1.0)
+            readouts, needs_module = info.tied_readouts, True
+        else:
+            continue
+        per_module = {m: c * input_ratio(m) for m in readouts}
+        if all(v == 1.0 for v in per_module.values()):
+            continue
+        if not needs_module:
+            raise ModelError(
+                f"'{name}' is a readout held as a raw parameter of a module that does more than apply "
+                f"it, so its forward multiplier ({c:.4g}) cannot be installed; make the readout an "
+                "nn.Linear, or use formulation='no_multipliers' with output_mult=1"
+            )
+        found += [(m, scaled_forward.Side.INPUT, v) for m, v in per_module.items() if v != 1.0]
+    return found
+
+
+def _in_effect(multipliers: Multiplied, seen: Observation) -> Multiplied:
+    """The forward constants whose module's forward ran on the probe. A constant on a module that
+    never runs (its parent uses its weight directly, as HF Mamba's mixer does with `dt_proj`)
+    would have no effect: it is left out, with a warning naming the module, not recorded as if it
+    were in effect."""
+    kept = []
+    for mname, side, c in multipliers:
+        if mname and mname not in seen.called:
+            warnings.warn(
+                f"parametrize: '{mname}' should get a forward constant ({side}{c:.4g}: α_output, "
+                f"α_embedding or the readout's 1/m), but its forward never runs on the probe (another module "
+                f"uses its parameters directly), so no multiplier can be installed on it; it is left out. "
+                f"Call the module instead of reading its weight, or keep the multiplier at 1 "
+                f"(output_mult / embedding_mult)",
+                MuPWarning,
+                stacklevel=3,
+            )
+            continue
+        kept.append((mname, side, c))
+    return kept
+
+
+def _install_multipliers(model: nn.Module, multipliers: Multiplied) -> None:
+    for mname, kind, c in multipliers:
+        module = _module(model, mname)
+        if kind is scaled_forward.Side.INPUT:
+            scaled_forward.install(module, input_mult=c)
+        else:
+            scaled_forward.install(module, output_mult=c)

@@ -1,0 +1,120 @@
+"""The µP spec kept on a parametrized model, and how to find it through wrappers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from ..errors import ModelError
+from ..rules import (
+    DEPTH_RULES,
+    DepthRule,
+    Rule,
+    TunableMultipliers,
+    depth_factor,
+    factor,
+    formulation_rules,
+    optimizer_rule,
+)
+from .naming import DDP_ATTR, WRAPPER_ATTRS
+from .roles import ParamInfo
+from .shapes import WidthShapes
+
+__all__ = ["SPEC_ATTR", "MuSpec", "find_spec", "require_spec", "spec_holder"]
+
+SPEC_ATTR = "_mutransfer_spec"
+# Attributes under which wrappers keep the user's model: torch.compile, DDP/DataParallel, FSDP1, checkpointing.
+_WRAPPED_ATTRS = (WRAPPER_ATTRS[0], DDP_ATTR) + WRAPPER_ATTRS[1:]
+
+
+@dataclass
+class MuSpec:
+    """What `parametrize` decided, stored on the model as a plain attribute.
+
+    A plain attribute survives `copy.deepcopy` and `torch.compile` (the compiled wrapper keeps
+    the original module). A state_dict does not carry it: rebuild by constructing the model,
+    calling `parametrize` the same way, then `load_state_dict`.
+    """
+
+    shapes: WidthShapes
+    params: dict[str, ParamInfo]
+    formulation: str
+    multipliers: TunableMultipliers  # the tunable ones (α_output, …), as passed to parametrize
+    init_scales: dict[str, float] = field(default_factory=dict)
+    init_source: str = "base values"
+    # module → (Side.INPUT or Side.OUTPUT, constant): the forward constants parametrize installed
+    forward_constants: dict[str, tuple[str, float]] = field(default_factory=dict)
+    attention: list[tuple[str, str, int, int | None]] = field(default_factory=list)
+    zero_init: list[str] = field(default_factory=list)
+    depth_alpha: float = 0.0
+    depth: dict[str, tuple[int, int]] = field(default_factory=dict)  # container → (L₀, L)
+    branches: dict[str, float] = field(default_factory=dict)  # module (or helper block) → multiplier
+    folded_branches: dict[str, float] = field(default_factory=dict)  # layer holding a folded multiplier
+
+    def rule(self, name: str) -> Rule:
+        return formulation_rules(self.formulation)[self.params[name].role]
+
+    def depth_rule(self, name: str) -> DepthRule:
+        # depth_alpha = 0 means no depth scaling at all (not the α → 0 end of the formulas)
+        return DEPTH_RULES[self.params[name].depth_role if self.depth_alpha > 0 else "outside"]
+
+    def updater(self, name: str, optimizer: str) -> str:
+        """Which optimizer updates parameter `name` when the model trains with `optimizer`: the
+        optimizer itself, or its partner (Muon: hidden 2-D matrices only; AdamW takes the rest)."""
+        rule = optimizer_rule(optimizer)
+        if rule.partner is None:
+            return optimizer.lower()
+        info = self.params[name]
+        return optimizer.lower() if (info.role == "hidden" and len(info.shape) == 2) else rule.partner
+
+    def columns(self, name: str, optimizer: str) -> tuple[str, tuple[str, ...]]:
+        """(lr column, ε columns) of the tables that parameter `name` follows under `optimizer`."""
+        rule = optimizer_rule(self.updater(name, optimizer))
+        return rule.lr, rule.eps
+
+    def column_factor(self, name: str, column: str) -> float:
+        """The factor of one column of the tables for one parameter: width × depth."""
+        info = self.params[name]
+        width = factor(getattr(self.rule(name), column), info.m_in, info.m_out)
+        return width * depth_factor(getattr(self.depth_rule(name), column), info.m_depth, self.depth_alpha)
+
+    def factors(self, name: str, optimizer: str) -> tuple[float, ...]:
+        """(lr factor, ε factors…) of one parameter under `optimizer` ("sgd", "adam", "muon", …):
+        width × depth, the lr also × the tunable lr multiplier of its role. Optimizers without a
+        scaled ε give (lr factor, 1.0), as the two-number form older callers unpack."""
+        lr_col, eps_cols = self.columns(name, optimizer)
+        lr_f = self.column_factor(name, lr_col) * self.multipliers.lr_mult(self.params[name].role)
+        eps = tuple(self.column_factor(name, c) for c in eps_cols)
+        return (lr_f,) + (eps or (1.0,))
+
+
+def spec_holder(model: nn.Module) -> nn.Module | None:
+    """The module that carries the spec: the model itself or the user's model inside wrappers
+    (torch.compile, DDP/DataParallel, FSDP1, activation checkpointing); None if never parametrized."""
+    seen = 0
+    while model is not None and seen < 8:
+        if SPEC_ATTR in model.__dict__:
+            return model
+        model = next(
+            (getattr(model, a) for a in _WRAPPED_ATTRS if isinstance(getattr(model, a, None), nn.Module)), None
+        )
+        seen += 1
+    return None
+
+
+def find_spec(model: nn.Module) -> MuSpec | None:
+    holder = spec_holder(model)
+    return None if holder is None else holder.__dict__[SPEC_ATTR]
+
+
+def require_spec(model: nn.Module, caller: str) -> MuSpec:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{caller} needs an nn.Module, got {type(model).__name__}")
+    spec = find_spec(model)
+    if spec is None:
+        raise ModelError(
+            f"{caller}: the model ({type(model).__name__}) was never parametrized; "
+            "call mt.parametrize(model, base=..., delta=...) first"
+        )
+    return spec

@@ -1,0 +1,70 @@
+"""Every exception and warning mutransfer raises or emits, in one place.
+
+Each error for bad input is also a `ValueError` (or a `TypeError` for a wrong kind of object), so
+code written against the builtin classes keeps working; catch `MuTransferError` to catch them all.
+Messages name the parameter, file or option involved and say what to do.
+
+This module imports nothing: any part of the package (and `mutransfer.limits`, which otherwise
+stands alone) may raise these.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "CoordCheckError",
+    "ExportError",
+    "KernelWarning",
+    "ModelError",
+    "MuPWarning",
+    "MuTransferError",
+    "OptimizerError",
+    "SweepInterrupted",
+    "UsageError",
+]
+
+
+class MuTransferError(Exception):
+    """Base class of every error mutransfer raises on purpose."""
+
+
+class ModelError(MuTransferError, ValueError):
+    """The model cannot be put in µP as asked: no width dims, base and delta that do not match,
+    a role or an attention scale that could not be established, a second `parametrize`."""
+
+
+class OptimizerError(MuTransferError, ValueError):
+    """`param_groups` or a ready optimizer got an optimizer, an option or groups it cannot scale."""
+
+
+class CoordCheckError(MuTransferError, ValueError):
+    """`coord_check` got widths, data or a model factory it cannot check."""
+
+
+class ExportError(MuTransferError, ValueError):
+    """`export` could not fold a forward constant into the weights and prove it on a probe."""
+
+
+class ConfigError(MuTransferError, ValueError):
+    """A sweep config (TOML or dict) or a run directory that is invalid: the message names the key."""
+
+
+class UsageError(MuTransferError, ValueError):
+    """Bad command-line input: the `mutransfer` command prints it in one line and exits with 2."""
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during a sweep: the running trials were queued again and local workers
+    stopped. `finished` trials of `total` are done; rerunning the same command resumes."""
+
+    def __init__(self, finished: int, total: int):
+        super().__init__(f"interrupted: {finished} trials done, rerun to resume")
+        self.finished, self.total = finished, total
+
+
+class MuPWarning(UserWarning):
+    """A decision mutransfer could not establish on the running model (names the parameter and the fix)."""
+
+
+class KernelWarning(UserWarning):
+    """An infinite-width kernel computed another way than asked (e.g. Monte Carlo, not exact)."""
