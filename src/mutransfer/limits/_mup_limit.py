@@ -178,7 +178,7 @@ class MuPLimit:
         optimizer: str = "sgd",
         momentum: float = 0.0,
         nesterov: bool = False,
-        betas=(0.9, 0.999),
+        betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         samples: int = 16384,
@@ -257,7 +257,9 @@ class MuPLimit:
         self._fitted = True
         return self
 
-    def predict(self, x: ArrayLike, return_error: bool = False, chunk: int | None = None):
+    def predict(
+        self, x: ArrayLike, return_error: bool = False, chunk: int | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The limit's prediction f(x).
 
         Args:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..errors import KernelWarning
+from ._kernels import ArrayLike
 from ._monte_carlo import monte_carlo_kernels
 from ._program import NotExact, prepare_inputs, program_kernels
 
@@ -55,8 +56,8 @@ def _check(model, weight_var, bias_var):
 
 def model_kernels(
     model: nn.Module,
-    x1,
-    x2=None,
+    x1: ArrayLike,
+    x2: ArrayLike | None = None,
     weight_var: float = 2.0,
     bias_var: float = 0.0,
     *,
