@@ -41,9 +41,18 @@ class OneHiddenLayer(nn.Module):
         self.scale = 1.0 / width if parametrization == "mup" else 1.0 / math.sqrt(width)
 
     def preactivations(self, x: torch.Tensor) -> torch.Tensor:
+        """The hidden neurons' preactivations u_α·x.
+
+        Args:
+            x: inputs (m, d).
+
+        Returns:
+            (m, width).
+        """
         return x @ self.u.T
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """f(x) = scale · φ(x uᵀ) vᵀ, (m, k); scale is 1/n in µP, 1/√n in the NTK parametrization."""
         return self.scale * self.act(self.preactivations(x)) @ self.v.T
 
 
