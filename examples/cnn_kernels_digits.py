@@ -3,7 +3,7 @@
 The architecture is one ordinary PyTorch module (3×3 convs, relu, a stride-2 conv, global average
 pooling, a linear readout). `mt.limits` traces it and computes its NNGP and NTK exactly; kernel
 regression with them classifies the digits. The same module at widths 16…256, in the NTK
-parametrization (W ~ N(0, 2/fan_in), per-layer learning rates 2/fan_in: `limits.layer_factors`),
+parametrization (W ~ N(0, 2/fan_in), per-layer learning rates 2/fan_in: `finite_nets.layer_factors`),
 is trained by full-batch gradient descent on ½·mean‖f − y‖², centred (f − f at init, so the
 random function at init does not count), and approaches the NTK's gradient-flow prediction at
 the same time t as its width grows.
@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from mutransfer import limits
+from mutransfer.limits import finite as finite_nets
 
 
 def cnn(width: int) -> nn.Module:
@@ -59,7 +60,7 @@ def train_finite(width: int, x, y, xt, lr: float, steps: int, weight_var: float,
     torch.manual_seed(seed)
     net = cnn(width)
     x, y, xt = x.float(), y.float(), xt.float()
-    factors = limits.layer_factors(net, weight_var, bias_var)
+    factors = finite_nets.layer_factors(net, weight_var, bias_var)
     with torch.no_grad():
         for name, p in net.named_parameters():  # W ~ N(0, σ_w²/fan_in), b ~ N(0, σ_b²)
             p.normal_(0.0, math.sqrt(factors[name]) if factors[name] > 0 else 0.0)

@@ -25,6 +25,7 @@ import time
 import torch
 
 from mutransfer import limits as L
+from mutransfer.limits import finite as finite_nets
 
 
 def make_task(n: int, d: int, seed: int, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,7 +82,9 @@ def main(argv=None) -> int:
         errs, gaps = [], []
         for seed in range(args.seeds):
             torch.manual_seed(seed)
-            net = L.train_finite(L.OneHiddenLayer(args.d, width, activation="relu"), x, y, args.steps, args.lr)
+            net = finite_nets.train_finite(
+                finite_nets.OneHiddenLayer(args.d, width, activation="relu"), x, y, args.steps, args.lr
+            )
             with torch.no_grad():
                 pred = net(xt)[:, 0]
             errs.append(mse(pred, yt))
@@ -89,10 +92,10 @@ def main(argv=None) -> int:
         finite_mse[width], gap[width] = sum(errs) / len(errs), sum(gaps) / len(gaps)
         for p in moves:  # feature movement after a fixed budget of steps
             torch.manual_seed(0)
-            net = L.OneHiddenLayer(args.d, width, activation="relu", parametrization=p)
+            net = finite_nets.OneHiddenLayer(args.d, width, activation="relu", parametrization=p)
             initial = copy.deepcopy(net)
-            L.train_finite(net, x, y, args.steps, args.lr)
-            moves[p].append(L.feature_movement(net, initial, x))
+            finite_nets.train_finite(net, x, y, args.steps, args.lr)
+            moves[p].append(finite_nets.feature_movement(net, initial, x))
     for width in widths:
         results[f"finite µP, width {width}"] = finite_mse[width]
 
@@ -100,13 +103,13 @@ def main(argv=None) -> int:
     print("|---|---|")
     for name, value in results.items():
         print(f"| {name} | {value:.4f} |")
-    slope = L.fitted_slope(widths, [gap[w] for w in widths])
+    slope = finite_nets.fitted_slope(widths, [gap[w] for w in widths])
     print(
         "\nfinite µP vs the µP limit, RMS difference of test predictions: "
         + ", ".join(f"{gap[w]:.3f} (width {w})" for w in widths)
         + f"; fitted slope {slope:+.2f} (theory −0.5)"
     )
-    s_mup, s_ntk = L.fitted_slope(widths, moves["mup"]), L.fitted_slope(widths, moves["ntk"])
+    s_mup, s_ntk = finite_nets.fitted_slope(widths, moves["mup"]), finite_nets.fitted_slope(widths, moves["ntk"])
     print(
         f"hidden-preactivation movement: µP {', '.join(f'{m:.3f}' for m in moves['mup'])} (slope {s_mup:+.2f}); "
         f"NTK {', '.join(f'{m:.3f}' for m in moves['ntk'])} (slope {s_ntk:+.2f}, theory −0.5)"

@@ -4,7 +4,7 @@ Task (as in `examples/feature_learning.py`): y = (w·x)² − 1 with x ~ N(0, I_
 w, 256 training points, 1000 test points. It depends on one direction of the input: a network that
 learns features finds it, a kernel (NNGP, NTK) must fit a generic quadratic in 32 dimensions.
 
-All trained models see the same minibatches (`mt.limits.sgd_batches`): `--steps` steps of batch 32.
+All trained models see the same minibatches (`mt.limits.finite.sgd_batches`): `--steps` steps of batch 32.
 - NNGP posterior mean and NTK gradient flow to t = ∞, relu, the same depth as the π-net (and 1);
 - the µP limit of a 1-hidden-layer relu net trained by SGD (`MuPLimit`, Monte Carlo);
 - the **π-limit** of a 2-hidden-layer relu MLP in µP (`PiLimit`, rank r) and finite π-nets of
@@ -25,6 +25,7 @@ import time
 import torch
 
 from mutransfer import limits as L
+from mutransfer.limits import finite as finite_nets
 
 
 def make_task(n: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,15 +111,15 @@ def main(argv=None) -> int:
         return out
 
     def pi_net(width, seed):
-        net = L.PiNet(args.d, width, args.depth, args.rank, input_alpha=args.pi_input_alpha, omega_seed=seed)
-        L.train_pi(net, x, y, lr=args.pi_lr, **fit)
+        net = finite_nets.PiNet(args.d, width, args.depth, args.rank, input_alpha=args.pi_input_alpha, omega_seed=seed)
+        finite_nets.train_pi(net, x, y, lr=args.pi_lr, **fit)
         with torch.no_grad():
             return net(xt)[:, 0]
 
     def adam_net(width, seed):
         torch.manual_seed(seed)
-        net = L.train_finite(
-            L.OneHiddenLayer(args.d, width, activation="relu"), x, y, lr=args.adam_lr, optimizer="adam", **fit
+        net = finite_nets.train_finite(
+            finite_nets.OneHiddenLayer(args.d, width, activation="relu"), x, y, lr=args.adam_lr, optimizer="adam", **fit
         )
         with torch.no_grad():
             return net(xt)[:, 0]
@@ -136,8 +137,8 @@ def main(argv=None) -> int:
     print("|---|---|---|")
     for name, value, gap in rows:
         print(f"| {name} | {value:.3f} | {gap} |")
-    s_pi = L.fitted_slope(pi_widths, [pi_finite[w][1] for w in pi_widths])
-    s_adam = L.fitted_slope(adam_widths, [adam_finite[w][1] for w in adam_widths])
+    s_pi = finite_nets.fitted_slope(pi_widths, [pi_finite[w][1] for w in pi_widths])
+    s_adam = finite_nets.fitted_slope(adam_widths, [adam_finite[w][1] for w in adam_widths])
     print(
         f"\nfinite → limit, fitted slope of the RMS distance vs width: π-nets {s_pi:+.2f}, "
         f"Adam nets {s_adam:+.2f} (theory −0.5)"

@@ -31,6 +31,8 @@ import time
 import torch
 
 from mutransfer import limits as L
+from mutransfer.limits import finite as finite_nets
+from mutransfer.limits import word2vec
 from mutransfer.recipes.data import stdlib_text
 
 
@@ -86,7 +88,7 @@ def main(argv=None) -> int:
     index = {w: i for i, w in enumerate(vocab)}
     ids = [index[w] for w in tokens if w in index]
     V = len(vocab)
-    batches = L.skipgram_batches(
+    batches = word2vec.skipgram_batches(
         ids,
         V,
         epochs=args.epochs,
@@ -96,7 +98,7 @@ def main(argv=None) -> int:
         seed=0,
         subsample=args.subsample,
     )
-    pairs, analogies = L.inflection_pairs(vocab), L.inflection_analogies(vocab)
+    pairs, analogies = word2vec.inflection_pairs(vocab), word2vec.inflection_analogies(vocab)
     words = sorted({i for p in pairs for i in p})
     print(
         f"corpus: {len(tokens)} words, vocabulary {V} words (count ≥ {args.min_count}) covering {len(ids)} "
@@ -113,7 +115,7 @@ def main(argv=None) -> int:
     rows = []  # (name, kind, width, auc, analogy, loss, gap)
 
     def score(sim):
-        r = L.evaluate_embeddings(sim, vocab)
+        r = word2vec.evaluate_embeddings(sim, vocab)
         return r["auc"], r["analogy"]
 
     t0 = time.perf_counter()
@@ -123,22 +125,22 @@ def main(argv=None) -> int:
     auc, ana = score(s_lim)
     lim_loss = sum(limit.losses[-epoch_steps:]) / epoch_steps
     print(f"µP limit (width 2V = {2 * V}, float32): {time.perf_counter() - t0:.1f} s")
-    s_ntk = L.ntk_limit_similarity(V)
+    s_ntk = word2vec.ntk_limit_similarity(V)
     rows.append(("µP limit", "mup_limit", None, auc, ana, lim_loss, 0.0))
 
     def finite(parametrization, width):
         """Per-seed means of (AUC, analogy, last-epoch loss, Δcos vs the µP limit, Δcos vs the NTK limit)."""
         res = []
         for seed in range(args.seeds):
-            net = L.SkipGram(V, width, parametrization, sigma=args.sigma, seed=seed)
-            losses = L.train_skipgram(net, batches, args.lr)
+            net = word2vec.SkipGram(V, width, parametrization, sigma=args.sigma, seed=seed)
+            losses = word2vec.train_skipgram(net, batches, args.lr)
             sim = net.similarity()
             res.append(
                 (
                     *score(sim),
                     sum(losses[-epoch_steps:]) / epoch_steps,
-                    L.similarity_gap(sim, s_lim, words),
-                    L.similarity_gap(sim, s_ntk, words),
+                    word2vec.similarity_gap(sim, s_lim, words),
+                    word2vec.similarity_gap(sim, s_ntk, words),
                 )
             )
         return [sum(r[k] for r in res) / len(res) for k in range(5)]
@@ -154,7 +156,7 @@ def main(argv=None) -> int:
         ntk_scores[width], ntk_gaps[width] = mean[:2], mean[4]
         rows.append((f"finite NTK, width {width}", "ntk", width, *mean[:4]))
     auc, ana = score(s_ntk)
-    rows.append(("NTK limit", "ntk_limit", None, auc, ana, float("nan"), L.similarity_gap(s_ntk, s_lim, words)))
+    rows.append(("NTK limit", "ntk_limit", None, auc, ana, float("nan"), word2vec.similarity_gap(s_ntk, s_lim, words)))
 
     print("\n| model | partner AUC | analogy acc. | train loss (last epoch) | RMS Δcos vs µP limit |")
     print("|---|---|---|---|---|")
@@ -162,14 +164,14 @@ def main(argv=None) -> int:
         loss_s = "–" if math.isnan(loss) else f"{loss:.3f}"
         print(f"| {name} | {auc:.3f} | {100 * ana:.2f}% | {loss_s} | {gap:.4f} |")
     print(f"| chance | 0.500 | {100 / (V - 3):.2f}% | {math.log(2) * (1 + args.negatives):.3f} (init) | |")
-    slope = L.fitted_slope(widths, [gaps[w] for w in widths])
+    slope = finite_nets.fitted_slope(widths, [gaps[w] for w in widths])
     print(
         f"\nfinite µP vs the µP limit, RMS difference of cosine similarities over the {len(words)} evaluation "
         f"words: " + ", ".join(f"{gaps[w]:.4f} (width {w})" for w in widths) + f"; fitted slope {slope:+.2f} "
         "(theory −0.5)"
     )
     if len(ntk_widths) > 1:
-        s_ntk_gap = L.fitted_slope(ntk_widths, [ntk_gaps[w] for w in ntk_widths])
+        s_ntk_gap = finite_nets.fitted_slope(ntk_widths, [ntk_gaps[w] for w in ntk_widths])
         print(
             "finite NTK vs the NTK limit (cosine = identity): "
             + ", ".join(f"{ntk_gaps[w]:.4f} (width {w})" for w in ntk_widths)

@@ -1,7 +1,8 @@
 """Infinite-width limits: NNGP/NTK kernels of any traced torch.nn module (and the closed
-recursion for fully-connected networks) and the µP feature-learning limits: a 1-hidden-layer
-network under SGD, momentum, Adam or AdamW (`MuPLimit`), deep relu MLPs (the π-limit, `PiLimit`)
-and word2vec (`Word2VecLimit`), each with the finite networks it is the limit of.
+recursion for fully-connected networks), predictions from them, and the µP feature-learning
+limits: a 1-hidden-layer network under SGD, momentum, Adam or AdamW (`MuPLimit`), deep relu MLPs
+(the π-limit, `PiLimit`) and word2vec (`Word2VecLimit`). The finite networks they are the limits
+of are in `mutransfer.limits.finite`, word2vec's data and evaluation in `mutransfer.limits.word2vec`.
 
     import mutransfer as mt
     K = mt.limits.nngp(model, x1, x2)                 # (n1, n2), float64, one output unit
@@ -13,79 +14,36 @@ and word2vec (`Word2VecLimit`), each with the finite networks it is the limit of
     f = mt.limits.PiLimit(2, 64, input_alpha=0.3).fit(x, y, 400, 0.3, batch_size=32).predict(x_test)
 """
 
-from .activations import get_activation
-from .empirical import NTKMLP, empirical_nngp, empirical_ntk
-from .kernels import kernels, mlp_kernels, nngp, nngp_diag, ntk
-from .monte_carlo import layer_factors, monte_carlo_kernels
-from .mup_limit import (
-    MuPLimit,
-    OneHiddenLayer,
-    feature_movement,
-    finite_optimizer,
-    fitted_slope,
-    sgd_batches,
-    train_finite,
-)
-from .pi_limit import PiLimit, PiNet, train_pi
-from .predict import gp_posterior, gradient_flow, nngp_predict, ntk_predict
-from .traced import KernelWarning, ModelKernels, model_kernel_diag, model_kernels
-from .word2vec import (
-    SkipGram,
-    Word2VecLimit,
-    analogy_accuracy,
-    cosine_similarity,
-    evaluate_embeddings,
-    inflection_analogies,
-    inflection_pairs,
-    morphological_groups,
-    ntk_limit_similarity,
-    partner_auc,
-    similarity_gap,
-    skipgram_batches,
-    train_skipgram,
-)
+from typing import Any
+
+from . import finite, word2vec
+from ._deprecated import moved
+from ._kernels import kernels, nngp, ntk
+from ._mup_limit import MuPLimit
+from ._pi_limit import PiLimit
+from ._predict import gp_posterior, gradient_flow, nngp_predict, ntk_predict
+from ._traced import KernelWarning, ModelKernels, model_kernels
+from ._word2vec import Word2VecLimit
 
 __all__ = [
-    "NTKMLP",
     "KernelWarning",
     "ModelKernels",
     "MuPLimit",
-    "OneHiddenLayer",
     "PiLimit",
-    "PiNet",
-    "SkipGram",
     "Word2VecLimit",
-    "analogy_accuracy",
-    "cosine_similarity",
-    "empirical_nngp",
-    "empirical_ntk",
-    "evaluate_embeddings",
-    "feature_movement",
-    "finite_optimizer",
-    "fitted_slope",
-    "get_activation",
+    "finite",
     "gp_posterior",
     "gradient_flow",
-    "inflection_analogies",
-    "inflection_pairs",
     "kernels",
-    "layer_factors",
-    "mlp_kernels",
-    "model_kernel_diag",
     "model_kernels",
-    "monte_carlo_kernels",
-    "morphological_groups",
     "nngp",
-    "nngp_diag",
     "nngp_predict",
     "ntk",
-    "ntk_limit_similarity",
     "ntk_predict",
-    "partner_auc",
-    "sgd_batches",
-    "similarity_gap",
-    "skipgram_batches",
-    "train_finite",
-    "train_pi",
-    "train_skipgram",
+    "word2vec",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The names `mt.limits` exported before issue 28, one release longer, with a DeprecationWarning."""
+    return moved(name)

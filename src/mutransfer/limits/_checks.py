@@ -20,6 +20,6 @@ def positive(value, name: str) -> float:
     """`value` as a positive finite float (any real number type; not bool)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a positive finite number, got {type(value).__name__} {value!r}")
-    if not (math.isfinite(value) and value > 0):
+    if not (math.isfinite(value) and float(value) > 0):
         raise ValueError(f"{name} must be a positive finite number, got {value!r}")
     return float(value)

@@ -12,8 +12,10 @@ import pytest
 import torch
 
 from mutransfer import limits as L
+from mutransfer.limits import finite
+from mutransfer.limits import word2vec as w2v
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -63,7 +65,7 @@ def covariance_recursion(batches, V, lr, sigma):
 def test_limit_is_exact_covariance_recursion_and_orthogonal_init():
     vocab, ids = planted_corpus(n_stems=3, n_ctx=2, sentences=80)
     V = len(vocab)
-    batches = L.skipgram_batches(ids, V, epochs=2, batch_size=16, window=1, negatives=3, seed=3)
+    batches = w2v.skipgram_batches(ids, V, epochs=2, batch_size=16, window=1, negatives=3, seed=3)
     lr, sigma = 3.0, 0.8
     ref = covariance_recursion(batches, V, lr, sigma)
     lim = L.Word2VecLimit(V, sigma=sigma).fit(batches, lr)
@@ -92,16 +94,16 @@ def test_first_step_by_hand():
     )
     assert lim.losses == pytest.approx([2 * math.log(2)])
     # a finite µP net takes the same step on every coordinate: its logit change is the limit's up to O(n^-½)
-    net = L.SkipGram(2, 20000, "mup", sigma=sigma, dtype=torch.float64, seed=0)
+    net = w2v.SkipGram(2, 20000, "mup", sigma=sigma, dtype=torch.float64, seed=0)
     before = net.logits()
-    L.train_skipgram(net, batch, eta)
+    w2v.train_skipgram(net, batch, eta)
     torch.testing.assert_close(net.logits() - before, lim.logits(), rtol=0, atol=0.1)
 
 
 def test_sgns_step_matches_autograd():
     torch.manual_seed(0)
     V, n, B, K = 12, 7, 20, 3
-    net = L.SkipGram(V, n, "ntk", dtype=torch.float64, seed=1)
+    net = w2v.SkipGram(V, n, "ntk", dtype=torch.float64, seed=1)
     batch = (torch.randint(V, (B,)), torch.randint(V, (B,)), torch.randint(V, (B, K)))
     U, C = net.U.detach().clone().requires_grad_(), net.C.detach().clone().requires_grad_()
     w, c, neg = batch
@@ -109,7 +111,7 @@ def test_sgns_step_matches_autograd():
     s_neg = torch.einsum("bn,bkn->bk", U[w], C[neg]) / math.sqrt(n)
     loss = (torch.nn.functional.softplus(-s_pos).sum() + torch.nn.functional.softplus(s_neg).sum()) / B
     loss.backward()
-    losses = L.train_skipgram(net, [batch], 0.9)
+    losses = w2v.train_skipgram(net, [batch], 0.9)
     assert losses[0] == pytest.approx(float(loss.detach()), rel=1e-12)
     torch.testing.assert_close(net.U.detach(), U.detach() - 0.9 * U.grad)
     torch.testing.assert_close(net.C.detach(), C.detach() - 0.9 * C.grad)
@@ -118,7 +120,7 @@ def test_sgns_step_matches_autograd():
 def test_finite_mup_nets_approach_the_limit_at_rate_inverse_sqrt_width():
     vocab, ids = planted_corpus(n_stems=4, n_ctx=3, sentences=200)
     V = len(vocab)
-    batches = L.skipgram_batches(ids, V, epochs=3, batch_size=64, window=1, negatives=3, seed=0)
+    batches = w2v.skipgram_batches(ids, V, epochs=3, batch_size=64, window=1, negatives=3, seed=0)
     lr = 8.0
     lim = L.Word2VecLimit(V).fit(batches, lr)
     target = lim.logits()
@@ -127,11 +129,11 @@ def test_finite_mup_nets_approach_the_limit_at_rate_inverse_sqrt_width():
     for width in widths:
         errs = []
         for seed in range(3):
-            net = L.SkipGram(V, width, "mup", dtype=torch.float64, seed=seed)
-            L.train_skipgram(net, batches, lr)
+            net = w2v.SkipGram(V, width, "mup", dtype=torch.float64, seed=seed)
+            w2v.train_skipgram(net, batches, lr)
             errs.append(float(((net.logits() - target) ** 2).mean().sqrt()))
         gaps.append(sum(errs) / len(errs))
-    slope = L.fitted_slope(widths, gaps)
+    slope = finite.fitted_slope(widths, gaps)
     assert -0.7 < slope < -0.3, (gaps, slope)
     assert gaps[-1] < 0.1 * target.abs().max()
 
@@ -139,26 +141,26 @@ def test_finite_mup_nets_approach_the_limit_at_rate_inverse_sqrt_width():
 def test_ntk_limit_at_chance_and_mup_limit_above_it():
     vocab, ids = planted_corpus()
     V = len(vocab)
-    batches = L.skipgram_batches(ids, V, epochs=4, batch_size=64, window=1, negatives=3, seed=0)
-    pairs, analogies = L.inflection_pairs(vocab), L.inflection_analogies(vocab)
+    batches = w2v.skipgram_batches(ids, V, epochs=4, batch_size=64, window=1, negatives=3, seed=0)
+    pairs, analogies = w2v.inflection_pairs(vocab), w2v.inflection_analogies(vocab)
     assert len(pairs) == 6 and len(analogies) == 30
-    ntk = L.evaluate_embeddings(L.ntk_limit_similarity(V), vocab)
+    ntk = w2v.evaluate_embeddings(w2v.ntk_limit_similarity(V), vocab)
     assert ntk["auc"] == 0.5 and ntk["analogy"] == pytest.approx(1 / (V - 3), rel=1e-12)
     assert ntk["analogy_chance"] == pytest.approx(1 / (V - 3)) and ntk["pairs"] == 6
-    mup = L.evaluate_embeddings(L.Word2VecLimit(V).fit(batches, 8.0).similarity(), vocab)
+    mup = w2v.evaluate_embeddings(L.Word2VecLimit(V).fit(batches, 8.0).similarity(), vocab)
     assert mup["auc"] > 0.9 and mup["analogy"] > 10 * ntk["analogy"], mup
     # at init (no training) the µP limit is the NTK limit: identity kernel
-    assert L.evaluate_embeddings(L.Word2VecLimit(V).similarity(), vocab)["auc"] == 0.5
+    assert w2v.evaluate_embeddings(L.Word2VecLimit(V).similarity(), vocab)["auc"] == 0.5
 
 
 def test_batches_are_deterministic_in_the_seed():
     vocab, ids = planted_corpus(sentences=50)
-    a = L.skipgram_batches(ids, len(vocab), epochs=2, batch_size=10, window=2, negatives=2, seed=1, subsample=0.05)
-    b = L.skipgram_batches(ids, len(vocab), epochs=2, batch_size=10, window=2, negatives=2, seed=1, subsample=0.05)
-    c = L.skipgram_batches(ids, len(vocab), epochs=2, batch_size=10, window=2, negatives=2, seed=2, subsample=0.05)
+    a = w2v.skipgram_batches(ids, len(vocab), epochs=2, batch_size=10, window=2, negatives=2, seed=1, subsample=0.05)
+    b = w2v.skipgram_batches(ids, len(vocab), epochs=2, batch_size=10, window=2, negatives=2, seed=1, subsample=0.05)
+    c = w2v.skipgram_batches(ids, len(vocab), epochs=2, batch_size=10, window=2, negatives=2, seed=2, subsample=0.05)
     assert len(a) == len(b) and all(torch.equal(x, y) for p, q in zip(a, b) for x, y in zip(p, q))
     assert not all(torch.equal(x, y) for p, q in zip(a, c) for x, y in zip(p, q))
-    full = L.skipgram_batches(list(range(5)), 5, batch_size=100, window=2, negatives=1)
+    full = w2v.skipgram_batches(list(range(5)), 5, batch_size=100, window=2, negatives=1)
     w, c_, neg = full[0]
     assert sorted(zip(w.tolist(), c_.tolist())) == sorted(
         [(i, j) for i in range(5) for j in range(5) if 0 < abs(i - j) <= 2]
@@ -190,13 +192,13 @@ def test_morphological_evaluation():
         "make",
         "making",
     ]
-    groups = L.morphological_groups(vocab)
+    groups = w2v.morphological_groups(vocab)
     # not/notes is no "es" plural, is/as are too short, the/thing (so use/using) no e-dropping "ing"
     assert set(groups) == {"return", "use", "class", "call", "make"}
     assert groups["use"] == {"": 4, "ed": 5, "s": 6} and groups["make"] == {"": 19, "ing": 20}
-    pairs = L.inflection_pairs(vocab)
+    pairs = w2v.inflection_pairs(vocab)
     assert (0, 1) in pairs and (1, 2) in pairs and len(pairs) == 6 + 3 + 1 + 1 + 1
-    analogies = L.inflection_analogies(vocab)
+    analogies = w2v.inflection_analogies(vocab)
     assert (14, 15, 0, 1) in analogies and (0, 1, 14, 15) in analogies and (4, 6, 0, 1) in analogies
     # embeddings that encode "stem + suffix" exactly solve every analogy and rank every partner first
     V = len(vocab)
@@ -209,50 +211,50 @@ def test_morphological_evaluation():
     for i in range(V):
         if not emb[i].any():
             emb[i, 24 + i % 8] = 1.0
-    sim = L.cosine_similarity(emb)
-    assert L.analogy_accuracy(sim, analogies) == 1.0
-    assert L.partner_auc(sim, pairs) > 0.9
-    assert L.partner_auc(torch.eye(V), pairs) == 0.5
-    assert L.analogy_accuracy(torch.eye(V), analogies) == pytest.approx(1 / (V - 3))
-    assert L.similarity_gap(sim, sim) == 0.0 and L.similarity_gap(torch.eye(3), torch.zeros(3, 3)) == 0.0
+    sim = w2v.cosine_similarity(emb)
+    assert w2v.analogy_accuracy(sim, analogies) == 1.0
+    assert w2v.partner_auc(sim, pairs) > 0.9
+    assert w2v.partner_auc(torch.eye(V), pairs) == 0.5
+    assert w2v.analogy_accuracy(torch.eye(V), analogies) == pytest.approx(1 / (V - 3))
+    assert w2v.similarity_gap(sim, sim) == 0.0 and w2v.similarity_gap(torch.eye(3), torch.zeros(3, 3)) == 0.0
 
 
 def test_bad_input_raises_naming_the_parameter():
     with pytest.raises(ValueError, match="vocab_size"):
-        L.SkipGram(0, 8)
+        w2v.SkipGram(0, 8)
     with pytest.raises(TypeError, match="width"):
-        L.SkipGram(5, 8.0)
+        w2v.SkipGram(5, 8.0)
     with pytest.raises(ValueError, match="parametrization"):
-        L.SkipGram(5, 8, "sp")
+        w2v.SkipGram(5, 8, "sp")
     with pytest.raises(ValueError, match="sigma"):
-        L.SkipGram(5, 8, sigma=-1.0)
+        w2v.SkipGram(5, 8, sigma=-1.0)
     with pytest.raises(TypeError, match="tokens"):
-        L.skipgram_batches("hello world", 5)
+        w2v.skipgram_batches("hello world", 5)
     with pytest.raises(ValueError, match="tokens"):
-        L.skipgram_batches([0, 1, 7], 5)
+        w2v.skipgram_batches([0, 1, 7], 5)
     with pytest.raises(ValueError, match="window"):
-        L.skipgram_batches([0, 1, 2], 5, window=0)
+        w2v.skipgram_batches([0, 1, 2], 5, window=0)
     with pytest.raises(ValueError, match="subsample"):
-        L.skipgram_batches([0, 1, 2], 5, subsample=0.0)
-    net = L.SkipGram(5, 8)
+        w2v.skipgram_batches([0, 1, 2], 5, subsample=0.0)
+    net = w2v.SkipGram(5, 8)
     with pytest.raises(TypeError, match="batches"):
-        L.train_skipgram(net, torch.tensor([0, 1, 2]), 1.0)
+        w2v.train_skipgram(net, torch.tensor([0, 1, 2]), 1.0)
     with pytest.raises(ValueError, match="lr"):
-        L.train_skipgram(net, L.skipgram_batches([0, 1, 2], 5), -1.0)
+        w2v.train_skipgram(net, w2v.skipgram_batches([0, 1, 2], 5), -1.0)
     with pytest.raises(ValueError, match="vocab_size"):
-        L.train_skipgram(net, L.skipgram_batches([0, 1, 9], 10), 1.0)
+        w2v.train_skipgram(net, w2v.skipgram_batches([0, 1, 9], 10), 1.0)
     with pytest.raises(TypeError, match="model"):
-        L.train_skipgram("net", [], 1.0)
+        w2v.train_skipgram("net", [], 1.0)
     with pytest.raises(ValueError, match="width"):
         L.Word2VecLimit(5, width=6)
     with pytest.raises(ValueError, match="sim"):
-        L.evaluate_embeddings(torch.eye(3), ["aaa", "aaas"])
+        w2v.evaluate_embeddings(torch.eye(3), ["aaa", "aaas"])
     with pytest.raises(ValueError, match="vocab"):
-        L.morphological_groups(["word", "word"])
+        w2v.morphological_groups(["word", "word"])
     with pytest.raises(TypeError, match="vocab"):
-        L.morphological_groups("words")
+        w2v.morphological_groups("words")
     with pytest.raises(ValueError, match="pairs"):
-        L.partner_auc(torch.eye(3), [])
+        w2v.partner_auc(torch.eye(3), [])
 
 
 def test_example_quick_writes_figure(tmp_path):

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 import mutransfer as mt
-from mutransfer.limits.pi_limit import pi_initial_state, relu_delta_moment
+from mutransfer.limits import finite
+from mutransfer.limits._activations import get_activation
+from mutransfer.limits._pi_limit import pi_initial_state, relu_delta_moment
 
 torch.set_num_threads(2)
 
@@ -31,8 +33,8 @@ def convergence(depth, rank, steps, lr, widths, seeds, batch_size=None, data_see
     for width, count in zip(widths, seeds):
         sq = []
         for s in range(count):
-            net = mt.limits.PiNet(x.shape[1], width, depth, rank, seed=data_seed, omega_seed=7919 * width + s, **net_kw)
-            mt.limits.train_pi(net, x, y, steps, lr, batch_size, **fit_kw)
+            net = finite.PiNet(x.shape[1], width, depth, rank, seed=data_seed, omega_seed=7919 * width + s, **net_kw)
+            finite.train_pi(net, x, y, steps, lr, batch_size, **fit_kw)
             with torch.no_grad():
                 sq.append(((net(x_eval)[:, 0] - f_inf) ** 2).mean().item())
         gaps.append(math.sqrt(np.mean(sq)))
@@ -53,7 +55,7 @@ def test_finite_pi_nets_converge_to_the_limit_at_rate_one_over_sqrt_width():
         net_kw=dict(input_alpha=1.5, output_alpha=0.7),
         fit_kw=dict(input_lr_mult=2.0, output_lr_mult=0.5),
     )
-    slope = mt.limits.fitted_slope(widths, gaps)  # measured: gaps 0.047, 0.020, 0.0125; slope −0.48
+    slope = finite.fitted_slope(widths, gaps)  # measured: gaps 0.047, 0.020, 0.0125; slope −0.48
     assert -0.7 < slope < -0.3, (gaps, slope)
     assert gaps[-1] < 0.15 * size, (gaps, size)
     assert size > 0.1  # the function moved away from f ≡ 0
@@ -67,7 +69,7 @@ def test_deeper_pi_nets_converge_to_the_limit():
     gaps, size, _ = convergence(
         depth=3, rank=8, steps=4, lr=1.0, widths=widths, seeds=[12, 8, 4], data_seed=2, net_kw=dict(input_alpha=1.5)
     )
-    slope = mt.limits.fitted_slope(widths, gaps)  # measured: gaps 0.065, 0.032, 0.020; slope −0.43
+    slope = finite.fitted_slope(widths, gaps)  # measured: gaps 0.065, 0.032, 0.020; slope −0.43
     assert -0.7 < slope < -0.3, (gaps, slope)
     assert gaps[-1] < 0.15 * size, (gaps, size)
 
@@ -125,7 +127,7 @@ def test_two_sgd_steps_match_a_derivation_by_hand():
 
 def test_relu_delta_moment_is_the_rest_of_the_gradient_of_the_v_transform():
     # ∇_g V(b, g) = b·E[1 1] + g·E[relu δ] (Stein), checked against autograd of the arc-cosine formula
-    relu = mt.limits.get_activation("relu")
+    relu = get_activation("relu")
     g = torch.tensor([0.7, -1.2, 0.4], dtype=torch.float64, requires_grad=True)
     b = torch.tensor([0.3, 0.5, -0.8], dtype=torch.float64)
     b = b / b.norm()
@@ -168,13 +170,13 @@ def test_finite_pi_net_at_init_has_the_limits_feature_kernels():
     for width in widths:
         sq = np.zeros(3)
         for s in range(seeds):
-            net = mt.limits.PiNet(5, width, 3, 5, seed=4, omega_seed=1000 * width + s)
+            net = finite.PiNet(5, width, 3, 5, seed=4, omega_seed=1000 * width + s)
             with torch.no_grad():
                 feats = net.features(x)
             sq += [((f @ f.T - k).norm() / k.norm()).item() ** 2 / seeds for f, k in zip(feats, kernels)]
         errors.append(np.sqrt(sq))
     errors = np.array(errors)  # measured (6 seeds): 0.12/0.27/0.29 at 256 → 0.037/0.072/0.088 at 4096
-    slopes = [mt.limits.fitted_slope(widths, errors[:, l]) for l in range(3)]
+    slopes = [finite.fitted_slope(widths, errors[:, l]) for l in range(3)]
     assert all(-0.8 < s < -0.3 for s in slopes), (errors, slopes)
     assert (errors[-1] < 0.15).all(), errors
 
@@ -196,13 +198,13 @@ def test_errors_name_the_argument_and_the_fix():
     with pytest.raises(ValueError, match="MuPLimit"):
         mt.limits.PiLimit(1, 4)
     with pytest.raises(ValueError, match="MuPLimit"):
-        mt.limits.PiNet(4, 64, 1, 4)
+        finite.PiNet(4, 64, 1, 4)
     with pytest.raises(ValueError, match="rank"):
         mt.limits.PiLimit(2, 0)
     with pytest.raises(TypeError, match="rank"):
         mt.limits.PiLimit(2, 2.5)
     with pytest.raises(ValueError, match="width"):
-        mt.limits.PiNet(4, 3, 2, 4)
+        finite.PiNet(4, 3, 2, 4)
     with pytest.raises(ValueError, match="before predict"):
         mt.limits.PiLimit(2, 4).predict(x)
     limit = mt.limits.PiLimit(2, 3).fit(x, y, 1, 0.5)
@@ -216,15 +218,15 @@ def test_errors_name_the_argument_and_the_fix():
         mt.limits.PiLimit(2, 3).fit(x, y[:5], 1, 0.5)
     with pytest.raises(ValueError, match="layer"):
         limit.feature_kernel(x, layer=3)
-    net = mt.limits.PiNet(4, 16, 2, 3, d_out=1)
+    net = finite.PiNet(4, 16, 2, 3, d_out=1)
     with pytest.raises(TypeError, match="PiNet"):
-        mt.limits.train_pi(torch.nn.Linear(4, 1), x, y, 1, 0.5)
+        finite.train_pi(torch.nn.Linear(4, 1), x, y, 1, 0.5)
     with pytest.raises(ValueError, match="features"):
-        mt.limits.train_pi(net, x[:, :2], y, 1, 0.5)
+        finite.train_pi(net, x[:, :2], y, 1, 0.5)
     with pytest.raises(ValueError, match="d_out"):
-        mt.limits.train_pi(net, x, torch.stack([y, y], 1), 1, 0.5)
+        finite.train_pi(net, x, torch.stack([y, y], 1), 1, 0.5)
     with pytest.raises(ValueError, match="batch_size"):
-        mt.limits.train_pi(net, x, y, 1, 0.5, batch_size=0)
+        finite.train_pi(net, x, y, 1, 0.5, batch_size=0)
 
 
 def test_several_outputs_and_minibatches_share_the_batches_of_sgd_batches():
@@ -233,8 +235,8 @@ def test_several_outputs_and_minibatches_share_the_batches_of_sgd_batches():
     limit = mt.limits.PiLimit(2, 3, seed=1).fit(x, y2, 4, 1.0, batch_size=3, batch_seed=9)
     out = limit.predict(x_eval)
     assert out.shape == (len(x_eval), 2) and out.dtype == torch.float64
-    net = mt.limits.PiNet(4, 2048, 2, 3, d_out=2, seed=1, omega_seed=0)
-    mt.limits.train_pi(net, x, y2, 4, 1.0, batch_size=3, batch_seed=9)
+    net = finite.PiNet(4, 2048, 2, 3, d_out=2, seed=1, omega_seed=0)
+    finite.train_pi(net, x, y2, 4, 1.0, batch_size=3, batch_seed=9)
     with torch.no_grad():
         gap = (net(x_eval) - out).norm() / out.norm()
     assert gap < 0.15, gap

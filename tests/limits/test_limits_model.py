@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mutransfer import limits
-from mutransfer.limits import program
+from mutransfer.limits import finite
+from mutransfer.limits._program import propagate
 
 WV, BV = 2.0, 0.1
 REFERENCE = np.load(pathlib.Path(__file__).parent / "data" / "neural_tangents_reference.npz")
@@ -166,7 +167,7 @@ def test_row_chunks_give_the_unchunked_kernel(monkeypatch):
     x1, x2 = reference_inputs("cnn_gap")
     whole = limits.kernels(model, x1, None, WV, BV)
     whole2 = limits.kernels(model, x1, x2, WV, BV)
-    monkeypatch.setattr(program, "_CHUNK_ELEMENTS", 1)  # one row at a time
+    monkeypatch.setattr(propagate, "_CHUNK_ELEMENTS", 1)  # one row at a time
     for got, want in (
         (limits.kernels(model, x1, None, WV, BV), whole),
         (limits.kernels(model, x1, x2, WV, BV), whole2),
@@ -263,7 +264,7 @@ def test_one_by_one_convolution_is_a_dense_layer_per_pixel():
     )
     k, t = limits.kernels(model, x1, x2, WV, BV)
     per_pixel = [
-        limits.mlp_kernels(x1[:, :, i, j], x2[:, :, i, j], depth=2, activation="tanh", weight_var=WV, bias_var=BV)
+        limits.kernels(x1[:, :, i, j], x2[:, :, i, j], depth=2, activation="tanh", weight_var=WV, bias_var=BV)
         for i in range(4)
         for j in range(5)
     ]
@@ -338,11 +339,14 @@ class SmallCNN(nn.Module):
         return self.o(h.mean(dim=(2, 3)))
 
 
-@pytest.mark.parametrize("make,shape,width,samples", [(ResLN, (5, 4), 1024, 48), (SmallCNN, (4, 2, 5, 5), 256, 32)])
+@pytest.mark.parametrize(
+    "make,shape,width,samples",
+    [pytest.param(ResLN, (5, 4), 1024, 48, marks=pytest.mark.slow), (SmallCNN, (4, 2, 5, 5), 256, 32)],
+)
 def test_wide_finite_networks_agree_within_four_standard_errors(make, shape, width, samples):
     x = torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     exact = limits.model_kernels(make(8), x, None, WV, BV, exact=True)
-    mc = limits.monte_carlo_kernels(make(width), x, None, WV, BV, samples=samples, seed=1)
+    mc = finite.monte_carlo_kernels(make(width), x, None, WV, BV, samples=samples, seed=1)
     for kind in ("nngp", "ntk"):
         z = (getattr(exact, kind) - mc[kind]).abs() / mc[f"{kind}_se"]
         assert z.max() < 4.0, (kind, z.max())
@@ -548,7 +552,7 @@ def test_diagonal_only_where_it_suffices_gives_the_all_full_answer(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # exact, no Monte Carlo
         lazy = limits.kernels(TwoHeads(), x, None, WV, BV)
-    monkeypatch.setattr(program, "_needs", lambda gm, requires: {n: True for n in gm.graph.nodes})
+    monkeypatch.setattr(propagate, "needs", lambda gm, requires: {n: True for n in gm.graph.nodes})
     full = limits.kernels(TwoHeads(), x, None, WV, BV)
     for got, want in zip(lazy, full):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
@@ -570,7 +574,7 @@ def test_a_sum_of_independent_pooled_relu_branches():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         exact = limits.model_kernels(TwoBranches(8), x, None, WV, BV, exact=True)
-    mc = limits.monte_carlo_kernels(TwoBranches(512), x, None, WV, BV, samples=32, seed=2)
+    mc = finite.monte_carlo_kernels(TwoBranches(512), x, None, WV, BV, samples=32, seed=2)
     for kind in ("nngp", "ntk"):
         z = (getattr(exact, kind) - mc[kind]).abs() / mc[f"{kind}_se"]
         assert z.max() < 4.0, (kind, z.max())
