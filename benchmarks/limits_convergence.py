@@ -43,7 +43,7 @@ def pi_case(depth: int, widths, seeds: int, steps: int):
     for width in widths:
         preds = []
         for s in range(seeds):
-            net = L.train_pi(L.PiNet(8, width, depth, 8, seed=1, omega_seed=1000 * width + s), x, y, **fit)
+            net = L.finite.train_pi(L.finite.PiNet(8, width, depth, 8, seed=1, omega_seed=1000 * width + s), x, y, **fit)
             with torch.no_grad():
                 preds.append(net(xe)[:, 0])
         gaps.append(rms_gap(preds, limit))
@@ -59,7 +59,7 @@ def one_layer_case(widths, seeds: int, steps: int, samples: int, **opt):
         preds = []
         for s in range(seeds):
             torch.manual_seed(s)
-            net = L.train_finite(L.OneHiddenLayer(8, width, activation="tanh"), x, y, steps, lr, **opt)
+            net = L.finite.train_finite(L.finite.OneHiddenLayer(8, width, activation="tanh"), x, y, steps, lr, **opt)
             with torch.no_grad():
                 preds.append(net(xe)[:, 0])
         gaps.append(rms_gap(preds, limit))
@@ -70,14 +70,14 @@ def word2vec_case(widths, seeds: int):
     vocab = 40
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, vocab, (3000,), generator=g)
-    batches = L.skipgram_batches(tokens, vocab, epochs=1, batch_size=256, window=2, negatives=3, seed=0)
+    batches = L.word2vec.skipgram_batches(tokens, vocab, epochs=1, batch_size=256, window=2, negatives=3, seed=0)
     limit = L.Word2VecLimit(vocab).fit(batches, lr=2.0).logits()
     gaps = []
     for width in widths:
         preds = []
         for s in range(seeds):
-            net = L.SkipGram(vocab, width, dtype=torch.float64, seed=s)
-            L.train_skipgram(net, batches, lr=2.0)
+            net = L.word2vec.SkipGram(vocab, width, dtype=torch.float64, seed=s)
+            L.word2vec.train_skipgram(net, batches, lr=2.0)
             with torch.no_grad():
                 preds.append(net.logits())
         gaps.append(rms_gap(preds, limit))
@@ -123,7 +123,7 @@ def main(argv=None) -> int:
     for name, widths, run in cases:
         start = time.perf_counter()
         gaps, size = run()
-        slope = L.fitted_slope(widths, gaps)
+        slope = L.finite.fitted_slope(widths, gaps)
         print(
             f"| {name} | {', '.join(map(str, widths))} | {', '.join(f'{g:.2e}' for g in gaps)} | {size:.2f} | "
             f"{slope:+.2f} | {time.perf_counter() - start:.0f} |",

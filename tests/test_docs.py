@@ -53,9 +53,6 @@ _KNOWN_UNDOCUMENTED = {
     "mutransfer.MuSpec.depth_rule",
     "mutransfer.WidthShapes.to_dict",
     "mutransfer.WidthShapes.save",
-    "mutransfer.sweep.Sweep.study",
-    "mutransfer.sweep.Sweep.total_trials",
-    "mutransfer.limits.OneHiddenLayer.preactivations",
     "mutransfer.CoordCheckResult.passed",
     "mutransfer.WidthShapes.from_dict",
     "mutransfer.WidthShapes.load",
@@ -63,9 +60,6 @@ _KNOWN_UNDOCUMENTED = {
     "mutransfer.optimizers.MuonWithAdamW.state",
     "mutransfer.rules.DepthRule",
     "mutransfer.rules.Rule",
-    "mutransfer.sweep.Scale.mup",
-    "mutransfer.sweep.Sweep.objective",
-    "mutransfer.sweep.SweepConfig",
 }
 
 
