@@ -43,7 +43,9 @@ def pi_case(depth: int, widths, seeds: int, steps: int):
     for width in widths:
         preds = []
         for s in range(seeds):
-            net = L.finite.train_pi(L.finite.PiNet(8, width, depth, 8, seed=1, omega_seed=1000 * width + s), x, y, **fit)
+            net = L.finite.train_pi(
+                L.finite.PiNet(8, width, depth, 8, seed=1, omega_seed=1000 * width + s), x, y, **fit
+            )
             with torch.no_grad():
                 preds.append(net(xe)[:, 0])
         gaps.append(rms_gap(preds, limit))
