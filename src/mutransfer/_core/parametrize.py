@@ -86,11 +86,15 @@ def parametrize(
         formulation: "no_multipliers" (TP5 Table 3: init and lr carry the scaling; default; alias
             "table3") or "readout_multiplier" (Table 8, alias "table8": readout
             multiplier 1/m, as the `mup` package). Tied readouts always use Table 8.
-        init_mult, lr_mult: per-role tunable factors, e.g. {"hidden": 2.0}.
-        output_mult, attn_mult, embedding_mult: α_output, α_attention, α_embedding.
-        zero_init_readout, zero_init_query: TP5 D.2's zero init (recommended; off by default
-            so that µP equals the user's model at base width). zero_init_query may also be
-            a pattern or list of patterns naming the query weights.
+        init_mult: per-role tunable init factors, e.g. {"hidden": 2.0}.
+        lr_mult: per-role tunable lr factors, e.g. {"output": 0.5}.
+        output_mult: α_output, the tunable multiplier of the readout's forward pass.
+        attn_mult: α_attention, the tunable multiplier of the attention logits.
+        embedding_mult: α_embedding, the tunable multiplier of the input layers' output.
+        zero_init_readout: TP5 D.2's zero init of the readout (recommended; off by default so
+            that µP equals the user's model at base width).
+        zero_init_query: TP5 D.2's zero init of the attention queries; may also be a pattern
+            or list of patterns naming the query weights.
         roles: {"name pattern": role} to override a parameter's role.
         transposed: name patterns of weights stored (fan_in, fan_out).
         attention: set False if the model already scales attention the µP way.
