@@ -10,7 +10,7 @@ import pytest
 from mutransfer.cli import main
 from mutransfer.sweep.analysis import TrialResult
 from mutransfer.sweep.space import Choice, LogUniform, Uniform
-from mutransfer.sweep.verdict import describe, judge, parabolic_minimum
+from mutransfer.sweep.verdict import judge, parabolic_minimum, verdict_sentence
 
 LR = LogUniform(2**-10, 2**-2, 9)
 
@@ -63,7 +63,7 @@ def test_aligned_optima_transfer_with_an_interval_from_seeds():
     assert lo < h.drift.value < hi and hi - lo < 0.5  # noise 0.02 on a curvature 0.1: a tight interval
     assert v.transferred and h.reasons == []
     assert v.regret[256][1].value == pytest.approx(0.0, abs=1e-12)
-    assert describe(v, "µP").startswith("µP transferred: lr optimum moved")
+    assert verdict_sentence(v, "µP").startswith("µP transferred: lr optimum moved")
 
 
 def test_a_moving_optimum_does_not_transfer_and_regret_is_measured():
@@ -80,17 +80,19 @@ def test_a_moving_optimum_does_not_transfer_and_regret_is_measured():
     absolute, relative = v.regret[256]
     assert absolute.value == pytest.approx(0.1 * 3.2**2 - 0.1 * 0.2**2, rel=1e-9)  # lr 2^-5 vs best grid 2^-8
     assert relative.value == pytest.approx(absolute.value / (0.1 * 0.04 + 1 / 256))
-    assert "did not transfer" in describe(v, "SP") and "regret at width 256" in describe(v, "SP")
+    assert "did not transfer" in verdict_sentence(v, "SP") and "regret at width 256" in verdict_sentence(v, "SP")
 
 
 def test_an_optimum_on_the_grid_edge_says_widen_the_grid():
     v = judge("mup", "width", [(16, cell("mup", 16, -9.6)), (64, cell("mup", 64, -10.6))], {"lr": LR}, 2)
     assert v.hps["lr"].optima[1].edge == -1 and not v.transferred
     assert abs(v.hps["lr"].drift.value) < 1  # within tolerance, but the true optimum may lie far beyond
-    text = describe(v, "µP")
+    text = verdict_sentence(v, "µP")
     assert "cannot tell" in text and "widen the grid" in text
     moved = judge("mup", "width", [(16, cell("mup", 16, -6.0)), (64, cell("mup", 64, -11.0))], {"lr": LR}, 2)
-    assert describe(moved, "µP").startswith("µP did not transfer") and "widen the grid" in describe(moved, "µP")
+    assert verdict_sentence(moved, "µP").startswith("µP did not transfer") and "widen the grid" in verdict_sentence(
+        moved, "µP"
+    )
 
 
 def test_a_flat_basin_transfers_by_regret_even_when_the_optimum_moves():
@@ -360,7 +362,9 @@ def test_the_proxys_hps_diverging_at_a_width_is_not_a_transfer():
         "mup", "width", [(16, cell("mup", 16, -6.0)), (64, cell("mup", 64, -7.0, diverge_above=2**-6.5))], {"lr": LR}, 2
     )
     assert math.isinf(v.regret[64][0].value) and not v.transferred
-    assert describe(v, "µP").startswith("µP did not transfer") and "diverge at width 64" in describe(v, "µP")
+    assert verdict_sentence(v, "µP").startswith("µP did not transfer") and "diverge at width 64" in verdict_sentence(
+        v, "µP"
+    )
 
 
 def test_a_small_move_with_a_large_regret_is_not_a_transfer():
@@ -384,17 +388,19 @@ def test_a_hyperparameter_without_effect_is_cannot_tell_not_a_move_or_an_edge():
         {"lr": LR},
         3,
     )
-    text = describe(noisy, "µP")
+    text = verdict_sentence(noisy, "µP")
     assert text.startswith("µP: cannot tell (a hyperparameter without measurable effect)"), text
     assert all(o.flat and o.x_interval is None for o in noisy.hps["lr"].optima)
     constant = judge("mup", "width", [(w, cell("mup", w, -6.0, curvature=0.0)) for w in (16, 64)], {"lr": LR}, 2)
-    assert "widen the grid" not in describe(constant, "µP") and "no measurable effect" in describe(constant, "µP")
+    assert "widen the grid" not in verdict_sentence(constant, "µP") and "no measurable effect" in verdict_sentence(
+        constant, "µP"
+    )
 
 
 def test_an_optimum_on_an_edge_or_beside_a_diverged_point_has_no_false_precision():
     edge = judge("mup", "width", [(w, cell("mup", w, -12.0)) for w in (16, 64)], {"lr": LR}, 2)
     assert edge.hps["lr"].optima[0].x_interval is None and edge.hps["lr"].drift.interval is None
-    assert "CI" not in describe(edge, "µP").split("regret")[0]
+    assert "CI" not in verdict_sentence(edge, "µP").split("regret")[0]
     beside = judge("mup", "width", [(w, cell("mup", w, -4.2, diverge_above=2**-4.5)) for w in (16, 64)], {"lr": LR}, 2)
     lo, hi = beside.hps["lr"].optima[0].x_interval
     assert lo <= -5.5 and hi >= -4.5  # best grid point -5, its neighbour above diverged: no parabola there

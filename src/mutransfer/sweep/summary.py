@@ -29,7 +29,7 @@ from .analysis import axes as verdict_axes
 from .runner import Sweep
 from .space import LogUniform
 from .statistics import CONFIDENCE, Verdict
-from .verdict import axis_name, describe, describe_optima, short_label
+from .verdict import axis_name, optima_sentence, short_label, verdict_sentence
 
 __all__ = [
     "TRANSFER_RUNS",
@@ -81,7 +81,7 @@ def verdict_lines(sweep: Sweep, judged: dict[str, dict[str, Verdict]]) -> list[s
     lines = []
     for p in sorted(judged, key=lambda p: p != "mup"):
         for axis, v in judged[p].items():
-            lines.append(describe(v, f"{short_label(p)} across {axis_name(axis, plural=True)}"))
+            lines.append(verdict_sentence(v, f"{short_label(p)} across {axis_name(axis, plural=True)}"))
     return lines
 
 
@@ -164,7 +164,7 @@ def summarize(sweep: Sweep, results: list[TrialResult], judged: dict | None = No
         "No transfer verdict: every trial ran at one width and depth, so this sweep tunes at that scale; "
         "sweep several widths (or depths, batch sizes, horizons) to check a transfer."
     ] + [
-        describe_optima(v, short_label(p))
+        optima_sentence(v, short_label(p))
         for p in cfg.parametrizations
         if (v := proxy_verdict(sweep, results, p)) is not None
     ]

@@ -53,10 +53,9 @@ __all__ = [
     "axis_name",
     "cell_data",
     "coordinate",
-    "describe",
-    "describe_optima",
     "interval",
     "judge",
+    "optima_sentence",
     "parabolic_minimum",
     "profile",
     "resample_index",
@@ -65,6 +64,7 @@ __all__ = [
     "tolerance",
     "unit",
     "value_at",
+    "verdict_sentence",
 ]
 
 AXIS_NAMES = {
@@ -124,7 +124,7 @@ def _where_unknown(h: HPVerdict, o: Optimum, axis: str) -> str | None:
     return None
 
 
-def describe(v: Verdict, label: str) -> str:
+def verdict_sentence(v: Verdict, label: str) -> str:
     """One sentence: did `label`'s optimum transfer along the axis, by how much, at what regret.
 
     The head is "transferred", "did not transfer" (the optimum moved beyond the tolerance and the
@@ -193,7 +193,7 @@ def describe(v: Verdict, label: str) -> str:
     return head + (": " + "; ".join(parts) if parts else "") + "."
 
 
-def describe_optima(v: Verdict, label: str) -> str:
+def optima_sentence(v: Verdict, label: str) -> str:
     """One sentence for a sweep at one scale (nothing to transfer yet): each HP's fitted optimum,
     its interval, and a grid-edge warning.
 
@@ -217,3 +217,20 @@ def describe_optima(v: Verdict, label: str) -> str:
         unknown = _where_unknown(h, o, v.axis)
         parts.append(text if unknown is None else f"{text} — {unknown}")
     return f"{label} at {axis_name(v.axis)} {v.proxy}: " + "; ".join(parts) + "."
+
+
+_RENAMED = {"describe": "verdict_sentence", "describe_optima": "optima_sentence"}
+
+
+def __getattr__(name: str) -> object:
+    """The 0.1 names (`describe`: the word is `mt.describe`'s) warn and give the new functions."""
+    if name in _RENAMED:
+        import warnings
+
+        warnings.warn(
+            f"mutransfer.sweep.verdict.{name} is now {_RENAMED[name]}; the old name goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return globals()[_RENAMED[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
