@@ -40,7 +40,7 @@ quickstart: $(STAMP)
 
 # What CI runs (.ci/run): the fast checks first (lint, types, the docs site), then every test.
 test: $(TEST_STAMP) lint docs
-	scripts/with-postgres.sh $(PY) -m pytest -q
+	scripts/with-postgres.sh $(PY) -m pytest -q --durations=15
 
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts docs/hooks
