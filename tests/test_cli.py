@@ -257,7 +257,11 @@ def test_ctrl_c_in_a_command_ends_quietly_with_130_and_import_leaves_sigint_alon
 
     from mutransfer.cli import _results
 
-    code = "import signal, mutransfer, mutransfer.cli\nprint(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    # compared with the child's own SIGINT at start: a test before may leave it ignored, and children inherit that
+    code = (
+        "import signal\nbefore = signal.getsignal(signal.SIGINT)\nimport mutransfer, mutransfer.cli\n"
+        "print(signal.getsignal(signal.SIGINT) is before)"
+    )
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert other.returncode == 0 and other.stdout == "True\n", other
 
