@@ -1,6 +1,8 @@
 """Old import paths kept for one release: `import mutransfer.roles` still works, with a
-DeprecationWarning naming the new place. The modules moved into `mutransfer._core` (internal) in
-0.2; what users call is on `mutransfer` itself (`mt.parametrize`, `mt.export`, ...)."""
+DeprecationWarning naming the new place. The core modules moved into `mutransfer._core` (internal)
+in 0.2 — what users call is on `mutransfer` itself (`mt.parametrize`, `mt.export`, ...) — and two
+sweep modules were renamed (`objective` → `scale`, `objectives` → `recipes`). The one mechanism for
+every moved module of the package (`mt.limits`, standing alone, keeps its own)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,11 @@ MOVED_MODULES: dict[str, tuple[str, str]] = {
     "mutransfer.shapes": ("mutransfer._core.shapes", "mt.WidthShapes / mt.save_shapes / mt.load_shapes"),
     "mutransfer.spec": ("mutransfer._core.spec", "mt.MuSpec"),
     "mutransfer.devices": ("mutransfer._core.devices", "mt.resolve_device"),
+    "mutransfer.sweep.objective": ("mutransfer.sweep.scale", "Scale, Pruned and mup_kwargs from mutransfer.sweep"),
+    "mutransfer.sweep.objectives": (
+        "mutransfer.sweep.recipes",
+        "mutransfer.sweep.recipes (load_objective from mutransfer.sweep)",
+    ),
 }
 
 
@@ -34,7 +41,8 @@ class _MovedModuleFinder:
     def create_module(self, spec) -> ModuleType:
         new, instead = MOVED_MODULES[spec.name]
         warnings.warn(
-            f"{spec.name} moved to {new} (internal) and will be removed in the next release; use {instead}",
+            f"{spec.name} moved to {new}{' (internal)' if '._' in new else ''} and will be removed in the "
+            f"next release; use {instead}",
             DeprecationWarning,
             stacklevel=2,
         )
