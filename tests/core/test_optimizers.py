@@ -387,3 +387,20 @@ def test_muon_lr_transfers_better_than_sp_on_another_task_and_model():
     sp, _ = _regret("muon", range(-8, -2), "sp", seeds=1)
     assert 0 < tuned < 5
     assert mup < 0.6 * sp, (mup, sp)
+
+
+@pytest.mark.parametrize("shape", [(48, 96), (96, 48)])
+def test_the_suites_float32_newton_schulz_matches_torchs_bfloat16_one(shape):
+    # tests/conftest.py swaps Muon's bfloat16 iteration for a float32 one on CPU (17× faster here):
+    # the swap is only sound if both orthogonalise a gradient to the same update.
+    from conftest import MUON_BF16, _newton_schulz_fp32
+
+    g = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    ours, torchs = (
+        _newton_schulz_fp32(g, (3.4445, -4.7750, 2.0315), 5, 1e-7),
+        MUON_BF16(g, (3.4445, -4.7750, 2.0315), 5, 1e-7),
+    )
+    assert ours.shape == torchs.shape == g.shape
+    assert (ours - torchs.float()).norm() / torchs.float().norm() < 0.03
+    s = torch.linalg.svdvals(ours)
+    assert 0.5 < s.min() and s.max() < 1.5  # Muon's "US'Vᵀ, S' ≈ Uniform(0.5, 1.5)"

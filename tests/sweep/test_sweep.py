@@ -345,7 +345,7 @@ DIES = textwrap.dedent("""
     MARK = Path(__file__).parent / "died"
 
     def train(hp, scale):
-        if sys.argv[0] == "-c":  # the worker process run_sweep started: its first trial kills it
+        if os.getpid() != int(os.environ["DIES_MAIN_PID"]):  # a worker process run_sweep started: its first trial kills it
             if not MARK.exists():
                 MARK.touch()
                 os.kill(os.getpid(), getattr(signal, hp["signal"]))
@@ -360,10 +360,12 @@ DIES = textwrap.dedent("""
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig, shown", [("SIGKILL", "-9 (killed by SIGKILL)"), ("SIGINT", "130 (interrupted)")])
-def test_a_dead_worker_process_is_a_warning_when_every_trial_finished(tmp_path, capsys, sig, shown):
+def test_a_dead_worker_process_is_a_warning_when_every_trial_finished(tmp_path, capsys, monkeypatch, sig, shown):
     """A local worker killed (or sent SIGINT on its own: a sweep started with `&`) while this
     process goes on: its trial is retried here, the sweep completes, the exit is a warning line."""
     (tmp_path / "dies.py").write_text(DIES)
+    # The test's own process is told apart by its pid: under pytest-xdist it too was started as `python -c`.
+    monkeypatch.setenv("DIES_MAIN_PID", str(os.getpid()))
     cfg = write(
         tmp_path,
         f'''

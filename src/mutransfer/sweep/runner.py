@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -411,7 +410,7 @@ class Sweep:
                 bar.update(f"{cell.label} trial {trial.number}")
                 failure = run_trial(ctx, self.studies[cell], trial, cell)
                 if failure is not None:
-                    _print_over(bar, failure)
+                    bar.write(failure)
                 ran += 1
                 if time.monotonic() >= counted:  # other workers' trials too, now and then
                     bar.done = self.finished()
@@ -446,10 +445,3 @@ class Sweep:
             bar.done = self.finished()
         finally:
             bar.close()
-
-
-def _print_over(bar: Progress, line: str) -> None:
-    """A line on stderr, above the progress bar when it is drawn on a terminal."""
-    if bar.enabled and bar.tty:
-        sys.stderr.write("\r" + " " * 150 + "\r")
-    print(line, file=sys.stderr, flush=True)
