@@ -9,6 +9,7 @@ readout or input layers, to a subclass that applies the forward constant (see `s
 from __future__ import annotations
 
 import fnmatch
+import inspect
 import os
 import warnings
 from collections.abc import Iterable, Mapping
@@ -132,6 +133,16 @@ def parametrize(
             f"parametrize could not run the model on example_inputs ({seen.error}); pass inputs the "
             "model's forward accepts (a tensor, a tuple of arguments or a dict of keyword arguments)"
         )
+    if not seen.ran and attention:
+        suspects = _attention_suspects(model)
+        if suspects:
+            raise ModelError(
+                f"parametrize could not run a probe forward of {type(model).__name__} ({seen.error}), and it has "
+                f"attention ({', '.join(suspects[:4])}{' …' if len(suspects) > 4 else ''}) whose logit scale µP can "
+                f"only set once it is measured; pass example_inputs= (a tensor, a tuple of arguments or a dict of "
+                f"keyword arguments the forward accepts), or attention=False if the model already scales its "
+                f"logits the µP way"
+            )
     if not seen.ran:
         warnings.warn(
             f"parametrize could not run a probe forward of {type(model).__name__} ({seen.error}): roles "
@@ -199,6 +210,31 @@ def parametrize(
     }
     setattr(model, SPEC_ATTR, spec)
     return model
+
+
+_ATTENTION_WORDS = ("scaled_dot_product_attention", "softmax", "attn_scale(", "attn_logits(")
+
+
+def _attention_suspects(model: nn.Module) -> list[str]:
+    """Modules that may compute attention, found without running the model: torch's MultiheadAttention,
+    a `scaling` attribute, or a forward (of the class or any base class) calling softmax or SDPA."""
+    out = []
+    for mname, module in model.named_modules():
+        if isinstance(module, nn.MultiheadAttention) or isinstance(getattr(module, "scaling", None), float):
+            out.append(canonical_name(mname) or "<model>")
+            continue
+        for cls in type(module).__mro__:
+            forward = cls.__dict__.get("forward")
+            if forward is None or getattr(forward, "__module__", "").startswith("torch."):
+                continue
+            try:
+                source = inspect.getsource(forward)
+            except (OSError, TypeError):
+                continue
+            if any(w in source for w in _ATTENTION_WORDS):
+                out.append(canonical_name(mname) or "<model>")
+                break
+    return out
 
 
 def _resolve_shapes(model, base, delta, base_shapes, example_inputs=None) -> WidthShapes:
