@@ -117,6 +117,13 @@ def describe(model: nn.Module, optimizer: str | None = None, adjust_lr_fn: str |
         "override": "roles= override",
     }
     lines.append("roles from: " + ", ".join(f"{words.get(k, k)} {v}" for k, v in sorted(by_source.items())))
+    kept = getattr(spec, "kept_values", {})  # absent from specs pickled before it existed
+    if kept:
+        lines.append(
+            "init values kept, not rescaled by rms(base)/rms(model): "
+            + ", ".join(f"{n} ({why})" for n, why in list(kept.items())[:8])
+            + (f" and {len(kept) - 8} more" if len(kept) > 8 else "")
+        )
     if spec.zero_init:
         lines.append("zero-initialized: " + ", ".join(spec.zero_init))
     return "\n".join(lines)

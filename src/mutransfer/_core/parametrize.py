@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import inspect
+import math
 import os
 import warnings
 from collections.abc import Iterable, Mapping
@@ -169,6 +170,8 @@ def parametrize(
     if seen.ran:
         constants = _in_effect(constants, seen)
 
+    _check_class_forward(model, [m for m, _, _ in constants] + [b.module for b in branches])
+
     # Everything is checked: from here on the model changes. Attention first: its scales are measured
     # again on a probe forward, and a mismatch undoes the change and raises before anything else changes.
     spec_attention = install_attention(model, attention_plan, float(attn_mult), seen)
@@ -193,6 +196,7 @@ def parametrize(
                 tunable.init_mult(info.role),
                 params[name],
                 None if base_values is None else base_values[info.base_name],
+                spec.kept_values,
             )
             init_factor *= depth_factor(spec.depth_rule(name).init, info.m_depth, spec.depth_alpha)
             spec.init_scales[name] = init_factor  # the field keeps its name: MuSpec is pickled with models
@@ -318,10 +322,46 @@ def _rms(t: torch.Tensor) -> float:
     return float(t.detach().to(torch.float64).pow(2).mean().sqrt())
 
 
+def _not_a_random_scale(info: ParamInfo, p: torch.Tensor, base_p: torch.Tensor) -> str | None:
+    """Why the values of a parameter µP keeps at the base's init scale are not a random init whose scale
+    follows width (so rescaling them by rms(base)/rms(model) would change what they mean), else None.
+
+    Observed on the values: constant (ones, zeros, 1e-5 layer scales); the base's values found again in
+    the model's (structured: log(1..n) decays, rows repeated); not centred on zero (log-decays, time-step
+    biases: a width-scaled init is symmetric around 0); or, for a parameter no layer's fan_in scales
+    (not a Linear/Conv bias), an rms that does not differ from the base's beyond sampling noise.
+    """
+    x, b = p.detach().to(torch.float64).flatten(), base_p.detach().to(torch.float64).flatten()
+    if x.numel() < 2 or bool((x == x[0]).all()):
+        return "constant"
+    if base_p.shape != p.shape and all(s0 <= s for s0, s in zip(base_p.shape, p.shape)):
+        corner = p.detach()[tuple(slice(0, s0) for s0 in base_p.shape)]
+        if torch.equal(corner.to(base_p.dtype), base_p.detach()):
+            return "structured (the base's values are part of the model's)"
+    if float(x.mean().abs()) > 3.0 * float(x.std()) / x.numel() ** 0.5 + 1e-12 and float(x.mean().abs()) > 0.5 * float(
+        x.std()
+    ):
+        return "not centred on zero"
+    if info.module_fan_in_mult != 1.0:
+        return None  # a layer's bias: its init may follow the layer's fan_in, as PyTorch's does
+    # log(rms_base/rms_model) against its sampling noise: var(log rms) ≈ var(x²)/(4 n mean(x²)²)
+    noise = sum(float(t.pow(2).var()) / (4 * t.numel() * float(t.pow(2).mean()) ** 2) for t in (x, b) if t.numel() > 1)
+    ratio = abs(math.log(_rms(base_p) / _rms(p))) if _rms(base_p) > 0 else math.inf
+    return "no width dependence beyond noise" if ratio <= 3.0 * noise**0.5 else None
+
+
 def _init_factor(
-    info: ParamInfo, shapes: WidthShapes, init_exp, init_mult: float, p: torch.Tensor, base_p: torch.Tensor | None
+    info: ParamInfo,
+    shapes: WidthShapes,
+    init_exp,
+    init_mult: float,
+    p: torch.Tensor,
+    base_p: torch.Tensor | None,
+    kept: dict[str, str] | None = None,
 ) -> float:
-    """Factor to multiply the model's current init by."""
+    """Factor to multiply the model's current init by; parameters whose values are kept as they are
+    (not a random init, see `_not_a_random_scale`) are added to `kept` with the reason."""
+    kept = {} if kept is None else kept
     own = shapes.params[info.base_name].width_ratios(tuple(p.shape))
     if all(m == 1.0 for m in own) and info.module_fan_in_mult == 1.0:
         # Base width for this parameter (and, for a bias, for its layer's fan_in): keep the user's init.
@@ -331,6 +371,12 @@ def _init_factor(
         current = _rms(p)
         if current == 0.0:
             return init_mult  # zero init stays zero
+        if target == 1.0 and info.role in ("vector", "scalar", "input"):
+            why = _not_a_random_scale(info, p, base_p)
+            if why is not None:  # its values are its meaning (a log-decay, a time-step bias, a gain): kept
+                if not math.isclose(_rms(base_p), current, rel_tol=1e-6):  # listed where rescaling would change it
+                    kept[info.name] = why
+                return init_mult
         return target * _rms(base_p) / current * init_mult
     # Shapes only: assume the user's init scales like PyTorch's default.
     if info.layout is not None or (p.ndim >= 2 and info.role in ("hidden", "output")):
@@ -500,6 +546,19 @@ def _in_effect(constants: ForwardConstants, seen: Observation) -> ForwardConstan
             continue
         kept.append((mname, side, c))
     return kept
+
+
+def _check_class_forward(model: nn.Module, names: list[str]) -> None:
+    """A forward constant is installed by switching the module's class; a forward set on the instance
+    (a closure, a bound method of another object) would run instead and the constant would not be in
+    effect, while `describe` and the spec said it was. Refused, naming the module."""
+    for mname in dict.fromkeys(names):
+        if "forward" in _module(model, mname).__dict__:
+            raise ModelError(
+                f"'{mname or '<model>'}' needs a µP forward constant, but its forward is a function set on the "
+                f"instance (module.forward = ...), which would run instead of the constant's; define forward as a "
+                f"method of its class (or set it after parametrize on a wrapper module around it)"
+            )
 
 
 def _install_forward_constants(model: nn.Module, constants: ForwardConstants) -> None:
