@@ -115,9 +115,7 @@ def example_inputs(model: nn.Module) -> list[Any]:
             size = size if isinstance(size, int) else (size[0] if isinstance(size, (list, tuple)) else None)
             channels = int(getattr(vision, "num_channels", None) or 3)
             sizes = [size] if size else _image_sizes(model)
-            out += [
-                {"pixel_values": torch.randn(1, channels, s, s, device=device, dtype=dtype)} for s in sizes[:2]
-            ]
+            out += [{"pixel_values": torch.randn(1, channels, s, s, device=device, dtype=dtype)} for s in sizes[:2]]
     cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None)
     if isinstance(cfg, dict) and isinstance(cfg.get("input_size"), (tuple, list)):
         size = tuple(int(s) for s in cfg["input_size"])

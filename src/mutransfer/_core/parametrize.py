@@ -36,6 +36,7 @@ from ..rules import (
 )
 from .attention_plan import base_attention, install_attention, plan_attention
 from .depth import BRANCH_ATTR, Branch, DepthMap, block_containers, find_branches, outermost
+from .groups import mark_parameters, register_plain_guard
 from .observation import Observation
 from .observe import observe_model
 from .roles import ParamInfo, classify
@@ -163,6 +164,14 @@ def parametrize(
         if attention
         else []
     )
+    _warn_unused(
+        infos,
+        tunable,
+        attention and bool(attention_plan),
+        attn_base_head_dim,
+        residual_branches,
+        bool(depth.containers),
+    )
     params = {canonical_name(n): p for n, p in model.named_parameters()}
     zeroing = _readout_zeroing(model, infos, params) if zero_init_readout else []
     zeroing += _query_zeroing(model, zero_init_query) if zero_init_query else []
@@ -213,6 +222,8 @@ def parametrize(
         b.end: depth_factor(BRANCH_MULTIPLIER, depth.multiplier(b.end), alpha) for b in folded if b.end is not None
     }
     setattr(model, SPEC_ATTR, spec)
+    mark_parameters(model, spec)
+    register_plain_guard()
     return model
 
 
@@ -239,6 +250,37 @@ def _attention_suspects(model: nn.Module) -> list[str]:
                 out.append(canonical_name(mname) or "<model>")
                 break
     return out
+
+
+def _warn_unused(
+    infos: dict[str, ParamInfo],
+    tunable: TunableMultipliers,
+    has_attention: bool,
+    attn_base_head_dim: int | None,
+    residual_branches: Iterable[str] | None,
+    deeper: bool,
+) -> None:
+    """A MuPWarning for every multiplier or option of parametrize that acts on nothing of this model."""
+    roles = {i.role for i in infos.values()}
+    unused = []
+    if tunable.output != 1.0 and "output" not in roles and not any(i.tied_readouts for i in infos.values()):
+        unused.append(f"output_mult={tunable.output:g}: no parameter has the output (readout) role")
+    if tunable.embedding != 1.0 and not any(i.role == "input" and i.layout is not None for i in infos.values()):
+        unused.append(f"embedding_mult={tunable.embedding:g}: no embedding or input layer has the input role")
+    if tunable.attention != 1.0 and not has_attention:
+        unused.append(f"attn_mult={tunable.attention:g}: no attention module was found (or attention=False)")
+    if attn_base_head_dim is not None and not has_attention:
+        unused.append(f"attn_base_head_dim={attn_base_head_dim}: no attention module was found (or attention=False)")
+    for what, table in (("init_mult", tunable.init), ("lr_mult", tunable.lr)):
+        unused += [f"{what}['{r}']={v:g}: no parameter has the role '{r}'" for r, v in table.items() if r not in roles]
+    if residual_branches is not None and not deeper:
+        unused.append("residual_branches=: the model has as many blocks as the base, so no depth scaling applies")
+    for message in unused:
+        warnings.warn(
+            f"parametrize: {message}, so it does nothing here; drop it, or check the roles with mt.describe(model)",
+            MuPWarning,
+            stacklevel=3,
+        )
 
 
 def _resolve_shapes(model, base, delta, base_shapes, example_inputs=None) -> WidthShapes:
