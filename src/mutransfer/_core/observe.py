@@ -156,14 +156,17 @@ def _image_sizes(model: nn.Module) -> list[int]:
     stride = int(conv.stride[0]) if isinstance(conv.stride, tuple) else int(conv.stride)
     if stride <= 1:
         return [32]
-    sizes = []
-    for p in model.parameters():
-        for n in p.shape:
+    owner = {id(m.weight): m for m in model.modules() if isinstance(getattr(m, "weight", None), torch.Tensor)}
+    tables = [p for p in model.parameters() if p.ndim >= 2]
+    raw = [t for t in tables if not isinstance(owner.get(id(t)), (nn.Linear, nn.modules.conv._ConvNd))]
+    sizes: list[int] = []
+    for t in sorted(raw, key=lambda t: id(t) in owner):  # raw tables (pos_embed) before Embedding weights
+        for n in t.shape[:-1]:  # positions are never the last (feature) dim
             for tokens in (n, n - 1):
                 side = math.isqrt(max(tokens, 0))
                 if side > 1 and side * side == tokens and side * stride not in sizes:
                     sizes.append(side * stride)
-    return sorted(sizes)[:2] + [4 * stride, 8 * stride]
+    return sizes[:3] + [s for s in (4 * stride, 8 * stride) if s not in sizes[:3]]
 
 
 def _first_layer_inputs(model: nn.Module, device, dtype) -> list[tuple[str, Any]]:
