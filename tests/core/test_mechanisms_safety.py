@@ -10,10 +10,10 @@ import warnings
 
 import pytest
 import torch
-from mechanisms_safety import ClosureForward, DictInput, PatchViT, TinySSM, TwoInput
 from torch import nn
 
 import mutransfer as mt
+from mechanisms_safety import ClosureForward, DictInput, PatchViT, TinySSM, TwoInput
 from mutransfer.errors import ModelError, MuPWarning, OptimizerError
 
 

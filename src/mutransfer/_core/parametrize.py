@@ -9,7 +9,6 @@ readout or input layers, to a subclass that applies the forward constant (see `s
 from __future__ import annotations
 
 import fnmatch
-import inspect
 import math
 import os
 import warnings
@@ -39,6 +38,7 @@ from .depth import BRANCH_ATTR, Branch, DepthMap, block_containers, find_branche
 from .groups import mark_parameters, register_plain_guard
 from .observation import Observation
 from .observe import observe_model
+from .param_checks import attention_suspects, check_class_forward, not_a_random_scale, rms, warn_unused
 from .roles import ParamInfo, classify
 from .shapes import WidthShapes, canonical_name
 from .spec import SPEC_ATTR, MuSpec, find_spec
@@ -136,7 +136,7 @@ def parametrize(
             "model's forward accepts (a tensor, a tuple of arguments or a dict of keyword arguments)"
         )
     if not seen.ran and attention:
-        suspects = _attention_suspects(model)
+        suspects = attention_suspects(model)
         if suspects:
             raise ModelError(
                 f"parametrize could not run a probe forward of {type(model).__name__} ({seen.error}), and it has "
@@ -164,7 +164,7 @@ def parametrize(
         if attention
         else []
     )
-    _warn_unused(
+    warn_unused(
         infos,
         tunable,
         attention and bool(attention_plan),
@@ -179,7 +179,7 @@ def parametrize(
     if seen.ran:
         constants = _in_effect(constants, seen)
 
-    _check_class_forward(model, [m for m, _, _ in constants] + [b.module for b in branches])
+    check_class_forward(model, [m for m, _, _ in constants] + [b.module for b in branches])
 
     # Everything is checked: from here on the model changes. Attention first: its scales are measured
     # again on a probe forward, and a mismatch undoes the change and raises before anything else changes.
@@ -225,62 +225,6 @@ def parametrize(
     mark_parameters(model, spec)
     register_plain_guard()
     return model
-
-
-_ATTENTION_WORDS = ("scaled_dot_product_attention", "softmax", "attn_scale(", "attn_logits(")
-
-
-def _attention_suspects(model: nn.Module) -> list[str]:
-    """Modules that may compute attention, found without running the model: torch's MultiheadAttention,
-    a `scaling` attribute, or a forward (of the class or any base class) calling softmax or SDPA."""
-    out = []
-    for mname, module in model.named_modules():
-        if isinstance(module, nn.MultiheadAttention) or isinstance(getattr(module, "scaling", None), float):
-            out.append(canonical_name(mname) or "<model>")
-            continue
-        for cls in type(module).__mro__:
-            forward = cls.__dict__.get("forward")
-            if forward is None or getattr(forward, "__module__", "").startswith("torch."):
-                continue
-            try:
-                source = inspect.getsource(forward)
-            except (OSError, TypeError):
-                continue
-            if any(w in source for w in _ATTENTION_WORDS):
-                out.append(canonical_name(mname) or "<model>")
-                break
-    return out
-
-
-def _warn_unused(
-    infos: dict[str, ParamInfo],
-    tunable: TunableMultipliers,
-    has_attention: bool,
-    attn_base_head_dim: int | None,
-    residual_branches: Iterable[str] | None,
-    deeper: bool,
-) -> None:
-    """A MuPWarning for every multiplier or option of parametrize that acts on nothing of this model."""
-    roles = {i.role for i in infos.values()}
-    unused = []
-    if tunable.output != 1.0 and "output" not in roles and not any(i.tied_readouts for i in infos.values()):
-        unused.append(f"output_mult={tunable.output:g}: no parameter has the output (readout) role")
-    if tunable.embedding != 1.0 and not any(i.role == "input" and i.layout is not None for i in infos.values()):
-        unused.append(f"embedding_mult={tunable.embedding:g}: no embedding or input layer has the input role")
-    if tunable.attention != 1.0 and not has_attention:
-        unused.append(f"attn_mult={tunable.attention:g}: no attention module was found (or attention=False)")
-    if attn_base_head_dim is not None and not has_attention:
-        unused.append(f"attn_base_head_dim={attn_base_head_dim}: no attention module was found (or attention=False)")
-    for what, table in (("init_mult", tunable.init), ("lr_mult", tunable.lr)):
-        unused += [f"{what}['{r}']={v:g}: no parameter has the role '{r}'" for r, v in table.items() if r not in roles]
-    if residual_branches is not None and not deeper:
-        unused.append("residual_branches=: the model has as many blocks as the base, so no depth scaling applies")
-    for message in unused:
-        warnings.warn(
-            f"parametrize: {message}, so it does nothing here; drop it, or check the roles with mt.describe(model)",
-            MuPWarning,
-            stacklevel=3,
-        )
 
 
 def _resolve_shapes(model, base, delta, base_shapes, example_inputs=None) -> WidthShapes:
@@ -360,38 +304,6 @@ def _install_branch_multipliers(
     return installed
 
 
-def _rms(t: torch.Tensor) -> float:
-    return float(t.detach().to(torch.float64).pow(2).mean().sqrt())
-
-
-def _not_a_random_scale(info: ParamInfo, p: torch.Tensor, base_p: torch.Tensor) -> str | None:
-    """Why the values of a parameter µP keeps at the base's init scale are not a random init whose scale
-    follows width (so rescaling them by rms(base)/rms(model) would change what they mean), else None.
-
-    Observed on the values: constant (ones, zeros, 1e-5 layer scales); the base's values found again in
-    the model's (structured: log(1..n) decays, rows repeated); not centred on zero (log-decays, time-step
-    biases: a width-scaled init is symmetric around 0); or, for a parameter no layer's fan_in scales
-    (not a Linear/Conv bias), an rms that does not differ from the base's beyond sampling noise.
-    """
-    x, b = p.detach().to(torch.float64).flatten(), base_p.detach().to(torch.float64).flatten()
-    if x.numel() < 2 or bool((x == x[0]).all()):
-        return "constant"
-    if base_p.shape != p.shape and all(s0 <= s for s0, s in zip(base_p.shape, p.shape)):
-        corner = p.detach()[tuple(slice(0, s0) for s0 in base_p.shape)]
-        if torch.equal(corner.to(base_p.dtype), base_p.detach()):
-            return "structured (the base's values are part of the model's)"
-    if float(x.mean().abs()) > 3.0 * float(x.std()) / x.numel() ** 0.5 + 1e-12 and float(x.mean().abs()) > 0.5 * float(
-        x.std()
-    ):
-        return "not centred on zero"
-    if info.module_fan_in_mult != 1.0:
-        return None  # a layer's bias: its init may follow the layer's fan_in, as PyTorch's does
-    # log(rms_base/rms_model) against its sampling noise: var(log rms) ≈ var(x²)/(4 n mean(x²)²)
-    noise = sum(float(t.pow(2).var()) / (4 * t.numel() * float(t.pow(2).mean()) ** 2) for t in (x, b) if t.numel() > 1)
-    ratio = abs(math.log(_rms(base_p) / _rms(p))) if _rms(base_p) > 0 else math.inf
-    return "no width dependence beyond noise" if ratio <= 3.0 * noise**0.5 else None
-
-
 def _init_factor(
     info: ParamInfo,
     shapes: WidthShapes,
@@ -402,7 +314,7 @@ def _init_factor(
     kept: dict[str, str] | None = None,
 ) -> float:
     """Factor to multiply the model's current init by; parameters whose values are kept as they are
-    (not a random init, see `_not_a_random_scale`) are added to `kept` with the reason."""
+    (not a random init, see `not_a_random_scale`) are added to `kept` with the reason."""
     kept = {} if kept is None else kept
     own = shapes.params[info.base_name].width_ratios(tuple(p.shape))
     if all(m == 1.0 for m in own) and info.module_fan_in_mult == 1.0:
@@ -410,16 +322,16 @@ def _init_factor(
         return init_mult
     target = factor(init_exp, info.m_in, info.m_out)
     if base_p is not None:
-        current = _rms(p)
+        current = rms(p)
         if current == 0.0:
             return init_mult  # zero init stays zero
         if target == 1.0 and info.role in ("vector", "scalar", "input"):
-            why = _not_a_random_scale(info, p, base_p)
+            why = not_a_random_scale(info, p, base_p)
             if why is not None:  # its values are its meaning (a log-decay, a time-step bias, a gain): kept
-                if not math.isclose(_rms(base_p), current, rel_tol=1e-6):  # listed where rescaling would change it
+                if not math.isclose(rms(base_p), current, rel_tol=1e-6):  # listed where rescaling would change it
                     kept[info.name] = why
                 return init_mult
-        return target * _rms(base_p) / current * init_mult
+        return target * rms(base_p) / current * init_mult
     # Shapes only: assume the user's init scales like PyTorch's default.
     if info.layout is not None or (p.ndim >= 2 and info.role in ("hidden", "output")):
         assumed = info.m_in**-0.5
@@ -588,19 +500,6 @@ def _in_effect(constants: ForwardConstants, seen: Observation) -> ForwardConstan
             continue
         kept.append((mname, side, c))
     return kept
-
-
-def _check_class_forward(model: nn.Module, names: list[str]) -> None:
-    """A forward constant is installed by switching the module's class; a forward set on the instance
-    (a closure, a bound method of another object) would run instead and the constant would not be in
-    effect, while `describe` and the spec said it was. Refused, naming the module."""
-    for mname in dict.fromkeys(names):
-        if "forward" in _module(model, mname).__dict__:
-            raise ModelError(
-                f"'{mname or '<model>'}' needs a µP forward constant, but its forward is a function set on the "
-                f"instance (module.forward = ...), which would run instead of the constant's; define forward as a "
-                f"method of its class (or set it after parametrize on a wrapper module around it)"
-            )
 
 
 def _install_forward_constants(model: nn.Module, constants: ForwardConstants) -> None:
