@@ -189,3 +189,13 @@ def test_a_constant_on_a_module_with_an_instance_forward_is_refused():
 
     with pytest.raises(ModelError, match="'head' needs a µP forward constant.*set on the instance"):
         mt.parametrize(Net(128), base=Net(32), delta=Net(64), formulation="table8")
+
+
+def test_describe_never_prints_a_constant_that_is_not_in_effect():
+    """Before: a readout replaced after parametrize still showed "head input ×0.25" though nothing applied it."""
+    model = _mup(PatchViT, formulation="table8")
+    assert "head input ×0.25" in mt.describe(model) and "NOT in effect" not in mt.describe(model)
+    model.head = nn.Linear(128, 10)  # same shape, plain class: the readout multiplier is gone
+    assert "head input ×0.25 (NOT in effect: the module was replaced or changed after parametrize)" in mt.describe(
+        model
+    )
