@@ -24,6 +24,7 @@ from ._core.groups import (
     hidden_matrices,
     muon_adjust_ratio,
     param_groups,
+    plain_groups_holding_mup,
     torch_muon,
 )
 from ._core.shapes import canonical_name
@@ -459,8 +460,16 @@ def check_lr_ratios(optimizer: torch.optim.Optimizer, rtol: float = 1e-6) -> Non
 
     Raises:
         OptimizerError: a group's lr is not its µP factor × the base lr (e.g. after OneCycleLR with
-            a scalar max_lr).
+            a scalar max_lr), or a group not built by `param_groups` holds parameters whose lr µP scales.
     """
+    plain = plain_groups_holding_mup(optimizer)
+    if plain:
+        i, names = plain[0]
+        raise OptimizerError(
+            f"optimizer group {i} was not built by mt.param_groups but holds parameters of a µP model "
+            f"({', '.join(names[:3])}{' …' if len(names) > 3 else ''}): they all get one lr, not µP's. Build the "
+            "optimizer over mt.param_groups(model, lr, optimizer=...) or use mt.optim.AdamW(model, lr=...)"
+        )
     groups = [g for g in optimizer.param_groups if LR_FACTOR_KEY in g and g[LR_FACTOR_KEY] > 0]
     if not groups:
         return

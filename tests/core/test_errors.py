@@ -117,11 +117,21 @@ def test_attention_without_a_readable_head_dim():
     assert (a.module, a.how, a.d0, a.d, a.verified) == ("", "sdpa", 64, 128, True)
     assert a.scale == pytest.approx(8 / 128)
 
-    # without a probe forward (inputs that cannot be made), the head dim must be given
+    # a forward of three tensors: the probe passes one input per argument and measures the scale
     class Opaque(Attn):
         def forward(self, x, y, z):
             return super().forward(x)
 
-    with pytest.warns(mt.MuPWarning, match="could not run a probe forward .*example_inputs="):
-        m = mt.parametrize(Opaque(128), base=Opaque(64), delta=Opaque(96))
-    assert m._mutransfer_spec.attention == []  # nothing measured, nothing assumed: said in the warning
+    [a] = mt.parametrize(Opaque(128), base=Opaque(64), delta=Opaque(96))._mutransfer_spec.attention
+    assert a.verified and a.scale == pytest.approx(8 / 128)
+
+    # inputs that cannot be made: an error naming example_inputs=, never a scale assumed
+    class Keyed(Attn):
+        def forward(self, batch):
+            return super().forward(batch["x"])
+
+    with pytest.raises(mt.errors.ModelError, match="could not run a probe forward .*example_inputs="):
+        mt.parametrize(Keyed(128), base=Keyed(64), delta=Keyed(96))
+    x = {"x": torch.randn(1, 4, 128)}  # sized for the model: the base head dim is then given
+    m = mt.parametrize(Keyed(128), base=Keyed(64), delta=Keyed(96), example_inputs=(x,), attn_base_head_dim=64)
+    assert m._mutransfer_spec.attention[0].verified

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 from torch import nn
 
 from ..rules import optimizer_rule
-from .depth import block_pattern
+from ..scaled_forward import INPUT_ATTR, OUTPUT_ATTR, Side
+from .depth import BRANCH_ATTR, block_pattern
 from .groups import group_factors
-from .spec import require_spec
+from .spec import MuSpec, require_spec, spec_holder
 
 __all__ = ["describe"]
 
@@ -71,15 +74,26 @@ def describe(model: nn.Module, optimizer: str | None = None, adjust_lr_fn: str |
         lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
+    stale = _not_in_effect(model, spec)
     if spec.forward_constants:
         lines.append(
             "forward constants: "
-            + ", ".join(f"{m or '<model>'} {kind}{c:.4g}" for m, (kind, c) in spec.forward_constants.items())
+            + ", ".join(
+                f"{m or '<model>'} {kind}{c:.4g}" + (" (NOT in effect: " + stale[m] + ")" if m in stale else "")
+                for m, (kind, c) in spec.forward_constants.items()
+            )
         )
     elif not spec.branches:
         lines.append("forward constants: none (zero forward overhead)")
     else:
         lines.append(f"forward constants: residual branch multipliers only ({len(spec.branches)})")
+    stale_branches = [m for m in spec.branches if m in stale and m not in spec.forward_constants]
+    if stale_branches:
+        lines.append(
+            "residual branch multipliers NOT in effect: "
+            + ", ".join(f"{m} ({stale[m]})" for m in stale_branches[:6])
+            + (" …" if len(stale_branches) > 6 else "")
+        )
     for prefix, (l0, l) in spec.depth.items():
 
         def inside(names, prefix=prefix):
@@ -117,6 +131,40 @@ def describe(model: nn.Module, optimizer: str | None = None, adjust_lr_fn: str |
         "override": "roles= override",
     }
     lines.append("roles from: " + ", ".join(f"{words.get(k, k)} {v}" for k, v in sorted(by_source.items())))
+    kept = getattr(spec, "kept_values", {})  # absent from specs pickled before it existed
+    if kept:
+        lines.append(
+            "init values kept, not rescaled by rms(base)/rms(model): "
+            + ", ".join(f"{n} ({why})" for n, why in list(kept.items())[:8])
+            + (f" and {len(kept) - 8} more" if len(kept) > 8 else "")
+        )
     if spec.zero_init:
         lines.append("zero-initialized: " + ", ".join(spec.zero_init))
     return "\n".join(lines)
+
+
+def _not_in_effect(model: nn.Module, spec: MuSpec) -> dict[str, str]:
+    """Modules whose recorded forward constant or branch multiplier is not installed on the model as
+    it is now (the module was replaced or its class changed after `parametrize`): module → why."""
+    root = spec_holder(model) or model
+    want: dict[str, dict[str, float]] = {}
+    for m, (kind, c) in spec.forward_constants.items():
+        attr = INPUT_ATTR if kind == Side.INPUT else OUTPUT_ATTR
+        want.setdefault(m, {})[attr] = want.get(m, {}).get(attr, 1.0) * c
+    for m, c in spec.branches.items():
+        want.setdefault(m, {})[OUTPUT_ATTR] = want.get(m, {}).get(OUTPUT_ATTR, 1.0) * c
+    out = {}
+    for m, attrs in want.items():
+        try:
+            module = root.get_submodule(m) if m else root
+        except AttributeError:
+            out[m] = "no such module in the model now"
+            continue
+        if "forward" in module.__dict__:
+            out[m] = "its forward is set on the instance"
+            continue
+        for attr, c in attrs.items():
+            have = module.__dict__.get(attr, module.__dict__.get(BRANCH_ATTR) if attr == OUTPUT_ATTR else None)
+            if have is None or not math.isclose(float(have), c, rel_tol=1e-9):
+                out[m] = "the module was replaced or changed after parametrize"
+    return out

@@ -37,7 +37,6 @@ Devices: the probe forwards run where the model lives (the device of its paramet
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -49,6 +48,7 @@ from .export_check import (
     NoCache,
     cast_floats,
     check_same_outputs,
+    copy_model,
     fill_zeros,
     low_precision,
     probe_inputs,
@@ -106,15 +106,15 @@ def export(
     try:
         with torch.no_grad(), caching:
             # the model itself, or a copy on the probe device (the original stays where it is)
-            probed = root if same_device(where, home) else copy.deepcopy(root).to(where)
+            probed = root if same_device(where, home) else copy_model(root).to(where)
             inputs = probe_inputs(probed, example_inputs)
-            reference = copy.deepcopy(probed).eval()  # decisions are taken on this copy, zeros filled
+            reference = copy_model(probed).eval()  # decisions are taken on this copy, zeros filled
             low = low_precision(reference)
             if low is not None:  # decide in float32: bf16 rounding would hide which fold is right
                 reference.float()
                 inputs = cast_floats(inputs, torch.float32)
             filled = fill_zeros(reference)
-            plain = copy.deepcopy(reference)
+            plain = copy_model(reference)
             Folder(reference, plain, inputs, spec, rtol).fold(untie)
             check_same_outputs(plain, reference, inputs, rtol, "the exported model")
             params = dict(plain.named_parameters(remove_duplicate=False))

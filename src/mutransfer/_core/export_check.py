@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+import types
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ __all__ = [
     "cast_floats",
     "check_same_outputs",
     "copied",
+    "copy_model",
     "fill_zeros",
     "float_tensors",
     "hf_configs",
@@ -39,6 +41,43 @@ def copied(obj: Any) -> Any:
         return copy.deepcopy(obj)
     except Exception:
         return obj
+
+
+def copy_model(model: nn.Module) -> nn.Module:
+    """`copy.deepcopy(model)` whose instance-level forwards run the copy, not the original.
+
+    `deepcopy` shares function objects: a forward set on an instance (a closure over the model, a bound
+    method of one of its modules) would keep calling the original's layers, and every fold checked on
+    the copy would be checked on the original instead. Such forwards are rebound to the copy's modules:
+    a closure's cells and a bound method's `__self__` that hold an object the copy replaced get the copy.
+    """
+    memo: dict[int, Any] = {}
+    new = copy.deepcopy(model, memo)
+    for module in new.modules():
+        forward = module.__dict__.get("forward")
+        if forward is not None:
+            module.__dict__["forward"] = _rebound(forward, memo)
+    return new
+
+
+def _rebound(fn: Any, memo: dict[int, Any]) -> Any:
+    """`fn` with the objects its closure or `__self__` holds replaced by their copies in `memo`."""
+    if isinstance(fn, types.MethodType):
+        return types.MethodType(_rebound(fn.__func__, memo), memo.get(id(fn.__self__), fn.__self__))
+    if isinstance(fn, types.FunctionType) and fn.__closure__:
+        cells = tuple(_cell_copy(c, memo) for c in fn.__closure__)
+        new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, cells)
+        new.__kwdefaults__ = fn.__kwdefaults__
+        return new
+    return fn
+
+
+def _cell_copy(cell: types.CellType, memo: dict[int, Any]) -> types.CellType:
+    try:
+        value = cell.cell_contents
+    except ValueError:  # an empty cell (a name not bound yet)
+        return cell
+    return types.CellType(memo.get(id(value), value))
 
 
 def float_tensors(out: Any) -> list[torch.Tensor]:

@@ -9,13 +9,15 @@ torch.optim.Muon step), `hidden_matrices` for a model in standard parametrizatio
 from __future__ import annotations
 
 import types
+import warnings
+import weakref
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
-from ..errors import OptimizerError
+from ..errors import ModelError, MuPWarning, OptimizerError
 from ..optimizers import LR_FACTOR_KEY
 from ..rules import DEFAULT_WEIGHT_DECAY_POLICY, WEIGHT_DECAY_POLICIES, optimizer_rule
 from .shapes import canonical_name
@@ -24,16 +26,22 @@ from .spec import MuSpec, require_spec
 __all__ = [
     "ADJUST_KEY",
     "MUON_ADJUST_FNS",
+    "MUP_MARK",
     "MuonGroups",
     "check_muon_adjust",
+    "check_unchanged",
     "group_factors",
     "hidden_matrices",
+    "mark_parameters",
     "muon_adjust_ratio",
     "param_groups",
+    "plain_groups_holding_mup",
     "register_muon_guard",
+    "register_plain_guard",
     "torch_muon",
 ]
 
+MUP_MARK = "_mutransfer_mup"  # on a parameter µP gives an lr factor other than 1: its canonical name
 ADJUST_KEY = "mup_adjust_lr_fn"  # the torch.optim.Muon adjust_lr_fn a Muon group's lr factor was built for
 MUON_ADJUST_FNS = (None, "original", "match_rms_adamw")
 
@@ -156,6 +164,7 @@ def param_groups(
     names: dict[int, str] = {}
     for n, p in model.named_parameters():
         names.setdefault(id(p), canonical_name(n))
+    check_unchanged(spec, model, "param_groups")
 
     user_groups: list[Any]
     if groups is None:
@@ -209,6 +218,39 @@ def param_groups(
     return out.get(name_lc, [])
 
 
+def check_unchanged(spec: MuSpec, model: nn.Module, caller: str) -> None:
+    """Raise if `model` has parameters `parametrize` never saw, or whose shape changed since (a layer
+    added or replaced after `parametrize`): their init and lr factors would be missing or stale.
+
+    Args:
+        spec: the model's `MuSpec`.
+        model: the model (or a wrapper of it).
+        caller: the function's name, for the message.
+
+    Raises:
+        ModelError: a parameter is new or has another shape than `parametrize` recorded.
+    """
+    for n, p in model.named_parameters():
+        name = canonical_name(n)
+        info = spec.params.get(name)
+        if info is None:
+            raise ModelError(
+                f"{caller}: parameter '{name}' (shape {tuple(p.shape)}) was added after mt.parametrize, so it has no "
+                "µP role, init or lr factor; build the model with it and call mt.parametrize again"
+            )
+        if tuple(p.shape) != tuple(info.shape) and not p.is_meta and p.numel() > 0 and _unflattened(p, info):
+            raise ModelError(
+                f"{caller}: parameter '{name}' has shape {tuple(p.shape)}, but mt.parametrize recorded "
+                f"{tuple(info.shape)}: its layer was replaced after parametrize and its µP factors are stale; "
+                "build the model with the new layer and call mt.parametrize again"
+            )
+
+
+def _unflattened(p: torch.Tensor, info: Any) -> bool:
+    """False for a parameter a sharding wrapper flattened (FSDP: one flat 1-D shard of the recorded tensor)."""
+    return not (p.ndim == 1 and len(info.shape) != 1)
+
+
 def hidden_matrices(model: nn.Module, other: nn.Module) -> set[str]:
     """Names of the 2-D parameters of `model` whose two dims both differ in `other`, the same
     architecture at another width: the hidden matrices, found from shapes alone (for a model in
@@ -259,3 +301,58 @@ def register_muon_guard() -> None:
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
         _GUARD = register_optimizer_step_pre_hook(_muon_guard_hook)
+
+
+# ----------------------------------------------------------------------- the plain-optimizer guard
+_PLAIN_GUARD = None
+_CHECKED: weakref.WeakSet = weakref.WeakSet()
+
+
+def mark_parameters(model: nn.Module, spec: MuSpec) -> None:
+    """Mark the parameters of a parametrized model whose µP lr differs from the base lr (under SGD or
+    Adam) with their name, so that an optimizer built over them without `param_groups` is noticed."""
+    for n, p in model.named_parameters():
+        name = canonical_name(n)
+        if name in spec.params and any(spec.factors(name, o)[0] != 1.0 for o in ("sgd", "adam")):
+            setattr(p, MUP_MARK, name)
+
+
+def plain_groups_holding_mup(optimizer: torch.optim.Optimizer) -> list[tuple[int, list[str]]]:
+    """(group index, µP parameter names) of every optimizer group that was not built by `param_groups`
+    but holds parameters of a µP model whose lr µP scales: a plain optimizer over a µP model."""
+    out = []
+    for i, g in enumerate(optimizer.param_groups):
+        if LR_FACTOR_KEY in g:
+            continue
+        names = [getattr(p, MUP_MARK) for p in g["params"] if hasattr(p, MUP_MARK)]
+        if names:
+            out.append((i, names))
+    return out
+
+
+def _plain_guard_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+    if optimizer in _CHECKED:
+        return None
+    _CHECKED.add(optimizer)
+    found = plain_groups_holding_mup(optimizer)
+    if found:
+        i, names = found[0]
+        warnings.warn(
+            f"{type(optimizer).__name__} group {i} holds parameters of a µP model ({', '.join(names[:3])}"
+            f"{' …' if len(names) > 3 else ''}) with one lr for all, not µP's per-parameter lrs (hidden and readout "
+            "weights need lr × 1/m): build the optimizer over mt.param_groups(model, lr, optimizer=...) or use "
+            "mt.optim.AdamW(model, lr=...) (and its relatives)",
+            MuPWarning,
+            stacklevel=3,
+        )
+    return None
+
+
+def register_plain_guard() -> None:
+    """Check once per optimizer, before its first step, that the µP parameters it steps are in groups
+    built by `param_groups` (registered once, process-wide; a warning names the parameters)."""
+    global _PLAIN_GUARD
+    if _PLAIN_GUARD is None:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        _PLAIN_GUARD = register_optimizer_step_pre_hook(_plain_guard_hook)

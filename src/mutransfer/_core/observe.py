@@ -8,6 +8,9 @@ What is recorded and how: `recorder` and `observation`.
 
 from __future__ import annotations
 
+import inspect
+import itertools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -81,9 +84,11 @@ def example_inputs(model: nn.Module) -> list[Any]:
     """Candidate inputs for a probe forward, best first (each tried until one runs).
 
     Hugging Face models: built from ``main_input_name`` and the config (token ids, or images
-    of the configured size; encoder-decoders get decoder ids too). timm models: their
-    ``pretrained_cfg['input_size']``. Anything else: from the first layer that takes the input
-    (an embedding → token ids; a Linear → features; a Conv → images of 32 pixels a side).
+    of the configured size and channels; encoder-decoders get decoder ids too). timm models: their
+    ``pretrained_cfg['input_size']``. Anything else: from the layers that take the input (an
+    embedding → token ids; a Linear → features; a Conv → images of a size its stride divides: a
+    patch Conv (stride = kernel) gets the grid its positional table implies). A forward with several
+    required arguments gets one input per argument (by name — ids, pixels/images — or each kind in turn).
     """
     params = list(model.parameters())
     device = module_device(model)
@@ -105,11 +110,12 @@ def example_inputs(model: nn.Module) -> list[Any]:
                 cand["decoder_input_ids"] = ids.clone()
             out.append(cand)
         elif main == "pixel_values":
-            size = get("image_size", 32)
-            size = size if isinstance(size, int) else (size[0] if isinstance(size, (list, tuple)) else 32)
-            out.append(
-                {"pixel_values": torch.randn(1, int(get("num_channels", 3)), size, size, device=device, dtype=dtype)}
-            )
+            vision = get("vision_config", None) or config
+            size = getattr(vision, "image_size", None)
+            size = size if isinstance(size, int) else (size[0] if isinstance(size, (list, tuple)) else None)
+            channels = int(getattr(vision, "num_channels", None) or 3)
+            sizes = [size] if size else _image_sizes(model)
+            out += [{"pixel_values": torch.randn(1, channels, s, s, device=device, dtype=dtype)} for s in sizes[:2]]
     cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None)
     if isinstance(cfg, dict) and isinstance(cfg.get("input_size"), (tuple, list)):
         size = tuple(int(s) for s in cfg["input_size"])
@@ -118,24 +124,101 @@ def example_inputs(model: nn.Module) -> list[Any]:
         if isinstance(img_size, (tuple, list)) and len(size) == 3:
             size = (size[0], int(img_size[0]), int(img_size[1]))
         out.append(torch.randn(1, *size, device=device, dtype=dtype))
-    first = next(
-        (
-            m
-            for m in model.modules()
-            if isinstance(m, (nn.Embedding, nn.Linear, nn.modules.conv._ConvNd)) or type(m).__name__ == "Conv1D"
-        ),
-        None,
-    )
-    if isinstance(first, nn.Embedding):
-        out.append(torch.randint(0, min(first.num_embeddings, 64), (1, 8), device=device))
-    elif isinstance(first, nn.Linear):
-        out += [
-            torch.randn(2, first.in_features, device=device, dtype=dtype),
-            torch.randn(1, 8, first.in_features, device=device, dtype=dtype),
-        ]
-    elif isinstance(first, nn.modules.conv._ConvNd):
-        spatial = len(first.kernel_size)
-        out.append(torch.randn(1, first.in_channels, *([32] * spatial), device=device, dtype=dtype))
+    kinds = _first_layer_inputs(model, device, dtype)
+    required = _required_arguments(model)
+    if len(required) <= 1:
+        out += [c for _, c in kinds]
+    else:
+        out += _several_inputs(required, kinds)
+    return out
+
+
+_ID_NAMES = ("ids", "token", "idx", "index", "text")
+_IMAGE_NAMES = ("pixel", "image", "img", "picture", "frame")
+
+
+def _required_arguments(model: nn.Module) -> list[str]:
+    """The names of the forward's positional arguments that have no default (empty when unreadable)."""
+    try:
+        sig = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in sig.parameters.values() if p.kind in kinds and p.default is inspect.Parameter.empty]
+
+
+def _image_sizes(model: nn.Module) -> list[int]:
+    """Image sides a model's first Conv can take: for a patch Conv (stride = kernel > 1) the side its
+    positional table implies (n patches, or n + 1 with a class token) and 4 patches a side; else 32."""
+    conv = next((m for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd)), None)
+    if conv is None:
+        return [32]
+    stride = int(conv.stride[0]) if isinstance(conv.stride, tuple) else int(conv.stride)
+    if stride <= 1:
+        return [32]
+    owner = {id(m.weight): m for m in model.modules() if isinstance(getattr(m, "weight", None), torch.Tensor)}
+    tables = [p for p in model.parameters() if p.ndim >= 2]
+    raw = [t for t in tables if not isinstance(owner.get(id(t)), (nn.Linear, nn.modules.conv._ConvNd))]
+    sizes: list[int] = []
+    for t in sorted(raw, key=lambda t: id(t) in owner):  # raw tables (pos_embed) before Embedding weights
+        for n in t.shape[:-1]:  # positions are never the last (feature) dim
+            for tokens in (n, n - 1):
+                side = math.isqrt(max(tokens, 0))
+                if side > 1 and side * side == tokens and side * stride not in sizes:
+                    sizes.append(side * stride)
+    return sizes[:3] + [s for s in (4 * stride, 8 * stride) if s not in sizes[:3]]
+
+
+def _first_layer_inputs(model: nn.Module, device, dtype) -> list[tuple[str, Any]]:
+    """(kind, input) for each kind of layer that can take a model's input, in module order: the first
+    Embedding (token ids), Linear / HF Conv1D (features, 2-D then 3-D), Conv (images)."""
+    out: list[tuple[str, Any]] = []
+    seen: set[str] = set()
+    for m in model.modules():
+        if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and "ids" not in seen:
+            seen.add("ids")
+            out.append(("ids", torch.randint(0, min(m.num_embeddings, 64), (1, 8), device=device)))
+        elif isinstance(m, nn.Linear) and "features" not in seen:
+            seen.add("features")
+            out += [
+                ("features", torch.randn(2, m.in_features, device=device, dtype=dtype)),
+                ("features", torch.randn(1, 8, m.in_features, device=device, dtype=dtype)),
+            ]
+        elif isinstance(m, nn.modules.conv._ConvNd) and "images" not in seen:
+            seen.add("images")
+            spatial = len(m.kernel_size)
+            out += [
+                ("images", torch.randn(1, m.in_channels, *([s] * spatial), device=device, dtype=dtype))
+                for s in dict.fromkeys(_image_sizes(model) if spatial == 2 else [32])
+            ]
+    return out
+
+
+def _several_inputs(required: list[str], kinds: list[tuple[str, Any]], limit: int = 8) -> list[tuple]:
+    """Tuples of one input per required argument: by the argument's name where it says (ids, images),
+    else every kind in turn (the same kind for all arguments first)."""
+    if not kinds:
+        return []
+    firsts = list(dict((k, c) for k, c in reversed(kinds)).items())[::-1]  # the first input of each kind
+    by_kind = dict(firsts)
+
+    def options(arg: str) -> list[Any]:
+        low = arg.lower()
+        if any(s in low for s in _ID_NAMES) and "ids" in by_kind:
+            return [by_kind["ids"]]
+        if any(s in low for s in _IMAGE_NAMES) and "images" in by_kind:
+            return [by_kind["images"]]
+        return [c for _, c in firsts]
+
+    choices = [options(a) for a in required]
+    out: list[tuple] = []
+    if all(len(c) > 1 for c in choices):
+        out += [tuple(c for _ in required) for _, c in firsts]
+    for combo in itertools.product(*choices):
+        if len(out) >= limit:
+            break
+        if not any(all(a is b for a, b in zip(combo, o)) for o in out):
+            out.append(tuple(combo))
     return out
 
 

@@ -9,6 +9,7 @@ readout or input layers, to a subclass that applies the forward constant (see `s
 from __future__ import annotations
 
 import fnmatch
+import math
 import os
 import warnings
 from collections.abc import Iterable, Mapping
@@ -34,8 +35,10 @@ from ..rules import (
 )
 from .attention_plan import base_attention, install_attention, plan_attention
 from .depth import BRANCH_ATTR, Branch, DepthMap, block_containers, find_branches, outermost
+from .groups import mark_parameters, register_plain_guard
 from .observation import Observation
 from .observe import observe_model
+from .param_checks import attention_suspects, check_class_forward, not_a_random_scale, rms, warn_unused
 from .roles import ParamInfo, classify
 from .shapes import WidthShapes, canonical_name
 from .spec import SPEC_ATTR, MuSpec, find_spec
@@ -132,6 +135,16 @@ def parametrize(
             f"parametrize could not run the model on example_inputs ({seen.error}); pass inputs the "
             "model's forward accepts (a tensor, a tuple of arguments or a dict of keyword arguments)"
         )
+    if not seen.ran and attention:
+        suspects = attention_suspects(model)
+        if suspects:
+            raise ModelError(
+                f"parametrize could not run a probe forward of {type(model).__name__} ({seen.error}), and it has "
+                f"attention ({', '.join(suspects[:4])}{' …' if len(suspects) > 4 else ''}) whose logit scale µP can "
+                f"only set once it is measured; pass example_inputs= (a tensor, a tuple of arguments or a dict of "
+                f"keyword arguments the forward accepts), or attention=False if the model already scales its "
+                f"logits the µP way"
+            )
     if not seen.ran:
         warnings.warn(
             f"parametrize could not run a probe forward of {type(model).__name__} ({seen.error}): roles "
@@ -151,12 +164,22 @@ def parametrize(
         if attention
         else []
     )
+    warn_unused(
+        infos,
+        tunable,
+        attention and bool(attention_plan),
+        attn_base_head_dim,
+        residual_branches,
+        bool(depth.containers),
+    )
     params = {canonical_name(n): p for n, p in model.named_parameters()}
     zeroing = _readout_zeroing(model, infos, params) if zero_init_readout else []
     zeroing += _query_zeroing(model, zero_init_query) if zero_init_query else []
     constants = _forward_constants(infos, rules, tunable, _readout_input_ratio(seen, shapes, depth), model)
     if seen.ran:
         constants = _in_effect(constants, seen)
+
+    check_class_forward(model, [m for m, _, _ in constants] + [b.module for b in branches])
 
     # Everything is checked: from here on the model changes. Attention first: its scales are measured
     # again on a probe forward, and a mismatch undoes the change and raises before anything else changes.
@@ -182,6 +205,7 @@ def parametrize(
                 tunable.init_mult(info.role),
                 params[name],
                 None if base_values is None else base_values[info.base_name],
+                spec.kept_values,
             )
             init_factor *= depth_factor(spec.depth_rule(name).init, info.m_depth, spec.depth_alpha)
             spec.init_scales[name] = init_factor  # the field keeps its name: MuSpec is pickled with models
@@ -198,6 +222,8 @@ def parametrize(
         b.end: depth_factor(BRANCH_MULTIPLIER, depth.multiplier(b.end), alpha) for b in folded if b.end is not None
     }
     setattr(model, SPEC_ATTR, spec)
+    mark_parameters(model, spec)
+    register_plain_guard()
     return model
 
 
@@ -278,24 +304,34 @@ def _install_branch_multipliers(
     return installed
 
 
-def _rms(t: torch.Tensor) -> float:
-    return float(t.detach().to(torch.float64).pow(2).mean().sqrt())
-
-
 def _init_factor(
-    info: ParamInfo, shapes: WidthShapes, init_exp, init_mult: float, p: torch.Tensor, base_p: torch.Tensor | None
+    info: ParamInfo,
+    shapes: WidthShapes,
+    init_exp,
+    init_mult: float,
+    p: torch.Tensor,
+    base_p: torch.Tensor | None,
+    kept: dict[str, str] | None = None,
 ) -> float:
-    """Factor to multiply the model's current init by."""
+    """Factor to multiply the model's current init by; parameters whose values are kept as they are
+    (not a random init, see `not_a_random_scale`) are added to `kept` with the reason."""
+    kept = {} if kept is None else kept
     own = shapes.params[info.base_name].width_ratios(tuple(p.shape))
     if all(m == 1.0 for m in own) and info.module_fan_in_mult == 1.0:
         # Base width for this parameter (and, for a bias, for its layer's fan_in): keep the user's init.
         return init_mult
     target = factor(init_exp, info.m_in, info.m_out)
     if base_p is not None:
-        current = _rms(p)
+        current = rms(p)
         if current == 0.0:
             return init_mult  # zero init stays zero
-        return target * _rms(base_p) / current * init_mult
+        if target == 1.0 and info.role in ("vector", "scalar", "input"):
+            why = not_a_random_scale(info, p, base_p)
+            if why is not None:  # its values are its meaning (a log-decay, a time-step bias, a gain): kept
+                if not math.isclose(rms(base_p), current, rel_tol=1e-6):  # listed where rescaling would change it
+                    kept[info.name] = why
+                return init_mult
+        return target * rms(base_p) / current * init_mult
     # Shapes only: assume the user's init scales like PyTorch's default.
     if info.layout is not None or (p.ndim >= 2 and info.role in ("hidden", "output")):
         assumed = info.m_in**-0.5

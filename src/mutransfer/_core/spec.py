@@ -52,6 +52,8 @@ class MuSpec:
     depth: dict[str, tuple[int, int]] = field(default_factory=dict)  # container → (L₀, L)
     branches: dict[str, float] = field(default_factory=dict)  # module (or helper block) → multiplier
     folded_branches: dict[str, float] = field(default_factory=dict)  # layer holding a folded multiplier
+    # parameter → why its values were kept, not rescaled (not a random init: constant, structured, …)
+    kept_values: dict[str, str] = field(default_factory=dict)
 
     def rule(self, name: str) -> Rule:
         """The width rule of parameter `name` (its role's row of the formulation's table).
