@@ -84,6 +84,8 @@ class _Recorder(TorchFunctionMode):
         self.obs = Observation()
         self.on_attention = on_attention
         self.probs: dict[int, weakref.ref] = {}
+        # logit candidate → its q·k term alone (None: the tensor itself), kept only for `on_attention`
+        self.terms: dict[int, tuple[weakref.ref, torch.Tensor | None]] = {}
         self.failures = 0
 
     # ------------------------------------------------------------ bookkeeping
@@ -163,6 +165,8 @@ class _Recorder(TorchFunctionMode):
             name = op_name(func)
             self._usage(name, args, kwargs, out)
             self._track_constants(name, args, kwargs, out)
+            if self.on_attention is not None:
+                self._track_terms(func, name, args, kwargs, out)
         except Exception:  # observing must never break the user's forward
             self.failures += 1
         return out
@@ -434,13 +438,15 @@ class _Recorder(TorchFunctionMode):
             d = q.shape[-1]
             base = float(scale) if scale is not None else 1.0 / math.sqrt(d)
             causal = bool(args[5] if len(args) > 5 else kwargs.get("is_causal", False))
-            self._attention("sdpa", d, base * self._constant(q)[0] * self._constant(k)[0], q, k, causal=causal)
+            # q and k already carry their own constants: q·kᵀ still needs only SDPA's own scale
+            effective = base * self._constant(q)[0] * self._constant(k)[0]
+            self._attention("sdpa", d, effective, q, k, causal=causal, remaining=base)
             return
         if name in SOFTMAX:
             x = args[0] if args else kwargs.get("input")
             s, logit_dim = self._constant(x)
             if logit_dim is not None:
-                self._attention("eager", logit_dim, s, None, None, logits=x)
+                self._attention("eager", logit_dim, s, None, None, logits=self._logit_term(x))
                 if isinstance(out, torch.Tensor):
                     self.probs[id(out)] = weakref.ref(out)
             return
@@ -528,11 +534,92 @@ class _Recorder(TorchFunctionMode):
             return  # attention weights × values: not a logit
         self._set_constant(out, alpha * sa * sb, d)
 
-    def _attention(self, kind: str, d: int, scale: float, q, k, logits=None, causal: bool = False) -> None:
+    def _attention(
+        self, kind: str, d: int, scale: float, q, k, logits=None, causal: bool = False, remaining: float | None = None
+    ) -> None:
         call = AttentionCall(self._module(), kind, int(d), float(scale))
         self.obs.attention.append(call)
-        if self.on_attention is not None:
+        if self.on_attention is None:
+            return
+        if remaining is None:
             self.on_attention(call, q, k, logits, causal)
+        else:
+            self.on_attention(call, q, k, logits, causal, scale=remaining)
+
+    # ------------------------------------------------------------ the q·k term of eager logits
+    # Logits as the softmax sees them may hold additive terms that are not q·kᵀ (ALiBi inside ``baddbmm``,
+    # relative-position biases, masks). The coordinate check follows the q·k term alone: from the product
+    # on, every op applied to the logits is applied to the term too, except that an added tensor that is
+    # not a product of activations is left out. Only while an `on_attention` callback listens.
+    def _term(self, t) -> tuple[bool, torch.Tensor | None]:
+        """(whether `t` is a tracked logit candidate, its q·k term or None for `t` itself)."""
+        if not isinstance(t, torch.Tensor):
+            return False, None
+        entry = self.terms.get(id(t))
+        if entry is None or entry[0]() is not t:
+            return False, None
+        return True, entry[1]
+
+    def _set_term(self, t, term: torch.Tensor | None) -> None:
+        if not isinstance(t, torch.Tensor) or (term is not None and term.shape != t.shape):
+            return
+        try:
+            self.terms[id(t)] = (weakref.ref(t), None if term is t else term)
+        except TypeError:
+            pass
+
+    def _track_terms(self, func, name: str, args, kwargs, out) -> None:
+        if not isinstance(out, torch.Tensor):
+            return
+        if name in MATMUL or name == "rmatmul" or name in MATMUL_ADD or name == "einsum":
+            if self._constant(out)[1] is None:
+                return  # not a product of two activations
+            term = None
+            if name in MATMUL_ADD:
+                bias = add_operands(name, args, kwargs)[0]
+                beta = kwargs.get("beta", 1.0)
+                if isinstance(bias, torch.Tensor) and isinstance(beta, (int, float)) and beta != 0:
+                    term = out - beta * bias
+            self._set_term(out, term)
+            return
+        tracked = {id(a): self._term(a) for a in list(args) + list(kwargs.values()) if self._term(a)[0]}
+        if not tracked:
+            return
+
+        def own(a):
+            return tracked[id(a)][1] if tracked[id(a)][1] is not None else a
+
+        if name in ("add", "sub", "radd", "rsub") and args and (len(args) >= 2 or "other" in kwargs):
+            a, b = (args[0], args[1]) if len(args) >= 2 else (args[0], kwargs["other"])
+            ta, tb = id(a) in tracked, id(b) in tracked
+            if ta and tb:
+                term = func(own(a), own(b))
+            elif ta:
+                term = own(a) if name in ("add", "sub", "radd") else -own(a)
+            else:
+                term = own(b) if name in ("add", "radd", "rsub") else -own(b)
+            if term.shape != out.shape:
+                term = term.expand(out.shape)
+        elif name in CONSTANT_SAME or name in ("mul", "rmul", "div", "rdiv"):
+            if all(t is None for _, t in tracked.values()):
+                self._set_term(out, None)  # no additive term so far: the term is the tensor itself
+                return
+            new_args = [own(a) if id(a) in tracked else a for a in args]
+            new_kwargs = {k: own(v) if id(v) in tracked else v for k, v in kwargs.items()}
+            term = func(*new_args, **new_kwargs)
+            if not isinstance(term, torch.Tensor):
+                return
+        else:
+            return
+        self._set_term(out, term)
+
+    def _logit_term(self, x: torch.Tensor) -> torch.Tensor:
+        """The q·k term of logits `x`, with the entries the softmax never sees (masked in `x`) as NaN."""
+        found, term = self._term(x)
+        if not found or term is None:
+            return x
+        keep = torch.isfinite(x) & (x.abs() < 1e30)
+        return term.masked_fill(~keep, float("nan"))
 
 
 @contextlib.contextmanager
@@ -542,7 +629,9 @@ def recording(model: nn.Module, on_attention: Callable[..., None] | None = None)
     Args:
         model: the model whose parameters and modules are named in the record.
         on_attention: called as ``on_attention(call, q, k, logits, causal)`` at each attention
-            computation with its tensors: q and k for SDPA, the logits tensor for a matmul → softmax.
+            computation with its tensors: q and k for SDPA (then also ``scale=``, SDPA's own scale: the
+            factor q·kᵀ still needs, as q and k already hold any constant multiplied onto them), the
+            q·k term of the logits for a matmul → softmax (additive biases left out, masked entries NaN).
 
     Returns:
         A context manager yielding the recorder, whose ``obs`` (an `Observation`) holds the record.

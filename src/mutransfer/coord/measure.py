@@ -107,12 +107,14 @@ class ActivationMeter:
         self.captured[key] = logits
         self.head_dims[key] = int(q.shape[-1])
 
-    def _on_attention(self, call, q, k, logits, causal) -> None:
+    def _on_attention(self, call, q, k, logits, causal, scale: float | None = None) -> None:
         label = (call.module or MODEL_OUTPUT) + ATTN_SUFFIX
         if label in self.captured:
             return
         if q is not None and k is not None:
-            self._record_logits(call.module or MODEL_OUTPUT, q, k, call.scale, causal)
+            # `scale`: what q·kᵀ still needs (SDPA's own); q and k already hold any constant multiplied onto them
+            applied = call.scale if scale is None else scale
+            self._record_logits(call.module or MODEL_OUTPUT, q, k, applied, causal)
         elif logits is not None:
             x = logits.detach().float()
             x = x[torch.isfinite(x) & (x.abs() < 1e30)]  # masked entries (−inf or dtype min) are not logits
