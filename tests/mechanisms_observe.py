@@ -120,29 +120,45 @@ class _InlineSqrtAttention(_Attention):
         return logits.masked_fill(mask, float("-inf")).softmax(-1) @ v
 
 
+class ScaledEmbedding(nn.Embedding):
+    """An embedding whose forward multiplies its output by a buffer √hidden (Gemma 3's scaled embedding)."""
+
+    def __init__(self, vocab: int, d: int):
+        super().__init__(vocab, d)
+        self.register_buffer("embed_scale", torch.tensor(d**0.5), persistent=False)
+
+    def forward(self, ids):
+        return super().forward(ids) * self.embed_scale
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, attention: type[_Attention]):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attn, self.mlp = attention(d), _Mlp(d)
+
+    def forward(self, h):
+        h = h + self.attn(self.ln1(h))
+        return h + self.mlp(self.ln2(h))
+
+
 class TinyLM(nn.Module):
-    """Embedding → (× `embed_scale`) → one pre-norm block → norm → readout."""
+    """Embedding (× `embed_scale`) → one pre-norm block → norm → readout."""
 
     def __init__(self, d: int, attention: type[_Attention] = _SdpaAttention, embed_scale: str | None = None):
         super().__init__()
-        self.embed = nn.Embedding(VOCAB, d)
-        self.ln1, self.ln2, self.ln_f = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn, self.mlp = attention(d), _Mlp(d)
+        self.embed = ScaledEmbedding(VOCAB, d) if embed_scale == "buffer" else nn.Embedding(VOCAB, d)
+        self.block = Block(d, attention)
+        self.ln_f = nn.LayerNorm(d)
         self.lm_head = nn.Linear(d, VOCAB, bias=False)
         self.embed_scale = embed_scale
-        if embed_scale == "buffer":
-            self.register_buffer("normalizer", torch.tensor(d**0.5), persistent=False)
         self.d = d
 
     def forward(self, ids):
         h = self.embed(ids)
         if self.embed_scale == "float":
             h = h * math.sqrt(self.d)
-        elif self.embed_scale == "buffer":
-            h = h * self.normalizer
-        h = h + self.attn(self.ln1(h))
-        h = h + self.mlp(self.ln2(h))
-        return self.lm_head(self.ln_f(h))
+        return self.lm_head(self.ln_f(self.block(h)))
 
 
 def _factory(**kwargs):
@@ -156,7 +172,7 @@ def _factory(**kwargs):
 MECHANISMS = {
     # mechanism 1: the embedding output × √hidden as a Python float (Gemma's normalizer)
     "embed_sqrt_float": _factory(embed_scale="float"),
-    # mechanism 1: the same constant held in a one-element buffer
+    # mechanism 1: the same constant held in a one-element buffer, inside the embedding's own forward (Gemma 3)
     "embed_sqrt_buffer": _factory(embed_scale="buffer"),
     # mechanism 2: q × scaling, then SDPA(scale=1)
     "prescaled_sdpa": _factory(attention=_PrescaledSdpaAttention),

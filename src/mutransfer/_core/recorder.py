@@ -73,6 +73,8 @@ from .op_tables import (
 
 __all__ = ["recording"]
 
+_LINEAR_OPS = {"mul", "rmul", "div", "rdiv", "add", "sub", "radd", "rsub", "true_divide"}
+
 
 class _Recorder(TorchFunctionMode):
     def __init__(self, params: dict[int, str], module_stack: list[str], on_attention=None):
@@ -86,6 +88,11 @@ class _Recorder(TorchFunctionMode):
         self.probs: dict[int, weakref.ref] = {}
         # logit candidate → its q·k term alone (None: the tensor itself), kept only for `on_attention`
         self.terms: dict[int, tuple[weakref.ref, torch.Tensor | None]] = {}
+        # tensor → the module whose output it is a linear function of (views, constants, sums): a constant
+        # multiplied onto it in the forward can be moved onto that module's output
+        self.origins: dict[int, tuple[weakref.ref, str]] = {}
+        self.logit_sources: dict[int, tuple[weakref.ref, tuple[str | None, str | None]]] = {}
+        self.outputs: dict[int, tuple[weakref.ref, str]] = {}  # a module's own output tensor → the module
         self.failures = 0
 
     # ------------------------------------------------------------ bookkeeping
@@ -162,9 +169,13 @@ class _Recorder(TorchFunctionMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         try:
+            if tensors_in(out):  # an op making tensors from it (not .shape, .size(), …)
+                self._count_output_uses(args, kwargs)
             name = op_name(func)
             self._usage(name, args, kwargs, out)
             self._track_constants(name, args, kwargs, out)
+            self._track_origins(name, args, kwargs, out)
+            self._track_sources(args, kwargs, out)
             if self.on_attention is not None:
                 self._track_terms(func, name, args, kwargs, out)
         except Exception:  # observing must never break the user's forward
@@ -440,13 +451,15 @@ class _Recorder(TorchFunctionMode):
             causal = bool(args[5] if len(args) > 5 else kwargs.get("is_causal", False))
             # q and k already carry their own constants: q·kᵀ still needs only SDPA's own scale
             effective = base * self._constant(q)[0] * self._constant(k)[0]
-            self._attention("sdpa", d, effective, q, k, causal=causal, remaining=base)
+            sources = (self._origin(q), self._origin(k))
+            self._attention("sdpa", d, effective, q, k, causal=causal, remaining=base, sources=sources)
             return
         if name in SOFTMAX:
             x = args[0] if args else kwargs.get("input")
             s, logit_dim = self._constant(x)
             if logit_dim is not None:
-                self._attention("eager", logit_dim, s, None, None, logits=self._logit_term(x))
+                sources = self._sources(x)
+                self._attention("eager", logit_dim, s, None, None, logits=self._logit_term(x), sources=sources)
                 if isinstance(out, torch.Tensor):
                     self.probs[id(out)] = weakref.ref(out)
             return
@@ -533,18 +546,143 @@ class _Recorder(TorchFunctionMode):
         if la is not None or lb is not None:
             return  # attention weights × values: not a logit
         self._set_constant(out, alpha * sa * sb, d)
+        self._set_sources(out, (self._origin(a), self._origin(b)))
 
     def _attention(
-        self, kind: str, d: int, scale: float, q, k, logits=None, causal: bool = False, remaining: float | None = None
+        self,
+        kind: str,
+        d: int,
+        scale: float,
+        q,
+        k,
+        logits=None,
+        causal: bool = False,
+        remaining: float | None = None,
+        sources: tuple[str | None, str | None] = (None, None),
     ) -> None:
-        call = AttentionCall(self._module(), kind, int(d), float(scale))
+        call = AttentionCall(self._module(), kind, int(d), float(scale), sources[0], sources[1])
         self.obs.attention.append(call)
+        self.obs.logit_origins |= {o for o in sources if o is not None}
         if self.on_attention is None:
             return
         if remaining is None:
             self.on_attention(call, q, k, logits, causal)
         else:
             self.on_attention(call, q, k, logits, causal, scale=remaining)
+
+    # ------------------------------------------------------------ origins of forward constants
+    def _origin(self, t) -> str | None:
+        if not isinstance(t, torch.Tensor):
+            return None
+        entry = self.origins.get(id(t))
+        return entry[1] if entry is not None and entry[0]() is t else None
+
+    def _sources(self, t) -> tuple[str | None, str | None]:
+        """(origin of q, origin of k) of a logit candidate."""
+        entry = self.logit_sources.get(id(t)) if isinstance(t, torch.Tensor) else None
+        return entry[1] if entry is not None and entry[0]() is t else (None, None)
+
+    def _set_sources(self, t, sources: tuple[str | None, str | None]) -> None:
+        try:
+            self.logit_sources[id(t)] = (weakref.ref(t), sources)
+        except TypeError:
+            pass
+
+    def _set_origin(self, t, module: str) -> None:
+        if isinstance(t, torch.Tensor) and id(t) not in self.params:
+            try:
+                self.origins[id(t)] = (weakref.ref(t), module)
+            except TypeError:
+                pass
+
+    def _track_origins(self, name: str, args, kwargs, out) -> None:
+        """An op linear in its tensor operand (views, casts, × or ÷ by anything) keeps the operand's origin;
+        a sum keeps it when every term has that origin. A sum of terms from different modules ends the
+        trail: a term carrying a forward constant is recorded there (``emb(ids)·√d + pos(ids)``) and its
+        origin goes on, standing for the constant the sum carries."""
+        if name not in CONSTANT_SAME and name not in _LINEAR_OPS:
+            return
+        tensors = tensors_in(list(args) + list(kwargs.values()))
+        if name in ("add", "sub", "radd", "rsub"):
+            origins = {self._origin(t) for t in tensors}
+            if len(origins) == 1 and None not in origins:
+                origin = origins.pop()
+            else:
+                carriers = [
+                    (t, o)
+                    for t in tensors
+                    if (o := self._origin(t)) is not None
+                    and self._constant(t)[0] != 1.0
+                    and self._constant(t)[1] is None
+                ]
+                for t, o in carriers:
+                    self._carried(o, self._module(), self._constant(t)[0])
+                if len(carriers) != 1:
+                    return
+                origin = carriers[0][1]
+        else:
+            found = [(t, o) for t in tensors if (o := self._origin(t)) is not None]
+            if not found:
+                return
+            shape = out.shape if isinstance(out, torch.Tensor) else None
+            _, origin = max(found, key=lambda f: (self._constant(f[0])[0] != 1.0, f[0].shape == shape))
+        for o in tensors_in(out):
+            if self._origin(o) is None:
+                self._set_origin(o, origin)
+
+    def _track_sources(self, args, kwargs, out) -> None:
+        """A logit candidate made from another keeps its (q, k) origins."""
+        if not isinstance(out, torch.Tensor) or self._constant(out)[1] is None or self._sources(out) != (None, None):
+            return
+        for t in tensors_in(list(args) + list(kwargs.values())):
+            if (src := self._sources(t)) != (None, None):
+                self._set_sources(out, src)
+                return
+
+    def _count_output_uses(self, args, kwargs) -> None:
+        for t in tensors_in(list(args) + list(kwargs.values())):
+            entry = self.outputs.get(id(t))
+            if entry is not None and entry[0]() is t:
+                self.obs.output_uses[entry[1]] = self.obs.output_uses.get(entry[1], 0) + 1
+
+    def enter_module(self, name: str, args) -> None:
+        """At a module's call: the forward constant its first input carries, and where it came from."""
+        self.obs.called.add(name)
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if first is None:
+            return
+        ref = self.probs.get(id(first))
+        if ref is not None and ref() is first:
+            self.obs.prob_modules.add(name)
+        scale, logit_dim = self._constant(first)
+        if scale == 1.0 or logit_dim is not None:
+            return
+        if name not in self.obs.input_scales:
+            self.obs.input_scales[name] = scale
+        self._carried(self._origin(first), name, scale)
+
+    def leave_module(self, name: str, output) -> None:
+        """At a module's return: its output is the origin of what is computed from it (unless it passes a
+        tensor through that already has one); the model's own output records the constant it carries."""
+        first = next(iter(tensors_in(output)), None) if not isinstance(output, torch.Tensor) else output
+        if first is None:
+            return
+        if name == "":
+            scale, logit_dim = self._constant(first)
+            if scale != 1.0 and logit_dim is None:
+                self._carried(self._origin(first), "", scale)
+        if self._origin(first) is None:
+            self._set_origin(first, name)
+        try:
+            self.outputs[id(first)] = (weakref.ref(first), name)
+        except TypeError:
+            pass
+
+    def _carried(self, origin: str | None, consumer: str, scale: float) -> None:
+        if origin is None:
+            self.obs.unplaced_constants.setdefault(consumer, scale)
+        elif origin not in self.obs.carried_constants:
+            self.obs.carried_constants[origin] = (scale, consumer)
 
     # ------------------------------------------------------------ the q·k term of eager logits
     # Logits as the softmax sees them may hold additive terms that are not q·kᵀ (ALiBi inside ``baddbmm``,
@@ -646,20 +784,19 @@ def recording(model: nn.Module, on_attention: Callable[..., None] | None = None)
         name = names.get(id(module))
         if name is not None:
             stack.append(name)
-            recorder.obs.called.add(name)
-            if args and isinstance(args[0], torch.Tensor):
-                ref = recorder.probs.get(id(args[0]))
-                if ref is not None and ref() is args[0]:
-                    recorder.obs.prob_modules.add(name)
-            if args and isinstance(args[0], torch.Tensor) and name not in recorder.obs.input_scales:
-                scale = recorder._constant(args[0])[0]
-                if scale != 1.0:
-                    recorder.obs.input_scales[name] = scale
+            try:
+                recorder.enter_module(name, args)
+            except Exception:  # observing must never break the user's forward
+                recorder.failures += 1
 
     def leave(module, args, output):
         name = names.get(id(module))
         if name is not None and stack and stack[-1] == name:
             stack.pop()
+            try:
+                recorder.leave_module(name, output)
+            except Exception:
+                recorder.failures += 1
 
     recorder = _Recorder(params, stack, on_attention)
     h1 = nn.modules.module.register_module_forward_pre_hook(enter)
