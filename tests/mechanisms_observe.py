@@ -104,7 +104,11 @@ class _AlibiAttention(_Attention):
         b, h, t, hd = q.shape
         alibi = (self.slopes[:, None] * torch.arange(t, dtype=q.dtype)[None, :]).repeat(b, 1)[:, None, :]
         logits = torch.baddbmm(
-            alibi, q.reshape(b * h, t, hd), k.reshape(b * h, t, hd).transpose(1, 2), beta=1.0, alpha=self.inv_norm_factor
+            alibi,
+            q.reshape(b * h, t, hd),
+            k.reshape(b * h, t, hd).transpose(1, 2),
+            beta=1.0,
+            alpha=self.inv_norm_factor,
         ).view(b, h, t, t)
         mask = torch.ones(t, t, dtype=torch.bool).triu(1)
         return logits.masked_fill(mask, float("-inf")).softmax(-1) @ v

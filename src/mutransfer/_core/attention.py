@@ -18,8 +18,11 @@ q·kᵀ after any normalisation of q and k (QK-norm). Then, per module, the firs
    attribute doubles or halves the measured scale): set to µP's value, no overhead;
 5. SDPA calls with no such attribute (the scale computed inline, ``scale=None``): the module's
    SDPA calls get the correction through the `sdpa` wrapper;
-6. an eager matmul→softmax whose constant cannot be reached: an error naming the module and
-   the one-line change (``mt.attn_scale(self, d)``).
+6. an eager matmul→softmax whose constant is inline (``/ math.sqrt(head_dim)`` in code the user
+   cannot edit): when q is the output of one leaf module (the query projection, or a QK-norm) that
+   feeds q alone, that module gets an output multiplier s_µP/s — it scales q·kᵀ exactly, the same
+   function and gradients as the scale itself — and `describe` says so ("query output <module>");
+7. otherwise an error naming the module and the one-line change (``mt.attn_scale(self, d)``).
 
 A second probe forward then measures every module again; any scale that is not µP's is an error
 (and the changes are undone). `spec.attention` holds the measured scales that `describe` prints.
@@ -315,6 +318,8 @@ class AttentionFix:
     target: float
     attr: str | None = None
     divides: bool = False
+    query: str | None = None  # for "query output …": the module whose output is q (the correction goes there)
+    query_module: nn.Module | None = None
 
 
 _SKIP_ATTR_WORDS = ("drop", "eps", "theta", "factor_init", "std", "range")
@@ -338,12 +343,15 @@ def plan(
     base_scale: Callable[[str, int, float], tuple[int, float]],
     alpha: float,
     probe: Callable[[], dict[str, list[AttentionCall]] | None],
+    output_uses: dict[str, int] | None = None,
 ) -> list[AttentionFix]:
     """How to give every observed attention module µP's logit scale α·s₀·d₀/d, before any change.
 
     `calls`: the target's attention calls by module (from a probe forward); `base_scale(name, d, s)`
     returns (d₀, s₀) of the base model's module; `probe()` re-runs the forward (for the
-    perturbation test that finds the float attribute holding the scale, if any).
+    perturbation test that finds the float attribute holding the scale, if any); `output_uses`:
+    how many ops each module's output went into on the probe (a query projection whose output
+    feeds q alone may carry the correction).
     """
     modules = {canonical_name(n): m for n, m in model.named_modules()}
     fixes: list[AttentionFix] = []
@@ -375,8 +383,14 @@ def plan(
             how = "helper"
         else:
             how = "sdpa" if kinds == {"sdpa"} else "eager"
-        fixes.append(AttentionFix(module, name, how, d0, d, s, target))
+        query = _query_source(found, modules, output_uses)
+        fixes.append(
+            AttentionFix(module, name, how, d0, d, s, target, query=query, query_module=modules.get(query or "\0"))
+        )
     _find_attributes([f for f in fixes if f.how in ("sdpa", "eager")], probe)
+    for f in fixes:
+        if f.how == "eager" and f.query is not None:
+            f.how = f"query output {f.query}"
     for f in fixes:
         if f.how == "eager":
             raise ModelError(
@@ -389,6 +403,22 @@ def plan(
                 f"logits the µP way"
             )
     return fixes
+
+
+def _query_source(
+    found: list[AttentionCall], modules: dict[str, nn.Module], output_uses: dict[str, int] | None
+) -> str | None:
+    """The module whose output is q in every call of an attention module, when a multiplier on that output
+    scales q·kᵀ and nothing else: a leaf module (a projection or a QK-norm) that does not also give k, whose
+    output goes into one op only. Else None."""
+    sources = {(c.query, c.key) for c in found}
+    if len(sources) != 1 or output_uses is None:
+        return None
+    q, k = sources.pop()
+    module = modules.get(q) if q else None
+    if module is None or q == k or list(module.children()) or output_uses.get(q) != 1:
+        return None
+    return q
 
 
 def _find_attributes(fixes: list[AttentionFix], probe) -> None:
@@ -429,6 +459,12 @@ def install(fixes: list[AttentionFix], alpha: float) -> Callable[[], None]:
         module = f.module
         correction = f.target / f.before
         if f.how == "unchanged":
+            continue
+        if f.how.startswith("query output") and f.query_module is not None:
+            qmodule = f.query_module
+            old_cls, old = qmodule.__class__, qmodule.__dict__.get(scaled_forward.OUTPUT_ATTR)
+            scaled_forward.install(qmodule, output_mult=correction)
+            undo.append(functools.partial(_restore_output, qmodule, old_cls, old))
             continue
         if f.attr is not None:
             old = getattr(module, f.attr)
@@ -490,6 +526,15 @@ def legacy_plan(
             AttentionFix(module, cname, how, int(d0), int(d), before, target, "scaling" if kind == "scaling" else None)
         )
     return fixes
+
+
+def _restore_output(module: nn.Module, cls: type, old: float | None) -> None:
+    """Undo of a correction installed as a query projection's output multiplier."""
+    module.__class__ = cls
+    if old is None:
+        module.__dict__.pop(scaled_forward.OUTPUT_ATTR, None)
+    else:
+        module.__dict__[scaled_forward.OUTPUT_ATTR] = old
 
 
 def _restore_class(module: nn.Module, cls: type) -> None:

@@ -91,7 +91,7 @@ def plan_attention(
     def probe() -> dict[str, list[AttentionCall]]:
         return observe(model, seen.inputs).attention_by_module()
 
-    return attn.plan(model, seen.attention_by_module(), base_logit_scale, alpha, probe)
+    return attn.plan(model, seen.attention_by_module(), base_logit_scale, alpha, probe, seen.output_uses)
 
 
 def install_attention(

@@ -156,7 +156,8 @@ def parametrize(
     zeroing = _readout_zeroing(model, infos, params) if zero_init_readout else []
     zeroing += _query_zeroing(model, zero_init_query) if zero_init_query else []
     constants = _forward_constants(infos, rules, tunable, _readout_input_ratio(seen, shapes, depth), model)
-    constants = _merge(constants + _width_constants(seen, shapes, depth, infos))
+    width_constants = _width_constants(seen, shapes, depth, infos)
+    constants = _merge(constants + width_constants)
     if seen.ran:
         constants = _in_effect(constants, seen)
 
@@ -195,6 +196,14 @@ def parametrize(
     _install_forward_constants(model, constants)
     spec.forward_constants = {m: (kind, c) for m, kind, c in constants}
     spec.attention = spec_attention
+    spec.compensated = {m: c for m, _, c in width_constants if m not in seen.inner_constants}
+    spec.compensated.update(
+        {
+            a.how[len("query output ") :]: a.target / a.before
+            for a in spec_attention
+            if a.how.startswith("query output ")
+        }
+    )
     spec.branches = _install_branch_multipliers(model, depth, alpha, branches, helper_blocks)
     spec.folded_branches = {
         b.end: depth_factor(BRANCH_MULTIPLIER, depth.multiplier(b.end), alpha) for b in folded if b.end is not None

@@ -672,6 +672,9 @@ class _Recorder(TorchFunctionMode):
             if scale != 1.0 and logit_dim is None:
                 self._carried(self._origin(first), "", scale)
         if self._origin(first) is None:
+            scale, logit_dim = self._constant(first)
+            if scale != 1.0 and logit_dim is None:
+                self.obs.inner_constants.add(name)  # multiplied inside its own forward (Gemma 3's embedding)
             self._set_origin(first, name)
         try:
             self.outputs[id(first)] = (weakref.ref(first), name)

@@ -52,6 +52,10 @@ class MuSpec:
     depth: dict[str, tuple[int, int]] = field(default_factory=dict)  # container → (L₀, L)
     branches: dict[str, float] = field(default_factory=dict)  # module (or helper block) → multiplier
     folded_branches: dict[str, float] = field(default_factory=dict)  # layer holding a folded multiplier
+    # module → output multiplier installed to undo a width-dependent constant the forward applies after the
+    # module (embedding × √hidden in the parent's code, an inline 1/√d moved onto the query projection):
+    # the coordinate check measures that output without it
+    compensated: dict[str, float] = field(default_factory=dict)
 
     def rule(self, name: str) -> Rule:
         """The width rule of parameter `name` (its role's row of the formulation's table).
