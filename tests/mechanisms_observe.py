@@ -97,7 +97,7 @@ class _AlibiAttention(_Attention):
     def __init__(self, d: int):
         super().__init__(d)
         self.inv_norm_factor = 1.0 / math.sqrt(self.head_dim)
-        slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / HEADS) for i in range(HEADS)])
+        slopes = torch.tensor([2.0 ** -(i + 1.0) for i in range(HEADS)])  # the steepest heads of a 16-head Bloom
         self.register_buffer("slopes", slopes, persistent=False)
 
     def attend(self, q, k, v):
@@ -146,6 +146,20 @@ class Block(nn.Module):
         return h + self.mlp(self.ln2(h))
 
 
+class _FusedInlineSqrtAttention(_Attention):
+    """Mechanism 9, unreachable: one fused qkv projection, so no module's output is q alone."""
+
+    def __init__(self, d: int):
+        super().__init__(d)
+        self.qkv = nn.Linear(d, 3 * d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = (self.heads(y) for y in self.qkv(x).split(d, dim=-1))
+        logits = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
+        return self.o_proj((logits.softmax(-1) @ v).transpose(1, 2).reshape(b, t, d))
+
+
 class TinyLM(nn.Module):
     """Embedding (× `embed_scale`) → one pre-norm block → norm → readout."""
 
@@ -162,13 +176,39 @@ class TinyLM(nn.Module):
         h = self.embed(ids)
         if self.embed_scale == "float":
             h = h * math.sqrt(self.d)
+        elif self.embed_scale == "fixed":
+            h = h * 0.5  # not width-dependent: nothing to compensate
         return self.lm_head(self.ln_f(self.block(h)))
 
 
-def _factory(**kwargs):
+class PositionSumLM(TinyLM):
+    """Mechanism 1 with a sum after it: token embedding × √hidden plus a learned position embedding (fairseq)."""
+
+    def __init__(self, d: int):
+        super().__init__(d)
+        self.pos = nn.Embedding(SEQ, d)
+
+    def forward(self, ids):
+        h = self.embed(ids) * math.sqrt(self.d) + self.pos(torch.arange(ids.shape[1]))
+        return self.lm_head(self.ln_f(self.block(h)))
+
+
+class RawTableLM(TinyLM):
+    """Mechanism 1, not compensable: the table is a raw parameter looked up in the model's own forward."""
+
+    def __init__(self, d: int):
+        super().__init__(d)
+        self.table = nn.Parameter(torch.randn(VOCAB, d))
+
+    def forward(self, ids):
+        h = F.embedding(ids, self.table) * math.sqrt(self.d)
+        return self.lm_head(self.ln_f(self.block(h)))
+
+
+def _factory(cls: type[TinyLM] = TinyLM, **kwargs):
     def make(width: int, seed: int = 0) -> TinyLM:
         torch.manual_seed(seed)
-        return TinyLM(width, **kwargs)
+        return cls(width, **kwargs)
 
     return make
 
@@ -186,4 +226,14 @@ MECHANISMS = {
     "alibi_baddbmm": _factory(attention=_AlibiAttention),
     # mechanism 9: inline / math.sqrt(head_dim) in an attention the user cannot edit
     "inline_sqrt": _factory(attention=_InlineSqrtAttention),
+}
+OTHERS = {
+    # mechanism 1: × √hidden, then + a position embedding from another module
+    "embed_sqrt_plus_position": _factory(PositionSumLM),
+    # mechanism 1: × √hidden on a raw parameter's lookup: reported, not compensable
+    "raw_table_sqrt": _factory(RawTableLM),
+    # mechanism 1's control: a constant that does not depend on width
+    "embed_fixed_constant": _factory(embed_scale="fixed"),
+    # mechanism 9 where no module's output is q alone (fused qkv): still an error naming the fix
+    "inline_sqrt_fused": _factory(attention=_FusedInlineSqrtAttention),
 }
