@@ -15,9 +15,9 @@ import warnings
 
 import pytest
 import torch
-from mechanisms_observe import MECHANISMS, OTHERS, batch
 
 import mutransfer as mt
+from mechanisms_observe import MECHANISMS, OTHERS, batch
 from mutransfer._core.shapes import WidthShapes
 from mutransfer.coord.measure import ActivationMeter, mean_abs
 from mutransfer.errors import ModelError, MuPWarning

@@ -9,7 +9,6 @@ readout or input layers, to a subclass that applies the forward constant (see `s
 from __future__ import annotations
 
 import fnmatch
-import math
 import os
 import warnings
 from collections.abc import Iterable, Mapping
@@ -40,6 +39,7 @@ from .observe import observe_model
 from .roles import ParamInfo, classify
 from .shapes import WidthShapes, canonical_name
 from .spec import SPEC_ATTR, MuSpec, find_spec
+from .width_constants import ForwardConstants, merge_constants, width_constants
 
 __all__ = ["BaseShapes", "ForwardConstants", "Zeroing", "parametrize"]
 
@@ -156,8 +156,8 @@ def parametrize(
     zeroing = _readout_zeroing(model, infos, params) if zero_init_readout else []
     zeroing += _query_zeroing(model, zero_init_query) if zero_init_query else []
     constants = _forward_constants(infos, rules, tunable, _readout_input_ratio(seen, shapes, depth), model)
-    width_constants = _width_constants(seen, shapes, depth, infos)
-    constants = _merge(constants + width_constants)
+    compensations = width_constants(seen, shapes, depth, infos)
+    constants = merge_constants(constants + compensations)
     if seen.ran:
         constants = _in_effect(constants, seen)
 
@@ -196,7 +196,7 @@ def parametrize(
     _install_forward_constants(model, constants)
     spec.forward_constants = {m: (kind, c) for m, kind, c in constants}
     spec.attention = spec_attention
-    spec.compensated = {m: c for m, _, c in width_constants if m not in seen.inner_constants}
+    spec.compensated = {m: c for m, _, c in compensations if m not in seen.inner_constants}
     spec.compensated.update(
         {
             a.how[len("query output ") :]: a.target / a.before
@@ -388,9 +388,6 @@ def _query_zeroing(model: nn.Module, which) -> Zeroing:
     return found
 
 
-ForwardConstants = list[tuple[str, scaled_forward.Side, float]]  # (module name, input or output, constant)
-
-
 def _readout_input_ratio(seen: Observation, shapes: WidthShapes, depth: DepthMap):
     """For a readout module: the base's constant on its input over the model's (1 when neither has one).
 
@@ -453,65 +450,6 @@ def _forward_constants(
             )
         found += [(m, scaled_forward.Side.INPUT, v) for m, v in per_module.items() if v != 1.0]
     return found
-
-
-def _width_constants(
-    seen: Observation, shapes: WidthShapes, depth: DepthMap, infos: dict[str, ParamInfo]
-) -> ForwardConstants:
-    """Constants the model's own forward multiplies onto a module's output that depend on width (Gemma's
-    embedding × √hidden): measured on the base's and the model's probe forwards, each gets an output
-    multiplier c₀/c that takes it back to its value at base width, so that µP's rules see a width-free
-    forward. Constants on q or k (attention sets those) and on a readout's input (see
-    `_readout_input_ratio`) are left to their own mechanisms."""
-    if not seen.ran:
-        return []
-    readouts = {m for i in infos.values() if i.role == "output" for m, _ in i.usages}
-    readouts |= {m for i in infos.values() for m in i.tied_readouts}
-    base = shapes.output_scales
-    found: ForwardConstants = []
-    unknown, unplaced = [], []
-    for origin, (c, consumer) in seen.carried_constants.items():
-        if origin in seen.logit_origins or consumer in readouts:
-            continue
-        if base is None:
-            unknown.append(f"'{origin or '<model>'}' (× {c:.4g})")
-            continue
-        c0 = base.get(depth.to_base(origin), 1.0)
-        if not math.isclose(c0, c, rel_tol=1e-6):
-            found.append((origin, scaled_forward.Side.OUTPUT, c0 / c))
-    for consumer, c in seen.unplaced_constants.items():
-        if consumer in readouts:
-            continue
-        c0 = None if base is None else base.get(f"{depth.to_base(consumer)}:input", 1.0)
-        if c0 is None or not math.isclose(c0, c, rel_tol=1e-6):
-            unplaced.append(f"'{consumer}' (× {c:.4g}" + ("" if c0 is None else f", {c0:.4g} at base width") + ")")
-    if unknown:
-        warnings.warn(
-            f"parametrize: the forward multiplies the output of {', '.join(unknown)} by a constant, and the base "
-            f"model's constants were not measured (base_shapes saved by an older version, or a base whose probe "
-            f"forward did not run), so a constant that depends on width cannot be compensated. Pass base= (the "
-            f"model at base width) or save the shapes again with mt.save_shapes",
-            MuPWarning,
-            stacklevel=3,
-        )
-    if unplaced:
-        warnings.warn(
-            f"parametrize: the input of {', '.join(unplaced)} is multiplied in the forward by a constant that "
-            f"depends on width and does not come from any module's output (it is computed from raw parameters), "
-            f"so µP cannot compensate it and activations there scale with width. Compute the multiplied tensor "
-            f"in a submodule (an nn.Embedding / nn.Linear), or multiply by the constant's value at base width",
-            MuPWarning,
-            stacklevel=3,
-        )
-    return found
-
-
-def _merge(constants: ForwardConstants) -> ForwardConstants:
-    """One entry per (module, side): constants on the same place multiply."""
-    merged: dict[tuple[str, scaled_forward.Side], float] = {}
-    for mname, side, c in constants:
-        merged[(mname, side)] = merged.get((mname, side), 1.0) * c
-    return [(m, side, c) for (m, side), c in merged.items() if c != 1.0]
 
 
 def _in_effect(constants: ForwardConstants, seen: Observation) -> ForwardConstants:
