@@ -227,6 +227,27 @@ MECHANISMS = {
     # mechanism 9: inline / math.sqrt(head_dim) in an attention the user cannot edit
     "inline_sqrt": _factory(attention=_InlineSqrtAttention),
 }
+
+
+def gemma(width: int, seed: int = 0) -> nn.Module:
+    """Mechanism 1 in a real family: Hugging Face's Gemma (embedding × √hidden in its scaled embedding), tied."""
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    torch.manual_seed(seed)
+    config = GemmaConfig(
+        vocab_size=VOCAB,
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=width // 4,
+        max_position_embeddings=4 * SEQ,
+        attn_implementation="eager",
+    )
+    return GemmaForCausalLM(config)
+
+
 OTHERS = {
     # mechanism 1: × √hidden, then + a position embedding from another module
     "embed_sqrt_plus_position": _factory(PositionSumLM),

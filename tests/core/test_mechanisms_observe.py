@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import mutransfer as mt
-from mechanisms_observe import MECHANISMS, OTHERS, batch
+from mechanisms_observe import MECHANISMS, OTHERS, batch, gemma
 from mutransfer._core.shapes import WidthShapes
 from mutransfer.coord.measure import ActivationMeter, mean_abs
 from mutransfer.errors import ModelError, MuPWarning
@@ -71,6 +71,27 @@ def test_width_dependent_embedding_constant_is_compensated(name):
     # the residual stream no longer grows like √width (it did ×2.0 from 32 to 128 before)
     assert _block_size(_mup(name, 256)) / _block_size(_mup(name, 32)) == pytest.approx(1.0, abs=0.1)
     assert "embed output ×0.5" in mt.describe(model)
+
+
+@pytest.mark.slow
+def test_hugging_face_gemma_embedding_scale_is_compensated():
+    """On main: embed_tokens and both layers grew with slope +0.50 under µP (32 → 256), and the check failed."""
+    pytest.importorskip("transformers")
+
+    def make(width, seed=0):
+        model = gemma(width, seed)
+        mt.parametrize(model, base=gemma(32), delta=gemma(64))
+        return model
+
+    ids = batch(0)[0]
+    result = mt.coord_check(
+        make, widths=[32, 256], data=[({"input_ids": ids, "labels": ids}, ids)], steps=2, seeds=2, progress=False
+    )
+    assert result.passed, [str(t) for t in result.failures]
+    model = make(128)
+    assert model._mutransfer_spec.forward_constants["model.embed_tokens"][1] == pytest.approx(0.5)
+    with torch.no_grad():
+        assert torch.equal(mt.export(model, untie=True)(ids).logits, model(ids).logits)
 
 
 def test_width_independent_constant_is_left_alone():
