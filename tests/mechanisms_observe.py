@@ -178,7 +178,8 @@ class TinyLM(nn.Module):
             h = h * math.sqrt(self.d)
         elif self.embed_scale == "fixed":
             h = h * 0.5  # not width-dependent: nothing to compensate
-        return self.lm_head(self.ln_f(self.block(h)))
+        out = self.lm_head(self.ln_f(self.block(h)))
+        return out * self.d**-0.5 if self.embed_scale == "logits" else out
 
 
 class PositionSumLM(TinyLM):
@@ -253,6 +254,8 @@ OTHERS = {
     "embed_sqrt_plus_position": _factory(PositionSumLM),
     # mechanism 1: × √hidden on a raw parameter's lookup: reported, not compensable
     "raw_table_sqrt": _factory(RawTableLM),
+    # mechanism 1 at the other end: the logits × hidden_size**-0.5 after the readout
+    "logits_inv_sqrt": _factory(embed_scale="logits"),
     # mechanism 1's control: a constant that does not depend on width
     "embed_fixed_constant": _factory(embed_scale="fixed"),
     # mechanism 9 where no module's output is q alone (fused qkv): still an error naming the fix

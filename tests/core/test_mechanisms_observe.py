@@ -94,6 +94,20 @@ def test_hugging_face_gemma_embedding_scale_is_compensated():
         assert torch.equal(mt.export(model, untie=True)(ids).logits, model(ids).logits)
 
 
+def test_constant_after_the_readout_is_compensated():
+    model = _mup("logits_inv_sqrt", 128)
+    assert model._mutransfer_spec.forward_constants == {"lm_head": ("output ×", pytest.approx(2.0))}
+    assert _check("logits_inv_sqrt").passed
+
+
+def test_meta_base_with_a_buffer_constant_is_not_guessed():
+    make = ALL["embed_sqrt_buffer"]
+    with torch.device("meta"):
+        base, delta = make(32), make(64)
+    with pytest.warns(MuPWarning, match="meta-device base holding constants in buffers"):
+        mt.parametrize(make(128), base=base, delta=delta)
+
+
 def test_width_independent_constant_is_left_alone():
     spec = _mup("embed_fixed_constant", 128)._mutransfer_spec
     assert spec.forward_constants == {}

@@ -51,6 +51,7 @@ class Observation:
     carried_constants: dict[str, tuple[float, str]] = field(default_factory=dict)
     # module → constant on its (first) input that does not come from any module's output (made from raw parameters)
     unplaced_constants: dict[str, float] = field(default_factory=dict)
+    unreadable_constants: bool = False  # a one-element meta tensor multiplied something: its value is unknown
     inner_constants: set[str] = field(default_factory=set)  # modules whose output left them with a constant on it
     logit_origins: set[str] = field(default_factory=set)  # modules whose output becomes q or k of an attention
     output_uses: dict[str, int] = field(default_factory=dict)  # module → ops (and module calls) its output went into

@@ -129,12 +129,14 @@ class _Recorder(Trails, TorchFunctionMode):
         if (
             isinstance(t, torch.Tensor)
             and t.numel() == 1
-            and not t.is_meta
             and id(t) not in self.params
             and id(t) not in self.constants
             and self._p(t) is None
             and not t.requires_grad
         ):
+            if t.is_meta:  # a constant held in a buffer of a meta model: its value cannot be read
+                self.obs.unreadable_constants = True
+                return None
             try:
                 return float(t)
             except (RuntimeError, ValueError):

@@ -131,7 +131,7 @@ class WidthShapes:
             if not seen.ran and example_inputs is not None:  # inputs of width size (a bare block) do not fit the base
                 seen = observe_model(base)
             shapes.input_scales = dict(seen.input_scales)
-            if seen.ran:
+            if seen.ran and not seen.unreadable_constants:  # a meta base's buffer constants cannot be read
                 shapes.output_scales = {m: c for m, (c, _) in seen.carried_constants.items()}
                 shapes.output_scales.update({f"{m}:input": c for m, c in seen.unplaced_constants.items()})
             for module, calls in seen.attention_by_module().items():

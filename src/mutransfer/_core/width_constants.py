@@ -70,9 +70,10 @@ def width_constants(
     if unknown:
         warnings.warn(
             f"parametrize: the forward multiplies the output of {', '.join(unknown)} by a constant, and the base "
-            f"model's constants were not measured (base_shapes saved by an older version, or a base whose probe "
-            f"forward did not run), so a constant that depends on width cannot be compensated. Pass base= (the "
-            f"model at base width) or save the shapes again with mt.save_shapes",
+            f"model's constants were not measured (base_shapes saved by an older version, a base whose probe "
+            f"forward did not run, or a meta-device base holding constants in buffers), so a constant that depends "
+            f"on width cannot be compensated. Pass base= (the model at base width, with real values) or save the "
+            f"shapes again with mt.save_shapes",
             MuPWarning,
             stacklevel=3,
         )
