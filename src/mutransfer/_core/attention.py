@@ -18,8 +18,11 @@ q·kᵀ after any normalisation of q and k (QK-norm). Then, per module, the firs
    attribute doubles or halves the measured scale): set to µP's value, no overhead;
 5. SDPA calls with no such attribute (the scale computed inline, ``scale=None``): the module's
    SDPA calls get the correction through the `sdpa` wrapper;
-6. an eager matmul→softmax whose constant cannot be reached: an error naming the module and
-   the one-line change (``mt.attn_scale(self, d)``).
+6. an eager matmul→softmax whose constant is inline (``/ math.sqrt(head_dim)`` in code the user
+   cannot edit): when q is the output of one leaf module (the query projection, or a QK-norm) that
+   feeds q alone, that module gets an output multiplier s_µP/s — it scales q·kᵀ exactly, the same
+   function and gradients as the scale itself — and `describe` says so ("query output <module>");
+7. otherwise an error naming the module and the one-line change (``mt.attn_scale(self, d)``).
 
 A second probe forward then measures every module again; any scale that is not µP's is an error
 (and the changes are undone). `spec.attention` holds the measured scales that `describe` prints.
@@ -41,7 +44,6 @@ from .. import scaled_forward
 from ..errors import ModelError
 from . import sdpa
 from .naming import canonical_name
-from .observation import AttentionCall
 
 __all__ = [
     "AttentionFix",
@@ -51,12 +53,12 @@ __all__ = [
     "attn_logits",
     "attn_scale",
     "base_head_dims",
+    "calls_helper",
     "head_dim_of",
     "install",
     "legacy_plan",
     "mha_in_projections",
     "mup_logit_scale",
-    "plan",
 ]
 
 _HEAD_DIM_ATTRS = ("head_dim", "d_head", "head_size", "attention_head_size")
@@ -76,7 +78,7 @@ def attention_kind(module: nn.Module) -> str | None:
     source = _forward_source(module)
     if "scaled_dot_product_attention" in source:
         return "sdpa"
-    if _calls_helper(module, source):
+    if calls_helper(module, source):
         return "helper"
     return None
 
@@ -92,8 +94,16 @@ def _forward_source(module: nn.Module) -> str:
         return ""
 
 
-def _calls_helper(module: nn.Module, source: str | None = None) -> bool:
-    """Whether the module's forward computes its scale with `attn_scale` / `attn_logits`."""
+def calls_helper(module: nn.Module, source: str | None = None) -> bool:
+    """Whether the module's forward computes its scale with `attn_scale` / `attn_logits`.
+
+    Args:
+        module: an attention module.
+        source: its forward's source, when already read.
+
+    Returns:
+        True when the forward calls the helper.
+    """
     source = _forward_source(module) if source is None else source
     return f"{_HELPER_NAME}(" in source or "attn_logits(" in source
 
@@ -315,111 +325,8 @@ class AttentionFix:
     target: float
     attr: str | None = None
     divides: bool = False
-
-
-_SKIP_ATTR_WORDS = ("drop", "eps", "theta", "factor_init", "std", "range")
-
-
-def _candidates(module: nn.Module) -> list[str]:
-    """Float attributes that might multiply (or divide) the logits: the perturbation test decides."""
-    return [
-        k
-        for k, v in vars(module).items()
-        if type(v) is float
-        and v > 0
-        and not k.startswith("_mutransfer")
-        and not any(w in k.lower() for w in _SKIP_ATTR_WORDS)
-    ]
-
-
-def plan(
-    model: nn.Module,
-    calls: dict[str, list[AttentionCall]],
-    base_scale: Callable[[str, int, float], tuple[int, float]],
-    alpha: float,
-    probe: Callable[[], dict[str, list[AttentionCall]] | None],
-) -> list[AttentionFix]:
-    """How to give every observed attention module µP's logit scale α·s₀·d₀/d, before any change.
-
-    `calls`: the target's attention calls by module (from a probe forward); `base_scale(name, d, s)`
-    returns (d₀, s₀) of the base model's module; `probe()` re-runs the forward (for the
-    perturbation test that finds the float attribute holding the scale, if any).
-    """
-    modules = {canonical_name(n): m for n, m in model.named_modules()}
-    fixes: list[AttentionFix] = []
-    for name, found in calls.items():
-        ds = {c.head_dim for c in found}
-        scales = {round(c.scale, 12) for c in found}
-        if len(ds) > 1 or len(scales) > 1:
-            raise ModelError(
-                f"attention module '{name}' computes attention {len(found)} times with different head "
-                f"dims or scales ({sorted(ds)}, {sorted(scales)}); mutransfer gives one µP scale per "
-                f"module: compute each attention in its own submodule"
-            )
-        d, s = found[0].head_dim, found[0].scale
-        d0, s0 = base_scale(name, d, s)
-        target = alpha * s0 * d0 / d
-        module = modules.get(name, model)
-        if math.isclose(target, s, rel_tol=1e-9):
-            fixes.append(AttentionFix(module, name, "unchanged", d0, d, s, target))
-            continue
-        kinds = {c.kind for c in found}
-        if isinstance(module, nn.MultiheadAttention):
-            if module.add_zero_attn:
-                raise ModelError(
-                    f"nn.MultiheadAttention '{name}' uses add_zero_attn=True, which mutransfer's µP "
-                    "attention does not support"
-                )
-            how = "mha"
-        elif _calls_helper(module):
-            how = "helper"
-        else:
-            how = "sdpa" if kinds == {"sdpa"} else "eager"
-        fixes.append(AttentionFix(module, name, how, d0, d, s, target))
-    _find_attributes([f for f in fixes if f.how in ("sdpa", "eager")], probe)
-    for f in fixes:
-        if f.how == "eager":
-            raise ModelError(
-                f"attention module '{f.name}' ({type(f.module).__name__}) computes its logits as q·kᵀ × {f.before:.4g} "
-                f"(head dim {f.d}) with a constant mutransfer cannot reach from outside (no float attribute holds it; "
-                f"µP needs {f.target:.4g} = α·s₀·d₀/d with d₀={f.d0}). Write the scale as "
-                f"`mt.attn_scale(self, head_dim)` in its forward (it returns 1/√d until the model is parametrized), "
-                f"keep it in a float attribute such as `self.scaling`, or call "
-                f"F.scaled_dot_product_attention; pass attention=False only if the model already scales its "
-                f"logits the µP way"
-            )
-    return fixes
-
-
-def _find_attributes(fixes: list[AttentionFix], probe) -> None:
-    """Perturbation test: ×2 on a candidate attribute that doubles (halves) the measured scale holds it."""
-    pending = {id(f.module): (f, _candidates(f.module)) for f in fixes}
-    k = 0
-    while any(len(c) > k for _, c in pending.values()):
-        changed = []
-        for f, cands in pending.values():
-            if f.attr is None and len(cands) > k:
-                value = getattr(f.module, cands[k])
-                setattr(f.module, cands[k], value * 2.0)
-                changed.append((f, cands[k], value))
-        if not changed:
-            break
-        try:
-            seen = probe()
-        finally:
-            for f, attr, value in changed:
-                setattr(f.module, attr, value)
-        if seen is None:
-            return
-        for f, attr, _ in changed:
-            now = seen.get(f.name)
-            if not now:
-                continue
-            if math.isclose(now[0].scale, 2.0 * f.before, rel_tol=1e-6):
-                f.attr, f.divides, f.how = attr, False, f"attribute {attr}"
-            elif math.isclose(now[0].scale, 0.5 * f.before, rel_tol=1e-6):
-                f.attr, f.divides, f.how = attr, True, f"attribute {attr}"
-        k += 1
+    query: str | None = None  # for "query output …": the module whose output is q (the correction goes there)
+    query_module: nn.Module | None = None
 
 
 def install(fixes: list[AttentionFix], alpha: float) -> Callable[[], None]:
@@ -429,6 +336,12 @@ def install(fixes: list[AttentionFix], alpha: float) -> Callable[[], None]:
         module = f.module
         correction = f.target / f.before
         if f.how == "unchanged":
+            continue
+        if f.how.startswith("query output") and f.query_module is not None:
+            qmodule = f.query_module
+            old_cls, old = qmodule.__class__, qmodule.__dict__.get(scaled_forward.OUTPUT_ATTR)
+            scaled_forward.install(qmodule, output_mult=correction)
+            undo.append(functools.partial(_restore_output, qmodule, old_cls, old))
             continue
         if f.attr is not None:
             old = getattr(module, f.attr)
@@ -490,6 +403,15 @@ def legacy_plan(
             AttentionFix(module, cname, how, int(d0), int(d), before, target, "scaling" if kind == "scaling" else None)
         )
     return fixes
+
+
+def _restore_output(module: nn.Module, cls: type, old: float | None) -> None:
+    """Undo of a correction installed as a query projection's output multiplier."""
+    module.__class__ = cls
+    if old is None:
+        module.__dict__.pop(scaled_forward.OUTPUT_ATTR, None)
+    else:
+        module.__dict__[scaled_forward.OUTPUT_ATTR] = old
 
 
 def _restore_class(module: nn.Module, cls: type) -> None:

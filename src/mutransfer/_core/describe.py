@@ -112,6 +112,11 @@ def describe(model: nn.Module, optimizer: str | None = None, adjust_lr_fn: str |
     alpha = spec.multipliers.attention
     for a in spec.attention:
         change = "left as it is" if a.how == "unchanged" else f"set through {a.how}"
+        if a.how.startswith("query output "):
+            change = (
+                f"its constant is inline, so {a.how[len('query output ') :]}'s output (q) × {a.target / a.before:.4g}, "
+                "which scales q·kᵀ exactly"
+            )
         check = (
             "measured on a probe forward"
             if a.verified

@@ -33,6 +33,8 @@ class AttentionCall:
     kind: str  # "sdpa", "eager" (matmul → softmax) or "mha" (nn.MultiheadAttention)
     head_dim: int
     scale: float  # the constant multiplying q·kᵀ (after any normalisation of q and k)
+    query: str | None = None  # the module whose output q is a linear function of (None: not a module's output)
+    key: str | None = None  # the same for k
 
 
 @dataclass
@@ -44,6 +46,15 @@ class Observation:
     # module → the constant its (first) input carries from the forward code, where it is not 1
     # (T5 multiplies the decoder output by d_model^-½ before its tied readout)
     input_scales: dict[str, float] = field(default_factory=dict)
+    # module → (constant, first consumer): a constant the forward multiplies onto the module's output
+    # before another module (or the model's output, consumer "") receives it — Gemma's embedding × √hidden
+    carried_constants: dict[str, tuple[float, str]] = field(default_factory=dict)
+    # module → constant on its (first) input that does not come from any module's output (made from raw parameters)
+    unplaced_constants: dict[str, float] = field(default_factory=dict)
+    unreadable_constants: bool = False  # a one-element meta tensor multiplied something: its value is unknown
+    inner_constants: set[str] = field(default_factory=set)  # modules whose output left them with a constant on it
+    logit_origins: set[str] = field(default_factory=set)  # modules whose output becomes q or k of an attention
+    output_uses: dict[str, int] = field(default_factory=dict)  # module → ops (and module calls) its output went into
     # modules whose (first) input is an attention's probabilities (dropout on them, for example)
     prob_modules: set[str] = field(default_factory=set)
     called: set[str] = field(default_factory=set)  # modules whose forward ran

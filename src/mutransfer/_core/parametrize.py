@@ -42,6 +42,7 @@ from .param_checks import attention_suspects, check_class_forward, not_a_random_
 from .roles import ParamInfo, classify
 from .shapes import WidthShapes, canonical_name
 from .spec import SPEC_ATTR, MuSpec, find_spec
+from .width_constants import ForwardConstants, merge_constants, width_constants
 
 __all__ = ["BaseShapes", "ForwardConstants", "Zeroing", "parametrize"]
 
@@ -176,6 +177,8 @@ def parametrize(
     zeroing = _readout_zeroing(model, infos, params) if zero_init_readout else []
     zeroing += _query_zeroing(model, zero_init_query) if zero_init_query else []
     constants = _forward_constants(infos, rules, tunable, _readout_input_ratio(seen, shapes, depth), model)
+    compensations = width_constants(seen, shapes, depth, infos)
+    constants = merge_constants(constants + compensations)
     if seen.ran:
         constants = _in_effect(constants, seen)
 
@@ -217,6 +220,14 @@ def parametrize(
     _install_forward_constants(model, constants)
     spec.forward_constants = {m: (kind, c) for m, kind, c in constants}
     spec.attention = spec_attention
+    spec.compensated = {m: c for m, _, c in compensations if m not in seen.inner_constants}
+    spec.compensated.update(
+        {
+            a.how[len("query output ") :]: a.target / a.before
+            for a in spec_attention
+            if a.how.startswith("query output ")
+        }
+    )
     spec.branches = _install_branch_multipliers(model, depth, alpha, branches, helper_blocks)
     spec.folded_branches = {
         b.end: depth_factor(BRANCH_MULTIPLIER, depth.multiplier(b.end), alpha) for b in folded if b.end is not None
@@ -411,9 +422,6 @@ def _query_zeroing(model: nn.Module, which) -> Zeroing:
             "names as a pattern, e.g. zero_init_query='*.attn.q_proj'"
         )
     return found
-
-
-ForwardConstants = list[tuple[str, scaled_forward.Side, float]]  # (module name, input or output, constant)
 
 
 def _readout_input_ratio(seen: Observation, shapes: WidthShapes, depth: DepthMap):

@@ -70,11 +70,12 @@ from .op_tables import (
     reshape_dims,
     tensors_in,
 )
+from .trails import Trails
 
 __all__ = ["recording"]
 
 
-class _Recorder(TorchFunctionMode):
+class _Recorder(Trails, TorchFunctionMode):
     def __init__(self, params: dict[int, str], module_stack: list[str], on_attention=None):
         super().__init__()
         self.params = params
@@ -84,6 +85,7 @@ class _Recorder(TorchFunctionMode):
         self.obs = Observation()
         self.on_attention = on_attention
         self.probs: dict[int, weakref.ref] = {}
+        self.init_trails()
         self.failures = 0
 
     # ------------------------------------------------------------ bookkeeping
@@ -127,12 +129,14 @@ class _Recorder(TorchFunctionMode):
         if (
             isinstance(t, torch.Tensor)
             and t.numel() == 1
-            and not t.is_meta
             and id(t) not in self.params
             and id(t) not in self.constants
             and self._p(t) is None
             and not t.requires_grad
         ):
+            if t.is_meta:  # a constant held in a buffer of a meta model: its value cannot be read
+                self.obs.unreadable_constants = True
+                return None
             try:
                 return float(t)
             except (RuntimeError, ValueError):
@@ -160,9 +164,15 @@ class _Recorder(TorchFunctionMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         try:
+            if tensors_in(out):  # an op making tensors from it (not .shape, .size(), …)
+                self._count_output_uses(args, kwargs)
             name = op_name(func)
             self._usage(name, args, kwargs, out)
             self._track_constants(name, args, kwargs, out)
+            self._track_origins(name, args, kwargs, out)
+            self._track_sources(args, kwargs, out)
+            if self.on_attention is not None:
+                self._track_terms(func, name, args, kwargs, out)
         except Exception:  # observing must never break the user's forward
             self.failures += 1
         return out
@@ -434,13 +444,17 @@ class _Recorder(TorchFunctionMode):
             d = q.shape[-1]
             base = float(scale) if scale is not None else 1.0 / math.sqrt(d)
             causal = bool(args[5] if len(args) > 5 else kwargs.get("is_causal", False))
-            self._attention("sdpa", d, base * self._constant(q)[0] * self._constant(k)[0], q, k, causal=causal)
+            # q and k already carry their own constants: q·kᵀ still needs only SDPA's own scale
+            effective = base * self._constant(q)[0] * self._constant(k)[0]
+            sources = (self._origin(q), self._origin(k))
+            self._attention("sdpa", d, effective, q, k, causal=causal, remaining=base, sources=sources)
             return
         if name in SOFTMAX:
             x = args[0] if args else kwargs.get("input")
             s, logit_dim = self._constant(x)
             if logit_dim is not None:
-                self._attention("eager", logit_dim, s, None, None, logits=x)
+                sources = self._sources(x)
+                self._attention("eager", logit_dim, s, None, None, logits=self._logit_term(x), sources=sources)
                 if isinstance(out, torch.Tensor):
                     self.probs[id(out)] = weakref.ref(out)
             return
@@ -527,12 +541,29 @@ class _Recorder(TorchFunctionMode):
         if la is not None or lb is not None:
             return  # attention weights × values: not a logit
         self._set_constant(out, alpha * sa * sb, d)
+        self._set_sources(out, (self._origin(a), self._origin(b)))
 
-    def _attention(self, kind: str, d: int, scale: float, q, k, logits=None, causal: bool = False) -> None:
-        call = AttentionCall(self._module(), kind, int(d), float(scale))
+    def _attention(
+        self,
+        kind: str,
+        d: int,
+        scale: float,
+        q,
+        k,
+        logits=None,
+        causal: bool = False,
+        remaining: float | None = None,
+        sources: tuple[str | None, str | None] = (None, None),
+    ) -> None:
+        call = AttentionCall(self._module(), kind, int(d), float(scale), sources[0], sources[1])
         self.obs.attention.append(call)
-        if self.on_attention is not None:
+        self.obs.logit_origins |= {o for o in sources if o is not None}
+        if self.on_attention is None:
+            return
+        if remaining is None:
             self.on_attention(call, q, k, logits, causal)
+        else:
+            self.on_attention(call, q, k, logits, causal, scale=remaining)
 
 
 @contextlib.contextmanager
@@ -542,7 +573,9 @@ def recording(model: nn.Module, on_attention: Callable[..., None] | None = None)
     Args:
         model: the model whose parameters and modules are named in the record.
         on_attention: called as ``on_attention(call, q, k, logits, causal)`` at each attention
-            computation with its tensors: q and k for SDPA, the logits tensor for a matmul → softmax.
+            computation with its tensors: q and k for SDPA (then also ``scale=``, SDPA's own scale: the
+            factor q·kᵀ still needs, as q and k already hold any constant multiplied onto them), the
+            q·k term of the logits for a matmul → softmax (additive biases left out, masked entries NaN).
 
     Returns:
         A context manager yielding the recorder, whose ``obs`` (an `Observation`) holds the record.
@@ -557,20 +590,19 @@ def recording(model: nn.Module, on_attention: Callable[..., None] | None = None)
         name = names.get(id(module))
         if name is not None:
             stack.append(name)
-            recorder.obs.called.add(name)
-            if args and isinstance(args[0], torch.Tensor):
-                ref = recorder.probs.get(id(args[0]))
-                if ref is not None and ref() is args[0]:
-                    recorder.obs.prob_modules.add(name)
-            if args and isinstance(args[0], torch.Tensor) and name not in recorder.obs.input_scales:
-                scale = recorder._constant(args[0])[0]
-                if scale != 1.0:
-                    recorder.obs.input_scales[name] = scale
+            try:
+                recorder.enter_module(name, args)
+            except Exception:  # observing must never break the user's forward
+                recorder.failures += 1
 
     def leave(module, args, output):
         name = names.get(id(module))
         if name is not None and stack and stack[-1] == name:
             stack.pop()
+            try:
+                recorder.leave_module(name, output)
+            except Exception:
+                recorder.failures += 1
 
     recorder = _Recorder(params, stack, on_attention)
     h1 = nn.modules.module.register_module_forward_pre_hook(enter)

@@ -70,6 +70,9 @@ class WidthShapes:
     attention_head_dims: dict[str, int] = field(default_factory=dict)
     attention_scales: dict[str, tuple[int, float]] = field(default_factory=dict)
     input_scales: dict[str, float] = field(default_factory=dict)  # constants on module inputs, from the probe
+    # constants the base's forward multiplies onto module outputs ("<module>:input" for the input of a module
+    # when they come from no module), from its probe; None when not measured (no probe, or an older file)
+    output_scales: dict[str, float] | None = None
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -128,6 +131,9 @@ class WidthShapes:
             if not seen.ran and example_inputs is not None:  # inputs of width size (a bare block) do not fit the base
                 seen = observe_model(base)
             shapes.input_scales = dict(seen.input_scales)
+            if seen.ran and not seen.unreadable_constants:  # a meta base's buffer constants cannot be read
+                shapes.output_scales = {m: c for m, (c, _) in seen.carried_constants.items()}
+                shapes.output_scales.update({f"{m}:input": c for m, c in seen.unplaced_constants.items()})
             for module, calls in seen.attention_by_module().items():
                 shapes.attention_scales[module] = (calls[0].head_dim, calls[0].scale)
                 shapes.attention_head_dims[module] = calls[0].head_dim
@@ -143,6 +149,7 @@ class WidthShapes:
             "attention_head_dims": dict(self.attention_head_dims),
             "attention_scales": {m: [d, s] for m, (d, s) in self.attention_scales.items()},
             "input_scales": dict(self.input_scales),
+            **({} if self.output_scales is None else {"output_scales": dict(self.output_scales)}),
         }
 
     def save(self, path: str | os.PathLike) -> None:
@@ -187,7 +194,9 @@ class WidthShapes:
         heads = {k: int(v) for k, v in data.get("attention_head_dims", {}).items()}
         scales = {k: (int(v[0]), float(v[1])) for k, v in data.get("attention_scales", {}).items()}
         inputs = {k: float(v) for k, v in data.get("input_scales", {}).items()}
-        return cls(params, heads, scales, inputs)
+        outputs = data.get("output_scales")
+        outputs = None if outputs is None else {k: float(v) for k, v in outputs.items()}
+        return cls(params, heads, scales, inputs, outputs)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> WidthShapes:

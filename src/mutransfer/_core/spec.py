@@ -54,6 +54,10 @@ class MuSpec:
     folded_branches: dict[str, float] = field(default_factory=dict)  # layer holding a folded multiplier
     # parameter → why its values were kept, not rescaled (not a random init: constant, structured, …)
     kept_values: dict[str, str] = field(default_factory=dict)
+    # module → output multiplier installed to undo a width-dependent constant the forward applies after the
+    # module (embedding × √hidden in the parent's code, an inline 1/√d moved onto the query projection):
+    # the coordinate check measures that output without it
+    compensated: dict[str, float] = field(default_factory=dict)
 
     def rule(self, name: str) -> Rule:
         """The width rule of parameter `name` (its role's row of the formulation's table).

@@ -15,7 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._core import attention as attn
+from .._core.naming import canonical_name
 from .._core.recorder import recording
+from .._core.spec import find_spec
 from .result import ATTN_SUFFIX
 
 __all__ = ["MODEL_OUTPUT", "ActivationMeter", "first_float", "mean_abs", "model_args", "model_kwargs"]
@@ -57,6 +59,21 @@ def first_float(output: Any) -> torch.Tensor | None:
     return next((v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()), None)
 
 
+def _compensated_outputs(model: nn.Module) -> dict[str, float]:
+    """Module → the output multiplier parametrize installed on it to undo a width-dependent constant that
+    follows it in the forward (the embedding's × √hidden in the parent's code, an attention's inline 1/√d
+    moved onto the query projection). Such an output scales with width on purpose: the check measures it
+    without the multiplier (the coordinate µP's rules speak of), and the tensor the constant lands on (the
+    next module's output, the attention logits) as it is."""
+    spec = find_spec(model)
+    wanted = getattr(spec, "compensated", None) or {}
+    return {
+        name or MODEL_OUTPUT: wanted[canonical_name(name)]
+        for name, _ in model.named_modules()
+        if canonical_name(name) in wanted
+    }
+
+
 class ActivationMeter:
     """Forward hooks on every module and attention logits recorded (see `observe`), run on demand."""
 
@@ -71,6 +88,7 @@ class ActivationMeter:
         self.handles = []
         params = dict(model.named_parameters())
         self.biases = {label: params.get(bias) for label, bias in self.readouts.items()}
+        self.compensated = _compensated_outputs(model)
         for name, module in model.named_modules():
             label = name or MODEL_OUTPUT
             self.handles.append(module.register_forward_hook(self._leave(label), always_call=True))
@@ -86,6 +104,9 @@ class ActivationMeter:
                 bias = self.biases.get(label)
                 if isinstance(bias, torch.Tensor) and bias.ndim == 1 and h.shape[-1:] == bias.shape:
                     h = h - bias  # a readout's bias does not scale with width: measure W·x alone
+                c = self.compensated.get(label)
+                if c is not None:
+                    h = h / c  # see _compensated_outputs
                 self.captured[label] = h.detach().float().clone()
                 if h.ndim:
                     self.out_dims[label] = int(h.shape[-1])
@@ -107,12 +128,14 @@ class ActivationMeter:
         self.captured[key] = logits
         self.head_dims[key] = int(q.shape[-1])
 
-    def _on_attention(self, call, q, k, logits, causal) -> None:
+    def _on_attention(self, call, q, k, logits, causal, scale: float | None = None) -> None:
         label = (call.module or MODEL_OUTPUT) + ATTN_SUFFIX
         if label in self.captured:
             return
         if q is not None and k is not None:
-            self._record_logits(call.module or MODEL_OUTPUT, q, k, call.scale, causal)
+            # `scale`: what q·kᵀ still needs (SDPA's own); q and k already hold any constant multiplied onto them
+            applied = call.scale if scale is None else scale
+            self._record_logits(call.module or MODEL_OUTPUT, q, k, applied, causal)
         elif logits is not None:
             x = logits.detach().float()
             x = x[torch.isfinite(x) & (x.abs() < 1e30)]  # masked entries (−inf or dtype min) are not logits
