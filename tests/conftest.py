@@ -26,6 +26,16 @@ import mutransfer as mt
 # other: measured on a loaded 2-core CPU, one depth coordinate check took 101-107 s with 2 threads
 # and 10.5-11.2 s with 1. MUTRANSFER_TEST_THREADS=2 restores the old setting on a machine of one's own.
 torch.set_num_threads(int(os.environ.get("MUTRANSFER_TEST_THREADS", "1")))
+_THREADS = torch.get_num_threads()
+
+
+@pytest.fixture(autouse=True)
+def _one_thread_again():
+    """A test that sets torch's threads (a recipe's `threads` hyperparameter, a sweep's placement run
+    in this process) would leave them set for every later test of this process."""
+    yield
+    if torch.get_num_threads() != _THREADS:
+        torch.set_num_threads(_THREADS)
 
 
 # Muon's Newton–Schulz iteration runs in bfloat16 (torch.optim._muon), which this CPU emulates: a

@@ -28,7 +28,7 @@ def _best_log2_lr(train, fixed: dict, depth: int, alpha: float, log2_lrs) -> int
 
 @pytest.mark.parametrize("alpha", [1.0, 0.5])
 def test_residual_mlp_optimal_lr_stays_across_depth(alpha):
-    fixed = {"steps": 150, "batch_size": 64, "threads": 2}
+    fixed = {"steps": 150, "batch_size": 64}
     lrs = list(range(-12, -3))
     shallow = _best_log2_lr(train_resmlp, fixed, 2, alpha, lrs)
     deep = _best_log2_lr(train_resmlp, fixed, 8, alpha, lrs)
@@ -36,7 +36,7 @@ def test_residual_mlp_optimal_lr_stays_across_depth(alpha):
 
 
 def test_transformer_optimal_lr_stays_across_depth():
-    fixed = {"steps": 150, "batch_size": 16, "seq_len": 32, "n_head": 2, "threads": 2}
+    fixed = {"steps": 150, "batch_size": 16, "seq_len": 32, "n_head": 2}
     lrs = list(range(-11, -3))
     shallow = _best_log2_lr(train_gpt, fixed, 2, 1.0, lrs)
     deep = _best_log2_lr(train_gpt, fixed, 8, 1.0, lrs)
