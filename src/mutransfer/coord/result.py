@@ -175,6 +175,7 @@ class CoordCheckResult:
     expected: dict[str, float] = field(default_factory=dict)  # module → predicted slope of its size at init
     # modules fed attention probabilities: their early changes are cross terms, like the logits'
     attention_probs: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the check did that the user should know
 
     def __post_init__(self) -> None:
         self.max_slope = math.log(self.max_growth) / math.log(16)
@@ -367,6 +368,7 @@ class CoordCheckResult:
             "max_growth": self.max_growth,
             "max_slope": self.max_slope,
             "expected": dict(self.expected),
+            "notes": list(self.notes),
             "diverged": [{"width": w, "seed": s, "step": t} for w, s, t in self.diverged],
             "failures": [asdict(t) for t in self.failures],
             "warnings": [asdict(t) for t in self.warnings],
@@ -402,9 +404,13 @@ class CoordCheckResult:
             f"last half of the steps (slope + t·SE < {VANISHING_SLOPE}); SE from the scatter of the "
             f"{len(self.widths)}×{self.seeds} independent models, t Student's at 97.5 %"
         )
-        lines = [head, rule]
+        lines = [head, rule] + [f"note: {n}" for n in self.notes]
         if self.seeds * len(self.widths) <= 2:
             lines.append("note: one seed at two widths gives no estimate of noise; use ≥ 3 widths or ≥ 2 seeds")
+        elif self.seeds == 1 and len(self.widths) == 3:
+            lines.append(
+                "note: one seed at three widths leaves one degree of freedom for noise (t = 12.7); use ≥ 2 seeds"
+            )
         for w, s, t in self.diverged:
             lines.append(f"  diverged: {ax} {w}, seed {s}: loss not finite at step {t}")
         fails = self.failures
