@@ -240,11 +240,11 @@ def _reseeded(seed: int) -> Iterator[list[int]]:
         calls.append(int(s))
         return original((int(s) + seed * SEED_STRIDE) % (2**63))
 
-    torch.manual_seed = torch.random.manual_seed = shifted  # type: ignore[assignment]
+    torch.manual_seed = torch.random.manual_seed = shifted
     try:
         yield calls
     finally:
-        torch.manual_seed, torch.random.manual_seed = original, original_random  # type: ignore[assignment]
+        torch.manual_seed, torch.random.manual_seed = original, original_random
 
 
 def _fingerprint(model: nn.Module) -> tuple[float, ...]:
