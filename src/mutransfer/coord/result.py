@@ -35,7 +35,7 @@ Adam (lr 1e-2, 4 steps, widths 64/128/256, 1 seed, 2-core CPU): the per-step rul
 seeds), so one residual degree of freedom cannot tell +0.18 from 0. With two widths and one seed
 (no residual) the slope itself is compared, and the report says there is no estimate of noise.
 
-False-alarm rate and power, measured (2-core CPU, /tmp scripts quoted in docs/coord_check.md). The
+False-alarm rate and power, measured (2-core CPU; the script is in docs/coord_check.md, "False alarms"). The
 MLP recipe, Adam lr 1e-2, 4 steps, widths 64/128/256, 10 independent draws each:
 
 | seeds | setting | per-step 2·SE rule (before) | this test |
