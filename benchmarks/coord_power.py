@@ -1,27 +1,34 @@
-"""The coordinate check's power: which µP mistakes it catches, on which real architectures.
+"""The coordinate check's false-alarm rate and power, measured on the in-repo zoo.
 
-For each model of the zoo (tests/zoo.py) and each classic mistake, the coordinate check runs at its
-documented defaults (Adam, lr 1e-2, 3 steps) over widths 32…256 with the head count fixed, 2 seeds,
-and the verdict is printed as a table (PASS is right for "correct µP", FAIL for every mistake):
+For each model of the zoo (tests/zoo.py) the coordinate check runs at its documented defaults (Adam,
+lr 1e-2, 3 steps, 2 seeds) over widths 32…256 with the head count fixed, under correct µP, under
+the standard parametrization and under each single mistake, and each setting is repeated with
+`--reps` independent draws (default 5: other initial values and other batches). It prints the
+number of repetitions that PASS for each (model, setting), then per setting the pass rate of correct
+µP (1 − the false-alarm rate) or the fail rate of the mistake (the check's power):
 
 - correct µP: `mt.parametrize` + `mt.param_groups`;
+- SP: the plain model, one lr for every parameter;
 - attention at 1/√d: ``parametrize(..., attention=False)``;
-- readout in SP: the readout keeps its standard init and lr (``roles={readout: "vector"}``; for a
-  tied readout, ``output_mult=m`` cancels Table 8's 1/m);
-- router in SP: the MoE router likewise (Mixtral);
-- hidden Adam lr unscaled: the optimizer gives hidden weights the base lr instead of lr/m;
-- ε unscaled: Adam's ε = 1e-2 in every group instead of 1e-2/m where µP scales it. ε matters only where
-  it is comparable to the gradients: 1e-2 is to these tiny models' gradients what 1e-8 is to a large
-  model's (at ε = 1e-3 the unscaled ε changes too little over 32…256 to fail on GPT-2 or Llama). The
-  column "correct µP, ε=1e-2" shows the check passing µP's own ε scaling at that ε.
+- readout not scaled: the readout keeps its standard init and lr (``roles={readout: "vector"}``;
+  for a tied readout, ``output_mult=m`` cancels Table 8's 1/m);
+- embedding ×√width: the input embedding's output multiplied by √width (as Gemma or T5 scale it)
+  after `parametrize`, which therefore does not compensate it;
+- hidden lr not scaled: the optimizer gives hidden weights the base lr instead of lr/m;
+- with ``--extra``: router in SP (Mixtral), ε unscaled (Adam's ε = 1e-2 in every group instead of
+  1e-2/m; ε matters only where it is comparable to the gradients: 1e-2 is to these tiny models'
+  gradients what 1e-8 is to a large model's), and correct µP at ε = 1e-2.
 
-    python benchmarks/coord_power.py [--models gpt2,llama] [--json out.json]
+    python benchmarks/coord_power.py [--models gpt2,llama] [--reps 5] [--extra] [--quick] [--json out.json]
+
+`--quick` runs nanogpt only, 1 repetition, widths 32…128 (the test).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -54,21 +61,51 @@ READOUTS = {
     "timm_convnext": "head.fc.weight",
 }
 ROUTERS = {"mixtral": "model.layers.*.mlp.gate.weight"}
-DEFAULT_MODELS = ["gpt2", "llama", "nanogpt", "mixtral", "timm_vit"]
+DEFAULT_MODELS = ["nanogpt", "gpt2", "llama", "bert", "mixtral", "timm_vit", "timm_resnet"]
 MISTAKES = [
     "correct µP",
-    "correct µP, ε=1e-2",
+    "SP",
     "attention at 1/√d",
-    "readout in SP",
-    "router in SP",
-    "hidden Adam lr unscaled",
-    "ε unscaled",
+    "readout not scaled",
+    "embedding ×√width",
+    "hidden lr not scaled",
 ]
+EXTRA = ["router in SP", "ε unscaled", "correct µP, ε=1e-2"]
+REP_SEED = 100  # repetition r builds with the factory's seed r·REP_SEED and batches from seed r·REP_SEED
 
 
-def _maker(entry, **kw):
+def _embedding(model):
+    """The module whose output is the input embedding, or None."""
+    get = getattr(model, "get_input_embeddings", None)
+    if callable(get):
+        try:
+            return get()
+        except NotImplementedError:
+            pass
+    for name in ("transformer.wte", "patch_embed", "stem", "conv1"):
+        try:
+            return model.get_submodule(name)
+        except AttributeError:
+            continue
+    return None
+
+
+def _scaled_embedding(make):
+    """The mistake: the embedding's output × √width, added after `parametrize` (which cannot see it)."""
+
+    def build(width):
+        model = make(width)
+        _embedding(model).register_forward_hook(lambda mod, args, out: out * math.sqrt(width))
+        return model
+
+    return build
+
+
+def _maker(entry, rep: int = 0, mup: bool = True, **kw):
     def make(width):
-        m = entry.make(width)
+        m = entry.make(width, seed=rep * REP_SEED)
+        if not mup:
+            return m
         extra = dict(kw)
         if extra.pop("output_mult_m", False):
             extra["output_mult"] = width / BASE
@@ -94,27 +131,31 @@ def _adam_eps_unscaled(model, lr):
     return torch.optim.Adam(groups, lr=lr)
 
 
-def setups(name: str, entry):
-    """mistake → (make_model, extra coord_check kwargs), or None where it does not apply."""
-    out = {"correct µP": (_maker(entry), {}), "correct µP, ε=1e-2": (_maker(entry), {"eps": EPS})}
-    out["attention at 1/√d"] = (
-        (_maker(entry, attention=False), {}) if name not in ("mamba", "timm_resnet", "timm_convnext") else None
-    )
+def setups(name: str, entry, rep: int = 0, extra: bool = False):
+    """setting → (make_model, extra coord_check kwargs), or None where it does not apply."""
+    out = {"correct µP": (_maker(entry, rep), {}), "SP": (_maker(entry, rep, mup=False), {})}
+    no_attention = name in ("mamba", "timm_resnet", "timm_convnext")
+    out["attention at 1/√d"] = None if no_attention else (_maker(entry, rep, attention=False), {})
     readout = READOUTS.get(name)
     if readout == "tied":
-        out["readout in SP"] = (_maker(entry, output_mult_m=True), {})
+        out["readout not scaled"] = (_maker(entry, rep, output_mult_m=True), {})
     elif readout:
-        out["readout in SP"] = (_maker(entry, roles={readout: "vector"}), {})
+        out["readout not scaled"] = (_maker(entry, rep, roles={readout: "vector"}), {})
     else:
-        out["readout in SP"] = None
-    router = ROUTERS.get(name)
-    out["router in SP"] = (_maker(entry, roles={router: "vector"}), {}) if router else None
-    out["hidden Adam lr unscaled"] = (_maker(entry), {"optimizer": _adam_hidden_unscaled})
-    out["ε unscaled"] = (_maker(entry), {"optimizer": _adam_eps_unscaled})
+        out["readout not scaled"] = None
+    has_embedding = _embedding(entry.make(BASE)) is not None
+    out["embedding ×√width"] = (_scaled_embedding(_maker(entry, rep)), {}) if has_embedding else None
+    out["hidden lr not scaled"] = (_maker(entry, rep), {"optimizer": _adam_hidden_unscaled})
+    if extra:
+        router = ROUTERS.get(name)
+        out["router in SP"] = (_maker(entry, rep, roles={router: "vector"}), {}) if router else None
+        out["ε unscaled"] = (_maker(entry, rep), {"optimizer": _adam_eps_unscaled})
+        out["correct µP, ε=1e-2"] = (_maker(entry, rep), {"eps": EPS})
     return out
 
 
-def run(models: list[str]) -> dict:
+def run(models: list[str], reps: int = 5, extra: bool = False, widths: list[int] = WIDTHS) -> dict:
+    """{model: {setting: [{"passed", "seconds", "worst"} per repetition] or None}}."""
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     results: dict = {}
     for name in models:
@@ -122,61 +163,81 @@ def run(models: list[str]) -> dict:
         if not entry.available():
             print(f"{name}: {entry.requires} not installed, skipped", file=sys.stderr)
             continue
-        data = entry.data(2)
         results[name] = {}
-        for mistake, setup in setups(name, entry).items():
-            if setup is None:
-                results[name][mistake] = None
-                continue
-            make, kw = setup
-            t = time.perf_counter()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                r = mt.coord_check(make, WIDTHS, data, steps=3, seeds=2, loss_fn=loss_of, progress=False, **kw)
-            worst = r.failures[0] if r.failures else None
-            results[name][mistake] = {
-                "passed": r.passed,
-                "seconds": round(time.perf_counter() - t, 1),
-                "worst": None
-                if worst is None
-                else f"{worst.module} {worst.quantity}@{worst.step} "
-                f"slope {worst.slope:+.2f} (µP {worst.expected:+.2f}, {worst.reason})",
-            }
-            print(
-                f"{name:10s} {mistake:25s} {'PASS' if r.passed else 'FAIL'} "
-                f"({results[name][mistake]['seconds']} s) {results[name][mistake]['worst'] or ''}",
-                file=sys.stderr,
-                flush=True,
-            )
+        for rep in range(reps):
+            data = entry.data(2, seed=rep * REP_SEED)
+            for setting, setup in setups(name, entry, rep, extra).items():
+                if setup is None:
+                    results[name][setting] = None
+                    continue
+                make, kw = setup
+                t = time.perf_counter()
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    r = mt.coord_check(make, widths, data, steps=3, seeds=2, loss_fn=loss_of, progress=False, **kw)
+                worst = r.failures[0] if r.failures else None
+                one = {
+                    "passed": r.passed,
+                    "seconds": round(time.perf_counter() - t, 1),
+                    "worst": None
+                    if worst is None
+                    else f"{worst.module} {worst.quantity} {worst.where} "
+                    f"slope {worst.slope:+.2f} ± {worst.slope_se:.2f} (µP {worst.expected:+.2f}, {worst.reason})",
+                }
+                results[name].setdefault(setting, []).append(one)
+                print(
+                    f"{name:10s} rep {rep} {setting:22s} {'PASS' if r.passed else 'FAIL'} "
+                    f"({one['seconds']} s) {one['worst'] or ''}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     return results
 
 
+def _right(setting: str, passed: bool) -> bool:
+    return passed == setting.startswith("correct")
+
+
 def table(results: dict) -> str:
-    lines = ["| model | " + " | ".join(MISTAKES) + " |", "|---" * (len(MISTAKES) + 1) + "|"]
+    """Markdown: PASS count per (model, setting), then the rate of right verdicts per setting."""
+    settings = [k for k in MISTAKES + EXTRA if any(row.get(k) for row in results.values())]
+    lines = ["| model | " + " | ".join(settings) + " |", "|---" * (len(settings) + 1) + "|"]
     for name, row in results.items():
         cells = []
-        for mistake in MISTAKES:
-            r = row.get(mistake)
-            if r is None:
+        for setting in settings:
+            runs = row.get(setting)
+            if not runs:
                 cells.append("—")
-            else:
-                right = r["passed"] == mistake.startswith("correct")
-                cells.append(f"{'PASS' if r['passed'] else 'FAIL'}{'' if right else ' ✗'}")
+                continue
+            passes = sum(r["passed"] for r in runs)
+            wrong = sum(not _right(setting, r["passed"]) for r in runs)
+            cells.append(f"{passes}/{len(runs)} pass{' ✗' if wrong else ''}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    rates = []
+    for setting in settings:
+        runs = [r for row in results.values() for r in (row.get(setting) or [])]
+        right = sum(_right(setting, r["passed"]) for r in runs)
+        what = "pass rate" if setting.startswith("correct") else "fail rate (power)"
+        rates.append(f"| {setting} | {what} | {right}/{len(runs)} = {right / len(runs):.0%} |")
+    return "\n".join(lines + ["", "| setting | measured | rate |", "|---|---|---|", *rates])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated zoo entries")
+    ap.add_argument("--reps", type=int, default=5, help="independent repetitions of each setting")
+    ap.add_argument("--extra", action="store_true", help="also router in SP, ε unscaled, correct µP at ε=1e-2")
+    ap.add_argument("--quick", action="store_true", help="nanogpt, 1 repetition, widths 32…128 (the test)")
     ap.add_argument("--json", help="write the results to this file")
     args = ap.parse_args()
+    models = ["nanogpt"] if args.quick else [m.strip() for m in args.models.split(",") if m.strip()]
+    reps = 1 if args.quick else args.reps
     t = time.perf_counter()
-    results = run([m.strip() for m in args.models.split(",") if m.strip()])
+    results = run(models, reps, args.extra, WIDTHS[:3] if args.quick else WIDTHS)
     print(table(results))
-    right = sum((r["passed"] == k.startswith("correct")) for row in results.values() for k, r in row.items() if r)
-    total = sum(1 for row in results.values() for r in row.values() if r)
-    print(f"\n{right}/{total} verdicts right ({time.perf_counter() - t:.0f} s)")
+    runs = [(k, r) for row in results.values() for k, rs in row.items() for r in (rs or [])]
+    right = sum(_right(k, r["passed"]) for k, r in runs)
+    print(f"\n{right}/{len(runs)} verdicts right ({time.perf_counter() - t:.0f} s)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

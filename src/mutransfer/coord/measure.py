@@ -43,9 +43,15 @@ def mean_abs(t: torch.Tensor) -> float:
 
 
 def first_float(output: Any) -> torch.Tensor | None:
-    """The tensor of a module's output that the check follows."""
+    """The tensor of a module's output that the check follows: its logits when it has them (a
+    ``.logits`` attribute or ``["logits"]``), else its last hidden state, else the first floating
+    tensor with at least one dim (a scalar, such as the loss in a ``(loss, logits)`` tuple, is
+    no coordinate), else a floating scalar."""
     if isinstance(output, torch.Tensor):
         return output if output.is_floating_point() else None
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits if logits.is_floating_point() else None
     if isinstance(output, dict) or hasattr(output, "keys"):
         for key in ("logits", "last_hidden_state"):
             v = output.get(key) if hasattr(output, "get") else None
@@ -56,7 +62,14 @@ def first_float(output: Any) -> torch.Tensor | None:
         values = list(output)
     else:
         return None
-    return next((v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()), None)
+    floats = [v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    return next((v for v in floats if v.ndim), floats[0] if floats else None)
+
+
+def _is_dropout(module: nn.Module) -> bool:
+    return isinstance(
+        module, (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+    )
 
 
 def _compensated_outputs(model: nn.Module) -> dict[str, float]:
@@ -75,7 +88,12 @@ def _compensated_outputs(model: nn.Module) -> dict[str, float]:
 
 
 class ActivationMeter:
-    """Forward hooks on every module and attention logits recorded (see `observe`), run on demand."""
+    """Forward hooks on every module and attention logits recorded (see `observe`), run on demand.
+
+    Measurements run with dropout modules switched off (a random mask would be measured as a change)
+    and skip a module whose output is its input (dropout off, ``nn.Identity``): its row would repeat
+    the row of the module before it.
+    """
 
     def __init__(self, model: nn.Module, readouts: dict[str, str] | None = None):
         self.model = model
@@ -86,6 +104,7 @@ class ActivationMeter:
         self.readouts = readouts or {}  # label → name of the readout's bias (left out of its output)
         self.prob_modules: set[str] = set()  # modules fed attention probabilities
         self.handles = []
+        self.dropouts = [m for m in model.modules() if _is_dropout(m)]
         params = dict(model.named_parameters())
         self.biases = {label: params.get(bias) for label, bias in self.readouts.items()}
         self.compensated = _compensated_outputs(model)
@@ -100,6 +119,8 @@ class ActivationMeter:
             if not self.active:
                 return
             h = first_float(output)
+            if h is not None and any(h is a for a in args):
+                return  # a pass-through (dropout off, Identity): the module before it has this row
             if h is not None and label not in self.captured:
                 bias = self.biases.get(label)
                 if isinstance(bias, torch.Tensor) and bias.ndim == 1 and h.shape[-1:] == bias.shape:
@@ -164,8 +185,11 @@ class ActivationMeter:
         return hook
 
     def measure(self, inputs: Any) -> dict[str, torch.Tensor]:
-        """One forward pass on `inputs` without grad; buffers (BatchNorm statistics) restored."""
+        """One forward pass on `inputs` without grad, dropout off; buffers (BatchNorm statistics) restored."""
         buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
+        modes = [m.training for m in self.dropouts]
+        for m in self.dropouts:
+            m.train(False)
         self.captured, self.active = {}, True
         try:
             with torch.no_grad(), recording(self.model, on_attention=self._on_attention) as recorder:
@@ -173,6 +197,8 @@ class ActivationMeter:
             self.prob_modules |= {m or MODEL_OUTPUT for m in recorder.obs.prob_modules}
         finally:
             self.active = False
+            for m, mode in zip(self.dropouts, modes, strict=True):
+                m.train(mode)
             with torch.no_grad():
                 for n, b in self.model.named_buffers():
                     if n in buffers:

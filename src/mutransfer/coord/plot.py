@@ -37,7 +37,7 @@ def plot_result(result: Any, path: str | os.PathLike, max_legend: int = 12) -> N
     colors = plt.get_cmap("tab10" if len(failing + key) <= 10 else "tab20").colors
     color_of = {m: colors[i % len(colors)] for i, m in enumerate(failing + key)}
     by_panel: dict[tuple[str, int], list] = {}
-    for t in result.trends:
+    for t in result.step_trends:
         by_panel.setdefault((t.quantity, t.step), []).append(t)
 
     n = len(panels)

@@ -16,7 +16,9 @@ uses ``mt.attn_logits``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any, cast
 
 import torch
@@ -28,7 +30,7 @@ from .._core.devices import AUTO, DeviceLike, move, resolve_device
 from .._core.naming import canonical_name
 from .._core.progress import Progress
 from .._core.spec import find_spec
-from ..errors import CoordCheckError
+from ..errors import CoordCheckError, MuPWarning
 from ..optim import build_optimizer, hidden_matrices
 from ..rules import DEFAULT_OPTIMIZER, OPTIMIZERS, optimizer_family
 from .measure import MODEL_OUTPUT, ActivationMeter, mean_abs, model_args, model_kwargs
@@ -40,6 +42,7 @@ LossFn = Callable[[Any, Any], torch.Tensor]
 
 
 OptimizerFactory = Callable[[nn.Module, float], torch.optim.Optimizer]
+SEED_STRIDE = 1_000_003  # seed k of the check turns a factory's torch.manual_seed(s) into s + k·SEED_STRIDE
 
 
 def coord_check(
@@ -80,9 +83,11 @@ def coord_check(
             train with; `lr` is the base learning rate.
         eps: Adam's ε at base width (torch's 1e-8 when None); µP scales it per group.
         loss_fn: ``loss_fn(output, targets)``. By default: the output's ``.loss`` or
-            ``["loss"]`` if it has one, else cross-entropy for integer targets and mean
+            ``["loss"]`` if it has one, or the first element of a ``(loss, logits, ...)`` tuple
+            (a scalar followed by tensors), else cross-entropy for integer targets and mean
             squared error for float targets, on the output's logits (the output itself, its
-            ``.logits``/``["logits"]``, or the first element of a tuple).
+            ``.logits``/``["logits"]``, or the first tensor with a dim of a tuple). The
+            ``(model output)`` row follows those logits, never a loss scalar.
         max_growth: allowed growth of any recorded quantity per 16× width (1.5: slope of
             log(size) against log(width) at most log 1.5 / log 16 ≈ 0.146).
         progress: draw a progress bar on stderr.
@@ -128,14 +133,26 @@ def coord_check(
         """The model at `size` (width, or depth at the fixed width), the width × `times`."""
         return make_model(times * size) if fixed_width is None else make_model(times * fixed_width, size)
 
+    self_seeding: set[int] = set()
+    duplicates: list[tuple[int, int]] = []
     for size in sizes:
+        fingerprints: dict[tuple[float, ...], int] = {}
         for seed in range(seeds):
             bar.update(f"{axis} {size}, seed {seed}")
             torch.manual_seed(seed)
-            model = build(size)
+            with _reseeded(seed) as calls:
+                model = build(size)
+            if calls:
+                self_seeding.add(seed)
             call = f"make_model({size})" if axis == "width" else f"make_model({fixed_width}, {size})"
             if not isinstance(model, nn.Module):
                 raise TypeError(f"{call} returned {type(model).__name__}, not an nn.Module")
+            fingerprint = _fingerprint(model)
+            if fingerprint in fingerprints:
+                duplicates.append((size, seed))  # the same model again: not an independent draw
+                bar.advance()
+                continue
+            fingerprints[fingerprint] = seed
             model.to(where)
             is_mup = find_spec(model) is not None
             parametrizations.add("µP" if is_mup else "SP")
@@ -164,6 +181,25 @@ def coord_check(
                 diverged.append((size, seed, bad_step))
             bar.advance()
     bar.close()
+    notes = []
+    if self_seeding and not duplicates:
+        notes.append(
+            "make_model seeds itself (torch.manual_seed inside it): the check shifted that seed by "
+            f"seed × {SEED_STRIDE} for each of its seeds, so that they are independent models"
+        )
+    if duplicates:
+        first = duplicates[0]
+        warnings.warn(
+            f"coord_check: make_model gives identical initial parameters for different seeds ({axis} {first[0]}: "
+            f"seed {first[1]} is the same model as an earlier seed; {len(duplicates)} such runs), so those seeds "
+            "are not independent models and are counted once: the verdict rests on fewer models. Let make_model "
+            "draw its initial values from torch's global generator (no fixed torch.Generator or seed inside it)",
+            MuPWarning,
+            stacklevel=2,
+        )
+        notes.append(
+            f"{len(duplicates)} of {len(sizes) * seeds} runs were the same model as an earlier seed and are counted once"
+        )
     if axis == "width":
         # a readout is only predicted to shrink where its output is finite (the same size at every width)
         expected = {
@@ -188,7 +224,37 @@ def coord_check(
         fixed_width=fixed_width,
         expected=expected,
         attention_probs=sorted(prob_modules),
+        notes=notes,
     )
+
+
+@contextmanager
+def _reseeded(seed: int) -> Iterator[list[int]]:
+    """While `make_model` runs for seed `seed` of the check: a ``torch.manual_seed(s)`` inside it seeds
+    ``s + seed · SEED_STRIDE`` instead (seed 0 unchanged), so a factory that seeds itself still gives each
+    seed its own model. Yields the list of the seeds it was called with."""
+    calls: list[int] = []
+    original, original_random = torch.manual_seed, torch.random.manual_seed
+
+    def shifted(s):
+        calls.append(int(s))
+        return original((int(s) + seed * SEED_STRIDE) % (2**63))
+
+    torch.manual_seed = torch.random.manual_seed = shifted
+    try:
+        yield calls
+    finally:
+        torch.manual_seed, torch.random.manual_seed = original, original_random
+
+
+def _fingerprint(model: nn.Module) -> tuple[float, ...]:
+    """Sums of every parameter and buffer: equal for two seeds only when they built the same model."""
+    with torch.no_grad():
+        return tuple(
+            float(t.detach().double().sum()) + float(t.detach().double().abs().sum())
+            for t in list(model.parameters()) + list(model.buffers())
+            if t.is_floating_point()
+        )
 
 
 def _growth_exponent(by_size: Mapping[int, float]) -> float:
@@ -324,9 +390,24 @@ def _logits(output) -> torch.Tensor:
         return output["logits"]
     if isinstance(getattr(output, "logits", None), torch.Tensor):
         return output.logits
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
+    if isinstance(output, (tuple, list)):
+        tensors = [v for v in output if isinstance(v, torch.Tensor)]
+        found = next((v for v in tensors if v.ndim), tensors[0] if tensors else None)
+        if found is not None:
+            return found  # the first tensor with a dim: in (loss, logits), the logits
     raise TypeError(f"cannot find logits in the model's output ({type(output).__name__}); pass loss_fn=")
+
+
+def _loss_first(output) -> bool:
+    """A tuple whose first element is a floating scalar followed by a tensor with dims: (loss, logits, ...)."""
+    return (
+        isinstance(output, (tuple, list))
+        and len(output) > 1
+        and isinstance(output[0], torch.Tensor)
+        and output[0].is_floating_point()
+        and output[0].ndim == 0
+        and any(isinstance(v, torch.Tensor) and v.ndim for v in output[1:])
+    )
 
 
 def _loss(output, targets, loss_fn: LossFn | None) -> torch.Tensor:
@@ -336,6 +417,8 @@ def _loss(output, targets, loss_fn: LossFn | None) -> torch.Tensor:
         loss = output.loss
     elif isinstance(output, dict) and isinstance(output.get("loss"), torch.Tensor):
         loss = output["loss"]
+    elif _loss_first(output):
+        loss = output[0]  # (loss, logits, ...): Hugging Face's return_dict=False order, CLIP's return_loss
     else:
         logits = _logits(output)
         if targets is None:
