@@ -156,7 +156,6 @@ def setups(name: str, entry, rep: int = 0, extra: bool = False):
 
 def run(models: list[str], reps: int = 5, extra: bool = False, widths: list[int] = WIDTHS) -> dict:
     """{model: {setting: [{"passed", "seconds", "worst"} per repetition] or None}}."""
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     results: dict = {}
     for name in models:
         entry = ZOO[name]

@@ -91,7 +91,6 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--quick", action="store_true", help="small widths and few seeds (smoke test)")
     args = ap.parse_args(argv)
-    torch.set_num_threads(2)
     pi_widths = [256, 1024, 4096, 8192] if not args.quick else [64, 128]
     one_widths = [256, 1024, 4096, 16384] if not args.quick else [64, 128]
     w2v_widths = [256, 1024, 4096] if not args.quick else [64, 128]

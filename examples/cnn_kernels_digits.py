@@ -81,7 +81,6 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="a tiny run (seconds) that checks the pipeline")
     ap.add_argument("--figure", default=None, help="write the figure here (PNG)")
     args = ap.parse_args(argv)
-    torch.set_num_threads(2)
     n_train, n_test = (60, 60) if args.quick else (400, 400)
     widths = [8, 16] if args.quick else [16, 32, 64, 128, 256]
     steps = 20 if args.quick else 400
