@@ -155,3 +155,21 @@ def test_identical_models_across_seeds_are_counted_once():
         r = mt.coord_check(fixed, [32, 64], get_recipe("mlp").data(), steps=1, seeds=3, **KW)
     assert {s for _, s in _by_seed(r, "readout")} == {0}
     assert "counted once" in str(r)
+
+
+def test_parametrize_inside_make_model_probes_with_the_batch_coord_check_trains_on():
+    # issue 29 item 4: a model whose inputs cannot be derived (a dict) needs example_inputs= to be
+    # parametrized alone; inside coord_check, the batch it was given is the probe's input.
+    from mechanisms_safety import VOCAB, DictInput
+
+    def make(width):
+        return mt.parametrize(DictInput(width), base=DictInput(32), delta=DictInput(64))
+
+    with pytest.raises(mt.errors.ModelError, match="example_inputs="):
+        make(64)
+    g = torch.Generator().manual_seed(0)
+    batch = {"tokens": torch.randint(0, VOCAB, (8, 6), generator=g)}
+    data = [((batch,), torch.randint(0, 10, (8,), generator=g))]
+    result = mt.coord_check(make, [32, 64], data, optimizer="adam", lr=1e-2, steps=1, seeds=1, progress=False)
+    assert result.parametrization == "µP"
+    assert any(t.module.endswith("[attn logits]") for t in result.trends)  # attention seen on that batch

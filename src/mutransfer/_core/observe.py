@@ -8,10 +8,12 @@ What is recorded and how: `recorder` and `observation`.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import inspect
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -29,6 +31,7 @@ __all__ = [
     "example_inputs",
     "observe",
     "observe_model",
+    "probing_with",
     "recording",
     "to_device",
 ]
@@ -222,10 +225,32 @@ def _several_inputs(required: list[str], kinds: list[tuple[str, Any]], limit: in
     return out
 
 
+# Inputs a caller already holds for the model (the batch `coord_check` trains on), tried before
+# derived ones when `parametrize` runs inside that caller without example_inputs=.
+_HELD_INPUTS: contextvars.ContextVar[Any] = contextvars.ContextVar("mutransfer_held_inputs", default=None)
+
+
+@contextlib.contextmanager
+def probing_with(inputs: Any) -> Iterator[None]:
+    """Within the block, a probe forward that was given no inputs tries `inputs` first (then the
+    derived candidates). `coord_check` holds its first batch this way while it calls `make_model`."""
+    token = _HELD_INPUTS.set(inputs)
+    try:
+        yield
+    finally:
+        _HELD_INPUTS.reset(token)
+
+
 def observe_model(model: nn.Module, inputs: Any = None) -> Observation:
-    """`observe` with the given inputs, or with the first candidate of `example_inputs` that runs."""
+    """`observe` with the given inputs; else with the inputs held by `probing_with`, then the first
+    candidate of `example_inputs` that runs."""
     if inputs is not None:
         return observe(model, to_device(inputs, model))
+    held = _HELD_INPUTS.get()
+    if held is not None:
+        obs = observe(model, to_device(held, model))
+        if obs.ran:
+            return obs
     candidates = example_inputs(model)
     if not candidates:
         return Observation(error="no example inputs could be made for it")

@@ -28,6 +28,7 @@ from torch import nn
 from .._core.depth import block_containers, join_name, split_block
 from .._core.devices import AUTO, DeviceLike, move, resolve_device
 from .._core.naming import canonical_name
+from .._core.observe import probing_with
 from .._core.progress import Progress
 from .._core.spec import find_spec
 from ..errors import CoordCheckError, MuPWarning
@@ -131,7 +132,8 @@ def coord_check(
 
     def build(size: int, times: int = 1) -> Any:
         """The model at `size` (width, or depth at the fixed width), the width × `times`."""
-        return make_model(times * size) if fixed_width is None else make_model(times * fixed_width, size)
+        with probing_with(data[0][0]):  # a parametrize inside make_model probes with the batch it will train on
+            return make_model(times * size) if fixed_width is None else make_model(times * fixed_width, size)
 
     self_seeding: set[int] = set()
     duplicates: list[tuple[int, int]] = []
@@ -283,7 +285,8 @@ def _predictions(make_model, sizes: list[int], inputs, device: torch.device) -> 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.manual_seed(0)
-            small, wider = make_model(sizes[0]), make_model(sizes[1])
+            with probing_with(inputs):
+                small, wider = make_model(sizes[0]), make_model(sizes[1])
             shapes = WidthShapes.from_models(
                 {n: p.shape for n, p in small.named_parameters()}, {n: p.shape for n, p in wider.named_parameters()}
             )
