@@ -327,8 +327,8 @@ def test_export_probes_on_another_device_through_a_copy_and_returns_the_model_wh
     # pretend "cpu" is another device than the model's: the path a CPU model probed on a GPU takes
     monkeypatch.setattr(export_mod, "same_device", lambda a, b: False)
     copied = []
-    real_deepcopy = export_mod.copy.deepcopy
-    monkeypatch.setattr(export_mod.copy, "deepcopy", lambda obj, *a: copied.append(obj) or real_deepcopy(obj, *a))
+    real_copy = export_mod.copy_model
+    monkeypatch.setattr(export_mod, "copy_model", lambda obj: copied.append(obj) or real_copy(obj))
     other = mt.export(model, x, device="cpu")
     assert copied[0] is model  # the probe copy, made from the model itself
     with torch.no_grad():

@@ -392,13 +392,13 @@ def test_muon_lr_transfers_better_than_sp_on_another_task_and_model():
 
 @pytest.mark.parametrize("shape", [(48, 96), (96, 48)])
 def test_the_suites_float32_newton_schulz_matches_torchs_bfloat16_one(shape):
-    # tests/conftest.py swaps Muon's bfloat16 iteration for a float32 one on CPU (17× faster here):
+    # tests/muon_fp32.py swaps Muon's bfloat16 iteration for a float32 one on CPU (17× faster here):
     # the swap is only sound if both orthogonalise a gradient to the same update.
-    from conftest import MUON_BF16, _newton_schulz_fp32
+    from muon_fp32 import MUON_BF16, newton_schulz_fp32
 
     g = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
     ours, torchs = (
-        _newton_schulz_fp32(g, (3.4445, -4.7750, 2.0315), 5, 1e-7),
+        newton_schulz_fp32(g, (3.4445, -4.7750, 2.0315), 5, 1e-7),
         MUON_BF16(g, (3.4445, -4.7750, 2.0315), 5, 1e-7),
     )
     assert ours.shape == torchs.shape == g.shape
