@@ -38,9 +38,10 @@ demo: $(STAMP)
 quickstart: $(STAMP)
 	$(PY) examples/quickstart.py
 
-# What CI runs (.ci/run): the fast checks first (lint, types, the docs site), then every test.
+# What CI runs (.ci/run): the fast checks first (lint, types, the docs site), then every test, one
+# pytest-xdist worker per core (each test process keeps torch at one thread: tests/conftest.py).
 test: $(TEST_STAMP) lint docs
-	scripts/with-postgres.sh $(PY) -m pytest -q --durations=15
+	scripts/with-postgres.sh $(PY) -m pytest -q -n auto --dist worksteal --durations=15
 
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts docs/hooks
@@ -52,7 +53,7 @@ docs: $(TEST_STAMP)
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 test-fast: $(TEST_STAMP)
-	scripts/with-postgres.sh $(PY) -m pytest -q -m "not slow"
+	scripts/with-postgres.sh $(PY) -m pytest -q -n auto --dist worksteal -m "not slow"
 
 bench: $(TEST_STAMP)
 	$(PY) benchmarks/overhead.py
