@@ -35,6 +35,7 @@ import time
 import warnings
 
 import torch
+from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 import mutransfer as mt
@@ -61,7 +62,7 @@ READOUTS = {
     "timm_convnext": "head.fc.weight",
 }
 ROUTERS = {"mixtral": "model.layers.*.mlp.gate.weight"}
-DEFAULT_MODELS = ["nanogpt", "gpt2", "llama", "bert", "mixtral", "timm_vit", "timm_resnet"]
+DEFAULT_MODELS = ["nanogpt", "gpt2", "llama", "bert", "mixtral", "t5", "timm_vit", "timm_resnet"]
 MISTAKES = [
     "correct µP",
     "SP",
@@ -95,7 +96,13 @@ def _scaled_embedding(make):
 
     def build(width):
         model = make(width)
-        _embedding(model).register_forward_hook(lambda mod, args, out: out * math.sqrt(width))
+        emb = _embedding(model)
+        # every module holding the embedding's weight: T5's encoder and decoder each look it up
+        # through their own nn.Embedding that shares `shared.weight` (`shared` itself never runs)
+        weight = getattr(emb, "weight", None)
+        holders = [m for m in model.modules() if weight is not None and getattr(m, "weight", None) is weight]
+        for m in [emb] + [m for m in holders if m is not emb and isinstance(m, nn.Embedding)]:
+            m.register_forward_hook(lambda mod, args, out: out * math.sqrt(width))
         return model
 
     return build
