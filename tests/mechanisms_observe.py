@@ -59,8 +59,8 @@ class _SdpaAttention(_Attention):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
-class _PrescaledSdpaAttention(_Attention):
-    """Mechanism 2: q pre-multiplied by `scaling` (1/√d), then SDPA with scale=1."""
+class _PrescaledAttention(_Attention):
+    """Mechanism 2: q pre-multiplied by `scaling` (1/√d) in the forward; `attend` gets q·scaling."""
 
     def __init__(self, d: int):
         super().__init__(d)
@@ -70,25 +70,24 @@ class _PrescaledSdpaAttention(_Attention):
         b, t, d = x.shape
         q = self.heads(self.q_proj(x) * self.scaling)
         k, v = self.heads(self.k_proj(x)), self.heads(self.v_proj(x))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, d))
+        return self.o_proj(self.attend(q, k, v).transpose(1, 2).reshape(b, t, d))
 
 
-class _PrescaledMatmulAttention(_Attention):
-    """Mechanism 2: q pre-multiplied by `scaling`, then a plain matmul → softmax."""
+class _PrescaledSdpaAttention(_PrescaledAttention):
+    """Mechanism 2: then SDPA with scale=1."""
 
-    def __init__(self, d: int):
-        super().__init__(d)
-        self.scaling = self.head_dim**-0.5
+    def attend(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)
 
-    def forward(self, x):
-        b, t, d = x.shape
-        q = self.heads(self.q_proj(x) * self.scaling)
-        k, v = self.heads(self.k_proj(x)), self.heads(self.v_proj(x))
+
+class _PrescaledMatmulAttention(_PrescaledAttention):
+    """Mechanism 2: then a plain matmul → softmax."""
+
+    def attend(self, q, k, v):
+        t = q.shape[-2]
         logits = q @ k.transpose(-2, -1)
         mask = torch.ones(t, t, dtype=torch.bool).triu(1)
-        out = logits.masked_fill(mask, float("-inf")).softmax(-1) @ v
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, d))
+        return logits.masked_fill(mask, float("-inf")).softmax(-1) @ v
 
 
 class _AlibiAttention(_Attention):

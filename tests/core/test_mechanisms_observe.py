@@ -133,24 +133,11 @@ def test_base_shapes_carry_the_base_constants_and_old_files_warn():
         mt.parametrize(make(128), base_shapes=data)
 
 
-def test_sdpa_logits_are_recorded_once():
-    """q × scaling, then SDPA(scale=1): the logits the softmax sees are (q·s)·kᵀ, not (q·s)·kᵀ·s."""
+def _recorded_logits_and_qk(name: str):
+    """The attention logits the check records on model `name` (width 64), and that block's q, k
+    (each head's projection, before any constant the forward multiplies onto it)."""
     torch.manual_seed(0)
-    model = ALL["prescaled_sdpa"](64)
-    attn = model.block.attn
-    seen = {}
-    attn.register_forward_pre_hook(lambda m, a: seen.setdefault("x", model.block.ln1(a[0])))
-    logits = ActivationMeter(model).measure(DATA[0][0])["block.attn [attn logits]"]
-    with torch.no_grad():
-        x = seen["x"]
-        q, k = attn.heads(attn.q_proj(x) * attn.scaling), attn.heads(attn.k_proj(x))
-    expected = (q @ k.transpose(-2, -1))[..., torch.ones(8, 8, dtype=torch.bool).tril()]
-    assert mean_abs(logits) == pytest.approx(mean_abs(expected), rel=1e-5)
-
-
-def test_alibi_bias_is_left_out_of_the_logits():
-    torch.manual_seed(0)
-    model = ALL["alibi_baddbmm"](64)
+    model = ALL[name](64)
     attn = model.block.attn
     seen = {}
     attn.register_forward_pre_hook(lambda m, a: seen.setdefault("x", model.block.ln1(a[0])))
@@ -158,6 +145,18 @@ def test_alibi_bias_is_left_out_of_the_logits():
     with torch.no_grad():
         x = seen["x"]
         q, k = attn.heads(attn.q_proj(x)), attn.heads(attn.k_proj(x))
+    return attn, logits, q, k
+
+
+def test_sdpa_logits_are_recorded_once():
+    """q × scaling, then SDPA(scale=1): the logits the softmax sees are (q·s)·kᵀ, not (q·s)·kᵀ·s."""
+    attn, logits, q, k = _recorded_logits_and_qk("prescaled_sdpa")
+    expected = (q * attn.scaling @ k.transpose(-2, -1))[..., torch.ones(8, 8, dtype=torch.bool).tril()]
+    assert mean_abs(logits) == pytest.approx(mean_abs(expected), rel=1e-5)
+
+
+def test_alibi_bias_is_left_out_of_the_logits():
+    attn, logits, q, k = _recorded_logits_and_qk("alibi_baddbmm")
     qk = (q @ k.transpose(-2, -1) * attn.inv_norm_factor)[..., torch.ones(8, 8, dtype=torch.bool).tril()]
     assert logits.numel() == qk.numel()  # masked entries dropped, as before
     assert mean_abs(logits) == pytest.approx(mean_abs(qk), rel=1e-5)

@@ -1,6 +1,6 @@
 """What the recorder follows beyond each op: where forward constants come from, and the q·k term of logits.
 
-A mixin of `recorder._Recorder` (which owns the op dispatch and the forward-constant algebra):
+A mixin under `scales.Scales` (the forward-constant algebra) and `recorder._Recorder` (the op dispatch):
 
 - **origins**: every tensor that is a linear function of one module's output (views, casts, × or ÷ by
   anything, sums of terms from that module) remembers that module. A forward constant arriving at
