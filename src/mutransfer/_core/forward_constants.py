@@ -24,10 +24,6 @@ from .width_constants import ForwardConstants
 __all__ = ["forward_constants", "in_effect", "install_forward_constants", "readout_input_ratio"]
 
 
-def _module(model: nn.Module, name: str) -> nn.Module:
-    return model.get_submodule(name) if name else model
-
-
 def readout_input_ratio(seen: Observation, shapes: WidthShapes, depth: DepthMap):
     """For a readout module: the base's constant on its input over the model's (1 when neither has one).
 
@@ -47,7 +43,7 @@ def readout_input_ratio(seen: Observation, shapes: WidthShapes, depth: DepthMap)
 def _is_layer(model: nn.Module, name: str) -> bool:
     """A module that holds only a weight (and bias) of its own and no children: its first input is
     the input of that weight, so an input multiplier acts on the readout alone."""
-    module = _module(model, name)
+    module = model.get_submodule(name)
     return not list(module.children()) and set(module._parameters) <= {"weight", "bias"}
 
 
@@ -117,7 +113,7 @@ def in_effect(constants: ForwardConstants, seen: Observation) -> ForwardConstant
 def install_forward_constants(model: nn.Module, constants: ForwardConstants) -> None:
     """Install each constant as an input or output multiplier of its module (`scaled_forward`)."""
     for mname, kind, c in constants:
-        module = _module(model, mname)
+        module = model.get_submodule(mname)
         if kind is scaled_forward.Side.INPUT:
             scaled_forward.install(module, input_mult=c)
         else:

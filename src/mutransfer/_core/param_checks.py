@@ -118,7 +118,7 @@ def check_class_forward(model: nn.Module, names: list[str]) -> None:
     (a closure, a bound method of another object) would run instead and the constant would not be in
     effect, while `describe` and the spec said it was. Refused, naming the module."""
     for mname in dict.fromkeys(names):
-        if "forward" in (model.get_submodule(mname) if mname else model).__dict__:
+        if "forward" in model.get_submodule(mname).__dict__:  # "" is the model itself
             raise ModelError(
                 f"'{mname or '<model>'}' needs a µP forward constant, but its forward is a function set on the "
                 f"instance (module.forward = ...), which would run instead of the constant's; define forward as a "

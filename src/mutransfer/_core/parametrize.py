@@ -305,11 +305,11 @@ def _install_branch_multipliers(
     for b in branches:
         c = depth_factor(BRANCH_MULTIPLIER, depth.multiplier(b.module), alpha)
         if c != 1.0:
-            scaled_forward.install(_module(model, b.module), output_mult=c)
+            scaled_forward.install(model.get_submodule(b.module), output_mult=c)
             installed[b.module] = c
     for bname in helper_blocks:
         c = depth_factor(BRANCH_MULTIPLIER, depth.multiplier(bname), alpha)
-        setattr(_module(model, bname), BRANCH_ATTR, c)
+        setattr(model.get_submodule(bname), BRANCH_ATTR, c)
         installed[bname] = c
     return installed
 
@@ -352,10 +352,6 @@ def _init_factor(
     return target / assumed * init_mult
 
 
-def _module(model: nn.Module, name: str) -> nn.Module:
-    return model.get_submodule(name) if name else model
-
-
 Zeroing = list[tuple[str, torch.Tensor]]  # (description, tensor or view to zero)
 
 
@@ -372,7 +368,7 @@ def _readout_zeroing(model, infos: dict[str, ParamInfo], params) -> Zeroing:
             continue
         found.append((name, params[name]))
         for mname, _ in info.usages:
-            bias = getattr(_module(model, mname), "bias", None)
+            bias = getattr(model.get_submodule(mname), "bias", None)
             if isinstance(bias, torch.Tensor) and bias.ndim == 1:
                 found.append((f"{mname}.bias" if mname else "bias", bias))
     if not found:
