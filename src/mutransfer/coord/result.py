@@ -152,13 +152,6 @@ def _fit_log(points: list[tuple[float, float]]) -> tuple[float, float, int] | No
     return slope, math.sqrt(residual / sxx), n - 2
 
 
-def _fit_slope(points: list[tuple[int, float]]) -> tuple[float, float] | None:
-    """Least-squares slope of log(value) on log(width) and its standard error; None when fewer
-    than two widths have a positive value."""
-    fit = _fit_log([(math.log(w), math.log(v)) for w, v in points if v > 0 and math.isfinite(v)])
-    return None if fit is None else fit[:2]
-
-
 def _excess(t: Trend) -> float:
     """How far a trend lies outside the rule, in slope units (inf for diverged runs)."""
     if t.reason == "vanishes":
