@@ -161,7 +161,7 @@ def _not_in_effect(model: nn.Module, spec: MuSpec) -> dict[str, str]:
     out = {}
     for m, attrs in want.items():
         try:
-            module = root.get_submodule(m) if m else root
+            module = root.get_submodule(m)  # "" is the model itself
         except AttributeError:
             out[m] = "no such module in the model now"
             continue

@@ -253,7 +253,7 @@ class Folder:
         end = branch_end(module)
         if end is not None:
             try:
-                undo = self._scale(module.get_submodule(end) if end else module, c.factor)
+                undo = self._scale(module.get_submodule(end), c.factor)  # "" is the module itself
             except _Shared:
                 undo = None
             if undo is not None:
