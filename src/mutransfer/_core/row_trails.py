@@ -1,0 +1,111 @@
+"""Row ranges of fused projections, for the recorder: where a projection's output is split.
+
+A fused in-projection computes several things in one matrix product (an SSM's
+``in_proj`` gives z, x, B, C and dt; a fused ``qkv`` gives q, k and v), and the forward then
+splits its output along the last dim. The pieces may scale differently with width: B and C
+of a Mamba-2 block have ``ngroups·d_state`` rows at every width while z and x grow. To give
+each piece its own role, the recorder follows a projection's output (``linear(x, W)``,
+``x @ W``) along its last dim through ``split`` / ``chunk`` / ``tensor_split`` / ``narrow``,
+slices of the last dim and unary elementwise functions, and records, per weight, the row
+offsets where it was cut (`Observation.row_cuts`). Comparing the pieces at two widths says
+which are fixed-size (`row_roles`).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from .observation import Observation
+from .op_tables import SAME_SHAPE, SPLIT, tensors_in
+
+__all__ = ["RowTrails"]
+
+_Trail = tuple[str, int, int, int]  # (parameter, its row dim, first row, end row) of a tensor's last dim
+
+
+class RowTrails:
+    """Which rows of which weight each tensor's last dim holds (see the module docstring)."""
+
+    obs: Observation
+    params: dict[int, str]
+
+    def init_row_trails(self) -> None:
+        """Empty bookkeeping (called by the recorder's ``__init__``)."""
+        self.row_of: dict[int, tuple[weakref.ref, _Trail]] = {}
+
+    def _p(self, t):  # the recorder's parameter provenance
+        raise NotImplementedError
+
+    def _rows(self, t) -> _Trail | None:
+        if not isinstance(t, torch.Tensor):
+            return None
+        entry = self.row_of.get(id(t))
+        return entry[1] if entry is not None and entry[0]() is t else None
+
+    def _set_rows(self, t, trail: _Trail) -> None:
+        if isinstance(t, torch.Tensor) and t.ndim >= 1 and t.shape[-1] == trail[3] - trail[2]:
+            try:
+                self.row_of[id(t)] = (weakref.ref(t), trail)
+            except TypeError:
+                pass
+
+    def _cut(self, trail: _Trail, start: int, stop: int) -> _Trail:
+        name, dim, first, _ = trail
+        cuts = self.obs.row_cuts.setdefault(name, (dim, set()))[1]
+        cuts.update({first + start, first + stop})
+        return (name, dim, first + start, first + stop)
+
+    def _track_rows(self, name: str, args, kwargs, out) -> None:
+        if name in ("linear", "matmul", "mm"):
+            w = (args[1] if len(args) > 1 else kwargs.get("weight")) if name == "linear" else (args[1] if len(args) > 1 else None)
+            pw = self._p(w)
+            if pw is None or len(pw[1]) != 2 or not isinstance(out, torch.Tensor):
+                return
+            rows = pw[1][0] if name == "linear" else pw[1][1]  # the weight dim that becomes the output's last dim
+            if len(rows) == 1 and out.ndim >= 1:
+                self._set_rows(out, (pw[0], rows[0], 0, int(out.shape[-1])))
+            return
+        first = args[0] if args else None
+        trail = self._rows(first)
+        if trail is None:
+            return
+        ndim = first.ndim
+        if name in SAME_SHAPE:
+            if isinstance(out, torch.Tensor) and out.shape == first.shape:
+                self._set_rows(out, trail)
+            return
+        if name in SPLIT:
+            dim = kwargs.get("dim", args[2] if len(args) > 2 and name != "narrow" else None)
+            if name == "narrow":
+                dim = args[1] if len(args) > 1 else kwargs.get("dim")
+            dim = 0 if dim is None else int(dim)
+            if dim % ndim != ndim - 1:
+                return
+            pieces = tensors_in(out)
+            start = int(args[2] if len(args) > 2 else kwargs.get("start", 0)) if name == "narrow" else 0
+            for piece in pieces:
+                size = int(piece.shape[-1])
+                self._set_rows(piece, self._cut(trail, start, start + size))
+                start += size
+            return
+        if name == "getitem" and isinstance(out, torch.Tensor):
+            index = args[1] if len(args) > 1 else None
+            idx = index if isinstance(index, tuple) else (index,)
+            last = idx[-1]
+            if not isinstance(last, slice) or last.step not in (None, 1):
+                return
+            before = idx[:-1]
+            plain = all(isinstance(i, slice) and i == slice(None) for i in before)
+            if not ((len(before) == 1 and before[0] is Ellipsis) or (plain and len(idx) == ndim)):
+                return
+            start, stop, _ = last.indices(int(first.shape[-1]))
+            if stop > start:
+                self._set_rows(out, self._cut(trail, start, stop))
+
+
+def row_pieces(n: int, cuts: set[int] | tuple[int, ...]) -> list[tuple[int, int]]:
+    """The pieces [start, stop) a dim of size `n` falls into at the given cuts."""
+    bounds = sorted({0, n} | {c for c in cuts if 0 < c < n})
+    return list(zip(bounds[:-1], bounds[1:]))
