@@ -1,0 +1,144 @@
+"""Roles per row range of fused projections, and what µP needs for them.
+
+A fused in-projection's output is split into pieces (`row_trails` records the cuts on a probe
+forward). Pieces that grow with width are what the weight's role says; a piece that keeps its
+size while the input grows (B and C of a Mamba-2 ``in_proj``: ``ngroups·d_state`` rows at every
+width) maps a width-sized input to a fixed-size output, so by µP's rules its rows are
+output-like: the readout's init and lr, not the hidden ones. The growth of each piece is
+measured by comparing the cuts of the base model with those of a model of another width
+(`measure_pieces`).
+
+What µP needs for such rows is derived from the rules (data, `rules.py`) by the abc-symmetry:
+what matters is the *effective* weight, forward constant × stored value. Per row range,
+``init_ratio`` is the row's effective init (init × forward) over the weight's; a forward
+multiplier ``a`` on the rows would make an entrywise (Adam-like) lr ``a·lr`` and a linear (SGD)
+lr ``a²·lr``. `row_plan` gives both. For the tables the library has (TP5 Tables 3 and 8) the
+entrywise ratio is exactly 1 (output and hidden weights both step by lr/m_in), so the rows need
+only their init rescaled: no forward multiplier and nothing to fold at export. The linear (SGD)
+lr of output rows is 1/m_out of the weight's; one group cannot carry it, and `param_groups` says
+so (`lr_mismatches`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..rules import KIND_COLUMNS, Rule, factor
+from .row_trails import row_pieces
+
+__all__ = ["RowRole", "lr_mismatches", "measure_pieces", "piece_role", "row_plan", "rows_of"]
+
+_ROLE = {(True, True): "hidden", (True, False): "output", (False, True): "input", (False, False): "scalar"}
+
+
+@dataclass(frozen=True)
+class RowRole:
+    """A row range [start, stop) of a weight's row dim `dim` whose role differs from the weight's."""
+
+    dim: int
+    start: int
+    stop: int
+    role: str
+    init_ratio: float = 1.0  # its effective init over the weight's (applied to the rows by parametrize)
+
+    def __str__(self) -> str:
+        return f"rows {self.start}:{self.stop} {self.role}"
+
+
+def measure_pieces(base_cuts, other_cuts, base_n: int, other_n: int):
+    """(row dim, base piece sizes, which pieces grow) of one weight from the cuts at two widths, or
+    None when the two forwards cut it differently (then nothing is claimed)."""
+    dim, cuts = base_cuts
+    odim, ocuts = other_cuts
+    base_p = row_pieces(base_n, cuts)
+    other_p = row_pieces(other_n, ocuts)
+    if dim != odim or len(base_p) != len(other_p) or len(base_p) < 2:
+        return None
+    sizes = tuple(b - a for a, b in base_p)
+    grows = tuple((b - a) != (d - c) for (a, b), (c, d) in zip(base_p, other_p))
+    return dim, sizes, grows
+
+
+def piece_role(fan_in_grows: bool, piece_grows: bool) -> str:
+    """The role of a piece of rows: its fan_in is the weight's, its fan_out the piece."""
+    return _ROLE[(fan_in_grows, piece_grows)]
+
+
+def rows_of(pieces, weight_role: str, fan_in_grows: bool, model_cuts, model_n: int) -> list[tuple[int, int, int, str]]:
+    """(dim, start, stop, role) of the row ranges whose role differs from `weight_role`, in the model's rows.
+
+    `pieces` is `measure_pieces`'s triple; the model's own cuts (from its probe) place the ranges,
+    else the base sizes are scaled (growing pieces share the growth of the whole dim)."""
+    dim, sizes, grows = pieces
+    if model_cuts is not None and model_cuts[0] == dim and len(row_pieces(model_n, model_cuts[1])) == len(sizes):
+        ranges = row_pieces(model_n, model_cuts[1])
+    else:
+        fixed = sum(s for s, g in zip(sizes, grows) if not g)
+        growing = sum(s for s, g in zip(sizes, grows) if g)
+        ratio = (model_n - fixed) / growing if growing else 1.0
+        start, ranges = 0, []
+        for s, g in zip(sizes, grows):
+            n = round(s * ratio) if g else s
+            ranges.append((start, start + n))
+            start += n
+    out = []
+    for (a, b), g in zip(ranges, grows):
+        role = piece_role(fan_in_grows, g)
+        if role != weight_role:
+            out.append((dim, a, b, role))
+    return out
+
+
+def _effective(rule: Rule, column: str, m_in: float, m_out: float, forward_power: int) -> float:
+    return factor(getattr(rule, column), m_in, m_out) * factor(rule.forward, m_in, m_out) ** forward_power
+
+
+def row_plan(rules: dict[str, Rule], weight_role: str, row_role: str, m_in: float, m_out: float) -> tuple[float, float]:
+    """(init ratio, forward multiplier a) that give rows of `row_role` inside a weight of `weight_role`
+    µP's effective init and entrywise lr under the weight's own group (see the module docstring)."""
+    w, r = rules[weight_role], rules[row_role]
+    a = _effective(r, "adam_lr", m_in, 1.0, 1) / _effective(w, "adam_lr", m_in, m_out, 1)
+    init = _effective(r, "init", m_in, 1.0, 1) / _effective(w, "init", m_in, m_out, 1) / a
+    return init, a
+
+
+def lr_mismatches(rules: dict[str, Rule], weight_role: str, row_role: str, m_in: float, m_out: float):
+    """{lr column: the rows' µP lr over what the weight's group gives them} where they differ (a = 1)."""
+    w, r = rules[weight_role], rules[row_role]
+    out = {}
+    for column, power in KIND_COLUMNS.items():
+        want = _effective(r, column, m_in, 1.0, power)
+        have = _effective(w, column, m_in, m_out, power)
+        if have and abs(want / have - 1.0) > 1e-9:
+            out[column] = want / have
+    return out
+
+
+def assign_row_roles(infos: dict, shapes, seen, rules: dict[str, Rule], params: dict) -> list[str]:
+    """Set ``info.row_roles`` (a tuple of `RowRole`) on every weight some of whose measured pieces have
+    another role than the weight; returns the names. A role set by ``roles=`` is left whole."""
+    found = []
+    for name, info in infos.items():
+        pieces = shapes.row_pieces.get(info.base_name)
+        if pieces is None or info.source == "override" or info.layout is None and not info.fan_out_dims:
+            continue
+        fan_out = info.fan_out_dims or (info.layout[1],)
+        fan_in = info.fan_in_dims or (info.layout[0],)
+        if tuple(fan_out) != (pieces[0],):
+            continue
+        width = shapes.params[info.base_name].width
+        fan_in_grows = any(width[d] for d in fan_in)
+        model_cuts = seen.row_cuts.get(name) if seen is not None and seen.ran else None
+        ranges = rows_of(pieces, info.role, fan_in_grows, model_cuts, params[name].shape[pieces[0]])
+        if not ranges:
+            continue
+        growing = sum(s for s, g in zip(pieces[1], pieces[2]) if g)
+        fixed = sum(s for s, g in zip(pieces[1], pieces[2]) if not g)
+        if growing and len(fan_out) == 1:  # the growing rows' ratio, not the fused dim's (diluted by fixed rows)
+            info.m_out = float((params[name].shape[pieces[0]] - fixed) / growing)
+        info.row_roles = tuple(
+            RowRole(d, a, b, role, row_plan(rules, info.role, role, info.m_in, info.m_out)[0])
+            for d, a, b, role in ranges
+        )
+        found.append(name)
+    return found
