@@ -1,0 +1,123 @@
+"""Issue 29, mechanism 5 (second half): fused projections whose output rows scale differently (model in
+tests/mechanisms_rows.py).
+
+Before (observed on main, 2-core CPU, ToyMamba2 widths 64 → 128 → 256, Adam lr 1e-2, 3 steps, 2 seeds):
+the whole in_proj got the hidden role, so the B and C rows (d_state = 8 at every width) were initialised like
+hidden rows (× 1/√m): the size of B at init had slope −0.04 and of C −0.02 (flat, where µP's readout-like
+rows shrink like 1/√m: slope −½), and nothing in describe or a warning said so.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+
+import mutransfer as mt
+from mechanisms_rows import ToyMamba2
+from mutransfer._core.observe import observe_model
+from mutransfer._core.shapes import WidthShapes
+from mutransfer.errors import MuPWarning
+
+
+def _mup(width: int, seed: int = 0, **kwargs) -> ToyMamba2:
+    torch.manual_seed(seed)
+    model = ToyMamba2(width, **kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MuPWarning)
+        mt.parametrize(model, base=ToyMamba2(64, **kwargs), delta=ToyMamba2(128, **kwargs))
+    return model
+
+
+def _rms(t: torch.Tensor) -> float:
+    return t.detach().pow(2).mean().sqrt().item()
+
+
+@pytest.mark.parametrize("split", ["split", "slice"])
+def test_probe_records_where_the_in_projection_is_cut(split):
+    seen = observe_model(ToyMamba2(64, split=split))
+    assert seen.row_cuts["in_proj.weight"] == (0, {0, 128, 256, 264, 272, 280})
+
+
+def test_fixed_size_rows_get_the_output_role():
+    model = _mup(256)
+    info = model._mutransfer_spec.params["in_proj.weight"]
+    assert info.role == "hidden"
+    assert [(r.start, r.stop, r.role) for r in info.row_roles] == [(1024, 1032, "output"), (1032, 1040, "output")]
+    assert info.m_out == 4.0  # the growing rows' ratio, not 1072/280
+    assert all(r.init_ratio == pytest.approx(0.5) for r in info.row_roles)  # (1/m) / (1/√m) at m = 4
+
+
+def test_rows_get_the_readouts_init():
+    torch.manual_seed(1)
+    base = ToyMamba2(64).in_proj.weight.detach()
+    w = _mup(256, seed=1).in_proj.weight.detach()
+    assert _rms(w[1024:1040]) / _rms(base[256:272]) == pytest.approx(0.25, rel=0.15)  # output: × 1/m
+    assert _rms(w[:1024]) / _rms(base[:256]) == pytest.approx(0.5, rel=0.05)  # hidden: × 1/√m
+
+
+def test_at_base_width_the_delta_tells_which_rows_are_fixed():
+    info = _mup(64)._mutransfer_spec.params["in_proj.weight"]
+    assert [(r.start, r.stop) for r in info.row_roles] == [(256, 264), (264, 272)]
+    assert all(r.init_ratio == 1.0 for r in info.row_roles)  # µP equals the base model at base width
+
+
+def test_roles_override_keeps_the_weight_whole():
+    torch.manual_seed(0)
+    model = ToyMamba2(256)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MuPWarning)
+        mt.parametrize(model, base=ToyMamba2(64), delta=ToyMamba2(128), roles={"in_proj.weight": "hidden"})
+    assert model._mutransfer_spec.params["in_proj.weight"].row_roles == ()
+
+
+def test_describe_shows_the_row_ranges():
+    text = mt.describe(_mup(256))
+    assert "rows of in_proj.weight (hidden" in text
+    assert "rows 1024:1032 output (init × 0.5)" in text and "rows 1032:1040 output" in text
+
+
+def test_one_group_lr_is_exact_for_adam_and_named_for_sgd():
+    model = _mup(256)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MuPWarning)
+        mt.param_groups(model, 1e-2, "adam")  # output and hidden rows both step at lr/m_in: no warning
+    with pytest.warns(MuPWarning, match=r"'in_proj.weight' has rows 1024:1032 output \(µP lr × 0.25"):
+        mt.param_groups(model, 1e-2, "sgd")
+
+
+def test_export_round_trip_gives_the_same_outputs():
+    model = _mup(128)
+    plain = mt.export(model)
+    ids = torch.randint(0, 64, (2, 6))
+    torch.testing.assert_close(plain(ids), model(ids), rtol=0, atol=0)
+
+
+def test_base_shapes_file_keeps_the_row_pieces(tmp_path):
+    path = tmp_path / "shapes.json"
+    mt.save_shapes(ToyMamba2(64), ToyMamba2(128), path)
+    assert json.loads(path.read_text())["row_pieces"]["in_proj.weight"] == [
+        0,
+        [128, 128, 8, 8, 8],
+        [True, True, False, False, True],
+    ]
+    shapes = WidthShapes.load(path)
+    torch.manual_seed(0)
+    model = ToyMamba2(256)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MuPWarning)
+        mt.parametrize(model, base_shapes=shapes)
+    assert len(model._mutransfer_spec.params["in_proj.weight"].row_roles) == 2
+
+
+def test_coord_check_sees_readout_like_rows_and_passes():
+    """After: B and C shrink at init like µP's readout (slope −0.54 / −0.52 measured), and correct µP passes."""
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randint(0, 64, (4, 8), generator=g), torch.randint(0, 64, (4, 8), generator=g)) for _ in range(2)]
+    result = mt.coord_check(_mup, widths=[64, 256], data=data, optimizer="adam", lr=1e-2, steps=2, seeds=2, progress=False)
+    assert result.passed, str(result)
+    at_init = {t.module: t.slope for t in result.step_trends if t.quantity == "size" and t.step == 0}
+    assert at_init["b_tap"] < -0.35 and at_init["c_tap"] < -0.35  # hidden-like init (before): −0.04, −0.02
+    assert abs(at_init["in_proj"]) < 0.15
