@@ -116,7 +116,9 @@ def test_coord_check_sees_readout_like_rows_and_passes():
     """After: B and C shrink at init like µP's readout (slope −0.54 / −0.52 measured), and correct µP passes."""
     g = torch.Generator().manual_seed(0)
     data = [(torch.randint(0, 64, (4, 8), generator=g), torch.randint(0, 64, (4, 8), generator=g)) for _ in range(2)]
-    result = mt.coord_check(_mup, widths=[64, 256], data=data, optimizer="adam", lr=1e-2, steps=2, seeds=2, progress=False)
+    result = mt.coord_check(
+        _mup, widths=[64, 256], data=data, optimizer="adam", lr=1e-2, steps=2, seeds=2, progress=False
+    )
     assert result.passed, str(result)
     at_init = {t.module: t.slope for t in result.step_trends if t.quantity == "size" and t.step == 0}
     assert at_init["b_tap"] < -0.35 and at_init["c_tap"] < -0.35  # hidden-like init (before): −0.04, −0.02

@@ -137,10 +137,10 @@ def describe(model: nn.Module, optimizer: str | None = None, adjust_lr_fn: str |
     }
     lines.append("roles from: " + ", ".join(f"{words.get(k, k)} {v}" for k, v in sorted(by_source.items())))
     split = {n: getattr(i, "row_roles", ()) for n, i in spec.params.items() if getattr(i, "row_roles", ())}
-    for n, rows in split.items():
+    for n, ranges in split.items():
         lines.append(
             f"rows of {n} ({spec.params[n].role}, measured on probes at two widths): "
-            + ", ".join(f"{r} (init × {r.init_ratio:.4g})" for r in rows)
+            + ", ".join(f"{r} (init × {r.init_ratio:.4g})" for r in ranges)
             + "; their lr is the weight's group's (exact for Adam-like optimizers: param_groups warns otherwise)"
         )
     kept = getattr(spec, "kept_values", {})  # absent from specs pickled before it existed

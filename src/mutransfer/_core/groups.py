@@ -20,7 +20,7 @@ from torch import nn
 from ..errors import ModelError, MuPWarning, OptimizerError
 from ..optimizers import LR_FACTOR_KEY
 from ..rules import DEFAULT_WEIGHT_DECAY_POLICY, WEIGHT_DECAY_POLICIES, optimizer_rule
-from .row_roles import lr_mismatches
+from .row_lr import ROW_KEY, register_row_hook, row_scales
 from .shapes import canonical_name
 from .spec import MuSpec, require_spec
 
@@ -190,7 +190,7 @@ def param_groups(
                     f"groups[{gi}] holds a parameter of shape {tuple(p.shape)} that is not in the model"
                 )
             who, lr_f, eps_f = group_factors(spec, name, name_lc, adjust_lr_fn)
-            _warn_rows(spec, name, who)
+            rows = row_scales(spec, name, who)
             g_lr = options.get("lr", partner_lr if (who != name_lc and partner_lr is not None) else lr)
             wd_f = 1.0 / lr_f if (weight_decay_policy == "lr_wd_constant" and lr_f > 0) else 1.0
             eps_cols = spec.columns(name, name_lc)[1]
@@ -199,7 +199,7 @@ def param_groups(
             if eps_cols:
                 base = _eps_base(who, g_eps, p)
                 eps_v = tuple(b * f if f != 1.0 else b for b, f in zip(base, eps_f))
-            key = (who, lr_f, eps_v, wd_f)
+            key = (who, lr_f, eps_v, wd_f) + ((name,) if rows else ())  # rows scaled: a group of its own
             if key not in split:
                 new: dict[str, Any] = dict(options)
                 new["lr"] = g_lr * lr_f if lr_f != 1.0 else g_lr
@@ -209,6 +209,9 @@ def param_groups(
                 if who == "muon":
                     new[ADJUST_KEY] = "original" if adjust_lr_fn is None else adjust_lr_fn
                 new[LR_FACTOR_KEY] = lr_f
+                if rows:
+                    new[ROW_KEY] = rows
+                    register_row_hook()
                 new["params"] = []
                 split[key] = new
             split[key]["params"].append(p)
@@ -218,30 +221,6 @@ def param_groups(
         register_muon_guard()
         return MuonGroups(out.get(name_lc, []), out.get(rule.partner, []))
     return out.get(name_lc, [])
-
-
-def _warn_rows(spec: MuSpec, name: str, who: str) -> None:
-    """Rows of another role inside one weight (B/C of an SSM's in_proj) share its group: where the rules give
-    them another lr under this optimizer, say so (their init is already theirs)."""
-    info = spec.params[name]
-    rows = getattr(info, "row_roles", ())  # absent from specs pickled before it existed
-    if not rows:
-        return
-    column = optimizer_rule(who).lr
-    wrong = []
-    for r in rows:
-        ratio = lr_mismatches(spec.rules_table(), info.role, r.role, info.m_in, info.m_out).get(column)
-        if ratio is not None:
-            wrong.append(f"{r} (µP lr × {ratio:.4g} of the group's)")
-    if wrong:
-        warnings.warn(
-            f"param_groups: '{name}' has {', '.join(wrong)}, but one tensor has one lr under '{who}', so those "
-            f"rows step at the {info.role} rows' lr. Use an entrywise optimizer (Adam, AdamW, Lion), whose lr the "
-            f"rows share exactly, give the rows their own layer, or set the whole weight's role with "
-            f"roles={{'{name}': ...}} in parametrize",
-            MuPWarning,
-            stacklevel=3,
-        )
 
 
 def check_unchanged(spec: MuSpec, model: nn.Module, caller: str) -> None:

@@ -120,7 +120,7 @@ def assign_row_roles(infos: dict, shapes, seen, rules: dict[str, Rule], params: 
     found = []
     for name, info in infos.items():
         pieces = shapes.row_pieces.get(info.base_name)
-        if pieces is None or info.source == "override" or info.layout is None and not info.fan_out_dims:
+        if pieces is None or info.source == "override" or (info.layout is None and not info.fan_out_dims):
             continue
         fan_out = info.fan_out_dims or (info.layout[1],)
         fan_in = info.fan_in_dims or (info.layout[0],)

@@ -13,6 +13,7 @@ which are fixed-size (`row_roles`).
 
 from __future__ import annotations
 
+import itertools
 import weakref
 
 import torch
@@ -59,7 +60,11 @@ class RowTrails:
 
     def _track_rows(self, name: str, args, kwargs, out) -> None:
         if name in ("linear", "matmul", "mm"):
-            w = (args[1] if len(args) > 1 else kwargs.get("weight")) if name == "linear" else (args[1] if len(args) > 1 else None)
+            w = (
+                (args[1] if len(args) > 1 else kwargs.get("weight"))
+                if name == "linear"
+                else (args[1] if len(args) > 1 else None)
+            )
             pw = self._p(w)
             if pw is None or len(pw[1]) != 2 or not isinstance(out, torch.Tensor):
                 return
@@ -69,7 +74,7 @@ class RowTrails:
             return
         first = args[0] if args else None
         trail = self._rows(first)
-        if trail is None:
+        if trail is None or not isinstance(first, torch.Tensor):
             return
         ndim = first.ndim
         if name in SAME_SHAPE:
@@ -108,4 +113,4 @@ class RowTrails:
 def row_pieces(n: int, cuts: set[int] | tuple[int, ...]) -> list[tuple[int, int]]:
     """The pieces [start, stop) a dim of size `n` falls into at the given cuts."""
     bounds = sorted({0, n} | {c for c in cuts if 0 < c < n})
-    return list(zip(bounds[:-1], bounds[1:]))
+    return list(itertools.pairwise(bounds))

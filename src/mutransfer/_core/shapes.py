@@ -258,7 +258,9 @@ def load_shapes(path: str | os.PathLike) -> WidthShapes:
     return WidthShapes.load(path)
 
 
-def _row_pieces(base: nn.Module, other, seen, example_inputs) -> dict[str, tuple[int, tuple[int, ...], tuple[bool, ...]]]:
+def _row_pieces(
+    base: nn.Module, other, seen, example_inputs
+) -> dict[str, tuple[int, tuple[int, ...], tuple[bool, ...]]]:
     """The pieces of every fused projection whose output the base's forward splits, and which of them grow:
     the other model (delta, or the target) is probed too, only when the base's output was split."""
     if not seen.ran or not seen.row_cuts or not isinstance(other, nn.Module):
