@@ -61,7 +61,6 @@ __all__ = [
     "DEPTH_RULES",
     "FORMULATIONS",
     "FORMULATION_ALIASES",
-    "KIND_COLUMNS",
     "NO_MULTIPLIERS",
     "OPTIMIZERS",
     "READOUT_MULTIPLIER",
@@ -149,12 +148,6 @@ class OptimizerRule:
     partner: str | None = None
     note: str = ""
 
-
-# How a forward multiplier a on a weight (stored value W/a, same effective W) changes the effective step of
-# each lr column: the power of a (abc-symmetry, TP5 §J). SGD's gradient is a× and the step is ×a again: a²;
-# entrywise (Adam-like) and spectral (Muon) updates ignore the gradient's scale: a; a relative step
-# (Adafactor: lr·RMS(W)·U) is a·RMS(W/a): a⁰. Read by the per-row roles of fused projections.
-KIND_COLUMNS: dict[str, int] = {"sgd_lr": 2, "adam_lr": 1, "spectral_lr": 1, "adafactor_lr": 0}
 
 _ADAM = OptimizerRule("adam_lr", ("adam_eps",), "entrywise")
 # Every optimizer the library builds µP groups for. Derivations (the lr columns above say why each

@@ -79,13 +79,13 @@ def test_describe_shows_the_row_ranges():
     assert "rows 1024:1032 output (init × 0.5)" in text and "rows 1032:1040 output" in text
 
 
-def test_one_group_lr_is_exact_for_adam_and_named_for_sgd():
+def test_rows_keep_the_weights_group():
     model = _mup(256)
     with warnings.catch_warnings():
         warnings.simplefilter("error", MuPWarning)
-        mt.param_groups(model, 1e-2, "adam")  # output and hidden rows both step at lr/m_in: no warning
-    with pytest.warns(MuPWarning, match=r"'in_proj.weight' has rows 1024:1032 output \(µP lr × 0.25"):
-        mt.param_groups(model, 1e-2, "sgd")
+        groups = mt.param_groups(model, 1e-2, "sgd")
+    (group,) = [g for g in groups if any(p is model.in_proj.weight for p in g["params"])]
+    assert group["lr"] == pytest.approx(1e-2)  # hidden SGD lr × m_out/m_in = 1 with m_out the growing rows' 4
 
 
 def test_export_round_trip_gives_the_same_outputs():
@@ -123,3 +123,42 @@ def test_coord_check_sees_readout_like_rows_and_passes():
     at_init = {t.module: t.slope for t in result.step_trends if t.quantity == "size" and t.step == 0}
     assert at_init["b_tap"] < -0.35 and at_init["c_tap"] < -0.35  # hidden-like init (before): −0.04, −0.02
     assert abs(at_init["in_proj"]) < 0.15
+
+
+def _whole_hidden(width: int, seed: int = 0) -> ToyMamba2:
+    """The behaviour before: the whole in_proj hidden (what roles= can still ask for)."""
+    return _mup_roles(width, seed, roles={"in_proj.weight": "hidden"})
+
+
+def _mup_roles(width: int, seed: int = 0, **kwargs) -> ToyMamba2:
+    torch.manual_seed(seed)
+    model = ToyMamba2(width)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MuPWarning)
+        mt.parametrize(model, base=ToyMamba2(64), delta=ToyMamba2(128), **kwargs)
+    return model
+
+
+@pytest.mark.slow
+def test_sgd_check_fails_the_whole_hidden_weight_and_passes_the_rows():
+    """SGD: B and C grew with slope +0.35 with the whole in_proj hidden (their Θ(1) init pulls the embedding's
+    update along them); with the rows' own init they stay Θ(1)."""
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randint(0, 64, (8, 12), generator=g), torch.randint(0, 64, (8, 12), generator=g)) for _ in range(4)]
+
+    def check(make):
+        return mt.coord_check(
+            make, widths=[64, 512], data=data, optimizer="sgd", lr=0.3, steps=4, seeds=2, progress=False
+        )
+
+    before, after = check(_whole_hidden), check(_mup)
+    change = {
+        (t.module, which): t.slope
+        for which, r in (("before", before), ("after", after))
+        for t in r.step_trends
+        if t.quantity == "change" and t.step == 4
+    }
+    assert not before.passed and {"b_tap", "c_tap"} & set(before.failing_modules())
+    assert change["b_tap", "before"] > 0.2 and change["c_tap", "before"] > 0.2
+    assert after.passed, str(after)
+    assert abs(change["b_tap", "after"]) < 0.25 and abs(change["c_tap", "after"]) < 0.25

@@ -141,7 +141,7 @@ def describe(model: nn.Module, optimizer: str | None = None, adjust_lr_fn: str |
         lines.append(
             f"rows of {n} ({spec.params[n].role}, measured on probes at two widths): "
             + ", ".join(f"{r} (init × {r.init_ratio:.4g})" for r in ranges)
-            + "; their lr is the weight's group's (exact for Adam-like optimizers: param_groups warns otherwise)"
+            + "; same optimizer group as the weight (see docs/model.md, fused projections)"
         )
     kept = getattr(spec, "kept_values", {})  # absent from specs pickled before it existed
     if kept:

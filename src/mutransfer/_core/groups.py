@@ -20,7 +20,6 @@ from torch import nn
 from ..errors import ModelError, MuPWarning, OptimizerError
 from ..optimizers import LR_FACTOR_KEY
 from ..rules import DEFAULT_WEIGHT_DECAY_POLICY, WEIGHT_DECAY_POLICIES, optimizer_rule
-from .row_lr import ROW_KEY, register_row_hook, row_scales
 from .shapes import canonical_name
 from .spec import MuSpec, require_spec
 
@@ -190,7 +189,6 @@ def param_groups(
                     f"groups[{gi}] holds a parameter of shape {tuple(p.shape)} that is not in the model"
                 )
             who, lr_f, eps_f = group_factors(spec, name, name_lc, adjust_lr_fn)
-            rows = row_scales(spec, name, who)
             g_lr = options.get("lr", partner_lr if (who != name_lc and partner_lr is not None) else lr)
             wd_f = 1.0 / lr_f if (weight_decay_policy == "lr_wd_constant" and lr_f > 0) else 1.0
             eps_cols = spec.columns(name, name_lc)[1]
@@ -199,7 +197,7 @@ def param_groups(
             if eps_cols:
                 base = _eps_base(who, g_eps, p)
                 eps_v = tuple(b * f if f != 1.0 else b for b, f in zip(base, eps_f))
-            key = (who, lr_f, eps_v, wd_f) + ((name,) if rows else ())  # rows scaled: a group of its own
+            key = (who, lr_f, eps_v, wd_f)
             if key not in split:
                 new: dict[str, Any] = dict(options)
                 new["lr"] = g_lr * lr_f if lr_f != 1.0 else g_lr
@@ -209,9 +207,6 @@ def param_groups(
                 if who == "muon":
                     new[ADJUST_KEY] = "original" if adjust_lr_fn is None else adjust_lr_fn
                 new[LR_FACTOR_KEY] = lr_f
-                if rows:
-                    new[ROW_KEY] = rows
-                    register_row_hook()
                 new["params"] = []
                 split[key] = new
             split[key]["params"].append(p)

@@ -9,24 +9,31 @@ measured by comparing the cuts of the base model with those of a model of anothe
 (`measure_pieces`).
 
 What µP needs for such rows is derived from the rules (data, `rules.py`) by the abc-symmetry:
-what matters is the *effective* weight, forward constant × stored value. Per row range,
-``init_ratio`` is the row's effective init (init × forward) over the weight's; a forward
-multiplier ``a`` on the rows would make an entrywise (Adam-like) lr ``a·lr`` and a linear (SGD)
-lr ``a²·lr``. `row_plan` gives both. For the tables the library has (TP5 Tables 3 and 8) the
-entrywise ratio is exactly 1 (output and hidden weights both step by lr/m_in), so the rows need
-only their init rescaled: no forward multiplier and nothing to fold at export. The linear (SGD)
-lr of output rows is 1/m_out of the weight's; one group cannot carry it, and `param_groups` says
-so (`lr_mismatches`).
+what matters is the *effective* weight, forward constant × stored value. ``init_ratio`` is the
+rows' effective init (init × forward) over the weight's; a forward multiplier ``a`` on the rows
+would make an entrywise (Adam-like) step ``a·lr``. `row_plan` gives both. For the tables the
+library has (TP5 Tables 3 and 8) ``a`` is exactly 1 (output and hidden weights both step by
+lr/m_in under Adam), so the rows need only their init rescaled: no forward multiplier, nothing
+to fold at export, and the rows keep the weight's optimizer group.
+
+The rows keep the group's lr under SGD and Muon too, by measurement, not by the tables' readout
+row (``sgd_lr`` 1/m_in). The table assumes the readout's output gradient is Θ(1); B and C gate
+each other (y = Σ_n C_n h_n with h ∝ B), so at init each one's gradient carries the other's
+Θ(1/√m) and a width-sized sum of uncorrelated Θ(1/m) terms. Measured on `ToyMamba2`
+(tests/mechanisms_rows.py; widths 64 → 512, 8 steps, 2 seeds, 2-core CPU): with SGD (lr 0.3) the
+change of B had slope +0.35 with the whole weight hidden (check FAIL), −0.12 with the rows' init
+alone (PASS) and −1.1 with the readout's SGD lr on the rows as well (FAIL, vanishes); with Muon
+(lr 0.02) +0.44 (FAIL) before and −0.08 (PASS) after.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..rules import KIND_COLUMNS, Rule, factor
+from ..rules import Rule, factor
 from .row_trails import row_pieces
 
-__all__ = ["RowRole", "lr_mismatches", "measure_pieces", "piece_role", "row_plan", "rows_of"]
+__all__ = ["RowRole", "assign_row_roles", "measure_pieces", "piece_role", "row_plan", "rows_of"]
 
 _ROLE = {(True, True): "hidden", (True, False): "output", (False, True): "input", (False, False): "scalar"}
 
@@ -100,18 +107,6 @@ def row_plan(rules: dict[str, Rule], weight_role: str, row_role: str, m_in: floa
     a = _effective(r, "adam_lr", m_in, 1.0, 1) / _effective(w, "adam_lr", m_in, m_out, 1)
     init = _effective(r, "init", m_in, 1.0, 1) / _effective(w, "init", m_in, m_out, 1) / a
     return init, a
-
-
-def lr_mismatches(rules: dict[str, Rule], weight_role: str, row_role: str, m_in: float, m_out: float):
-    """{lr column: the rows' µP lr over what the weight's group gives them} where they differ (a = 1)."""
-    w, r = rules[weight_role], rules[row_role]
-    out = {}
-    for column, power in KIND_COLUMNS.items():
-        want = _effective(r, column, m_in, 1.0, power)
-        have = _effective(w, column, m_in, m_out, power)
-        if have and abs(want / have - 1.0) > 1e-9:
-            out[column] = want / have
-    return out
 
 
 def assign_row_roles(infos: dict, shapes, seen, rules: dict[str, Rule], params: dict) -> list[str]:
