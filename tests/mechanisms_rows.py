@@ -67,3 +67,18 @@ class ToyMamba2(nn.Module):
         y = torch.stack(ys, dim=1).reshape(batch, length, self.d_inner)
         y = self.norm(y * F.silu(z))
         return self.head(u + self.out_proj(y))
+
+
+class ConcatInput(nn.Module):
+    """Mechanism 5 of issue 29, the reverse fusion: a fixed-size input concatenated beside a width-sized one
+    into one projection's columns (mix: columns 0:width hidden-like, width:width+16 input-like)."""
+
+    def __init__(self, width: int = 64, features: int = 16):
+        super().__init__()
+        self.inp = nn.Linear(features, width)
+        self.mix = nn.Linear(width + features, width)
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.inp(x))
+        return self.head(F.relu(self.mix(torch.cat([h, x], dim=-1))))

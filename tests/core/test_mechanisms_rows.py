@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import mutransfer as mt
-from mechanisms_rows import ToyMamba2
+from mechanisms_rows import ConcatInput, ToyMamba2
 from mutransfer._core.observe import observe_model
 from mutransfer._core.shapes import WidthShapes
 from mutransfer.errors import MuPWarning
@@ -58,10 +58,11 @@ def test_rows_get_the_readouts_init():
     assert _rms(w[:1024]) / _rms(base[:256]) == pytest.approx(0.5, rel=0.05)  # hidden: × 1/√m
 
 
-def test_at_base_width_the_delta_tells_which_rows_are_fixed():
-    info = _mup(64)._mutransfer_spec.params["in_proj.weight"]
-    assert [(r.start, r.stop) for r in info.row_roles] == [(256, 264), (264, 272)]
-    assert all(r.init_ratio == 1.0 for r in info.row_roles)  # µP equals the base model at base width
+def test_at_base_width_nothing_is_split():
+    """At base width µP is the base model: nothing to compare the cuts with and nothing to rescale."""
+    model = _mup(64)
+    assert model._mutransfer_spec.params["in_proj.weight"].row_roles == ()
+    assert "rows of" not in mt.describe(model)
 
 
 def test_roles_override_keeps_the_weight_whole():
@@ -98,11 +99,7 @@ def test_export_round_trip_gives_the_same_outputs():
 def test_base_shapes_file_keeps_the_row_pieces(tmp_path):
     path = tmp_path / "shapes.json"
     mt.save_shapes(ToyMamba2(64), ToyMamba2(128), path)
-    assert json.loads(path.read_text())["row_pieces"]["in_proj.weight"] == [
-        0,
-        [128, 128, 8, 8, 8],
-        [True, True, False, False, True],
-    ]
+    assert json.loads(path.read_text())["row_cuts"]["in_proj.weight"] == [0, [0, 128, 256, 264, 272, 280]]
     shapes = WidthShapes.load(path)
     torch.manual_seed(0)
     model = ToyMamba2(256)
@@ -162,3 +159,12 @@ def test_sgd_check_fails_the_whole_hidden_weight_and_passes_the_rows():
     assert change["b_tap", "before"] > 0.2 and change["c_tap", "before"] > 0.2
     assert after.passed, str(after)
     assert abs(change["b_tap", "after"]) < 0.25 and abs(change["c_tap", "after"]) < 0.25
+
+
+def test_reverse_fusion_is_named_not_silent():
+    """Before: the concatenated input's fixed-size columns silently took the hidden role with the rest."""
+    with pytest.warns(MuPWarning, match=r"input of 'mix.weight' is concatenated .* columns 256:272 are input-like"):
+        mt.parametrize(ConcatInput(256), base=ConcatInput(64), delta=ConcatInput(128))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MuPWarning)
+        mt.parametrize(ConcatInput(256), base=ConcatInput(64), delta=ConcatInput(128), roles={"mix.weight": "hidden"})

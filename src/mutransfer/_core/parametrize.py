@@ -39,7 +39,7 @@ from .groups import mark_parameters, register_plain_guard
 from .observe import observe_model
 from .param_checks import attention_suspects, check_class_forward, not_a_random_scale, rms, warn_unused
 from .roles import ParamInfo, classify
-from .row_roles import assign_row_roles, row_plan
+from .row_roles import assign_row_roles, column_roles, row_plan
 from .shapes import WidthShapes, canonical_name
 from .spec import SPEC_ATTR, MuSpec, find_spec
 from .width_constants import ForwardConstants, merge_constants, width_constants
@@ -159,6 +159,7 @@ def parametrize(
     params = {canonical_name(n): p for n, p in model.named_parameters()}
     split_rows = assign_row_roles(infos, shapes, seen, rules, params)
     _check_row_forward(infos, split_rows, rules)
+    _warn_columns(column_roles(infos, shapes, seen, params))
     branches, helper_blocks = (
         find_branches(model, depth, residual_branches) if depth.containers and alpha > 0 else ([], [])
     )
@@ -263,6 +264,19 @@ def _check_row_forward(infos: dict[str, ParamInfo], names: list[str], rules) -> 
                     f"lr under these rules, which is not supported; give the rows their own layer, or set the "
                     f"whole weight's role with roles={{'{name}': '{info.role}'}}"
                 )
+
+
+def _warn_columns(found: dict[str, list[tuple[int, int, str]]]) -> None:
+    for name, ranges in found.items():
+        warnings.warn(
+            f"parametrize: the input of '{name}' is concatenated from pieces that scale differently: columns "
+            + ", ".join(f"{a}:{b} are {role}-like" for a, b, role in ranges)
+            + " (a fixed-size input beside a width-sized one), but the weight has one role and µP's init and lr of "
+            f"those columns are not given to them. Give the fixed-size input its own layer (sum the two outputs), or "
+            f"set the role with roles={{'{name}': ...}} to acknowledge it",
+            MuPWarning,
+            stacklevel=3,
+        )
 
 
 def _resolve_shapes(model, base, delta, base_shapes, example_inputs=None) -> WidthShapes:

@@ -4,9 +4,11 @@ A fused in-projection's output is split into pieces (`row_trails` records the cu
 forward). Pieces that grow with width are what the weight's role says; a piece that keeps its
 size while the input grows (B and C of a Mamba-2 ``in_proj``: ``ngroups·d_state`` rows at every
 width) maps a width-sized input to a fixed-size output, so by µP's rules its rows are
-output-like: the readout's init and lr, not the hidden ones. The growth of each piece is
-measured by comparing the cuts of the base model with those of a model of another width
-(`measure_pieces`).
+output-like: the readout's init, not the hidden one. The growth of each piece is measured by
+comparing the cuts the base model's probe recorded (kept in the width shapes) with those of the
+model's own probe (`measure_pieces`); at base width there is nothing to compare and nothing to
+change. The reverse fusion (a fixed-size input concatenated beside a width-sized one into one
+projection's columns) is found the same way (`column_roles`) and only reported.
 
 What µP needs for such rows is derived from the rules (data, `rules.py`) by the abc-symmetry:
 what matters is the *effective* weight, forward constant × stored value. ``init_ratio`` is the
@@ -52,13 +54,30 @@ class RowRole:
         return f"rows {self.start}:{self.stop} {self.role}"
 
 
+def _pieces_of(which: str, info, shapes, seen, params: dict):
+    """(measured pieces, the model's cuts) of one weight's rows or columns, from the base's probe (in the
+    shapes) and the model's own; None at base width (nothing to compare, and nothing µP changes there)."""
+    base_cuts = getattr(shapes, f"{which}_cuts", {}).get(info.base_name)
+    model_cuts = getattr(seen, f"{which}_cuts", {}).get(info.name) if seen is not None and seen.ran else None
+    if base_cuts is None or model_cuts is None or base_cuts[0] != model_cuts[0]:
+        return None
+    dim = base_cuts[0]
+    base_n, model_n = shapes.params[info.base_name].base[dim], params[info.name].shape[dim]
+    if base_n == model_n:
+        return None
+    pieces = measure_pieces(base_cuts, model_cuts, base_n, model_n)
+    if pieces is None or all(pieces[2]) or not any(pieces[2]):
+        return None
+    return pieces, model_cuts
+
+
 def measure_pieces(base_cuts, other_cuts, base_n: int, other_n: int):
     """(row dim, base piece sizes, which pieces grow) of one weight from the cuts at two widths, or
     None when the two forwards cut it differently (then nothing is claimed)."""
     dim, cuts = base_cuts
     odim, ocuts = other_cuts
-    base_p = row_pieces(base_n, cuts)
-    other_p = row_pieces(other_n, ocuts)
+    base_p = row_pieces(base_n, set(cuts))
+    other_p = row_pieces(other_n, set(ocuts))
     if dim != odim or len(base_p) != len(other_p) or len(base_p) < 2:
         return None
     sizes = tuple(b - a for a, b in base_p)
@@ -114,16 +133,16 @@ def assign_row_roles(infos: dict, shapes, seen, rules: dict[str, Rule], params: 
     another role than the weight; returns the names. A role set by ``roles=`` is left whole."""
     found = []
     for name, info in infos.items():
-        pieces = shapes.row_pieces.get(info.base_name)
-        if pieces is None or info.source == "override" or (info.layout is None and not info.fan_out_dims):
+        measured = _pieces_of("row", info, shapes, seen, params)
+        if measured is None or info.source == "override" or (info.layout is None and not info.fan_out_dims):
             continue
+        pieces, model_cuts = measured
         fan_out = info.fan_out_dims or (info.layout[1],)
         fan_in = info.fan_in_dims or (info.layout[0],)
         if tuple(fan_out) != (pieces[0],):
             continue
         width = shapes.params[info.base_name].width
         fan_in_grows = any(width[d] for d in fan_in)
-        model_cuts = seen.row_cuts.get(name) if seen is not None and seen.ran else None
         ranges = rows_of(pieces, info.role, fan_in_grows, model_cuts, params[name].shape[pieces[0]])
         if not ranges:
             continue
@@ -137,3 +156,29 @@ def assign_row_roles(infos: dict, shapes, seen, rules: dict[str, Rule], params: 
         )
         found.append(name)
     return found
+
+
+def column_roles(infos: dict, shapes, seen, params: dict) -> dict[str, list[tuple[int, int, str]]]:
+    """The reverse fusion: weight → (start, stop, role) of its column ranges whose role differs from the
+    weight's (a fixed-size input concatenated to a width-sized one: input-like columns of a hidden weight).
+    Not compensated yet; `parametrize` warns, naming them. A role set by ``roles=`` is left whole."""
+    out = {}
+    for name, info in infos.items():
+        measured = _pieces_of("col", info, shapes, seen, params)
+        if measured is None or info.source == "override" or (info.layout is None and not info.fan_in_dims):
+            continue
+        pieces, model_cuts = measured
+        fan_in = info.fan_in_dims or (info.layout[0],)
+        fan_out = info.fan_out_dims or (info.layout[1],)
+        if tuple(fan_in) != (pieces[0],):
+            continue
+        fan_out_grows = any(shapes.params[info.base_name].width[d] for d in fan_out)
+        ranges = rows_of(pieces, "", True, model_cuts, params[name].shape[pieces[0]])  # every range, role aside
+        found = [
+            (a, b, role)
+            for (_, a, b, _), g in zip(ranges, pieces[2])
+            if (role := piece_role(g, fan_out_grows)) != info.role
+        ]
+        if found:
+            out[name] = found
+    return out

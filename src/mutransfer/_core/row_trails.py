@@ -35,6 +35,7 @@ class RowTrails:
     def init_row_trails(self) -> None:
         """Empty bookkeeping (called by the recorder's ``__init__``)."""
         self.row_of: dict[int, tuple[weakref.ref, _Trail]] = {}
+        self.cols_of: dict[int, tuple[weakref.ref, tuple[int, ...]]] = {}  # a concatenation → its pieces' sizes
 
     def _p(self, t):  # the recorder's parameter provenance
         raise NotImplementedError
@@ -58,7 +59,30 @@ class RowTrails:
         cuts.update({first + start, first + stop})
         return (name, dim, first + start, first + stop)
 
+    def _track_columns(self, name: str, args, kwargs, out) -> None:
+        """The reverse fusion: inputs concatenated along the last dim, then contracted with a weight."""
+        if name in ("cat", "concat", "concatenate") and isinstance(out, torch.Tensor) and args:
+            parts = args[0] if isinstance(args[0], (list, tuple)) else ()
+            dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+            if len(parts) > 1 and all(isinstance(t, torch.Tensor) and t.ndim == out.ndim for t in parts):
+                if int(dim) % out.ndim == out.ndim - 1:
+                    try:
+                        self.cols_of[id(out)] = (weakref.ref(out), tuple(int(t.shape[-1]) for t in parts))
+                    except TypeError:
+                        pass
+            return
+        if name != "linear" or not args:
+            return
+        entry = self.cols_of.get(id(args[0]))
+        w = args[1] if len(args) > 1 else kwargs.get("weight")
+        pw = self._p(w)
+        if entry is None or entry[0]() is not args[0] or pw is None or len(pw[1]) != 2 or len(pw[1][1]) != 1:
+            return
+        cuts = set(itertools.accumulate(entry[1]))
+        self.obs.col_cuts.setdefault(pw[0], (pw[1][1][0], set()))[1].update(cuts | {0})
+
     def _track_rows(self, name: str, args, kwargs, out) -> None:
+        self._track_columns(name, args, kwargs, out)
         if name in ("linear", "matmul", "mm"):
             w = (
                 (args[1] if len(args) > 1 else kwargs.get("weight"))

@@ -22,7 +22,6 @@ from .attention import base_head_dims
 from .depth import DepthMap
 from .naming import canonical_name, listed_differences
 from .observe import observe_model
-from .row_roles import measure_pieces
 
 __all__ = ["SHAPES_FORMAT_VERSION", "ParamShape", "WidthShapes", "load_shapes", "save_shapes"]
 
@@ -74,9 +73,10 @@ class WidthShapes:
     # constants the base's forward multiplies onto module outputs ("<module>:input" for the input of a module
     # when they come from no module), from its probe; None when not measured (no probe, or an older file)
     output_scales: dict[str, float] | None = None
-    # weight → (row dim, base sizes of the pieces its product's output is split into, which grow with width),
-    # measured on probes at two widths (see `row_roles`); only weights cut into two pieces or more
-    row_pieces: dict[str, tuple[int, tuple[int, ...], tuple[bool, ...]]] = field(default_factory=dict)
+    # weight → (row dim, offsets where the base's forward cut its product's output) and (fan_in dim, offsets
+    # where its input was concatenated): compared with the model's own probe by `row_roles`
+    row_cuts: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
+    col_cuts: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -138,7 +138,9 @@ class WidthShapes:
             if seen.ran and not seen.unreadable_constants:  # a meta base's buffer constants cannot be read
                 shapes.output_scales = {m: c for m, (c, _) in seen.carried_constants.items()}
                 shapes.output_scales.update({f"{m}:input": c for m, c in seen.unplaced_constants.items()})
-            shapes.row_pieces = _row_pieces(base, delta if delta is not None else target, seen, example_inputs)
+            if seen.ran:
+                shapes.row_cuts = {n: (d, tuple(sorted(c))) for n, (d, c) in seen.row_cuts.items()}
+                shapes.col_cuts = {n: (d, tuple(sorted(c))) for n, (d, c) in seen.col_cuts.items()}
             for module, calls in seen.attention_by_module().items():
                 shapes.attention_scales[module] = (calls[0].head_dim, calls[0].scale)
                 shapes.attention_head_dims[module] = calls[0].head_dim
@@ -155,11 +157,11 @@ class WidthShapes:
             "attention_scales": {m: [d, s] for m, (d, s) in self.attention_scales.items()},
             "input_scales": dict(self.input_scales),
             **({} if self.output_scales is None else {"output_scales": dict(self.output_scales)}),
-            **(
-                {"row_pieces": {n: [d, list(s), list(g)] for n, (d, s, g) in self.row_pieces.items()}}
-                if self.row_pieces
-                else {}
-            ),
+            **{
+                key: {n: [d, list(c)] for n, (d, c) in cuts.items()}
+                for key, cuts in (("row_cuts", self.row_cuts), ("col_cuts", self.col_cuts))
+                if cuts
+            },
         }
 
     def save(self, path: str | os.PathLike) -> None:
@@ -206,11 +208,11 @@ class WidthShapes:
         inputs = {k: float(v) for k, v in data.get("input_scales", {}).items()}
         outputs = data.get("output_scales")
         outputs = None if outputs is None else {k: float(v) for k, v in outputs.items()}
-        rows = {
-            k: (int(v[0]), tuple(int(x) for x in v[1]), tuple(bool(x) for x in v[2]))
-            for k, v in data.get("row_pieces", {}).items()
-        }
-        return cls(params, heads, scales, inputs, outputs, rows)
+        rows, cols = (
+            {k: (int(v[0]), tuple(int(x) for x in v[1])) for k, v in data.get(key, {}).items()}
+            for key in ("row_cuts", "col_cuts")
+        )
+        return cls(params, heads, scales, inputs, outputs, rows, cols)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> WidthShapes:
@@ -256,31 +258,6 @@ def load_shapes(path: str | os.PathLike) -> WidthShapes:
         ModelError: the file is missing, not JSON, or not a width-shapes file.
     """
     return WidthShapes.load(path)
-
-
-def _row_pieces(
-    base: nn.Module, other, seen, example_inputs
-) -> dict[str, tuple[int, tuple[int, ...], tuple[bool, ...]]]:
-    """The pieces of every fused projection whose output the base's forward splits, and which of them grow:
-    the other model (delta, or the target) is probed too, only when the base's output was split."""
-    if not seen.ran or not seen.row_cuts or not isinstance(other, nn.Module):
-        return {}
-    theirs = observe_model(other, example_inputs)
-    if not theirs.ran and example_inputs is not None:
-        theirs = observe_model(other)
-    if not theirs.ran:
-        return {}
-    base_p = {canonical_name(n): p for n, p in base.named_parameters()}
-    other_p = {canonical_name(n): p for n, p in other.named_parameters()}
-    out = {}
-    for name, cuts in seen.row_cuts.items():
-        if name not in theirs.row_cuts or name not in other_p:
-            continue
-        dim = cuts[0]
-        found = measure_pieces(cuts, theirs.row_cuts[name], base_p[name].shape[dim], other_p[name].shape[dim])
-        if found is not None and any(found[2]) and not all(found[2]):
-            out[name] = found
-    return out
 
 
 def _shapes_of(obj, what: str) -> dict[str, tuple[int, ...]]:
