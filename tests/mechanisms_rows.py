@@ -82,3 +82,24 @@ class ConcatInput(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = F.relu(self.inp(x))
         return self.head(F.relu(self.mix(torch.cat([h, x], dim=-1))))
+
+
+def hf_mamba2(width: int, seed: int = 0) -> nn.Module:
+    """Mechanism 5 of issue 29 on Hugging Face's Mamba-2: in_proj → split → transpose → depthwise conv1d → split
+    into x, B, C (B and C: n_groups·state_size = 8 rows at every width)."""
+    import transformers as tf
+
+    cfg = tf.Mamba2Config(
+        vocab_size=64,
+        hidden_size=width,
+        state_size=8,
+        num_heads=width * 2 // 16,
+        head_dim=16,
+        n_groups=1,
+        expand=2,
+        num_hidden_layers=1,
+        chunk_size=8,
+        use_cache=False,
+    )
+    torch.manual_seed(seed)
+    return tf.Mamba2ForCausalLM(cfg)

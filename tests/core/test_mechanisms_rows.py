@@ -168,3 +168,16 @@ def test_reverse_fusion_is_named_not_silent():
     with warnings.catch_warnings():
         warnings.simplefilter("error", MuPWarning)
         mt.parametrize(ConcatInput(256), base=ConcatInput(64), delta=ConcatInput(128), roles={"mix.weight": "hidden"})
+
+
+@pytest.mark.slow
+def test_hugging_face_mamba2_rows_are_followed_through_the_depthwise_conv():
+    pytest.importorskip("transformers")
+    from mechanisms_rows import hf_mamba2
+
+    model = hf_mamba2(256)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mt.parametrize(model, base=hf_mamba2(64), delta=hf_mamba2(128))
+    info = model._mutransfer_spec.params["backbone.layers.0.mixer.in_proj.weight"]
+    assert [(r.start, r.stop, r.role) for r in info.row_roles] == [(1024, 1032, "output"), (1032, 1040, "output")]

@@ -23,11 +23,11 @@ from .op_tables import SAME_SHAPE, SPLIT, tensors_in
 
 __all__ = ["RowTrails"]
 
-_Trail = tuple[str, int, int, int]  # (parameter, its row dim, first row, end row) of a tensor's last dim
+_Trail = tuple[str, int, int, int, int]  # (parameter, its row dim, first row, end row, the tensor dim holding them)
 
 
 class RowTrails:
-    """Which rows of which weight each tensor's last dim holds (see the module docstring)."""
+    """Which rows of which weight a dim of each tensor holds (see the module docstring)."""
 
     obs: Observation
     params: dict[int, str]
@@ -47,17 +47,18 @@ class RowTrails:
         return entry[1] if entry is not None and entry[0]() is t else None
 
     def _set_rows(self, t, trail: _Trail) -> None:
-        if isinstance(t, torch.Tensor) and t.ndim >= 1 and t.shape[-1] == trail[3] - trail[2]:
+        axis = trail[4]
+        if isinstance(t, torch.Tensor) and 0 <= axis < t.ndim and t.shape[axis] == trail[3] - trail[2]:
             try:
                 self.row_of[id(t)] = (weakref.ref(t), trail)
             except TypeError:
                 pass
 
     def _cut(self, trail: _Trail, start: int, stop: int) -> _Trail:
-        name, dim, first, _ = trail
+        name, dim, first, _, axis = trail
         cuts = self.obs.row_cuts.setdefault(name, (dim, set()))[1]
         cuts.update({first + start, first + stop})
-        return (name, dim, first + start, first + stop)
+        return (name, dim, first + start, first + stop, axis)
 
     def _track_columns(self, name: str, args, kwargs, out) -> None:
         """The reverse fusion: inputs concatenated along the last dim, then contracted with a weight."""
@@ -94,44 +95,62 @@ class RowTrails:
                 return
             rows = pw[1][0] if name == "linear" else pw[1][1]  # the weight dim that becomes the output's last dim
             if len(rows) == 1 and out.ndim >= 1:
-                self._set_rows(out, (pw[0], rows[0], 0, int(out.shape[-1])))
+                self._set_rows(out, (pw[0], rows[0], 0, int(out.shape[-1]), out.ndim - 1))
             return
         first = args[0] if args else None
         trail = self._rows(first)
         if trail is None or not isinstance(first, torch.Tensor):
             return
-        ndim = first.ndim
+        ndim, axis = first.ndim, trail[4]
         if name in SAME_SHAPE:
             if isinstance(out, torch.Tensor) and out.shape == first.shape:
                 self._set_rows(out, trail)
+        elif name in ("transpose", "swapaxes", "swapdims") and isinstance(out, torch.Tensor):
+            i = int(args[1] if len(args) > 1 else kwargs["dim0"]) % ndim
+            j = int(args[2] if len(args) > 2 else kwargs["dim1"]) % ndim
+            self._set_rows(out, trail[:4] + ({i: j, j: i}.get(axis, axis),))
+        elif name in ("conv1d", "conv2d", "conv3d") and axis == 1 and isinstance(out, torch.Tensor):
+            groups = args[6] if len(args) > 6 else kwargs.get("groups", 1)
+            if int(groups) == first.shape[1] == out.shape[1]:  # depthwise: channel i of the output is channel i's
+                self._set_rows(out, trail)
+        elif name in SPLIT:
+            self._split(name, trail, first, args, kwargs, out)
+        elif name == "getitem" and isinstance(out, torch.Tensor):
+            self._slice(trail, first, args[1] if len(args) > 1 else None, out)
+
+    def _split(self, name: str, trail: _Trail, first: torch.Tensor, args, kwargs, out) -> None:
+        dim = kwargs.get("dim", args[2] if len(args) > 2 and name != "narrow" else None)
+        if name == "narrow":
+            dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        axis = trail[4]
+        if (0 if dim is None else int(dim)) % first.ndim != axis:
             return
-        if name in SPLIT:
-            dim = kwargs.get("dim", args[2] if len(args) > 2 and name != "narrow" else None)
-            if name == "narrow":
-                dim = args[1] if len(args) > 1 else kwargs.get("dim")
-            dim = 0 if dim is None else int(dim)
-            if dim % ndim != ndim - 1:
-                return
-            pieces = tensors_in(out)
-            start = int(args[2] if len(args) > 2 else kwargs.get("start", 0)) if name == "narrow" else 0
-            for piece in pieces:
-                size = int(piece.shape[-1])
-                self._set_rows(piece, self._cut(trail, start, start + size))
-                start += size
+        start = int(args[2] if len(args) > 2 else kwargs.get("start", 0)) if name == "narrow" else 0
+        for piece in tensors_in(out):
+            size = int(piece.shape[axis])
+            self._set_rows(piece, self._cut(trail, start, start + size))
+            start += size
+
+    def _slice(self, trail: _Trail, first: torch.Tensor, index, out: torch.Tensor) -> None:
+        """Plain slices (no ints, None or tensors) keep every dim; a slice of the rows' dim cuts them."""
+        idx = index if isinstance(index, tuple) else (index,)
+        if sum(i is Ellipsis for i in idx) > 1 or not all(isinstance(i, slice) or i is Ellipsis for i in idx):
             return
-        if name == "getitem" and isinstance(out, torch.Tensor):
-            index = args[1] if len(args) > 1 else None
-            idx = index if isinstance(index, tuple) else (index,)
-            last = idx[-1]
-            if not isinstance(last, slice) or last.step not in (None, 1):
-                return
-            before = idx[:-1]
-            plain = all(isinstance(i, slice) and i == slice(None) for i in before)
-            if not ((len(before) == 1 and before[0] is Ellipsis) or (plain and len(idx) == ndim)):
-                return
-            start, stop, _ = last.indices(int(first.shape[-1]))
-            if stop > start:
-                self._set_rows(out, self._cut(trail, start, stop))
+        if Ellipsis in idx:
+            k = idx.index(Ellipsis)
+            idx = idx[:k] + (slice(None),) * (first.ndim - len(idx) + 1) + idx[k + 1 :]
+        idx = idx + (slice(None),) * (first.ndim - len(idx))
+        if len(idx) != first.ndim or out.ndim != first.ndim:
+            return
+        axis = trail[4]
+        part = idx[axis]
+        if part.step not in (None, 1):
+            return
+        start, stop, _ = part.indices(int(first.shape[axis]))
+        if (start, stop) == (0, int(first.shape[axis])):
+            self._set_rows(out, trail)
+        elif stop > start:
+            self._set_rows(out, self._cut(trail, start, stop))
 
 
 def row_pieces(n: int, cuts: set[int] | tuple[int, ...]) -> list[tuple[int, int]]:
