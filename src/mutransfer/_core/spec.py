@@ -70,10 +70,6 @@ class MuSpec:
         """
         return formulation_rules(self.formulation)[self.params[name].role]
 
-    def rules_table(self) -> dict[str, Rule]:
-        """The formulation's table of rules, one `rules.Rule` per role."""
-        return formulation_rules(self.formulation)
-
     def depth_rule(self, name: str) -> DepthRule:
         """The depth rule of parameter `name` ("outside" when depth scaling is off).
 
