@@ -136,6 +136,13 @@ def describe(model: nn.Module, optimizer: str | None = None, adjust_lr_fn: str |
         "override": "roles= override",
     }
     lines.append("roles from: " + ", ".join(f"{words.get(k, k)} {v}" for k, v in sorted(by_source.items())))
+    split = {n: getattr(i, "row_roles", ()) for n, i in spec.params.items() if getattr(i, "row_roles", ())}
+    for n, ranges in split.items():
+        lines.append(
+            f"rows of {n} ({spec.params[n].role}, measured on probes at two widths): "
+            + ", ".join(f"{r} (init × {r.init_ratio:.4g})" for r in ranges)
+            + "; same optimizer group as the weight (see docs/model.md, fused projections)"
+        )
     kept = getattr(spec, "kept_values", {})  # absent from specs pickled before it existed
     if kept:
         lines.append(

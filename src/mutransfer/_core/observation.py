@@ -58,6 +58,11 @@ class Observation:
     # modules whose (first) input is an attention's probabilities (dropout on them, for example)
     prob_modules: set[str] = field(default_factory=set)
     called: set[str] = field(default_factory=set)  # modules whose forward ran
+    # weight → (its row dim, row offsets where the forward cut its product's output): a fused projection
+    # whose output is split into pieces (z, x, B, C, dt of an SSM's in_proj; q, k, v of a fused qkv)
+    row_cuts: dict[str, tuple[int, set[int]]] = field(default_factory=dict)
+    # weight → (its fan_in dim, offsets where its input was concatenated from pieces): the reverse fusion
+    col_cuts: dict[str, tuple[int, set[int]]] = field(default_factory=dict)
     error: str | None = None  # why the forward could not run (then nothing was observed)
     inputs: Any = None  # the inputs it ran on
 

@@ -39,6 +39,7 @@ from .groups import mark_parameters, register_plain_guard
 from .observe import observe_model
 from .param_checks import attention_suspects, check_class_forward, not_a_random_scale, rms, warn_unused
 from .roles import ParamInfo, classify
+from .row_roles import assign_row_roles, column_roles, row_plan
 from .shapes import WidthShapes, canonical_name
 from .spec import SPEC_ATTR, MuSpec, find_spec
 from .width_constants import ForwardConstants, merge_constants, width_constants
@@ -155,6 +156,10 @@ def parametrize(
             stacklevel=2,
         )
     infos = classify(model, shapes, roles, transposed, depth, seen)
+    params = {canonical_name(n): p for n, p in model.named_parameters()}
+    split_rows = assign_row_roles(infos, shapes, seen, rules, params)
+    _check_row_forward(infos, split_rows, rules)
+    _warn_columns(column_roles(infos, shapes, seen, params))
     branches, helper_blocks = (
         find_branches(model, depth, residual_branches) if depth.containers and alpha > 0 else ([], [])
     )
@@ -172,7 +177,6 @@ def parametrize(
         residual_branches,
         bool(depth.containers),
     )
-    params = {canonical_name(n): p for n, p in model.named_parameters()}
     zeroing = _readout_zeroing(model, infos, params) if zero_init_readout else []
     zeroing += _query_zeroing(model, zero_init_query) if zero_init_query else []
     constants = forward_constants(infos, rules, tunable, readout_input_ratio(seen, shapes, depth), model)
@@ -213,6 +217,11 @@ def parametrize(
             spec.init_scales[name] = init_factor  # the field keeps its name: MuSpec is pickled with models
             if init_factor != 1.0:
                 params[name].mul_(init_factor)
+            if init_factor != tunable.init_mult(info.role) or own_width(info, shapes, params[name]):
+                for r in info.row_roles:  # rows of another role (B/C of an in_proj): their own init
+                    c = r.init_ratio * tunable.init_mult(r.role) / tunable.init_mult(info.role)
+                    if c != 1.0 and rms(params[name]) > 0:
+                        params[name].narrow(r.dim, r.start, r.stop - r.start).mul_(c)
         for _what, tensor in zeroing:
             tensor.zero_()
     spec.zero_init = [what for what, _ in zeroing]
@@ -235,6 +244,39 @@ def parametrize(
     mark_parameters(model, spec)
     register_plain_guard()
     return model
+
+
+def own_width(info: ParamInfo, shapes: WidthShapes, p: torch.Tensor) -> bool:
+    """Whether a parameter is not at its base size (then µP changes its init)."""
+    return any(m != 1.0 for m in shapes.params[info.base_name].width_ratios(tuple(p.shape)))
+
+
+def _check_row_forward(infos: dict[str, ParamInfo], names: list[str], rules) -> None:
+    """Rows of another role inside a weight get µP's lr from the weight's group only when the rules need
+    no forward multiplier on them (a = 1, as in TP5 Tables 3 and 8); otherwise say so, never guess."""
+    for name in names:
+        info = infos[name]
+        for r in info.row_roles:
+            _, a = row_plan(rules, info.role, r.role, info.m_in, info.m_out)
+            if abs(a - 1.0) > 1e-9:
+                raise ModelError(
+                    f"parametrize: '{name}' {r} would need a forward multiplier {a:.4g} on those rows for µP's "
+                    f"lr under these rules, which is not supported; give the rows their own layer, or set the "
+                    f"whole weight's role with roles={{'{name}': '{info.role}'}}"
+                )
+
+
+def _warn_columns(found: dict[str, list[tuple[int, int, str]]]) -> None:
+    for name, ranges in found.items():
+        warnings.warn(
+            f"parametrize: the input of '{name}' is concatenated from pieces that scale differently: columns "
+            + ", ".join(f"{a}:{b} are {role}-like" for a, b, role in ranges)
+            + " (a fixed-size input beside a width-sized one), but the weight has one role and µP's init and lr of "
+            f"those columns are not given to them. Give the fixed-size input its own layer (sum the two outputs), or "
+            f"set the role with roles={{'{name}': ...}} to acknowledge it",
+            MuPWarning,
+            stacklevel=3,
+        )
 
 
 def _resolve_shapes(model, base, delta, base_shapes, example_inputs=None) -> WidthShapes:

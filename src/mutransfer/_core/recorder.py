@@ -59,12 +59,13 @@ from .op_tables import (
     reshape_dims,
     tensors_in,
 )
+from .row_trails import RowTrails
 from .scales import Scales
 
 __all__ = ["recording"]
 
 
-class _Recorder(Scales, TorchFunctionMode):
+class _Recorder(RowTrails, Scales, TorchFunctionMode):
     def __init__(self, params: dict[int, str], module_stack: list[str], on_attention=None):
         super().__init__()
         self.params = params
@@ -75,6 +76,7 @@ class _Recorder(Scales, TorchFunctionMode):
         self.on_attention = on_attention
         self.probs: dict[int, weakref.ref] = {}
         self.init_trails()
+        self.init_row_trails()
         self.failures = 0
 
     # ------------------------------------------------------------ bookkeeping
@@ -116,6 +118,7 @@ class _Recorder(Scales, TorchFunctionMode):
             self._track_constants(name, args, kwargs, out)
             self._track_origins(name, args, kwargs, out)
             self._track_sources(args, kwargs, out)
+            self._track_rows(name, args, kwargs, out)
             if self.on_attention is not None:
                 self._track_terms(func, name, args, kwargs, out)
         except Exception:  # observing must never break the user's forward

@@ -66,6 +66,8 @@ class ParamInfo:
     source: str = "module"  # what settled the role: usage (probe forward), module, shape, override
     fan_in_dims: tuple[int, ...] = ()
     fan_out_dims: tuple[int, ...] = ()
+    # row ranges of a fused projection whose role differs from `role` (`row_roles.RowRole`: B/C of an SSM's in_proj)
+    row_roles: tuple = ()
 
     @property
     def aliases(self) -> list[str]:

@@ -73,6 +73,10 @@ class WidthShapes:
     # constants the base's forward multiplies onto module outputs ("<module>:input" for the input of a module
     # when they come from no module), from its probe; None when not measured (no probe, or an older file)
     output_scales: dict[str, float] | None = None
+    # weight → (row dim, offsets where the base's forward cut its product's output) and (fan_in dim, offsets
+    # where its input was concatenated): compared with the model's own probe by `row_roles`
+    row_cuts: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
+    col_cuts: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -134,6 +138,9 @@ class WidthShapes:
             if seen.ran and not seen.unreadable_constants:  # a meta base's buffer constants cannot be read
                 shapes.output_scales = {m: c for m, (c, _) in seen.carried_constants.items()}
                 shapes.output_scales.update({f"{m}:input": c for m, c in seen.unplaced_constants.items()})
+            if seen.ran:
+                shapes.row_cuts = {n: (d, tuple(sorted(c))) for n, (d, c) in seen.row_cuts.items()}
+                shapes.col_cuts = {n: (d, tuple(sorted(c))) for n, (d, c) in seen.col_cuts.items()}
             for module, calls in seen.attention_by_module().items():
                 shapes.attention_scales[module] = (calls[0].head_dim, calls[0].scale)
                 shapes.attention_head_dims[module] = calls[0].head_dim
@@ -150,6 +157,11 @@ class WidthShapes:
             "attention_scales": {m: [d, s] for m, (d, s) in self.attention_scales.items()},
             "input_scales": dict(self.input_scales),
             **({} if self.output_scales is None else {"output_scales": dict(self.output_scales)}),
+            **{
+                key: {n: [d, list(c)] for n, (d, c) in cuts.items()}
+                for key, cuts in (("row_cuts", self.row_cuts), ("col_cuts", self.col_cuts))
+                if cuts
+            },
         }
 
     def save(self, path: str | os.PathLike) -> None:
@@ -196,7 +208,11 @@ class WidthShapes:
         inputs = {k: float(v) for k, v in data.get("input_scales", {}).items()}
         outputs = data.get("output_scales")
         outputs = None if outputs is None else {k: float(v) for k, v in outputs.items()}
-        return cls(params, heads, scales, inputs, outputs)
+        rows, cols = (
+            {k: (int(v[0]), tuple(int(x) for x in v[1])) for k, v in data.get(key, {}).items()}
+            for key in ("row_cuts", "col_cuts")
+        )
+        return cls(params, heads, scales, inputs, outputs, rows, cols)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> WidthShapes:
