@@ -60,14 +60,19 @@ from ._checks import (
     CLUSTER_KEYS,
     PRUNERS,
     at_least_the_proxy,
+    base_width_warnings,
     cluster_config,
     cluster_keys,
     depth_alpha_in_range,
     depth_keys,
+    finite_fixed,
+    grid_size,
     int_list,
     placement_keys,
     positive_int,
     pruner_keys,
+    seeds,
+    sweep_name,
 )
 from .cells import Cell
 from .schema import AUTO, DEPRECATED_KEYS, PRUNER_OPTIONS, TOP_LEVEL, ClusterConfig
@@ -270,6 +275,8 @@ def config_from_dict(
         if not isinstance(space, dict) or not space:
             raise ConfigError("space must be a table with at least one hyperparameter, e.g. [space.lr]")
         dims = {name: dimension_from_dict(name, spec) for name, spec in space.items()}
+        if data.get("sampler", "grid") == "grid":
+            grid_size(dims)
         parametrizations = data.get("parametrizations", ["mup", "sp"])
         if (
             not isinstance(parametrizations, list)
@@ -283,11 +290,12 @@ def config_from_dict(
         n_trials = data.get("n_trials", 16)
         if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
             raise ConfigError(f"n_trials must be a positive integer, got {n_trials!r}")
-        seeds = int_list("seeds", data.get("seeds", [0]))
+        seed_list = seeds(data.get("seeds", [0]))
         base_width = positive_int("base_width", data.get("base_width", min(widths)))
         target = data.get("target_width")
         if target is not None:
             at_least_the_proxy("target_width", positive_int("target_width", target), "widths", widths)
+        base_width_warnings(base_width, widths, target)
         depths, base_depth, target_depth = depth_keys(data)
         if target_depth is not None and depths is not None:
             at_least_the_proxy("target_depth", target_depth, "depths", depths)
@@ -298,6 +306,7 @@ def config_from_dict(
         fixed = data.get("fixed", {})
         if not isinstance(fixed, dict):
             raise ConfigError("fixed must be a table of hyperparameters")
+        finite_fixed(fixed)
         overlap = set(fixed) & set(dims)
         if overlap:
             raise ConfigError(f"{', '.join(sorted(overlap))} is both swept ([space]) and fixed ([fixed])")
@@ -311,9 +320,7 @@ def config_from_dict(
         pruner, pruner_options = pruner_keys(data)
         devices, trials_per_device, threads, precision = placement_keys(data)
         cluster = cluster_keys(data)
-        name = data.get("name", "sweep")
-        if not isinstance(name, str) or not name:
-            raise ConfigError("name must be a non-empty string")
+        name = sweep_name(data.get("name", "sweep"))
         config_dir = Path(base_dir).resolve() if base_dir is not None else None
         if CONFIG_DIR_KEY in data:
             given = data[CONFIG_DIR_KEY]
@@ -335,7 +342,7 @@ def config_from_dict(
         parametrizations=list(parametrizations),
         sampler=sampler,
         n_trials=n_trials,
-        seeds=seeds,
+        seeds=seed_list,
         storage=resolve_storage(storage, config_dir),
         fixed=dict(fixed),
         depths=depths,

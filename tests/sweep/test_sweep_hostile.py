@@ -1,0 +1,115 @@
+"""Issue 30, hostile and bad input: numbers that overflow, names that escape, passwords that leak,
+HTML that runs. Each test names the defect it pins; each failed on the code before the fix."""
+
+import math
+import re
+import textwrap
+import warnings
+
+import pytest
+
+from mutransfer.cli import main
+from mutransfer.errors import ConfigError, MuPWarning
+from mutransfer.sweep import config_from_dict
+
+OBJECTIVE = """
+import math
+import re
+
+def train(hp, scale):
+    return (math.log2(hp["lr"]) + 6) ** 2 + 1.0 / scale.width
+"""
+
+GRID = """
+    name = "NAME"
+    objective = "OBJ:train"
+    widths = [16, 32]
+    [space.lr]
+    type = "log"
+    low = "2**-8"
+    high = "2**-4"
+    grid = 3
+"""
+
+
+def write(tmp_path, body):
+    """The sweep's TOML and its objective file in `tmp_path`."""
+    (tmp_path / "obj.py").write_text(OBJECTIVE)
+    path = tmp_path / "sweep.toml"
+    path.write_text(textwrap.dedent(body).replace("OBJ", str(tmp_path / "obj.py")).replace("NAME", "hostile"))
+    return path
+
+
+MINIMAL = {"objective": "recipe:mlp", "widths": [16, 64], "space": {"lr": {"low": 1e-3, "high": 1e-1, "grid": 3}}}
+
+
+def _with(**changes):
+    data = {**MINIMAL, **changes}
+    return data
+
+
+def _space(**lr):
+    return _with(space={"lr": {**MINIMAL["space"]["lr"], **lr}})
+
+
+@pytest.mark.parametrize(
+    "data, key",
+    [
+        (_space(low="10**400"), "space.lr.low"),  # was an OverflowError traceback
+        (_space(high="inf"), "space.lr.high"),  # was accepted
+        (_space(high="1e400"), "space.lr.high"),
+        (_space(high=math.inf), "space.lr.high"),
+        (_space(low=math.nan), "space.lr.low"),
+        (_space(type="uniform", low=-1e308, high=1e308), "space.lr"),  # high - low overflows
+        (_space(grid=10**9), "space.lr.grid"),  # a billion grid points, materialized up front
+        (_with(seeds=[2**40]), "seeds"),  # numpy's and most seeders' limit is 2**32 - 1
+        (_with(fixed={"wd": math.nan}), "fixed.wd"),  # NaN != NaN: every rerun a "different config"
+        (_with(space={"act": {"type": "choice", "values": [math.nan, 1.0]}}), "space.act.values"),
+        (_with(cluster={"mem_gb": math.nan}), "cluster.mem_gb"),
+        (_with(cluster={"mem_gb": math.inf}), "cluster.mem_gb"),
+    ],
+)
+def test_non_finite_overflowing_and_huge_numbers_are_config_errors_naming_the_key(data, key):
+    """Issue 30: `low = "10**400"` raised OverflowError, an infinite `high` was accepted (and
+    likewise NaN and huge values of other numeric keys)."""
+    with pytest.raises(ConfigError, match=f"^config: {key.replace('.', '[.]')}"):
+        config_from_dict(data)
+
+
+@pytest.mark.parametrize("high", ['"1e400"', '"10**400"', "inf"])
+def test_an_infinite_high_exits_2_and_leaves_no_run_directory(tmp_path, capsys, high):
+    """Issue 30: an infinite `high` left a run directory behind that refused the corrected rerun."""
+    cfg = write(tmp_path, GRID.replace('high = "2**-4"', f"high = {high}"))
+    assert main(["sweep", str(cfg), "--run", str(tmp_path / "run"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "space.lr.high" in err and str(cfg) in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "changes, named",
+    [({"base_width": 128}, "widths [16, 64]"), ({"base_width": 32, "target_width": 16}, "target_width 16")],
+)
+def test_a_base_width_above_the_proxies_or_the_target_warns(changes, named):
+    """Issue 30: a base_width above every proxy width or above the target ran without a word."""
+    with pytest.warns(MuPWarning, match=f"base_width .*{re.escape(named)}"):
+        config_from_dict(_with(**changes))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MuPWarning)
+        config_from_dict(_with(base_width=16, target_width=256))  # the usual case: silent
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["../x", "../../x", "a/b", "/abs", ".hidden", "a b", "a\nb", "<script>", "x" * 101, "x" * 10_000_000, ""],
+)
+def test_bad_sweep_names_are_refused_naming_the_key_and_shortened(name):
+    """Issue 30: names with ../ or / were accepted, and a 10 MB name was accepted and printed whole."""
+    with pytest.raises(ConfigError, match="^config: name") as e:
+        config_from_dict(_with(name=name))
+    assert len(str(e.value)) < 600
+
+
+@pytest.mark.parametrize("name", ["gpt-lr", "a.b_c-1", "x" * 100, "Run.2026"])
+def test_good_sweep_names_pass(name):
+    assert config_from_dict(_with(name=name)).name == name
