@@ -113,3 +113,24 @@ def test_bad_sweep_names_are_refused_naming_the_key_and_shortened(name):
 @pytest.mark.parametrize("name", ["gpt-lr", "a.b_c-1", "x" * 100, "Run.2026"])
 def test_good_sweep_names_pass(name):
     assert config_from_dict(_with(name=name)).name == name
+
+
+def _legacy_study(url, study_name, config_text):
+    """A study as an older mutransfer stored it (names were not validated then)."""
+    import optuna
+
+    from mutransfer.sweep.storage import open_storage
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name=study_name, storage=open_storage(url))
+    study.set_user_attr("config_toml", config_text)
+
+
+def test_a_worker_joining_by_name_looks_the_sweep_up_exactly(tmp_path, monkeypatch, capsys):
+    """Issue 30: `mutransfer worker a` matched studies by prefix and fetched the config of a sweep named `a/b`."""
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    _legacy_study(url, "a/b/mup/w16", 'name = "a/b"\nobjective = "recipe:mlp"\n')
+    monkeypatch.chdir(tmp_path)
+    assert main(["worker", "a", "--storage", url, "--wait", "0", "--no-progress"]) == 2
+    assert "not a sweep run directory" in capsys.readouterr().err
+    assert not (tmp_path / "a" / "config.toml").exists()
