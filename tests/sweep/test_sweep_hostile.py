@@ -134,3 +134,102 @@ def test_a_worker_joining_by_name_looks_the_sweep_up_exactly(tmp_path, monkeypat
     assert main(["worker", "a", "--storage", url, "--wait", "0", "--no-progress"]) == 2
     assert "not a sweep run directory" in capsys.readouterr().err
     assert not (tmp_path / "a" / "config.toml").exists()
+
+
+SCRIPT = "<script>alert(1)</script>"
+ATTR = '"><img src=x onerror=alert(1)>'
+HOSTILE_OBJECTIVE = """
+import math
+
+def train(hp, scale):
+    if hp["mode"] == "'q\\"uote'" and hp["lr"] > 0.05:
+        raise ValueError("<b onmouseover=alert(1)>boom</b>")
+    return (math.log2(hp["lr"]) + 5) ** 2 + 1.0 / scale.width
+"""
+HOSTILE = f"""
+name = "hostile"
+objective = "OBJ:train"
+widths = [16]
+parametrizations = ["mup"]
+[space.lr]
+low = "2**-7"
+high = "2**-3"
+grid = 2
+[space.'{ATTR}']
+type = "choice"
+values = ['{SCRIPT}', 1]
+[space."a/b<c"]
+type = "choice"
+values = [2]
+[space.mode]
+type = "choice"
+values = ["plain", "'q\\"uote'"]
+"""
+
+
+@pytest.fixture(scope="module")
+def hostile_report(tmp_path_factory):
+    """One sweep whose hyperparameter names, choice values and errors are markup, and its report."""
+    tmp = tmp_path_factory.mktemp("hostile")
+    (tmp / "obj.py").write_text(HOSTILE_OBJECTIVE)
+    cfg = tmp / "sweep.toml"
+    cfg.write_text(HOSTILE.replace("OBJ", str(tmp / "obj.py")))
+    run = tmp / "run"
+    assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) in (0, 1)
+    code = main(["report", str(run)])
+    return run, code
+
+
+class _Collect:
+    def __init__(self):
+        from html.parser import HTMLParser
+
+        self.tags, self.attrs, self.text = [], [], []
+        outer = self
+
+        class Parser(HTMLParser):
+            def handle_starttag(self, tag, attrs):
+                outer.tags.append(tag)
+                outer.attrs += attrs
+
+            def handle_data(self, data):
+                outer.text.append(data)
+
+        self.parser = Parser()
+
+
+@pytest.mark.slow
+def test_hostile_names_values_and_errors_reach_the_report_only_as_text(hostile_report):
+    """Issue 30: hyperparameter names, choice values and errors were written raw into report.html
+    (the alt attribute, table cells): a shared report could run script in a reader's browser."""
+    run, code = hostile_report
+    assert code == 0
+    page = (run / "report.html").read_text()
+    seen = _Collect()
+    seen.parser.feed(page)
+    template_tags = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "div", "b", "ul", "li", "p"}
+    template_tags |= {"code", "img", "table", "tr", "th", "td", "pre"}
+    assert set(seen.tags) <= template_tags, set(seen.tags) - template_tags
+    assert seen.tags.count("b") == 1 and seen.tags.count("img") == 4  # the verdict's <b>; one figure per HP
+    assert {name for name, _ in seen.attrs} <= {"charset", "src", "alt", "class"}
+    for name, value in seen.attrs:
+        if name == "src":
+            assert (run / value).is_file() and "/" not in value, value
+    text = "".join(seen.text)
+    for shown in (SCRIPT, ATTR, "a/b<c", "<b onmouseover=alert(1)>boom</b>", "'q\"uote'"):
+        assert shown in text, shown  # displayed, as text
+
+
+@pytest.mark.slow
+def test_a_hyperparameter_name_with_a_slash_or_markup_gets_a_safe_figure_file(hostile_report):
+    """Issue 30: a hyperparameter name with `/` or `<` crashed the report (file names built from it)."""
+    from mutransfer.sweep.report_page import figure_name
+
+    run, code = hostile_report
+    assert code == 0
+    pngs = sorted(p.name for p in run.glob("loss_vs_*.png"))
+    assert len(pngs) == 4 and "loss_vs_lr.png" in pngs and "loss_vs_mode.png" in pngs
+    assert all(p.startswith("loss_vs_") and all(c.isalnum() or c in "._-" for c in p) for p in pngs), pngs
+    assert figure_name("a/b<c") in pngs and figure_name(ATTR) in pngs
+    assert figure_name("a/b") != figure_name("a<b") != figure_name("a_b")
+    assert len(figure_name("x" * 10_000)) < 80
