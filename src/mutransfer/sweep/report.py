@@ -110,7 +110,7 @@ def _drift_rows(sweep: Sweep, results: list[TrialResult]) -> Rows:
             for along, at, label in lines:
                 d, steps = drift(sweep, results, p, n, along, at), max_drift_steps(sweep, results, p, n, along, at)
                 unit = " octaves" if isinstance(cfg.space[n], LogUniform) else ""
-                across = [] if label is None else [label]
+                across: list[str] = [] if label is None else [label]
                 rows.append(
                     [
                         LABEL[p],
