@@ -233,3 +233,65 @@ def test_a_hyperparameter_name_with_a_slash_or_markup_gets_a_safe_figure_file(ho
     assert figure_name("a/b<c") in pngs and figure_name(ATTR) in pngs
     assert figure_name("a/b") != figure_name("a<b") != figure_name("a_b")
     assert len(figure_name("x" * 10_000)) < 80
+
+
+SECRET = "s3cr/et?x"  # a / and a ? inside: the old masking stopped at them
+URLS = [
+    "postgresql://bob:s3cr/et?x@127.0.0.1:1/db",
+    "postgresql://bob@127.0.0.1:1/db?password=s3cr/et?x&sslmode=disable",
+    "postgresql+psycopg2://bob:s3cr%2Fet%3Fx@127.0.0.1:1/db",
+]
+
+
+@pytest.mark.parametrize("url", URLS)
+def test_mask_url_hides_a_password_with_a_slash_or_in_the_query(url):
+    """Issue 30: the masking missed passwords containing `/` and `?password=` query parameters."""
+    from mutransfer.sweep.storage import mask_url
+
+    shown = mask_url(url)
+    assert "s3cr" not in shown and "***" in shown and "127.0.0.1:1/db" in shown
+
+
+@pytest.mark.parametrize("command", ["sweep", "worker"])
+@pytest.mark.parametrize("url", URLS[:2])
+def test_sweep_and_worker_never_print_the_password(tmp_path, capsys, monkeypatch, command, url):
+    """Issue 30: `sweep` and `worker` printed passwords with `/` or in `?password=` (nothing listens on port 1)."""
+    cfg = write(tmp_path, GRID)
+    monkeypatch.chdir(tmp_path)
+    args = [str(cfg), "--run", str(tmp_path / "run")] if command == "sweep" else ["hostile", "--wait", "0"]
+    assert main([command, *args, "--storage", url, "--no-progress"]) == 2
+    out = capsys.readouterr()
+    assert "unreachable" in out.err and "s3cr" not in out.out + out.err
+
+
+@pytest.mark.parametrize("url", URLS)
+def test_the_run_directory_and_the_database_copy_keep_no_password(tmp_path, url):
+    """Issue 30: config.toml (and the database's copy, made from it) kept the password as written,
+    and the "different config" refusal printed both URLs in clear."""
+    from mutransfer.sweep import load_config
+    from mutransfer.sweep.config import pinned_text
+    from mutransfer.sweep.rundir import differences
+
+    for quoted in (f'"{url}"', f"'{url}'"):
+        cfg = write(tmp_path, f"storage = {quoted}\n" + GRID)
+        config = load_config(cfg)
+        text = pinned_text(cfg, config)
+        assert "s3cr" not in text and "bob@127.0.0.1:1/db" in text
+        (tmp_path / "copy.toml").write_text(text)
+        copy = load_config(tmp_path / "copy.toml")
+        assert copy.contents == config.contents  # a rerun with the password is the same config
+        other = write(tmp_path, f"storage = {quoted.replace(':1/', ':2/')}\n" + GRID.replace("grid = 3", "grid = 4"))
+        lines = differences(copy.contents, load_config(other).contents)
+        assert len(lines) == 2 and "s3cr" not in "".join(lines)
+
+
+def test_the_password_comes_from_the_environment_at_run_time(monkeypatch):
+    """The run directory keeps the URL without its password; MUTRANSFER_STORAGE_PASSWORD supplies it."""
+    from sqlalchemy.engine import make_url
+
+    from mutransfer.sweep.storage import PASSWORD_ENV, with_password
+
+    monkeypatch.setenv(PASSWORD_ENV, SECRET)
+    assert make_url(with_password("postgresql://bob@h/db")).password == SECRET
+    assert make_url(with_password("postgresql://bob:given@h/db")).password == "given"
+    assert with_password("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"

@@ -77,6 +77,7 @@ from ._checks import (
 from .cells import Cell
 from .schema import AUTO, DEPRECATED_KEYS, PRUNER_OPTIONS, TOP_LEVEL, ClusterConfig
 from .space import Dimension, dimension_from_dict
+from .urls import PASSWORD_ENV, without_password
 
 if TYPE_CHECKING:
     import optuna
@@ -205,8 +206,12 @@ class SweepConfig:
 
     @property
     def contents(self) -> dict[str, Any]:
-        """The config as written, without `config_dir` (where it lives is not what it says)."""
-        return {k: v for k, v in self.raw.items() if k != CONFIG_DIR_KEY}
+        """The config as written, without `config_dir` (where it lives is not what it says) and
+        without the storage URL's password (the run directory never keeps it: `pinned_text`)."""
+        out = {k: v for k, v in self.raw.items() if k != CONFIG_DIR_KEY}
+        if isinstance(out.get("storage"), str):
+            out["storage"] = without_password(out["storage"])
+        return out
 
     def optuna_pruner(self) -> optuna.pruners.BasePruner | None:
         """The Optuna pruner each study gets.
@@ -405,9 +410,25 @@ def load_config(path: str | os.PathLike) -> SweepConfig:
 
 def pinned_text(path: str | os.PathLike, config: SweepConfig) -> str:
     """The text of the TOML at `path` as the run directory keeps it: with `config_dir` recorded at
-    the top (unless the file sets it), so that the copy resolves relative paths as the original."""
-    text = Path(path).read_text()
+    the top (unless the file sets it), so that the copy resolves relative paths as the original,
+    and without the storage URL's password (read at run time from the environment or ~/.pgpass)."""
+    text = _without_storage_password(Path(path).read_text(), config, str(path))
     if CONFIG_DIR_KEY in config.raw or config.config_dir is None:
         return text
     quoted = json.dumps(str(config.config_dir)).replace("\x7f", "\\u007f")  # a TOML basic string
     return f"{CONFIG_DIR_KEY} = {quoted}  # added by mutransfer: relative paths below resolve here\n" + text
+
+
+def _without_storage_password(text: str, config: SweepConfig, source: str) -> str:
+    """`text` with the `storage` string's password removed, as written (a basic or literal string)."""
+    storage = config.raw.get("storage")
+    if not isinstance(storage, str) or without_password(storage) == storage:
+        return text
+    bare = json.dumps(without_password(storage), ensure_ascii=False).replace("\x7f", "\\u007f")  # TOML basic
+    for written in (json.dumps(storage, ensure_ascii=False).replace("\x7f", "\\u007f"), f"'{storage}'"):
+        if written in text:
+            return text.replace(written, bare)
+    raise ConfigError(
+        f"{source}: storage holds a password written in a way mutransfer cannot remove from its copy of the "
+        f"config; write the URL without the password and set {PASSWORD_ENV} (or PGPASSWORD, or ~/.pgpass)"
+    )
