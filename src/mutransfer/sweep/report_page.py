@@ -38,10 +38,10 @@ def figure_name(hparam: str, suffix: str = "") -> str:
 
 
 _TEMPLATE = """<!doctype html>
-{%- macro table(head, rows, cls="") -%}
+{%- macro table(head, rows) -%}
 {%- if rows -%}
-<table{% if cls %} class="{{ cls }}"{% endif %}><tr>{% for h in head %}<th>{{ h }}</th>{% endfor %}</tr>
-{% for row in rows %}<tr>{% for cell in row %}<td>{{ cell }}</td>{% endfor %}</tr>
+<table><tr>{% for h in head %}<th>{{ h }}</th>{% endfor %}</tr>
+{%- for row in rows %}<tr>{% for cell in row %}<td>{{ cell }}</td>{% endfor %}</tr>
 {% endfor %}</table>
 {%- endif -%}
 {%- endmacro %}
@@ -86,7 +86,7 @@ log2.</p>
 {% if failure_rows -%}
 <h2>Failed trials</h2><p>The objective raised; tracebacks are in <code>failures/</code> in the
 run directory. <code>mutransfer sweep CONFIG --retry-failed</code> reruns them.</p>
-{{ table(["parametrization", "where", "trial", "hyperparameters", "error"], failure_rows, "failures") }}
+<div class="failures">{{ table(["parametrization", "where", "trial", "hyperparameters", "error"], failure_rows) }}</div>
 {% endif -%}
 <h2>Transferred hyperparameters</h2>
 <p>µP optimum at the proxy {{ proxy }} (also in <code>transferred.json</code>):</p>
