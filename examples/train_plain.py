@@ -55,6 +55,13 @@ def train(model, opt, sched, batches) -> list[float]:
     return losses
 
 
+def load_checkpoint(path: Path, device: torch.device | str = "cpu"):
+    """A checkpoint saved by this script, loaded safely: ``weights_only=True`` lets torch.load
+    rebuild tensors, dicts, lists and numbers only, so a tampered file cannot run code (a pickle
+    may call any function while it loads)."""
+    return torch.load(path, map_location=device, weights_only=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--width", type=int, default=256)
@@ -77,7 +84,7 @@ def main() -> None:
     rest = train(model, opt, sched, batches[half:])
 
     # resume in a "new process": build, parametrize, load; then the same steps again
-    ckpt = torch.load(out / "ckpt.pt", map_location=device)
+    ckpt = load_checkpoint(out / "ckpt.pt", device)
     resumed = build(args.width).to(device)
     resumed.load_state_dict(ckpt["model"])
     opt2, sched2 = make_optimizer(resumed, args.lr, args.steps)
@@ -89,7 +96,7 @@ def main() -> None:
     plain = mt.export(model)
     torch.save(plain.state_dict(), out / "plain.pt")
     fresh = GPT(args.width).to(device)  # plain code: no mutransfer needed to load and serve it
-    fresh.load_state_dict(torch.load(out / "plain.pt", map_location=device))
+    fresh.load_state_dict(load_checkpoint(out / "plain.pt", device))
     x = batches[0][0].to(device)
     with torch.no_grad():
         diff = (fresh.eval()(x) - model.eval()(x)).abs().max() / model(x).abs().max()

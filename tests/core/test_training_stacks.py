@@ -135,3 +135,44 @@ def test_examples_run(tmp_path, script, expect):
     assert expect in proc.stdout, proc.stdout
     rel = float(proc.stdout.split("(relative)")[0].split()[-1])
     assert rel <= 1e-5, proc.stdout
+
+
+class _Exploit:
+    """A pickle that runs code when loaded: what a tampered checkpoint can hold."""
+
+    def __reduce__(self):
+        return (Path.touch, (Path(_Exploit.marker),))
+
+
+def test_the_example_refuses_a_checkpoint_that_would_run_code(tmp_path):
+    """Issue 30: examples/train_plain.py loaded checkpoints with torch.load's full unpickler."""
+    from train_plain import load_checkpoint
+
+    _Exploit.marker = str(tmp_path / "pwned")
+    torch.save({"model": _Exploit()}, tmp_path / "evil.pt", _use_new_zipfile_serialization=True)
+    with pytest.raises(Exception, match="[Ww]eights only"):
+        load_checkpoint(tmp_path / "evil.pt")
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_every_torch_load_in_the_package_examples_and_benchmarks_is_weights_only():
+    """Issue 30: torch.load without weights_only=True unpickles arbitrary code (grep torch.load)."""
+    import ast
+
+    unsafe = []
+    for folder in ("src", "examples", "benchmarks"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "load"
+                    and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "torch"
+                    and not any(
+                        k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is True
+                        for k in node.keywords
+                    )
+                ):
+                    unsafe.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not unsafe, unsafe

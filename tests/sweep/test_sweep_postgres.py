@@ -194,3 +194,47 @@ def postgres_driver_installed():
     except ImportError:
         return False
     return True
+
+
+@pytest.mark.slow
+def test_the_password_of_a_postgres_storage_never_reaches_the_run_directory_or_the_output(tmp_path, monkeypatch):
+    """Issue 30: config.toml and the database's copy kept the storage password as written. The run
+    directory (every file) and every printed line must not hold it; `report` reads it from
+    MUTRANSFER_STORAGE_PASSWORD."""
+    url = os.environ.get(ENV)
+    if not url:
+        pytest.skip(f"{ENV} is unset: run through scripts/with-postgres.sh (as `make test` does)")
+    import optuna
+
+    from mutransfer.sweep.urls import PASSWORD_ENV
+
+    password = unquote(urlsplit(url).password or "")
+    assert password
+    name = f"pgpw-{uuid.uuid4().hex[:12]}"
+    config = tmp_path / "sweep.toml"
+    body = textwrap.dedent(CONFIG).replace("NAME", name).replace("widths = [16, 32]", "widths = [16]")
+    config.write_text(f'storage = "{url}"\n' + body.replace("grid = 5", "grid = 2"))
+    run = tmp_path / "run"
+    env = child_env()
+    env.pop(PASSWORD_ENV, None)
+    out = subprocess.run(
+        cli("sweep", str(config), "--run", str(run), "--no-progress"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    env[PASSWORD_ENV] = password
+    report = subprocess.run(cli("report", str(run)), env=env, capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    printed = out.stdout + out.stderr + report.stdout + report.stderr
+    assert password not in printed
+    for path in run.rglob("*"):
+        if path.is_file():
+            assert password.encode() not in path.read_bytes(), path
+    storage = optuna.storages.RDBStorage(url)
+    for summary in optuna.study.get_all_study_summaries(storage, include_best_trial=False):
+        if summary.study_name.startswith(f"{name}/"):
+            assert password not in summary.user_attrs["config_toml"]
+    storage.engine.dispose()

@@ -58,7 +58,7 @@ def test_the_reference_page_is_generated_from_the_schema():
         for key in options:
             assert f"| `{key}` |" in rendered
     assert "`steps` → `horizons`" in rendered
-    assert "| `seeds` | list of integers ≥ 0 | `[0]` |" in rendered
+    assert "| `seeds` | list of integers in [0, 2**32) | `[0]` |" in rendered
     assert "| `widths` | list of integers ≥ 1 | **required** |" in rendered
 
 

@@ -3,14 +3,17 @@ and raises `ConfigError` naming the key and the fix. `config.config_from_dict` c
 
 from __future__ import annotations
 
+import math
+import re
+import warnings
 from typing import Any
 
 from .._core.devices import known_precision
-from ..errors import ConfigError
+from ..errors import ConfigError, MuPWarning
 from ..rules import check_depth_alpha
 from .placement import parse_devices
 from .schema import AUTO, CLUSTER, PRUNER_OPTION_MEANINGS, PRUNER_OPTIONS, ClusterConfig
-from .space import Choice, Dimension
+from .space import MAX_GRID, Choice, Dimension
 
 BACKENDS = ("slurm", "local")
 PRUNERS = tuple(PRUNER_OPTIONS)
@@ -26,6 +29,66 @@ def int_list(key: str, value, minimum: int = 0) -> list[int]:
     if len(set(value)) != len(value):
         raise ConfigError(f"{key} has duplicates: {value!r}")
     return list(value)
+
+
+MAX_SEED = 2**32 - 1  # numpy's limit, and what most seeders take
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
+NAME_RULE = "1 to 100 of the characters A-Z a-z 0-9 . _ - and not starting with a dot"
+
+
+def sweep_name(value: Any) -> str:
+    """The config's `name`, checked: it becomes the prefix of every study name, a directory name
+    (`mutransfer worker NAME`) and part of every message, so a bounded, path-free character set."""
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
+        shown = (
+            repr(value)
+            if not isinstance(value, str) or len(value) <= 40
+            else f"{value[:37]!r}... ({len(value):,} characters)"
+        )
+        raise ConfigError(f'name must be {NAME_RULE} (e.g. "gpt-lr"), got {shown}')
+    return value
+
+
+def seeds(value: Any) -> list[int]:
+    """`seeds`: distinct integers in [0, 2**32)."""
+    out = int_list("seeds", value)
+    if any(v > MAX_SEED for v in out):
+        raise ConfigError(f"seeds must hold integers from 0 to 2**32 - 1 ({MAX_SEED}), got {max(out)}")
+    return out
+
+
+def grid_size(dims: dict[str, Dimension]) -> None:
+    """A grid sweep enqueues every point of every study up front: at most `MAX_GRID` per study."""
+    size = math.prod(len(d.values) if isinstance(d, Choice) else d.grid for d in dims.values())
+    if size > MAX_GRID:
+        raise ConfigError(
+            f"space: the grid has {size:,} points per study (the product of every [space] grid), more than "
+            f'{MAX_GRID:,}; lower space.*.grid or use sampler = "random" with n_trials'
+        )
+
+
+def finite_fixed(fixed: dict[str, Any]) -> None:
+    """No NaN in [fixed]: NaN equals nothing, not even itself, so a rerun of the same config would
+    count as a different one."""
+    for key, value in fixed.items():
+        if isinstance(value, float) and math.isnan(value):
+            raise ConfigError(f"fixed.{key} is nan, which equals no value (not even itself); give a number")
+
+
+def base_width_warnings(base_width: int, widths: list[int], target: int | None) -> None:
+    """µP is defined at any width relative to its base, so a base above the swept widths or the
+    target is allowed; but it is rarely meant (the base is usually the proxy), so say so."""
+    above = [f"widths {widths}"] if base_width > max(widths) else []
+    if target is not None and base_width > target:
+        above.append(f"target_width {target}")
+    if above:
+        warnings.warn(
+            f"base_width {base_width} is above {' and '.join(above)}: µP then shrinks every model relative to a "
+            "wider base (allowed, rarely meant); the base is usually the proxy, the smallest width. Set base_width "
+            "to at most the smallest width, or remove it",
+            MuPWarning,
+            stacklevel=4,
+        )
 
 
 def positive_int(key: str, value) -> int:
@@ -169,8 +232,8 @@ def cluster_config(table: Any) -> ClusterConfig:
     if got["cpus_per_task"] is not None:
         positive_int("cluster.cpus_per_task", got["cpus_per_task"])
     mem = got["mem_gb"]
-    if mem is not None and (isinstance(mem, bool) or not isinstance(mem, (int, float)) or mem <= 0):
-        raise ConfigError(f"cluster.mem_gb must be a positive number, got {mem!r}")
+    if mem is not None and (isinstance(mem, bool) or not isinstance(mem, (int, float)) or not (0 < mem < math.inf)):
+        raise ConfigError(f"cluster.mem_gb must be a finite positive number, got {mem!r}")
     for key in ("partition", "account", "qos"):
         if got[key] is not None and (not isinstance(got[key], str) or not got[key]):
             raise ConfigError(f"cluster.{key} must be a non-empty string, got {got[key]!r}")

@@ -60,18 +60,24 @@ from ._checks import (
     CLUSTER_KEYS,
     PRUNERS,
     at_least_the_proxy,
+    base_width_warnings,
     cluster_config,
     cluster_keys,
     depth_alpha_in_range,
     depth_keys,
+    finite_fixed,
+    grid_size,
     int_list,
     placement_keys,
     positive_int,
     pruner_keys,
+    seeds,
+    sweep_name,
 )
 from .cells import Cell
 from .schema import AUTO, DEPRECATED_KEYS, PRUNER_OPTIONS, TOP_LEVEL, ClusterConfig
 from .space import Dimension, dimension_from_dict
+from .urls import PASSWORD_ENV, without_password
 
 if TYPE_CHECKING:
     import optuna
@@ -200,8 +206,12 @@ class SweepConfig:
 
     @property
     def contents(self) -> dict[str, Any]:
-        """The config as written, without `config_dir` (where it lives is not what it says)."""
-        return {k: v for k, v in self.raw.items() if k != CONFIG_DIR_KEY}
+        """The config as written, without `config_dir` (where it lives is not what it says) and
+        without the storage URL's password (the run directory never keeps it: `pinned_text`)."""
+        out = {k: v for k, v in self.raw.items() if k != CONFIG_DIR_KEY}
+        if isinstance(out.get("storage"), str):
+            out["storage"] = without_password(out["storage"])
+        return out
 
     def optuna_pruner(self) -> optuna.pruners.BasePruner | None:
         """The Optuna pruner each study gets.
@@ -270,6 +280,8 @@ def config_from_dict(
         if not isinstance(space, dict) or not space:
             raise ConfigError("space must be a table with at least one hyperparameter, e.g. [space.lr]")
         dims = {name: dimension_from_dict(name, spec) for name, spec in space.items()}
+        if data.get("sampler", "grid") == "grid":
+            grid_size(dims)
         parametrizations = data.get("parametrizations", ["mup", "sp"])
         if (
             not isinstance(parametrizations, list)
@@ -283,11 +295,12 @@ def config_from_dict(
         n_trials = data.get("n_trials", 16)
         if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
             raise ConfigError(f"n_trials must be a positive integer, got {n_trials!r}")
-        seeds = int_list("seeds", data.get("seeds", [0]))
+        seed_list = seeds(data.get("seeds", [0]))
         base_width = positive_int("base_width", data.get("base_width", min(widths)))
         target = data.get("target_width")
         if target is not None:
             at_least_the_proxy("target_width", positive_int("target_width", target), "widths", widths)
+        base_width_warnings(base_width, widths, target)
         depths, base_depth, target_depth = depth_keys(data)
         if target_depth is not None and depths is not None:
             at_least_the_proxy("target_depth", target_depth, "depths", depths)
@@ -298,6 +311,7 @@ def config_from_dict(
         fixed = data.get("fixed", {})
         if not isinstance(fixed, dict):
             raise ConfigError("fixed must be a table of hyperparameters")
+        finite_fixed(fixed)
         overlap = set(fixed) & set(dims)
         if overlap:
             raise ConfigError(f"{', '.join(sorted(overlap))} is both swept ([space]) and fixed ([fixed])")
@@ -311,9 +325,7 @@ def config_from_dict(
         pruner, pruner_options = pruner_keys(data)
         devices, trials_per_device, threads, precision = placement_keys(data)
         cluster = cluster_keys(data)
-        name = data.get("name", "sweep")
-        if not isinstance(name, str) or not name:
-            raise ConfigError("name must be a non-empty string")
+        name = sweep_name(data.get("name", "sweep"))
         config_dir = Path(base_dir).resolve() if base_dir is not None else None
         if CONFIG_DIR_KEY in data:
             given = data[CONFIG_DIR_KEY]
@@ -335,7 +347,7 @@ def config_from_dict(
         parametrizations=list(parametrizations),
         sampler=sampler,
         n_trials=n_trials,
-        seeds=seeds,
+        seeds=seed_list,
         storage=resolve_storage(storage, config_dir),
         fixed=dict(fixed),
         depths=depths,
@@ -398,9 +410,25 @@ def load_config(path: str | os.PathLike) -> SweepConfig:
 
 def pinned_text(path: str | os.PathLike, config: SweepConfig) -> str:
     """The text of the TOML at `path` as the run directory keeps it: with `config_dir` recorded at
-    the top (unless the file sets it), so that the copy resolves relative paths as the original."""
-    text = Path(path).read_text()
+    the top (unless the file sets it), so that the copy resolves relative paths as the original,
+    and without the storage URL's password (read at run time from the environment or ~/.pgpass)."""
+    text = _without_storage_password(Path(path).read_text(), config, str(path))
     if CONFIG_DIR_KEY in config.raw or config.config_dir is None:
         return text
     quoted = json.dumps(str(config.config_dir)).replace("\x7f", "\\u007f")  # a TOML basic string
     return f"{CONFIG_DIR_KEY} = {quoted}  # added by mutransfer: relative paths below resolve here\n" + text
+
+
+def _without_storage_password(text: str, config: SweepConfig, source: str) -> str:
+    """`text` with the `storage` string's password removed, as written (a basic or literal string)."""
+    storage = config.raw.get("storage")
+    if not isinstance(storage, str) or without_password(storage) == storage:
+        return text
+    bare = json.dumps(without_password(storage), ensure_ascii=False).replace("\x7f", "\\u007f")  # TOML basic
+    for written in (json.dumps(storage, ensure_ascii=False).replace("\x7f", "\\u007f"), f"'{storage}'"):
+        if written in text:
+            return text.replace(written, bare)
+    raise ConfigError(
+        f"{source}: storage holds a password written in a way mutransfer cannot remove from its copy of the "
+        f"config; write the URL without the password and set {PASSWORD_ENV} (or PGPASSWORD, or ~/.pgpass)"
+    )

@@ -52,9 +52,28 @@ def write_atomically(path: Path, text: str) -> None:
 
 
 def fetch_config(storage: optuna.storages.BaseStorage, name: str, path: Path) -> None:
-    """Write the config of the sweep called `name` from its studies in `storage` to `path`."""
+    """Write the config of the sweep called exactly `name` from its studies in `storage` to `path`.
+
+    A study belongs to the sweep when its name's first segment is `name` (`NAME/mup/w32`) and the
+    config stored on it has that `name`: no prefix match, so ``a`` never fetches the config of a
+    sweep called ``a/b`` (names hold no ``/`` since they are validated, older sweeps might)."""
     for summary in optuna.study.get_all_study_summaries(storage, include_best_trial=False):
-        if summary.study_name.startswith(f"{name}/") and "config_toml" in summary.user_attrs:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(summary.user_attrs["config_toml"])
-            return
+        text = summary.user_attrs.get("config_toml")
+        if summary.study_name.split("/", 1)[0] != name or not isinstance(text, str):
+            continue
+        if _config_name(text) != name:
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return
+
+
+def _config_name(text: str) -> str | None:
+    """The `name` of a stored config's TOML text (default "sweep"), None if it does not parse."""
+    from .config import tomllib
+
+    try:
+        name = tomllib.loads(text).get("name", "sweep")
+    except tomllib.TOMLDecodeError:
+        return None
+    return name if isinstance(name, str) else None

@@ -78,7 +78,8 @@ TOP_LEVEL: tuple[Key, ...] = (
         "name",
         "string",
         "sweep",
-        "The sweep's name. Its Optuna studies are stored as `NAME/mup/w32`, …; a worker on another machine joins by it.",
+        "The sweep's name: 1 to 100 of the characters `A-Z a-z 0-9 . _ -`, not starting with a dot. Its Optuna studies "
+        "are stored as `NAME/mup/w32`, …; a worker on another machine joins by it (looked up exactly).",
     ),
     Key(
         "objective",
@@ -147,7 +148,7 @@ TOP_LEVEL: tuple[Key, ...] = (
         '`"grid"` (every grid point of `[space]` once), `"random"` or `"tpe"` (Optuna\'s TPE).',
     ),
     Key("n_trials", "integer ≥ 1", 16, "Trials per study with the random and TPE samplers (a grid runs its points)."),
-    Key("seeds", "list of integers ≥ 0", [0], "Every trial trains once per seed; its loss is the mean."),
+    Key("seeds", "list of integers in [0, 2**32)", [0], "Every trial trains once per seed; its loss is the mean."),
     Key(
         "storage",
         "string",
@@ -204,10 +205,15 @@ SPACE: tuple[Key, ...] = (
         "low",
         "number or string",
         REQUIRED,
-        'The range\'s low end (log, uniform); `"2**-10"` and `"1e-3"` are read as numbers.',
+        'The range\'s low end (log, uniform); `"2**-10"` and `"1e-3"` are read as numbers. Finite (no `inf`, `nan`, `"1e400"`).',
     ),
     Key("high", "number or string", REQUIRED, "The range's high end (log, uniform)."),
-    Key("grid", "integer ≥ 1", 8, "Grid points on the range (log: evenly spaced in log2)."),
+    Key(
+        "grid",
+        "integer in [1, 1000000]",
+        8,
+        "Grid points on the range (log: evenly spaced in log2); a grid sweep's points per study (the product over `[space]`) are at most 1,000,000.",
+    ),
     Key("values", "list", REQUIRED, "The choices (choice only), each once.", "**required** for a choice"),
 )
 
@@ -228,7 +234,7 @@ CLUSTER: tuple[Key, ...] = (
         60,
         "Minutes per task; at the limit the task is requeued and its trials rerun elsewhere.",
     ),
-    Key("mem_gb", "number > 0", None, "Memory per task in GB."),
+    Key("mem_gb", "finite number > 0", None, "Memory per task in GB."),
     Key("cpus_per_task", "integer ≥ 1", None, "CPUs per task; the workers split them."),
     Key("account", "string", None, "The Slurm account to charge (`--account`)."),
     Key("qos", "string", None, "The Slurm quality of service (`--qos`)."),

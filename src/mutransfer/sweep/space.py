@@ -51,19 +51,44 @@ Dimension = LogUniform | Uniform | Choice
 SPACE_KEYS = {"type", "low", "high", "grid", "values"}
 
 
+MAX_GRID = 1_000_000  # grid points per study: a grid sweep enqueues them all up front
+
+
 def _number(name: str, key: str, value) -> float:
+    """A range end as a finite float ("2**-10" and "1e-3" are read as numbers); ConfigError naming
+    ``space.NAME.KEY`` for anything else, infinite, NaN, or too large for a float ("10**400")."""
+    number: float | None = None
     if isinstance(value, str):  # "2**-10" and "1e-3" are convenient in TOML
         text = value.replace(" ", "")
         try:
             if "**" in text:
                 base, exp = text.split("**", 1)
-                return float(base) ** float(exp)
-            return float(text)
+                number = float(base) ** float(exp)
+            else:
+                number = float(text)
         except ValueError:
             pass
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"space.{name}.{key} must be a number, got {value!r}")
-    return float(value)
+        except OverflowError:
+            number = math.inf
+    elif not isinstance(value, bool) and isinstance(value, (int, float)):
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond a float's range
+            number = math.inf
+    if number is None or isinstance(number, complex):  # (-8) ** 0.5 is complex
+        raise ConfigError(f"space.{name}.{key} must be a number, got {_short(value)}")
+    if not math.isfinite(number):
+        raise ConfigError(
+            f"space.{name}.{key} must be a finite number (at most about 1.8e308), got {_short(value)}; "
+            "give the range's end as a finite number"
+        )
+    return number
+
+
+def _short(value) -> str:
+    """repr(value), cut to 80 characters for a message."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def dimension_from_dict(name: str, spec: dict) -> Dimension:
@@ -80,6 +105,9 @@ def dimension_from_dict(name: str, spec: dict) -> Dimension:
         values = spec.get("values")
         if not isinstance(values, list) or not values:
             raise ConfigError(f"space.{name}.values must be a non-empty list")
+        for v in values:
+            if isinstance(v, float) and math.isnan(v):
+                raise ConfigError(f"space.{name}.values holds nan, which equals no value (not even itself); remove it")
         _check_distinct(name, values)
         return Choice(tuple(values))
     if kind not in ("log", "uniform"):
@@ -89,10 +117,12 @@ def dimension_from_dict(name: str, spec: dict) -> Dimension:
             raise ConfigError(f"space.{name}.{key} is missing")
     low, high = _number(name, "low", spec["low"]), _number(name, "high", spec["high"])
     grid = spec.get("grid", 8)
-    if isinstance(grid, bool) or not isinstance(grid, int) or grid < 1:
-        raise ConfigError(f"space.{name}.grid must be a positive integer, got {grid!r}")
+    if isinstance(grid, bool) or not isinstance(grid, int) or not 1 <= grid <= MAX_GRID:
+        raise ConfigError(f"space.{name}.grid must be an integer from 1 to {MAX_GRID:,}, got {_short(grid)}")
     if not low < high:
         raise ConfigError(f"space.{name}: low ({low:g}) must be less than high ({high:g})")
+    if not math.isfinite(high - low):
+        raise ConfigError(f"space.{name}: the range {low:g} … {high:g} is wider than a float holds; narrow it")
     if kind == "log":
         if low <= 0:
             raise ConfigError(f"space.{name}: a log range needs low > 0, got {low:g}")

@@ -8,7 +8,6 @@ hyperparameters, so that resuming a sweep loses nothing.
 from __future__ import annotations
 
 import contextlib
-import re
 import threading
 import time
 import warnings
@@ -18,9 +17,12 @@ from typing import IO, Any
 
 import optuna
 
+from .urls import PASSWORD_ENV, mask_url, scrub, with_password, without_password
+
 __all__ = [
     "GRACE_PERIOD",
     "HEARTBEAT_INTERVAL",
+    "PASSWORD_ENV",
     "ClaimLock",
     "Heartbeat",
     "default_url",
@@ -31,6 +33,8 @@ __all__ = [
     "set_finished_trial_user_attr",
     "study_id",
     "trial_id",
+    "with_password",
+    "without_password",
 ]
 
 
@@ -58,12 +62,6 @@ def optuna_logs_quiet() -> Iterator[None]:
 
 HEARTBEAT_INTERVAL = 2  # seconds
 GRACE_PERIOD = 8  # seconds without a heartbeat before a running trial counts as dead
-_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.\-]*://)(?P<user>[^:/@]*)(:(?P<pw>[^@/]*))?@")
-
-
-def mask_url(url: str) -> str:
-    """The URL with its password replaced by ***, safe to print or store."""
-    return _CREDENTIALS.sub(lambda m: f"{m['scheme']}{m['user']}{':***' if m['pw'] is not None else ''}@", url)
 
 
 def default_url(run_dir: Path) -> str:
@@ -92,12 +90,13 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
             }
         else:
             callback = {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=3)}
+    connect = with_password(url)
     last = None
     for attempt in range(6):
         try:
             with quiet():
                 storage = optuna.storages.RDBStorage(
-                    url,
+                    connect,
                     engine_kwargs=engine,
                     heartbeat_interval=HEARTBEAT_INTERVAL,
                     grace_period=GRACE_PERIOD,
@@ -120,7 +119,7 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
                 continue
             break
     first = str(last).splitlines()[0] if str(last) else type(last).__name__
-    raise ValueError(f"storage {mask_url(url)} is unreachable: {mask_url(first)}") from None
+    raise ValueError(f"storage {mask_url(url)} is unreachable: {scrub(first, connect)}") from None
 
 
 def _sqlite_wal(storage: optuna.storages.RDBStorage) -> None:
