@@ -12,6 +12,7 @@ import json
 import math
 from pathlib import Path
 
+from .._core.atomic import write_atomically
 from .analysis import (
     TrialResult,
     best,
@@ -312,8 +313,8 @@ def write_report(sweep: Sweep, out_dir: Path | None = None) -> Path:
                 images.append(png.name)
 
     transferred = summary["transferred_hparams"]
-    (out / "transferred.json").write_text(json.dumps(plain(transferred), indent=1, allow_nan=False))
-    (out / "summary.json").write_text(json.dumps(plain(summary), indent=1, allow_nan=False))
+    write_atomically(out / "transferred.json", json.dumps(plain(transferred), indent=1, allow_nan=False))
+    write_atomically(out / "summary.json", json.dumps(plain(summary), indent=1, allow_nan=False))
 
     depths = cfg.depths is not None
     depth_head = ("<th>depth</th>" if depths else "") + ("<th>batch size / steps</th>" if cfg.axes else "")
@@ -409,5 +410,5 @@ log-scaled HP), the horizontal bar its {uncertainty}; a red-edged ★ sits on th
 {_transfer_html(sweep, summary)}
 </body></html>"""
     path = out / "report.html"
-    path.write_text(page)
+    write_atomically(path, page)
     return path

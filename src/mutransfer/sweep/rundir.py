@@ -4,13 +4,14 @@ worker elsewhere, and telling what changed when a rerun brings a different confi
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import optuna
 
-__all__ = ["differences", "fetch_config", "free_sibling", "write_atomically"]
+from .._core.atomic import write_atomically
+
+__all__ = ["differences", "fetch_config", "free_sibling"]
 
 
 def differences(old: Any, new: Any, key: str = "") -> list[str]:
@@ -44,17 +45,10 @@ def free_sibling(run_dir: Path) -> Path:
     return run_dir.with_name(f"{run_dir.name}-new")
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write `text` to `path` so that a concurrent reader sees the old file or the new, never half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def fetch_config(storage: optuna.storages.BaseStorage, name: str, path: Path) -> None:
     """Write the config of the sweep called `name` from its studies in `storage` to `path`."""
     for summary in optuna.study.get_all_study_summaries(storage, include_best_trial=False):
         if summary.study_name.startswith(f"{name}/") and "config_toml" in summary.user_attrs:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(summary.user_attrs["config_toml"])
+            write_atomically(path, summary.user_attrs["config_toml"])
             return

@@ -22,13 +22,14 @@ from typing import Any
 import optuna
 import torch
 
+from .._core.atomic import write_atomically
 from .._core.devices import check_precision, resolve_device
 from .._core.progress import Progress
 from ..errors import SweepInterrupted
 from .cells import Cell
 from .config import SweepConfig, load_config, pinned_text
 from .recipes import load_objective
-from .rundir import differences, fetch_config, free_sibling, write_atomically
+from .rundir import differences, fetch_config, free_sibling
 from .scale import Objective, Scale
 from .storage import ClaimLock, default_url, open_storage, optuna_logs_quiet
 from .studies import POLL_SECONDS, Studies, Tally

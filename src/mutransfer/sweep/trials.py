@@ -47,6 +47,7 @@ import optuna
 import torch
 from optuna.trial import FrozenTrial, TrialState
 
+from .._core.atomic import write_atomically
 from .cells import Cell
 from .config import SweepConfig
 from .scale import Objective, Pruned, Reporter, Scale
@@ -357,7 +358,7 @@ def _record_failure(
     )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(report)
+        write_atomically(path, report)
         where = str(path)
     except OSError as e:
         where = f"the trial's user attribute 'traceback' ({path} could not be written: {e.strerror})"

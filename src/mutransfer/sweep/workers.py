@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from .._core.atomic import write_atomically
 from ..errors import SweepInterrupted
 from .config import load_config
 from .placement import DEVICE_ENV, THREADS_ENV, Devices, Placement, plan
@@ -326,8 +327,9 @@ def run_sweep(
             )
     elif unfinished > 0:
         raise RuntimeError(f"the workers left with {unfinished} trial(s) unfinished; rerun to resume")
-    with open(sweep.run_dir / "run.json", "w") as f:
-        json.dump(
+    write_atomically(
+        sweep.run_dir / "run.json",
+        json.dumps(
             {
                 "storage": mask_url(sweep.url),
                 "placement": placement.describe(),
@@ -339,7 +341,7 @@ def run_sweep(
                 "pruned_trials": tally.pruned,
                 "total_trials": tally.total,
             },
-            f,
             indent=1,
-        )
+        ),
+    )
     return sweep
