@@ -19,7 +19,8 @@ def add_parsers(sub) -> None:
         "in RUN/failures) and the sweep goes on. Exit 0 when every trial is done "
         "(failed ones included: the last line says how many), 1 when trials are "
         "left unfinished or none completed (every one failed or diverged: no result), "
-        "2 on a bad config, objective or storage, 130 on Ctrl-C (rerun to resume).",
+        "2 on a bad config, objective or storage, 130 on Ctrl-C, 143 on SIGTERM (both: the running trials are "
+        "queued again and the workers stopped; rerun to resume).",
     )
     s.add_argument("config", help="sweep config (TOML); relative paths in it resolve against its directory")
     s.add_argument("--run", help="run directory (default: runs/<config name>)")
@@ -74,8 +75,8 @@ def add_parsers(sub) -> None:
         "sweep` to create it). On another machine, pass the sweep's name with --storage "
         "(or MUTRANSFER_STORAGE): the config is fetched from the storage. A trial whose "
         "objective raises is recorded as failed and the worker goes on. Exit 0 when no "
-        "trial is left, 2 on a bad run directory, storage or objective, 130 on Ctrl-C "
-        "(its running trial is queued again).",
+        "trial is left, 2 on a bad run directory, storage or objective, 130 on Ctrl-C, 143 "
+        "on SIGTERM (its running trial is queued again).",
     )
     w.add_argument(
         "run",
@@ -120,6 +121,13 @@ def add_parsers(sub) -> None:
 
 
 def _sweep(args) -> int:
+    from ..sweep.interrupts import terminate_as_interrupt
+
+    with terminate_as_interrupt():  # SIGTERM takes Ctrl-C's path: trials re-queued, workers stopped, 143
+        return _run_sweep(args)
+
+
+def _run_sweep(args) -> int:
     from ..sweep import run_sweep
     from ..sweep.storage import mask_url
 
@@ -257,6 +265,13 @@ def _cancel(args) -> int:
 
 
 def _worker(args) -> int:
+    from ..sweep.interrupts import terminate_as_interrupt
+
+    with terminate_as_interrupt():  # SIGTERM takes Ctrl-C's path: its trial re-queued, exit 143
+        return _run_worker(args)
+
+
+def _run_worker(args) -> int:
     from ..sweep import Sweep
 
     try:

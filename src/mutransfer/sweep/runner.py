@@ -48,6 +48,7 @@ __all__ = [
     "CONFIG_FILE",
     "COUNT_SECONDS",
     "EXIT_INTERRUPTED",
+    "EXIT_TERMINATED",
     "FAILURES_DIR",
     "FIRST_WAIT_SECONDS",
     "POLL_SECONDS",
@@ -72,6 +73,7 @@ STALE_CHECK_SECONDS = 2.0  # how often a worker looks for trials whose worker di
 WATCH_SECONDS = 2.0  # how often a watching (GPU sweep) process recounts the trials
 COUNT_SECONDS = 5.0  # how often the progress bar recounts every worker's finished trials
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 
 def study_name(

@@ -34,12 +34,9 @@ import dataclasses
 import json
 import math
 import os
-import signal
 import socket
-import threading
 import time
 import traceback
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +47,7 @@ from optuna.trial import FrozenTrial, TrialState
 from .._core.atomic import write_atomically
 from .cells import Cell
 from .config import SweepConfig
+from .interrupts import interrupts_ignored
 from .scale import Objective, Pruned, Reporter, Scale
 from .space import Choice, Dimension, LogUniform
 from .storage import ClaimLock, Heartbeat, quiet, set_finished_trial_user_attr, study_id, trial_id
@@ -273,8 +271,8 @@ def run_trial(ctx: RunContext, study: optuna.Study, trial: optuna.Trial, cell: C
         _resolved(ctx, study, trial)
     except optuna.exceptions.UpdateFinishedTrialError:
         pass  # another worker finished this very trial first (same HPs and seeds: same result)
-    except BaseException:  # KeyboardInterrupt (Ctrl-C), or SystemExit from outside the objective
-        with sigint_ignored():  # a second Ctrl-C must not cut the bookkeeping short
+    except BaseException:  # KeyboardInterrupt (Ctrl-C, SIGTERM), or SystemExit from outside the objective
+        with interrupts_ignored():  # a second Ctrl-C or SIGTERM must not cut the bookkeeping short
             _interrupted(ctx, study, trial, params)
         raise
     return None
@@ -460,18 +458,4 @@ def _exit_message(e: SystemExit) -> str:
     )
 
 
-@contextlib.contextmanager
-def sigint_ignored() -> Iterator[None]:
-    """Ignore SIGINT (in the main thread) for the duration: bookkeeping after a Ctrl-C must finish.
-
-    Yields:
-        Nothing; SIGINT's previous handler is back on exit.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+sigint_ignored = interrupts_ignored  # the older name: SIGINT and SIGTERM are ignored

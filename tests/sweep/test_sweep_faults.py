@@ -1,0 +1,120 @@
+"""The sweep engine under faults and concurrency (issue 30): SIGTERM, workers that keep dying,
+storage errors, two sweeps started together, two configs sharing a name."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+OBJECTIVE = textwrap.dedent("""
+    import math, os, time
+    from pathlib import Path
+
+    def train(hp, scale):
+        time.sleep(float(hp.get("sleep", 0)))
+        die = Path(__file__).parent / "DIE"  # while it exists, a trial at the lowest lr kills its worker
+        if die.exists() and hp["lr"] < 2**-9:
+            os.kill(os.getpid(), 9)
+        return (math.log2(hp["lr"]) + 6) ** 2 + 1.0 / scale.width
+""")
+
+GRID = """
+    name = "NAME"
+    objective = "OBJ:train"
+    widths = [16]
+    parametrizations = ["mup"]
+    sampler = "grid"
+    [space.lr]
+    type = "log"
+    low = "2**-10"
+    high = "2**-2"
+    grid = POINTS
+    [fixed]
+    sleep = SLEEP
+"""
+
+
+def write(tmp_path: Path, sleep: float = 0.0, points: int = 9, name: str = "faults", file: str = "sweep.toml") -> Path:
+    (tmp_path / "obj.py").write_text(OBJECTIVE)
+    body = GRID.replace("OBJ", str(tmp_path / "obj.py")).replace("SLEEP", str(sleep))
+    body = body.replace("POINTS", str(points)).replace("NAME", name)
+    path = tmp_path / file
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(SRC)}
+
+
+def trials(run: Path, name: str = "faults") -> list[optuna.trial.FrozenTrial]:
+    return optuna.load_study(study_name=f"{name}/mup/w16", storage=f"sqlite:///{run / 'sweep.db'}").get_trials()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (not yet reaped by anyone) counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_sigterm_requeues_stops_the_workers_exits_143_and_a_rerun_finishes(tmp_path):
+    """Issue 30, SIGTERM: the main process died and its workers were orphaned, still training."""
+    cfg = write(tmp_path, sleep=1.5, points=16)  # long enough for the workers to warm up and join
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "mutransfer.cli", "sweep", str(cfg), "--run", str(run), "--no-progress"]
+    proc = subprocess.Popen(
+        cmd + ["--workers", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env()
+    )
+    pids: set[int] = set()
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            time.sleep(0.2)
+            try:
+                ts = trials(run)
+            except Exception:
+                continue
+            pids = {int(t.user_attrs["worker"].split(":")[1]) for t in ts if "worker" in t.user_attrs}
+            running = {t.user_attrs.get("worker") for t in ts if t.state == TrialState.RUNNING}
+            if len(pids - {proc.pid}) >= 1 and len(running) >= 2:
+                break
+        workers = pids - {proc.pid}
+        assert workers, (proc.poll(), pids, proc.pid)
+        proc.send_signal(signal.SIGTERM)  # to the main process only, as `kill PID` does
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and re.fullmatch(r"terminated: \d+ trials done, rerun to resume", lines[0]), err
+    time.sleep(0.5)
+    assert not [pid for pid in workers if alive(pid)]  # no orphan
+    ts = trials(run)
+    assert not [t for t in ts if t.state == TrialState.RUNNING]
+    cut = [t for t in ts if t.state == TrialState.FAIL]
+    assert cut and all(t.user_attrs.get("interrupted") for t in cut)  # re-queued, not left to go stale
+
+    rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env())
+    assert rerun.returncode == 0, rerun.stderr
+    complete = [t for t in trials(run) if t.state == TrialState.COMPLETE]
+    assert len(complete) == 16 and len({t.params["lr"] for t in complete}) == 16  # all, once each
