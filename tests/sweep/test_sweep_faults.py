@@ -3,6 +3,7 @@ storage errors, two sweeps started together, two configs sharing a name."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -15,6 +16,8 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import TrialState
+
+from mutransfer.sweep import Sweep
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -118,3 +121,46 @@ def test_sigterm_requeues_stops_the_workers_exits_143_and_a_rerun_finishes(tmp_p
     assert rerun.returncode == 0, rerun.stderr
     complete = [t for t in trials(run) if t.state == TrialState.COMPLETE]
     assert len(complete) == 16 and len({t.params["lr"] for t in complete}) == 16  # all, once each
+
+
+@pytest.mark.filterwarnings("ignore:Attempting to set identical")  # the report's plot of 1 point
+def test_a_point_whose_worker_keeps_dying_is_finished_as_failed_and_retry_failed_reruns_it(tmp_path):
+    """Issue 30, stale trials: after Optuna's 3 retries the point was never finished and the sweep
+    waited for ever; --retry-failed ignored it."""
+    from mutransfer.sweep.storage import ClaimLock
+    from mutransfer.sweep.trials import claim, run_trial
+
+    cfg = write(tmp_path, points=2)
+    sweep = Sweep.create(cfg, tmp_path / "run")
+    sweep.prepare()
+    sweep.storage.grace_period = 0  # a trial without a new heartbeat is stale within a second
+    cell = sweep.config.all_cells[0]
+    study = sweep.studies[cell]
+    deaths = 0
+    while deaths < 4:  # a worker takes the point at lr 2^-10 and dies, four times
+        with ClaimLock(sweep.url):
+            trial = claim(sweep.storage, study, sweep.config)
+        assert trial is not None
+        if trial.params.get("lr", study.trials[trial.number].system_attrs["fixed_params"]["lr"]) > 2**-9:
+            run_trial(sweep.context(), study, trial, cell)  # the other point trains normally
+            continue
+        deaths += 1
+        time.sleep(1.1)  # SQLite's clock has whole seconds
+        sweep.studies.fail_stale()
+    assert sweep.work(progress=False) == 0  # nothing left to wait for: the sweep ends
+    tally = sweep.tally()
+    assert (tally.unfinished, tally.failed, tally.complete) == (0, 1, 1)
+    [failed] = [t for t in Sweep(tmp_path / "run").study(*cell).trials if t.user_attrs.get("failed")]
+    assert failed.user_attrs["error"].startswith("worker died 4 times")
+    assert {**failed.system_attrs["fixed_params"], **failed.params} == {"lr": 2**-10}
+
+    from mutransfer.sweep.report import write_report
+
+    write_report(sweep, tmp_path / "report")
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert [f["error"][:20] for f in summary["failures"]] == ["worker died 4 times "]
+
+    assert sweep.retry_failed() == 1  # --retry-failed reruns it
+    assert sweep.work(progress=False) == 1
+    tally = sweep.tally()
+    assert (tally.unfinished, tally.failed, tally.complete) == (0, 0, 2)

@@ -2,7 +2,8 @@
 
 Trials send a heartbeat; a trial whose worker died (kill -9, a lost machine) goes stale after
 `GRACE_PERIOD` seconds, is marked failed, and is put back in the queue with the same
-hyperparameters, so that resuming a sweep loses nothing.
+hyperparameters (`studies.Studies.fail_stale`; after `studies.MAX_STALE_RETRIES` deaths the
+point is finished as failed), so that resuming a sweep loses nothing.
 """
 
 from __future__ import annotations
@@ -85,13 +86,6 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
         engine = {"connect_args": {"connect_timeout": 5}, "pool_pre_ping": True}
     else:
         raise ValueError(f"storage {mask_url(url)}: use sqlite:///path/to/file.db or postgresql://user@host/db")
-    with quiet():
-        if hasattr(optuna.storages, "RetryHeartbeatStaleTrialCallback"):  # Optuna ≥ 4.9
-            callback: dict[str, Any] = {
-                "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3)
-            }
-        else:
-            callback = {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=3)}
     last = None
     for attempt in range(6):
         try:
@@ -100,8 +94,7 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
                     url,
                     engine_kwargs=engine,
                     heartbeat_interval=HEARTBEAT_INTERVAL,
-                    grace_period=GRACE_PERIOD,
-                    **callback,
+                    grace_period=GRACE_PERIOD,  # stale trials: `Studies.fail_stale` retries them
                 )
             if url.startswith("sqlite") and ":memory:" not in url:
                 _sqlite_wal(storage)

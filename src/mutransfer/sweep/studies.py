@@ -13,10 +13,10 @@ from optuna.trial import TrialState
 
 from .cells import Cell
 from .config import SweepConfig
-from .storage import optuna_logs_quiet, quiet
+from .storage import optuna_logs_quiet, quiet, study_id
 from .trials import trial_outcome
 
-__all__ = ["POLL_SECONDS", "Studies", "Tally", "grid", "tally"]
+__all__ = ["MAX_STALE_RETRIES", "POLL_SECONDS", "Studies", "Tally", "grid", "tally"]
 
 POLL_SECONDS = 1.0
 _DONE_STATES = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
@@ -201,8 +201,52 @@ class Studies:
         """Trials running now, on any worker."""
         return sum(len(s.get_trials(deepcopy=False, states=(TrialState.RUNNING,))) for s in self.all())
 
-    def fail_stale(self) -> None:
-        """Mark the trials of dead workers (heartbeat stale) failed; Optuna queues their retries."""
+    def fail_stale(self) -> int:
+        """Mark the trials of dead workers (heartbeat stale) FAIL and queue each again, at most
+        `MAX_STALE_RETRIES` times per grid point: a point whose worker died that many times in a row
+        (an objective that kills its process: out of memory, a segfault) is finished as failed
+        with the error "worker died N times" instead, so that the sweep ends; `retry_failed`
+        (``--retry-failed``) reruns it like any failed trial.
+
+        Returns:
+            How many points were finished as failed here.
+        """
+        gave_up = 0
         with quiet():
             for study in self.all():
-                optuna.storages.fail_stale_trials(study)
+                for tid in self.storage._get_stale_trial_ids(study_id(study)):
+                    gave_up += _fail_stale_trial(self.storage, study, tid)
+        return gave_up
+
+
+# Optuna's retry of a stale trial (renamed in Optuna 4.9)
+_RETRY = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or optuna.storages.RetryFailedTrialCallback
+MAX_STALE_RETRIES = 3  # re-queues of a grid point whose worker died, before it is finished as failed
+
+
+def _fail_stale_trial(storage: optuna.storages.RDBStorage, study: optuna.Study, tid: int) -> int:
+    """Fail one stale trial: queue it again (Optuna's retry: same params, `retry_history`
+    extended), or after `MAX_STALE_RETRIES` retries record it as failed (its user attributes set
+    while it still runs, so that no process ever caches it FAIL without them). Returns 1 when it
+    was finished as failed, else 0 (also when another process failed it first)."""
+    try:
+        frozen = storage.get_trial(tid)
+        deaths = len(_RETRY.retry_history(frozen)) + 1
+        if deaths > MAX_STALE_RETRIES:
+            storage.set_trial_user_attr(tid, "failed", True)
+            storage.set_trial_user_attr(tid, "stale", True)
+            storage.set_trial_user_attr(
+                tid,
+                "error",
+                f"worker died {deaths} times (killed, out of memory or crashed while training this trial; "
+                "no traceback): fix the cause, then rerun with --retry-failed",
+            )
+            storage.set_trial_user_attr(tid, "traceback", "")
+        if not storage.set_trial_state_values(tid, state=TrialState.FAIL):
+            return 0
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return 0  # another process failed it first (and queued its retry)
+    if deaths > MAX_STALE_RETRIES:
+        return 1
+    _RETRY()(study, storage.get_trial(tid))
+    return 0

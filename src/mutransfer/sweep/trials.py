@@ -20,7 +20,10 @@ How a finished trial reads (the user attributes are the contract with `analysis`
 - FAIL with `interrupted=True` (Ctrl-C) or `retried=True`: not a result, not done;
   a new trial with the same params was queued in its place. A queued replacement carries
   `retry_of` (the number of the trial it reruns).
-- FAIL with none of these: a trial whose worker died (heartbeat stale); Optuna queued a retry.
+- FAIL with none of these: a trial whose worker died (heartbeat stale); a retry was queued.
+- FAIL with `failed=True` and `stale=True`: its worker died on it `MAX_STALE_RETRIES` + 1 times in a
+  row (`studies.Studies.fail_stale`); `error` says "worker died N times", `traceback` is empty.
+  Done like any failed trial, and rerun by `retry_failed`.
 
 Every trial that ran also records where and when: `device` ("cpu" or "cuda:0"), `cuda_visible_devices`
 (the worker's ``CUDA_VISIBLE_DEVICES``, None when unset), `precision` ("fp32"/"bf16"), `threads` (torch's
