@@ -164,3 +164,42 @@ def test_a_point_whose_worker_keeps_dying_is_finished_as_failed_and_retry_failed
     assert sweep.work(progress=False) == 1
     tally = sweep.tally()
     assert (tally.unfinished, tally.failed, tally.complete) == (0, 0, 2)
+
+
+@pytest.mark.slow
+def test_two_sweeps_started_together_enqueue_each_point_once(tmp_path):
+    """Issue 30, concurrency: two `mutransfer sweep` of one config on one run directory started
+    together enqueued twice (186 trials for 100 points) or failed with an alembic UNIQUE error."""
+    cfg = write(tmp_path, points=40)
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "mutransfer.cli", "sweep", str(cfg), "--run", str(run), "--no-progress"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env()) for _ in "ab"]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], outs
+    ts = trials(run)
+    assert len(ts) == 40 and len({t.params["lr"] for t in ts}) == 40  # one trial per grid point
+    assert all(t.state == TrialState.COMPLETE for t in ts)
+
+
+def test_two_configs_with_one_name_on_one_storage_are_refused(tmp_path, capsys):
+    """Issue 30, concurrency: two different configs with the same `name` shared studies."""
+    from mutransfer.cli import main
+
+    storage = f"sqlite:///{tmp_path / 'shared.db'}"
+    a = write(tmp_path, points=3, file="a.toml")
+    b = write(tmp_path, points=4, file="b.toml")
+    assert main(["sweep", str(a), "--run", str(tmp_path / "ra"), "--storage", storage, "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["sweep", str(b), "--run", str(tmp_path / "rb"), "--storage", storage, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "sweep name 'faults': the storage already holds a sweep of this name" in err
+    assert "a.toml" in err and "b.toml" in err
+    assert len(optuna.load_study(study_name="faults/mup/w16", storage=storage).trials) == 3
+    # the same config again (another run directory) is the same sweep: it resumes
+    assert main(["sweep", str(a), "--run", str(tmp_path / "ra2"), "--storage", storage, "--no-progress"]) == 0

@@ -152,6 +152,7 @@ class Sweep:
         self.studies = Studies(config, storage)
         self.device = torch.device("cpu")  # where this process trains trials (`work`); see `use_device`
         self._objective: Objective | None = None
+        self._source: str | None = None  # the config file a `create` came from
 
     @classmethod
     def create(
@@ -211,6 +212,7 @@ class Sweep:
         sweep = cls.__new__(cls)
         sweep._open(run_dir, config, url, opened or open_storage(url))
         sweep._objective = objective
+        sweep._source = f"{Path(config_path).resolve()} (run directory {run_dir})"
         return sweep
 
     @property
@@ -246,7 +248,7 @@ class Sweep:
 
     def prepare(self) -> None:
         """Create the studies; for a grid sweep, enqueue every grid point once."""
-        self.studies.prepare((self.run_dir / CONFIG_FILE).read_text())
+        self.studies.prepare((self.run_dir / CONFIG_FILE).read_text(), self.url, self._source or str(self.run_dir))
 
     def prepared(self) -> bool:
         """Has `prepare` run (every study exists and, for a grid, is enqueued)?"""

@@ -108,7 +108,10 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
             text = str(e)
             # Several processes creating Optuna's tables at once: the losers see the tables appear
             # under them. That is a race, not an unreachable server: try again.
-            if any(k in text for k in ("already exists", "UniqueViolation", "DuplicateTable", "duplicate key")):
+            if any(
+                k in text
+                for k in ("already exists", "UniqueViolation", "DuplicateTable", "duplicate key", "UNIQUE constraint")
+            ):
                 time.sleep(0.2 * (attempt + 1))
                 continue
             break
@@ -163,21 +166,37 @@ class Heartbeat:
 
 
 class ClaimLock:
-    """Serializes trial claims between local processes sharing an SQLite file.
+    """Serializes trial claims (and a sweep's preparing) between processes sharing a storage.
 
     Optuna claims a waiting trial with SELECT … FOR UPDATE, which SQLite ignores: two workers can
     both see a trial WAITING and both take it (seen in a test, as "Cannot tell a COMPLETE trial").
     An exclusive flock on a file beside the database makes the claim atomic; PostgreSQL's row locks
-    need nothing, and where flock does not exist the lock is a no-op.
+    need nothing for claims. Preparing a sweep (creating its studies, enqueueing the grid once)
+    passes `storage`: on PostgreSQL the lock is then a session-level advisory lock in the
+    database, so two `mutransfer sweep` started together on any machines enqueue once. Where
+    flock does not exist the SQLite lock is a no-op.
+
+    Args:
+        url: the storage URL.
+        storage: the opened storage; given, a PostgreSQL storage is locked too (advisory lock).
     """
 
-    def __init__(self, url: str):
+    _ADVISORY_KEY = 0x6D7554  # "muT": the one advisory lock mutransfer takes
+
+    def __init__(self, url: str, storage: optuna.storages.RDBStorage | None = None):
         self.path: str | None = None
         if url.startswith("sqlite:///") and ":memory:" not in url:
             self.path = url[len("sqlite:///") :] + ".claim-lock"
+        self._engine = storage.engine if storage is not None and url.startswith("postgresql") else None
         self._file: IO[str] | None = None
+        self._connection: Any = None
 
     def __enter__(self) -> ClaimLock:
+        if self._engine is not None:
+            import sqlalchemy
+
+            self._connection = self._engine.connect()
+            self._connection.execute(sqlalchemy.text(f"SELECT pg_advisory_lock({self._ADVISORY_KEY})"))
         if self.path is not None:
             try:
                 import fcntl
@@ -194,6 +213,14 @@ class ClaimLock:
             fcntl.flock(self._file, fcntl.LOCK_UN)
             self._file.close()
             self._file = None
+        if self._connection is not None:
+            import sqlalchemy
+
+            try:
+                self._connection.execute(sqlalchemy.text(f"SELECT pg_advisory_unlock({self._ADVISORY_KEY})"))
+            finally:
+                self._connection.close()  # the session's end releases the lock in any case
+                self._connection = None
 
 
 def set_finished_trial_user_attr(storage: optuna.storages.RDBStorage, trial_id: int, key: str, value) -> None:

@@ -4,6 +4,8 @@ once, up front (centre first with a pruner), and the questions asked of all of t
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from itertools import product
 from typing import NamedTuple
@@ -11,12 +13,13 @@ from typing import NamedTuple
 import optuna
 from optuna.trial import TrialState
 
+from ..errors import ConfigError
 from .cells import Cell
 from .config import SweepConfig
-from .storage import optuna_logs_quiet, quiet, study_id
+from .storage import ClaimLock, optuna_logs_quiet, quiet, study_id
 from .trials import trial_outcome
 
-__all__ = ["MAX_STALE_RETRIES", "POLL_SECONDS", "Studies", "Tally", "grid", "tally"]
+__all__ = ["MAX_STALE_RETRIES", "POLL_SECONDS", "Studies", "Tally", "config_hash", "grid", "tally"]
 
 POLL_SECONDS = 1.0
 _DONE_STATES = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
@@ -150,20 +153,48 @@ class Studies:
         return self.trials_per_cell * len(self.config.all_cells)
 
     @optuna_logs_quiet()
-    def prepare(self, config_toml: str) -> None:
+    def prepare(self, config_toml: str, url: str, source: str = "") -> None:
         """Create the studies; for a grid sweep, enqueue every grid point once.
+
+        Under the sweep's `ClaimLock` (a file lock on SQLite, an advisory lock on PostgreSQL):
+        two processes preparing the same sweep at once enqueue the grid once between them.
 
         Args:
             config_toml: the run's copy of the config, kept on each study so that workers on
                 other machines can join by the sweep's name.
+            url: the storage's URL (for the lock).
+            source: where the config comes from (shown when another config has the same name).
+
+        Raises:
+            ConfigError: the storage holds a sweep of the same `name` made from a different config.
         """
-        for study in self.all():
-            if "config_toml" not in study.user_attrs:
-                study.set_user_attr("config_toml", config_toml)
-            if self.config.sampler == "grid" and not study.user_attrs.get("enqueued"):
-                for params in self.grid:
-                    study.enqueue_trial(params, skip_if_exists=True)
-                study.set_user_attr("enqueued", True)
+        digest = config_hash(self.config)
+        with ClaimLock(url, self.storage):
+            for study in self.all():
+                attrs = self.storage.get_study_user_attrs(study_id(study))  # fresh, not a cache
+                if "config_toml" in attrs:
+                    self._check_same(attrs, digest, study.study_name, source)
+                else:
+                    study.set_user_attr("config_toml", config_toml)
+                    study.set_user_attr("config_hash", digest)
+                    study.set_user_attr("config_source", source)
+                if self.config.sampler == "grid" and not attrs.get("enqueued"):
+                    for params in self.grid:
+                        study.enqueue_trial(params, skip_if_exists=True)
+                    study.set_user_attr("enqueued", True)
+
+    def _check_same(self, attrs: dict, digest: str, study_name: str, source: str) -> None:
+        """Refuse a study made from another config of the same name (they would share trials)."""
+        old = attrs.get("config_hash")
+        if old is None or old == digest:  # None: made before hashes were kept; not compared
+            return
+        where = attrs.get("config_source") or "an earlier config"
+        raise ConfigError(
+            f"sweep name {self.config.name!r}: the storage already holds a sweep of this name made from "
+            f"a different config ({where}, config hash {old}; this one: {source or 'this config'}, hash {digest}); "
+            f"study {study_name} would mix their trials. Give this config its own `name`, or use "
+            "another --storage (or run directory)"
+        )
 
     def prepared(self) -> bool:
         """Has `prepare` run (every study exists and, for a grid, is enqueued)?"""
@@ -250,3 +281,16 @@ def _fail_stale_trial(storage: optuna.storages.RDBStorage, study: optuna.Study, 
         return 1
     _RETRY()(study, storage.get_trial(tid))
     return 0
+
+
+def config_hash(config: SweepConfig) -> str:
+    """A short hash of what a config says (`SweepConfig.contents`: not where it lives).
+
+    Args:
+        config: a sweep's config.
+
+    Returns:
+        12 hex digits, equal for configs that say the same.
+    """
+    text = json.dumps(config.contents, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
