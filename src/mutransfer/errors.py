@@ -20,6 +20,7 @@ __all__ = [
     "MuPWarning",
     "MuTransferError",
     "OptimizerError",
+    "StorageError",
     "SweepInterrupted",
     "Terminated",
     "UsageError",
@@ -54,6 +55,11 @@ class ExportError(MuTransferError, ValueError):
 
 class ConfigError(MuTransferError, ValueError):
     """A sweep config (TOML or dict) or a run directory that is invalid: the message names the key."""
+
+
+class StorageError(MuTransferError, ValueError):
+    """A sweep's storage failed for longer than the sweep waits (``MUTRANSFER_STORAGE_PATIENCE``):
+    the message names the storage (password hidden) and what to do; rerunning resumes."""
 
 
 class UsageError(MuTransferError, ValueError):

@@ -203,3 +203,63 @@ def test_two_configs_with_one_name_on_one_storage_are_refused(tmp_path, capsys):
     assert len(optuna.load_study(study_name="faults/mup/w16", storage=storage).trials) == 3
     # the same config again (another run directory) is the same sweep: it resumes
     assert main(["sweep", str(a), "--run", str(tmp_path / "ra2"), "--storage", storage, "--no-progress"]) == 0
+
+
+class _Faults:
+    """Makes the storage's sessions fail like a database that is restarting: `left` more times
+    (None: for ever, once `on`)."""
+
+    def __init__(self, monkeypatch, left: int | None):
+        import optuna.storages._rdb.storage as rdb
+        import sqlalchemy.exc
+
+        self.left, self.on, self.seen = left, True, 0
+        real = rdb._create_scoped_session
+
+        def session(*args, **kwargs):
+            if self.on and (self.left is None or self.left > 0):
+                self.seen += 1
+                if self.left is not None:
+                    self.left -= 1
+                cause = sqlalchemy.exc.OperationalError("SELECT 1", {}, Exception("server closed the connection"))
+                raise optuna.exceptions.StorageInternalError("An exception is raised during the commit.") from cause
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(rdb, "_create_scoped_session", session)
+
+
+def test_transient_storage_errors_are_retried_with_backoff(tmp_path, monkeypatch):
+    """Issue 30, storage errors: a database restart mid-sweep killed the process with a
+    StorageInternalError traceback."""
+    monkeypatch.setenv("MUTRANSFER_STORAGE_PATIENCE", "60")
+    sweep = Sweep.create(write(tmp_path, points=3), tmp_path / "run")
+    sweep.prepare()
+    faults = _Faults(monkeypatch, left=3)
+    assert sweep.work(progress=False) == 3
+    assert faults.seen == 3 and faults.left == 0
+    assert sweep.tally().complete == 3
+
+
+def test_a_storage_down_for_longer_than_the_patience_exits_2_with_one_line(tmp_path, monkeypatch, capsys):
+    """Issue 30, storage errors: after a bounded wait, one line naming the storage and the fix."""
+    from mutransfer.cli import main
+    from mutransfer.sweep.studies import Studies
+
+    monkeypatch.setenv("MUTRANSFER_STORAGE_PATIENCE", "1")
+    faults = None
+    prepare = Studies.prepare
+
+    def prepared_then_down(self, *args, **kwargs):
+        nonlocal faults
+        prepare(self, *args, **kwargs)
+        faults = _Faults(monkeypatch, left=None)
+
+    monkeypatch.setattr(Studies, "prepare", prepared_then_down)
+    cfg = write(tmp_path, points=3)
+    start = time.monotonic()
+    assert main(["sweep", str(cfg), "--run", str(tmp_path / "run"), "--no-progress"]) == 2
+    assert time.monotonic() - start < 30
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert re.match(r"mutransfer sweep: error: storage sqlite:///\S+sweep\.db failed for 1 s \(", err), err
+    assert "rerun the same command to resume" in err and "MUTRANSFER_STORAGE_PATIENCE" in err

@@ -277,7 +277,7 @@ def _run_worker(args) -> int:
     try:
         if args.threads is not None and args.threads < 1:
             raise ValueError("--threads must be at least 1")
-        sweep = Sweep(args.run, storage=args.storage, wait=args.wait)
+        sweep = Sweep(args.run, storage=args.storage, wait=args.wait, patient=True)
         sweep.use_device(args.device, "--device")
         if args.threads:
             import torch
@@ -285,8 +285,8 @@ def _run_worker(args) -> int:
             torch.set_num_threads(args.threads)
         _ = sweep.objective  # loaded before any trial: a broken objective fails here
         sweep.wait_prepared(args.wait)
-    except ValueError as e:
+        n = sweep.work(progress=not args.no_progress)
+    except ValueError as e:  # bad input, or the storage failed for longer than its patience
         raise UsageError(str(e)) from None
-    n = sweep.work(progress=not args.no_progress)
     print(f"worker done: {n} trial(s) run here", file=sys.stderr)
     return EXIT_PASS

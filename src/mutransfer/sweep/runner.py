@@ -118,20 +118,23 @@ class Sweep:
         storage: the storage URL; default ``MUTRANSFER_STORAGE``, the config's ``storage``, else
             the SQLite file in the run directory.
         wait: seconds to wait for a sweep that another process is still creating.
+        patient: a worker: ride out a storage that is down (restarting) for `storage.patience()` s.
 
     Raises:
         ValueError: `run_dir` holds no sweep (and none of that name is in `storage`), or the
             storage is unreachable.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, storage: str | None = None, wait: float = 0.0):
+    def __init__(
+        self, run_dir: str | os.PathLike, storage: str | None = None, wait: float = 0.0, patient: bool = False
+    ):
         run_dir = Path(run_dir)
         path = run_dir / CONFIG_FILE
         storage = storage or os.environ.get(STORAGE_ENV)
         deadline = time.monotonic() + wait
         while not path.is_file():
             if storage:
-                fetch_config(open_storage(storage), run_dir.name, path)  # a worker on another machine
+                fetch_config(open_storage(storage, patient), run_dir.name, path)  # a worker on another machine
             if path.is_file() or time.monotonic() >= deadline:
                 break
             time.sleep(POLL_SECONDS)
@@ -142,7 +145,7 @@ class Sweep:
             )
         config = load_config(path)
         url = storage or config.storage or default_url(run_dir)
-        self._open(run_dir, config, url, open_storage(url))
+        self._open(run_dir, config, url, open_storage(url, patient))
 
     def _open(self, run_dir: Path, config: SweepConfig, url: str, storage: optuna.storages.RDBStorage) -> None:
         self.run_dir = run_dir

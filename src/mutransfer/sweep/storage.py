@@ -9,6 +9,7 @@ point is finished as failed), so that resuming a sweep loses nothing.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import threading
 import time
@@ -19,15 +20,20 @@ from typing import IO, Any
 
 import optuna
 
+from ..errors import StorageError
+
 __all__ = [
     "GRACE_PERIOD",
     "HEARTBEAT_INTERVAL",
+    "PATIENCE_ENV",
+    "PATIENCE_SECONDS",
     "ClaimLock",
     "Heartbeat",
     "default_url",
     "mask_url",
     "open_storage",
     "optuna_logs_quiet",
+    "patience",
     "quiet",
     "set_finished_trial_user_attr",
     "study_id",
@@ -58,6 +64,8 @@ def optuna_logs_quiet() -> Iterator[None]:
 
 
 HEARTBEAT_INTERVAL = 2  # seconds
+PATIENCE_ENV = "MUTRANSFER_STORAGE_PATIENCE"
+PATIENCE_SECONDS = 120.0  # how long a transient storage error is retried (a database restart)
 GRACE_PERIOD = 8  # seconds without a heartbeat before a running trial counts as dead
 _CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.\-]*://)(?P<user>[^:/@]*)(:(?P<pw>[^@/]*))?@")
 
@@ -71,8 +79,18 @@ def default_url(run_dir: Path) -> str:
     return f"sqlite:///{(Path(run_dir) / 'sweep.db').resolve()}"
 
 
-def open_storage(url: str) -> optuna.storages.RDBStorage:
-    """Connect (creating Optuna's tables if needed); ValueError naming the storage if unreachable."""
+def open_storage(url: str, patient: bool = False) -> optuna.storages.RDBStorage:
+    """Connect (creating Optuna's tables if needed); ValueError naming the storage if unreachable.
+
+    Args:
+        url: the storage URL.
+        patient: a worker joining a sweep: a transient error (the server restarting) is retried
+            for `patience()` seconds before it is reported. Otherwise (a new sweep: a typo in the
+            URL should be told at once) it is reported at once.
+
+    Returns:
+        The storage; its calls retry transient errors for `patience()` seconds.
+    """
     if url.startswith("journal:"):
         raise ValueError(
             f"storage {mask_url(url)}: Optuna's journal file storage records no heartbeats (Optuna "
@@ -81,16 +99,19 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
             "machines, or the default SQLite file on one"
         )
     if url.startswith("sqlite"):
-        engine: dict[str, Any] = {"connect_args": {"timeout": 120}}
+        engine: dict[str, Any] = {"connect_args": {"timeout": 30}}  # then `_PatientStorage` retries
     elif url.startswith("postgresql"):
         engine = {"connect_args": {"connect_timeout": 5}, "pool_pre_ping": True}
     else:
         raise ValueError(f"storage {mask_url(url)}: use sqlite:///path/to/file.db or postgresql://user@host/db")
     last = None
-    for attempt in range(6):
+    deadline = time.monotonic() + (patience() if patient else 0.0)
+    attempt = 0
+    while attempt < 6:
+        attempt += 1
         try:
             with quiet():
-                storage = optuna.storages.RDBStorage(
+                storage = _PatientStorage(
                     url,
                     engine_kwargs=engine,
                     heartbeat_interval=HEARTBEAT_INTERVAL,
@@ -98,6 +119,7 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
                 )
             if url.startswith("sqlite") and ":memory:" not in url:
                 _sqlite_wal(storage)
+            storage._label = mask_url(url)
             return storage
         except ImportError as e:
             raise ValueError(
@@ -114,9 +136,108 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
             ):
                 time.sleep(0.2 * (attempt + 1))
                 continue
+            if _transient(e) and time.monotonic() < deadline:  # a worker waiting out a restart
+                attempt = 0
+                time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+                continue
             break
     first = str(last).splitlines()[0] if str(last) else type(last).__name__
-    raise ValueError(f"storage {mask_url(url)} is unreachable: {mask_url(first)}") from None
+    waited = f" (retried for {patience():.0f} s; wait longer with {PATIENCE_ENV}=SECONDS)" if patient else ""
+    raise ValueError(f"storage {mask_url(url)} is unreachable{waited}: {mask_url(first)}") from None
+
+
+def patience() -> float:
+    """Seconds a transient storage error is retried: ``MUTRANSFER_STORAGE_PATIENCE``, else
+    `PATIENCE_SECONDS` (120); ValueError naming the variable when it is not a number ≥ 0."""
+    text = os.environ.get(PATIENCE_ENV, "").strip()
+    if not text:
+        return PATIENCE_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise StorageError(
+            f"{PATIENCE_ENV} must be a number of seconds ≥ 0 (default {PATIENCE_SECONDS:.0f}), got {text!r}"
+        )
+    return value
+
+
+def _transient(e: BaseException) -> bool:
+    """Is `e` (or its cause) a storage error that may go away: a lost or refused connection, a
+    server restarting, SQLite's "database is locked"? (Not a constraint violation or a bug.)"""
+    import sqlalchemy.exc
+
+    seen = 0
+    while e is not None and seen < 5:
+        if isinstance(e, sqlalchemy.exc.IntegrityError):
+            return False
+        if isinstance(e, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)):
+            return True
+        if isinstance(e, sqlalchemy.exc.DBAPIError) and e.connection_invalidated:
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
+
+
+# The storage calls a sweep makes, and those Optuna's cache makes (private ones included); each is
+# retried on a transient error (see `_PatientStorage`).
+_RETRIED = (
+    "create_new_study get_study_id_from_name get_study_name_from_id get_study_directions "
+    "get_study_user_attrs get_study_system_attrs set_study_user_attr set_study_system_attr get_all_studies "
+    "create_new_trial set_trial_param get_trial_param set_trial_state_values set_trial_intermediate_value "
+    "set_trial_user_attr set_trial_system_attr get_trial_id_from_study_id_trial_number get_trial "
+    "get_all_trials get_best_trial get_trial_user_attrs get_trial_system_attrs record_heartbeat "
+    "_get_stale_trial_ids _get_trials _create_new_trial _set_trial_param _get_best_trial_id"
+).split()
+
+
+class _PatientStorage(optuna.storages.RDBStorage):
+    """Optuna's RDB storage whose calls ride out a transient error (a PostgreSQL restart, SQLite
+    locked beyond its timeout): retried with exponential backoff (0.25 s doubling to 10 s) for
+    `patience()` seconds, then `StorageError` naming the storage and the fix. Once it has given
+    up, every later call fails at once (the process is leaving; its bookkeeping must not wait again).
+    A write whose commit reached the server just before the connection broke may be applied
+    twice; Optuna's writes are state changes that refuse a second application, or idempotent."""
+
+    _label = "?"
+    _gave_up: StorageError | None = None
+
+
+def _patient(name: str):
+    method = getattr(optuna.storages.RDBStorage, name)
+
+    def call(self, *args, **kwargs):
+        if self._gave_up is not None:
+            raise self._gave_up
+        deadline = None
+        wait = 0.25
+        while True:
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as e:
+                if not _transient(e):
+                    raise
+                now = time.monotonic()
+                deadline = deadline if deadline is not None else now + patience()
+                if now >= deadline:
+                    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                    self._gave_up = StorageError(
+                        f"storage {self._label} failed for {patience():.0f} s ({mask_url(first)[:200]}): check "
+                        f"that the database is up and reachable, then rerun the same command to resume "
+                        f"(wait longer with {PATIENCE_ENV}=SECONDS)"
+                    )
+                    raise self._gave_up from None
+                time.sleep(min(wait, max(0.0, deadline - now)))
+                wait = min(2 * wait, 10.0)
+
+    call.__name__ = name
+    call.__doc__ = method.__doc__
+    return call
+
+
+for _name in _RETRIED:
+    setattr(_PatientStorage, _name, _patient(_name))
 
 
 def _sqlite_wal(storage: optuna.storages.RDBStorage) -> None:

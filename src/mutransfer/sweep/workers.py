@@ -86,7 +86,7 @@ def _worker_entry(run_dir: str, wait_for_others: bool = False) -> int:
     signal.signal(signal.SIGTERM, raise_terminated)
     code = 0
     try:
-        sweep = Sweep(run_dir)
+        sweep = Sweep(run_dir, patient=True)
         # A GPU slot trains on its one visible GPU; where this process sees none (ids passed through
         # on a machine without CUDA: the parent warned), on the CPU.
         gpu = os.environ.get(DEVICE_ENV) == "cuda" and torch.cuda.is_available()
