@@ -168,15 +168,15 @@ def _transient(e: BaseException) -> bool:
     server restarting, SQLite's "database is locked"? (Not a constraint violation or a bug.)"""
     import sqlalchemy.exc
 
-    seen = 0
-    while e is not None and seen < 5:
-        if isinstance(e, sqlalchemy.exc.IntegrityError):
+    error: BaseException | None = e
+    for _ in range(5):  # the error and its causes
+        if error is None or isinstance(error, sqlalchemy.exc.IntegrityError):
             return False
-        if isinstance(e, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)):
+        if isinstance(error, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)):
             return True
-        if isinstance(e, sqlalchemy.exc.DBAPIError) and e.connection_invalidated:
+        if isinstance(error, sqlalchemy.exc.DBAPIError) and error.connection_invalidated:
             return True
-        e, seen = e.__cause__ or e.__context__, seen + 1
+        error = error.__cause__ or error.__context__
     return False
 
 
