@@ -9,7 +9,7 @@ be 0), duplicate trials (points completed more than once: must be 0), workers ki
 peak RSS of the main process (VmHWM). Exit 1 when a trial was lost or duplicated.
 
     python benchmarks/sweep_soak.py [--trials 5000] [--kill-every 30] [--storage postgresql://...]
-    python benchmarks/sweep_soak.py --quick        # 300 trials, a kill every 5 s
+    python benchmarks/sweep_soak.py --quick        # 120 trials, a kill every 5 s
 """
 
 from __future__ import annotations
@@ -129,10 +129,10 @@ def main() -> int:
     p.add_argument("--kill-every", type=float, default=30.0, help="seconds between worker kills (default 30)")
     p.add_argument("--storage", default=os.environ.get("MUTRANSFER_TEST_POSTGRES"), help="a PostgreSQL URL too")
     p.add_argument("--sqlite-only", action="store_true", help="skip PostgreSQL even when a URL is set")
-    p.add_argument("--quick", action="store_true", help="300 trials, a kill every 5 s")
+    p.add_argument("--quick", action="store_true", help="120 trials, a kill every 5 s (a test runs it)")
     args = p.parse_args()
     if args.quick:
-        args.trials, args.kill_every = 300, 5.0
+        args.trials, args.kill_every = 120, 5.0
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for url in [None] + ([args.storage] if args.storage and not args.sqlite_only else []):
