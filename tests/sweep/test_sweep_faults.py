@@ -263,3 +263,19 @@ def test_a_storage_down_for_longer_than_the_patience_exits_2_with_one_line(tmp_p
     assert len(err.strip().splitlines()) == 1, err
     assert re.match(r"mutransfer sweep: error: storage sqlite:///\S+sweep\.db failed for 1 s \(", err), err
     assert "rerun the same command to resume" in err and "MUTRANSFER_STORAGE_PATIENCE" in err
+
+
+@pytest.mark.slow
+def test_the_soak_benchmark_quick_loses_and_duplicates_nothing():
+    """benchmarks/sweep_soak.py --quick: workers killed every 5 s, no trial lost or run twice."""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "sweep_soak.py"), "--quick", "--sqlite-only"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env(),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = done.stdout.splitlines()[1].split()
+    assert row[0] == "SQLite" and row[1] == "120" and row[4:6] == ["0", "0"], done.stdout  # lost, duplicates
