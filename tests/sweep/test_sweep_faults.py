@@ -167,12 +167,18 @@ def test_a_point_whose_worker_keeps_dying_is_finished_as_failed_and_retry_failed
 
 
 @pytest.mark.slow
-def test_two_sweeps_started_together_enqueue_each_point_once(tmp_path):
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_two_sweeps_started_together_enqueue_each_point_once(tmp_path, backend):
     """Issue 30, concurrency: two `mutransfer sweep` of one config on one run directory started
     together enqueued twice (186 trials for 100 points) or failed with an alembic UNIQUE error."""
-    cfg = write(tmp_path, points=40)
+    url = os.environ.get("MUTRANSFER_TEST_POSTGRES") if backend == "postgresql" else None
+    if backend == "postgresql" and not url:
+        pytest.skip("needs MUTRANSFER_TEST_POSTGRES (run under scripts/with-postgres.sh)")
+    name = f"faults{os.getpid()}x{int(time.time())}" if url else "faults"  # the server outlives the test
+    cfg = write(tmp_path, points=40, name=name)
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "mutransfer.cli", "sweep", str(cfg), "--run", str(run), "--no-progress"]
+    cmd += ["--storage", url] if url else []
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env()) for _ in "ab"]
     try:
         outs = [p.communicate(timeout=120) for p in procs]
@@ -182,7 +188,7 @@ def test_two_sweeps_started_together_enqueue_each_point_once(tmp_path):
                 p.kill()
                 p.wait()
     assert [p.returncode for p in procs] == [0, 0], outs
-    ts = trials(run)
+    ts = optuna.load_study(study_name=f"{name}/mup/w16", storage=url).trials if url else trials(run)
     assert len(ts) == 40 and len({t.params["lr"] for t in ts}) == 40  # one trial per grid point
     assert all(t.state == TrialState.COMPLETE for t in ts)
 

@@ -314,10 +314,7 @@ class ClaimLock:
 
     def __enter__(self) -> ClaimLock:
         if self._engine is not None:
-            import sqlalchemy
-
-            self._connection = self._engine.connect()
-            self._connection.execute(sqlalchemy.text(f"SELECT pg_advisory_lock({self._ADVISORY_KEY})"))
+            self._connection = self._advisory_lock()
         if self.path is not None:
             try:
                 import fcntl
@@ -339,9 +336,37 @@ class ClaimLock:
 
             try:
                 self._connection.execute(sqlalchemy.text(f"SELECT pg_advisory_unlock({self._ADVISORY_KEY})"))
+                self._connection.commit()
+            except Exception:  # the server went away: its session, and so the lock, ended with it
+                pass
             finally:
-                self._connection.close()  # the session's end releases the lock in any case
+                with contextlib.suppress(Exception):
+                    self._connection.close()
                 self._connection = None
+
+    def _advisory_lock(self) -> Any:
+        """A connection holding the advisory lock; a server that is down (restarting) is waited for
+        `patience()` seconds, then `StorageError`."""
+        engine = self._engine
+        if engine is None:  # pragma: no cover  (only called with an engine)
+            return None
+        import sqlalchemy
+
+        deadline = time.monotonic() + patience()
+        while True:
+            try:
+                connection = engine.connect()
+                connection.execute(sqlalchemy.text(f"SELECT pg_advisory_lock({self._ADVISORY_KEY})"))
+                return connection
+            except Exception as e:
+                if not _transient(e) or time.monotonic() >= deadline:
+                    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                    raise StorageError(
+                        f"storage {mask_url(str(engine.url))} failed for {patience():.0f} s "
+                        f"({mask_url(first)[:200]}): check that the database is up and reachable, then rerun the "
+                        f"same command to resume (wait longer with {PATIENCE_ENV}=SECONDS)"
+                    ) from None
+                time.sleep(1.0)
 
 
 def set_finished_trial_user_attr(storage: optuna.storages.RDBStorage, trial_id: int, key: str, value) -> None:
