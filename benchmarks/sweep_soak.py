@@ -59,6 +59,17 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in text.split()]
 
 
+def _started(url: str, name: str, db: Path) -> bool:
+    """Has a trial of the sweep started (every worker released)?"""
+    if url.startswith("sqlite") and not db.exists():
+        return False
+    try:
+        study = optuna.load_study(study_name=f"{name}/mup/w16", storage=url)
+        return bool(study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.COMPLETE)))
+    except Exception:
+        return False
+
+
 def _peak_rss_mb(pid: int) -> float | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -85,9 +96,14 @@ def soak(storage: str | None, n: int, kill_every: float, root: Path) -> dict:
     stop = threading.Event()
 
     def watch() -> None:
-        next_kill = time.monotonic() + kill_every
+        next_kill = None  # the first kill comes `kill_every` after the first trial started
+        db = run / "sweep.db"
         while not stop.wait(0.2):
             peak[0] = max(peak[0], _peak_rss_mb(proc.pid) or 0.0)
+            if next_kill is None:
+                if _started(storage or f"sqlite:///{db}", name, db):
+                    next_kill = time.monotonic() + kill_every
+                continue
             if time.monotonic() >= next_kill:
                 live = [p for p in _children(proc.pid) if p not in killed]
                 if live:
