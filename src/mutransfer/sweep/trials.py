@@ -53,7 +53,15 @@ from .config import SweepConfig
 from .interrupts import interrupts_ignored
 from .scale import Objective, Pruned, Reporter, Scale
 from .space import Choice, Dimension, LogUniform
-from .storage import ClaimLock, Heartbeat, quiet, set_finished_trial_user_attr, study_id, trial_id
+from .storage import (
+    ClaimLock,
+    Heartbeat,
+    quiet,
+    set_finished_trial_user_attr,
+    study_id,
+    trial_id,
+    waiting_trial_ids,
+)
 
 __all__ = [
     "ERROR_CHARS",
@@ -165,17 +173,17 @@ def claim(storage: optuna.storages.RDBStorage, study: optuna.Study, config: Swee
     Returns:
         The claimed trial, RUNNING with a first heartbeat; None when the study has none to give.
     """
-    for frozen in storage.get_all_trials(study_id(study), deepcopy=False, states=(TrialState.WAITING,)):
+    for tid in waiting_trial_ids(storage, study_id(study)):
         try:
-            if storage.set_trial_state_values(trial_id(frozen), TrialState.RUNNING):
+            if storage.set_trial_state_values(tid, TrialState.RUNNING):
                 # A first heartbeat at once: a trial with none is never found stale, so a worker
                 # dying before its heartbeat thread starts would block the sweep for good.
-                storage.record_heartbeat(trial_id(frozen))
+                storage.record_heartbeat(tid)
                 # The study's cached storage must know the trial before it can take params:
                 # a trial queued by another process (a retry, an interrupted run) is not in it
                 # yet, so read the study's trials once (incremental in Optuna's cache).
                 study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                return optuna.Trial(study, trial_id(frozen))
+                return optuna.Trial(study, tid)
         except optuna.exceptions.UpdateFinishedTrialError:
             continue
     if config.sampler == "grid":
