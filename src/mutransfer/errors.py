@@ -20,7 +20,9 @@ __all__ = [
     "MuPWarning",
     "MuTransferError",
     "OptimizerError",
+    "StorageError",
     "SweepInterrupted",
+    "Terminated",
     "UsageError",
 ]
 
@@ -55,17 +57,33 @@ class ConfigError(MuTransferError, ValueError):
     """A sweep config (TOML or dict) or a run directory that is invalid: the message names the key."""
 
 
+class StorageError(MuTransferError, ValueError):
+    """A sweep's storage failed for longer than the sweep waits (``MUTRANSFER_STORAGE_PATIENCE``):
+    the message names the storage (password hidden) and what to do; rerunning resumes."""
+
+
 class UsageError(MuTransferError, ValueError):
     """Bad command-line input: the `mutransfer` command prints it in one line and exits with 2."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what `timeout`, `kill` and schedulers send) reached a sweep or worker process: it
+    is handled exactly like Ctrl-C (see `mutransfer.sweep.interrupts`); `signum` is SIGTERM's number."""
+
+    def __init__(self, signum: int = 15):
+        super().__init__("terminated")
+        self.signum = signum
+
+
 class SweepInterrupted(KeyboardInterrupt):
     """Ctrl-C or SIGTERM during a sweep: the running trials were queued again and local workers
-    stopped. `finished` trials of `total` are done; rerunning the same command resumes."""
+    stopped. `finished` trials of `total` are done; rerunning the same command resumes. `signum`
+    is the signal's number (2 for Ctrl-C, 15 for SIGTERM): the command exits with 128 + signum."""
 
-    def __init__(self, finished: int, total: int):
-        super().__init__(f"interrupted: {finished} trials done, rerun to resume")
-        self.finished, self.total = finished, total
+    def __init__(self, finished: int, total: int, signum: int = 2):
+        word = "terminated" if signum == 15 else "interrupted"
+        super().__init__(f"{word}: {finished} trials done, rerun to resume")
+        self.finished, self.total, self.signum = finished, total, signum
 
 
 class MuPWarning(UserWarning):

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..errors import ModelError
+from .atomic import write_atomically
 from .attention import base_head_dims
 from .depth import DepthMap
 from .naming import canonical_name, listed_differences
@@ -170,8 +171,7 @@ class WidthShapes:
         Args:
             path: the file to write.
         """
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, indent=1)
+        write_atomically(path, json.dumps(self.to_dict(), indent=1))
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "base_shapes") -> WidthShapes:

@@ -76,6 +76,9 @@ def _export(args) -> int:
         print(f"exported (save_pretrained): {out}; load it with from_pretrained")
     else:
         out.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(plain.state_dict(), out)
+        from .._core.atomic import atomic_path
+
+        with atomic_path(out) as tmp:
+            torch.save(plain.state_dict(), tmp)
         print(f"exported state_dict: {out}; load it into the plain {type(plain).__name__}")
     return EXIT_PASS

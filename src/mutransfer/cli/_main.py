@@ -33,18 +33,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"mutransfer {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt as e:
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM in `sweep` and `worker` (see sweep.interrupts)
         if argv is None:  # the command itself, about to exit: a second Ctrl-C must not add a traceback.
             # Called in-process (main([...]): tests, scripts), SIGINT is left as it was: an ignored
             # SIGINT would be inherited by every process started afterwards.
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print(_interrupted_line(args, e), file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return 128 + int(getattr(e, "signum", signal.SIGINT))  # 130 Ctrl-C, 143 SIGTERM
 
 
 def _interrupted_line(args, e: KeyboardInterrupt) -> str:
     """'interrupted: N trials done, rerun to resume' for a sweep (N: finished trials of the whole
-    sweep), plain 'interrupted' for the other commands."""
+    sweep; 'terminated: …' after SIGTERM), plain 'interrupted' for the other commands."""
+    word = "terminated" if getattr(e, "signum", signal.SIGINT) == signal.SIGTERM else "interrupted"
     finished = getattr(e, "finished", None)  # a SweepInterrupted from run_sweep counts them
     if finished is None:
         run = {
@@ -53,7 +55,7 @@ def _interrupted_line(args, e: KeyboardInterrupt) -> str:
             "worker": lambda: Path(args.run),
         }.get(args.command)
         if run is None:
-            return "interrupted"
+            return word
         finished = 0
         if (run() / "config.toml").is_file():
             try:
@@ -62,7 +64,7 @@ def _interrupted_line(args, e: KeyboardInterrupt) -> str:
                 finished = Sweep(run(), storage=getattr(args, "storage", None)).finished()
             except Exception:  # the count is a courtesy; the line must be printed whatever happens
                 pass
-    return f"interrupted: {finished} trials done, rerun to resume"
+    return f"{word}: {finished} trials done, rerun to resume"
 
 
 def _version() -> str:

@@ -19,7 +19,8 @@ def add_parsers(sub) -> None:
         "in RUN/failures) and the sweep goes on. Exit 0 when every trial is done "
         "(failed ones included: the last line says how many), 1 when trials are "
         "left unfinished or none completed (every one failed or diverged: no result), "
-        "2 on a bad config, objective or storage, 130 on Ctrl-C (rerun to resume).",
+        "2 on a bad config, objective or storage, 130 on Ctrl-C, 143 on SIGTERM (both: the running trials are "
+        "queued again and the workers stopped; rerun to resume).",
     )
     s.add_argument("config", help="sweep config (TOML); relative paths in it resolve against its directory")
     s.add_argument("--run", help="run directory (default: runs/<config name>)")
@@ -74,8 +75,8 @@ def add_parsers(sub) -> None:
         "sweep` to create it). On another machine, pass the sweep's name with --storage "
         "(or MUTRANSFER_STORAGE): the config is fetched from the storage. A trial whose "
         "objective raises is recorded as failed and the worker goes on. Exit 0 when no "
-        "trial is left, 2 on a bad run directory, storage or objective, 130 on Ctrl-C "
-        "(its running trial is queued again).",
+        "trial is left, 2 on a bad run directory, storage or objective, 130 on Ctrl-C, 143 "
+        "on SIGTERM (its running trial is queued again).",
     )
     w.add_argument(
         "run",
@@ -120,6 +121,13 @@ def add_parsers(sub) -> None:
 
 
 def _sweep(args) -> int:
+    from ..sweep.interrupts import terminate_as_interrupt
+
+    with terminate_as_interrupt():  # SIGTERM takes Ctrl-C's path: trials re-queued, workers stopped, 143
+        return _run_sweep(args)
+
+
+def _run_sweep(args) -> int:
     from ..sweep import run_sweep
     from ..sweep.storage import mask_url
 
@@ -257,12 +265,19 @@ def _cancel(args) -> int:
 
 
 def _worker(args) -> int:
+    from ..sweep.interrupts import terminate_as_interrupt
+
+    with terminate_as_interrupt():  # SIGTERM takes Ctrl-C's path: its trial re-queued, exit 143
+        return _run_worker(args)
+
+
+def _run_worker(args) -> int:
     from ..sweep import Sweep
 
     try:
         if args.threads is not None and args.threads < 1:
             raise ValueError("--threads must be at least 1")
-        sweep = Sweep(args.run, storage=args.storage, wait=args.wait)
+        sweep = Sweep(args.run, storage=args.storage, wait=args.wait, patient=True)
         sweep.use_device(args.device, "--device")
         if args.threads:
             import torch
@@ -270,8 +285,8 @@ def _worker(args) -> int:
             torch.set_num_threads(args.threads)
         _ = sweep.objective  # loaded before any trial: a broken objective fails here
         sweep.wait_prepared(args.wait)
-    except ValueError as e:
+        n = sweep.work(progress=not args.no_progress)
+    except ValueError as e:  # bad input, or the storage failed for longer than its patience
         raise UsageError(str(e)) from None
-    n = sweep.work(progress=not args.no_progress)
     print(f"worker done: {n} trial(s) run here", file=sys.stderr)
     return EXIT_PASS

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .._core.atomic import atomic_path
+
 __all__ = ["plot_result"]
 
 
@@ -93,5 +95,6 @@ def plot_result(result: Any, path: str | os.PathLike, max_legend: int = 12) -> N
     fig.legend(handles=handles, loc="lower center", ncol=min(4, len(handles)), fontsize=8, frameon=False)
     legend_rows = (len(handles) + 3) // 4
     fig.tight_layout(rect=(0, 0.04 + 0.035 * legend_rows, 1, 0.95))
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)

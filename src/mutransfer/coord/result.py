@@ -63,6 +63,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field, replace
 
+from .._core.atomic import atomic_path
 from .._core.depth import in_numbered_block
 
 __all__ = ["ATTN_SUFFIX", "VANISHING_SLOPE", "CoordCheckResult", "PathLike", "Record", "Trend"]
@@ -368,7 +369,7 @@ class CoordCheckResult:
             path: the file to write.
         """
         rows = self.rows()
-        with open(path, "w", newline="") as f:
+        with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["module"])
             writer.writeheader()
             writer.writerows(rows)
@@ -402,7 +403,7 @@ class CoordCheckResult:
         Args:
             path: the file to write.
         """
-        with open(path, "w") as f:
+        with atomic_path(path) as tmp, open(tmp, "w") as f:
             json.dump(self.to_dict(), f, indent=1, default=lambda x: None if x != x or abs(x) == math.inf else x)
 
     # ------------------------------------------------------------------ text

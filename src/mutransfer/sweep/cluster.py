@@ -58,6 +58,7 @@ from typing import Any
 
 from optuna.trial import TrialState
 
+from .._core.atomic import write_atomically
 from .._core.progress import Progress
 from .config import ClusterConfig, cluster_config, load_config
 from .placement import gpu_names, parse_devices, plan, visible_devices
@@ -256,9 +257,7 @@ def submit(sweep: Sweep, cluster: ClusterConfig, devices: Any = None, threads: i
             os.environ[STORAGE_ENV] = previous
     record = {"backend": cluster.backend, "folder": str(folder.resolve()), "jobs": ids, "submitted": time.time()}
     path = sweep.run_dir / CLUSTER_FILE
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(record, indent=1))
     return ClusterRun(sweep.run_dir)
 
 

@@ -24,6 +24,7 @@ import json
 import time
 from pathlib import Path
 
+from .._core.atomic import write_atomically
 from .analysis import load_results, transferred_hparams
 from .placement import visible_devices
 from .report import write_report
@@ -119,7 +120,7 @@ def demo_config(quick: bool = False, output_mult: float = 1.0) -> str:
 
 def _write(path: Path, text: str) -> Path:
     if not path.exists() or path.read_text() != text:
-        path.write_text(text)
+        write_atomically(path, text)
     return path
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from .._core.atomic import atomic_path
 from .analysis import TrialResult, best, in_cell
 from .runner import Sweep
 from .space import Choice, LogUniform
@@ -265,5 +266,6 @@ def plot_hparam(
         fontsize=8,
         frameon=False,
     )
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
     plt.close(fig)

@@ -13,6 +13,7 @@ import json
 import math
 from pathlib import Path
 
+from .._core.atomic import write_atomically
 from .analysis import (
     TrialResult,
     best,
@@ -310,8 +311,8 @@ def write_report(sweep: Sweep, out_dir: Path | None = None) -> Path:
                 images.append({"file": png.name, "alt": f"training loss against {name} across {axis}"})
 
     transferred = summary["transferred_hparams"]
-    (out / "transferred.json").write_text(json.dumps(plain(transferred), indent=1, allow_nan=False))
-    (out / "summary.json").write_text(json.dumps(plain(summary), indent=1, allow_nan=False))
+    write_atomically(out / "transferred.json", json.dumps(plain(transferred), indent=1, allow_nan=False))
+    write_atomically(out / "summary.json", json.dumps(plain(summary), indent=1, allow_nan=False))
 
     depths = cfg.depths is not None
     scope = f"widths {', '.join(map(str, cfg.widths))} (µP base width {cfg.base_width})" + (
@@ -377,5 +378,5 @@ def write_report(sweep: Sweep, out_dir: Path | None = None) -> Path:
         transfer=_transfer(sweep, summary),
     )
     path = out / "report.html"
-    path.write_text(page)
+    write_atomically(path, page)
     return path

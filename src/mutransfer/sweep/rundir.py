@@ -4,13 +4,14 @@ worker elsewhere, and telling what changed when a rerun brings a different confi
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import optuna
 
-__all__ = ["differences", "fetch_config", "free_sibling", "write_atomically"]
+from .._core.atomic import write_atomically
+
+__all__ = ["differences", "fetch_config", "free_sibling"]
 
 
 def differences(old: Any, new: Any, key: str = "") -> list[str]:
@@ -44,13 +45,6 @@ def free_sibling(run_dir: Path) -> Path:
     return run_dir.with_name(f"{run_dir.name}-new")
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write `text` to `path` so that a concurrent reader sees the old file or the new, never half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def fetch_config(storage: optuna.storages.BaseStorage, name: str, path: Path) -> None:
     """Write the config of the sweep called exactly `name` from its studies in `storage` to `path`.
 
@@ -64,7 +58,7 @@ def fetch_config(storage: optuna.storages.BaseStorage, name: str, path: Path) ->
         if _config_name(text) != name:
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        write_atomically(path, text)
         return
 
 

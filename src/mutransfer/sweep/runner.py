@@ -22,13 +22,14 @@ from typing import Any
 import optuna
 import torch
 
+from .._core.atomic import write_atomically
 from .._core.devices import check_precision, resolve_device
 from .._core.progress import Progress
 from ..errors import SweepInterrupted
 from .cells import Cell
 from .config import SweepConfig, load_config, pinned_text
 from .recipes import load_objective
-from .rundir import differences, fetch_config, free_sibling, write_atomically
+from .rundir import differences, fetch_config, free_sibling
 from .scale import Objective, Scale
 from .storage import ClaimLock, default_url, open_storage, optuna_logs_quiet
 from .studies import POLL_SECONDS, Studies, Tally
@@ -47,6 +48,7 @@ __all__ = [
     "CONFIG_FILE",
     "COUNT_SECONDS",
     "EXIT_INTERRUPTED",
+    "EXIT_TERMINATED",
     "FAILURES_DIR",
     "FIRST_WAIT_SECONDS",
     "POLL_SECONDS",
@@ -71,6 +73,7 @@ STALE_CHECK_SECONDS = 2.0  # how often a worker looks for trials whose worker di
 WATCH_SECONDS = 2.0  # how often a watching (GPU sweep) process recounts the trials
 COUNT_SECONDS = 5.0  # how often the progress bar recounts every worker's finished trials
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 
 def study_name(
@@ -115,20 +118,23 @@ class Sweep:
         storage: the storage URL; default ``MUTRANSFER_STORAGE``, the config's ``storage``, else
             the SQLite file in the run directory.
         wait: seconds to wait for a sweep that another process is still creating.
+        patient: a worker: ride out a storage that is down (restarting) for `storage.patience()` s.
 
     Raises:
         ValueError: `run_dir` holds no sweep (and none of that name is in `storage`), or the
             storage is unreachable.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, storage: str | None = None, wait: float = 0.0):
+    def __init__(
+        self, run_dir: str | os.PathLike, storage: str | None = None, wait: float = 0.0, patient: bool = False
+    ):
         run_dir = Path(run_dir)
         path = run_dir / CONFIG_FILE
         storage = storage or os.environ.get(STORAGE_ENV)
         deadline = time.monotonic() + wait
         while not path.is_file():
             if storage:
-                fetch_config(open_storage(storage), run_dir.name, path)  # a worker on another machine
+                fetch_config(open_storage(storage, patient), run_dir.name, path)  # a worker on another machine
             if path.is_file() or time.monotonic() >= deadline:
                 break
             time.sleep(POLL_SECONDS)
@@ -139,7 +145,7 @@ class Sweep:
             )
         config = load_config(path)
         url = storage or config.storage or default_url(run_dir)
-        self._open(run_dir, config, url, open_storage(url))
+        self._open(run_dir, config, url, open_storage(url, patient))
 
     def _open(self, run_dir: Path, config: SweepConfig, url: str, storage: optuna.storages.RDBStorage) -> None:
         self.run_dir = run_dir
@@ -149,6 +155,7 @@ class Sweep:
         self.studies = Studies(config, storage)
         self.device = torch.device("cpu")  # where this process trains trials (`work`); see `use_device`
         self._objective: Objective | None = None
+        self._source: str | None = None  # the config file a `create` came from
 
     @classmethod
     def create(
@@ -208,6 +215,7 @@ class Sweep:
         sweep = cls.__new__(cls)
         sweep._open(run_dir, config, url, opened or open_storage(url))
         sweep._objective = objective
+        sweep._source = f"{Path(config_path).resolve()} (run directory {run_dir})"
         return sweep
 
     @property
@@ -243,7 +251,7 @@ class Sweep:
 
     def prepare(self) -> None:
         """Create the studies; for a grid sweep, enqueue every grid point once."""
-        self.studies.prepare((self.run_dir / CONFIG_FILE).read_text())
+        self.studies.prepare((self.run_dir / CONFIG_FILE).read_text(), self.url, self._source or str(self.run_dir))
 
     def prepared(self) -> bool:
         """Has `prepare` run (every study exists and, for a grid, is enqueued)?"""

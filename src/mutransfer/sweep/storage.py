@@ -2,12 +2,14 @@
 
 Trials send a heartbeat; a trial whose worker died (kill -9, a lost machine) goes stale after
 `GRACE_PERIOD` seconds, is marked failed, and is put back in the queue with the same
-hyperparameters, so that resuming a sweep loses nothing.
+hyperparameters (`studies.Studies.fail_stale`; after `studies.MAX_STALE_RETRIES` deaths the
+point is finished as failed), so that resuming a sweep loses nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 import warnings
@@ -16,23 +18,29 @@ from pathlib import Path
 from typing import IO, Any
 
 import optuna
+from optuna.trial import TrialState
 
+from ..errors import StorageError
 from .urls import PASSWORD_ENV, mask_url, scrub, with_password, without_password
 
 __all__ = [
     "GRACE_PERIOD",
     "HEARTBEAT_INTERVAL",
     "PASSWORD_ENV",
+    "PATIENCE_ENV",
+    "PATIENCE_SECONDS",
     "ClaimLock",
     "Heartbeat",
     "default_url",
     "mask_url",
     "open_storage",
     "optuna_logs_quiet",
+    "patience",
     "quiet",
     "set_finished_trial_user_attr",
     "study_id",
     "trial_id",
+    "waiting_trial_ids",
     "with_password",
     "without_password",
 ]
@@ -61,6 +69,8 @@ def optuna_logs_quiet() -> Iterator[None]:
 
 
 HEARTBEAT_INTERVAL = 2  # seconds
+PATIENCE_ENV = "MUTRANSFER_STORAGE_PATIENCE"
+PATIENCE_SECONDS = 120.0  # how long a transient storage error is retried (a database restart)
 GRACE_PERIOD = 8  # seconds without a heartbeat before a running trial counts as dead
 
 
@@ -68,8 +78,18 @@ def default_url(run_dir: Path) -> str:
     return f"sqlite:///{(Path(run_dir) / 'sweep.db').resolve()}"
 
 
-def open_storage(url: str) -> optuna.storages.RDBStorage:
-    """Connect (creating Optuna's tables if needed); ValueError naming the storage if unreachable."""
+def open_storage(url: str, patient: bool = False) -> optuna.storages.RDBStorage:
+    """Connect (creating Optuna's tables if needed); ValueError naming the storage if unreachable.
+
+    Args:
+        url: the storage URL.
+        patient: a worker joining a sweep: a transient error (the server restarting) is retried
+            for `patience()` seconds before it is reported. Otherwise (a new sweep: a typo in the
+            URL should be told at once) it is reported at once.
+
+    Returns:
+        The storage; its calls retry transient errors for `patience()` seconds.
+    """
     if url.startswith("journal:"):
         raise ValueError(
             f"storage {mask_url(url)}: Optuna's journal file storage records no heartbeats (Optuna "
@@ -78,32 +98,29 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
             "machines, or the default SQLite file on one"
         )
     if url.startswith("sqlite"):
-        engine: dict[str, Any] = {"connect_args": {"timeout": 120}}
+        engine: dict[str, Any] = {"connect_args": {"timeout": 30}}  # then `_PatientStorage` retries
     elif url.startswith("postgresql"):
         engine = {"connect_args": {"connect_timeout": 5}, "pool_pre_ping": True}
     else:
         raise ValueError(f"storage {mask_url(url)}: use sqlite:///path/to/file.db or postgresql://user@host/db")
-    with quiet():
-        if hasattr(optuna.storages, "RetryHeartbeatStaleTrialCallback"):  # Optuna ≥ 4.9
-            callback: dict[str, Any] = {
-                "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3)
-            }
-        else:
-            callback = {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=3)}
     connect = with_password(url)
     last = None
-    for attempt in range(6):
+    deadline = time.monotonic() + (patience() if patient else 0.0)
+    attempt = 0
+    while attempt < 6:
+        attempt += 1
         try:
             with quiet():
-                storage = optuna.storages.RDBStorage(
+                storage = _PatientStorage(
                     connect,
                     engine_kwargs=engine,
                     heartbeat_interval=HEARTBEAT_INTERVAL,
-                    grace_period=GRACE_PERIOD,
-                    **callback,
+                    grace_period=GRACE_PERIOD,  # stale trials: `Studies.fail_stale` retries them
                 )
             if url.startswith("sqlite") and ":memory:" not in url:
                 _sqlite_wal(storage)
+            storage._label = mask_url(url)
+            storage._url = connect
             return storage
         except ImportError as e:
             raise ValueError(
@@ -114,12 +131,148 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
             text = str(e)
             # Several processes creating Optuna's tables at once: the losers see the tables appear
             # under them. That is a race, not an unreachable server: try again.
-            if any(k in text for k in ("already exists", "UniqueViolation", "DuplicateTable", "duplicate key")):
+            if any(
+                k in text
+                for k in ("already exists", "UniqueViolation", "DuplicateTable", "duplicate key", "UNIQUE constraint")
+            ):
                 time.sleep(0.2 * (attempt + 1))
+                continue
+            if _transient(e) and time.monotonic() < deadline:  # a worker waiting out a restart
+                attempt = 0
+                time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
                 continue
             break
     first = str(last).splitlines()[0] if str(last) else type(last).__name__
-    raise ValueError(f"storage {mask_url(url)} is unreachable: {scrub(first, connect)}") from None
+    waited = f" (retried for {patience():.0f} s; wait longer with {PATIENCE_ENV}=SECONDS)" if patient else ""
+    raise ValueError(f"storage {mask_url(url)} is unreachable{waited}: {scrub(first, connect)}") from None
+
+
+def patience() -> float:
+    """Seconds a transient storage error is retried: ``MUTRANSFER_STORAGE_PATIENCE``, else
+    `PATIENCE_SECONDS` (120); ValueError naming the variable when it is not a number ≥ 0."""
+    text = os.environ.get(PATIENCE_ENV, "").strip()
+    if not text:
+        return PATIENCE_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise StorageError(
+            f"{PATIENCE_ENV} must be a number of seconds ≥ 0 (default {PATIENCE_SECONDS:.0f}), got {text!r}"
+        )
+    return value
+
+
+def _transient(e: BaseException) -> bool:
+    """Is `e` (or its cause) a storage error that may go away: a lost or refused connection, a
+    server restarting, SQLite's "database is locked"? (Not a constraint violation or a bug.)"""
+    import sqlalchemy.exc
+
+    error: BaseException | None = e
+    for _ in range(5):  # the error and its causes
+        if error is None or isinstance(error, sqlalchemy.exc.IntegrityError):
+            return False
+        if isinstance(error, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)):
+            return True
+        if isinstance(error, sqlalchemy.exc.DBAPIError) and error.connection_invalidated:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+# The storage calls a sweep makes, and those Optuna's cache makes (private ones included); each is
+# retried on a transient error (see `_PatientStorage`).
+_RETRIED = (
+    "create_new_study get_study_id_from_name get_study_name_from_id get_study_directions "
+    "get_study_user_attrs get_study_system_attrs set_study_user_attr set_study_system_attr get_all_studies "
+    "create_new_trial set_trial_param get_trial_param set_trial_state_values set_trial_intermediate_value "
+    "set_trial_user_attr set_trial_system_attr get_trial_id_from_study_id_trial_number get_trial "
+    "get_all_trials get_best_trial get_trial_user_attrs get_trial_system_attrs record_heartbeat "
+    "_get_stale_trial_ids _get_trials _create_new_trial _set_trial_param _get_best_trial_id"
+).split()
+
+
+class _PatientStorage(optuna.storages.RDBStorage):
+    """Optuna's RDB storage whose calls ride out a transient error (a PostgreSQL restart, SQLite
+    locked beyond its timeout): retried with exponential backoff (0.25 s doubling to 10 s) for
+    `patience()` seconds, then `StorageError` naming the storage and the fix. Once it has given
+    up, every later call fails at once (the process is leaving; its bookkeeping must not wait again).
+    A write whose commit reached the server just before the connection broke may be applied
+    twice; Optuna's writes are state changes that refuse a second application, or idempotent."""
+
+    _label = "?"
+    _url = ""  # the URL connected to, password included: only to scrub it from error messages
+    _gave_up: StorageError | None = None
+
+
+def _patient(name: str):
+    method = getattr(optuna.storages.RDBStorage, name, None) or globals()[f"_{name}"]
+
+    def call(self, *args, **kwargs):
+        if self._gave_up is not None:
+            raise self._gave_up
+        deadline = None
+        wait = 0.25
+        while True:
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as e:
+                if not _transient(e):
+                    raise
+                now = time.monotonic()
+                deadline = deadline if deadline is not None else now + patience()
+                if now >= deadline:
+                    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                    self._gave_up = StorageError(
+                        f"storage {self._label} failed for {patience():.0f} s ({scrub(first, self._url)[:200]}): check "
+                        f"that the database is up and reachable, then rerun the same command to resume "
+                        f"(wait longer with {PATIENCE_ENV}=SECONDS)"
+                    )
+                    raise self._gave_up from None
+                time.sleep(min(wait, max(0.0, deadline - now)))
+                wait = min(2 * wait, 10.0)
+
+    call.__name__ = name
+    call.__doc__ = method.__doc__
+    return call
+
+
+def _waiting_trial_ids(storage: optuna.storages.RDBStorage, study_id: int, limit: int = 8) -> list[int]:
+    """The ids of the first `limit` WAITING trials of a study, by number (one indexed query; Optuna's
+    get_all_trials builds every waiting trial, and a 5,000-point grid made each claim slow)."""
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    with _create_scoped_session(storage.scoped_session) as session:
+        rows = (
+            session.query(models.TrialModel.trial_id)
+            .filter(models.TrialModel.study_id == study_id, models.TrialModel.state == TrialState.WAITING)
+            .order_by(models.TrialModel.number)
+            .limit(limit)
+            .all()
+        )
+    return [row[0] for row in rows]
+
+
+for _name in _RETRIED + ["waiting_trial_ids"]:
+    setattr(_PatientStorage, _name, _patient(_name))
+
+
+def waiting_trial_ids(storage: optuna.storages.RDBStorage, study_id: int, limit: int = 8) -> list[int]:
+    """The ids of the first `limit` WAITING trials of the study `study_id`, by trial number.
+
+    Args:
+        storage: the sweep's storage.
+        study_id: the study's storage id.
+        limit: how many at most.
+
+    Returns:
+        Trial ids, oldest first.
+    """
+    if isinstance(storage, _PatientStorage):
+        return storage.waiting_trial_ids(study_id, limit)  # type: ignore[attr-defined]
+    return _waiting_trial_ids(storage, study_id, limit)
 
 
 def _sqlite_wal(storage: optuna.storages.RDBStorage) -> None:
@@ -169,21 +322,34 @@ class Heartbeat:
 
 
 class ClaimLock:
-    """Serializes trial claims between local processes sharing an SQLite file.
+    """Serializes trial claims (and a sweep's preparing) between processes sharing a storage.
 
     Optuna claims a waiting trial with SELECT … FOR UPDATE, which SQLite ignores: two workers can
     both see a trial WAITING and both take it (seen in a test, as "Cannot tell a COMPLETE trial").
     An exclusive flock on a file beside the database makes the claim atomic; PostgreSQL's row locks
-    need nothing, and where flock does not exist the lock is a no-op.
+    need nothing for claims. Preparing a sweep (creating its studies, enqueueing the grid once)
+    passes `storage`: on PostgreSQL the lock is then a session-level advisory lock in the
+    database, so two `mutransfer sweep` started together on any machines enqueue once. Where
+    flock does not exist the SQLite lock is a no-op.
+
+    Args:
+        url: the storage URL.
+        storage: the opened storage; given, a PostgreSQL storage is locked too (advisory lock).
     """
 
-    def __init__(self, url: str):
+    _ADVISORY_KEY = 0x6D7554  # "muT": the one advisory lock mutransfer takes
+
+    def __init__(self, url: str, storage: optuna.storages.RDBStorage | None = None):
         self.path: str | None = None
         if url.startswith("sqlite:///") and ":memory:" not in url:
             self.path = url[len("sqlite:///") :] + ".claim-lock"
+        self._engine = storage.engine if storage is not None and url.startswith("postgresql") else None
         self._file: IO[str] | None = None
+        self._connection: Any = None
 
     def __enter__(self) -> ClaimLock:
+        if self._engine is not None:
+            self._connection = self._advisory_lock()
         if self.path is not None:
             try:
                 import fcntl
@@ -200,6 +366,43 @@ class ClaimLock:
             fcntl.flock(self._file, fcntl.LOCK_UN)
             self._file.close()
             self._file = None
+        if self._connection is not None:
+            import sqlalchemy
+
+            try:
+                self._connection.execute(sqlalchemy.text(f"SELECT pg_advisory_unlock({self._ADVISORY_KEY})"))
+                self._connection.commit()
+            except Exception:  # the server went away: its session, and so the lock, ended with it
+                pass
+            finally:
+                with contextlib.suppress(Exception):
+                    self._connection.close()
+                self._connection = None
+
+    def _advisory_lock(self) -> Any:
+        """A connection holding the advisory lock; a server that is down (restarting) is waited for
+        `patience()` seconds, then `StorageError`."""
+        engine = self._engine
+        if engine is None:  # pragma: no cover  (only called with an engine)
+            return None
+        import sqlalchemy
+
+        deadline = time.monotonic() + patience()
+        while True:
+            try:
+                connection = engine.connect()
+                connection.execute(sqlalchemy.text(f"SELECT pg_advisory_lock({self._ADVISORY_KEY})"))
+                return connection
+            except Exception as e:
+                if not _transient(e) or time.monotonic() >= deadline:
+                    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                    raise StorageError(
+                        f"storage {mask_url(str(engine.url))} failed for {patience():.0f} s "
+                        f"({scrub(first, engine.url.render_as_string(hide_password=False))[:200]}): check that the "
+                        f"database is up and reachable, then rerun the "
+                        f"same command to resume (wait longer with {PATIENCE_ENV}=SECONDS)"
+                    ) from None
+                time.sleep(1.0)
 
 
 def set_finished_trial_user_attr(storage: optuna.storages.RDBStorage, trial_id: int, key: str, value) -> None:

@@ -4,6 +4,8 @@ once, up front (centre first with a pruner), and the questions asked of all of t
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from itertools import product
 from typing import NamedTuple
@@ -11,12 +13,13 @@ from typing import NamedTuple
 import optuna
 from optuna.trial import TrialState
 
+from ..errors import ConfigError
 from .cells import Cell
 from .config import SweepConfig
-from .storage import optuna_logs_quiet, quiet
+from .storage import ClaimLock, optuna_logs_quiet, quiet, study_id
 from .trials import trial_outcome
 
-__all__ = ["POLL_SECONDS", "Studies", "Tally", "grid", "tally"]
+__all__ = ["MAX_STALE_RETRIES", "POLL_SECONDS", "Studies", "Tally", "config_hash", "grid", "tally"]
 
 POLL_SECONDS = 1.0
 _DONE_STATES = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
@@ -150,20 +153,52 @@ class Studies:
         return self.trials_per_cell * len(self.config.all_cells)
 
     @optuna_logs_quiet()
-    def prepare(self, config_toml: str) -> None:
+    def prepare(self, config_toml: str, url: str, source: str = "") -> None:
         """Create the studies; for a grid sweep, enqueue every grid point once.
+
+        Under the sweep's `ClaimLock` (a file lock on SQLite, an advisory lock on PostgreSQL):
+        two processes preparing the same sweep at once enqueue the grid once between them.
 
         Args:
             config_toml: the run's copy of the config, kept on each study so that workers on
                 other machines can join by the sweep's name.
+            url: the storage's URL (for the lock).
+            source: where the config comes from (shown when another config has the same name).
+
+        Raises:
+            ConfigError: the storage holds a sweep of the same `name` made from a different config.
         """
-        for study in self.all():
-            if "config_toml" not in study.user_attrs:
-                study.set_user_attr("config_toml", config_toml)
-            if self.config.sampler == "grid" and not study.user_attrs.get("enqueued"):
-                for params in self.grid:
-                    study.enqueue_trial(params, skip_if_exists=True)
-                study.set_user_attr("enqueued", True)
+        digest = config_hash(self.config)
+        with ClaimLock(url, self.storage):
+            for study in self.all():
+                attrs = self.storage.get_study_user_attrs(study_id(study))  # fresh, not a cache
+                if "config_toml" in attrs:
+                    self._check_same(attrs, digest, study.study_name, source)
+                else:
+                    study.set_user_attr("config_toml", config_toml)
+                    study.set_user_attr("config_hash", digest)
+                    study.set_user_attr("config_source", source)
+                if self.config.sampler == "grid" and not attrs.get("enqueued"):
+                    # The points an interrupted earlier prepare enqueued are read once: Optuna's
+                    # skip_if_exists reads every trial per point (5,000 points took > 45 min).
+                    queued = {_key(t.system_attrs.get("fixed_params")) for t in study.get_trials(deepcopy=False)}
+                    for params in self.grid:
+                        if _key(params) not in queued:
+                            study.enqueue_trial(params)
+                    study.set_user_attr("enqueued", True)
+
+    def _check_same(self, attrs: dict, digest: str, study_name: str, source: str) -> None:
+        """Refuse a study made from another config of the same name (they would share trials)."""
+        old = attrs.get("config_hash")
+        if old is None or old == digest:  # None: made before hashes were kept; not compared
+            return
+        where = attrs.get("config_source") or "an earlier config"
+        raise ConfigError(
+            f"sweep name {self.config.name!r}: the storage already holds a sweep of this name made from "
+            f"a different config ({where}, config hash {old}; this one: {source or 'this config'}, hash {digest}); "
+            f"study {study_name} would mix their trials. Give this config its own `name`, or use "
+            "another --storage (or run directory)"
+        )
 
     def prepared(self) -> bool:
         """Has `prepare` run (every study exists and, for a grid, is enqueued)?"""
@@ -201,8 +236,70 @@ class Studies:
         """Trials running now, on any worker."""
         return sum(len(s.get_trials(deepcopy=False, states=(TrialState.RUNNING,))) for s in self.all())
 
-    def fail_stale(self) -> None:
-        """Mark the trials of dead workers (heartbeat stale) failed; Optuna queues their retries."""
+    def fail_stale(self) -> int:
+        """Mark the trials of dead workers (heartbeat stale) FAIL and queue each again, at most
+        `MAX_STALE_RETRIES` times per grid point: a point whose worker died that many times in a row
+        (an objective that kills its process: out of memory, a segfault) is finished as failed
+        with the error "worker died N times" instead, so that the sweep ends; `retry_failed`
+        (``--retry-failed``) reruns it like any failed trial.
+
+        Returns:
+            How many points were finished as failed here.
+        """
+        gave_up = 0
         with quiet():
             for study in self.all():
-                optuna.storages.fail_stale_trials(study)
+                for tid in self.storage._get_stale_trial_ids(study_id(study)):
+                    gave_up += _fail_stale_trial(self.storage, study, tid)
+        return gave_up
+
+
+# Optuna's retry of a stale trial (renamed in Optuna 4.9)
+_RETRY = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or optuna.storages.RetryFailedTrialCallback
+MAX_STALE_RETRIES = 3  # re-queues of a grid point whose worker died, before it is finished as failed
+
+
+def _fail_stale_trial(storage: optuna.storages.RDBStorage, study: optuna.Study, tid: int) -> int:
+    """Fail one stale trial: queue it again (Optuna's retry: same params, `retry_history`
+    extended), or after `MAX_STALE_RETRIES` retries record it as failed (its user attributes set
+    while it still runs, so that no process ever caches it FAIL without them). Returns 1 when it
+    was finished as failed, else 0 (also when another process failed it first)."""
+    try:
+        frozen = storage.get_trial(tid)
+        deaths = len(_RETRY.retry_history(frozen)) + 1
+        if deaths > MAX_STALE_RETRIES:
+            storage.set_trial_user_attr(tid, "failed", True)
+            storage.set_trial_user_attr(tid, "stale", True)
+            storage.set_trial_user_attr(
+                tid,
+                "error",
+                f"worker died {deaths} times (killed, out of memory or crashed while training this trial; "
+                "no traceback): fix the cause, then rerun with --retry-failed",
+            )
+            storage.set_trial_user_attr(tid, "traceback", "")
+        if not storage.set_trial_state_values(tid, state=TrialState.FAIL):
+            return 0
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return 0  # another process failed it first (and queued its retry)
+    if deaths > MAX_STALE_RETRIES:
+        return 1
+    _RETRY()(study, storage.get_trial(tid))
+    return 0
+
+
+def _key(params: dict | None) -> str:
+    """A grid point as a comparable string."""
+    return json.dumps(params, sort_keys=True, default=repr)
+
+
+def config_hash(config: SweepConfig) -> str:
+    """A short hash of what a config says (`SweepConfig.contents`: not where it lives).
+
+    Args:
+        config: a sweep's config.
+
+    Returns:
+        12 hex digits, equal for configs that say the same.
+    """
+    text = json.dumps(config.contents, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -208,6 +208,17 @@ def summarize(sweep: Sweep, results: list[TrialResult], judged: dict | None = No
         sweep_seconds=sum(r.seconds for r in results),
         cost=costs(sweep, results, load_transfer(sweep)),
     )
+    summary["failures"] = [  # why each failed trial failed ("worker died N times" for a crashing point)
+        {
+            "parametrization": r.parametrization,
+            "width": r.width,
+            "number": r.number,
+            "params": r.params,
+            "error": r.error,
+        }
+        for r in results
+        if r.failed
+    ]
     summary["precision"] = cfg.precision
     summary["placements"] = placements(results)
     summary["trial_list"] = [

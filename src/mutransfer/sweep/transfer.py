@@ -27,6 +27,7 @@ import math
 import time
 import warnings
 
+from .._core.atomic import write_atomically
 from .._core.devices import DeviceLike, check_precision, resolve_device
 from .analysis import costs, load_results, transferred_hparams
 from .report import write_report
@@ -146,7 +147,7 @@ def transfer(
     )
     if "sweep_over_target" in cost:
         out.update(cost_ratio=cost["sweep_over_target"], proxy_cost_ratio=cost["proxy_over_target"])
-    (sweep.run_dir / "transfer.json").write_text(json.dumps(out, indent=1))
+    write_atomically(sweep.run_dir / "transfer.json", json.dumps(out, indent=1))
     if (sweep.run_dir / "report.html").is_file():  # the report shows the transfer, whatever the order
         write_report(sweep)
     return out

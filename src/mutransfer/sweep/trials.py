@@ -20,7 +20,10 @@ How a finished trial reads (the user attributes are the contract with `analysis`
 - FAIL with `interrupted=True` (Ctrl-C) or `retried=True`: not a result, not done;
   a new trial with the same params was queued in its place. A queued replacement carries
   `retry_of` (the number of the trial it reruns).
-- FAIL with none of these: a trial whose worker died (heartbeat stale); Optuna queued a retry.
+- FAIL with none of these: a trial whose worker died (heartbeat stale); a retry was queued.
+- FAIL with `failed=True` and `stale=True`: its worker died on it `MAX_STALE_RETRIES` + 1 times in a
+  row (`studies.Studies.fail_stale`); `error` says "worker died N times", `traceback` is empty.
+  Done like any failed trial, and rerun by `retry_failed`.
 
 Every trial that ran also records where and when: `device` ("cpu" or "cuda:0"), `cuda_visible_devices`
 (the worker's ``CUDA_VISIBLE_DEVICES``, None when unset), `precision` ("fp32"/"bf16"), `threads` (torch's
@@ -34,12 +37,9 @@ import dataclasses
 import json
 import math
 import os
-import signal
 import socket
-import threading
 import time
 import traceback
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +47,21 @@ import optuna
 import torch
 from optuna.trial import FrozenTrial, TrialState
 
+from .._core.atomic import write_atomically
 from .cells import Cell
 from .config import SweepConfig
+from .interrupts import interrupts_ignored
 from .scale import Objective, Pruned, Reporter, Scale
 from .space import Choice, Dimension, LogUniform
-from .storage import ClaimLock, Heartbeat, quiet, set_finished_trial_user_attr, study_id, trial_id
+from .storage import (
+    ClaimLock,
+    Heartbeat,
+    quiet,
+    set_finished_trial_user_attr,
+    study_id,
+    trial_id,
+    waiting_trial_ids,
+)
 
 __all__ = [
     "ERROR_CHARS",
@@ -163,17 +173,17 @@ def claim(storage: optuna.storages.RDBStorage, study: optuna.Study, config: Swee
     Returns:
         The claimed trial, RUNNING with a first heartbeat; None when the study has none to give.
     """
-    for frozen in storage.get_all_trials(study_id(study), deepcopy=False, states=(TrialState.WAITING,)):
+    for tid in waiting_trial_ids(storage, study_id(study)):
         try:
-            if storage.set_trial_state_values(trial_id(frozen), TrialState.RUNNING):
+            if storage.set_trial_state_values(tid, TrialState.RUNNING):
                 # A first heartbeat at once: a trial with none is never found stale, so a worker
                 # dying before its heartbeat thread starts would block the sweep for good.
-                storage.record_heartbeat(trial_id(frozen))
+                storage.record_heartbeat(tid)
                 # The study's cached storage must know the trial before it can take params:
                 # a trial queued by another process (a retry, an interrupted run) is not in it
                 # yet, so read the study's trials once (incremental in Optuna's cache).
                 study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                return optuna.Trial(study, trial_id(frozen))
+                return optuna.Trial(study, tid)
         except optuna.exceptions.UpdateFinishedTrialError:
             continue
     if config.sampler == "grid":
@@ -272,8 +282,8 @@ def run_trial(ctx: RunContext, study: optuna.Study, trial: optuna.Trial, cell: C
         _resolved(ctx, study, trial)
     except optuna.exceptions.UpdateFinishedTrialError:
         pass  # another worker finished this very trial first (same HPs and seeds: same result)
-    except BaseException:  # KeyboardInterrupt (Ctrl-C), or SystemExit from outside the objective
-        with sigint_ignored():  # a second Ctrl-C must not cut the bookkeeping short
+    except BaseException:  # KeyboardInterrupt (Ctrl-C, SIGTERM), or SystemExit from outside the objective
+        with interrupts_ignored():  # a second Ctrl-C or SIGTERM must not cut the bookkeeping short
             _interrupted(ctx, study, trial, params)
         raise
     return None
@@ -357,7 +367,7 @@ def _record_failure(
     )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(report)
+        write_atomically(path, report)
         where = str(path)
     except OSError as e:
         where = f"the trial's user attribute 'traceback' ({path} could not be written: {e.strerror})"
@@ -459,18 +469,4 @@ def _exit_message(e: SystemExit) -> str:
     )
 
 
-@contextlib.contextmanager
-def sigint_ignored() -> Iterator[None]:
-    """Ignore SIGINT (in the main thread) for the duration: bookkeeping after a Ctrl-C must finish.
-
-    Yields:
-        Nothing; SIGINT's previous handler is back on exit.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+sigint_ignored = interrupts_ignored  # the older name: SIGINT and SIGTERM are ignored

@@ -15,12 +15,13 @@ import time
 
 import torch
 
+from .._core.atomic import write_atomically
 from ..errors import SweepInterrupted
 from .config import load_config
+from .interrupts import exit_code, interrupts_ignored, raise_terminated
 from .placement import DEVICE_ENV, THREADS_ENV, Devices, Placement, plan
-from .runner import EXIT_INTERRUPTED, STORAGE_ENV, Sweep
+from .runner import EXIT_INTERRUPTED, EXIT_TERMINATED, STORAGE_ENV, Sweep
 from .storage import mask_url, optuna_logs_quiet
-from .trials import sigint_ignored
 
 __all__ = ["apply_threads", "die_with_parent", "run_sweep", "run_workers"]
 
@@ -29,11 +30,13 @@ __all__ = ["apply_threads", "die_with_parent", "run_sweep", "run_workers"]
 # slow start (imports, see `_warm_up`) overlaps the parent's: it warms up, then waits for the
 # parent's "go" and the storage URL on stdin (not on the command line: it may hold a password);
 # end of input without them: the sweep was refused, leave quietly. Ctrl-C
-# (the terminal sends it to every process of the group) before it works exits at once and
-# quietly; later, `_worker_entry` marks its trial interrupted and exits 130 without a traceback.
+# (the terminal sends it to every process of the group) or SIGTERM (`timeout`, a scheduler: often
+# to the whole group too) before it works exits at once and quietly; later, `_worker_entry` marks
+# its trial interrupted and exits 130 (143) without a traceback (see `interrupts`).
 _WORKER_CODE = (
     "import os, signal, sys\n"
     "signal.signal(signal.SIGINT, lambda *_: os._exit(130))\n"
+    "signal.signal(signal.SIGTERM, lambda *_: os._exit(143))\n"
     "from mutransfer.sweep.workers import _worker_entry\n"
     "sys.exit(_worker_entry(sys.argv[1], wait_for_others=sys.argv[2] == 'wait'))\n"
 )
@@ -80,9 +83,10 @@ def _worker_entry(run_dir: str, wait_for_others: bool = False) -> int:
         return 0
     os.environ[STORAGE_ENV] = line[3:].rstrip("\n")
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, raise_terminated)
     code = 0
     try:
-        sweep = Sweep(run_dir)
+        sweep = Sweep(run_dir, patient=True)
         # A GPU slot trains on its one visible GPU; where this process sees none (ids passed through
         # on a machine without CUDA: the parent warned), on the CPU.
         gpu = os.environ.get(DEVICE_ENV) == "cuda" and torch.cuda.is_available()
@@ -90,9 +94,10 @@ def _worker_entry(run_dir: str, wait_for_others: bool = False) -> int:
         _ = sweep.objective  # loaded before any trial: a broken objective fails here
         sweep.work(progress=False, wait_for_others=wait_for_others)
         sweep.storage.engine.dispose()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (`Terminated`)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # leaving: nothing more to interrupt
-        code = EXIT_INTERRUPTED
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        code = exit_code(e)
     except ValueError as e:
         print(f"mutransfer worker: error: {e}", file=sys.stderr)
         code = 2
@@ -102,8 +107,8 @@ def _worker_entry(run_dir: str, wait_for_others: bool = False) -> int:
 
 
 def _exit_reason(code: int) -> str:
-    """' (killed by SIGKILL)' for a negative exit code, ' (interrupted)' for 130, else ''."""
-    if code == EXIT_INTERRUPTED:
+    """' (killed by SIGKILL)' for a negative exit code, ' (interrupted)' for 130 or 143, else ''."""
+    if code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
         return " (interrupted)"
     if code < 0:
         try:
@@ -114,8 +119,9 @@ def _exit_reason(code: int) -> str:
 
 
 def _stop_workers(procs: list[subprocess.Popen], grace: float = 60.0) -> None:
-    """Ctrl-C reached this process: make sure the workers got it too (a signal sent to this
-    process alone did not reach them), let them mark their trials, then wait for them."""
+    """Ctrl-C or SIGTERM reached this process: make sure the workers got it too (a signal sent to
+    this process alone did not reach them), let them mark their trials, then wait for them (killed
+    after `grace` seconds): no worker outlives this process."""
     for p in procs:
         if p.poll() is None:
             try:
@@ -193,7 +199,7 @@ def run_workers(run_dir: str | os.PathLike, url: str, placement: Placement) -> l
     try:
         return [p.wait() for p in procs]
     except KeyboardInterrupt:
-        with sigint_ignored():
+        with interrupts_ignored():
             _stop_workers(procs)
         raise
 
@@ -255,8 +261,9 @@ def run_sweep(
 
     Raises:
         ValueError: a bad config, objective, storage or placement (nothing is left behind).
-        SweepInterrupted: Ctrl-C (a KeyboardInterrupt): the running trials were marked
-            interrupted and queued again; rerunning resumes.
+        SweepInterrupted: Ctrl-C or SIGTERM (a KeyboardInterrupt; its `signum` says which): the
+            running trials were marked interrupted and queued again, the workers stopped;
+            rerunning resumes.
         RuntimeError: worker processes failed and trials are unfinished; rerunning resumes.
     """
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
@@ -297,13 +304,13 @@ def run_sweep(
             sweep.work(progress=progress)
         else:
             sweep.watch(procs, progress=progress)
-    except KeyboardInterrupt:
-        with sigint_ignored():
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (`Terminated`)
+        with interrupts_ignored():
             _stop_workers(procs)
             tally = sweep.tally()
-            raise SweepInterrupted(tally.finished, tally.total) from None
+            raise SweepInterrupted(tally.finished, tally.total, int(getattr(e, "signum", signal.SIGINT))) from None
     except SystemExit:
-        with sigint_ignored():
+        with interrupts_ignored():
             _stop_workers(procs)
         raise
     finally:
@@ -326,8 +333,9 @@ def run_sweep(
             )
     elif unfinished > 0:
         raise RuntimeError(f"the workers left with {unfinished} trial(s) unfinished; rerun to resume")
-    with open(sweep.run_dir / "run.json", "w") as f:
-        json.dump(
+    write_atomically(
+        sweep.run_dir / "run.json",
+        json.dumps(
             {
                 "storage": mask_url(sweep.url),
                 "placement": placement.describe(),
@@ -339,7 +347,7 @@ def run_sweep(
                 "pruned_trials": tally.pruned,
                 "total_trials": tally.total,
             },
-            f,
             indent=1,
-        )
+        ),
+    )
     return sweep

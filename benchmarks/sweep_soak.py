@@ -1,0 +1,170 @@
+"""Sweep soak: thousands of 1-ms trials with 4 local workers, one worker killed every 30 s.
+
+Runs ``mutransfer sweep`` (a grid of N points of a 1-ms objective, ``--workers 4``: the main
+process and 3 worker processes) on SQLite and, with --storage or MUTRANSFER_TEST_POSTGRES, on
+PostgreSQL, while a killer sends SIGKILL to one live worker process every --kill-every seconds
+(its trial goes stale and is run again by the others). Then it checks every grid point in the
+database and prints a table: trials/s, lost trials (grid points without a completed trial: must
+be 0), duplicate trials (points completed more than once: must be 0), workers killed, and the
+peak RSS of the main process (VmHWM). Exit 1 when a trial was lost or duplicated.
+
+    python benchmarks/sweep_soak.py [--trials 5000] [--kill-every 30] [--storage postgresql://...]
+    python benchmarks/sweep_soak.py --quick        # 120 trials, a kill every 5 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+OBJECTIVE = textwrap.dedent("""
+    import time
+
+    def train(hp, scale):
+        time.sleep(0.001)
+        return hp["x"] * 1e-3 + 1.0 / scale.width
+""")
+
+CONFIG = """name = "{name}"
+objective = "{objective}:train"
+widths = [16]
+parametrizations = ["mup"]
+sampler = "grid"
+[space.x]
+type = "uniform"
+low = 0
+high = {high}
+grid = {n}
+"""
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def _started(url: str, name: str, db: Path) -> bool:
+    """Has a trial of the sweep started (every worker released)?"""
+    if url.startswith("sqlite") and not db.exists():
+        return False
+    try:
+        study = optuna.load_study(study_name=f"{name}/mup/w16", storage=url)
+        return bool(study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.COMPLETE)))
+    except Exception:
+        return False
+
+
+def _peak_rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def soak(storage: str | None, n: int, kill_every: float, root: Path) -> dict:
+    """One soak run; returns its row of the table."""
+    name = f"soak-{uuid.uuid4().hex[:8]}"
+    (root / "obj.py").write_text(OBJECTIVE)
+    cfg = root / f"{name}.toml"
+    cfg.write_text(CONFIG.format(name=name, objective=root / "obj.py", high=n - 1, n=n))
+    run = root / name
+    cmd = [sys.executable, "-m", "mutransfer.cli", "sweep", str(cfg), "--run", str(run), "--workers", "4"]
+    cmd += ["--no-progress"] + (["--storage", storage] if storage else [])
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    killed: list[int] = []
+    peak = [0.0]
+    stop = threading.Event()
+
+    def watch() -> None:
+        next_kill = None  # the first kill comes `kill_every` after the first trial started
+        db = run / "sweep.db"
+        while not stop.wait(0.2):
+            peak[0] = max(peak[0], _peak_rss_mb(proc.pid) or 0.0)
+            if next_kill is None:
+                if _started(storage or f"sqlite:///{db}", name, db):
+                    next_kill = time.monotonic() + kill_every
+                continue
+            if time.monotonic() >= next_kill:
+                live = [p for p in _children(proc.pid) if p not in killed]
+                if live:
+                    os.kill(live[0], signal.SIGKILL)
+                    killed.append(live[0])
+                next_kill = time.monotonic() + kill_every
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        _out, err = proc.communicate(timeout=24 * 3600)
+    finally:
+        stop.set()
+        watcher.join()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    wall = time.perf_counter() - start
+    url = storage or f"sqlite:///{run / 'sweep.db'}"
+    study = optuna.load_study(study_name=f"{name}/mup/w16", storage=url)
+    done = collections.Counter(round(t.params["x"]) for t in study.get_trials(states=(TrialState.COMPLETE,)))
+    return {
+        "storage": "PostgreSQL" if storage else "SQLite",
+        "trials": n,
+        "seconds": wall,
+        "trials/s": n / wall,
+        "lost": sum(1 for x in range(n) if done[x] == 0),
+        "duplicates": sum(1 for c in done.values() if c > 1),
+        "killed": len(killed),
+        "peak_rss_mb": peak[0],
+        "exit": proc.returncode,
+        "stderr": err.strip().splitlines()[-3:],
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trials", type=int, default=5000, help="grid points (trials) per run (default 5000)")
+    p.add_argument("--kill-every", type=float, default=30.0, help="seconds between worker kills (default 30)")
+    p.add_argument("--storage", default=os.environ.get("MUTRANSFER_TEST_POSTGRES"), help="a PostgreSQL URL too")
+    p.add_argument("--sqlite-only", action="store_true", help="skip PostgreSQL even when a URL is set")
+    p.add_argument("--quick", action="store_true", help="120 trials, a kill every 5 s (a test runs it)")
+    args = p.parse_args()
+    if args.quick:
+        args.trials, args.kill_every = 120, 5.0
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for url in [None] + ([args.storage] if args.storage and not args.sqlite_only else []):
+            rows.append(soak(url, args.trials, args.kill_every, Path(tmp)))
+    print(
+        f"{'storage':<11} {'trials':>6} {'seconds':>8} {'trials/s':>8} {'lost':>5} {'dups':>5} {'killed':>6} {'peak RSS MB':>11}"
+    )
+    for r in rows:
+        print(
+            f"{r['storage']:<11} {r['trials']:>6} {r['seconds']:>8.1f} {r['trials/s']:>8.1f} {r['lost']:>5} "
+            f"{r['duplicates']:>5} {r['killed']:>6} {r['peak_rss_mb']:>11.0f}"
+        )
+        if r["exit"] != 0:
+            print(f"  {r['storage']}: mutransfer sweep exited with {r['exit']}: {' / '.join(r['stderr'])}")
+    return 1 if any(r["lost"] or r["duplicates"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
