@@ -258,6 +258,7 @@ def test_sweep_and_worker_never_print_the_password(tmp_path, capsys, monkeypatch
     """Issue 30: `sweep` and `worker` printed passwords with `/` or in `?password=` (nothing listens on port 1)."""
     cfg = write(tmp_path, GRID)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MUTRANSFER_STORAGE_PATIENCE", "0")  # a worker would wait 120 s for the storage to come up
     args = [str(cfg), "--run", str(tmp_path / "run")] if command == "sweep" else ["hostile", "--wait", "0"]
     assert main([command, *args, "--storage", url, "--no-progress"]) == 2
     out = capsys.readouterr()
