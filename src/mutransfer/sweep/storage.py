@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 import warnings
@@ -105,6 +106,7 @@ def open_storage(url: str, patient: bool = False) -> optuna.storages.RDBStorage:
         raise ValueError(f"storage {mask_url(url)}: use sqlite:///path/to/file.db or postgresql://user@host/db")
     connect = with_password(url)
     last = None
+    told = False  # a waiting worker says once why it waits
     deadline = time.monotonic() + (patience() if patient else 0.0)
     attempt = 0
     while attempt < 6:
@@ -138,6 +140,14 @@ def open_storage(url: str, patient: bool = False) -> optuna.storages.RDBStorage:
                 time.sleep(0.2 * (attempt + 1))
                 continue
             if _transient(e) and time.monotonic() < deadline:  # a worker waiting out a restart
+                if not told:
+                    told = True
+                    print(
+                        f"storage {mask_url(url)} is unreachable; retrying for up to {patience():.0f} s "
+                        f"({PATIENCE_ENV}=SECONDS to change)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 attempt = 0
                 time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
                 continue
