@@ -125,3 +125,14 @@ def test_the_sweeps_page_includes_the_example_objective_and_config():
         assert f'--8<-- "{path}"' in page and (root / path).is_file()
     cfg = config_module.load_config(root / "examples" / "my_sweep.toml")
     assert cfg.objective == "my_objective.py:train" and cfg.config_dir == (root / "examples").resolve()
+
+
+def test_grid_ends_are_the_range_ends_exactly():
+    """2**log2(0.1) is 0.10000000000000005: Optuna warned on every rerun that the top grid point lay
+    outside the range it was enqueued under."""
+    from mutransfer.sweep.space import LogUniform, Uniform
+
+    for dim in (LogUniform(1e-4, 0.1, grid=12), Uniform(0.1, 0.7, grid=7), LogUniform(3e-5, 0.3, grid=5)):
+        points = dim.grid_points()
+        assert points[0] == dim.low and points[-1] == dim.high and len(points) == dim.grid
+        assert all(dim.low <= p <= dim.high for p in points) and points == sorted(points)

@@ -24,7 +24,9 @@ class LogUniform:
         if self.grid == 1:
             return [math.sqrt(self.low * self.high)]
         a, b = math.log2(self.low), math.log2(self.high)
-        return [2 ** (a + (b - a) * i / (self.grid - 1)) for i in range(self.grid)]
+        inner = [2 ** (a + (b - a) * i / (self.grid - 1)) for i in range(1, self.grid - 1)]
+        # the ends exactly as written: 2**log2(0.1) is 0.10000000000000005, outside Optuna's range
+        return [self.low, *(min(max(v, self.low), self.high) for v in inner), self.high]
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,8 @@ class Uniform:
     def grid_points(self) -> list[float]:
         if self.grid == 1:
             return [(self.low + self.high) / 2]
-        return [self.low + (self.high - self.low) * i / (self.grid - 1) for i in range(self.grid)]
+        inner = [self.low + (self.high - self.low) * i / (self.grid - 1) for i in range(1, self.grid - 1)]
+        return [self.low, *(min(max(v, self.low), self.high) for v in inner), self.high]
 
 
 @dataclass(frozen=True)
