@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 # folder that tests/zoo.py puts on sys.path (its compiled ops stay absent; timm's models do not use
 # them). The last line fails the install if anything replaced the CPU torch.
 $(TEST_STAMP): $(STAMP) Makefile
-	$(PY) -m pip install --quiet -e ".[test,hf,postgres,optimizers,cluster,docs,dev]"
+	$(PY) -m pip install --quiet -e ".[test,hf,postgres,optimizers,cluster,docs,dev,monitor]" torch==2.13.0
 	$(PY) -m pip install --quiet --no-deps mup==1.0.0 timm==1.0.31
 	$(PY) -m pip install --quiet --no-deps --upgrade --target $(VENV)/torchvision-pyonly torchvision==0.28.0
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.__version__ == '2.13.0+cpu' else 'torch was replaced: ' + torch.__version__)"
