@@ -135,7 +135,10 @@ def describe(model: nn.Module, optimizer: str | None = None, adjust_lr_fn: str |
         "shape": "shape only",
         "override": "roles= override",
     }
-    lines.append("roles from: " + ", ".join(f"{words.get(k, k)} {v}" for k, v in sorted(by_source.items())))
+    lines.append(
+        "roles from: "
+        + ", ".join(f"{words.get(k, k)} ({v} parameter{'s' if v != 1 else ''})" for k, v in sorted(by_source.items()))
+    )
     split = {n: getattr(i, "row_roles", ()) for n, i in spec.params.items() if getattr(i, "row_roles", ())}
     for n, ranges in split.items():
         lines.append(
