@@ -70,8 +70,7 @@ def lightning_callback(**monitor_kwargs: Any) -> Any:
             self.monitor: Monitor | None = None
 
         def on_train_start(self, trainer, pl_module):
-            opt = trainer.optimizers[0]
-            self.monitor = Monitor(pl_module, getattr(opt, "optimizer", opt), **monitor_kwargs)
+            self.monitor = Monitor(pl_module, trainer.optimizers[0], **monitor_kwargs)
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             if self.monitor is not None:

@@ -119,10 +119,13 @@ class Monitor:
             raise UsageError(f"Monitor tolerance={tolerance!r}: give a factor > 1 (2.0: within ×/÷ 2 of the proxy)")
         self.model = _monitored(model)
         self.spec: MuSpec = require_spec(self.model, "Monitor")
+        # wrappers (accelerate's AcceleratedOptimizer, Lightning's LightningOptimizer) keep the torch one inside
+        while not hasattr(optimizer, "_optimizer_step_pre_hooks") and hasattr(optimizer, "optimizer"):
+            optimizer = optimizer.optimizer
         self.optimizer = optimizer
         self.every, self.tolerance, self.power_iters = every, float(tolerance), power_iters
         self.on_alarm, self.raise_on_alarm = on_alarm, raise_on_alarm
-        self.kind = optimizer_kind(optimizer)
+        self.kind = optimizer_kind(self.optimizer)
         self.names: dict[int, str] = {}
         for n, p in self.model.named_parameters():
             self.names.setdefault(id(p), canonical_name(n))
@@ -135,7 +138,7 @@ class Monitor:
         self._proxy: dict | None = None
         self._proxy_steps: dict[int, dict] = {}
         self._t = 0
-        self._probe = StepProbe(self.model, optimizer, self.names, rows)
+        self._probe = StepProbe(self.model, self.optimizer, self.names, rows)
         self._probe.arm()  # step 1 is sampled
         if proxy is not None:
             self._set_proxy(load_trajectory(proxy))
