@@ -114,8 +114,14 @@ def test_lightning_callback(tmp_path):
     data = torch.utils.data.TensorDataset(torch.randint(0, V, (12, CTX + 1)))
     cb = lightning_callback(every=2)
     trainer = pl.Trainer(
-        max_steps=4, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[cb], default_root_dir=str(tmp_path),
+        max_steps=4,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[cb],
+        default_root_dir=str(tmp_path),
     )
     trainer.fit(Module(), torch.utils.data.DataLoader(data, batch_size=2))
     assert cb.monitor.alarms == [] and cb.monitor.model is trainer.lightning_module.net

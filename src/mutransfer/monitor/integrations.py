@@ -32,7 +32,7 @@ def hf_callback(**monitor_kwargs: Any) -> Any:
     """
     transformers = _need("transformers")
 
-    class MonitorCallback(transformers.TrainerCallback):
+    class MonitorCallback(transformers.TrainerCallback):  # type: ignore[name-defined]  # imported on use
         """Runs `mt.Monitor` inside a Hugging Face Trainer (see `hf_callback`)."""
 
         def __init__(self) -> None:
@@ -63,7 +63,7 @@ def lightning_callback(**monitor_kwargs: Any) -> Any:
     """
     pl = _need("lightning.pytorch")
 
-    class MonitorCallback(pl.Callback):
+    class MonitorCallback(pl.Callback):  # type: ignore[name-defined]  # imported on use
         """Runs `mt.Monitor` inside a Lightning Trainer (see `lightning_callback`)."""
 
         def __init__(self) -> None:

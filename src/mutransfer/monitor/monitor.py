@@ -216,7 +216,9 @@ class Monitor:
                 continue
             q = layers.setdefault(layer, {})
             q["w_rms"] = rms(p)
-            q["w_spec"], self._vectors[(layer, "w")] = spectral_norm(p, self._vectors.get((layer, "w")), self.power_iters)
+            q["w_spec"], self._vectors[(layer, "w")] = spectral_norm(
+                p, self._vectors.get((layer, "w")), self.power_iters
+            )
             d = probe.deltas.get(name)
             if d is not None:
                 q["dw_rms"] = rms(d)
@@ -237,7 +239,9 @@ class Monitor:
             loss_v = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
         record = {"step": t, "loss": loss_v, "lr_base": ref, "layers": layers}
         self._records.append(record)
-        found = lr_found + swap_findings(self.spec, self.model, self.optimizer, rms) + attention_findings(self.spec, calls)
+        found = (
+            lr_found + swap_findings(self.spec, self.model, self.optimizer, rms) + attention_findings(self.spec, calls)
+        )
         found += self._compare_record(record)
         new = self._raise(t, found)
         if self._sink is not None:

@@ -106,7 +106,9 @@ def lr_findings(
                     found.append((layer_of(name), "lr factor", f, want_f, "other_optimizer"))
                 expected = lr if ref is None else ref * f
                 if ref is not None and not close(lr, expected, 1e-4):
-                    found.append((layer_of(name), "lr", lr, expected, "readout_lr" if role == "output" else "lr_changed"))
+                    found.append(
+                        (layer_of(name), "lr", lr, expected, "readout_lr" if role == "output" else "lr_changed")
+                    )
             elif want_f is not None:
                 expected = (lr if ref is None else ref) * want_f
                 if not close(lr, expected, 1e-4):
@@ -117,9 +119,7 @@ def lr_findings(
     return ref, lrs, found
 
 
-def swap_findings(
-    spec: MuSpec, model: nn.Module, optimizer: torch.optim.Optimizer, rms: Any
-) -> list[Finding]:
+def swap_findings(spec: MuSpec, model: nn.Module, optimizer: torch.optim.Optimizer, rms: Any) -> list[Finding]:
     """Parameters `parametrize` never saw, saw with another shape, or marked but now unmarked (a layer
     swapped after `parametrize`: same name and shape, a fresh tensor); and parameters no optimizer group holds."""
     held = {id(p) for g in optimizer.param_groups for p in g["params"]}

@@ -137,9 +137,7 @@ class StepProbe:
         self._before = {}
 
 
-def activation_sizes(
-    model: nn.Module, inputs: tuple[tuple, dict]
-) -> tuple[dict[str, dict[str, float]], list[Any]]:
+def activation_sizes(model: nn.Module, inputs: tuple[tuple, dict]) -> tuple[dict[str, dict[str, float]], list[Any]]:
     """Output RMS of every module on one no-grad forward of `inputs` (dropout off, buffers restored),
     attention logits' RMS and max per attention module, the model output's RMS; and the attention calls
     the recorder saw (module, head dim, logit scale).
