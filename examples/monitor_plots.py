@@ -1,6 +1,6 @@
 """The plots a user sees in TensorBoard/W&B from `mt.Monitor`: a healthy µP run and a broken one.
 
-Both train the recipes' GPT (width 256, base 32) for 150 steps with warmup + cosine and weight decay,
+Both train the recipes' GPT (width 256, base 32) for 150 steps with warmup + cosine (to 10%) and weight decay,
 sampled every 10 steps. Healthy: AdamW over `mt.param_groups`. Broken: AdamW over
 `model.parameters()` (one lr for all) — the monitor's alarms are printed and marked on the plot.
 
@@ -36,7 +36,7 @@ def run(broken: bool, width: int, steps: int, every: int) -> mt.Monitor:
     params = model.parameters() if broken else mt.param_groups(model, lr=3e-3, optimizer="adamw", weight_decay=0.1)
     opt = torch.optim.AdamW(params, lr=3e-3, weight_decay=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps))
+        opt, lambda s: min(1.0, (s + 1) / 20) * (0.1 + 0.45 * (1 + math.cos(math.pi * s / steps)))
     )
     mon = mt.Monitor(model, opt, every=every)
     g = torch.Generator().manual_seed(1)

@@ -85,11 +85,14 @@ def lr_findings(
     """The lr each µP parameter runs with against µP's: base lr in effect × its factor.
 
     Returns:
-        (the base lr in effect or None; parameter → (lr, µP's lr); findings). A group not built by
-        `param_groups` is taken to run the base lr (what the user passed), so its µP lr is lr × factor;
+        (the base lr in effect, or None without groups; parameter → (lr, µP's lr); findings). A group not
+        built by `param_groups` is taken to run the base lr (what the user passed), so its µP lr is
+        lr × factor (and without any `param_groups` group the first group's lr is the base lr in effect);
         under an optimizer outside `rules.OPTIMIZERS` such a group is not checked.
     """
     ref = _reference_base_lr(optimizer)
+    # no group built by param_groups: the first plain group's lr is taken as the base lr in effect
+    base = ref if ref is not None else next((float(g["lr"]) for g in optimizer.param_groups), None)
     lrs: dict[str, tuple[float, float]] = {}
     found: list[Finding] = []
     for g in optimizer.param_groups:
@@ -110,13 +113,13 @@ def lr_findings(
                         (layer_of(name), "lr", lr, expected, "readout_lr" if role == "output" else "lr_changed")
                     )
             elif want_f is not None:
-                expected = (lr if ref is None else ref) * want_f
+                expected = (lr if ref is None else ref) * want_f  # a plain group's own lr is its base lr
                 if not close(lr, expected, 1e-4):
                     found.append((layer_of(name), "lr", lr, expected, "plain_group"))
             else:
                 continue
             lrs[name] = (lr, expected)
-    return ref, lrs, found
+    return base, lrs, found
 
 
 def swap_findings(spec: MuSpec, model: nn.Module, optimizer: torch.optim.Optimizer, rms: Any) -> list[Finding]:
