@@ -4,7 +4,8 @@ Both train the recipes' GPT (width 256, base 32) for 150 steps with warmup + cos
 sampled every 10 steps. Healthy: AdamW over `mt.param_groups`. Broken: AdamW over
 `model.parameters()` (one lr for all) — the monitor's alarms are printed and marked on the plot.
 
-    python examples/monitor_plots.py --out docs/img/monitor.png
+    python examples/monitor_plots.py --out docs/monitor.png      # the docs' figure (≈ 4 min on a 2-core CPU)
+    python examples/monitor_plots.py --quick --out /tmp/m.png    # width 64, 30 steps
 """
 
 from __future__ import annotations
@@ -59,7 +60,10 @@ def main() -> None:
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--every", type=int, default=10)
+    p.add_argument("--quick", action="store_true", help="width 64, 30 steps, every 10")
     a = p.parse_args()
+    if a.quick:
+        a.width, a.steps, a.every = 64, 30, 10
     quantities = [("dw_spec_mup", "‖ΔW‖₂ / (lr·µP factor)"), ("act_rms", "activation RMS"), ("lr", "effective lr")]
     layers = ["blocks.0.fc", "blocks.1.attn.qkv", "lm_head", "wte"]
     fig, axes = plt.subplots(2, 3, figsize=(13, 6.5), sharex=True)
