@@ -139,3 +139,16 @@ def test_bad_input():
         mt.Monitor(model, mup_adamw(model), every=0)
     with pytest.raises(UsageError, match="log="):
         mt.Monitor(model, mup_adamw(model), log="nowhere")
+
+
+def test_proxy_band_for_attention_logits_reaches_down_by_the_head_dim_ratio_only():
+    from mutransfer.monitor.predictions import proxy_findings
+
+    proxy = {"lr_base": 1e-3, "layers": {"attn": {"attn_logit_rms": 0.4, "head_dim": 16.0}}}
+
+    def found(rms):
+        rec = {"lr_base": 1e-3, "layers": {"attn": {"attn_logit_rms": rms, "head_dim": 64.0}}}
+        return proxy_findings(rec, proxy, {}, {}, "no_multipliers", 2.0)
+
+    assert found(0.2) == [] and found(0.11) == []  # init: × √(16/64) = 0.2, band down to 0.1
+    assert found(0.09) and found(0.81)[0][:2] == ("attn", "attn_logit_rms")  # below the band; growing logits

@@ -206,6 +206,9 @@ class Monitor:
             for label, q in sizes.items():
                 if label in self.layers or label == MODEL_OUTPUT or "attn_logit_rms" in q:
                     layers.setdefault(label, {}).update(q)
+            for c in calls:  # the head dim: attention logits at init shrink like its −½ power (see proxy_findings)
+                if "attn_logit_rms" in layers.get(c.module, {}):
+                    layers[c.module]["head_dim"] = float(c.head_dim)
         ref, lrs, lr_found = lr_findings(self.spec, self.optimizer, self.names, self.kind)
         params = dict(self.model.named_parameters())
         named = {canonical_name(n): p for n, p in params.items()}
@@ -253,7 +256,7 @@ class Monitor:
             tag(self._role(layer), layer, k): float(v)
             for layer, q in record["layers"].items()
             for k, v in q.items()
-            if v is not None and math.isfinite(v)
+            if v is not None and math.isfinite(v) and k != "head_dim"
         }
         if record["loss"] is not None:
             out["mup/loss"] = record["loss"]

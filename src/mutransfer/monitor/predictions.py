@@ -167,7 +167,8 @@ def proxy_findings(
     record: dict, proxy_record: dict, layers: dict, proxy_layers: dict, formulation: str, tolerance: float
 ) -> list[Finding]:
     """The target's sample against the proxy's sample of the same step, each quantity width-scaled by the
-    rules: activation, output and attention logit sizes are Θ(1) (compared as they are); update sizes
+    rules: activation and output sizes are Θ(1) (compared as they are), attention logits too once trained
+    (at init they shrink like d_head^-½, so the band reaches down by √(d_proxy/d_target)); update sizes
     scale like the role's adam_lr (RMS) and spectral_lr (‖ΔW‖₂) columns, times the ratio of the base lrs
     in effect. A finding when the target is outside [expected / tolerance, expected × tolerance]."""
     found: list[Finding] = []
@@ -187,7 +188,13 @@ def proxy_findings(
             if measured is None or base is None or not base > 1e-12:
                 continue
             expected = base * ratio
-            if not (expected / tolerance <= measured <= expected * tolerance):
+            low = expected / tolerance
+            if k == "attn_logit_rms":
+                # q·k/d: Θ(1) once training aligns q and k, but at init (q, k independent) Θ(d^-½) — so a
+                # target below the proxy by up to √(d_proxy/d_target) is µP too; only growth is a finding
+                d, d_p = q.get("head_dim"), pq.get("head_dim")
+                low = expected * math.sqrt(d_p / d) / tolerance if d and d_p else 0.0
+            if not (low <= measured <= expected * tolerance):
                 if k in UPDATE_COLUMNS:
                     cause = "update"
                 elif layer == "(model output)":
