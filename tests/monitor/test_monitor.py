@@ -139,6 +139,16 @@ def test_bad_input():
         mt.Monitor(model, mup_adamw(model), every=0)
     with pytest.raises(UsageError, match="log="):
         mt.Monitor(model, mup_adamw(model), log="nowhere")
+    with pytest.raises(TypeError, match="torch.optim.Optimizer"):
+        mt.Monitor(model, object())
+    with pytest.raises(UsageError, match="not a monitor trajectory"):
+        mt.Monitor(model, mup_adamw(model)).compare({"steps": []})
+
+
+def test_history_keeps_the_last_samples():
+    model = build(64)
+    mon = train(model, mup_adamw(model), steps=12, every=3, history=2)
+    assert [r["step"] for r in mon.trajectory()["steps"]] == [9, 12]
 
 
 def test_proxy_band_for_attention_logits_reaches_down_by_the_head_dim_ratio_only():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -94,10 +95,13 @@ class Monitor:
         tolerance: the band around a proxy-predicted value: [expected / tolerance, expected × tolerance].
         rows: rows of the captured micro-batch the activation forward runs on.
         power_iters: power iterations per spectral-norm estimate (warm-started from the last sample).
+        history: samples kept in memory for `trajectory` (None: all, what a proxy run saves; a long
+            target run that only compares can keep a few: each sample holds ~12 floats per layer).
 
     Raises:
         ModelError: the model was never parametrized.
         UsageError: a bad `every`, `tolerance` or `log`.
+        TypeError: `optimizer` is not a torch optimizer (nor a wrapper holding one as `.optimizer`).
     """
 
     def __init__(
@@ -112,6 +116,7 @@ class Monitor:
         tolerance: float = 2.0,
         rows: int = 4,
         power_iters: int = 3,
+        history: int | None = None,
     ):
         if not isinstance(every, int) or every < 1:
             raise UsageError(f"Monitor every={every!r}: give a whole number of steps ≥ 1 (50 costs < 2%)")
@@ -122,6 +127,10 @@ class Monitor:
         # wrappers (accelerate's AcceleratedOptimizer, Lightning's LightningOptimizer) keep the torch one inside
         while not hasattr(optimizer, "_optimizer_step_pre_hooks") and hasattr(optimizer, "optimizer"):
             optimizer = optimizer.optimizer
+        if not hasattr(optimizer, "register_step_pre_hook"):
+            raise TypeError(
+                f"Monitor needs the torch.optim.Optimizer that trains the model, got {type(optimizer).__name__}"
+            )
         self.optimizer = optimizer
         self.every, self.tolerance, self.power_iters = every, float(tolerance), power_iters
         self.on_alarm, self.raise_on_alarm = on_alarm, raise_on_alarm
@@ -132,7 +141,7 @@ class Monitor:
         self.layers = self._layers()
         self.alarms: list[Alarm] = []
         self._seen: set[tuple[str, str]] = set()
-        self._records: list[dict] = []
+        self._records: deque[dict] = deque(maxlen=history)
         self._vectors: dict[tuple[str, str], torch.Tensor | None] = {}
         self._sink = make_sink(log)
         self._proxy: dict | None = None
@@ -321,7 +330,7 @@ class Monitor:
             "optimizer": self.kind,
             "formulation": self.spec.formulation,
             "layers": self.layers,
-            "steps": self._records,
+            "steps": list(self._records),
         }
 
     def save_trajectory(self, path: str | Path) -> Path:
