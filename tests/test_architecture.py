@@ -10,7 +10,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "mutransfer"
 
 # Each layer may import the layers after it in this list, never one before it.
-LAYERS = ["cli", "sweep", "coord", "core"]
+LAYERS = ["cli", "sweep", "monitor", "coord", "core"]
 STANDALONE = ("limits", "recipes")  # import nothing of the package but themselves (and `errors`)
 LEAF = "mutransfer.errors"  # imports nothing: anything may raise its classes
 
@@ -83,7 +83,7 @@ def layer(mod: str) -> str:
     if len(parts) == 1:
         return "top"
     head = parts[1]
-    if head in ("cli", "sweep", "coord") or head in STANDALONE:
+    if head in ("cli", "sweep", "monitor", "coord") or head in STANDALONE:
         return head
     return "core"
 

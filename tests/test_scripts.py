@@ -206,3 +206,11 @@ def test_limits_convergence_benchmark_quick_prints_a_slope_per_limit():
     for row in rows:
         slope = float(row.split("|")[5])
         assert math.isfinite(slope), row
+
+
+@pytest.mark.slow
+def test_monitor_overhead_and_plots_quick(tmp_path):
+    out = run(["benchmarks/monitor_overhead.py", "--quick"])
+    assert re.search(r"cpu  time, with/without: median ratio [0-9.]+", out) and "alarms: 0" in out
+    out = run(["examples/monitor_plots.py", "--quick", "--out", str(tmp_path / "m.png")])
+    assert "healthy: 0 alarms" in out and "broken: 9 alarms" in out and (tmp_path / "m.png").stat().st_size > 0

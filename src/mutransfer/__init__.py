@@ -21,6 +21,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "param_groups": (".optim", "param_groups"),
     "coord_check": (".coord", "coord_check"),
     "CoordCheckResult": (".coord", "CoordCheckResult"),
+    "Monitor": (".monitor", "Monitor"),
     "describe": ("._core.describe", "describe"),
     "export": ("._core.export", "export"),
     "attn_scale": ("._core.attention", "attn_scale"),
@@ -43,6 +44,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
 
 __all__ = [
     "CoordCheckResult",
+    "Monitor",
     "MuPWarning",
     "MuSpec",
     "MuTransferError",
@@ -79,6 +81,7 @@ if TYPE_CHECKING:  # what type checkers and the API docs see; at run time `__get
     from ._core.spec import MuSpec
     from .coord import CoordCheckResult, coord_check
     from .errors import MuPWarning, MuTransferError
+    from .monitor import Monitor
     from .optim import param_groups
 
 

@@ -17,6 +17,7 @@ __all__ = [
     "ExportError",
     "KernelWarning",
     "ModelError",
+    "MonitorAlarm",
     "MuPWarning",
     "MuTransferError",
     "OptimizerError",
@@ -84,6 +85,17 @@ class SweepInterrupted(KeyboardInterrupt):
         word = "terminated" if signum == 15 else "interrupted"
         super().__init__(f"{word}: {finished} trials done, rerun to resume")
         self.finished, self.total, self.signum = finished, total, signum
+
+
+class MonitorAlarm(RuntimeError):
+    """`mt.Monitor(..., raise_on_alarm=True)` found the run out of µP: `alarms` holds the sample's
+    `mt.monitor.Alarm`s (step, layer, what, measured, expected, cause). Not bad input: the run
+    itself left µP, so it is a RuntimeError, raised to stop the run."""
+
+    def __init__(self, alarms: list):
+        self.alarms = list(alarms)
+        head = "; ".join(str(a) for a in self.alarms[:3])
+        super().__init__(f"µP monitor: {head}{' …' if len(self.alarms) > 3 else ''}")
 
 
 class MuPWarning(UserWarning):

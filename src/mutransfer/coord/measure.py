@@ -103,6 +103,7 @@ class ActivationMeter:
         self.head_dims: dict[str, int] = {}
         self.readouts = readouts or {}  # label → name of the readout's bias (left out of its output)
         self.prob_modules: set[str] = set()  # modules fed attention probabilities
+        self.attention_calls: list = []  # the recorder's `AttentionCall`s of the last `measure`
         self.handles = []
         self.dropouts = [m for m in model.modules() if _is_dropout(m)]
         params = dict(model.named_parameters())
@@ -195,6 +196,7 @@ class ActivationMeter:
             with torch.no_grad(), recording(self.model, on_attention=self._on_attention) as recorder:
                 self.model(*model_args(inputs), **model_kwargs(inputs))
             self.prob_modules |= {m or MODEL_OUTPUT for m in recorder.obs.prob_modules}
+            self.attention_calls = list(recorder.obs.attention)
         finally:
             self.active = False
             for m, mode in zip(self.dropouts, modes, strict=True):

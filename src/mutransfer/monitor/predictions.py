@@ -1,0 +1,205 @@
+"""What µP predicts for a running model, and where the running model differs: the lrs `param_groups`
+built (after schedulers), the parameters `parametrize` marked, the attention scales it installed,
+and a proxy's trajectory scaled to the target's widths by the rules (`rules.factor`, never a
+hard-coded exponent).
+
+Each check returns findings ``(layer, what, measured, expected, cause key)``; `Monitor` turns them
+into `Alarm`s. A quantity the library cannot predict on this model is not checked (and the docs say
+which), never guessed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._core.groups import ADJUST_KEY, MUP_MARK
+from .._core.naming import canonical_name
+from .._core.spec import MuSpec
+from ..optimizers import LR_FACTOR_KEY
+from ..rules import OPTIMIZERS, factor, formulation_rules
+
+__all__ = [
+    "Finding",
+    "attention_findings",
+    "close",
+    "layer_of",
+    "lr_findings",
+    "optimizer_kind",
+    "proxy_findings",
+    "swap_findings",
+]
+
+Finding = tuple[str, str, float, float, str]  # (layer, what, measured, expected, cause key of alarms.CAUSES)
+
+# proxy comparison: which column of the role's rule predicts how each update size scales with width
+# (`rules`: the adam_lr column is the entry size µP wants for ΔW; spectral_lr its ‖ΔW‖₂, the spectral condition)
+UPDATE_COLUMNS = {"dw_rms": "adam_lr", "dw_spec": "spectral_lr"}
+# quantities µP keeps Θ(1) in width: compared with the proxy's as they are
+INVARIANT = {"act_rms": "act", "attn_logit_rms": "attn_logits"}
+
+
+def close(a: float, b: float, rel: float = 1e-6) -> bool:
+    """True when `a` and `b` agree within `rel` of the larger (two zeros agree)."""
+    return abs(a - b) <= rel * max(abs(a), abs(b)) + 1e-300
+
+
+def layer_of(param: str) -> str:
+    """The module a parameter belongs to (its name without the last part)."""
+    head, _, _ = param.rpartition(".")
+    return head or param
+
+
+def optimizer_kind(optimizer: torch.optim.Optimizer) -> str | None:
+    """The `rules.OPTIMIZERS` name of `optimizer`'s class (``AdamW`` → "adamw"), or None when not one of them."""
+    name = type(optimizer).__name__.lower()
+    return name if name in OPTIMIZERS else None
+
+
+def _reference_base_lr(optimizer: torch.optim.Optimizer) -> float | None:
+    """The base lr in effect: lr / µP factor of the groups `param_groups` built, the value most of them share
+    (a schedule scales every group alike, so they agree unless one was changed by hand); None without such groups."""
+    votes: list[tuple[float, int, int]] = []  # (base lr, groups, params)
+    for g in optimizer.param_groups:
+        f = g.get(LR_FACTOR_KEY)
+        if not f:
+            continue
+        base = float(g["lr"]) / float(f)
+        for i, (b, n, k) in enumerate(votes):
+            if close(b, base, 1e-6):
+                votes[i] = (b, n + 1, k + len(g["params"]))
+                break
+        else:
+            votes.append((base, 1, len(g["params"])))
+    if not votes:
+        return None
+    return max(votes, key=lambda v: (v[1], v[2]))[0]
+
+
+def lr_findings(
+    spec: MuSpec, optimizer: torch.optim.Optimizer, names: dict[int, str], kind: str | None
+) -> tuple[float | None, dict[str, tuple[float, float]], list[Finding]]:
+    """The lr each µP parameter runs with against µP's: base lr in effect × its factor.
+
+    Returns:
+        (the base lr in effect, or None without groups; parameter → (lr, µP's lr); findings). A group not
+        built by `param_groups` is taken to run the base lr (what the user passed), so its µP lr is
+        lr × factor (and without any `param_groups` group the first group's lr is the base lr in effect);
+        under an optimizer outside `rules.OPTIMIZERS` such a group is not checked.
+    """
+    ref = _reference_base_lr(optimizer)
+    # no group built by param_groups: the first plain group's lr is taken as the base lr in effect
+    base = ref if ref is not None else next((float(g["lr"]) for g in optimizer.param_groups), None)
+    lrs: dict[str, tuple[float, float]] = {}
+    found: list[Finding] = []
+    for g in optimizer.param_groups:
+        lr, f = float(g["lr"]), g.get(LR_FACTOR_KEY)
+        for p in g["params"]:
+            name = names.get(id(p))
+            if name is None or name not in spec.params:
+                continue
+            role = spec.params[name].role
+            want_f = spec.factors(name, kind)[0] if kind is not None else None
+            if f is not None:
+                f = float(f)
+                if want_f is not None and ADJUST_KEY not in g and not close(f, want_f, 1e-6):
+                    found.append((layer_of(name), "lr factor", f, want_f, "other_optimizer"))
+                expected = lr if ref is None else ref * f
+                if ref is not None and not close(lr, expected, 1e-4):
+                    found.append(
+                        (layer_of(name), "lr", lr, expected, "readout_lr" if role == "output" else "lr_changed")
+                    )
+            elif want_f is not None:
+                expected = (lr if ref is None else ref) * want_f  # a plain group's own lr is its base lr
+                if not close(lr, expected, 1e-4):
+                    found.append((layer_of(name), "lr", lr, expected, "plain_group"))
+            else:
+                continue
+            lrs[name] = (lr, expected)
+    return base, lrs, found
+
+
+def swap_findings(spec: MuSpec, model: nn.Module, optimizer: torch.optim.Optimizer, rms: Any) -> list[Finding]:
+    """Parameters `parametrize` never saw, saw with another shape, or marked but now unmarked (a layer
+    swapped after `parametrize`: same name and shape, a fresh tensor); and parameters no optimizer group holds."""
+    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    found: list[Finding] = []
+    nan = float("nan")
+    for n, p in model.named_parameters():
+        name = canonical_name(n)
+        info = spec.params.get(name)
+        if info is None:
+            found.append((layer_of(name), "parameter", rms(p), nan, "added"))
+            continue
+        if tuple(p.shape) != tuple(info.shape) and p.numel() > 0 and not p.is_meta:
+            found.append((layer_of(name), "parameter", rms(p), nan, "swapped"))
+        elif any(spec.factors(name, o)[0] != 1.0 for o in ("sgd", "adam")) and getattr(p, MUP_MARK, None) != name:
+            found.append((layer_of(name), "parameter", rms(p), nan, "swapped"))
+        if p.requires_grad and id(p) not in held:
+            found.append((layer_of(name), "trained", 0.0, 1.0, "untrained"))
+    return found
+
+
+def attention_findings(spec: MuSpec, calls: list[Any]) -> list[Finding]:
+    """Attention calls on the sampled forward whose logit scale is not the one `parametrize` installed."""
+    want = {a.module: a for a in spec.attention}
+    found: list[Finding] = []
+    for c in calls:
+        a = want.get(c.module)
+        if a is None or close(float(c.scale), float(a.scale), 1e-3):
+            continue
+        sqrt_d = c.head_dim**-0.5 if c.head_dim else math.nan
+        cause = "attention_sqrt" if close(float(c.scale), sqrt_d, 1e-3) else "attention_other"
+        found.append((c.module, "attention logit scale", float(c.scale), float(a.scale), cause))
+    return found
+
+
+def _width_ratio(column: str, role: str, formulation: str, target: dict, proxy: dict) -> float:
+    rule = formulation_rules(formulation)[role]
+    exps = getattr(rule, column)
+    return factor(exps, target["m_in"], target["m_out"]) / factor(exps, proxy["m_in"], proxy["m_out"])
+
+
+def proxy_findings(
+    record: dict, proxy_record: dict, layers: dict, proxy_layers: dict, formulation: str, tolerance: float
+) -> list[Finding]:
+    """The target's sample against the proxy's sample of the same step, each quantity width-scaled by the
+    rules: activation and output sizes are Θ(1) (compared as they are), attention logits too once trained
+    (at init they shrink like d_head^-½, so the band reaches down by √(d_proxy/d_target)); update sizes
+    scale like the role's adam_lr (RMS) and spectral_lr (‖ΔW‖₂) columns, times the ratio of the base lrs
+    in effect. A finding when the target is outside [expected / tolerance, expected × tolerance]."""
+    found: list[Finding] = []
+    lr_t, lr_p = record.get("lr_base"), proxy_record.get("lr_base")
+    lr_ratio = lr_t / lr_p if lr_t and lr_p else 1.0
+    for layer, q in record["layers"].items():
+        pq = proxy_record["layers"].get(layer)
+        if not pq:
+            continue
+        checks: list[tuple[str, float]] = [(k, 1.0) for k in INVARIANT]
+        meta, pmeta = layers.get(layer), proxy_layers.get(layer)
+        if meta and pmeta and meta.get("role") in formulation_rules(formulation):
+            for k, col in UPDATE_COLUMNS.items():
+                checks.append((k, _width_ratio(col, meta["role"], formulation, meta, pmeta) * lr_ratio))
+        for k, ratio in checks:
+            measured, base = q.get(k), pq.get(k)
+            if measured is None or base is None or not base > 1e-12:
+                continue
+            expected = base * ratio
+            low = expected / tolerance
+            if k == "attn_logit_rms":
+                # q·k/d: Θ(1) once training aligns q and k, but at init (q, k independent) Θ(d^-½) — so a
+                # target below the proxy by up to √(d_proxy/d_target) is µP too; only growth is a finding
+                d, d_p = q.get("head_dim"), pq.get("head_dim")
+                low = expected * math.sqrt(d_p / d) / tolerance if d and d_p else 0.0
+            if not (low <= measured <= expected * tolerance):
+                if k in UPDATE_COLUMNS:
+                    cause = "update"
+                elif layer == "(model output)":
+                    cause = "logits"
+                else:
+                    cause = INVARIANT[k]
+                found.append((layer, k, float(measured), float(expected), cause))
+    return found
