@@ -40,6 +40,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "optimizers": (".optimizers", None),
     "sweep": (".sweep", None),
     "limits": (".limits", None),
+    "monitor": (".monitor", None),
 }
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "export",
     "limits",
     "load_shapes",
+    "monitor",
     "optim",
     "optimizers",
     "param_groups",
@@ -70,7 +72,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # what type checkers and the API docs see; at run time `__getattr__` imports on use
-    from . import errors, limits, optim, optimizers, rules, sweep
+    from . import errors, limits, monitor, optim, optimizers, rules, sweep
     from ._core.attention import attn_logits, attn_scale
     from ._core.depth import residual_branch
     from ._core.describe import describe
