@@ -56,9 +56,11 @@ from .space import Choice, Dimension, LogUniform
 from .storage import (
     ClaimLock,
     Heartbeat,
+    cache_trial,
     quiet,
     set_finished_trial_user_attr,
     study_id,
+    trial_counts,
     trial_id,
     waiting_trial_ids,
 )
@@ -179,20 +181,24 @@ def claim(storage: optuna.storages.RDBStorage, study: optuna.Study, config: Swee
                 # A first heartbeat at once: a trial with none is never found stale, so a worker
                 # dying before its heartbeat thread starts would block the sweep for good.
                 storage.record_heartbeat(tid)
-                # The study's cached storage must know the trial before it can take params:
-                # a trial queued by another process (a retry, an interrupted run) is not in it
-                # yet, so read the study's trials once (incremental in Optuna's cache).
-                study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                # The study's cached storage must know the trial before it can take params; this
+                # one trial is read into it (reading the study would re-read every waiting trial).
+                cache_trial(study, tid)
                 return optuna.Trial(study, tid)
         except optuna.exceptions.UpdateFinishedTrialError:
             continue
     if config.sampler == "grid":
         return None
+    counts = trial_counts(storage, study_id(study))  # counted by the database: no trial is read
     counted = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
-    due = len(study.get_trials(deepcopy=False, states=counted))
-    failed = sum(
-        1 for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)) if trial_outcome(t) is not None
-    )  # diverged or failed: done, never rerun by itself
+    due = sum(counts.get(state, 0) for state in counted)
+    failed = 0  # diverged or failed: done, never rerun by itself
+    if counts.get(TrialState.FAIL):
+        failed = sum(
+            1
+            for t in storage.get_all_trials(study_id(study), deepcopy=False, states=(TrialState.FAIL,))
+            if trial_outcome(t) is not None
+        )
     if due + failed >= config.n_trials:
         return None
     with quiet():  # we send the heartbeats ourselves (see Heartbeat)
