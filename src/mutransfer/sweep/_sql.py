@@ -57,3 +57,13 @@ def _enqueue_many(storage: optuna.storages.RDBStorage, study_id: int, points: li
         for params in points:
             template = create_trial(state=TrialState.WAITING, system_attrs={"fixed_params": params})
             storage._get_prepared_new_trial(study_id, template, session)
+
+
+def _set_user_attrs(storage: optuna.storages.RDBStorage, trial_id: int, attrs: dict) -> None:
+    """Set several user attributes of a running trial in one transaction (Optuna commits each)."""
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    with _create_scoped_session(storage.scoped_session, True) as session:
+        for key, value in attrs.items():
+            storage._set_trial_attr_without_commit(session, models.TrialUserAttributeModel, trial_id, key, value)

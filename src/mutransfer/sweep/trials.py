@@ -59,6 +59,7 @@ from .storage import (
     cache_trial,
     quiet,
     set_finished_trial_user_attr,
+    set_user_attrs,
     study_id,
     trial_counts,
     trial_id,
@@ -233,12 +234,15 @@ def run_trial(ctx: RunContext, study: optuna.Study, trial: optuna.Trial, cell: C
     try:
         params = {name: _suggest(trial, name, dim) for name, dim in ctx.config.space.items()}
         hparams = ctx.hparams(params, cell)
-        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
-        trial.set_user_attr("device", str(ctx.device))
-        trial.set_user_attr("cuda_visible_devices", os.environ.get("CUDA_VISIBLE_DEVICES"))
-        trial.set_user_attr("precision", ctx.config.precision)
-        trial.set_user_attr("threads", torch.get_num_threads())
-        trial.set_user_attr("started", time.time())
+        where = {
+            "worker": f"{socket.gethostname()}:{os.getpid()}",
+            "device": str(ctx.device),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "precision": ctx.config.precision,
+            "threads": torch.get_num_threads(),
+            "started": time.time(),
+        }
+        set_user_attrs(ctx.storage, trial, where)  # one commit, not six
         start, cpu_start = time.perf_counter(), time.process_time()
         losses: list[float] = []
         error: tuple[BaseException, str, int, str | None] | None = None  # (+ message to show)
@@ -266,14 +270,17 @@ def run_trial(ctx: RunContext, study: optuna.Study, trial: optuna.Trial, cell: C
                     error = (TypeError(problem), "", seed, problem)
                     break
                 losses.append(loss)
-        trial.set_user_attr("ended", time.time())
-        trial.set_user_attr("seconds", time.perf_counter() - start)
-        trial.set_user_attr("cpu_seconds", time.process_time() - cpu_start)
+        timing = {
+            "ended": time.time(),
+            "seconds": time.perf_counter() - start,
+            "cpu_seconds": time.process_time() - cpu_start,
+        }
         if error is not None:
+            set_user_attrs(ctx.storage, trial, timing)
             line = _record_failure(ctx, study, trial, cell, params, *error)
             _resolved(ctx, study, trial)  # the new failure's file replaces the old one's
             return line
-        trial.set_user_attr("losses", [l if math.isfinite(l) else None for l in losses])
+        set_user_attrs(ctx.storage, trial, {**timing, "losses": [l if math.isfinite(l) else None for l in losses]})
         if pruned:
             step, last = reported[-1] if reported else (None, None)
             trial.set_user_attr("pruned", True)
