@@ -74,6 +74,7 @@ __all__ = [
     "claim",
     "failure_path",
     "make_scale",
+    "release_claimed",
     "retry_failed",
     "run_trial",
     "sigint_ignored",
@@ -179,13 +180,18 @@ def claim(storage: optuna.storages.RDBStorage, study: optuna.Study, config: Swee
     for tid in waiting_trial_ids(storage, study_id(study)):
         try:
             if storage.set_trial_state_values(tid, TrialState.RUNNING):
-                # A first heartbeat at once: a trial with none is never found stale, so a worker
-                # dying before its heartbeat thread starts would block the sweep for good.
-                storage.record_heartbeat(tid)
-                # The study's cached storage must know the trial before it can take params; this
-                # one trial is read into it (reading the study would re-read every waiting trial).
-                cache_trial(study, tid)
-                return optuna.Trial(study, tid)
+                try:
+                    # A first heartbeat at once: a trial with none is never found stale, so a worker
+                    # dying before its heartbeat thread starts would block the sweep for good.
+                    storage.record_heartbeat(tid)
+                    # The study's cached storage must know the trial before it can take params; this
+                    # one trial is read into it (reading the study would re-read every waiting trial).
+                    cache_trial(study, tid)
+                    return optuna.Trial(study, tid)
+                except BaseException:  # Ctrl-C or SIGTERM right after the claim: queue it again
+                    with interrupts_ignored():
+                        release_claimed(storage, study, tid, config)
+                    raise
         except optuna.exceptions.UpdateFinishedTrialError:
             continue
     if config.sampler == "grid":
@@ -297,7 +303,7 @@ def run_trial(ctx: RunContext, study: optuna.Study, trial: optuna.Trial, cell: C
         pass  # another worker finished this very trial first (same HPs and seeds: same result)
     except BaseException:  # KeyboardInterrupt (Ctrl-C, SIGTERM), or SystemExit from outside the objective
         with interrupts_ignored():  # a second Ctrl-C or SIGTERM must not cut the bookkeeping short
-            _interrupted(ctx, study, trial, params)
+            release_claimed(ctx.storage, study, trial_id(trial), ctx.config, params)
         raise
     return None
 
@@ -396,20 +402,36 @@ def _record_failure(
     )
 
 
-def _interrupted(ctx: RunContext, study: optuna.Study, trial: optuna.Trial, params: dict[str, Any]) -> None:
-    """Mark a trial cut off by Ctrl-C as FAIL `interrupted` and queue its params again, so that
-    a rerun takes it at once (not after the heartbeat grace period)."""
-    frozen = ctx.storage.get_trial(trial_id(trial))
+def release_claimed(
+    storage: optuna.storages.RDBStorage,
+    study: optuna.Study,
+    tid: int,
+    config: SweepConfig,
+    params: dict[str, Any] | None = None,
+) -> None:
+    """Mark a claimed trial cut off by Ctrl-C or SIGTERM FAIL `interrupted` and queue its point again,
+    so that a rerun takes it at once (not after the heartbeat grace period). A trial already
+    finished is left alone.
+
+    Args:
+        storage: the sweep's storage.
+        study: the trial's study.
+        tid: the trial's storage id.
+        config: the sweep's config (the swept names).
+        params: values suggested so far (random/TPE), if any.
+    """
+    frozen = storage.get_trial(tid)
     if frozen.state.is_finished():
         return
-    params = {**frozen.system_attrs.get("fixed_params", {}), **frozen.params, **params}
-    trial.set_user_attr("interrupted", True)
+    params = {**frozen.system_attrs.get("fixed_params", {}), **frozen.params, **(params or {})}
     try:
-        study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+        storage.set_trial_user_attr(tid, "interrupted", True)
+        if not storage.set_trial_state_values(tid, TrialState.FAIL):
+            return
     except optuna.exceptions.UpdateFinishedTrialError:
         return
-    if set(params) >= set(ctx.config.space):  # else (random/TPE) a new trial is drawn in its place
-        study.enqueue_trial({name: params[name] for name in ctx.config.space}, user_attrs={"retry_of": trial.number})
+    if set(params) >= set(config.space):  # else (random/TPE) a new trial is drawn in its place
+        study.enqueue_trial({name: params[name] for name in config.space}, user_attrs={"retry_of": frozen.number})
 
 
 def retry_failed(
