@@ -284,9 +284,10 @@ def test_the_soak_benchmark_quick_loses_and_duplicates_nothing():
     )
     assert done.returncode == 0, done.stdout + done.stderr
     row = done.stdout.splitlines()[1].split()
-    # storage, workers, trials, seconds, trials/s, first/last 60 trials/s, lost, duplicates, killed, lock errors
+    # storage, workers, trials, seconds, setup, trials/s, first/last 60 trials/s, lost, duplicates, killed,
+    # lock errors
     assert row[0] == "SQLite" and row[1:3] == ["4", "120"], done.stdout
-    assert row[7:9] == ["0", "0"] and row[10] == "0", done.stdout
+    assert row[8:10] == ["0", "0"] and row[11] == "0", done.stdout
 
 
 def test_per_trial_cost_does_not_grow_with_the_grid(tmp_path, monkeypatch):
