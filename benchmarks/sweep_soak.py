@@ -149,7 +149,7 @@ def soak(storage: str | None, n: int, kill_every: float, root: Path, workers: in
                         with open(joined_err, "a") as errors:
                             joined.append(
                                 subprocess.Popen(
-                                    join, stdout=subprocess.DEVNULL, stderr=errors, process_group=proc.pid, env=env
+                                    join, stdout=subprocess.DEVNULL, stderr=errors, start_new_session=True, env=env
                                 )
                             )
                 next_kill = time.monotonic() + kill_every
