@@ -392,7 +392,10 @@ class Sweep:
                 # Bookkeeping reads every trial of every cell, so it runs on a clock, not per trial:
                 # per trial it cost 0.1-0.3 s of database reads, serialized across workers.
                 if time.monotonic() >= stale_checked:
-                    self.studies.fail_stale()
+                    # Under the claim lock: SQLite ignores SELECT … FOR UPDATE, so two processes
+                    # failing one stale trial at once both queued its retry (a duplicate in the soak).
+                    with ClaimLock(self.url):
+                        self.studies.fail_stale()
                     stale_checked = time.monotonic() + STALE_CHECK_SECONDS
                 # Cells in turn (each worker from its own offset), so all progress evenly; the
                 # claim lock is held for the claim alone.
