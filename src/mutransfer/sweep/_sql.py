@@ -1,7 +1,7 @@
 """The sweep's own SQL on Optuna's tables: the few reads and writes whose Optuna API costs grow with
 the study (every trial built, or a commit per row), each one indexed query or one transaction. Optuna's
 schema is read and written as Optuna itself does (its ORM models and row builder); nothing is added to it.
-`storage` wraps each in its retry of transient errors."""
+`storage` wraps each in its retry of transient errors (use those)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import optuna
 from optuna.trial import TrialState
 
 
-def _waiting_trial_ids(storage: optuna.storages.RDBStorage, study_id: int, limit: int = 8) -> list[int]:
+def waiting_trial_ids(storage: optuna.storages.RDBStorage, study_id: int, limit: int = 8) -> list[int]:
     """The ids of the first `limit` WAITING trials of a study, by number (one indexed query; Optuna's
     get_all_trials builds every waiting trial, and a 5,000-point grid made each claim slow)."""
     from optuna.storages._rdb import models
@@ -26,7 +26,7 @@ def _waiting_trial_ids(storage: optuna.storages.RDBStorage, study_id: int, limit
     return [row[0] for row in rows]
 
 
-def _trial_counts(storage: optuna.storages.RDBStorage, study_id: int) -> dict[TrialState, int]:
+def trial_counts(storage: optuna.storages.RDBStorage, study_id: int) -> dict[TrialState, int]:
     """How many trials of a study are in each state (one indexed COUNT … GROUP BY: no trial is built)."""
     import sqlalchemy
     from optuna.storages._rdb import models
@@ -42,7 +42,7 @@ def _trial_counts(storage: optuna.storages.RDBStorage, study_id: int) -> dict[Tr
     return {TrialState(state): int(n) for state, n in rows}
 
 
-def _enqueue_many(storage: optuna.storages.RDBStorage, study_id: int, points: list[dict]) -> None:
+def enqueue_many(storage: optuna.storages.RDBStorage, study_id: int, points: list[dict]) -> None:
     """Queue one WAITING trial per point (its `fixed_params`), all in one transaction: the rows
     `Study.enqueue_trial` writes, through Optuna's own row builder, without a commit (and on SQLite an
     fsync) per point. All or nothing: an interrupted call leaves none of them."""
@@ -59,7 +59,7 @@ def _enqueue_many(storage: optuna.storages.RDBStorage, study_id: int, points: li
             storage._get_prepared_new_trial(study_id, template, session)
 
 
-def _set_user_attrs(storage: optuna.storages.RDBStorage, trial_id: int, attrs: dict) -> None:
+def set_user_attrs(storage: optuna.storages.RDBStorage, trial_id: int, attrs: dict) -> None:
     """Set several user attributes of a running trial in one transaction (Optuna commits each)."""
     from optuna.storages._rdb import models
     from optuna.storages._rdb.storage import _create_scoped_session

@@ -21,7 +21,7 @@ import optuna
 from optuna.trial import TrialState
 
 from ..errors import StorageError
-from ._sql import _enqueue_many, _set_user_attrs, _trial_counts, _waiting_trial_ids  # wrapped below
+from . import _sql
 from .urls import PASSWORD_ENV, mask_url, scrub, with_password, without_password
 
 __all__ = [
@@ -212,7 +212,7 @@ class _PatientStorage(optuna.storages.RDBStorage):
 
 
 def _patient(name: str):
-    method = getattr(optuna.storages.RDBStorage, name, None) or globals()[f"_{name}"]
+    method = getattr(optuna.storages.RDBStorage, name, None) or globals().get(f"_{name}") or getattr(_sql, name)
 
     def call(self, *args, **kwargs):
         if self._gave_up is not None:
@@ -259,7 +259,7 @@ def trial_counts(storage: optuna.storages.RDBStorage, study_id: int) -> dict[Tri
     """
     if isinstance(storage, _PatientStorage):
         return storage.trial_counts(study_id)  # type: ignore[attr-defined]
-    return _trial_counts(storage, study_id)
+    return _sql.trial_counts(storage, study_id)
 
 
 def enqueue_many(storage: optuna.storages.RDBStorage, study_id: int, points: list[dict]) -> None:
@@ -273,7 +273,7 @@ def enqueue_many(storage: optuna.storages.RDBStorage, study_id: int, points: lis
     if isinstance(storage, _PatientStorage):
         storage.enqueue_many(study_id, points)  # type: ignore[attr-defined]
     else:
-        _enqueue_many(storage, study_id, points)
+        _sql.enqueue_many(storage, study_id, points)
 
 
 def set_user_attrs(storage: optuna.storages.RDBStorage, trial: optuna.Trial, attrs: dict[str, Any]) -> None:
@@ -287,7 +287,7 @@ def set_user_attrs(storage: optuna.storages.RDBStorage, trial: optuna.Trial, att
     if isinstance(storage, _PatientStorage):
         storage.set_user_attrs(trial_id(trial), attrs)  # type: ignore[attr-defined]
     else:
-        _set_user_attrs(storage, trial_id(trial), attrs)
+        _sql.set_user_attrs(storage, trial_id(trial), attrs)
     cached = getattr(trial, "_cached_frozen_trial", None)  # what `trial.user_attrs` shows
     if cached is not None:
         cached.user_attrs.update(attrs)
@@ -332,7 +332,7 @@ def waiting_trial_ids(storage: optuna.storages.RDBStorage, study_id: int, limit:
     """
     if isinstance(storage, _PatientStorage):
         return storage.waiting_trial_ids(study_id, limit)  # type: ignore[attr-defined]
-    return _waiting_trial_ids(storage, study_id, limit)
+    return _sql.waiting_trial_ids(storage, study_id, limit)
 
 
 def _sqlite_wal(storage: optuna.storages.RDBStorage) -> None:
