@@ -31,13 +31,14 @@ from .config import SweepConfig, load_config, pinned_text
 from .recipes import load_objective
 from .rundir import differences, fetch_config, free_sibling
 from .scale import Objective, Scale
-from .storage import ClaimLock, default_url, open_storage, optuna_logs_quiet
+from .storage import ClaimLock, default_url, open_storage, optuna_logs_quiet, trial_id
 from .studies import POLL_SECONDS, Studies, Tally
 from .trials import (
     FAILURES_DIR,
     RunContext,
     claim,
     make_scale,
+    release_claimed,
     retry_failed,
     run_trial,
     sigint_ignored,
@@ -391,7 +392,10 @@ class Sweep:
                 # Bookkeeping reads every trial of every cell, so it runs on a clock, not per trial:
                 # per trial it cost 0.1-0.3 s of database reads, serialized across workers.
                 if time.monotonic() >= stale_checked:
-                    self.studies.fail_stale()
+                    # Under the claim lock: SQLite ignores SELECT … FOR UPDATE, so two processes
+                    # failing one stale trial at once both queued its retry (a duplicate in the soak).
+                    with ClaimLock(self.url):
+                        self.studies.fail_stale()
                     stale_checked = time.monotonic() + STALE_CHECK_SECONDS
                 # Cells in turn (each worker from its own offset), so all progress evenly; the
                 # claim lock is held for the claim alone.
@@ -415,8 +419,13 @@ class Sweep:
                     continue
                 wait = FIRST_WAIT_SECONDS
                 cell, trial = claimed
-                bar.update(f"{cell.label} trial {trial.number}")
-                failure = run_trial(ctx, self.studies[cell], trial, cell)
+                try:
+                    bar.update(f"{cell.label} trial {trial.number}")
+                    failure = run_trial(ctx, self.studies[cell], trial, cell)
+                except (KeyboardInterrupt, SystemExit):  # cut off before run_trial took charge: not left RUNNING
+                    with sigint_ignored():  # SIGINT and SIGTERM
+                        release_claimed(self.storage, self.studies[cell], trial_id(trial), self.config)
+                    raise
                 if failure is not None:
                     bar.write(failure)
                 ran += 1

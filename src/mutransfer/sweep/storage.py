@@ -22,6 +22,7 @@ import optuna
 from optuna.trial import TrialState
 
 from ..errors import StorageError
+from . import _sql
 from .urls import PASSWORD_ENV, mask_url, scrub, with_password, without_password
 
 __all__ = [
@@ -32,14 +33,18 @@ __all__ = [
     "PATIENCE_SECONDS",
     "ClaimLock",
     "Heartbeat",
+    "cache_trial",
     "default_url",
+    "enqueue_many",
     "mask_url",
     "open_storage",
     "optuna_logs_quiet",
     "patience",
     "quiet",
     "set_finished_trial_user_attr",
+    "set_user_attrs",
     "study_id",
+    "trial_counts",
     "trial_id",
     "waiting_trial_ids",
     "with_password",
@@ -217,7 +222,7 @@ class _PatientStorage(optuna.storages.RDBStorage):
 
 
 def _patient(name: str):
-    method = getattr(optuna.storages.RDBStorage, name, None) or globals()[f"_{name}"]
+    method = getattr(optuna.storages.RDBStorage, name, None) or globals().get(f"_{name}") or getattr(_sql, name)
 
     def call(self, *args, **kwargs):
         if self._gave_up is not None:
@@ -248,25 +253,80 @@ def _patient(name: str):
     return call
 
 
-def _waiting_trial_ids(storage: optuna.storages.RDBStorage, study_id: int, limit: int = 8) -> list[int]:
-    """The ids of the first `limit` WAITING trials of a study, by number (one indexed query; Optuna's
-    get_all_trials builds every waiting trial, and a 5,000-point grid made each claim slow)."""
-    from optuna.storages._rdb import models
-    from optuna.storages._rdb.storage import _create_scoped_session
-
-    with _create_scoped_session(storage.scoped_session) as session:
-        rows = (
-            session.query(models.TrialModel.trial_id)
-            .filter(models.TrialModel.study_id == study_id, models.TrialModel.state == TrialState.WAITING)
-            .order_by(models.TrialModel.number)
-            .limit(limit)
-            .all()
-        )
-    return [row[0] for row in rows]
-
-
-for _name in _RETRIED + ["waiting_trial_ids"]:
+for _name in _RETRIED + ["waiting_trial_ids", "trial_counts", "enqueue_many", "set_user_attrs"]:
     setattr(_PatientStorage, _name, _patient(_name))
+
+
+def trial_counts(storage: optuna.storages.RDBStorage, study_id: int) -> dict[TrialState, int]:
+    """How many trials of the study `study_id` are in each state, counted by the database.
+
+    Args:
+        storage: the sweep's storage.
+        study_id: the study's storage id.
+
+    Returns:
+        A count per state present (states with no trial are missing).
+    """
+    if isinstance(storage, _PatientStorage):
+        return storage.trial_counts(study_id)  # type: ignore[attr-defined]
+    return _sql.trial_counts(storage, study_id)
+
+
+def enqueue_many(storage: optuna.storages.RDBStorage, study_id: int, points: list[dict]) -> None:
+    """Queue a WAITING trial for each of `points` (hyperparameter values) in one transaction.
+
+    Args:
+        storage: the sweep's storage.
+        study_id: the study's storage id.
+        points: one dict of hyperparameter values per trial, in queue order.
+    """
+    if isinstance(storage, _PatientStorage):
+        storage.enqueue_many(study_id, points)  # type: ignore[attr-defined]
+    else:
+        _sql.enqueue_many(storage, study_id, points)
+
+
+def set_user_attrs(storage: optuna.storages.RDBStorage, trial: optuna.Trial, attrs: dict[str, Any]) -> None:
+    """`trial.set_user_attr` for each of `attrs`, in one transaction instead of one commit each.
+
+    Args:
+        storage: the sweep's storage (the trial's study's).
+        trial: a running trial.
+        attrs: attribute names and JSON-serializable values.
+    """
+    if isinstance(storage, _PatientStorage):
+        storage.set_user_attrs(trial_id(trial), attrs)  # type: ignore[attr-defined]
+    else:
+        _sql.set_user_attrs(storage, trial_id(trial), attrs)
+    cached = getattr(trial, "_cached_frozen_trial", None)  # what `trial.user_attrs` shows
+    if cached is not None:
+        cached.user_attrs.update(attrs)
+
+
+def cache_trial(study: optuna.Study, trial_id: int) -> None:
+    """Make a trial claimed from the database known to `study`'s Optuna cache, reading that one trial.
+
+    Optuna's cached storage accepts params for a trial only once it has read it, and reading a study
+    through it re-reads every unfinished trial: a grid's thousands of WAITING trials on each claim,
+    so per-trial cost grew with the grid. This registers the one trial as Optuna's own read would
+    (an unfinished trial, re-read until it finishes); with another Optuna cache layout it falls
+    back to reading the study's RUNNING trials.
+
+    Args:
+        study: the study the trial belongs to.
+        trial_id: the trial's storage id.
+    """
+    cache = study._storage
+    try:
+        frozen = cache._backend.get_trial(trial_id)  # type: ignore[attr-defined]
+        with cache._lock:  # type: ignore[attr-defined]
+            info = cache._studies.get(study_id(study))  # type: ignore[attr-defined]
+            if info is None:
+                raise AttributeError("study not cached yet")
+            cache._add_trials_to_cache(study_id(study), [frozen])  # type: ignore[attr-defined]
+            info.unfinished_trial_ids.add(trial_id)
+    except AttributeError:
+        study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
 
 
 def waiting_trial_ids(storage: optuna.storages.RDBStorage, study_id: int, limit: int = 8) -> list[int]:
@@ -282,7 +342,7 @@ def waiting_trial_ids(storage: optuna.storages.RDBStorage, study_id: int, limit:
     """
     if isinstance(storage, _PatientStorage):
         return storage.waiting_trial_ids(study_id, limit)  # type: ignore[attr-defined]
-    return _waiting_trial_ids(storage, study_id, limit)
+    return _sql.waiting_trial_ids(storage, study_id, limit)
 
 
 def _sqlite_wal(storage: optuna.storages.RDBStorage) -> None:

@@ -56,9 +56,12 @@ from .space import Choice, Dimension, LogUniform
 from .storage import (
     ClaimLock,
     Heartbeat,
+    cache_trial,
     quiet,
     set_finished_trial_user_attr,
+    set_user_attrs,
     study_id,
+    trial_counts,
     trial_id,
     waiting_trial_ids,
 )
@@ -71,6 +74,7 @@ __all__ = [
     "claim",
     "failure_path",
     "make_scale",
+    "release_claimed",
     "retry_failed",
     "run_trial",
     "sigint_ignored",
@@ -176,23 +180,32 @@ def claim(storage: optuna.storages.RDBStorage, study: optuna.Study, config: Swee
     for tid in waiting_trial_ids(storage, study_id(study)):
         try:
             if storage.set_trial_state_values(tid, TrialState.RUNNING):
-                # A first heartbeat at once: a trial with none is never found stale, so a worker
-                # dying before its heartbeat thread starts would block the sweep for good.
-                storage.record_heartbeat(tid)
-                # The study's cached storage must know the trial before it can take params:
-                # a trial queued by another process (a retry, an interrupted run) is not in it
-                # yet, so read the study's trials once (incremental in Optuna's cache).
-                study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                return optuna.Trial(study, tid)
+                try:
+                    # A first heartbeat at once: a trial with none is never found stale, so a worker
+                    # dying before its heartbeat thread starts would block the sweep for good.
+                    storage.record_heartbeat(tid)
+                    # The study's cached storage must know the trial before it can take params; this
+                    # one trial is read into it (reading the study would re-read every waiting trial).
+                    cache_trial(study, tid)
+                    return optuna.Trial(study, tid)
+                except BaseException:  # Ctrl-C or SIGTERM right after the claim: queue it again
+                    with interrupts_ignored():
+                        release_claimed(storage, study, tid, config)
+                    raise
         except optuna.exceptions.UpdateFinishedTrialError:
             continue
     if config.sampler == "grid":
         return None
+    counts = trial_counts(storage, study_id(study))  # counted by the database: no trial is read
     counted = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
-    due = len(study.get_trials(deepcopy=False, states=counted))
-    failed = sum(
-        1 for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)) if trial_outcome(t) is not None
-    )  # diverged or failed: done, never rerun by itself
+    due = sum(counts.get(state, 0) for state in counted)
+    failed = 0  # diverged or failed: done, never rerun by itself
+    if counts.get(TrialState.FAIL):
+        failed = sum(
+            1
+            for t in storage.get_all_trials(study_id(study), deepcopy=False, states=(TrialState.FAIL,))
+            if trial_outcome(t) is not None
+        )
     if due + failed >= config.n_trials:
         return None
     with quiet():  # we send the heartbeats ourselves (see Heartbeat)
@@ -227,12 +240,15 @@ def run_trial(ctx: RunContext, study: optuna.Study, trial: optuna.Trial, cell: C
     try:
         params = {name: _suggest(trial, name, dim) for name, dim in ctx.config.space.items()}
         hparams = ctx.hparams(params, cell)
-        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
-        trial.set_user_attr("device", str(ctx.device))
-        trial.set_user_attr("cuda_visible_devices", os.environ.get("CUDA_VISIBLE_DEVICES"))
-        trial.set_user_attr("precision", ctx.config.precision)
-        trial.set_user_attr("threads", torch.get_num_threads())
-        trial.set_user_attr("started", time.time())
+        where = {
+            "worker": f"{socket.gethostname()}:{os.getpid()}",
+            "device": str(ctx.device),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "precision": ctx.config.precision,
+            "threads": torch.get_num_threads(),
+            "started": time.time(),
+        }
+        set_user_attrs(ctx.storage, trial, where)  # one commit, not six
         start, cpu_start = time.perf_counter(), time.process_time()
         losses: list[float] = []
         error: tuple[BaseException, str, int, str | None] | None = None  # (+ message to show)
@@ -260,14 +276,17 @@ def run_trial(ctx: RunContext, study: optuna.Study, trial: optuna.Trial, cell: C
                     error = (TypeError(problem), "", seed, problem)
                     break
                 losses.append(loss)
-        trial.set_user_attr("ended", time.time())
-        trial.set_user_attr("seconds", time.perf_counter() - start)
-        trial.set_user_attr("cpu_seconds", time.process_time() - cpu_start)
+        timing = {
+            "ended": time.time(),
+            "seconds": time.perf_counter() - start,
+            "cpu_seconds": time.process_time() - cpu_start,
+        }
         if error is not None:
+            set_user_attrs(ctx.storage, trial, timing)
             line = _record_failure(ctx, study, trial, cell, params, *error)
             _resolved(ctx, study, trial)  # the new failure's file replaces the old one's
             return line
-        trial.set_user_attr("losses", [l if math.isfinite(l) else None for l in losses])
+        set_user_attrs(ctx.storage, trial, {**timing, "losses": [l if math.isfinite(l) else None for l in losses]})
         if pruned:
             step, last = reported[-1] if reported else (None, None)
             trial.set_user_attr("pruned", True)
@@ -284,7 +303,7 @@ def run_trial(ctx: RunContext, study: optuna.Study, trial: optuna.Trial, cell: C
         pass  # another worker finished this very trial first (same HPs and seeds: same result)
     except BaseException:  # KeyboardInterrupt (Ctrl-C, SIGTERM), or SystemExit from outside the objective
         with interrupts_ignored():  # a second Ctrl-C or SIGTERM must not cut the bookkeeping short
-            _interrupted(ctx, study, trial, params)
+            release_claimed(ctx.storage, study, trial_id(trial), ctx.config, params)
         raise
     return None
 
@@ -383,20 +402,36 @@ def _record_failure(
     )
 
 
-def _interrupted(ctx: RunContext, study: optuna.Study, trial: optuna.Trial, params: dict[str, Any]) -> None:
-    """Mark a trial cut off by Ctrl-C as FAIL `interrupted` and queue its params again, so that
-    a rerun takes it at once (not after the heartbeat grace period)."""
-    frozen = ctx.storage.get_trial(trial_id(trial))
+def release_claimed(
+    storage: optuna.storages.RDBStorage,
+    study: optuna.Study,
+    tid: int,
+    config: SweepConfig,
+    params: dict[str, Any] | None = None,
+) -> None:
+    """Mark a claimed trial cut off by Ctrl-C or SIGTERM FAIL `interrupted` and queue its point again,
+    so that a rerun takes it at once (not after the heartbeat grace period). A trial already
+    finished is left alone.
+
+    Args:
+        storage: the sweep's storage.
+        study: the trial's study.
+        tid: the trial's storage id.
+        config: the sweep's config (the swept names).
+        params: values suggested so far (random/TPE), if any.
+    """
+    frozen = storage.get_trial(tid)
     if frozen.state.is_finished():
         return
-    params = {**frozen.system_attrs.get("fixed_params", {}), **frozen.params, **params}
-    trial.set_user_attr("interrupted", True)
+    params = {**frozen.system_attrs.get("fixed_params", {}), **frozen.params, **(params or {})}
     try:
-        study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+        storage.set_trial_user_attr(tid, "interrupted", True)
+        if not storage.set_trial_state_values(tid, TrialState.FAIL):
+            return
     except optuna.exceptions.UpdateFinishedTrialError:
         return
-    if set(params) >= set(ctx.config.space):  # else (random/TPE) a new trial is drawn in its place
-        study.enqueue_trial({name: params[name] for name in ctx.config.space}, user_attrs={"retry_of": trial.number})
+    if set(params) >= set(config.space):  # else (random/TPE) a new trial is drawn in its place
+        study.enqueue_trial({name: params[name] for name in config.space}, user_attrs={"retry_of": frozen.number})
 
 
 def retry_failed(

@@ -1,0 +1,69 @@
+"""The sweep's own SQL on Optuna's tables: the few reads and writes whose Optuna API costs grow with
+the study (every trial built, or a commit per row), each one indexed query or one transaction. Optuna's
+schema is read and written as Optuna itself does (its ORM models and row builder); nothing is added to it.
+`storage` wraps each in its retry of transient errors (use those)."""
+
+from __future__ import annotations
+
+import optuna
+from optuna.trial import TrialState
+
+
+def waiting_trial_ids(storage: optuna.storages.RDBStorage, study_id: int, limit: int = 8) -> list[int]:
+    """The ids of the first `limit` WAITING trials of a study, by number (one indexed query; Optuna's
+    get_all_trials builds every waiting trial, and a 5,000-point grid made each claim slow)."""
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    with _create_scoped_session(storage.scoped_session) as session:
+        rows = (
+            session.query(models.TrialModel.trial_id)
+            .filter(models.TrialModel.study_id == study_id, models.TrialModel.state == TrialState.WAITING)
+            .order_by(models.TrialModel.number)
+            .limit(limit)
+            .all()
+        )
+    return [row[0] for row in rows]
+
+
+def trial_counts(storage: optuna.storages.RDBStorage, study_id: int) -> dict[TrialState, int]:
+    """How many trials of a study are in each state (one indexed COUNT … GROUP BY: no trial is built)."""
+    import sqlalchemy
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    with _create_scoped_session(storage.scoped_session) as session:
+        rows = (
+            session.query(models.TrialModel.state, sqlalchemy.func.count(models.TrialModel.trial_id))
+            .filter(models.TrialModel.study_id == study_id)
+            .group_by(models.TrialModel.state)
+            .all()
+        )
+    return {TrialState(state): int(n) for state, n in rows}
+
+
+def enqueue_many(storage: optuna.storages.RDBStorage, study_id: int, points: list[dict]) -> None:
+    """Queue one WAITING trial per point (its `fixed_params`), all in one transaction: the rows
+    `Study.enqueue_trial` writes, through Optuna's own row builder, without a commit (and on SQLite an
+    fsync) per point. All or nothing: an interrupted call leaves none of them."""
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+    from optuna.trial import create_trial
+
+    if not points:
+        return
+    with _create_scoped_session(storage.scoped_session) as session:
+        models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
+        for params in points:
+            template = create_trial(state=TrialState.WAITING, system_attrs={"fixed_params": params})
+            storage._get_prepared_new_trial(study_id, template, session)
+
+
+def set_user_attrs(storage: optuna.storages.RDBStorage, trial_id: int, attrs: dict) -> None:
+    """Set several user attributes of a running trial in one transaction (Optuna commits each)."""
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    with _create_scoped_session(storage.scoped_session, True) as session:
+        for key, value in attrs.items():
+            storage._set_trial_attr_without_commit(session, models.TrialUserAttributeModel, trial_id, key, value)
