@@ -83,5 +83,9 @@ def test_every_writer_in_src_is_atomic():
         for i, line in enumerate(lines):
             if pattern.search(line) and "atomic_path" not in " ".join(lines[max(0, i - 2) : i + 1]):
                 offenders.append(f"{f.relative_to(SRC)}:{i + 1}: {line.strip()}")
-    offenders = [o for o in offenders if "claim-lock" not in o and 'open(self.path, "a")' not in o]
+    # a lock file, and logs that only grow (a row at a time, flushed: a reader sees whole rows) are not
+    # rewritten, so there is nothing to replace atomically; they say so on the line
+    offenders = [
+        o for o in offenders if "claim-lock" not in o and 'open(self.path, "a")' not in o and "append-only log" not in o
+    ]
     assert offenders == []

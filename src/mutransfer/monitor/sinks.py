@@ -88,7 +88,7 @@ class _CSV(Sink):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         new = not self.path.exists() or self.path.stat().st_size == 0
-        self.file = self.path.open("a", newline="")
+        self.file = self.path.open("a", newline="")  # append-only log: whole rows, flushed per sample
         self.writer = csv.writer(self.file)
         if new:
             self.writer.writerow(["step", "tag", "value"])
