@@ -128,19 +128,34 @@ def row_plan(rules: dict[str, Rule], weight_role: str, row_role: str, m_in: floa
     return init, a
 
 
+def _cut_along(kind: str, info, shapes, seen, params: dict):
+    """(pieces, the model's cuts, the cut fan dims, the other fan dims) of a weight measured as cut
+    into pieces along its rows (kind "row": its fan-out) or columns ("col": its fan-in); None when
+    it was not, its role came from ``roles=``, or the cut is not along that one fan dim."""
+    measured = _pieces_of(kind, info, shapes, seen, params)
+    out_i, in_i = (1, 0) if kind == "row" else (0, 1)  # the layout's index of the cut fan dim, of the other
+    along_dims, across_dims = (
+        (info.fan_out_dims, info.fan_in_dims) if kind == "row" else (info.fan_in_dims, info.fan_out_dims)
+    )
+    if measured is None or info.source == "override" or (info.layout is None and not along_dims):
+        return None
+    pieces, model_cuts = measured
+    along = along_dims or (info.layout[out_i],)
+    across = across_dims or (info.layout[in_i],)
+    if tuple(along) != (pieces[0],):
+        return None
+    return pieces, model_cuts, along, across
+
+
 def assign_row_roles(infos: dict, shapes, seen, rules: dict[str, Rule], params: dict) -> list[str]:
     """Set ``info.row_roles`` (a tuple of `RowRole`) on every weight some of whose measured pieces have
     another role than the weight; returns the names. A role set by ``roles=`` is left whole."""
     found = []
     for name, info in infos.items():
-        measured = _pieces_of("row", info, shapes, seen, params)
-        if measured is None or info.source == "override" or (info.layout is None and not info.fan_out_dims):
+        measured = _cut_along("row", info, shapes, seen, params)
+        if measured is None:
             continue
-        pieces, model_cuts = measured
-        fan_out = info.fan_out_dims or (info.layout[1],)
-        fan_in = info.fan_in_dims or (info.layout[0],)
-        if tuple(fan_out) != (pieces[0],):
-            continue
+        pieces, model_cuts, fan_out, fan_in = measured
         width = shapes.params[info.base_name].width
         fan_in_grows = any(width[d] for d in fan_in)
         ranges = rows_of(pieces, info.role, fan_in_grows, model_cuts, params[name].shape[pieces[0]])
@@ -164,14 +179,10 @@ def column_roles(infos: dict, shapes, seen, params: dict) -> dict[str, list[tupl
     Not compensated yet; `parametrize` warns, naming them. A role set by ``roles=`` is left whole."""
     out = {}
     for name, info in infos.items():
-        measured = _pieces_of("col", info, shapes, seen, params)
-        if measured is None or info.source == "override" or (info.layout is None and not info.fan_in_dims):
+        measured = _cut_along("col", info, shapes, seen, params)
+        if measured is None:
             continue
-        pieces, model_cuts = measured
-        fan_in = info.fan_in_dims or (info.layout[0],)
-        fan_out = info.fan_out_dims or (info.layout[1],)
-        if tuple(fan_in) != (pieces[0],):
-            continue
+        pieces, model_cuts, _, fan_out = measured
         fan_out_grows = any(shapes.params[info.base_name].width[d] for d in fan_out)
         ranges = rows_of(pieces, "", True, model_cuts, params[name].shape[pieces[0]])  # every range, role aside
         found = [
