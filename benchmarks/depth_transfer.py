@@ -38,9 +38,9 @@ MODELS = {
 
 
 def _run(job) -> tuple:
-    model, _label, parametrization, alpha, width, depth, log2_lr, seed = job
+    model, _label, parametrization, alpha, width, depth, log2_lr, seed, steps = job
     train, fixed, _ = MODELS[model]
-    hp = {**fixed, "lr": 2.0**log2_lr, "threads": 1}
+    hp = {**fixed, "lr": 2.0**log2_lr, "threads": 1, "steps": steps}
     if alpha is not None:
         hp["depth_alpha"] = alpha
     scale = Scale(width, BASE_WIDTH, parametrization, seed, depth=depth, base_depth=BASE_DEPTH)
@@ -67,6 +67,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--target", default="512x16", help="WIDTHxDEPTH of the transfer target ('' to skip)")
     ap.add_argument("--quick", action="store_true", help="smoke run: depths 2,4, every other lr, one seed, no target")
+    ap.add_argument("--steps", type=int, default=None, help="training steps per run (default: the model's, 150)")
     ap.add_argument("--json", help="also write the optima and the transfer result to this JSON file")
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--plot", default="docs/depth_transfer.png")
@@ -75,9 +76,10 @@ def main(argv=None) -> int:
     seeds = 1 if args.quick else args.seeds
     target = None if (args.quick or not args.target) else tuple(int(x) for x in args.target.split("x"))
     log2_lrs = list(MODELS[args.model][2])[:: 2 if args.quick else 1]
+    steps = args.steps or MODELS[args.model][1]["steps"]
 
     jobs = [
-        (args.model, label, p, a, BASE_WIDTH, d, k, s)
+        (args.model, label, p, a, BASE_WIDTH, d, k, s, steps)
         for label, p, a in VARIANTS
         for d in depths
         for k in log2_lrs
@@ -85,7 +87,7 @@ def main(argv=None) -> int:
     ]
     if target is not None:
         jobs += [
-            (args.model, label, p, a, target[0], target[1], k, s)
+            (args.model, label, p, a, target[0], target[1], k, s, steps)
             for label, p, a in VARIANTS[:1] + VARIANTS[2:]
             for k in log2_lrs
             for s in range(seeds)
@@ -94,7 +96,7 @@ def main(argv=None) -> int:
     results: dict[tuple, list[float]] = {}
     with mp.get_context("spawn").Pool(args.workers) as pool:
         for i, (job, loss) in enumerate(pool.imap_unordered(_run, jobs), 1):
-            _, label, _, _, width, depth, k, _ = job
+            _, label, _, _, width, depth, k, _, _ = job
             results.setdefault((label, width, depth, k), []).append(loss)
             print(f"\r{i}/{len(jobs)} runs", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
@@ -104,7 +106,7 @@ def main(argv=None) -> int:
         curves.setdefault((label, width, depth), {})[k] = _mean(losses)
 
     print(
-        f"Depth transfer, {args.model}, width {BASE_WIDTH}, Adam, {MODELS[args.model][1]['steps']} steps, "
+        f"Depth transfer, {args.model}, width {BASE_WIDTH}, Adam, {steps} steps, "
         f"{seeds} seed(s), {len(jobs)} runs in {seconds:.0f} s on {args.workers} workers"
     )
     print(f"optimal log2 lr per depth (base depth {BASE_DEPTH}):")

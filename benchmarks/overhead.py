@@ -42,7 +42,7 @@ How
 
 Usage
     python benchmarks/overhead.py            # default: about 3 minutes on 2 CPU cores
-    python benchmarks/overhead.py --quick    # CI smoke run, under a minute
+    python benchmarks/overhead.py --quick    # CI smoke run: narrower models, few rounds
     python benchmarks/overhead.py --json results.json
 """
 
@@ -62,6 +62,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import overhead_breakdown as breakdown_timing
 import torch
 import torch.nn.functional as F
 from overhead_breakdown import LR, NO_HOOKS, count_hooks, overhead_breakdown, print_breakdown
@@ -585,7 +586,10 @@ def main(argv: list[str] | None = None) -> int:
     names = [PLAIN, MUTRANSFER] + ([MUP] if mup is not None and not args.no_mup else [])
     skipped = {} if MUP in names else {MUP: "mup is not installed" if mup is None else "skipped (--no-mup)"}
     modes = [False] if args.no_compile else [False, True]
-    cases = [mlp_case(), gpt_case()]
+    # --quick (a smoke run of every code path) on models a quarter and a half as wide
+    cases = [mlp_case(256), gpt_case(128)] if args.quick else [mlp_case(), gpt_case()]
+    if args.quick:
+        breakdown_timing.SAMPLE_SECONDS = 0.5
 
     meta: dict[str, Any] = {
         "torch": torch.__version__,

@@ -20,14 +20,17 @@ from mutransfer._core import sdpa as mt_sdpa
 
 LR = 1e-3  # the base lr of every build's optimizer
 NO_HOOKS = "mutransfer, plain classes"  # yardstick for the µP forward's cost inside the real step
+# seconds one `sample_us` may spend (after its first 5 batches); overhead.py --quick lowers it
+SAMPLE_SECONDS = 5.0
 
 
 def sample_us(
-    fns: dict[str, Callable[[], Any]], calls: int, batches: int = 40, max_s: float = 5.0
+    fns: dict[str, Callable[[], Any]], calls: int, batches: int = 40, max_s: float | None = None
 ) -> dict[str, list[float]]:
     """µs per call of each function, one sample per batch of `calls` calls. Within a batch the
     functions run back to back (order rotating), so paired differences cancel machine drift.
-    Stops early (after 5 batches) once `max_s` seconds are spent."""
+    Stops early (after 5 batches) once `max_s` seconds (default `SAMPLE_SECONDS`) are spent."""
+    max_s = SAMPLE_SECONDS if max_s is None else max_s
     names = list(fns)
     samples: dict[str, list[float]] = {name: [] for name in names}
     for fn in fns.values():

@@ -11,7 +11,7 @@ fitted optimum with its interval (verdict.judge, as in summary.json's analysis s
 
 ``--keep DIR`` keeps the run directories there; rerunning with the same settings resumes them
 (a finished sweep runs nothing), so another pruner setting can be compared with the same
-unpruned baseline. ``--quick``: widths 32 and 64, 4 lrs, 30 steps (a smoke run).
+unpruned baseline. ``--quick``: widths 32 and 64, 4 lrs, 10 steps (a smoke run).
 ``--ascending`` runs the pruned sweep with its grid enqueued in ascending order instead of centre
 first (what the centre-out order buys; the grid is enqueued by this process, before the workers
 start, so the order holds for every worker).
@@ -31,7 +31,7 @@ from mutransfer.sweep.analysis import best, counts, load_results, verdicts
 from mutransfer.sweep.demo import FIXED as DEMO_FIXED  # the demo's GPT settings
 
 FULL = dict(widths=[32, 64, 128, 256], low=-12, high=-4, grid=9, steps=150)
-QUICK = dict(widths=[32, 64], low=-10, high=-4, grid=4, steps=30)
+QUICK = dict(widths=[32, 64], low=-10, high=-4, grid=4, steps=10)
 
 
 def config_text(c: dict, pruner: str, options: dict) -> str:

@@ -42,7 +42,7 @@ N_TRAIN, BATCH = 4096, 128
 CONFIGS = {
     # widths (the first is µP's base width), log2 lr grid, training steps
     "default": dict(widths=(64, 256, 1024), log2_lrs=range(-12, -2), steps=300),
-    "quick": dict(widths=(64, 256, 512), log2_lrs=range(-11, -4), steps=100),
+    "quick": dict(widths=(64, 256), log2_lrs=range(-11, -4), steps=100),
 }
 
 
