@@ -158,7 +158,7 @@ class Scale:
 class _NoMonitor:
     """`Scale.monitor` outside a recorded run: the surface of `mutransfer.Monitor`, doing nothing."""
 
-    alarms: list = []
+    alarms: tuple = ()  # never any
 
     def step(self, loss: Any = None) -> list:
         return []

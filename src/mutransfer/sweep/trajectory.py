@@ -33,6 +33,7 @@ __all__ = [
     "Recording",
     "alarm_dicts",
     "every_for",
+    "monitor_line",
     "proxy_trajectory",
     "record_proxy_trajectory",
     "recorded_run",
@@ -73,7 +74,9 @@ class Recording:
         return (Recording, (self.steps, self.proxy))
 
 
-def recorded_run(objective: Any, hparams: dict, scale: Scale, proxy: dict | None = None) -> tuple[float, Monitor | None]:
+def recorded_run(
+    objective: Any, hparams: dict, scale: Scale, proxy: dict | None = None
+) -> tuple[float, Monitor | None]:
     """Run `objective(hparams, scale)` with `scale.monitor` recording.
 
     Returns:
@@ -88,9 +91,7 @@ def recorded_run(objective: Any, hparams: dict, scale: Scale, proxy: dict | None
 
 def alarm_dicts(monitor: Monitor) -> list[dict]:
     """The monitor's alarms as JSON-able dicts (step, layer, what, measured, expected, cause)."""
-    return [
-        {**a._asdict(), "measured": _finite(a.measured), "expected": _finite(a.expected)} for a in monitor.alarms
-    ]
+    return [{**a._asdict(), "measured": _finite(a.measured), "expected": _finite(a.expected)} for a in monitor.alarms]
 
 
 def _finite(v: float) -> float | None:
@@ -142,3 +143,19 @@ def record_proxy_trajectory(sweep: Sweep, previous: dict | None = None, say: Any
 
 def _same(a: Any, b: dict) -> bool:
     return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def monitor_line(out: dict) -> str | None:
+    """The monitor's line of `format_transfer`: the alarms' count and layers, "monitor: no alarm", or why
+    nothing was watched; None for a transfer.json written before the monitor existed."""
+    m = out.get("monitor")
+    if m is None:
+        return None
+    if m.get("trajectory") is None:
+        return f"monitor: off ({m.get('note', NOT_CALLED)})"
+    against = "against the proxy's trajectory" if m.get("proxy") else "without a proxy trajectory"
+    alarms = m["alarms"]
+    if not alarms:
+        return f"monitor: no alarm ({against}; {m['trajectory']})"
+    layers = ", ".join(dict.fromkeys(a["layer"] for a in alarms))
+    return f"monitor: {len(alarms)} alarm(s) on {layers} ({against}; details in transfer.json and the report)"

@@ -38,12 +38,20 @@ from .analysis import costs, load_results, transferred_hparams
 from .report import write_report
 from .runner import Sweep
 from .summary import TRANSFER_RUNS, transfer_where
-from .trajectory import NOT_CALLED, PROXY_FILE, TARGET_FILE, alarm_dicts, proxy_trajectory, recorded_run
+from .trajectory import (
+    NOT_CALLED,
+    PROXY_FILE,
+    TARGET_FILE,
+    alarm_dicts,
+    monitor_line,
+    proxy_trajectory,
+    recorded_run,
+)
 
 if TYPE_CHECKING:
     from ..monitor import Monitor
 
-__all__ = ["format_transfer", "monitor_line", "target_depth", "transfer"]
+__all__ = ["format_transfer", "target_depth", "transfer"]
 
 
 def target_depth(sweep: Sweep, depth: int | None = None) -> int | None:
@@ -175,22 +183,6 @@ def _monitored(sweep: Sweep, mon: Monitor | None) -> dict:
     proxy = PROXY_FILE if (sweep.run_dir / PROXY_FILE).is_file() else None
     mon.save_trajectory(sweep.run_dir / TARGET_FILE)
     return {"alarms": alarm_dicts(mon), "trajectory": TARGET_FILE, "proxy": proxy, "every": mon.every}
-
-
-def monitor_line(out: dict) -> str | None:
-    """The monitor's line of `format_transfer`: the alarms' count and layers, "monitor: no alarm", or why
-    nothing was watched; None for a transfer.json written before the monitor existed."""
-    m = out.get("monitor")
-    if m is None:
-        return None
-    if m.get("trajectory") is None:
-        return f"monitor: off ({m.get('note', NOT_CALLED)})"
-    against = "against the proxy's trajectory" if m.get("proxy") else "without a proxy trajectory"
-    alarms = m["alarms"]
-    if not alarms:
-        return f"monitor: no alarm ({against}; {m['trajectory']})"
-    layers = ", ".join(dict.fromkeys(a["layer"] for a in alarms))
-    return f"monitor: {len(alarms)} alarm(s) on {layers} ({against}; details in transfer.json and the report)"
 
 
 def format_transfer(out: dict) -> str:
