@@ -73,7 +73,13 @@ def _copy(swept, tmp_path):
 
 
 def test_every_gives_a_dozen_samples_per_run():
-    assert every_for(150) == 12 and every_for(24) == 2 and every_for(5) == 1 and every_for(None) == 10
+    assert (
+        every_for(150) == 13
+        and every_for(24) == 2
+        and every_for(20) == 2
+        and every_for(5) == 1
+        and every_for(None) == 10
+    )
 
 
 def test_a_sweep_records_the_proxy_trajectory_and_transfer_compares_the_target_with_it(swept, tmp_path, capsys):

@@ -338,6 +338,16 @@ def monitor_curves(target: dict, proxy: dict | None) -> dict[str, dict[str, dict
     return out
 
 
+def _minor_label(v: float, ax) -> str:
+    """A log axis's minor tick label: 2, 3 and 5 × 10^k when the axis spans less than a decade (its major
+    ticks alone may be one or none), else none."""
+    lo, hi = ax.get_ylim()
+    if not (v > 0 and lo > 0 and hi / lo < 10):
+        return ""
+    mantissa = round(v / 10 ** math.floor(math.log10(v)), 6)
+    return f"{v:.2g}" if mantissa in (2.0, 3.0, 5.0) else ""
+
+
 def plot_monitor(target: dict, proxy: dict | None, path: Path, target_label: str, proxy_label: str) -> bool:
     """The report's monitor figure: per role (rows), activation RMS and ‖ΔW‖ RMS against the step (columns),
     the target's solid, the proxy's µP-scaled to the target's widths dashed (`monitor_curves`).
@@ -356,6 +366,7 @@ def plot_monitor(target: dict, proxy: dict | None, path: Path, target_label: str
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
+    from matplotlib import ticker
 
     data = monitor_curves(target, proxy)
     roles = [r for r in _ROLE_ORDER if r in data] + sorted(r for r in data if r not in _ROLE_ORDER)
@@ -374,6 +385,9 @@ def plot_monitor(target: dict, proxy: dict | None, path: Path, target_label: str
             if any(math.isfinite(v) for v in c["proxy"]):
                 ax.plot(c["step"], c["proxy"], "--s", ms=3, color="tab:orange", label=proxy_label)
             ax.set_yscale("log")
+            # plain tick labels: matplotlib's default 10^x mathtext on log axes took ~5 s per figure
+            ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:.2g}"))
+            ax.yaxis.set_minor_formatter(ticker.FuncFormatter(lambda v, _, ax=ax: _minor_label(v, ax)))
             ax.set_title(f"{role}: {label}", fontsize=10)
             ax.set_xlabel("step")
             ax.set_ylabel(label.split(" (")[0])

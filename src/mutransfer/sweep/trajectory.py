@@ -41,15 +41,15 @@ __all__ = [
 
 PROXY_FILE = "proxy_trajectory.json"
 TARGET_FILE = "target_trajectory.json"
-SAMPLES = 12  # samples per recorded run: a 150-step run is sampled every 12 steps (13 samples with step 1)
+SAMPLES = 12  # samples per recorded run: a 150-step run is sampled every 13 steps (12 samples, step 1 included)
 NOT_CALLED = "the objective never called scale.monitor(model, optimizer), so no µP trajectory was recorded"
 
 
 def every_for(steps: Any) -> int:
-    """The sampling interval giving about `SAMPLES` samples over `steps` training steps (10 when unknown)."""
+    """The sampling interval giving at most about `SAMPLES` samples over `steps` training steps (10 when unknown)."""
     if isinstance(steps, bool) or not isinstance(steps, (int, float)) or not steps >= 1:
         return 10
-    return max(1, int(steps) // SAMPLES)
+    return max(1, math.ceil(steps / SAMPLES))
 
 
 class Recording:
