@@ -140,3 +140,15 @@ def test_an_objective_that_never_calls_scale_monitor_gets_one_line_and_no_file(t
     assert main(["transfer", str(run), "--width", "64"]) == 0
     assert "monitor: off" in capsys.readouterr().out
     assert not (run / "target_trajectory.json").exists()
+
+
+def test_a_recorded_run_that_raises_costs_the_trajectory_not_the_sweep(tmp_path, capsys):
+    (tmp_path / "bad.py").write_text(
+        "import torch\n\ndef train(hp, scale):\n"
+        "    scale.monitor(torch.nn.Linear(2, 2), None)  # never parametrized: raises in the recorded run only\n"
+        "    return (hp['lr'] - 2**-7) ** 2\n"
+    )
+    _, run = _sweep(tmp_path, str(tmp_path / "bad.py") + ":train")
+    assert "proxy trajectory: not recorded, the recorded run raised ModelError" in capsys.readouterr().err
+    ran = json.loads((run / "run.json").read_text())
+    assert ran["finished_trials"] == 6 and ran["proxy_trajectory"]["file"] is None

@@ -114,7 +114,8 @@ def record_proxy_trajectory(sweep: Sweep, previous: dict | None = None, say: Any
 
     Returns:
         run.json's "proxy_trajectory" entry (``{"file", "hparams", "width", "depth", "seed", "samples"}``,
-        "file" None with a "reason" when nothing was recorded), or None when µP was not swept or has no
+        "file" None with a "reason" when nothing was recorded: the objective never called `scale.monitor`,
+        or the run raised — the sweep is finished either way), or None when µP was not swept or has no
         finished trial at the proxy.
     """
     from .analysis import load_results, transferred_hparams
@@ -131,8 +132,13 @@ def record_proxy_trajectory(sweep: Sweep, previous: dict | None = None, say: Any
         return previous
     seed = cfg.seeds[0]
     scale = sweep.scale("mup", cfg.proxy_width, cfg.proxy_depth, seed)
-    _, mon = recorded_run(sweep.objective, hp, scale)
     entry: dict[str, Any] = {"hparams": hp, "width": cfg.proxy_width, "depth": cfg.proxy_depth, "seed": seed}
+    try:
+        _, mon = recorded_run(sweep.objective, hp, scale)
+    except Exception as e:  # the sweep is done: a failed extra run costs its trajectory, not the sweep
+        reason = f"the recorded run raised {type(e).__name__}: {e}"
+        say(f"proxy trajectory: not recorded, {reason}")
+        return {**entry, "file": None, "reason": reason}
     if mon is None:
         say(f"proxy trajectory: {NOT_CALLED} (docs/monitor.md, 'In sweeps and transfers')")
         return {**entry, "file": None, "reason": NOT_CALLED}
