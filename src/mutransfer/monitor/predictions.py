@@ -30,6 +30,7 @@ __all__ = [
     "lr_findings",
     "optimizer_kind",
     "proxy_findings",
+    "scaled_proxy",
     "swap_findings",
 ]
 
@@ -163,18 +164,17 @@ def _width_ratio(column: str, role: str, formulation: str, target: dict, proxy: 
     return factor(exps, target["m_in"], target["m_out"]) / factor(exps, proxy["m_in"], proxy["m_out"])
 
 
-def proxy_findings(
-    record: dict, proxy_record: dict, layers: dict, proxy_layers: dict, formulation: str, tolerance: float
-) -> list[Finding]:
-    """The target's sample against the proxy's sample of the same step, each quantity width-scaled by the
-    rules: activation and output sizes are Θ(1) (compared as they are), attention logits too once trained
-    (at init they shrink like d_head^-½, so the band reaches down by √(d_proxy/d_target)); update sizes
-    scale like the role's adam_lr (RMS) and spectral_lr (‖ΔW‖₂) columns, times the ratio of the base lrs
-    in effect. A finding when the target is outside [expected / tolerance, expected × tolerance]."""
-    found: list[Finding] = []
+def scaled_proxy(
+    record: dict, proxy_record: dict, layers: dict, proxy_layers: dict, formulation: str
+) -> dict[str, dict[str, float]]:
+    """The proxy's sample of a step as µP predicts it at the target's widths: layer → quantity → expected
+    value, for the layers both samples hold. Activation, output and attention-logit sizes are Θ(1) (the
+    proxy's value as it is); update sizes scale like the role's adam_lr (RMS) and spectral_lr (‖ΔW‖₂)
+    columns of the rules, times the ratio of the base lrs in effect (`record["lr_base"]`)."""
     lr_t, lr_p = record.get("lr_base"), proxy_record.get("lr_base")
     lr_ratio = lr_t / lr_p if lr_t and lr_p else 1.0
-    for layer, q in record["layers"].items():
+    out: dict[str, dict[str, float]] = {}
+    for layer in record["layers"]:
         pq = proxy_record["layers"].get(layer)
         if not pq:
             continue
@@ -183,11 +183,26 @@ def proxy_findings(
         if meta and pmeta and meta.get("role") in formulation_rules(formulation):
             for k, col in UPDATE_COLUMNS.items():
                 checks.append((k, _width_ratio(col, meta["role"], formulation, meta, pmeta) * lr_ratio))
-        for k, ratio in checks:
-            measured, base = q.get(k), pq.get(k)
-            if measured is None or base is None or not base > 1e-12:
+        expected = {k: pq[k] * ratio for k, ratio in checks if pq.get(k) is not None}
+        if expected:
+            out[layer] = expected
+    return out
+
+
+def proxy_findings(
+    record: dict, proxy_record: dict, layers: dict, proxy_layers: dict, formulation: str, tolerance: float
+) -> list[Finding]:
+    """The target's sample against the proxy's sample of the same step, each quantity width-scaled by the
+    rules (`scaled_proxy`): attention logits are Θ(1) once trained, but at init they shrink like
+    d_head^-½, so their band reaches down by √(d_proxy/d_target). A finding when the target is outside
+    [expected / tolerance, expected × tolerance]."""
+    found: list[Finding] = []
+    for layer, expect in scaled_proxy(record, proxy_record, layers, proxy_layers, formulation).items():
+        q, pq = record["layers"][layer], proxy_record["layers"][layer]
+        for k, expected in expect.items():
+            measured, base = q.get(k), pq[k]
+            if measured is None or not base > 1e-12:
                 continue
-            expected = base * ratio
             low = expected / tolerance
             if k == "attn_logit_rms":
                 # q·k/d: Θ(1) once training aligns q and k, but at init (q, k independent) Θ(d^-½) — so a

@@ -17,7 +17,17 @@ from .space import Choice, LogUniform
 from .statistics import CONFIDENCE
 from .verdict import LABEL
 
-__all__ = ["LINESTYLES", "axis_lines", "cell_of", "curves", "plot_hparam", "varying"]
+__all__ = [
+    "LINESTYLES",
+    "MONITOR_FIGURE",
+    "axis_lines",
+    "cell_of",
+    "curves",
+    "monitor_curves",
+    "plot_hparam",
+    "plot_monitor",
+    "varying",
+]
 
 LINESTYLES = ("-", "--", ":", "-.")
 
@@ -269,3 +279,129 @@ def plot_hparam(
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- the µP monitor
+
+MONITOR_FIGURE = "monitor_target_vs_proxy.png"
+_MONITOR_PANELS = (("act_rms", "activation RMS"), ("dw_rms", "‖ΔW‖ RMS (update per step)"))
+_ROLE_ORDER = ("input", "hidden", "output", "vector", "scalar", "attention")
+
+
+def _role_of(layer: str, layers: dict) -> str:
+    """A trajectory layer's role, as the monitor logs it: the model's output is "output", a module holding no
+    parameter of its own (an attention call) "attention"."""
+    if layer == "(model output)":
+        return "output"
+    meta = layers.get(layer)
+    return meta["role"] if meta else "attention"
+
+
+def _geomean(values: list[float]) -> float:
+    vs = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in vs) / len(vs)) if vs else math.nan
+
+
+def monitor_curves(target: dict, proxy: dict | None) -> dict[str, dict[str, dict[str, list]]]:
+    """Per role and quantity (`act_rms`, `dw_rms`): the target's values by step and the proxy's at the same
+    steps, µP-scaled to the target's widths (`monitor.predictions.scaled_proxy`, the alarms' scaling); the
+    geometric mean over the role's layers that both runs hold (every layer of the target without a proxy).
+
+    Returns:
+        role → quantity → ``{"step": [...], "target": [...], "proxy": [...]}`` (proxy NaN where absent).
+    """
+    from ..monitor.predictions import scaled_proxy
+
+    layers = target.get("layers", {})
+    by_step = {int(r["step"]): r for r in (proxy or {}).get("steps", [])}
+    out: dict[str, dict[str, dict[str, list]]] = {}
+    for record in target.get("steps", []):
+        p = by_step.get(int(record["step"]))
+        expected = (
+            scaled_proxy(record, p, layers, proxy.get("layers", {}), target["formulation"])
+            if p is not None and proxy is not None
+            else {}
+        )
+        for k, _ in _MONITOR_PANELS:
+            per_role: dict[str, tuple[list, list]] = {}
+            for layer, q in record["layers"].items():
+                if q.get(k) is None or (expected and k not in expected.get(layer, {})):
+                    continue
+                t, e = per_role.setdefault(_role_of(layer, layers), ([], []))
+                t.append(q[k])
+                e.append(expected.get(layer, {}).get(k))
+            for role, (t, e) in per_role.items():
+                c = out.setdefault(role, {}).setdefault(k, {"step": [], "target": [], "proxy": []})
+                c["step"].append(int(record["step"]))
+                c["target"].append(_geomean(t))
+                c["proxy"].append(_geomean(e))
+    return out
+
+
+def _minor_label(v: float, ax) -> str:
+    """A log axis's minor tick label: 2, 3 and 5 × 10^k when the axis spans less than a decade (its major
+    ticks alone may be one or none), else none."""
+    lo, hi = ax.get_ylim()
+    if not (v > 0 and lo > 0 and hi / lo < 10):
+        return ""
+    mantissa = round(v / 10 ** math.floor(math.log10(v)), 6)
+    return f"{v:.2g}" if mantissa in (2.0, 3.0, 5.0) else ""
+
+
+def plot_monitor(target: dict, proxy: dict | None, path: Path, target_label: str, proxy_label: str) -> bool:
+    """The report's monitor figure: per role (rows), activation RMS and ‖ΔW‖ RMS against the step (columns),
+    the target's solid, the proxy's µP-scaled to the target's widths dashed (`monitor_curves`).
+
+    Args:
+        target: the target's trajectory (`Monitor.trajectory`).
+        proxy: the proxy's, or None (the target alone).
+        path: the PNG to write (atomically).
+        target_label: e.g. "target (width 256)".
+        proxy_label: e.g. "proxy (width 32), µP-scaled to width 256".
+
+    Returns:
+        False (and no file) when the target's trajectory holds no sample to draw.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib import ticker
+
+    data = monitor_curves(target, proxy)
+    roles = [r for r in _ROLE_ORDER if r in data] + sorted(r for r in data if r not in _ROLE_ORDER)
+    if not roles:
+        return False
+    fig, axes = plt.subplots(len(roles), 2, figsize=(10, 2.4 * len(roles) + 0.6), squeeze=False)
+    for i, role in enumerate(roles):
+        for j, (k, label) in enumerate(_MONITOR_PANELS):
+            ax = axes[i][j]
+            c = data[role].get(k)
+            if c is None:
+                ax.text(0.5, 0.5, "not measured for this role", ha="center", va="center", transform=ax.transAxes)
+                ax.set_axis_off()
+                continue
+            ax.plot(c["step"], c["target"], "-o", ms=3, color="tab:blue", label=target_label)
+            if any(math.isfinite(v) for v in c["proxy"]):
+                ax.plot(c["step"], c["proxy"], "--s", ms=3, color="tab:orange", label=proxy_label)
+            ax.set_yscale("log")
+            # plain tick labels: matplotlib's default 10^x mathtext on log axes took ~5 s per figure
+            ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:.2g}"))
+            ax.yaxis.set_minor_formatter(ticker.FuncFormatter(lambda v, _, ax=ax: _minor_label(v, ax)))
+            ax.set_title(f"{role}: {label}", fontsize=10)
+            ax.set_xlabel("step")
+            ax.set_ylabel(label.split(" (")[0])
+            ax.grid(True, alpha=0.3)
+    fig.suptitle("µP monitor: target against the proxy (geometric mean over each role's layers)", fontsize=11)
+    fig.tight_layout()
+    handles, labels = [], []
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=9, frameon=False)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return True

@@ -126,26 +126,32 @@ def _placed(model: torch.nn.Module, scale: Scale) -> torch.nn.Module:
 
 def _train(model, opt, batches, steps: int, loss_of, scale: Scale) -> float:
     """Train for `steps` on `scale.device` (batches moved there, forward and loss under
-    `scale.autocast()`); the mean loss of the last tenth. Reports to `scale` every tenth (the mean
-    of the last tenth so far; not at the end: the returned loss is the final value)."""
+    `scale.autocast()`); the mean loss of the last tenth. `scale.monitor` watches it (a no-op unless
+    the sweep records this run). Reports to `scale` every tenth (the mean of the last tenth so far;
+    not at the end: the returned loss is the final value)."""
     warmup = window = max(1, steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))  # keeps µP's ratios
     losses = []
-    for step in range(steps):
-        x, y = (t.to(scale.device) for t in batches(step))
-        with scale.autocast():
-            loss = loss_of(model, x, y)
-        if not torch.isfinite(loss):
-            return math.nan
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-        done = step + 1
-        if done % window == 0 and done < steps:
-            tail = losses[-window:]
-            scale.report(done, sum(tail) / len(tail))  # raises Pruned when the sweep's pruner says so
+    mon = scale.monitor(model, opt, steps=steps)
+    try:
+        for step in range(steps):
+            x, y = (t.to(scale.device) for t in batches(step))
+            with scale.autocast():
+                loss = loss_of(model, x, y)
+            if not torch.isfinite(loss):
+                return math.nan
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            mon.step(loss)
+            losses.append(loss.item())
+            done = step + 1
+            if done % window == 0 and done < steps:
+                tail = losses[-window:]
+                scale.report(done, sum(tail) / len(tail))  # raises Pruned when the sweep's pruner says so
+    finally:
+        mon.close()
     tail = losses[-window:]
     return sum(tail) / len(tail)
 

@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 from .._core.atomic import write_atomically
+from ..monitor import load_trajectory
 from .analysis import (
     TrialResult,
     best,
@@ -26,13 +27,14 @@ from .analysis import (
     verdicts,
     wider_is_better,
 )
-from .plots import LINESTYLES, axis_lines, cell_of, curves, plot_hparam, varying
+from .plots import LINESTYLES, MONITOR_FIGURE, axis_lines, cell_of, curves, plot_hparam, plot_monitor, varying
 from .report_page import figure_name, render_page
 from .runner import Sweep
 from .space import Choice, LogUniform
 from .statistics import CONFIDENCE, Optimum, Verdict, unit, value_at
 from .storage import mask_url
 from .summary import TRANSFER_RUNS, head_to_head_line, load_transfer, plain, summarize, transfer_where, verdict_lines
+from .trajectory import monitor_line, proxy_trajectory
 from .verdict import LABEL, axis_name
 
 __all__ = [
@@ -161,8 +163,9 @@ def _bigger_is_better(sweep: Sweep, results: list[TrialResult]) -> list[tuple[st
     return out
 
 
-def _transfer(sweep: Sweep, summary: dict) -> dict | None:
-    """The transfer section's values (from transfer.json), or None before `mutransfer transfer`."""
+def _transfer(sweep: Sweep, summary: dict, out: Path) -> dict | None:
+    """The transfer section's values (from transfer.json), or None before `mutransfer transfer`; the
+    monitor's figure written to `out` when the µP target was recorded."""
     t = load_transfer(sweep)
     if t is None:
         return None
@@ -176,7 +179,36 @@ def _transfer(sweep: Sweep, summary: dict) -> dict | None:
         "target": transfer_where(t, "target"),
         "rows": rows,
         "compute": compute_text(summary["cost"], t),
+        "monitor": _monitor_section(sweep, t, out),
     }
+
+
+def _monitor_section(sweep: Sweep, t: dict, out: Path) -> dict | None:
+    """The monitor's part of the transfer section: its line, the target-vs-proxy figure, the alarms."""
+    m = t.get("monitor")
+    if m is None:
+        return None
+    line = monitor_line(t) or ""
+    figure = None
+    path = sweep.run_dir / m["trajectory"] if m.get("trajectory") else None
+    if path is not None and path.is_file():
+        target = load_trajectory(path)
+        proxy = proxy_trajectory(sweep.run_dir) if m.get("proxy") else None
+        where = transfer_where(t, "target")
+        proxy_where = transfer_where(t, "proxy")
+        if plot_monitor(
+            target,
+            proxy,
+            out / MONITOR_FIGURE,
+            f"µP target ({where})",
+            f"µP proxy ({proxy_where}), scaled by µP's rules to the target",
+        ):
+            figure = MONITOR_FIGURE
+    rows = [
+        [str(a["step"]), a["layer"], a["what"], _fmt(a["measured"]), _fmt(a["expected"]), a["cause"]]
+        for a in m.get("alarms", [])
+    ]
+    return {"line": line, "figure": figure, "alarm_rows": rows, "watched": m.get("trajectory") is not None}
 
 
 def compute_text(cost: dict, transfer: dict) -> str:
@@ -375,7 +407,7 @@ def write_report(sweep: Sweep, out_dir: Path | None = None) -> Path:
         failure_rows=_failure_rows(results),
         proxy=f"width {cfg.proxy_width}" + (f" and depth {cfg.proxy_depth}" if depths else ""),
         transferred=json.dumps(transferred, indent=1),
-        transfer=_transfer(sweep, summary),
+        transfer=_transfer(sweep, summary, out),
     )
     path = out / "report.html"
     write_atomically(path, page)

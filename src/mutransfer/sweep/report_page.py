@@ -49,7 +49,7 @@ _TEMPLATE = """<!doctype html>
 <style>body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 10px;text-align:right}
 th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee}pre{background:#f6f8fa;padding:1em}
-.failures td:last-child{text-align:left}
+.failures td:last-child,.alarms td:last-child{text-align:left}
 .verdict{background:#f6f8fa;border-left:4px solid #555;padding:.5em 1em}</style></head>
 <body><h1>µTransfer sweep: {{ name }}</h1>
 <div class="verdict"><b>Verdict</b><ul>{% for line in verdicts %}<li>{{ line }}</li>{% endfor %}</ul></div>
@@ -95,6 +95,22 @@ run directory. <code>mutransfer sweep CONFIG --retry-failed</code> reruns them.<
 <h2>Transfer from {{ transfer.proxy }} to {{ transfer.target }}</h2>
 {{ table(["run", "lr", "training loss"], transfer.rows) }}
 {% if transfer.compute %}<p>{{ transfer.compute }}</p>{% endif %}
+{% if transfer.monitor -%}
+<h3>µP monitor on the target</h3>
+<p>{{ transfer.monitor.line }}</p>
+{% if transfer.monitor.figure %}<p><img src="{{ transfer.monitor.figure }}" alt="µP monitor: the target's activation and update sizes against the proxy's, scaled to the target's width"></p>
+<p>Per role, the geometric mean over its layers of each layer's output RMS and of its update ‖ΔW‖ per step (RMS), on
+the sampled steps; dashed, the proxy's values at the same steps, scaled to the target's widths by µP's rules (what the
+monitor's alarms compare against; files <code>target_trajectory.json</code>, <code>proxy_trajectory.json</code>).</p>
+{% endif -%}
+{% if transfer.monitor.watched -%}
+{% if transfer.monitor.alarm_rows -%}
+<div class="alarms">{{ table(["step", "layer", "quantity", "measured", "µP expects", "likely cause and fix"],
+                             transfer.monitor.alarm_rows) }}</div>
+{%- else %}<p>No alarm.</p>
+{%- endif %}
+{% endif -%}
+{% endif -%}
 {% endif -%}
 </body></html>
 """

@@ -32,6 +32,12 @@ several seeds only the first seed's run reports: a pruner compares the same fide
 seed's data and step) across trials, so the later seeds' values, on other data, would compare
 apples with oranges; a trial pruned on its first seed never trains the others. A non-finite loss
 is not reported (return NaN from the objective to mark a diverged trial).
+
+**Monitoring** (docs/monitor.md, "In sweeps and transfers"): the objective may call
+``mon = scale.monitor(model, optimizer, steps=steps)`` once the optimizer is built, ``mon.step(loss)``
+after each optimizer step and ``mon.close()`` at the end. In the one run the sweep records at the proxy
+optimum (RUN/proxy_trajectory.json) and in ``mutransfer transfer``'s µP target run it is a real
+`mutransfer.Monitor`; everywhere else a no-op that costs nothing.
 """
 
 from __future__ import annotations
@@ -76,6 +82,7 @@ class Scale:
     reporter: Reporter | None = field(default=None, compare=False, repr=False)
     device: torch.device = torch.device("cpu")  # noqa: RUF009 (a torch.device is immutable)
     precision: str = "fp32"
+    _recording: Any = field(default=None, compare=False, repr=False)  # sweep.trajectory.Recording, set by the runner
 
     @property
     def mup(self) -> bool:
@@ -109,6 +116,26 @@ class Scale:
         if math.isfinite(loss):
             self.reporter(step, loss)
 
+    def monitor(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int | None = None) -> Any:
+        """The µP monitor of this run: a `mutransfer.Monitor` when the sweep records this run (the proxy
+        optimum's run, ``mutransfer transfer``'s µP target), else a no-op with the same `step` / `close`.
+
+        Call it once the optimizer is built; then ``mon.step(loss)`` after every optimizer step and
+        ``mon.close()`` after training.
+
+        Args:
+            model: the parametrized model being trained.
+            optimizer: the torch optimizer training it.
+            steps: the run's number of training steps (sets the sampling interval: ~12 samples per run);
+                None: the sweep's ``steps`` hyperparameter, else every 10 steps.
+
+        Returns:
+            An object with ``step(loss) -> list`` and ``close()`` (and ``alarms``).
+        """
+        if self._recording is None or not self.mup:
+            return _NO_MONITOR
+        return self._recording.start(model, optimizer, steps)
+
     def __reduce__(self):
         # A reporter talks to the sweep's storage from this process: a copy elsewhere is a plain Scale.
         return (
@@ -123,8 +150,24 @@ class Scale:
                 None,
                 self.device,
                 self.precision,
+                self._recording,
             ),
         )
+
+
+class _NoMonitor:
+    """`Scale.monitor` outside a recorded run: the surface of `mutransfer.Monitor`, doing nothing."""
+
+    alarms: tuple = ()  # never any
+
+    def step(self, loss: Any = None) -> list:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+_NO_MONITOR = _NoMonitor()
 
 
 def mup_kwargs(hparams: dict[str, Any]) -> dict[str, Any]:

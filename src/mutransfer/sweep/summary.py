@@ -29,6 +29,7 @@ from .analysis import axes as verdict_axes
 from .runner import Sweep
 from .space import LogUniform
 from .statistics import CONFIDENCE, Verdict
+from .trajectory import PROXY_FILE
 from .verdict import axis_name, optima_sentence, short_label, verdict_sentence
 
 __all__ = [
@@ -185,6 +186,7 @@ def summarize(sweep: Sweep, results: list[TrialResult], judged: dict | None = No
     summary["analysis"] = {p: {axis: v.as_dict() for axis, v in judged[p].items()} for p in ps}
     summary["head_to_head"] = h2h
     summary["transferred_hparams"] = transferred_hparams(sweep, results)
+    summary["proxy_trajectory"] = PROXY_FILE if (sweep.run_dir / PROXY_FILE).is_file() else None
     if cfg.depths is None:
         summary["optima"] = {p: {str(w): _cell_optimum(best(results, p, w)) for w in cfg.widths} for p in ps}
     else:

@@ -16,7 +16,11 @@ parametrization — `{"hparams", "loss" (None if diverged), "losses" (one per se
 so that one-time setup in a fresh process is left out), "cpu_seconds_per_seed"}` — then `sweep_seconds` (wall),
 `sweep_cpu_seconds`, `proxy_cpu_seconds`, `cost_ratio` (sweep CPU over the µP target's CPU) and
 `proxy_cost_ratio` (µP proxy cell CPU over the µP target's CPU), and `device` / `precision` (where and
-how the target trained: e.g. "cuda:0", "bf16"). If the run directory already has a report.html, the report is written
+how the target trained: e.g. "cuda:0", "bf16"), and `monitor`: the µP target's first seed trains with
+`scale.monitor` on (compared with RUN/proxy_trajectory.json when the sweep recorded one) —
+`{"alarms": [{step, layer, what, measured, expected, cause}], "trajectory": "target_trajectory.json",
+"proxy": "proxy_trajectory.json" or None, "every"}`, or trajectory None and a "note" when the objective
+never called `scale.monitor`. If the run directory already has a report.html, the report is written
 again so that it shows this transfer.
 """
 
@@ -26,6 +30,7 @@ import json
 import math
 import time
 import warnings
+from typing import TYPE_CHECKING
 
 from .._core.atomic import write_atomically
 from .._core.devices import DeviceLike, check_precision, resolve_device
@@ -33,6 +38,18 @@ from .analysis import costs, load_results, transferred_hparams
 from .report import write_report
 from .runner import Sweep
 from .summary import TRANSFER_RUNS, transfer_where
+from .trajectory import (
+    NOT_CALLED,
+    PROXY_FILE,
+    TARGET_FILE,
+    alarm_dicts,
+    monitor_line,
+    proxy_trajectory,
+    recorded_run,
+)
+
+if TYPE_CHECKING:
+    from ..monitor import Monitor
 
 __all__ = ["format_transfer", "target_depth", "transfer"]
 
@@ -124,7 +141,13 @@ def transfer(
         start, losses, per_seed = time.perf_counter(), [], []
         for seed in sweep.config.seeds:
             cpu_start = time.process_time()
-            losses.append(float(sweep.objective(dict(hp), sweep.scale(p, width, depth, seed, device=where_to))))
+            scale = sweep.scale(p, width, depth, seed, device=where_to)
+            if p == "mup" and seed == sweep.config.seeds[0]:  # the µP target's first seed runs with the monitor on
+                loss, mon = recorded_run(sweep.objective, hp, scale, proxy_trajectory(sweep.run_dir))
+                out["monitor"] = _monitored(sweep, mon)
+            else:
+                loss = float(sweep.objective(dict(hp), scale))
+            losses.append(loss)
             per_seed.append(time.process_time() - cpu_start)
         seconds = time.perf_counter() - start
         loss = sum(losses) / len(losses)
@@ -151,6 +174,15 @@ def transfer(
     if (sweep.run_dir / "report.html").is_file():  # the report shows the transfer, whatever the order
         write_report(sweep)
     return out
+
+
+def _monitored(sweep: Sweep, mon: Monitor | None) -> dict:
+    """transfer.json's "monitor": the alarms of the µP target's run and its trajectory file (written here)."""
+    if mon is None:
+        return {"alarms": [], "trajectory": None, "proxy": None, "note": NOT_CALLED}
+    proxy = PROXY_FILE if (sweep.run_dir / PROXY_FILE).is_file() else None
+    mon.save_trajectory(sweep.run_dir / TARGET_FILE)
+    return {"alarms": alarm_dicts(mon), "trajectory": TARGET_FILE, "proxy": proxy, "every": mon.every}
 
 
 def format_transfer(out: dict) -> str:
@@ -183,4 +215,7 @@ def format_transfer(out: dict) -> str:
             f"  sweep compute / one target run: {out['cost_ratio']:.3g}× "
             f"({out['sweep_cpu_seconds']:.3g} CPU s over {target:.3g} CPU s; the sweep checks every width)"
         )
+    line = monitor_line(out)
+    if line is not None:
+        lines.append(f"  {line}")
     return "\n".join(lines)

@@ -1,0 +1,167 @@
+"""The µP monitor in sweeps and transfers: the proxy's trajectory at its optimum, the target's against it.
+
+After a sweep over µP, one extra run trains the µP proxy (smallest width, proxy depth, first seed) at
+the transferred hyperparameters with `Scale.monitor` recording, and writes RUN/proxy_trajectory.json
+(`PROXY_FILE`); ``mutransfer transfer`` records the µP target the same way (RUN/target_trajectory.json,
+`TARGET_FILE`), compared with the proxy's on the fly (`mutransfer.Monitor(proxy=...)`). An objective
+that never calls `scale.monitor` gets no file and one line saying so; the sweep's run.json remembers
+the hyperparameters it was tried with, so a resumed sweep does not train that run again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .._core.atomic import write_atomically
+from ..monitor import Monitor, load_trajectory
+
+if TYPE_CHECKING:
+    from .runner import Sweep
+    from .scale import Scale
+
+__all__ = [
+    "NOT_CALLED",
+    "PROXY_FILE",
+    "SAMPLES",
+    "TARGET_FILE",
+    "Recording",
+    "alarm_dicts",
+    "every_for",
+    "monitor_line",
+    "proxy_trajectory",
+    "record_proxy_trajectory",
+    "recorded_run",
+]
+
+PROXY_FILE = "proxy_trajectory.json"
+TARGET_FILE = "target_trajectory.json"
+SAMPLES = 12  # samples per recorded run: a 150-step run is sampled every 13 steps (12 samples, step 1 included)
+NOT_CALLED = "the objective never called scale.monitor(model, optimizer), so no µP trajectory was recorded"
+
+
+def every_for(steps: Any) -> int:
+    """The sampling interval giving at most about `SAMPLES` samples over `steps` training steps (10 when unknown)."""
+    if isinstance(steps, bool) or not isinstance(steps, (int, float)) or not steps >= 1:
+        return 10
+    return max(1, math.ceil(steps / SAMPLES))
+
+
+class Recording:
+    """What a recorded run's `Scale` carries: the sampling interval, the proxy trajectory to compare with,
+    and the monitors the objective started (`Scale.monitor`). Pickled (to a worker), it keeps the
+    settings and drops the monitors."""
+
+    def __init__(self, steps: Any = None, proxy: dict | None = None):
+        self.steps, self.proxy = steps, proxy
+        self.monitors: list[Monitor] = []
+
+    def start(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int | None) -> Monitor:
+        """A `Monitor` on `model` and `optimizer`, kept for the runner (see `Scale.monitor`)."""
+        every = every_for(steps if steps is not None else self.steps)
+        if self.proxy is not None:
+            every = int(self.proxy.get("every", every))  # the same steps as the proxy's, to compare them
+        mon = Monitor(model, optimizer, every=every, proxy=self.proxy)
+        self.monitors.append(mon)
+        return mon
+
+    def __reduce__(self):
+        return (Recording, (self.steps, self.proxy))
+
+
+def recorded_run(
+    objective: Any, hparams: dict, scale: Scale, proxy: dict | None = None
+) -> tuple[float, Monitor | None]:
+    """Run `objective(hparams, scale)` with `scale.monitor` recording.
+
+    Returns:
+        (the objective's loss, the first monitor it started — closed — or None when it started none).
+    """
+    rec = Recording(hparams.get("steps"), proxy)
+    loss = float(objective(dict(hparams), dataclasses.replace(scale, _recording=rec)))
+    for mon in rec.monitors:
+        mon.close()
+    return loss, (rec.monitors[0] if rec.monitors else None)
+
+
+def alarm_dicts(monitor: Monitor) -> list[dict]:
+    """The monitor's alarms as JSON-able dicts (step, layer, what, measured, expected, cause)."""
+    return [{**a._asdict(), "measured": _finite(a.measured), "expected": _finite(a.expected)} for a in monitor.alarms]
+
+
+def _finite(v: float) -> float | None:
+    return v if math.isfinite(v) else None
+
+
+def proxy_trajectory(run_dir: Path) -> dict | None:
+    """RUN/proxy_trajectory.json, loaded, or None when the sweep wrote none."""
+    path = Path(run_dir) / PROXY_FILE
+    return load_trajectory(path) if path.is_file() else None
+
+
+def record_proxy_trajectory(sweep: Sweep, previous: dict | None = None, say: Any = print) -> dict | None:
+    """Train the µP proxy at the transferred hyperparameters once, recording; write RUN/proxy_trajectory.json.
+
+    Args:
+        sweep: a finished sweep.
+        previous: run.json's "proxy_trajectory" entry of an earlier run (skip when it holds the same hparams).
+        say: where the one line about a missing trajectory goes.
+
+    Returns:
+        run.json's "proxy_trajectory" entry (``{"file", "hparams", "width", "depth", "seed", "samples"}``,
+        "file" None with a "reason" when nothing was recorded: the objective never called `scale.monitor`,
+        or the run raised — the sweep is finished either way), or None when µP was not swept or has no
+        finished trial at the proxy.
+    """
+    from .analysis import load_results, transferred_hparams
+
+    cfg = sweep.config
+    if "mup" not in cfg.parametrizations:
+        return None
+    hp = transferred_hparams(sweep, load_results(sweep), cfg.proxy_width, "mup", cfg.proxy_depth)
+    if hp is None:
+        return None
+    hp = {**hp, **cfg.proxy_extra}
+    path = sweep.run_dir / PROXY_FILE
+    if previous is not None and _same(previous.get("hparams"), hp) and (previous.get("file") is None or path.is_file()):
+        return previous
+    seed = cfg.seeds[0]
+    scale = sweep.scale("mup", cfg.proxy_width, cfg.proxy_depth, seed)
+    entry: dict[str, Any] = {"hparams": hp, "width": cfg.proxy_width, "depth": cfg.proxy_depth, "seed": seed}
+    try:
+        _, mon = recorded_run(sweep.objective, hp, scale)
+    except Exception as e:  # the sweep is done: a failed extra run costs its trajectory, not the sweep
+        reason = f"the recorded run raised {type(e).__name__}: {e}"
+        say(f"proxy trajectory: not recorded, {reason}")
+        return {**entry, "file": None, "reason": reason}
+    if mon is None:
+        say(f"proxy trajectory: {NOT_CALLED} (docs/monitor.md, 'In sweeps and transfers')")
+        return {**entry, "file": None, "reason": NOT_CALLED}
+    trajectory = {**mon.trajectory(), "hparams": hp, "width": cfg.proxy_width, "depth": cfg.proxy_depth}
+    write_atomically(path, json.dumps(trajectory, indent=1))
+    return {**entry, "file": PROXY_FILE, "samples": len(trajectory["steps"])}
+
+
+def _same(a: Any, b: dict) -> bool:
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def monitor_line(out: dict) -> str | None:
+    """The monitor's line of `format_transfer`: the alarms' count and layers, "monitor: no alarm", or why
+    nothing was watched; None for a transfer.json written before the monitor existed."""
+    m = out.get("monitor")
+    if m is None:
+        return None
+    if m.get("trajectory") is None:
+        return f"monitor: off ({m.get('note', NOT_CALLED)})"
+    against = "against the proxy's trajectory" if m.get("proxy") else "without a proxy trajectory"
+    alarms = m["alarms"]
+    if not alarms:
+        return f"monitor: no alarm ({against}; {m['trajectory']})"
+    layers = ", ".join(dict.fromkeys(a["layer"] for a in alarms))
+    return f"monitor: {len(alarms)} alarm(s) on {layers} ({against}; details in transfer.json and the report)"
