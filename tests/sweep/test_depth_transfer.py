@@ -75,7 +75,7 @@ def test_transformer_coordinate_check_across_depth():
         return mt.coord_check(
             make,
             widths=[64],
-            depths=[2, 4, 8, 16, 32],
+            depths=[2, 8, 32],  # the 16x range of [2, 4, 8, 16, 32] at 2/3 of its cost: same verdicts, slopes
             data=data,
             optimizer="adam",
             lr=1e-2,
