@@ -86,7 +86,9 @@ def test_standard_parametrization_transformer_fails_at_the_logits():
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_attention_scaled_by_inverse_sqrt_d_fails_naming_attention(optimizer):
-    result = check(factory(GPT, 64, attention=False), GPT_DATA, optimizer, GPT_LR[optimizer])
+    # 2 seeds (not 3): the logits at init stay flat (slope +0.01 ± 0.02) where µP predicts -0.50, a miss of
+    # ~0.5 against the 0.146 allowed, with 2 seeds as with 3 (under Adam the step-4 logits grow too, +0.70)
+    result = check(factory(GPT, 64, attention=False), GPT_DATA, optimizer, GPT_LR[optimizer], seeds=2)
     assert not result.passed
     failing = result.failing_modules()
     assert any(m.endswith("[attn logits]") for m in failing), failing

@@ -14,6 +14,10 @@ from mutransfer.recipes import GPT, MLP
 
 TOLERANCE = 1.3
 SEEDS = 4
+# SP's blow-up is far from the tolerance (readout ×2.9 or more, every module of a model ×2.6 or more,
+# on either pair of the four seeds): two seeds show it; µP's ratios need all four (one pair puts the
+# GPT's attention change under Adam at ×1.37, SGD's lm_head sits at ×0.77 on four).
+SP_SEEDS = 2
 
 
 def _mlp(width, seed, mup):
@@ -46,20 +50,20 @@ def _data(name, seed):
 LRS = {("mlp", "sgd"): 0.1, ("mlp", "adam"): 1e-2, ("gpt", "sgd"): 0.3, ("gpt", "adam"): 1e-2}
 
 
-def growth(name, optimizer, mup):
-    """Ratio of mean |Δactivation| at width 1024 over width 64, per module, averaged over seeds."""
+def growth(name, optimizer, mup, seeds=SEEDS):
+    """Ratio of mean |Δactivation| at width 1024 over width 64, per module, averaged over `seeds` seeds."""
     make = _mlp if name == "mlp" else _gpt
     sizes = {}
     for width in (64, 1024):
         total = {}
-        for seed in range(SEEDS):
+        for seed in range(seeds):
             model, names = make(width, seed, mup)
             x, y = _data(name, seed)
             changes = coordinate_changes(
                 model, {n: model.get_submodule(n) for n in names}, x, y, optimizer, LRS[(name, optimizer)], mup, steps=3
             )
             for n, v in changes.items():
-                total[n] = total.get(n, 0.0) + v / SEEDS
+                total[n] = total.get(n, 0.0) + v / seeds
         sizes[width] = total
     return {n: sizes[1024][n] / sizes[64][n] for n in sizes[64]}
 
@@ -71,7 +75,7 @@ def test_mup_coordinates_stay_put_and_sp_coordinates_blow_up(name, optimizer):
     mup = growth(name, optimizer, mup=True)
     for module, ratio in mup.items():
         assert 1 / TOLERANCE <= ratio <= TOLERANCE, f"µP {name}/{optimizer}: {module} changed ×{ratio:.2f}"
-    sp = growth(name, optimizer, mup=False)
+    sp = growth(name, optimizer, mup=False, seeds=SP_SEEDS)
     worst = max(sp, key=sp.get)
     assert sp[worst] > TOLERANCE, f"SP {name}/{optimizer} should blow up, largest growth {worst} ×{sp[worst]:.2f}"
     # logits in particular: the readout is where SP goes wrong first

@@ -25,29 +25,39 @@ def _losses(train, fixed: dict, depth: int, alpha: float, log2_lrs) -> dict[int,
 
 def _best(losses: dict[int, float]) -> int:
     finite = {k: v for k, v in losses.items() if math.isfinite(v)}
+    assert finite, f"every run diverged: {losses}"
     return min(finite, key=finite.get)
 
 
 def _optimum_stays(train, fixed: dict, alpha: float, log2_lrs) -> None:
-    """The optimum on the grid at depth 2 (inside the grid), then depth 8 on the five grid points
-    around it: its optimum must be one of the middle three, i.e. within one factor-2 step of the
-    shallow one with a worse point on each side — what a full grid at depth 8 would assert, at
-    5/8 of its cost (a depth-8 run costs about four depth-2 runs)."""
+    """The optimum on the grid at depth 2 (inside the grid), then at depth 8 among the five grid
+    points around it: its optimum must be one of the middle three, i.e. within one factor-2 step
+    of the shallow one with a worse point on each side. Depth 8 (a run costs about four depth-2
+    runs) starts with the middle three and goes one step outward only while the best point so far
+    is at an end: under a unimodal loss curve the same verdict as all five, with 3-4 runs instead
+    of 5; still at most the five points, so a deeper optimum two steps away is found and fails."""
     shallow_losses = _losses(train, fixed, 2, alpha, log2_lrs)
     shallow = _best(shallow_losses)
     assert shallow not in (log2_lrs[0], log2_lrs[-1]), f"optimum at the edge of the grid: {shallow_losses}"
-    deep_losses = _losses(train, fixed, 8, alpha, range(shallow - 2, shallow + 3))
-    deep = _best(deep_losses)
-    assert abs(deep - shallow) <= 1, (shallow, deep_losses)
+    deep_losses = _losses(train, fixed, 8, alpha, range(shallow - 1, shallow + 2))
+    while True:
+        deep, lo, hi = _best(deep_losses), min(deep_losses), max(deep_losses)
+        if deep == lo and lo > shallow - 2:
+            deep_losses |= _losses(train, fixed, 8, alpha, [lo - 1])
+        elif deep == hi and hi < shallow + 2:
+            deep_losses |= _losses(train, fixed, 8, alpha, [hi + 1])
+        else:
+            break
+    assert abs(deep - shallow) <= 1, (shallow, dict(sorted(deep_losses.items())))
 
 
 @pytest.mark.parametrize("alpha", [1.0, 0.5])
 def test_residual_mlp_optimal_lr_stays_across_depth(alpha):
-    _optimum_stays(train_resmlp, {"steps": 150, "batch_size": 64}, alpha, list(range(-12, -3)))
+    _optimum_stays(train_resmlp, {"steps": 150, "batch_size": 64}, alpha, list(range(-11, -5)))
 
 
 def test_transformer_optimal_lr_stays_across_depth():
-    _optimum_stays(train_gpt, {"steps": 150, "batch_size": 16, "seq_len": 32, "n_head": 2}, 1.0, list(range(-11, -3)))
+    _optimum_stays(train_gpt, {"steps": 150, "batch_size": 16, "seq_len": 32, "n_head": 2}, 1.0, list(range(-12, -7)))
 
 
 def test_transformer_coordinate_check_across_depth():
@@ -65,7 +75,7 @@ def test_transformer_coordinate_check_across_depth():
         return mt.coord_check(
             make,
             widths=[64],
-            depths=[2, 4, 8, 16, 32],
+            depths=[2, 8, 32],  # the 16x range of [2, 4, 8, 16, 32] at 2/3 of its cost: same verdicts, slopes
             data=data,
             optimizer="adam",
             lr=1e-2,
