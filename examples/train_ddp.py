@@ -113,6 +113,9 @@ def main() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    if args.world == 1:  # the one-process reference: in this process (a spawned one re-imports torch)
+        _spawned(0, 1, port, args, args.save)
+        return
     mp.spawn(_spawned, args=(args.world, port, args, args.save), nprocs=args.world)
 
 

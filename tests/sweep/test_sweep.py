@@ -21,16 +21,23 @@ from mutransfer.sweep import Sweep, config_from_dict, mask_url
 from mutransfer.sweep.analysis import drift, load_results, max_drift_steps
 
 OBJECTIVE = textwrap.dedent('''
-    import math, time
+    import math, os, time
     from pathlib import Path
 
     FLAG = Path(__file__).parent / "FAIL"  # holds the exception raised above `raise_above`
+    FAST = Path(__file__).parent / "FAST"  # while it exists, `sleep` is ignored (a rerun that only has to finish)
     EXCEPTIONS = {"ValueError": ValueError, "KeyboardInterrupt": KeyboardInterrupt,
                   "sys.exit(3)": lambda message: SystemExit(3)}
 
     def train(hp, scale):
         """A synthetic loss whose optimum is at lr 2^-6 in µP and drifts as 1/width in SP."""
-        time.sleep(float(hp.get("sleep", 0)))
+        if not FAST.exists():
+            time.sleep(float(hp.get("sleep", 0)))
+        if hp.get("until_processes"):  # wait until that many processes have each begun a trial (a guard, not a timing)
+            (Path(__file__).parent / f"pid{os.getpid()}").touch()
+            deadline = time.monotonic() + 300
+            while len(list(Path(__file__).parent.glob("pid*"))) < hp["until_processes"] and time.monotonic() < deadline:
+                time.sleep(0.05)
         if hp["lr"] > float(hp.get("raise_above", 1e9)) and FLAG.exists():
             raise EXCEPTIONS[FLAG.read_text().strip() or "ValueError"](f"boom at lr {hp['lr']:.4g}")
         if hp["lr"] > float(hp.get("diverge_above", 1e9)):
@@ -117,7 +124,8 @@ def test_rerunning_a_finished_sweep_runs_nothing_and_a_changed_config_is_refused
 
 
 def test_two_local_workers_run_every_trial_once(tmp_path):
-    cfg = write(tmp_path, GRID.replace("SLEEP", "0.5"))  # long enough for the second process to import torch under load
+    # each process's first trial waits for the other's, whenever the worker is done importing torch
+    cfg = write(tmp_path, GRID.replace("SLEEP", "0") + "until_processes = 2\n")
     run = tmp_path / "run"
     assert main(["sweep", str(cfg), "--run", str(run), "--workers", "2", "--no-progress"]) == 0
     workers = set()
@@ -317,11 +325,13 @@ def test_a_worker_dying_right_after_claiming_does_not_block_the_sweep(tmp_path):
     cfg = write(tmp_path, GRID.replace("SLEEP", "0").replace("widths = [16, 64]", "widths = [16]"))
     run = tmp_path / "run"
     Sweep.create(cfg, run).prepare()
-    code = (
-        "import os, sys; from mutransfer.sweep import Sweep; from mutransfer.sweep.trials import claim; "
-        "s = Sweep(sys.argv[1]); t = claim(s.storage, s.study('mup', 16), s.config); assert t is not None; os._exit(0)"
-    )
-    subprocess.run([sys.executable, "-c", code, str(run)], check=True, timeout=120)
+    # A worker that dies right after its claim leaves in the storage what this claim leaves: a
+    # RUNNING trial with its first heartbeat and no further one (no heartbeat thread runs here).
+    from mutransfer.sweep.trials import claim
+
+    claimer = Sweep(run)
+    assert claim(claimer.storage, claimer.study("mup", 16), claimer.config) is not None
+    claimer.storage.engine.dispose()
     # Without a first heartbeat the claimed trial never goes stale and the worker waits for it
     # forever; the timeout only guards against that hang (it is no speed requirement).
     worker = subprocess.run(
@@ -737,6 +747,7 @@ def test_ctrl_c_prints_one_line_exits_130_and_a_rerun_resumes_at_once(tmp_path):
     # the trials running at the interrupt (in either process) are marked, none is left RUNNING
     assert interrupted and all(t.user_attrs.get("interrupted") for t in interrupted)
 
+    (tmp_path / "FAST").touch()  # the slow trials were for the Ctrl-C; the rerun only has to finish them
     rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr
     for study in studies(Sweep(run)).values():

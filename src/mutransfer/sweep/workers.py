@@ -11,7 +11,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -29,31 +31,53 @@ __all__ = ["apply_threads", "die_with_parent", "run_sweep", "run_workers"]
 
 # A worker process started by `run_sweep`. It starts before the sweep is created, so that its
 # slow start (imports, see `_warm_up`) overlaps the parent's: it warms up, then waits for the
-# parent's "go" and the storage URL on stdin (not on the command line: it may hold a password);
-# end of input without them: the sweep was refused, leave quietly. Ctrl-C
-# (the terminal sends it to every process of the group) or SIGTERM (`timeout`, a scheduler: often
-# to the whole group too) before it works exits at once and quietly; later, `_worker_entry` marks
-# its trial interrupted and exits 130 (143) without a traceback (see `interrupts`).
+# parent's "go" and the storage URL on stdin (not on the command line: it may hold a password).
+# A thread reads that line from the start: any other line or the end of input (the sweep was
+# refused, the parent died) ends the process at once and quietly, even in the middle of importing
+# torch (3 s of CPU per worker on the 2-core CI machine, which the parent's refusal would wait for).
+# Ctrl-C (the terminal sends it to every process of the group) or SIGTERM (`timeout`, a scheduler:
+# often to the whole group too) before it works exits at once and quietly; later, `_worker_entry`
+# marks its trial interrupted and exits 130 (143) without a traceback (see `interrupts`).
 _WORKER_CODE = (
-    "import os, signal, sys\n"
+    "import os, signal, sys, threading\n"
     "signal.signal(signal.SIGINT, lambda *_: os._exit(130))\n"
     "signal.signal(signal.SIGTERM, lambda *_: os._exit(143))\n"
+    "def read(lines):\n"
+    "    line = sys.stdin.readline()\n"
+    "    if not line.startswith('go '):\n"
+    "        os._exit(0)\n"
+    "    lines.append(line)\n"
+    "lines = []\n"
+    "reader = threading.Thread(target=read, args=(lines,), daemon=True)\n"
+    "reader.start()\n"
     "from mutransfer.sweep.workers import _worker_entry\n"
-    "sys.exit(_worker_entry(sys.argv[1], wait_for_others=sys.argv[2] == 'wait'))\n"
+    "sys.exit(_worker_entry(sys.argv[1], reader, lines, sys.argv[2] == 'wait', sys.argv[3] == 'torch'))\n"
 )
 
 
-def _warm_up() -> None:
-    """Do once, before the sweep starts, what a new process otherwise does in its first trial or
-    while opening the storage. Measured per process on the 2-core CI machine: importing torch and
-    this package 1.8 s, the first torch optimizer (it imports torch._dynamo) 2.1 s, opening an
-    Optuna RDB storage (SQLAlchemy and Alembic imports) 1.1 s. A worker doing this in parallel with
-    the parent's setup starts claiming trials seconds earlier."""
+def _warm_up(answered: Callable[[], bool] = lambda: False, optimizer: bool = True) -> None:
+    """Do, while the parent is still creating the sweep, what a new process otherwise does while
+    opening the storage or in its first trial. Measured per process on the 2-core CI machine:
+    importing torch and this package 1.8 s (done before this), opening an Optuna RDB storage
+    (SQLAlchemy and Alembic imports) 1.1 s, the first torch optimizer (it imports torch._dynamo)
+    2.1 s. A worker doing this in parallel with the parent's setup starts claiming trials seconds
+    earlier. Each step runs only while `answered()` is false: once the parent has answered, the
+    worker goes on at once. The optimizer step only with `optimizer` (a built-in recipe, which
+    trains with torch optimizers): another objective may never use one, and on a loaded machine
+    the 2 s of CPU are not free; one that does pays them in its first trial."""
+    for step in (_import_storage, _first_optimizer) if optimizer else (_import_storage,):
+        if answered():
+            return
+        step()
+
+
+def _import_storage() -> None:
     import alembic.command
     import alembic.migration  # noqa: F401
-    import torch
     from optuna.storages._rdb import models  # noqa: F401  (SQLAlchemy's ORM)
 
+
+def _first_optimizer() -> None:
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
 
 
@@ -67,22 +91,25 @@ def apply_threads() -> None:
         torch.set_num_threads(int(threads))
 
 
-def _worker_entry(run_dir: str, wait_for_others: bool = False) -> int:
-    """A worker process started by `run_sweep`: warm up, wait for "go URL", run trials while any
-    is left to claim (with `wait_for_others`, a GPU sweep's workers also wait for each other's
-    running trials and retry a dead worker's; otherwise the parent does), then leave without the
-    interpreter's teardown (0.7 s with torch loaded: a tail on every sweep)."""
+def _worker_entry(
+    run_dir: str, reader: threading.Thread, lines: list[str], wait_for_others: bool = False, optimizer: bool = True
+) -> int:
+    """A worker process started by `run_sweep`: warm up (the first optimizer too with `optimizer`)
+    until `reader` has the parent's "go URL" (in `lines`; on anything else it ended the process),
+    run trials while any is left to claim (with `wait_for_others`, a GPU sweep's workers also wait
+    for each other's running trials and retry a dead worker's; otherwise the parent does), then
+    leave without the interpreter's teardown (0.7 s with torch loaded: a tail on every sweep)."""
     parent = os.environ.pop(_PARENT_ENV, None)
     if parent is not None:
         die_with_parent()
         if str(os.getppid()) != parent:  # it died before we asked
             return 0
     apply_threads()
-    _warm_up()
-    line = sys.stdin.readline()
-    if not line.startswith("go "):
+    _warm_up(lambda: not reader.is_alive(), optimizer)
+    reader.join()
+    if not lines:  # the reader failed (no stdin): nothing to work on
         return 0
-    os.environ[STORAGE_ENV] = line[3:].rstrip("\n")
+    os.environ[STORAGE_ENV] = lines[0][3:].rstrip("\n")
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, raise_terminated)
     code = 0
@@ -156,17 +183,23 @@ def _release(procs: list[subprocess.Popen], url: str | None) -> None:
 
 
 def _start_worker(
-    run_dir: str | os.PathLike, placement: Placement, slot: int, wait: bool, die_with_parent: bool = False
+    run_dir: str | os.PathLike,
+    placement: Placement,
+    slot: int,
+    wait: bool,
+    die_with_parent: bool = False,
+    optimizer: bool = True,
 ) -> subprocess.Popen:
     """A worker process for `slot`: a new interpreter with the slot's GPU and thread count. With
     `wait`, it waits for the other workers' trials (no parent runs trials). `die_with_parent`: the
     kernel ends it when this process dies (a cluster task that was preempted or cancelled), so its
-    trial goes stale and is run again elsewhere."""
+    trial goes stale and is run again elsewhere. `optimizer`: warm up a torch optimizer too (see
+    `_warm_up`)."""
     env = {**os.environ, **placement.env(slot)}
     if die_with_parent:
         env[_PARENT_ENV] = str(os.getpid())
     return subprocess.Popen(
-        [sys.executable, "-c", _WORKER_CODE, str(run_dir), "wait" if wait else "leave"],
+        [sys.executable, "-c", _WORKER_CODE, str(run_dir), "wait" if wait else "leave", "torch" if optimizer else "-"],
         stdin=subprocess.PIPE,
         text=True,
         env=env,
@@ -291,8 +324,9 @@ def run_sweep(
         _check_gpus(placement, config.precision)
     # The workers start first and warm up while this process creates the sweep; they begin work
     # on "go", or leave when the sweep is refused.
+    recipe = config.objective.startswith("recipe:")  # trains with torch optimizers: worth warming up
     procs = [
-        _start_worker(run_dir, placement, slot, wait=not placement.local_worker)
+        _start_worker(run_dir, placement, slot, wait=not placement.local_worker, optimizer=recipe)
         for slot in range(int(placement.local_worker), placement.slots)
     ]
     previous_threads = torch.get_num_threads()
