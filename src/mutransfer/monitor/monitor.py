@@ -93,6 +93,9 @@ class Monitor:
         raise_on_alarm: raise `mutransfer.errors.MonitorAlarm` from `step` when a sample raised alarms.
         proxy: a proxy run's trajectory (dict or JSON path) to compare with at the same steps.
         tolerance: the band around a proxy-predicted value: [expected / tolerance, expected × tolerance].
+        persist: a quantity compared with the proxy alarms once it is outside the band, on the same side, at
+            this many consecutive samples: one sample of a small proxy is noisy (a correct µP GPT from width 32
+            to 128 left the band ×2 at single samples of its early steps), a mistake stays out.
         rows: rows of the captured micro-batch the activation forward runs on.
         power_iters: power iterations per spectral-norm estimate (warm-started from the last sample).
         history: samples kept in memory for `trajectory` (None: all, what a proxy run saves; a long
@@ -114,6 +117,7 @@ class Monitor:
         raise_on_alarm: bool = False,
         proxy: str | Path | dict | None = None,
         tolerance: float = 2.0,
+        persist: int = 3,
         rows: int = 4,
         power_iters: int = 3,
         history: int | None = None,
@@ -132,7 +136,11 @@ class Monitor:
                 f"Monitor needs the torch.optim.Optimizer that trains the model, got {type(optimizer).__name__}"
             )
         self.optimizer = optimizer
+        if not isinstance(persist, int) or persist < 1:
+            raise UsageError(f"Monitor persist={persist!r}: give a whole number of samples ≥ 1 (3: three in a row)")
         self.every, self.tolerance, self.power_iters = every, float(tolerance), power_iters
+        self.persist = persist
+        self._streaks: dict[tuple[str, str], tuple[bool, int]] = {}
         self.on_alarm, self.raise_on_alarm = on_alarm, raise_on_alarm
         self.kind = optimizer_kind(self.optimizer)
         self.names: dict[int, str] = {}
@@ -296,9 +304,21 @@ class Monitor:
         p = self._proxy_steps.get(record["step"])
         if p is None:
             return []
-        return proxy_findings(
+        found = proxy_findings(
             record, p, self.layers, self._proxy.get("layers", {}), self.spec.formulation, self.tolerance
         )
+        # a finding counts once it repeats, on the same side of the band, at `persist` samples in a row
+        streaks: dict[tuple[str, str], tuple[bool, int]] = {}
+        kept = []
+        for f in found:
+            layer, what, measured, expected = f[0], f[1], f[2], f[3]
+            high = measured > expected
+            side, n = self._streaks.get((layer, what), (high, 0))
+            streaks[(layer, what)] = (high, n + 1 if side == high else 1)
+            if streaks[(layer, what)][1] >= self.persist:
+                kept.append(f)
+        self._streaks = streaks
+        return kept
 
     def compare(self, proxy: str | Path | dict) -> list[Alarm]:
         """Compare this run with a proxy's trajectory: the samples so far now, later samples as they come.
@@ -310,6 +330,7 @@ class Monitor:
             The new alarms the samples so far raise.
         """
         self._set_proxy(load_trajectory(proxy))
+        self._streaks = {}
         new: list[Alarm] = []
         for record in self._records:
             new += self._raise(record["step"], self._compare_record(record))
