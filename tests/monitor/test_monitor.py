@@ -162,3 +162,32 @@ def test_proxy_band_for_attention_logits_reaches_down_by_the_head_dim_ratio_only
 
     assert found(0.2) == [] and found(0.11) == []  # init: × √(16/64) = 0.2, band down to 0.1
     assert found(0.09) and found(0.81)[0][:2] == ("attn", "attn_logit_rms")  # below the band; growing logits
+
+
+def test_trend_band_extrapolates_the_finite_width_gap_like_width_to_the_minus_half():
+    from mutransfer.monitor.predictions import trend_band
+
+    # 4 at ratio 1, 2 at ratio 2: log e = log e∞ + c·r^-½ through both, at ratio 4 → 1.2251
+    low, high, at = trend_band(4.0, 2.0, 1.0, 2.0, 4.0)
+    assert at == pytest.approx(1.2251, abs=1e-4) and (low, high) == (at, 4.0)
+    assert trend_band(4.0, 2.0, 2.0, 2.0, 4.0) == (2.0, 4.0, 4.0)  # no width between them: no trend
+
+
+def test_a_wider_proxy_widens_the_band_by_the_measured_trend_only():
+    from mutransfer.monitor.predictions import proxy_findings
+
+    def rec(r, act):
+        return {"lr_base": 1e-3, "layers": {"blocks.0.fc": {"act_rms": act}}}, {
+            "blocks.0.fc": {"param": "blocks.0.fc.weight", "role": "hidden", "m_in": r, "m_out": r}
+        }
+
+    (p, pl), (w, wl) = rec(1.0, 8.0), rec(2.0, 4.0)
+
+    def found(act, wider=True):
+        t, tl = rec(4.0, act)
+        return proxy_findings(t, p, tl, pl, "no_multipliers", 2.0, (w, wl) if wider else None)
+
+    # the trend 8 → 4 extrapolates to 2.45 at ratio 4: band [2.45/2, 8·2]
+    assert found(2.2) == [] and found(2.2, wider=False)  # inside the trend's band, below the proxy's alone
+    ((layer, what, measured, expected, _),) = found(1.0)
+    assert (layer, what, measured) == ("blocks.0.fc", "act_rms", 1.0) and expected == pytest.approx(2.4503, abs=1e-3)

@@ -91,8 +91,11 @@ def test_a_sweep_records_the_proxy_trajectory_and_transfer_compares_the_target_w
     assert traj["hparams"]["lr"] == best and traj["width"] == 32 and traj["every"] == 2
     assert [s["step"] for s in traj["steps"]] == [1, *range(2, 25, 2)]
     assert traj["steps"][-1]["layers"]["hidden.0"]["dw_rms"] > 0
+    wider = traj["wider"]  # the next swept width at the same hparams: the finite-width trend
+    assert wider["width"] == 64 and [s["step"] for s in wider["steps"]] == [s["step"] for s in traj["steps"]]
+    assert wider["layers"]["hidden.0"]["m_in"] == 2 * traj["layers"]["hidden.0"]["m_in"]
     ran = json.loads((run / "run.json").read_text())["proxy_trajectory"]
-    assert ran["file"] == "proxy_trajectory.json" and ran["samples"] == 13
+    assert ran["file"] == "proxy_trajectory.json" and ran["samples"] == 13 and ran["wider_width"] == 64
     # a rerun of the finished sweep does not train the proxy again
     stamp = (run / "proxy_trajectory.json").stat().st_mtime_ns
     assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0

@@ -52,6 +52,13 @@ def load_trajectory(source: str | Path | dict) -> dict:
         if not path.is_file():
             raise UsageError(f"Monitor.compare: no trajectory file at {path}; save one with Monitor.save_trajectory")
         data = json.loads(path.read_text())
+    data = _checked(data)
+    if data.get("wider") is not None:  # a second proxy, wider (see Monitor's `proxy`)
+        _checked(data["wider"])
+    return data
+
+
+def _checked(data: Any) -> dict:
     if not isinstance(data, dict) or data.get("format") != TRAJECTORY_FORMAT:
         raise UsageError(
             f"Monitor.compare: not a monitor trajectory (format {TRAJECTORY_FORMAT!r} expected); "
@@ -91,7 +98,10 @@ class Monitor:
             tags are ``mup/<role>/<layer>/<quantity>``.
         on_alarm: called with each new `Alarm`.
         raise_on_alarm: raise `mutransfer.errors.MonitorAlarm` from `step` when a sample raised alarms.
-        proxy: a proxy run's trajectory (dict or JSON path) to compare with at the same steps.
+        proxy: a proxy run's trajectory (dict or JSON path) to compare with at the same steps. With a
+            ``"wider"`` entry — a second proxy's trajectory at a larger width, what ``mutransfer sweep``
+            records — the band also spans the finite-width trend from one to the other, extrapolated to
+            this model's width (`predictions.trend_band`).
         tolerance: the band around a proxy-predicted value: [expected / tolerance, expected × tolerance].
         persist: a quantity compared with the proxy alarms once it is outside the band, on the same side, at
             this many consecutive samples: one sample of a small proxy is noisy (a correct µP GPT from width 32
@@ -154,6 +164,7 @@ class Monitor:
         self._sink = make_sink(log)
         self._proxy: dict | None = None
         self._proxy_steps: dict[int, dict] = {}
+        self._wider_steps: dict[int, dict] = {}
         self._t = 0
         self._probe = StepProbe(self.model, self.optimizer, self.names, rows)
         self._probe.arm()  # step 1 is sampled
@@ -297,6 +308,8 @@ class Monitor:
     def _set_proxy(self, proxy: dict) -> None:
         self._proxy = proxy
         self._proxy_steps = {int(r["step"]): r for r in proxy.get("steps", [])}
+        wider = proxy.get("wider")
+        self._wider_steps = {int(r["step"]): r for r in wider.get("steps", [])} if wider else {}
 
     def _compare_record(self, record: dict) -> list:
         if self._proxy is None:
@@ -304,8 +317,10 @@ class Monitor:
         p = self._proxy_steps.get(record["step"])
         if p is None:
             return []
+        w = self._wider_steps.get(record["step"])
+        wider = (w, self._proxy["wider"].get("layers", {})) if w is not None else None
         found = proxy_findings(
-            record, p, self.layers, self._proxy.get("layers", {}), self.spec.formulation, self.tolerance
+            record, p, self.layers, self._proxy.get("layers", {}), self.spec.formulation, self.tolerance, wider
         )
         # a finding counts once it repeats, on the same side of the band, at `persist` samples in a row
         streaks: dict[tuple[str, str], tuple[bool, int]] = {}

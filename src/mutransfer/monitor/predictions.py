@@ -32,6 +32,8 @@ __all__ = [
     "proxy_findings",
     "scaled_proxy",
     "swap_findings",
+    "trend_band",
+    "width_ratio",
 ]
 
 Finding = tuple[str, str, float, float, str]  # (layer, what, measured, expected, cause key of alarms.CAUSES)
@@ -189,27 +191,68 @@ def scaled_proxy(
     return out
 
 
+def width_ratio(layers: dict) -> float:
+    """A run's width over the base's: the largest width ratio (m_in or m_out) of its layers (1 without any)."""
+    return max((max(float(m.get("m_in", 1)), float(m.get("m_out", 1))) for m in layers.values()), default=1.0)
+
+
+def trend_band(e1: float, e2: float, r1: float, r2: float, rt: float) -> tuple[float, float, float]:
+    """The values µP allows at width ratio `rt` given a quantity's (width-scaled) values `e1` at the proxy's
+    ratio `r1` and `e2` at a wider proxy's `r2`: the finite-width gap is taken to close like width^-½
+    (the fluctuations' rate), so log e(r) = log e∞ + c·r^-½ through both points, extrapolated to `rt`.
+
+    Returns:
+        (low, high, extrapolated): the smallest and largest of e1, e2 and the extrapolation, and the
+        extrapolation itself (e1 and e2 as they are when the widths do not allow one).
+    """
+    if not (e1 > 0 and e2 > 0 and r2 > r1 > 0 and rt > 0):
+        return min(e1, e2), max(e1, e2), e2 if r2 > r1 else e1
+    slope = (math.log(e1) - math.log(e2)) / (r1**-0.5 - r2**-0.5)
+    et = math.exp(math.log(e2) + slope * (rt**-0.5 - r2**-0.5))
+    return min(e1, e2, et), max(e1, e2, et), et
+
+
 def proxy_findings(
-    record: dict, proxy_record: dict, layers: dict, proxy_layers: dict, formulation: str, tolerance: float
+    record: dict,
+    proxy_record: dict,
+    layers: dict,
+    proxy_layers: dict,
+    formulation: str,
+    tolerance: float,
+    wider: tuple[dict, dict] | None = None,
 ) -> list[Finding]:
     """The target's sample against the proxy's sample of the same step, each quantity width-scaled by the
     rules (`scaled_proxy`): attention logits are Θ(1) once trained, but at init they shrink like
     d_head^-½, so their band reaches down by √(d_proxy/d_target). A finding when the target is outside
-    [expected / tolerance, expected × tolerance]."""
+    [expected / tolerance, expected × tolerance].
+
+    `wider`: (the same step's sample, the layers) of a second proxy run at a larger width. A proxy far from
+    the infinite-width limit differs from its target by more than noise; with two proxies the band spans
+    both width-scaled values and their trend extrapolated to the target's width (`trend_band`), and the
+    extrapolation is what the finding reports as expected."""
     found: list[Finding] = []
+    others: dict[str, dict[str, float]] = {}
+    ratios = (0.0, 0.0, 0.0)
+    if wider is not None:
+        others = scaled_proxy(record, wider[0], layers, wider[1], formulation)
+        ratios = (width_ratio(proxy_layers), width_ratio(wider[1]), width_ratio(layers))
     for layer, expect in scaled_proxy(record, proxy_record, layers, proxy_layers, formulation).items():
         q, pq = record["layers"][layer], proxy_record["layers"][layer]
         for k, expected in expect.items():
             measured, base = q.get(k), pq[k]
             if measured is None or not base > 1e-12:
                 continue
-            low = expected / tolerance
+            lo_e = hi_e = expected
+            other = others.get(layer, {}).get(k)
+            if other is not None and other > 1e-12:
+                lo_e, hi_e, expected = trend_band(lo_e, other, *ratios)
+            low = lo_e / tolerance
             if k == "attn_logit_rms":
                 # q·k/d: Θ(1) once training aligns q and k, but at init (q, k independent) Θ(d^-½) — so a
                 # target below the proxy by up to √(d_proxy/d_target) is µP too; only growth is a finding
                 d, d_p = q.get("head_dim"), pq.get("head_dim")
-                low = expected * math.sqrt(d_p / d) / tolerance if d and d_p else 0.0
-            if not (low <= measured <= expected * tolerance):
+                low = lo_e * math.sqrt(d_p / d) / tolerance if d and d_p else 0.0
+            if not (low <= measured <= hi_e * tolerance):
                 if k in UPDATE_COLUMNS:
                     cause = "update"
                 elif layer == "(model output)":

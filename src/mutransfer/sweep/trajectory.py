@@ -1,7 +1,8 @@
 """The µP monitor in sweeps and transfers: the proxy's trajectory at its optimum, the target's against it.
 
 After a sweep over µP, one extra run trains the µP proxy (smallest width, proxy depth, first seed) at
-the transferred hyperparameters with `Scale.monitor` recording, and writes RUN/proxy_trajectory.json
+the transferred hyperparameters with `Scale.monitor` recording, a second one the next swept width at the
+same hyperparameters (kept under "wider": the finite-width trend), and writes RUN/proxy_trajectory.json
 (`PROXY_FILE`); ``mutransfer transfer`` records the µP target the same way (RUN/target_trajectory.json,
 `TARGET_FILE`), compared with the proxy's on the fly (`mutransfer.Monitor(proxy=...)`). An objective
 that never calls `scale.monitor` gets no file and one line saying so; the sweep's run.json remembers
@@ -105,7 +106,8 @@ def proxy_trajectory(run_dir: Path) -> dict | None:
 
 
 def record_proxy_trajectory(sweep: Sweep, previous: dict | None = None, say: Any = print) -> dict | None:
-    """Train the µP proxy at the transferred hyperparameters once, recording; write RUN/proxy_trajectory.json.
+    """Train the µP proxy at the transferred hyperparameters once, recording, and once more at the next
+    swept width (its trajectory under "wider": the finite-width trend); write RUN/proxy_trajectory.json.
 
     Args:
         sweep: a finished sweep.
@@ -114,6 +116,7 @@ def record_proxy_trajectory(sweep: Sweep, previous: dict | None = None, say: Any
 
     Returns:
         run.json's "proxy_trajectory" entry (``{"file", "hparams", "width", "depth", "seed", "samples"}``,
+        and "wider_width" when the next width was recorded too;
         "file" None with a "reason" when nothing was recorded: the objective never called `scale.monitor`,
         or the run raised — the sweep is finished either way), or None when µP was not swept or has no
         finished trial at the proxy.
@@ -143,6 +146,17 @@ def record_proxy_trajectory(sweep: Sweep, previous: dict | None = None, say: Any
         say(f"proxy trajectory: {NOT_CALLED} (docs/monitor.md, 'In sweeps and transfers')")
         return {**entry, "file": None, "reason": NOT_CALLED}
     trajectory = {**mon.trajectory(), "hparams": hp, "width": cfg.proxy_width, "depth": cfg.proxy_depth}
+    # the next swept width, at the same hparams: the finite-width trend the target's band spans (Monitor's `proxy`)
+    wider = min((w for w in cfg.widths if w > cfg.proxy_width), default=None)
+    if wider is not None:
+        try:
+            _, mon2 = recorded_run(sweep.objective, hp, sweep.scale("mup", wider, cfg.proxy_depth, seed))
+        except Exception as e:
+            mon2 = None
+            say(f"proxy trajectory: the run at width {wider} raised {type(e).__name__}: {e}; the proxy's alone is kept")
+        if mon2 is not None:
+            trajectory["wider"] = {**mon2.trajectory(), "width": wider, "depth": cfg.proxy_depth}
+            entry["wider_width"] = wider
     write_atomically(path, json.dumps(trajectory, indent=1))
     return {**entry, "file": PROXY_FILE, "samples": len(trajectory["steps"])}
 
