@@ -97,6 +97,8 @@ def test_tau_rule_needs_tokens_and_other_optimizers_choose():
         mt.transfer_hparams({"lr": 1e-1, "weight_decay": 1e-4}, P, _t(), optimizer="sgd")
     zero = mt.transfer_hparams({"lr": 1e-1, "weight_decay": 0.0}, P, _t(), optimizer="sgd")
     assert zero.hparams["weight_decay"] == 0.0
+    no_horizon = mt.transfer_hparams({"lr": 1e-3, "weight_decay": 0.0}, no_tokens, mt.Scale(width=512, batch_size=64))
+    assert no_horizon.hparams["weight_decay"] == 0.0 and "λ = 0 stays 0" in str(no_horizon)
 
 
 @pytest.mark.parametrize(

@@ -291,7 +291,7 @@ def _weight_decay(
     applied: list,
 ) -> float:
     choice = chosen.get("weight_decay") or _DEFAULT_WEIGHT_DECAY_RULE.get(optimizer)
-    if wd == 0 and choice is None:
+    if wd == 0:  # under every rule
         applied.append(AppliedRule("weight_decay", wd, wd, "zero", "λ = 0 stays 0", "-"))
         return wd
     if choice is None:
