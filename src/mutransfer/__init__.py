@@ -32,6 +32,9 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "WidthShapes": ("._core.shapes", "WidthShapes"),
     "MuSpec": ("._core.spec", "MuSpec"),
     "resolve_device": ("._core.devices", "resolve_device"),
+    "Scale": ("._core.scale", "Scale"),
+    "transfer_hparams": ("._core.hparam_transfer", "transfer_hparams"),
+    "TransferredHParams": ("._core.hparam_transfer", "TransferredHParams"),
     "MuPWarning": (".errors", "MuPWarning"),
     "MuTransferError": (".errors", "MuTransferError"),
     "errors": (".errors", None),
@@ -49,6 +52,8 @@ __all__ = [
     "MuPWarning",
     "MuSpec",
     "MuTransferError",
+    "Scale",
+    "TransferredHParams",
     "WidthShapes",
     "__version__",
     "attn_logits",
@@ -69,6 +74,7 @@ __all__ = [
     "rules",
     "save_shapes",
     "sweep",
+    "transfer_hparams",
 ]
 
 if TYPE_CHECKING:  # what type checkers and the API docs see; at run time `__getattr__` imports on use
@@ -78,7 +84,9 @@ if TYPE_CHECKING:  # what type checkers and the API docs see; at run time `__get
     from ._core.describe import describe
     from ._core.devices import resolve_device
     from ._core.export import export
+    from ._core.hparam_transfer import TransferredHParams, transfer_hparams
     from ._core.parametrize import parametrize
+    from ._core.scale import Scale
     from ._core.shapes import WidthShapes, load_shapes, save_shapes
     from ._core.spec import MuSpec
     from .coord import CoordCheckResult, coord_check

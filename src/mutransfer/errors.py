@@ -15,6 +15,7 @@ __all__ = [
     "CoordCheckError",
     "DeviceError",
     "ExportError",
+    "HParamTransferError",
     "KernelWarning",
     "ModelError",
     "MonitorAlarm",
@@ -61,6 +62,11 @@ class ConfigError(MuTransferError, ValueError):
 class StorageError(MuTransferError, ValueError):
     """A sweep's storage failed for longer than the sweep waits (``MUTRANSFER_STORAGE_PATIENCE``):
     the message names the storage (password hidden) and what to do; rerunning resumes."""
+
+
+class HParamTransferError(MuTransferError, ValueError):
+    """`mt.transfer_hparams` cannot carry a hyperparameter to the target by a rule it knows (bad
+    input, or a regime no rule covers): the message names the parameter and the fix."""
 
 
 class UsageError(MuTransferError, ValueError):

@@ -30,6 +30,7 @@ from .. import optim as mt_optim
 from .._core.devices import check_precision
 from .._core.loading import load_callable
 from .._core.parametrize import parametrize
+from ..errors import ConfigError
 from ..recipes.data import stdlib_text
 from ..recipes.models import GPT, MLP, ResMLP
 from ..rules import OPTIMIZERS
@@ -106,6 +107,11 @@ def _optimizer(model, hp: dict, scale: Scale, build: Builder, base_depth: int | 
     name = str(hp.get("optimizer", "adamw")).lower()
     kwargs = _optimizer_kwargs(name, hp)
     if scale.mup:
+        if scale.base_width is None:
+            raise ConfigError(
+                "scale.base_width is None: a µP recipe builds its base model at the base width; "
+                "pass Scale(width, base_width=...) (a sweep sets it from the config's base_width)"
+            )
         parametrize(
             model,
             base=build(scale.base_width, base_depth),

@@ -42,132 +42,22 @@ optimum (RUN/proxy_trajectory.json) and in ``mutransfer transfer``'s µP target 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
-import torch
 
-from .._core.devices import autocast as _autocast
+from .._core.scale import Reporter, Scale
 from ..rules import ROLES
 
 __all__ = ["MULTIPLIER_NAMES", "Objective", "Pruned", "Reporter", "Scale", "mup_kwargs"]
 
 Objective = Callable[[dict, "Scale"], float]
 MULTIPLIER_NAMES = ("output_mult", "attn_mult", "embedding_mult")
-Reporter = Callable[[int, float], None]  # (step, loss); raises Pruned when the trial should stop
 
 
 class Pruned(optuna.TrialPruned):
     """Raised by `Scale.report` when the sweep's pruner stops the trial; let it propagate."""
-
-
-@dataclass(frozen=True)
-class Scale:
-    """Where a trial runs: the model's width and depth, parametrization and seed.
-
-    `depth`/`base_depth` are None when the sweep has no `depths`: the objective's own depth.
-    `reporter` is set by the sweep runner (see `report`); it takes no part in equality, hashing,
-    repr or pickling. `device` and `precision`: where and how to train (see the module docstring).
-    """
-
-    width: int
-    base_width: int
-    parametrization: str  # "mup" or "sp"
-    seed: int = 0
-    depth: int | None = None
-    base_depth: int | None = None
-    reporter: Reporter | None = field(default=None, compare=False, repr=False)
-    device: torch.device = torch.device("cpu")  # noqa: RUF009 (a torch.device is immutable)
-    precision: str = "fp32"
-    _recording: Any = field(default=None, compare=False, repr=False)  # sweep.trajectory.Recording, set by the runner
-
-    @property
-    def mup(self) -> bool:
-        """Is this trial µP (`parametrization == "mup"`)? False for SP, the plain model."""
-        return self.parametrization == "mup"
-
-    def autocast(self):
-        """The context the objective's forward passes run under: bf16 autocast on `device` when
-        `precision` is "bf16", else nothing."""
-        return _autocast(self.device, self.precision)
-
-    def report(self, step: int, loss: float) -> None:
-        """Report an intermediate training loss to the sweep's pruner.
-
-        A no-op without a pruner or outside a sweep, and for a non-finite loss (the objective's
-        NaN return marks divergence).
-
-        Args:
-            step: the training step (≥ 0, increasing).
-            loss: a smoothed training loss (a single minibatch's is too noisy to prune on).
-
-        Raises:
-            Pruned: the pruner stops the trial; let it propagate.
-            ValueError: `step` is not a non-negative integer.
-        """
-        if self.reporter is None:
-            return
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"scale.report: step must be a non-negative integer (the training step), got {step!r}")
-        loss = float(loss)
-        if math.isfinite(loss):
-            self.reporter(step, loss)
-
-    def monitor(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int | None = None) -> Any:
-        """The µP monitor of this run: a `mutransfer.Monitor` when the sweep records this run (the proxy
-        optimum's run, ``mutransfer transfer``'s µP target), else a no-op with the same `step` / `close`.
-
-        Call it once the optimizer is built; then ``mon.step(loss)`` after every optimizer step and
-        ``mon.close()`` after training.
-
-        Args:
-            model: the parametrized model being trained.
-            optimizer: the torch optimizer training it.
-            steps: the run's number of training steps (sets the sampling interval: ~12 samples per run);
-                None: the sweep's ``steps`` hyperparameter, else every 10 steps.
-
-        Returns:
-            An object with ``step(loss) -> list`` and ``close()`` (and ``alarms``).
-        """
-        if self._recording is None or not self.mup:
-            return _NO_MONITOR
-        return self._recording.start(model, optimizer, steps)
-
-    def __reduce__(self):
-        # A reporter talks to the sweep's storage from this process: a copy elsewhere is a plain Scale.
-        return (
-            Scale,
-            (
-                self.width,
-                self.base_width,
-                self.parametrization,
-                self.seed,
-                self.depth,
-                self.base_depth,
-                None,
-                self.device,
-                self.precision,
-                self._recording,
-            ),
-        )
-
-
-class _NoMonitor:
-    """`Scale.monitor` outside a recorded run: the surface of `mutransfer.Monitor`, doing nothing."""
-
-    alarms: tuple = ()  # never any
-
-    def step(self, loss: Any = None) -> list:
-        return []
-
-    def close(self) -> None:
-        pass
-
-
-_NO_MONITOR = _NoMonitor()
 
 
 def mup_kwargs(hparams: dict[str, Any]) -> dict[str, Any]:
