@@ -350,7 +350,8 @@ def _minor_label(v: float, ax) -> str:
 
 def plot_monitor(target: dict, proxy: dict | None, path: Path, target_label: str, proxy_label: str) -> bool:
     """The report's monitor figure: per role (rows), activation RMS and ‖ΔW‖ RMS against the step (columns),
-    the target's solid, the proxy's µP-scaled to the target's widths dashed (`monitor_curves`).
+    the target's solid, the proxy's µP-scaled to the target's widths dashed (`monitor_curves`), and a wider
+    proxy's (the proxy's ``"wider"`` entry: the finite-width trend the alarms' band spans) dotted.
 
     Args:
         target: the target's trajectory (`Monitor.trajectory`).
@@ -369,6 +370,9 @@ def plot_monitor(target: dict, proxy: dict | None, path: Path, target_label: str
     from matplotlib import ticker
 
     data = monitor_curves(target, proxy)
+    wider = (proxy or {}).get("wider")
+    wider_data = monitor_curves(target, wider) if wider else {}
+    wider_label = f"µP proxy (width {wider.get('width', '?')}), scaled likewise" if wider else ""
     roles = [r for r in _ROLE_ORDER if r in data] + sorted(r for r in data if r not in _ROLE_ORDER)
     if not roles:
         return False
@@ -384,6 +388,9 @@ def plot_monitor(target: dict, proxy: dict | None, path: Path, target_label: str
             ax.plot(c["step"], c["target"], "-o", ms=3, color="tab:blue", label=target_label)
             if any(math.isfinite(v) for v in c["proxy"]):
                 ax.plot(c["step"], c["proxy"], "--s", ms=3, color="tab:orange", label=proxy_label)
+            w = wider_data.get(role, {}).get(k)
+            if w is not None and any(math.isfinite(v) for v in w["proxy"]):
+                ax.plot(w["step"], w["proxy"], ":^", ms=3, color="tab:green", label=wider_label)
             ax.set_yscale("log")
             # plain tick labels: matplotlib's default 10^x mathtext on log axes took ~5 s per figure
             ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:.2g}"))
@@ -400,7 +407,15 @@ def plot_monitor(target: dict, proxy: dict | None, path: Path, target_label: str
             if lab not in labels:
                 handles.append(h)
                 labels.append(lab)
-    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=9, frameon=False)
+    fig.legend(
+        handles,
+        labels,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        ncol=min(3, len(labels)),
+        fontsize=9,
+        frameon=False,
+    )
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=110, bbox_inches="tight")
     plt.close(fig)
