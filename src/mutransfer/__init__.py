@@ -35,6 +35,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "Scale": ("._core.scale", "Scale"),
     "transfer_hparams": ("._core.hparam_transfer", "transfer_hparams"),
     "TransferredHParams": ("._core.hparam_transfer", "TransferredHParams"),
+    "gradient_noise_scale": ("._core.noise_scale", "gradient_noise_scale"),
+    "NoiseScale": ("._core.noise_scale", "NoiseScale"),
     "MuPWarning": (".errors", "MuPWarning"),
     "MuTransferError": (".errors", "MuTransferError"),
     "errors": (".errors", None),
@@ -52,6 +54,7 @@ __all__ = [
     "MuPWarning",
     "MuSpec",
     "MuTransferError",
+    "NoiseScale",
     "Scale",
     "TransferredHParams",
     "WidthShapes",
@@ -62,6 +65,7 @@ __all__ = [
     "describe",
     "errors",
     "export",
+    "gradient_noise_scale",
     "limits",
     "load_shapes",
     "monitor",
@@ -85,6 +89,7 @@ if TYPE_CHECKING:  # what type checkers and the API docs see; at run time `__get
     from ._core.devices import resolve_device
     from ._core.export import export
     from ._core.hparam_transfer import TransferredHParams, transfer_hparams
+    from ._core.noise_scale import NoiseScale, gradient_noise_scale
     from ._core.parametrize import parametrize
     from ._core.scale import Scale
     from ._core.shapes import WidthShapes, load_shapes, save_shapes
