@@ -69,7 +69,9 @@ class NoiseScale:
 
     def __str__(self) -> str:
         where = f"B_small {self.small}, B_big {self.big}, {self.batches} batches"
-        parts = f"|G|² {self.g2:.4g} ± {self.g2_stderr:.2g}, tr Σ {self.trace_sigma:.4g} ± {self.trace_sigma_stderr:.2g}"
+        parts = (
+            f"|G|² {self.g2:.4g} ± {self.g2_stderr:.2g}, tr Σ {self.trace_sigma:.4g} ± {self.trace_sigma_stderr:.2g}"
+        )
         if self.b_simple is None or self.interval is None:
             return f"B_simple not resolved: {self.reason} ({parts}; {where})"
         lo, hi = self.interval
@@ -268,8 +270,10 @@ def _estimate(
     trs = [(s - b) / (1.0 / small - 1.0 / big) for s, b in zip(small_sq, big_sq)]
     g2, g2_se = _mean_se(g2s)
     tr, tr_se = _mean_se(trs)
-    common = dict(g2=g2, g2_stderr=g2_se, trace_sigma=tr, trace_sigma_stderr=tr_se, small=small, big=big)
-    common.update(batches=len(g2s), confidence=confidence)
+
+    def result(b_simple: float | None, interval: tuple[float, float] | None, reason: str = "") -> NoiseScale:
+        return NoiseScale(b_simple, interval, g2, g2_se, tr, tr_se, small, big, len(g2s), confidence, reason)
+
     z = _normal_quantile(0.5 + confidence / 2)
     if g2 <= z * g2_se:
         why = "≤ 0" if g2 <= 0 else f"within {z:.2f} standard errors of 0"
@@ -277,10 +281,10 @@ def _estimate(
             f"|G|² = {g2:.3g} ± {g2_se:.2g} is {why}: the gradient is lost in its noise at B_big={big}; "
             "measure more batches or a bigger big (B_simple is then likely above big)"
         )
-        return NoiseScale(None, None, reason=reason, **common)  # type: ignore[arg-type]
+        return result(None, None, reason)
     if tr <= 0:
         reason = f"tr Σ = {tr:.3g} ± {tr_se:.2g} is ≤ 0: no gradient noise measured between small={small} and big={big}"
-        return NoiseScale(None, None, reason=reason, **common)  # type: ignore[arg-type]
+        return result(None, None, reason)
     rng = random.Random(seed)
     n = len(g2s)
     ratios = []
@@ -290,6 +294,6 @@ def _estimate(
         ratios.append(t / g if g > 0 else math.inf)
     ratios.sort()
     tail = (1.0 - confidence) / 2
-    lo = ratios[int(math.floor(tail * (n_bootstrap - 1)))]
-    hi = ratios[int(math.ceil((1.0 - tail) * (n_bootstrap - 1)))]
-    return NoiseScale(tr / g2, (lo, hi), **common)  # type: ignore[arg-type]
+    lo = ratios[math.floor(tail * (n_bootstrap - 1))]
+    hi = ratios[math.ceil((1.0 - tail) * (n_bootstrap - 1))]
+    return result(tr / g2, (lo, hi))
