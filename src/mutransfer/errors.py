@@ -70,7 +70,8 @@ class HParamTransferError(MuTransferError, ValueError):
 
 
 class UsageError(MuTransferError, ValueError):
-    """Bad command-line input: the `mutransfer` command prints it in one line and exits with 2."""
+    """Bad input to a command or a call (a flag, a `mt.Monitor` or `mt.gradient_noise_scale` setting): the
+    `mutransfer` command prints it in one line and exits with 2."""
 
 
 class Terminated(KeyboardInterrupt):
