@@ -119,7 +119,10 @@ class _Recorder(RowTrails, Scales, TorchFunctionMode):
         if self.paused:
             return out
         try:
-            if not self.attention_only and tensors_in(out):  # an op making tensors from it (not .shape, .size(), …)
+            makes_tensors = bool(tensors_in(out))  # an op making tensors (not .shape, .dtype, .size(), …)
+            if self.attention_only and not makes_tensors:
+                return out  # nothing for attention to follow: every tracker below marks only tensors it made
+            if not self.attention_only and makes_tensors:
                 self._count_output_uses(args, kwargs)
             name = op_name(func)
             self._usage(name, args, kwargs, out)
