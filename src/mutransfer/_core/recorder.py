@@ -66,8 +66,12 @@ __all__ = ["recording"]
 
 
 class _Recorder(RowTrails, Scales, TorchFunctionMode):
-    def __init__(self, params: dict[int, str], module_stack: list[str], on_attention=None):
+    def __init__(
+        self, params: dict[int, str], module_stack: list[str], on_attention=None, attention_only: bool = False
+    ):
         super().__init__()
+        self.attention_only = attention_only
+        self.paused = False  # ops run while set are the observer's own (a hook's copies): not the model's
         self.params = params
         self.stack = module_stack
         self.prov: dict[int, tuple[weakref.ref, str, Dims]] = {}
@@ -102,6 +106,8 @@ class _Recorder(RowTrails, Scales, TorchFunctionMode):
                 pass
 
     def use(self, name: str, op: str, fan_in, fan_out, what: str) -> None:
+        if self.attention_only:
+            return
         fi = tuple(sorted({d for group in fan_in for d in group}))
         fo = tuple(sorted({d for group in fan_out for d in group} - set(fi)))
         self.obs.uses.setdefault(name, []).append(Use(self._module(), op, fi, fo, what))
@@ -110,15 +116,21 @@ class _Recorder(RowTrails, Scales, TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if self.paused:
+            return out
         try:
-            if tensors_in(out):  # an op making tensors from it (not .shape, .size(), …)
+            makes_tensors = bool(tensors_in(out))  # an op making tensors (not .shape, .dtype, .size(), …)
+            if self.attention_only and not makes_tensors:
+                return out  # nothing for attention to follow: every tracker below marks only tensors it made
+            if not self.attention_only and makes_tensors:
                 self._count_output_uses(args, kwargs)
             name = op_name(func)
             self._usage(name, args, kwargs, out)
             self._track_constants(name, args, kwargs, out)
             self._track_origins(name, args, kwargs, out)
             self._track_sources(args, kwargs, out)
-            self._track_rows(name, args, kwargs, out)
+            if not self.attention_only:
+                self._track_rows(name, args, kwargs, out)
             if self.on_attention is not None:
                 self._track_terms(func, name, args, kwargs, out)
         except Exception:  # observing must never break the user's forward
@@ -385,7 +397,9 @@ class _Recorder(RowTrails, Scales, TorchFunctionMode):
 
 
 @contextlib.contextmanager
-def recording(model: nn.Module, on_attention: Callable[..., None] | None = None) -> Iterator[_Recorder]:
+def recording(
+    model: nn.Module, on_attention: Callable[..., None] | None = None, attention_only: bool = False
+) -> Iterator[_Recorder]:
     """Record usage and attention calls of every forward run inside the block.
 
     Args:
@@ -394,6 +408,11 @@ def recording(model: nn.Module, on_attention: Callable[..., None] | None = None)
             computation with its tensors: q and k for SDPA (then also ``scale=``, SDPA's own scale: the
             factor q·kᵀ still needs, as q and k already hold any constant multiplied onto them), the
             q·k term of the logits for a matmul → softmax (additive biases left out, masked entries NaN).
+        attention_only: record only what the attention calls need (`Observation.attention`,
+            `Observation.prob_modules` and the `on_attention` calls, the same as a full record's): the
+            parameter provenance, forward constants, origins and logit terms they are computed from are
+            followed, but parameter uses, output-use counts and row/column cuts are not recorded.
+            Set the recorder's ``paused`` to run ops that the record leaves out (an observer's own copies).
 
     Returns:
         A context manager yielding the recorder, whose ``obs`` (an `Observation`) holds the record.
@@ -422,7 +441,7 @@ def recording(model: nn.Module, on_attention: Callable[..., None] | None = None)
             except Exception:
                 recorder.failures += 1
 
-    recorder = _Recorder(params, stack, on_attention)
+    recorder = _Recorder(params, stack, on_attention, attention_only)
     h1 = nn.modules.module.register_module_forward_pre_hook(enter)
     h2 = nn.modules.module.register_module_forward_hook(leave, always_call=True)
     try:

@@ -105,6 +105,7 @@ class ActivationMeter:
         self.prob_modules: set[str] = set()  # modules fed attention probabilities
         self.attention_calls: list = []  # the recorder's `AttentionCall`s of the last `measure`
         self.handles = []
+        self.recorder = None  # the recorder of the running `measure`
         self.dropouts = [m for m in model.modules() if _is_dropout(m)]
         params = dict(model.named_parameters())
         self.biases = {label: params.get(bias) for label, bias in self.readouts.items()}
@@ -115,7 +116,23 @@ class ActivationMeter:
             if isinstance(module, nn.MultiheadAttention):
                 self.handles.append(module.register_forward_hook(self._mha(label), with_kwargs=True))
 
+    def _paused(self, hook):
+        """`hook` run with the recorder paused: the copies it takes are not the model's forward."""
+
+        def paused(*args):
+            recorder = self.recorder
+            if recorder is None:
+                return hook(*args)
+            recorder.paused = True
+            try:
+                return hook(*args)
+            finally:
+                recorder.paused = False
+
+        return paused
+
     def _leave(self, label: str):
+        @self._paused
         def hook(mod, args, output):
             if not self.active:
                 return
@@ -165,6 +182,7 @@ class ActivationMeter:
             self.head_dims[label] = call.head_dim
 
     def _mha(self, label: str):
+        @self._paused
         def hook(mod: nn.MultiheadAttention, args, kwargs, output):
             if not self.active or label + ATTN_SUFFIX in self.captured:
                 return
@@ -193,12 +211,17 @@ class ActivationMeter:
             m.train(False)
         self.captured, self.active = {}, True
         try:
-            with torch.no_grad(), recording(self.model, on_attention=self._on_attention) as recorder:
+            # the meter reads only the attention calls (and the modules fed their probabilities)
+            with (
+                torch.no_grad(),
+                recording(self.model, on_attention=self._on_attention, attention_only=True) as recorder,
+            ):
+                self.recorder = recorder
                 self.model(*model_args(inputs), **model_kwargs(inputs))
             self.prob_modules |= {m or MODEL_OUTPUT for m in recorder.obs.prob_modules}
             self.attention_calls = list(recorder.obs.attention)
         finally:
-            self.active = False
+            self.active, self.recorder = False, None
             for m, mode in zip(self.dropouts, modes, strict=True):
                 m.train(mode)
             with torch.no_grad():
