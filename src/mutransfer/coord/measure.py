@@ -105,7 +105,7 @@ class ActivationMeter:
         self.prob_modules: set[str] = set()  # modules fed attention probabilities
         self.attention_calls: list = []  # the recorder's `AttentionCall`s of the last `measure`
         self.handles = []
-        self.recorder = None  # the recorder of the running `measure`
+        self.recorder: Any = None  # the recorder of the running `measure` (paused while its hooks copy outputs)
         self.dropouts = [m for m in model.modules() if _is_dropout(m)]
         params = dict(model.named_parameters())
         self.biases = {label: params.get(bias) for label, bias in self.readouts.items()}
