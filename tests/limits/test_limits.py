@@ -2,6 +2,7 @@
 empirical NTK convergence, and the µP limit of a 1-hidden-layer network."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -401,3 +402,18 @@ def test_optimizer_arguments_are_checked():
 def test_a_diverging_mup_limit_raises_naming_lr():
     with pytest.raises(ValueError, match="diverged .*lower lr"):
         L.MuPLimit("tanh", method="monte_carlo", samples=256, momentum=0.9).fit(XS * 10, YS * 10, 200, 50.0)
+
+
+def test_coarse_quadrature_warns_and_auto_avoids_it():
+    """Issue 33: tanh, 8 inputs in d = 4 (a 5-D grid of 10 points per dimension) missed the Monte
+    Carlo limit by up to 24 standard errors; an explicit method="quadrature" there warns, "auto"
+    takes Monte Carlo, and a 3-D grid (18+ points) stays silent."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 4, generator=g, dtype=torch.float64)
+    y = torch.randn(8, generator=g, dtype=torch.float64)
+    with pytest.warns(L.KernelWarning, match="too coarse for tanh"):
+        L.MuPLimit("tanh", method="quadrature", max_nodes=4096).fit(x, y, 1, 0.5)
+    assert L.MuPLimit("tanh", samples=256).fit(x, y, 1, 0.5).method_used == "monte_carlo"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert L.MuPLimit("tanh", max_nodes=8000).fit(x[:2], y[:2], 1, 0.5).method_used == "quadrature"
