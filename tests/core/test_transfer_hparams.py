@@ -2,11 +2,12 @@
 
 import math
 import pickle
+import warnings
 
 import pytest
 
 import mutransfer as mt
-from mutransfer.errors import HParamTransferError
+from mutransfer.errors import HParamTransferError, MuPWarning
 from mutransfer.sweep.scale import Scale as SweepScale
 
 P = mt.Scale(width=256, depth=4, batch_size=64, tokens=1e9)
@@ -143,3 +144,17 @@ def test_str_lists_every_rule_applied():
         assert set(record.as_dict()) == {"hparam", "from", "to", "rule", "regime", "source"}
     assert "betas" in text and "kept" in text
     assert math.isclose(out.rules[2].as_dict()["to"], 2e-3)
+
+
+def test_tau_rule_warns_when_the_model_grows_and_not_when_only_batch_and_tokens_change():
+    # Power Lines: the optimal τ is a power law in tokens per parameter, so keeping τ is exact only at the
+    # same model size; a larger model changes D/N, which the rule does not correct: said, and warned
+    hp = {"lr": 1e-3, "weight_decay": 0.1}
+    with pytest.warns(MuPWarning, match="tokens per parameter"):
+        out = mt.transfer_hparams(hp, P, _t(tokens=4e9))
+    assert "measured power law in D/N" in out.rules[-1].regime
+    same_model = mt.Scale(width=256, depth=4, batch_size=64, tokens=4e9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = mt.transfer_hparams(hp, P, same_model)
+    assert out.hparams["weight_decay"] == pytest.approx(0.025) and "D/N" not in out.rules[-1].regime

@@ -12,10 +12,11 @@ holds (past the critical batch, η*(D) without a measured fit) it says so and gi
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import HParamTransferError
+from ..errors import HParamTransferError, MuPWarning
 from ..rules import OPTIMIZERS
 from .scale import Scale
 
@@ -314,6 +315,21 @@ def _weight_decay(
     factor = batch / (eta * tokens)
     new = wd * factor
     regime = f"τ = B/(η·λ·D) kept: η ×{_fmt(eta)}, B ×{_fmt(batch)}, D ×{_fmt(tokens)} ⇒ λ ×{_fmt(factor)}"
+    if target.width != proxy.width or target.depth != proxy.depth:
+        # Power Lines: at fixed model and data λ* ∝ B (τ kept), but across sizes the optimal τ follows a
+        # power law in tokens per parameter D/N, measured, not derived: keeping τ is exact only at the same D/N
+        regime += (
+            "; exact at the same tokens per parameter — the model's size changes here, and the optimal τ "
+            "is a measured power law in D/N (Power Lines), not applied"
+        )
+        warnings.warn(
+            f"transfer_hparams: the τ rule keeps AdamW's timescale B/(η·λ·D), but the model grows (width "
+            f"{proxy.width} → {target.width}, depth {proxy.depth} → {target.depth}) and the optimal τ moves with "
+            "tokens per parameter (Bergsma et al. 2025): measure τ* at two model sizes, or pass "
+            "rules={'weight_decay': 'independent'} to keep λ on purpose",
+            MuPWarning,
+            stacklevel=3,
+        )
     source = _TAU if optimizer in _DEFAULT_WEIGHT_DECAY_RULE else f"{_TAU}; {_USER}"
     applied.append(AppliedRule("weight_decay", wd, new, "τ rule", regime, source))
     return new
