@@ -134,14 +134,11 @@ def record_proxy_trajectory(sweep: Sweep, previous: dict | None = None, say: Any
     if previous is not None and _same(previous.get("hparams"), hp) and (previous.get("file") is None or path.is_file()):
         return previous
     seed = cfg.seeds[0]
-    scale = sweep.scale("mup", cfg.proxy_width, cfg.proxy_depth, seed)
     entry: dict[str, Any] = {"hparams": hp, "width": cfg.proxy_width, "depth": cfg.proxy_depth, "seed": seed}
-    try:
-        _, mon = recorded_run(sweep.objective, hp, scale)
-    except Exception as e:  # the sweep is done: a failed extra run costs its trajectory, not the sweep
-        reason = f"the recorded run raised {type(e).__name__}: {e}"
-        say(f"proxy trajectory: not recorded, {reason}")
-        return {**entry, "file": None, "reason": reason}
+    mon, failure = _try_recorded(sweep, hp, cfg.proxy_width, seed)
+    if failure is not None:  # the sweep is done: a failed extra run costs its trajectory, not the sweep
+        say(f"proxy trajectory: not recorded, {failure}")
+        return {**entry, "file": None, "reason": failure}
     if mon is None:
         say(f"proxy trajectory: {NOT_CALLED} (docs/monitor.md, 'In sweeps and transfers')")
         return {**entry, "file": None, "reason": NOT_CALLED}
@@ -149,16 +146,24 @@ def record_proxy_trajectory(sweep: Sweep, previous: dict | None = None, say: Any
     # the next swept width, at the same hparams: the finite-width trend the target's band spans (Monitor's `proxy`)
     wider = min((w for w in cfg.widths if w > cfg.proxy_width), default=None)
     if wider is not None:
-        try:
-            _, mon2 = recorded_run(sweep.objective, hp, sweep.scale("mup", wider, cfg.proxy_depth, seed))
-        except Exception as e:
-            mon2 = None
-            say(f"proxy trajectory: the run at width {wider} raised {type(e).__name__}: {e}; the proxy's alone is kept")
-        if mon2 is not None:
-            trajectory["wider"] = {**mon2.trajectory(), "width": wider, "depth": cfg.proxy_depth}
+        mon, failure = _try_recorded(sweep, hp, wider, seed)
+        if failure is not None:
+            say(f"proxy trajectory: at width {wider}, {failure}; the proxy's alone is kept")
+        elif mon is not None:
+            trajectory["wider"] = {**mon.trajectory(), "width": wider, "depth": cfg.proxy_depth}
             entry["wider_width"] = wider
     write_atomically(path, json.dumps(trajectory, indent=1))
     return {**entry, "file": PROXY_FILE, "samples": len(trajectory["steps"])}
+
+
+def _try_recorded(sweep: Sweep, hp: dict, width: int, seed: int) -> tuple[Monitor | None, str | None]:
+    """The µP run at `width` (the proxy depth), recording: (its monitor or None, None), or (None, why) when
+    it raised."""
+    try:
+        _, mon = recorded_run(sweep.objective, hp, sweep.scale("mup", width, sweep.config.proxy_depth, seed))
+    except Exception as e:
+        return None, f"the recorded run raised {type(e).__name__}: {e}"
+    return mon, None
 
 
 def _same(a: Any, b: dict) -> bool:
