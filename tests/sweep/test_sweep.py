@@ -961,3 +961,50 @@ def test_importing_the_sweep_module_does_not_change_optunas_log_level():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "True", out.stderr[-2000:]
+
+
+COUNTING = textwrap.dedent('''
+    import math
+    from pathlib import Path
+
+    CALLS = Path(__file__).parent / "calls"
+
+    def train(hp, scale):
+        with CALLS.open("a") as f:
+            f.write(f"{scale.parametrization} {scale.width} {scale.seed}\\n")
+        target = -6 - (0 if scale.mup else math.log2(scale.width / scale.base_width))
+        return (math.log2(hp["lr"]) - target) ** 2 + 1.0 / scale.width + 0.01 * scale.seed
+''')
+
+
+def test_a_transfer_to_a_swept_width_reuses_the_sweeps_runs_but_the_monitored_one(tmp_path, capsys):
+    """The target at the largest swept width with the proxy's optimum is a trial the sweep ran: its
+    losses and CPU time are taken from it (only µP's first seed trains, for the monitor); a target
+    at an unswept width trains every seed."""
+    (tmp_path / "obj.py").write_text(COUNTING)
+    cfg = tmp_path / "sweep.toml"
+    cfg.write_text(
+        f'name = "count"\nobjective = "{tmp_path / "obj.py"}:train"\nwidths = [16, 64]\nsampler = "grid"\n'
+        'seeds = [0, 1]\n[space.lr]\ntype = "log"\nlow = "2**-8"\nhigh = "2**-4"\ngrid = 5\n'
+    )
+    run = tmp_path / "run"
+    assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
+    calls = tmp_path / "calls"
+    calls.write_text("")
+    capsys.readouterr()
+    assert main(["transfer", str(run), "--width", "64"]) == 0
+    out = capsys.readouterr().out
+    assert calls.read_text().split("\n")[:-1] == ["mup 64 0"]  # the monitored seed only
+    result = json.loads((run / "transfer.json").read_text())
+    swept = {(r.parametrization, r.params["lr"]): r for r in load_results(Sweep(run)) if r.width == 64}
+    for p in ("mup", "sp"):
+        trial = swept[(p, 2**-6)]
+        assert result[p]["losses"] == pytest.approx(list(trial.losses))
+        assert result[p]["reused"]["trial"] == trial.number
+    assert result["mup"]["reused"]["seeds"] == [1] and result["sp"]["reused"]["seeds"] == [0, 1]
+    assert result["sp"]["cpu_seconds_per_seed"] == pytest.approx([swept[("sp", 2**-6)].cpu_seconds / 2] * 2)
+    assert "seeds 0, 1 from the sweep's trial" in out and "seed 1 from the sweep's trial" in out
+    calls.write_text("")
+    assert main(["transfer", str(run), "--width", "128"]) == 0
+    assert sorted(calls.read_text().split("\n")[:-1]) == ["mup 128 0", "mup 128 1", "sp 128 0", "sp 128 1"]
+    assert "reused" not in json.loads((run / "transfer.json").read_text())["mup"]

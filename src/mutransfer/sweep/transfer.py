@@ -13,7 +13,8 @@ with a warning (it transfers nothing). transfer.json holds `target_width`, `prox
 (`target_depth`, `proxy_depth`, `base_depth` in a sweep over depths), `seeds`, one entry per
 parametrization — `{"hparams", "loss" (None if diverged), "losses" (one per seed), "seconds"
 (wall), "cpu_seconds" (process CPU time of training: the cheapest seed's × the number of seeds,
-so that one-time setup in a fresh process is left out), "cpu_seconds_per_seed"}` — then `sweep_seconds` (wall),
+so that one-time setup in a fresh process is left out), "cpu_seconds_per_seed", and "reused" when the
+sweep already trained the target (below)}` — then `sweep_seconds` (wall),
 `sweep_cpu_seconds`, `proxy_cpu_seconds`, `cost_ratio` (sweep CPU over the µP target's CPU) and
 `proxy_cost_ratio` (µP proxy cell CPU over the µP target's CPU), and `device` / `precision` (where and
 how the target trained: e.g. "cuda:0", "bf16"), and `monitor`: the µP target's first seed trains with
@@ -22,6 +23,12 @@ how the target trained: e.g. "cuda:0", "bf16"), and `monitor`: the µP target's 
 "proxy": "proxy_trajectory.json" or None, "every"}`, or trajectory None and a "note" when the objective
 never called `scale.monitor`. If the run directory already has a report.html, the report is written
 again so that it shows this transfer.
+
+When the target is a swept cell (e.g. the largest swept width) and the sweep's trial there has exactly
+the transferred hyperparameters and every seed's loss and CPU time recorded, on the sweep's own device,
+that trial *is* the target run: its per-seed losses and CPU time are used instead of training it
+again (`"reused": {"trial": N, "seeds": [...]}`), except for the µP target's first seed, which always
+trains (with the monitor).
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from typing import TYPE_CHECKING
 
 from .._core.atomic import write_atomically
 from .._core.devices import DeviceLike, check_precision, resolve_device
-from .analysis import costs, load_results, transferred_hparams
+from .analysis import TrialResult, costs, in_cell, load_results, transferred_hparams
 from .report import write_report
 from .runner import Sweep
 from .summary import TRANSFER_RUNS, transfer_where
@@ -139,17 +146,25 @@ def transfer(
             raise ValueError(f"{sweep.run_dir}: no finished {p} trial at the proxy {where}; run the sweep first")
         hp = {**hp, **sweep.config.proxy_extra, **overrides}
         start, losses, per_seed = time.perf_counter(), [], []
-        for seed in sweep.config.seeds:
+        swept = None if where_to is not None else _swept(sweep, results, p, width, depth, hp)
+        reused_seconds = 0.0
+        for i, seed in enumerate(sweep.config.seeds):
+            monitored = p == "mup" and i == 0  # the µP target's first seed runs with the monitor on
+            if swept is not None and not monitored:  # the sweep trained this very run: its loss and cost
+                losses.append(swept.losses[i])
+                per_seed.append(swept.cpu_seconds / len(swept.losses))
+                reused_seconds += swept.seconds / len(swept.losses)
+                continue
             cpu_start = time.process_time()
             scale = sweep.scale(p, width, depth, seed, device=where_to)
-            if p == "mup" and seed == sweep.config.seeds[0]:  # the µP target's first seed runs with the monitor on
+            if monitored:
                 loss, mon = recorded_run(sweep.objective, hp, scale, proxy_trajectory(sweep.run_dir))
                 out["monitor"] = _monitored(sweep, mon)
             else:
                 loss = float(sweep.objective(dict(hp), scale))
             losses.append(loss)
             per_seed.append(time.process_time() - cpu_start)
-        seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - start + reused_seconds
         loss = sum(losses) / len(losses)
         # The first call in a process also pays one-time setup (imports, loading data: 1.6 CPU s
         # for recipe:gpt's text); every seed trains the same model, so the cheapest seed × seeds
@@ -162,6 +177,9 @@ def transfer(
             "cpu_seconds": min(per_seed) * len(per_seed),
             "cpu_seconds_per_seed": per_seed,
         }
+        if swept is not None:
+            seeds = [s for i, s in enumerate(sweep.config.seeds) if not (p == "mup" and i == 0)]
+            out[p]["reused"] = {"trial": swept.number, "seeds": seeds}
     cost = costs(sweep, results, out)
     out.update(
         sweep_seconds=sum(r.seconds for r in results),
@@ -174,6 +192,17 @@ def transfer(
     if (sweep.run_dir / "report.html").is_file():  # the report shows the transfer, whatever the order
         write_report(sweep)
     return out
+
+
+def _swept(sweep: Sweep, results: list, p: str, width: int, depth: int | None, hp: dict) -> TrialResult | None:
+    """The sweep's finished trial that trained exactly this target — same cell, hyperparameters and
+    seeds, on the sweep's own device — whose per-seed losses and CPU time were recorded; else None."""
+    cfg = sweep.config
+    for r in in_cell(results, p, width, depth):
+        same = {**cfg.fixed, **r.params, **cfg.proxy_extra} == hp
+        if same and r.ok and len(r.losses) == len(cfg.seeds) and r.cpu_seconds > 0:
+            return r
+    return None
 
 
 def _monitored(sweep: Sweep, mon: Monitor | None) -> dict:
@@ -203,6 +232,7 @@ def format_transfer(out: dict) -> str:
                 f"  {label:<30} loss {loss}"
                 + (f"  (lr {lr:.3g})" if lr is not None else "")
                 + f"  {out[p]['seconds']:.1f} s"
+                + (_reused(out[p]["reused"]) if "reused" in out[p] else "")
             )
     if "cost_ratio" in out:
         target = out["mup"]["cpu_seconds"]
@@ -219,3 +249,9 @@ def format_transfer(out: dict) -> str:
     if line is not None:
         lines.append(f"  {line}")
     return "\n".join(lines)
+
+
+def _reused(reused: dict) -> str:
+    seeds = reused["seeds"]
+    which = f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+    return f"  ({which} from the sweep's trial {reused['trial']})"
