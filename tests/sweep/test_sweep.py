@@ -963,7 +963,7 @@ def test_importing_the_sweep_module_does_not_change_optunas_log_level():
     assert out.stdout.strip() == "True", out.stderr[-2000:]
 
 
-COUNTING = textwrap.dedent('''
+COUNTING = textwrap.dedent("""
     import math
     from pathlib import Path
 
@@ -974,7 +974,7 @@ COUNTING = textwrap.dedent('''
             f.write(f"{scale.parametrization} {scale.width} {scale.seed}\\n")
         target = -6 - (0 if scale.mup else math.log2(scale.width / scale.base_width))
         return (math.log2(hp["lr"]) - target) ** 2 + 1.0 / scale.width + 0.01 * scale.seed
-''')
+""")
 
 
 def test_a_transfer_to_a_swept_width_reuses_the_sweeps_runs_but_the_monitored_one(tmp_path, capsys):
@@ -992,7 +992,7 @@ def test_a_transfer_to_a_swept_width_reuses_the_sweeps_runs_but_the_monitored_on
     calls = tmp_path / "calls"
     calls.write_text("")
     capsys.readouterr()
-    assert main(["transfer", str(run), "--width", "64"]) == 0
+    assert main(["transfer", str(run), "--width", "64", "--device", "cpu"]) == 0  # where the sweep trained
     out = capsys.readouterr().out
     assert calls.read_text().split("\n")[:-1] == ["mup 64 0"]  # the monitored seed only
     result = json.loads((run / "transfer.json").read_text())

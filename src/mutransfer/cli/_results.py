@@ -57,6 +57,28 @@ def add_parsers(sub) -> None:
         type=int,
         help="the target's training steps, passed to the objective as hparams['steps'] (default: the proxy's)",
     )
+    t.add_argument(
+        "--tokens",
+        type=float,
+        help="the target's training tokens instead of --steps: steps = tokens / (batch size × seq_len)",
+    )
+    t.add_argument(
+        "--critical-batch",
+        type=float,
+        help="the critical batch size (e.g. the gradient noise scale): a batch-size rule holds only below it",
+    )
+    t.add_argument(
+        "--batch-rule",
+        choices=("auto", "sqrt", "linear", "none"),
+        help="how lr follows the batch size where the sweep did not measure it: auto (√B for Adam/AdamW, "
+        "B for SGD), sqrt, linear, or none (lr kept on purpose)",
+    )
+    t.add_argument(
+        "--wd-rule",
+        choices=("tau", "independent"),
+        help="how weight_decay follows batch size and horizon: tau (AdamW's τ = B/(η·λ·D) kept) or independent",
+    )
+    t.add_argument("--optimizer", help="the objective's optimizer for those rules (default: hparams['optimizer'])")
     t.add_argument("--storage", help="storage URL (default: the run's own)")
     t.add_argument(
         "--device",
@@ -67,7 +89,7 @@ def add_parsers(sub) -> None:
         "demo",
         help="tune a byte-level GPT at width 32, check the transfer to 64 and 128 (µP vs SP), transfer",
         description="Reproduces TP5's headline figure on a laptop: tune lr × output multiplier at "
-        "width 32 (µP, 25 trials), sweep the lr at widths 32, 64, 128 (µP and SP, 42 trials), train "
+        "width 32 (µP, 25 trials), sweep the lr at widths 32, 64, 128 (µP and SP each on its own range, 36 trials), train "
         "width 128 with the proxy's hyperparameters, and write the report (720 CPU seconds in all, "
         "measured on a 2-core CPU). Rerunning resumes. Exit 0 when done, 2 on bad arguments, 130 on Ctrl-C "
         "(rerun to resume).",
@@ -76,7 +98,7 @@ def add_parsers(sub) -> None:
     d.add_argument(
         "--quick",
         action="store_true",
-        help="widths 32 and 128, 6 lrs, a 3×3 tuning grid (about a third of the full demo's compute)",
+        help="widths 32 and 128, 4 lrs for µP and 6 for SP, a 3×3 tuning grid (about a third of the full demo's compute)",
     )
     d.add_argument("--workers", type=int, default=2, help="local worker processes (default 2)")
     d.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -134,10 +156,32 @@ def _transfer(args) -> int:
                 args.batch_size,
                 args.steps,
                 device=None if args.device is None else device(args.device),
+                tokens=args.tokens,
+                optimizer=args.optimizer,
+                rules={k: v for k, v in (("batch", args.batch_rule), ("weight_decay", args.wd_rule)) if v} or None,
+                critical_batch=args.critical_batch,
             )
     except ValueError as e:
-        raise UsageError(str(e)) from None
+        raise UsageError(_as_flags(str(e))) from None
     for w in caught:
         print(f"mutransfer transfer: warning: {w.message}", file=sys.stderr)
     print(format_transfer(out))
     return EXIT_PASS
+
+
+# `mt.transfer_hparams` names its Python arguments in its messages; on the command line they are flags
+_FLAGS = (
+    ("pass critical_batch=", "pass --critical-batch"),
+    ("critical_batch= is needed", "--critical-batch is needed"),
+    ("critical_batch ", "--critical-batch "),
+    ("rules={'batch': 'sqrt'}, {'batch': 'linear'} or {'batch': 'none'}", "--batch-rule sqrt, linear or none"),
+    ("rules={'batch': 'none'}", "--batch-rule none"),
+    ("rules={'weight_decay': 'tau'}", "--wd-rule tau"),
+    ("rules={'weight_decay': 'independent'}", "--wd-rule independent"),
+)
+
+
+def _as_flags(message: str) -> str:
+    for api, flag in _FLAGS:
+        message = message.replace(api, flag)
+    return message

@@ -202,7 +202,7 @@ def drift(
     """How far the optimum of HP `name` moves from the smallest to the largest width (or depth,
     `along="depth"`): in octaves (log2 ratio) for a log-scaled HP, in units of the value
     otherwise; None for a choice."""
-    dim = sweep.config.space[name]
+    dim = sweep.config.space_for(parametrization)[name]
     if isinstance(dim, Choice):
         return None
     opts = optima(sweep, results, parametrization, along, at)
@@ -221,7 +221,7 @@ def max_drift_steps(
     at: int | None = None,
 ) -> float | None:
     """Largest move of the optimum between any two widths (or depths), in grid steps (log HPs on a grid)."""
-    dim = sweep.config.space[name]
+    dim = sweep.config.space_for(parametrization)[name]
     if not isinstance(dim, LogUniform) or dim.grid < 2:
         return None
     step = math.log2(dim.high / dim.low) / (dim.grid - 1)
@@ -316,7 +316,12 @@ def verdicts(sweep: Sweep, results: list[TrialResult]) -> dict[str, dict[str, Ve
         out[p] = {}
         for axis in axes(sweep):
             v = judge(
-                p, axis, cells_along(sweep, results, p, axis), cfg.space, len(cfg.seeds), grid=cfg.sampler == "grid"
+                p,
+                axis,
+                cells_along(sweep, results, p, axis),
+                cfg.space_for(p),
+                len(cfg.seeds),
+                grid=cfg.sampler == "grid",
             )
             if v is not None:
                 out[p][axis] = v
@@ -337,7 +342,9 @@ def proxy_verdict(sweep: Sweep, results: list[TrialResult], parametrization: str
     """
     cfg = sweep.config
     cells = [(cfg.proxy_width, in_cell(results, parametrization, cfg.proxy_width, cfg.proxy_depth))]
-    return judge(parametrization, "width", cells, cfg.space, len(cfg.seeds), grid=cfg.sampler == "grid")
+    return judge(
+        parametrization, "width", cells, cfg.space_for(parametrization), len(cfg.seeds), grid=cfg.sampler == "grid"
+    )
 
 
 def same_point(

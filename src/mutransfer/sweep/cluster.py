@@ -302,8 +302,8 @@ def trial_counts(sweep: Sweep) -> dict[str, dict[str, int]]:
     """Per study: done, running, failed, pending trials (pending: queued, not yet claimed, and not
     yet created for random/TPE)."""
     out = {}
-    per_cell = sweep.trials_per_cell()
     for cell in sweep.config.all_cells:
+        per_cell = sweep.trials_per_cell(cell.parametrization)
         study = sweep.study(*cell)
         trials = study.get_trials(deepcopy=False)
         outcomes = [trial_outcome(t) for t in trials]

@@ -33,6 +33,9 @@ low = "2**-12"
 high = "2**-5"
 grid = 8
 
+[sp.space.lr]                   # optional: SP's own range (its optimum moves with width)
+low = "2**-14"
+
 [fixed]                         # passed to the objective unchanged
 seq_len = 64                    # (not steps or batch_size here: horizons and batch_sizes sweep them)
 ```
@@ -149,12 +152,26 @@ class SweepConfig:
     precision: str = "fp32"
     cluster: ClusterConfig | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    space_overrides: dict[str, dict[str, Dimension]] = field(default_factory=dict)  # [mup.space.*], [sp.space.*]
 
     def __post_init__(self) -> None:
         if self.base_width is None:
             self.base_width = min(self.widths)
         if self.depths is not None and self.base_depth is None:
             self.base_depth = min(self.depths)
+
+    def space_for(self, parametrization: str) -> dict[str, Dimension]:
+        """The search space of `parametrization`'s studies: `space` with its own ``[mup.space.*]`` or
+        ``[sp.space.*]`` ranges in place (the same hyperparameters, in the same order).
+
+        Args:
+            parametrization: "mup" or "sp".
+
+        Returns:
+            Hyperparameter name -> `Dimension`.
+        """
+        own = self.space_overrides.get(parametrization, {})
+        return {name: own.get(name, dim) for name, dim in self.space.items()}
 
     @cached_property
     def proxy_width(self) -> int:
@@ -280,8 +297,6 @@ def config_from_dict(
         if not isinstance(space, dict) or not space:
             raise ConfigError("space must be a table with at least one hyperparameter, e.g. [space.lr]")
         dims = {name: dimension_from_dict(name, spec) for name, spec in space.items()}
-        if data.get("sampler", "grid") == "grid":
-            grid_size(dims)
         parametrizations = data.get("parametrizations", ["mup", "sp"])
         if (
             not isinstance(parametrizations, list)
@@ -289,6 +304,11 @@ def config_from_dict(
             or any(p not in PARAMETRIZATIONS for p in parametrizations)
         ):
             raise ConfigError(f"parametrizations must be a list from {PARAMETRIZATIONS}, got {parametrizations!r}")
+        overrides = _space_overrides(data, space, dims, parametrizations)
+        if data.get("sampler", "grid") == "grid":
+            grid_size(dims)
+            for own in overrides.values():
+                grid_size({**dims, **own})
         sampler = data.get("sampler", "grid")
         if sampler not in SAMPLERS:
             raise ConfigError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
@@ -363,7 +383,46 @@ def config_from_dict(
         precision=precision,
         cluster=cluster,
         raw=raw,
+        space_overrides=overrides,
     )
+
+
+def _space_overrides(
+    data: dict[str, Any], space: dict[str, Any], dims: dict[str, Dimension], parametrizations: list[str]
+) -> dict[str, dict[str, Dimension]]:
+    """The ``[mup.space.*]`` / ``[sp.space.*]`` tables: per parametrization, the dimensions whose keys
+    they replace (each merged over its ``[space.*]`` table, of the same type)."""
+    out: dict[str, dict[str, Dimension]] = {}
+    for p in PARAMETRIZATIONS:
+        if p not in data:
+            continue
+        table = data[p]
+        if not isinstance(table, dict) or set(table) != {"space"} or not isinstance(table["space"], dict):
+            raise ConfigError(f"[{p}] holds only a [{p}.space] table of ranges, e.g. [{p}.space.lr] with low = ...")
+        if p not in parametrizations:
+            raise ConfigError(f"[{p}.space] is given but parametrizations has no {p!r}; remove it or add {p!r}")
+        own: dict[str, Dimension] = {}
+        for name, spec in table["space"].items():
+            if name not in dims:
+                raise ConfigError(
+                    f"{p}.space.{name}: {name} is not swept in [space]; a [{p}.space] table changes the range "
+                    f"of a swept hyperparameter ({', '.join(dims)}), it adds none"
+                )
+            if not isinstance(spec, dict):
+                raise ConfigError(f"{p}.space.{name} must be a table of [space.{name}]'s keys (low, high, grid, ...)")
+            if space[name].get("type") == "choice":
+                raise ConfigError(
+                    f"{p}.space.{name}: {name} is a choice, whose values are the same for every parametrization; "
+                    f"remove [{p}.space.{name}]"
+                )
+            if spec.get("type", space[name].get("type", "log")) != space[name].get("type", "log"):
+                raise ConfigError(f"{p}.space.{name}.type must be [space.{name}]'s type; give only its range")
+            try:
+                own[name] = dimension_from_dict(name, {**space[name], **spec})
+            except ConfigError as e:
+                raise ConfigError(f"[{p}.space.{name}] merged over [space.{name}]: {e}") from None
+        out[p] = own
+    return out
 
 
 def _renamed_keys(data: dict[str, Any], source: str) -> dict[str, Any]:

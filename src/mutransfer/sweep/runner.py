@@ -246,9 +246,10 @@ class Sweep:
         """
         return self.studies[Cell(parametrization, width, depth, tuple(extra))]
 
-    def grid(self) -> list[dict]:
-        """Every grid point, in the order they are enqueued (see `studies.grid`)."""
-        return list(self.studies.grid)
+    def grid(self, parametrization: str | None = None) -> list[dict]:
+        """Every grid point of `parametrization`'s studies (None: the first parametrization's), in the
+        order they are enqueued (see `studies.grid`)."""
+        return list(self.studies.grid(parametrization))
 
     def prepare(self) -> None:
         """Create the studies; for a grid sweep, enqueue every grid point once."""
@@ -269,9 +270,10 @@ class Sweep:
         """
         self.studies.wait_prepared(timeout)
 
-    def trials_per_cell(self) -> int:
-        """Trials each study runs: its grid points, or `n_trials` (random/TPE)."""
-        return self.studies.trials_per_cell
+    def trials_per_cell(self, parametrization: str | None = None) -> int:
+        """Trials each of `parametrization`'s studies runs (None: the first parametrization's): its
+        grid points, or `n_trials` (random/TPE)."""
+        return self.studies.trials_per_cell(parametrization)
 
     def total_trials(self) -> int:
         """Trials the whole sweep runs."""

@@ -158,6 +158,20 @@ TOP_LEVEL: tuple[Key, ...] = (
     ),
     Key("space", "table of tables", REQUIRED, "The hyperparameters swept, one table each: `[space.lr]` (keys below)."),
     Key(
+        "mup",
+        "table",
+        {},
+        "µP's own search ranges: `[mup.space.lr]` with any of the keys of `[space.lr]` replaces them for µP's "
+        "studies only (same hyperparameters, same type).",
+    ),
+    Key(
+        "sp",
+        "table",
+        {},
+        "SP's own search ranges, as `[mup.space.*]`: e.g. a wider lr range, since SP's optimum moves with width "
+        "while µP's stays put.",
+    ),
+    Key(
         "fixed",
         "table",
         {},

@@ -79,18 +79,21 @@ def tally(studies: list[optuna.Study], total: int, storage: optuna.storages.RDBS
     return Tally(total, counts["complete"], counts["diverged"], counts["failed"], counts["pruned"])
 
 
-def grid(config: SweepConfig) -> list[dict]:
+def grid(config: SweepConfig, parametrization: str | None = None) -> list[dict]:
     """Every grid point of the config's space, in the order they are enqueued.
 
     Args:
         config: the sweep's config.
+        parametrization: whose space (`SweepConfig.space_for`: its own ``[mup.space.*]`` or
+            ``[sp.space.*]`` ranges); None: the first of the config's parametrizations.
 
     Returns:
         One dict of hyperparameter values per point: ascending, or centre first then outwards
         with a pruner (good references first, so that the clearly bad ends are pruned early).
     """
-    names = list(config.space)
-    axes = [d.grid_points() for d in config.space.values()]
+    space = config.space_for(parametrization or config.parametrizations[0])
+    names = list(space)
+    axes = [d.grid_points() for d in space.values()]
     points = list(product(*(range(len(a)) for a in axes)))
     if config.pruner != "none":
         points = sorted(points, key=lambda ix: _centre_distance(ix, [len(a) for a in axes]))
@@ -116,7 +119,7 @@ class Studies:
         self.config = config
         self.storage = storage
         self._open: dict[Cell, optuna.Study] = {}
-        self._grid: list[dict] | None = None
+        self._grids: dict[str, list[dict]] = {}
 
     def __getitem__(self, cell: Cell | tuple) -> optuna.Study:
         """The study of `cell` (a `Cell` or the equal tuple), created on first use."""
@@ -150,22 +153,21 @@ class Studies:
             load_if_exists=True,
         )
 
-    @property
-    def grid(self) -> list[dict]:
-        """The config's grid points in enqueueing order (see `grid`), computed once."""
-        if self._grid is None:
-            self._grid = grid(self.config)
-        return self._grid
+    def grid(self, parametrization: str | None = None) -> list[dict]:
+        """`parametrization`'s grid points in enqueueing order (see `grid`), computed once."""
+        p = parametrization or self.config.parametrizations[0]
+        if p not in self._grids:
+            self._grids[p] = grid(self.config, p)
+        return self._grids[p]
 
-    @property
-    def trials_per_cell(self) -> int:
-        """Trials each study runs: its grid points, or `n_trials` (random/TPE)."""
-        return len(self.grid) if self.config.sampler == "grid" else self.config.n_trials
+    def trials_per_cell(self, parametrization: str | None = None) -> int:
+        """Trials each of `parametrization`'s studies runs: its grid points, or `n_trials` (random/TPE)."""
+        return len(self.grid(parametrization)) if self.config.sampler == "grid" else self.config.n_trials
 
     @property
     def total(self) -> int:
         """Trials the whole sweep runs."""
-        return self.trials_per_cell * len(self.config.all_cells)
+        return sum(self.trials_per_cell(cell.parametrization) for cell in self.config.all_cells)
 
     @optuna_logs_quiet()
     def prepare(self, config_toml: str, url: str, source: str = "") -> None:
@@ -185,7 +187,7 @@ class Studies:
         """
         digest = config_hash(self.config)
         with ClaimLock(url, self.storage):
-            for study in self.all():
+            for cell, study in zip(self.config.all_cells, self.all()):
                 attrs = self.storage.get_study_user_attrs(study_id(study))  # fresh, not a cache
                 if "config_toml" in attrs:
                     self._check_same(attrs, digest, study.study_name, source)
@@ -202,7 +204,7 @@ class Studies:
                     if trial_counts(self.storage, study_id(study)):
                         trials = self.storage.get_all_trials(study_id(study), deepcopy=False)
                         queued = {_key(t.system_attrs.get("fixed_params")) for t in trials}
-                    missing = [params for params in self.grid if _key(params) not in queued]
+                    missing = [params for params in self.grid(cell.parametrization) if _key(params) not in queued]
                     enqueue_many(self.storage, study_id(study), missing)
                     study.set_user_attr("enqueued", True)
 

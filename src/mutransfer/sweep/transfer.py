@@ -25,7 +25,7 @@ never called `scale.monitor`. If the run directory already has a report.html, th
 again so that it shows this transfer.
 
 When the target is a swept cell (e.g. the largest swept width) and the sweep's trial there has exactly
-the transferred hyperparameters and every seed's loss and CPU time recorded, on the sweep's own device,
+the transferred hyperparameters and every seed's loss and CPU time recorded, on the same kind of device,
 that trial *is* the target run: its per-seed losses and CPU time are used instead of training it
 again (`"reused": {"trial": N, "seeds": [...]}`), except for the µP target's first seed, which always
 trains (with the monitor).
@@ -37,7 +37,7 @@ import json
 import math
 import time
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._core.atomic import write_atomically
 from .._core.devices import DeviceLike, check_precision, resolve_device
@@ -45,6 +45,7 @@ from .analysis import TrialResult, costs, in_cell, load_results, transferred_hpa
 from .report import write_report
 from .runner import Sweep
 from .summary import TRANSFER_RUNS, transfer_where
+from .target_hparams import target_hparams
 from .trajectory import (
     NOT_CALLED,
     PROXY_FILE,
@@ -98,9 +99,17 @@ def transfer(
     batch_size: int | None = None,
     steps: int | None = None,
     device: DeviceLike | None = None,
+    tokens: float | None = None,
+    optimizer: str | None = None,
+    rules: dict[str, str] | None = None,
+    critical_batch: float | None = None,
 ) -> dict:
     """Train the target (width, depth) with each parametrization's proxy optimum; writes transfer.json.
-    `batch_size` / `steps`: the target's, where the objective reads them (default: the proxy's).
+    `batch_size` / `steps`: the target's, where the objective reads them (default: the proxy's);
+    `tokens` instead of `steps`: steps = tokens / (batch size × the hyperparameters' `seq_len`).
+    Where they differ from the proxy's, the hyperparameters move by the sweep's measurement or by
+    rule (`target_hparams`: `optimizer`, `rules`, `critical_batch` go to `mt.transfer_hparams`), and
+    transfer.json's "hparam_rules" lists every step per parametrization.
     `device`: where the target trains ("auto", "cpu", "cuda", "cuda:N" or a `torch.device`; the
     objective reads it as `scale.device`); None: the sweep's own (`Sweep.scale`). Its precision is
     the sweep's."""
@@ -120,21 +129,9 @@ def transfer(
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"--{key.replace('_', '-')} must be a positive integer, got {value!r}")
             overrides[key] = value
+    if tokens is not None:
+        overrides["steps"] = _steps_for(sweep, results, tokens, steps, overrides.get("batch_size"))
     out.update(overrides)
-    if overrides:  # does the sweep say the HPs carry over to that batch size or horizon?
-        from .analysis import verdicts
-
-        judged = verdicts(sweep, results).get("mup", {})
-        for key in overrides:
-            v = judged.get(key)
-            if v is not None and not v.transferred:
-                warnings.warn(
-                    f"the sweep did not find µP's HPs to transfer across {key.replace('_', ' ')} "
-                    f"({', '.join(h.reasons[0] for h in v.hps.values() if h.reasons)}); the proxy's "
-                    f"HPs may be off at {key} {overrides[key]}",
-                    UserWarning,
-                    stacklevel=2,
-                )
     out["seeds"] = sweep.config.seeds
     placed = sweep.scale(sweep.config.parametrizations[0], width, depth, sweep.config.seeds[0], device=where_to)
     check_precision(placed.precision, placed.device, "precision")
@@ -144,9 +141,16 @@ def transfer(
         hp = transferred_hparams(sweep, results, proxy, p, proxy_depth)
         if hp is None:
             raise ValueError(f"{sweep.run_dir}: no finished {p} trial at the proxy {where}; run the sweep first")
-        hp = {**hp, **sweep.config.proxy_extra, **overrides}
+        hp = {**hp, **sweep.config.proxy_extra}
+        moved = {k: v for k, v in overrides.items() if v != hp.get(k)}
+        if moved:
+            hp, applied = target_hparams(
+                sweep, results, p, hp, moved, width, depth, optimizer, rules=rules, critical_batch=critical_batch
+            )
+            out.setdefault("hparam_rules", {})[p] = [r.as_dict() for r in applied]
+        hp = {**hp, **overrides}
         start, losses, per_seed = time.perf_counter(), [], []
-        swept = None if where_to is not None else _swept(sweep, results, p, width, depth, hp)
+        swept = _swept(sweep, results, p, width, depth, hp, out["device"])
         reused_seconds = 0.0
         for i, seed in enumerate(sweep.config.seeds):
             monitored = p == "mup" and i == 0  # the µP target's first seed runs with the monitor on
@@ -194,12 +198,41 @@ def transfer(
     return out
 
 
-def _swept(sweep: Sweep, results: list, p: str, width: int, depth: int | None, hp: dict) -> TrialResult | None:
+def _steps_for(sweep: Sweep, results: list, tokens: Any, steps: int | None, batch_size: int | None) -> int:
+    """The target's steps for `tokens`: tokens / (batch size × seq_len), both read from the proxy's hyperparameters
+    unless the batch size is given."""
+    if steps is not None:
+        raise ValueError("give --steps or --tokens, not both (tokens = batch size × steps × seq_len)")
+    if isinstance(tokens, bool) or not isinstance(tokens, (int, float)) or not math.isfinite(tokens) or tokens <= 0:
+        raise ValueError(f"--tokens must be a positive number, got {tokens!r}")
+    hp = transferred_hparams(sweep, results) or {}
+    hp = {**hp, **sweep.config.proxy_extra}
+    batch = batch_size or hp.get("batch_size")
+    seq = hp.get("seq_len")
+    for name, value in (("batch_size", batch), ("seq_len", seq)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"--tokens needs the proxy's {name} in its hyperparameters (set it in the config's [fixed]) to count "
+                "tokens as batch size × steps × seq_len; give --steps instead"
+            )
+    per_step = int(batch or 0) * int(seq or 0)  # both checked above
+    n = round(tokens / per_step)
+    if n < 1 or abs(n * per_step - tokens) > 0.01 * tokens:
+        raise ValueError(
+            f"--tokens {tokens:g} is not a whole number of steps of {batch} × {seq} tokens (nearest: {n} steps); "
+            "give --steps, or tokens that are a multiple of batch size × seq_len"
+        )
+    return int(n)
+
+
+def _swept(
+    sweep: Sweep, results: list, p: str, width: int, depth: int | None, hp: dict, device: str
+) -> TrialResult | None:
     """The sweep's finished trial that trained exactly this target — same cell, hyperparameters and
-    seeds, on the sweep's own device — whose per-seed losses and CPU time were recorded; else None."""
+    seeds, on the same kind of device — whose per-seed losses and CPU time were recorded; else None."""
     cfg = sweep.config
     for r in in_cell(results, p, width, depth):
-        same = {**cfg.fixed, **r.params, **cfg.proxy_extra} == hp
+        same = {**cfg.fixed, **r.params, **cfg.proxy_extra} == hp and r.device.split(":")[0] == device.split(":")[0]
         if same and r.ok and len(r.losses) == len(cfg.seeds) and r.cpu_seconds > 0:
             return r
     return None
@@ -245,6 +278,12 @@ def format_transfer(out: dict) -> str:
             f"  sweep compute / one target run: {out['cost_ratio']:.3g}× "
             f"({out['sweep_cpu_seconds']:.3g} CPU s over {target:.3g} CPU s; the sweep checks every width)"
         )
+    for p, steps in out.get("hparam_rules", {}).items():
+        lines.append(f"  {p} hyperparameters at the target's batch size / horizon:")
+        lines += [
+            f"    {r['hparam']}: {r['from']:.4g} → {r['to']:.4g}  {r['rule']} — {r['regime']} [{r['source']}]"
+            for r in steps
+        ]
     line = monitor_line(out)
     if line is not None:
         lines.append(f"  {line}")

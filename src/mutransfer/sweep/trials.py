@@ -238,7 +238,7 @@ def run_trial(ctx: RunContext, study: optuna.Study, trial: optuna.Trial, cell: C
     """
     params: dict[str, Any] = {}
     try:
-        params = {name: _suggest(trial, name, dim) for name, dim in ctx.config.space.items()}
+        params = {name: _suggest(trial, name, dim) for name, dim in ctx.config.space_for(cell.parametrization).items()}
         hparams = ctx.hparams(params, cell)
         where = {
             "worker": f"{socket.gethostname()}:{os.getpid()}",

@@ -1,0 +1,165 @@
+"""The target's hyperparameters when it trains at another batch size or horizon than the proxy.
+
+`mutransfer transfer --batch-size B --steps S` (or `--tokens D`): width and depth keep µP's base
+hyperparameters; a change of batch size or horizon moves them by the best evidence there is, in
+this order, each step recorded as an `mt.AppliedRule` (transfer.json's ``"hparam_rules"``):
+
+1. **Measured in this sweep**: the target's batch size (or horizon) is one the sweep swept at the
+   proxy width (`batch_sizes`, `horizons`): the optimum there over the optimum at the proxy's — for
+   every swept log-scaled hyperparameter (lr, weight_decay) — multiplies the proxy's value.
+2. **By rule** (`mt.transfer_hparams`): η ∝ √B (Adam, AdamW) or η ∝ B (SGD) below the critical batch
+   size (`critical_batch`, needed whenever the batch size changes by rule); the horizon keeps lr (no
+   rule without a measured fit); weight decay by the τ rule (AdamW) or kept (`rules`).
+
+The proxy's batch size and horizon are read from its hyperparameters (`batch_size`, `steps`, set in
+[fixed] or swept as an axis): when the objective's own defaults are used, mutransfer cannot see
+them and says so. Tokens are batch size × steps × `seq_len` when the hyperparameters have one, else
+batch size × steps (examples); only their ratio enters a rule.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from .._core.hparam_transfer import AppliedRule, transfer_hparams
+from .._core.scale import Scale
+from ..errors import HParamTransferError
+from .analysis import best
+from .space import LogUniform
+
+if TYPE_CHECKING:
+    from .analysis import TrialResult
+    from .runner import Sweep
+
+__all__ = ["AXIS_FLAGS", "target_hparams"]
+
+AXIS_FLAGS = {"batch_size": "--batch-size", "steps": "--steps"}
+_MEASURED = "measured in this sweep"
+
+
+def target_hparams(
+    sweep: Sweep,
+    results: list[TrialResult],
+    parametrization: str,
+    hp: dict[str, Any],
+    targets: dict[str, int],
+    width: int,
+    depth: int | None,
+    optimizer: str | None = None,
+    rules: dict[str, str] | None = None,
+    critical_batch: float | None = None,
+) -> tuple[dict[str, Any], list[AppliedRule]]:
+    """`parametrization`'s hyperparameters at the target's batch size and horizon, with the steps taken.
+
+    Args:
+        sweep: the sweep the proxy's optimum comes from.
+        results: its trials (`load_results`).
+        parametrization: "mup" or "sp".
+        hp: the proxy's hyperparameters (its optimum, [fixed] and its batch size and horizon).
+        targets: the target's values of "batch_size" and/or "steps" that differ from the proxy's.
+        width: the target's width.
+        depth: the target's depth (None without depths).
+        optimizer: the optimizer the objective trains with; None: ``hp["optimizer"]``, or "adamw"
+            for the built-in recipes (their default).
+        rules: `mt.transfer_hparams`' rules (``{"batch": ..., "weight_decay": ...}``).
+        critical_batch: the critical batch size, for a batch-size change by rule.
+
+    Returns:
+        The target's hyperparameters (batch size and steps set) and the rules applied.
+
+    Raises:
+        HParamTransferError: the proxy's batch size or horizon is not in its hyperparameters, the
+            optimizer is unknown, or `mt.transfer_hparams` refuses (past the critical batch, no
+            critical batch, ...).
+    """
+    cfg = sweep.config
+    for axis in targets:
+        if not _count(hp.get(axis)):
+            raise HParamTransferError(
+                f"the proxy's {axis} is not in its hyperparameters (the objective's own default is invisible to "
+                f"mutransfer): set {axis} in the config's [fixed] (or sweep it) to transfer to "
+                f"{AXIS_FLAGS[axis]} {targets[axis]}"
+            )
+    out, applied = dict(hp), []
+    by_rule = {}
+    for axis, value in targets.items():
+        if value in cfg.axes.get(axis, []):
+            applied += _measured_step(sweep, results, parametrization, out, axis, hp[axis], value)
+        else:
+            by_rule[axis] = value
+        out[axis] = value
+    if by_rule:  # the rule steps start where the measured ones left off
+        start = {**out, **{a: hp[a] for a in by_rule}}
+        ruled = transfer_hparams(
+            {k: start[k] for k in ("lr", "weight_decay") if k in start},
+            _scale(cfg.proxy_width, cfg.proxy_depth, start),
+            _scale(width, depth, out),
+            optimizer=_optimizer(sweep, hp, optimizer),
+            rules=rules,
+            critical_batch=critical_batch,
+        )
+        out.update(ruled.hparams)
+        applied += [r for r in ruled.rules if not _silent(r, by_rule, parametrization)]
+    return out, applied
+
+
+def _count(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value > 0
+
+
+def _scale(width: int, depth: int | None, hp: dict[str, Any]) -> Scale:
+    batch = hp["batch_size"] if _count(hp.get("batch_size")) else None
+    steps = hp["steps"] if _count(hp.get("steps")) else None
+    seq = hp["seq_len"] if _count(hp.get("seq_len")) else 1
+    tokens = float(batch * steps * seq) if batch is not None and steps is not None else None
+    return Scale(width=width, depth=depth, batch_size=batch, tokens=tokens)
+
+
+def _optimizer(sweep: Sweep, hp: dict[str, Any], given: str | None) -> str:
+    if given is not None:
+        return given
+    if isinstance(hp.get("optimizer"), str):
+        return hp["optimizer"]
+    if sweep.config.objective.startswith("recipe:"):
+        return "adamw"  # the recipes' default (`sweep.recipes`)
+    raise HParamTransferError(
+        "the optimizer is unknown (the objective's hyperparameters name none): pass --optimizer (e.g. adamw, sgd) "
+        "so that the batch-size and weight-decay rules for it apply"
+    )
+
+
+def _measured_step(
+    sweep: Sweep, results: list[TrialResult], p: str, out: dict[str, Any], axis: str, proxy_value: int, value: int
+) -> list[AppliedRule]:
+    """Multiply each swept log-scaled HP by its optimum at `value` over its optimum at the proxy's value."""
+    cfg = sweep.config
+    here = best(results, p, cfg.proxy_width, cfg.proxy_depth)
+    there = best(results, p, cfg.proxy_width, cfg.proxy_depth, ((axis, value),) if value != proxy_value else ())
+    if here is None or there is None:
+        raise HParamTransferError(
+            f"{AXIS_FLAGS[axis]} {value} was swept at the proxy, but its {p} cell has no finished trial: finish the "
+            "sweep (`mutransfer sweep CONFIG --run RUN`) first"
+        )
+    steps = []
+    for name, dim in cfg.space_for(p).items():
+        if not isinstance(dim, LogUniform) or name not in out:
+            continue
+        ratio = there.params[name] / here.params[name]
+        new = out[name] * ratio
+        regime = (
+            f"{axis} {proxy_value} → {value}: the optimum at the proxy width moved ×{ratio:.4g} "
+            f"({math.log2(ratio):+.2f} octaves) between the two swept cells"
+        )
+        steps.append(AppliedRule(name, out[name], new, f"{axis}: measured", regime, _MEASURED))
+        out[name] = new
+    return steps
+
+
+def _silent(rule: AppliedRule, by_rule: dict[str, int], parametrization: str) -> bool:
+    """A step not to list: an axis set by its measurement shown as unchanged, or µP's width step for SP."""
+    if rule.rule == "µP":
+        return parametrization != "mup"
+    return (rule.rule == "batch: unchanged" and "batch_size" not in by_rule) or (
+        rule.rule == "horizon: unchanged" and "steps" not in by_rule
+    )

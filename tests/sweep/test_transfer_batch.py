@@ -1,0 +1,84 @@
+"""`mutransfer transfer --batch-size/--steps/--tokens`: the target's hyperparameters move by what the sweep
+measured at that batch size or horizon, else by rule (`mt.transfer_hparams`), every step listed in
+transfer.json's "hparam_rules"; what cannot be established is refused in one line (issue 32)."""
+
+import json
+import math
+import textwrap
+
+import pytest
+
+from mutransfer.cli import main
+
+OBJECTIVE = textwrap.dedent('''
+    import math
+
+    def train(hp, scale):
+        """µP's lr optimum 2^-6 at batch 8, moving as √B; SP's also moves as 1/width."""
+        target = -6 + 0.5 * math.log2(hp["batch_size"] / 8) - (0 if scale.mup else math.log2(scale.width / 16))
+        return (math.log2(hp["lr"]) - target) ** 2 + 1.0 / scale.width + 1.0 / hp["steps"] + 0.01 * hp.get("weight_decay", 0)
+''')
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("batch")
+    (tmp / "obj.py").write_text(OBJECTIVE)
+    (tmp / "s.toml").write_text(
+        'name = "batch"\nobjective = "obj.py:train"\nwidths = [16, 64]\nbatch_sizes = [8, 32]\n'
+        '[space.lr]\nlow = "2**-9"\nhigh = "2**-2"\ngrid = 8\n[fixed]\nsteps = 20\nseq_len = 4\nweight_decay = 0.1\n'
+    )
+    out = tmp / "run"
+    assert main(["sweep", str(tmp / "s.toml"), "--run", str(out), "--no-progress"]) == 0
+    return out
+
+
+def _transfer(run, *flags):
+    code = main(["transfer", str(run), "--width", "64", *flags])
+    return code, json.loads((run / "transfer.json").read_text()) if code == 0 else None
+
+
+def test_a_batch_size_the_sweep_measured_moves_lr_by_the_measured_optima(run):
+    code, t = _transfer(run, "--batch-size", "32")
+    assert code == 0
+    assert t["mup"]["hparams"]["lr"] == pytest.approx(2**-5) and t["mup"]["hparams"]["batch_size"] == 32  # 2^-6 × 2
+    (lr,) = [r for r in t["hparam_rules"]["mup"] if r["hparam"] == "lr"]
+    assert lr["rule"] == "batch_size: measured" and lr["source"] == "measured in this sweep"
+    assert t["mup"]["hparams"]["weight_decay"] == 0.1  # not swept, no measurement and no rule step asked
+
+
+def test_an_unmeasured_batch_size_needs_the_critical_batch_then_follows_the_rule(run, capsys):
+    code, _ = _transfer(run, "--batch-size", "128", "--optimizer", "adam")
+    err = capsys.readouterr().err
+    assert code == 2 and "--critical-batch is needed" in err and "critical_batch=" not in err, err
+    code, _ = _transfer(run, "--batch-size", "128", "--optimizer", "adam", "--critical-batch", "64")
+    assert code == 2 and "target.batch_size 128 is above --critical-batch 64" in capsys.readouterr().err
+    code, _ = _transfer(run, "--batch-size", "128", "--optimizer", "adam", "--critical-batch", "512")
+    assert code == 2 and "no default weight-decay rule for optimizer 'adam'" in capsys.readouterr().err
+    code, t = _transfer(
+        run, "--batch-size", "128", "--optimizer", "adam", "--critical-batch", "512", "--wd-rule", "independent"
+    )
+    assert code == 0
+    assert t["mup"]["hparams"]["lr"] == pytest.approx(2**-6 * math.sqrt(128 / 8))  # η ∝ √B from the proxy's B = 8
+    steps = [r["rule"] for r in t["hparam_rules"]["mup"]]
+    assert "batch: η ∝ √B" in steps and "µP" in steps and "µP" not in [r["rule"] for r in t["hparam_rules"]["sp"]]
+    assert "η ∝ √B" in capsys.readouterr().out
+
+
+def test_the_optimizer_must_be_known_for_a_rule(run, capsys):
+    code, _ = _transfer(run, "--batch-size", "128", "--critical-batch", "512")
+    assert code == 2 and "the optimizer is unknown" in capsys.readouterr().err
+
+
+def test_tokens_become_steps_and_weight_decay_follows_the_tau_rule(run, capsys):
+    # 20 steps × 8 × 4 tokens at the proxy; the target: 4× the tokens at the same batch size → 80 steps
+    code, t = _transfer(run, "--tokens", str(4 * 20 * 8 * 4), "--optimizer", "adamw")
+    assert code == 0 and t["steps"] == 80 and t["mup"]["hparams"]["steps"] == 80
+    assert t["mup"]["hparams"]["lr"] == pytest.approx(2**-6)  # the horizon has no rule for lr
+    assert t["mup"]["hparams"]["weight_decay"] == pytest.approx(0.1 / 4)  # τ = B/(η·λ·D) kept: D ×4
+    code, t = _transfer(run, "--steps", "80", "--optimizer", "adamw", "--wd-rule", "independent")
+    assert code == 0 and t["mup"]["hparams"]["weight_decay"] == 0.1
+    code, _ = _transfer(run, "--tokens", "1010")
+    assert code == 2 and "not a whole number of steps of 8 × 4 tokens" in capsys.readouterr().err
+    code, _ = _transfer(run, "--tokens", "2560", "--steps", "80")
+    assert code == 2 and "give --steps or --tokens, not both" in capsys.readouterr().err
