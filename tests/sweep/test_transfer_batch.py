@@ -63,6 +63,9 @@ def test_an_unmeasured_batch_size_needs_the_critical_batch_then_follows_the_rule
     steps = [r["rule"] for r in t["hparam_rules"]["mup"]]
     assert "batch: η ∝ √B" in steps and "µP" in steps and "µP" not in [r["rule"] for r in t["hparam_rules"]["sp"]]
     assert "η ∝ √B" in capsys.readouterr().out
+    assert main(["report", str(run)]) == 0
+    html = (run / "report.html").read_text()
+    assert "Hyperparameters at the target's batch size and horizon" in html and "η ∝ √B" in html
 
 
 def test_the_optimizer_must_be_known_for_a_rule(run, capsys):

@@ -180,6 +180,11 @@ def _transfer(sweep: Sweep, summary: dict, out: Path) -> dict | None:
         "rows": rows,
         "compute": compute_text(summary["cost"], t),
         "monitor": _monitor_section(sweep, t, out),
+        "rule_rows": [
+            [p, r["hparam"], _fmt(r["from"]), _fmt(r["to"]), r["rule"], r["regime"], r["source"]]
+            for p, steps in t.get("hparam_rules", {}).items()
+            for r in steps
+        ],
     }
 
 

@@ -95,6 +95,12 @@ run directory. <code>mutransfer sweep CONFIG --retry-failed</code> reruns them.<
 <h2>Transfer from {{ transfer.proxy }} to {{ transfer.target }}</h2>
 {{ table(["run", "lr", "training loss"], transfer.rows) }}
 {% if transfer.compute %}<p>{{ transfer.compute }}</p>{% endif %}
+{% if transfer.rule_rows -%}
+<h3>Hyperparameters at the target's batch size and horizon</h3>
+<p>Each step, in order: measured in this sweep where it swept that batch size or horizon, else by rule
+(<code>mt.transfer_hparams</code>).</p>
+{{ table(["run", "hyperparameter", "from", "to", "rule", "regime", "source"], transfer.rule_rows) }}
+{% endif -%}
 {% if transfer.monitor -%}
 <h3>µP monitor on the target</h3>
 <p>{{ transfer.monitor.line }}</p>
