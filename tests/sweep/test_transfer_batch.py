@@ -85,3 +85,32 @@ def test_tokens_become_steps_and_weight_decay_follows_the_tau_rule(run, capsys):
     assert code == 2 and "not a whole number of steps of 8 × 4 tokens" in capsys.readouterr().err
     code, _ = _transfer(run, "--tokens", "2560", "--steps", "80")
     assert code == 2 and "give --steps or --tokens, not both" in capsys.readouterr().err
+
+
+def test_a_recipe_sweep_measures_the_critical_batch_and_transfer_uses_it(tmp_path, capsys):
+    """The recorded µP proxy run measures the gradient noise scale (`Scale.noise_scale`, the recipes call it):
+    RUN/noise_scale.json and summary.json hold it, and `transfer --batch-size` applies the batch rule under it."""
+    (tmp_path / "s.toml").write_text(
+        'name = "noise"\nobjective = "recipe:mlp"\nwidths = [16, 32]\nparametrizations = ["mup"]\n'
+        '[space.lr]\nlow = "2**-8"\nhigh = "2**-4"\ngrid = 3\n[fixed]\nsteps = 30\nbatch_size = 16\nthreads = 1\n'
+    )
+    run = tmp_path / "run"
+    assert main(["sweep", str(tmp_path / "s.toml"), "--run", str(run), "--no-progress"]) == 0
+    noise = json.loads((run / "noise_scale.json").read_text())
+    assert noise["small"] == 16 and noise["big"] == 128 and noise["width"] == 16
+    assert noise["b_simple"] is not None and 32 < noise["b_simple"] < 1024, noise  # 126 [90, 194] measured
+    assert noise["interval"][0] < noise["b_simple"] < (noise["interval"][1] or math.inf)  # None: an infinite upper end
+    assert main(["report", str(run)]) == 0
+    assert json.loads((run / "summary.json").read_text())["noise_scale"]["b_simple"] == pytest.approx(noise["b_simple"])
+    capsys.readouterr()
+    assert main(["transfer", str(run), "--width", "32", "--batch-size", "32"]) == 0
+    t = json.loads((run / "transfer.json").read_text())
+    assert (
+        t["critical_batch"]["value"] == pytest.approx(noise["b_simple"])
+        and "noise_scale.json" in t["critical_batch"]["source"]
+    )
+    proxy_lr = json.loads((run / "transferred.json").read_text())["lr"]
+    assert t["mup"]["hparams"]["lr"] == pytest.approx(proxy_lr * math.sqrt(2))  # AdamW, the recipes' default: √B
+    assert "critical batch size:" in capsys.readouterr().out
+    assert main(["transfer", str(run), "--width", "32", "--batch-size", "4096"]) == 2
+    assert "target.batch_size 4096 is above --critical-batch" in capsys.readouterr().err

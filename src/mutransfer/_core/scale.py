@@ -112,6 +112,37 @@ class Scale:
             return _NO_MONITOR
         return self._recording.start(model, optimizer, steps)
 
+    def noise_scale(
+        self,
+        model: torch.nn.Module,
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        batches: Any,
+        small: int,
+        big: int,
+    ) -> Any:
+        """Measure the gradient noise scale (`mt.gradient_noise_scale`) where the sweep asks for it, else nothing.
+
+        The sweep asks in one run: its µP proxy at the transferred hyperparameters (the run that records
+        RUN/proxy_trajectory.json); the estimate goes to RUN/noise_scale.json and is the critical batch
+        size ``mutransfer transfer`` uses for a batch-size rule. Call it after training, with batches
+        the model has not trained on. Everywhere else it returns None at no cost.
+
+        Args:
+            model: the trained model.
+            loss_fn: ``loss_fn(output, targets)`` → a scalar, averaged over the examples.
+            batches: at least 3 ``(inputs, targets)`` batches of at least `big` examples, or a callable
+                returning them (called only when the measurement is made, so that building them costs
+                nothing elsewhere).
+            small: B_small.
+            big: B_big, a multiple of `small`.
+
+        Returns:
+            The `NoiseScale` when measured, else None.
+        """
+        if self._recording is None or not self.mup or not getattr(self._recording, "noise", False):
+            return None
+        return self._recording.measure_noise(model, loss_fn, batches() if callable(batches) else batches, small, big)
+
     def __reduce__(self):
         # A reporter talks to the sweep's storage from this process: a copy elsewhere is a plain Scale.
         return (

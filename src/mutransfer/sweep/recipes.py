@@ -130,11 +130,17 @@ def _placed(model: torch.nn.Module, scale: Scale) -> torch.nn.Module:
     return model.to(scale.device)
 
 
-def _train(model, opt, batches, steps: int, loss_of, scale: Scale) -> float:
+# The gradient noise scale after training (`Scale.noise_scale`, measured only in the sweep's recorded µP proxy
+# run): NOISE_BATCHES fresh batches of NOISE_BIG × the batch size, cut into chunks of one batch size.
+NOISE_BATCHES, NOISE_BIG = 8, 8
+
+
+def _train(model, opt, batches, steps: int, loss_of, scale: Scale, noise=None) -> float:
     """Train for `steps` on `scale.device` (batches moved there, forward and loss under
     `scale.autocast()`); the mean loss of the last tenth. `scale.monitor` watches it (a no-op unless
     the sweep records this run). Reports to `scale` every tenth (the mean of the last tenth so far;
-    not at the end: the returned loss is the final value)."""
+    not at the end: the returned loss is the final value). `noise`: (criterion(output, targets),
+    fresh_batch(i, n) -> (inputs, targets) of n examples, batch size) for `scale.noise_scale` after training."""
     warmup = window = max(1, steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))  # keeps µP's ratios
     losses = []
@@ -158,6 +164,13 @@ def _train(model, opt, batches, steps: int, loss_of, scale: Scale) -> float:
                 scale.report(done, sum(tail) / len(tail))  # raises Pruned when the sweep's pruner says so
     finally:
         mon.close()
+    if noise is not None:
+        criterion, fresh, batch = noise
+
+        def noise_batches():
+            return [tuple(t.to(scale.device) for t in fresh(i, NOISE_BIG * batch)) for i in range(NOISE_BATCHES)]
+
+        scale.noise_scale(model, criterion, noise_batches, batch, NOISE_BIG * batch)
     tail = losses[-window:]
     return sum(tail) / len(tail)
 
@@ -193,11 +206,16 @@ def train_gpt(hp: dict, scale: Scale) -> float:
         idx = starts[step][:, None] + offsets
         return text[idx], text[idx + 1]
 
-    def loss_of(m, x, y):
-        logits = m(x).float()  # the loss in float32 (a no-op in fp32)
+    def criterion(logits, y):
+        logits = logits.float()  # the loss in float32 (a no-op in fp32)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
-    return _train(model, opt, batches, steps, loss_of, scale)
+    def fresh(i: int, n: int):  # text the model did not train on (another generator), for the noise scale
+        at = torch.randint(0, len(text) - seq - 1, (n,), generator=torch.Generator().manual_seed(2_000 + 97 * i))
+        idx = at[:, None] + offsets
+        return text[idx], text[idx + 1]
+
+    return _train(model, opt, batches, steps, lambda m, x, y: criterion(m(x), y), scale, (criterion, fresh, batch))
 
 
 def train_mlp(hp: dict, scale: Scale) -> float:
@@ -221,7 +239,16 @@ def train_mlp(hp: dict, scale: Scale) -> float:
     torch.manual_seed(scale.seed)
     model = _placed(build(scale.width), scale)
     opt = _optimizer(model, hp, scale, build)
-    return _train(model, opt, lambda s: (xs[s], ys[s]), steps, lambda m, x, y: F.cross_entropy(m(x).float(), y), scale)
+
+    def fresh(i: int, n: int):  # inputs the model did not train on, for the noise scale
+        x = torch.randn(n, d_in, generator=torch.Generator().manual_seed(2_000 + 97 * i))
+        return x, (torch.relu(x @ teacher[0]) @ teacher[1]).argmax(-1)
+
+    def criterion(out, y):
+        return F.cross_entropy(out.float(), y)
+
+    loss_of = lambda m, x, y: criterion(m(x), y)  # noqa: E731
+    return _train(model, opt, lambda s: (xs[s], ys[s]), steps, loss_of, scale, (criterion, fresh, batch))
 
 
 TASKS = ("classify", "regress")
@@ -258,7 +285,17 @@ def train_resmlp(hp: dict, scale: Scale) -> float:
     torch.manual_seed(scale.seed)
     model = _placed(build(scale.width), scale)
     opt = _optimizer(model, hp, scale, build, base_depth)
-    return _train(model, opt, lambda s: (xs[s], ys[s]), steps, lambda m, x, y: loss_fn(m(x).float(), y), scale)
+
+    def fresh(i: int, n: int):  # inputs the model did not train on, for the noise scale
+        x = torch.randn(n, d_in, generator=torch.Generator().manual_seed(2_000 + 97 * i))
+        out = torch.relu(x @ teacher[0]) @ teacher[1] / math.sqrt(32 * d_in)
+        return x, (out.argmax(-1) if task == "classify" else out)
+
+    def criterion(out, y):
+        return loss_fn(out.float(), y)
+
+    loss_of = lambda m, x, y: criterion(m(x), y)  # noqa: E731
+    return _train(model, opt, lambda s: (xs[s], ys[s]), steps, loss_of, scale, (criterion, fresh, batch))
 
 
 SWEEP_RECIPES = {"gpt": train_gpt, "mlp": train_mlp, "resmlp": train_resmlp}

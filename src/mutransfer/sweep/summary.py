@@ -29,7 +29,7 @@ from .analysis import axes as verdict_axes
 from .runner import Sweep
 from .space import LogUniform
 from .statistics import CONFIDENCE, Verdict
-from .trajectory import PROXY_FILE
+from .trajectory import PROXY_FILE, noise_scale_file
 from .verdict import axis_name, optima_sentence, short_label, verdict_sentence
 
 __all__ = [
@@ -187,6 +187,12 @@ def summarize(sweep: Sweep, results: list[TrialResult], judged: dict | None = No
     summary["head_to_head"] = h2h
     summary["transferred_hparams"] = transferred_hparams(sweep, results)
     summary["proxy_trajectory"] = PROXY_FILE if (sweep.run_dir / PROXY_FILE).is_file() else None
+    noise = noise_scale_file(sweep.run_dir)  # the critical batch estimate `mutransfer transfer --batch-size` uses
+    summary["noise_scale"] = (
+        None
+        if noise is None
+        else {k: noise[k] for k in ("b_simple", "interval", "reason", "small", "big", "batches", "width")}
+    )
     if cfg.depths is None:
         summary["optima"] = {p: {str(w): _cell_optimum(best(results, p, w)) for w in cfg.widths} for p in ps}
     else:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .._core.atomic import write_atomically
+from .._core.noise_scale import NoiseScale, gradient_noise_scale
 from ..monitor import Monitor, load_trajectory
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from .scale import Scale
 
 __all__ = [
+    "NOISE_FILE",
     "NOT_CALLED",
     "PROXY_FILE",
     "SAMPLES",
@@ -35,12 +37,14 @@ __all__ = [
     "alarm_dicts",
     "every_for",
     "monitor_line",
+    "noise_scale_file",
     "proxy_trajectory",
     "record_proxy_trajectory",
     "recorded_run",
 ]
 
 PROXY_FILE = "proxy_trajectory.json"
+NOISE_FILE = "noise_scale.json"
 TARGET_FILE = "target_trajectory.json"
 SAMPLES = 12  # samples per recorded run: a 150-step run is sampled every 13 steps (12 samples, step 1 included)
 NOT_CALLED = "the objective never called scale.monitor(model, optimizer), so no µP trajectory was recorded"
@@ -58,9 +62,10 @@ class Recording:
     and the monitors the objective started (`Scale.monitor`). Pickled (to a worker), it keeps the
     settings and drops the monitors."""
 
-    def __init__(self, steps: Any = None, proxy: dict | None = None):
-        self.steps, self.proxy = steps, proxy
+    def __init__(self, steps: Any = None, proxy: dict | None = None, noise: bool = False):
+        self.steps, self.proxy, self.noise = steps, proxy, noise
         self.monitors: list[Monitor] = []
+        self.noise_scales: list[NoiseScale] = []
 
     def start(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int | None) -> Monitor:
         """A `Monitor` on `model` and `optimizer`, kept for the runner (see `Scale.monitor`)."""
@@ -71,23 +76,57 @@ class Recording:
         self.monitors.append(mon)
         return mon
 
+    def measure_noise(self, model: torch.nn.Module, loss_fn: Any, batches: Any, small: int, big: int) -> NoiseScale:
+        """`mt.gradient_noise_scale` on the objective's model, kept for the runner (see `Scale.noise_scale`)."""
+        noise = gradient_noise_scale(model, loss_fn, batches, small, big)
+        self.noise_scales.append(noise)
+        return noise
+
     def __reduce__(self):
-        return (Recording, (self.steps, self.proxy))
+        return (Recording, (self.steps, self.proxy, self.noise))
 
 
 def recorded_run(
-    objective: Any, hparams: dict, scale: Scale, proxy: dict | None = None
+    objective: Any, hparams: dict, scale: Scale, proxy: dict | None = None, noise: bool = False
 ) -> tuple[float, Monitor | None]:
-    """Run `objective(hparams, scale)` with `scale.monitor` recording.
+    """Run `objective(hparams, scale)` with `scale.monitor` recording (and `scale.noise_scale` measuring,
+    with `noise`: read it with `recorded_noise`).
 
     Returns:
         (the objective's loss, the first monitor it started — closed — or None when it started none).
     """
-    rec = Recording(hparams.get("steps"), proxy)
+    loss, rec = _recorded(objective, hparams, scale, proxy, noise)
+    return loss, (rec.monitors[0] if rec.monitors else None)
+
+
+def _recorded(objective: Any, hparams: dict, scale: Scale, proxy: dict | None, noise: bool) -> tuple[float, Recording]:
+    rec = Recording(hparams.get("steps"), proxy, noise)
     loss = float(objective(dict(hparams), dataclasses.replace(scale, _recording=rec)))
     for mon in rec.monitors:
         mon.close()
-    return loss, (rec.monitors[0] if rec.monitors else None)
+    return loss, rec
+
+
+def noise_scale_file(run_dir: Path) -> dict | None:
+    """RUN/noise_scale.json (the gradient noise scale measured at the µP proxy optimum), or None."""
+    path = Path(run_dir) / NOISE_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _noise_entry(noise: NoiseScale, hp: dict, width: int, depth: int | None) -> dict:
+    return {
+        "b_simple": noise.b_simple,
+        "interval": None if noise.interval is None else [_finite(v) for v in noise.interval],
+        "reason": noise.reason,
+        "small": noise.small,
+        "big": noise.big,
+        "batches": noise.batches,
+        "confidence": noise.confidence,
+        "width": width,
+        "depth": depth,
+        "hparams": hp,
+        "where": "the µP proxy at its optimum, after training (McCandlish et al. 2018's B_simple)",
+    }
 
 
 def alarm_dicts(monitor: Monitor) -> list[dict]:
@@ -135,7 +174,12 @@ def record_proxy_trajectory(sweep: Sweep, previous: dict | None = None, say: Any
         return previous
     seed = cfg.seeds[0]
     entry: dict[str, Any] = {"hparams": hp, "width": cfg.proxy_width, "depth": cfg.proxy_depth, "seed": seed}
-    mon, failure = _try_recorded(sweep, hp, cfg.proxy_width, seed)
+    rec, failure = _try_recorded(sweep, hp, cfg.proxy_width, seed, noise=True)
+    mon = None if rec is None or not rec.monitors else rec.monitors[0]
+    if rec is not None and rec.noise_scales:  # the objective measured the noise scale (`Scale.noise_scale`)
+        noise = _noise_entry(rec.noise_scales[-1], hp, cfg.proxy_width, cfg.proxy_depth)
+        write_atomically(sweep.run_dir / NOISE_FILE, json.dumps(noise, indent=1))
+        entry["noise_scale"] = NOISE_FILE
     if failure is not None:  # the sweep is done: a failed extra run costs its trajectory, not the sweep
         say(f"proxy trajectory: not recorded, {failure}")
         return {**entry, "file": None, "reason": failure}
@@ -146,24 +190,25 @@ def record_proxy_trajectory(sweep: Sweep, previous: dict | None = None, say: Any
     # the next swept width, at the same hparams: the finite-width trend the target's band spans (Monitor's `proxy`)
     wider = min((w for w in cfg.widths if w > cfg.proxy_width), default=None)
     if wider is not None:
-        mon, failure = _try_recorded(sweep, hp, wider, seed)
+        rec, failure = _try_recorded(sweep, hp, wider, seed)
         if failure is not None:
             say(f"proxy trajectory: at width {wider}, {failure}; the proxy's alone is kept")
-        elif mon is not None:
-            trajectory["wider"] = {**mon.trajectory(), "width": wider, "depth": cfg.proxy_depth}
+        elif rec is not None and rec.monitors:
+            trajectory["wider"] = {**rec.monitors[0].trajectory(), "width": wider, "depth": cfg.proxy_depth}
             entry["wider_width"] = wider
     write_atomically(path, json.dumps(trajectory, indent=1))
     return {**entry, "file": PROXY_FILE, "samples": len(trajectory["steps"])}
 
 
-def _try_recorded(sweep: Sweep, hp: dict, width: int, seed: int) -> tuple[Monitor | None, str | None]:
-    """The µP run at `width` (the proxy depth), recording: (its monitor or None, None), or (None, why) when
-    it raised."""
+def _try_recorded(
+    sweep: Sweep, hp: dict, width: int, seed: int, noise: bool = False
+) -> tuple[Recording | None, str | None]:
+    """The µP run at `width` (the proxy depth), recording: (its recording, None), or (None, why) when it raised."""
     try:
-        _, mon = recorded_run(sweep.objective, hp, sweep.scale("mup", width, sweep.config.proxy_depth, seed))
+        _, rec = _recorded(sweep.objective, hp, sweep.scale("mup", width, sweep.config.proxy_depth, seed), None, noise)
     except Exception as e:
         return None, f"the recorded run raised {type(e).__name__}: {e}"
-    return mon, None
+    return rec, None
 
 
 def _same(a: Any, b: dict) -> bool:

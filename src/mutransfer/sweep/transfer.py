@@ -47,11 +47,13 @@ from .runner import Sweep
 from .summary import TRANSFER_RUNS, transfer_where
 from .target_hparams import target_hparams
 from .trajectory import (
+    NOISE_FILE,
     NOT_CALLED,
     PROXY_FILE,
     TARGET_FILE,
     alarm_dicts,
     monitor_line,
+    noise_scale_file,
     proxy_trajectory,
     recorded_run,
 )
@@ -132,6 +134,8 @@ def transfer(
     if tokens is not None:
         overrides["steps"] = _steps_for(sweep, results, tokens, steps, overrides.get("batch_size"))
     out.update(overrides)
+    if "batch_size" in overrides:
+        critical_batch = _critical_batch(sweep, critical_batch, out)
     out["seeds"] = sweep.config.seeds
     placed = sweep.scale(sweep.config.parametrizations[0], width, depth, sweep.config.seeds[0], device=where_to)
     check_precision(placed.precision, placed.device, "precision")
@@ -196,6 +200,25 @@ def transfer(
     if (sweep.run_dir / "report.html").is_file():  # the report shows the transfer, whatever the order
         write_report(sweep)
     return out
+
+
+def _critical_batch(sweep: Sweep, given: float | None, out: dict) -> float | None:
+    """The critical batch size for a batch-size rule: `given`, else the gradient noise scale the sweep
+    measured at the µP proxy optimum (RUN/noise_scale.json); recorded in transfer.json's "critical_batch"."""
+    if given is not None:
+        out["critical_batch"] = {"value": given, "source": "--critical-batch"}
+        return given
+    noise = noise_scale_file(sweep.run_dir)
+    if noise is None:
+        return None
+    value = noise.get("b_simple")
+    out["critical_batch"] = {
+        "value": value,
+        "interval": noise.get("interval"),
+        "source": f"{NOISE_FILE}: the gradient noise scale B_simple of the µP proxy at its optimum",
+        **({"reason": noise.get("reason")} if value is None else {}),
+    }
+    return value
 
 
 def _steps_for(sweep: Sweep, results: list, tokens: Any, steps: int | None, batch_size: int | None) -> int:
@@ -277,6 +300,14 @@ def format_transfer(out: dict) -> str:
         lines.append(
             f"  sweep compute / one target run: {out['cost_ratio']:.3g}× "
             f"({out['sweep_cpu_seconds']:.3g} CPU s over {target:.3g} CPU s; the sweep checks every width)"
+        )
+    crit = out.get("critical_batch")
+    if crit is not None:
+        value = "not resolved" if crit["value"] is None else f"{crit['value']:.4g}"
+        iv = crit.get("interval")
+        value += f" [{iv[0]:.4g}, {iv[1] if iv[1] is not None else float('inf'):.4g}]" if iv else ""
+        lines.append(
+            f"  critical batch size: {value} ({crit['source']}{'; ' + crit['reason'] if crit.get('reason') else ''})"
         )
     for p, steps in out.get("hparam_rules", {}).items():
         lines.append(f"  {p} hyperparameters at the target's batch size / horizon:")
