@@ -157,3 +157,33 @@ def test_extrapolation_past_a_decade_is_refused_unless_asked():
     assert "extrapolated 16× beyond the measured range" in out.rules[-2].regime
     near = mt.transfer_hparams({"lr": 2**-6}, p, mt.Scale(width=32, batch_size=1024), measured=fits)  # 8×: allowed
     assert near.hparams["lr"] > 2**-6
+
+
+def test_lr_and_weight_decay_are_fitted_on_their_profiles_and_a_lost_held_out_optimum_is_named():
+    space = {
+        "lr": {"type": "log", "low": 2**-10, "high": 2**-2, "grid": 9},
+        "weight_decay": {"type": "log", "low": 2**-8, "high": 2**0, "grid": 5},
+    }
+    s = sweep(space=space)
+    cfg = s.config
+    grid = [(lr, wd) for lr in cfg.space["lr"].grid_points() for wd in cfg.space["weight_decay"].grid_points()]
+
+    def rows(wd_slope):
+        rng, out = np.random.default_rng(3), []
+        for b in BATCHES:
+            extra = () if b == 16 else (("batch_size", b),)
+            wd_star = -4 + wd_slope * math.log2(b / 16)
+            for i, (lr, wd) in enumerate(grid):
+                mean = 0.1 * (math.log2(lr) - law_optimum(b)) ** 2 + 0.05 * (math.log2(wd) - wd_star) ** 2 + 1.0
+                ls = tuple(mean + 0.01 * rng.standard_normal() for _ in range(4))
+                params = {"lr": lr, "weight_decay": wd}
+                out.append(TrialResult("mup", 32, i, params, sum(ls) / 4, False, 0.0, None, ls, extra=extra))
+        return out
+
+    fits = fit_measured_laws(s, rows(1.0))  # λ* ∝ B
+    assert isinstance(fits["lr"]["batch_size"], mt.MeasuredLaw) and fits["lr"]["batch_size"].validated
+    wd = fits["weight_decay"]["batch_size"]
+    assert isinstance(wd, mt.MeasuredLaw) and wd.validated and wd.exponent == pytest.approx(1.0, abs=0.1)
+    beyond = fit_measured_laws(s, rows(1.25))["weight_decay"]["batch_size"]  # λ* at B = 128: 2^-0.25, by the edge
+    assert isinstance(beyond, str) and "3 located optima in the fit" in beyond
+    assert "B = 128 (on the grid's high edge)" in beyond
