@@ -185,7 +185,8 @@ def transfer_hparams(
             proxy, no ``lr``, a batch change without `critical_batch` or past it, a τ rule without
             tokens or batch sizes on both scales, a measured law applied more than a decade beyond
             its measured range without `extrapolate=True`.
-        TypeError: `hparams` is not a dict, or `proxy` / `target` not a `Scale`.
+        TypeError: `hparams` is not a dict, `proxy` / `target` not a `Scale`, or `measured` neither
+            what `mt.sweep.fit_measured_laws` returns nor a list of `MeasuredLaw`.
     """
     if not isinstance(hparams, dict):
         raise TypeError(f"hparams must be a dict of the proxy's hyperparameters, got {type(hparams).__name__}")
