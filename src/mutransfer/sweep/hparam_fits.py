@@ -65,15 +65,16 @@ def fit_measured_laws(
         )
     if results is None:
         results = load_results(sweep)
-    hparams = [h for h in MEASURED_HPARAMS if h in cfg.space]
+    space = cfg.space_for(parametrization)
+    hparams = [h for h in MEASURED_HPARAMS if h in space]
     out: dict[str, dict[str, MeasuredLaw | str]] = {h: {} for h in hparams}
     for axis in [a for a in cfg.axes if a in MEASURED_AXES]:
         verdict = None
         if len(cfg.axes[axis]) >= MIN_FIT_POINTS + 1:
             cells = cells_along(sweep, results, parametrization, axis)
-            verdict = judge(parametrization, axis, cells, cfg.space, len(cfg.seeds), grid=cfg.sampler == "grid")
+            verdict = judge(parametrization, axis, cells, space, len(cfg.seeds), grid=cfg.sampler == "grid")
         for h in hparams:
-            out[h][axis] = _fit(h, axis, cfg.axes[axis], verdict, len(cfg.seeds), cfg.space[h])
+            out[h][axis] = _fit(h, axis, cfg.axes[axis], verdict, len(cfg.seeds), space[h])
     return out
 
 
