@@ -35,6 +35,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "Scale": ("._core.scale", "Scale"),
     "transfer_hparams": ("._core.hparam_transfer", "transfer_hparams"),
     "TransferredHParams": ("._core.hparam_transfer", "TransferredHParams"),
+    "MeasuredLaw": ("._core.measured_law", "MeasuredLaw"),
     "gradient_noise_scale": ("._core.noise_scale", "gradient_noise_scale"),
     "NoiseScale": ("._core.noise_scale", "NoiseScale"),
     "MuPWarning": (".errors", "MuPWarning"),
@@ -50,6 +51,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
 
 __all__ = [
     "CoordCheckResult",
+    "MeasuredLaw",
     "Monitor",
     "MuPWarning",
     "MuSpec",
@@ -89,6 +91,7 @@ if TYPE_CHECKING:  # what type checkers and the API docs see; at run time `__get
     from ._core.devices import resolve_device
     from ._core.export import export
     from ._core.hparam_transfer import TransferredHParams, transfer_hparams
+    from ._core.measured_law import MeasuredLaw
     from ._core.noise_scale import NoiseScale, gradient_noise_scale
     from ._core.parametrize import parametrize
     from ._core.scale import Scale

@@ -158,3 +158,125 @@ def test_tau_rule_warns_when_the_model_grows_and_not_when_only_batch_and_tokens_
         warnings.simplefilter("error")
         out = mt.transfer_hparams(hp, P, same_model)
     assert out.hparams["weight_decay"] == pytest.approx(0.025) and "D/N" not in out.rules[-1].regime
+
+
+# ----------------------------------------------------------------------------- measured laws (measured=)
+
+
+def _law(hparam="lr", axis="batch_size", exponent=0.4, validated=True, reference=16.0, value=1e-3, **kw):
+    held = kw.pop("held_out", 128.0)
+    return mt.MeasuredLaw(
+        hparam=hparam,
+        axis=axis,
+        exponent=exponent,
+        exponent_interval=(exponent - 0.1, exponent + 0.1),
+        reference=reference,
+        value_at_reference=value,
+        fit_range=(reference, held / 2),
+        held_out=held,
+        held_out_optimum=value * (held / reference) ** exponent,
+        prediction_interval=(
+            0.9 * value * (held / reference) ** exponent,
+            1.1 * value * (held / reference) ** exponent,
+        ),
+        validated=validated,
+        n_points=3,
+        **kw,
+    )
+
+
+PB = mt.Scale(width=256, batch_size=16, tokens=1e6)
+
+
+def test_a_validated_measured_batch_law_replaces_the_sqrt_rule_and_needs_no_critical_batch():
+    out = mt.transfer_hparams({"lr": 1e-3}, PB, mt.Scale(width=1024, batch_size=64, tokens=4e6), measured=[_law()])
+    assert out.hparams["lr"] == pytest.approx(1e-3 * 4**0.4)
+    batch = next(r for r in out.rules if r.rule.startswith("batch"))
+    assert batch.rule == "batch: measured η ∝ B^0.40 [0.30, 0.50]" and batch.source == "measured on this sweep"
+    assert "fit on B = 16…64 (3 optima), held-out B = 128: measured" in batch.regime and "inside" in batch.regime
+    assert "B 16 → 64" in batch.regime
+
+
+def test_a_law_that_failed_its_check_or_a_reason_leaves_the_default_rule_and_says_why():
+    failed = mt.transfer_hparams(
+        {"lr": 1e-3},
+        PB,
+        mt.Scale(width=256, batch_size=64, tokens=1e6),
+        measured=[_law(validated=False)],
+        critical_batch=1024,
+    )
+    assert failed.hparams["lr"] == pytest.approx(2e-3)
+    batch = next(r for r in failed.rules if r.rule.startswith("batch"))
+    assert batch.rule == "batch: η ∝ √B" and "measured η ∝ B^0.40 [0.30, 0.50] not used: it failed" in batch.regime
+    reason = {"lr": {"batch_size": "lr along batch_size: the optima are not monotone"}}
+    told = mt.transfer_hparams(
+        {"lr": 1e-3}, PB, mt.Scale(width=256, batch_size=64, tokens=1e6), measured=reason, critical_batch=1024
+    )
+    assert "measured η*(B) not used: lr along batch_size: the optima are not monotone" in str(told)
+    chosen = mt.transfer_hparams(
+        {"lr": 1e-3},
+        PB,
+        mt.Scale(width=256, batch_size=64, tokens=1e6),
+        measured=[_law()],
+        rules={"batch": "none"},
+    )
+    assert chosen.hparams["lr"] == 1e-3 and "not used: rules= chooses the rule" in str(chosen)
+
+
+def test_measured_horizon_and_weight_decay_laws_replace_no_rule_and_the_tau_rule():
+    laws = [
+        _law("lr", "steps", exponent=-0.5, reference=100.0, held_out=800.0),
+        _law("weight_decay", "batch_size", exponent=1.0, value=0.1),
+        _law("weight_decay", "steps", exponent=-1.0, reference=100.0, held_out=800.0, value=0.1),
+    ]
+    # B ×2 at tokens ×8: steps ×4
+    out = mt.transfer_hparams(
+        {"lr": 1e-3, "weight_decay": 0.1},
+        PB,
+        mt.Scale(width=256, batch_size=32, tokens=8e6),
+        measured=laws,
+        critical_batch=1024,
+    )
+    assert out.hparams["lr"] == pytest.approx(1e-3 * 2**0.5 * 4**-0.5)  # √B default, then measured S^-0.5
+    assert out.hparams["weight_decay"] == pytest.approx(0.1 * 2 / 4)
+    rules = [r.rule for r in out.rules]
+    assert "horizon: measured η ∝ S^-0.50 [-0.60, -0.40]" in rules
+    assert (
+        "batch: measured λ ∝ B^1.00 [0.90, 1.10]" in rules and "horizon: measured λ ∝ S^-1.00 [-1.10, -0.90]" in rules
+    )
+    assert not any(r.startswith("τ") for r in rules)
+    assert "S 100 → 400" in str(out)
+    # λ*(S) missing while the horizon changes: the τ rule, and why
+    tau = mt.transfer_hparams(
+        {"lr": 1e-3, "weight_decay": 0.1},
+        PB,
+        mt.Scale(width=256, batch_size=32, tokens=8e6),
+        measured=laws[:2],
+        critical_batch=1024,
+    )
+    assert tau.rules[-1].rule == "τ rule" and "λ*(S) was not measured and horizon changes" in tau.rules[-1].regime
+
+
+def test_a_measured_law_past_a_decade_needs_extrapolate():
+    far = mt.Scale(width=256, batch_size=4096, tokens=1e6)  # 32× past 128
+    with pytest.raises(
+        HParamTransferError,
+        match=r"target.batch_size 4096 is 32× beyond the measured range B = 16…128.*extrapolate=True",
+    ):
+        mt.transfer_hparams({"lr": 1e-3}, PB, far, measured=[_law()])
+    with pytest.warns(MuPWarning, match=r"extrapolating: target.batch_size 4096 is 32× beyond"):
+        out = mt.transfer_hparams({"lr": 1e-3}, PB, far, measured=[_law()], extrapolate=True)
+    assert out.hparams["lr"] == pytest.approx(1e-3 * 256**0.4)
+
+
+def test_bad_measured_input_is_named():
+    with pytest.raises(HParamTransferError, match=r"MeasuredLaw.hparam must be one of lr, weight_decay"):
+        _law(hparam="momentum")
+    with pytest.raises(HParamTransferError, match=r"MeasuredLaw for lr along batch_size: every number must be finite"):
+        _law(value=-1.0)
+    with pytest.raises(HParamTransferError, match=r"measured\['lr'\]\['steps'\] holds the law of lr along batch_size"):
+        mt.transfer_hparams({"lr": 1e-3}, PB, PB, measured={"lr": {"steps": _law()}})
+    with pytest.raises(HParamTransferError, match=r"measured holds two laws of lr along batch_size"):
+        mt.transfer_hparams({"lr": 1e-3}, PB, PB, measured=[_law(), _law()])
+    with pytest.raises(TypeError, match=r"measured must hold MeasuredLaw objects"):
+        mt.transfer_hparams({"lr": 1e-3}, PB, PB, measured=[0.5])

@@ -13,20 +13,23 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import HParamTransferError, MuPWarning
 from ..rules import OPTIMIZERS
+from .measured_law import MeasuredLaw, MeasuredStep, check_measured
 from .scale import Scale
 
-__all__ = ["AppliedRule", "TransferredHParams", "transfer_hparams"]
+__all__ = ["AppliedRule", "MeasuredLaw", "TransferredHParams", "transfer_hparams"]
 
 _TP5 = "TP5 (Yang et al. 2022); CompleteP (Dey et al. 2025)"
 _MALLADI = "Malladi et al. 2022 (SDEs of adaptive methods)"
 _GOYAL = "Goyal et al. 2017 (large-minibatch SGD)"
 _TAU = "Wang & Aitchison 2025; Bergsma et al. 2025 (Power Lines)"
 _USER = "rules= (the user's choice)"
+_MEASURED = "measured on this sweep"
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,8 @@ def transfer_hparams(
     optimizer: str = "adamw",
     rules: dict[str, str] | None = None,
     critical_batch: float | None = None,
+    measured: Mapping[str, Mapping[str, MeasuredLaw | str]] | Iterable[MeasuredLaw] | None = None,
+    extrapolate: bool = False,
 ) -> TransferredHParams:
     """The target's hyperparameters from the proxy's, each with the rule and regime that set it.
 
@@ -161,6 +166,16 @@ def transfer_hparams(
             "independent".
         critical_batch: the critical batch size (measure it: the gradient noise scale, McCandlish
             et al. 2018); needed when the batch size changes under a batch rule.
+        measured: power laws measured on the proxy sweep: what `mt.sweep.fit_measured_laws`
+            returns (``{hparam: {axis: MeasuredLaw or the reason there is none}}``) or a list of
+            `MeasuredLaw`. A law whose held-out check passed replaces the default batch rule
+            (η*(B); `critical_batch` is then not needed), the horizon's "no rule" (η*(S)) and the τ
+            rule (λ*(B), λ*(S): used when every axis that changes has one) unless `rules=` chooses
+            that rule explicitly; one that failed it, or a reason, is recorded beside the default
+            rule. The proxy is taken at the law's `reference` horizon (the sweep's proxy steps);
+            the target's steps follow from tokens ÷ batch size relative to the proxy.
+        extrapolate: apply a measured law more than a decade (10×) beyond its measured range,
+            with a `MuPWarning`; otherwise that is refused.
 
     Returns:
         The target's hyperparameters and the list of rules applied (`str()` prints the table).
@@ -168,8 +183,10 @@ def transfer_hparams(
     Raises:
         HParamTransferError: bad sizes, an unknown optimizer or rule, a target smaller than the
             proxy, no ``lr``, a batch change without `critical_batch` or past it, a τ rule without
-            tokens or batch sizes on both scales.
-        TypeError: `hparams` is not a dict, or `proxy` / `target` not a `Scale`.
+            tokens or batch sizes on both scales, a measured law applied more than a decade beyond
+            its measured range without `extrapolate=True`.
+        TypeError: `hparams` is not a dict, `proxy` / `target` not a `Scale`, or `measured` neither
+            what `mt.sweep.fit_measured_laws` returns nor a list of `MeasuredLaw`.
     """
     if not isinstance(hparams, dict):
         raise TypeError(f"hparams must be a dict of the proxy's hyperparameters, got {type(hparams).__name__}")
@@ -193,15 +210,16 @@ def transfer_hparams(
     if wd is not None and not (_number(wd) and wd >= 0):
         raise HParamTransferError(f"hparams['weight_decay'] must be a number ≥ 0, got {wd!r}")
     _check_sizes(proxy, target)
+    step = MeasuredStep(check_measured(measured), proxy, target, bool(extrapolate))
 
     out = dict(hparams)
     applied: list[AppliedRule] = []
     applied += _width_depth(out, proxy, target)
-    lr = _batch_lr(hparams["lr"], proxy, target, optimizer, chosen["batch"], critical_batch, applied)
-    lr = _horizon_lr(lr, proxy, target, applied)
+    lr = _batch_lr(hparams["lr"], proxy, target, optimizer, chosen["batch"], critical_batch, applied, step)
+    lr = _horizon_lr(lr, proxy, target, applied, step)
     out["lr"] = lr
     if wd is not None:
-        out["weight_decay"] = _weight_decay(wd, hparams["lr"], lr, proxy, target, optimizer, chosen, applied)
+        out["weight_decay"] = _weight_decay(wd, hparams["lr"], lr, proxy, target, optimizer, chosen, applied, step)
     for name in hparams:
         if name not in ("lr", "weight_decay"):
             applied.append(AppliedRule(name, hparams[name], hparams[name], "kept", "no rule for it here", "-"))
@@ -222,7 +240,14 @@ def _width_depth(hparams: dict[str, Any], proxy: Scale, target: Scale) -> list[A
 
 
 def _batch_lr(
-    lr: float, proxy: Scale, target: Scale, optimizer: str, choice: str, critical: float | None, applied: list
+    lr: float,
+    proxy: Scale,
+    target: Scale,
+    optimizer: str,
+    choice: str,
+    critical: float | None,
+    applied: list,
+    step: MeasuredStep,
 ) -> float:
     bp, bt = proxy.batch_size, target.batch_size
     if bp is None or bt is None:
@@ -231,6 +256,18 @@ def _batch_lr(
     if bp == bt:
         applied.append(AppliedRule("lr", lr, lr, "batch: unchanged", f"B = {bt} on both scales", "-"))
         return lr
+    law, why = step.law("lr", "batch_size", explicit=choice != "auto")
+    if law is not None:
+        return _measured(step, law, lr, applied, "batch")
+    before = len(applied)
+    lr = _batch_rule_lr(lr, bp, bt, optimizer, choice, critical, applied)
+    _note(applied, before, why)
+    return lr
+
+
+def _batch_rule_lr(
+    lr: float, bp: int, bt: int, optimizer: str, choice: str, critical: float | None, applied: list
+) -> float:
     if choice == "none":
         regime = f"B {bp} → {bt}, lr kept on purpose (rules={{'batch': 'none'}})"
         applied.append(AppliedRule("lr", lr, lr, "batch: none", regime, _USER))
@@ -266,8 +303,12 @@ def _batch_lr(
     return new
 
 
-def _horizon_lr(lr: float, proxy: Scale, target: Scale, applied: list) -> float:
+def _horizon_lr(lr: float, proxy: Scale, target: Scale, applied: list, step: MeasuredStep) -> float:
     dp, dt = proxy.tokens, target.tokens
+    law, why = step.law("lr", "steps")
+    if law is not None and step.steps_ratio not in (None, 1.0):
+        return _measured(step, law, lr, applied, "horizon")
+    before = len(applied)
     if dp is None or dt is None:
         applied.append(AppliedRule("lr", lr, lr, "horizon: not stated", "tokens is None on both scales", "-"))
     elif dp == dt:
@@ -275,9 +316,10 @@ def _horizon_lr(lr: float, proxy: Scale, target: Scale, applied: list) -> float:
     else:
         regime = (
             f"D {_fmt(dp)} → {_fmt(dt)} tokens: lr kept; no rule: η*(D) needs a measured fit "
-            "(issue 32's sweep fits, not built yet)"
+            "(a sweep over horizons, mt.sweep.fit_measured_laws)"
         )
         applied.append(AppliedRule("lr", lr, lr, "horizon: no rule", regime, "-"))
+    _note(applied, before, why)
     return lr
 
 
@@ -290,11 +332,33 @@ def _weight_decay(
     optimizer: str,
     chosen: dict[str, str],
     applied: list,
+    step: MeasuredStep,
 ) -> float:
     choice = chosen.get("weight_decay") or _DEFAULT_WEIGHT_DECAY_RULE.get(optimizer)
     if wd == 0:  # under every rule
         applied.append(AppliedRule("weight_decay", wd, wd, "zero", "λ = 0 stays 0", "-"))
         return wd
+    laws, why = step.weight_decay_laws(explicit="weight_decay" in chosen)
+    if laws:
+        for law, what in laws:
+            wd = _measured(step, law, wd, applied, what)
+        return wd
+    before = len(applied)
+    wd = _weight_decay_rule(wd, lr_p, lr_t, proxy, target, optimizer, choice, applied)
+    _note(applied, before, why)
+    return wd
+
+
+def _weight_decay_rule(
+    wd: float,
+    lr_p: float,
+    lr_t: float,
+    proxy: Scale,
+    target: Scale,
+    optimizer: str,
+    choice: str | None,
+    applied: list,
+) -> float:
     if choice is None:
         raise HParamTransferError(
             f"no default weight-decay rule for optimizer '{optimizer}' (the τ rule is derived for AdamW's "
@@ -328,11 +392,24 @@ def _weight_decay(
             "tokens per parameter (Bergsma et al. 2025): measure τ* at two model sizes, or pass "
             "rules={'weight_decay': 'independent'} to keep λ on purpose",
             MuPWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
     source = _TAU if optimizer in _DEFAULT_WEIGHT_DECAY_RULE else f"{_TAU}; {_USER}"
     applied.append(AppliedRule("weight_decay", wd, new, "τ rule", regime, source))
     return new
+
+
+def _measured(step: MeasuredStep, law: MeasuredLaw, value: float, applied: list, what: str) -> float:
+    new, regime = step.apply(law, value)
+    applied.append(AppliedRule(law.hparam, value, new, f"{what}: measured {law.formula}", regime, _MEASURED))
+    return new
+
+
+def _note(applied: list, before: int, why: str) -> None:
+    """Add to the records made since `before` why a measured law was not used."""
+    if why:
+        for i in range(before, len(applied)):
+            applied[i] = replace(applied[i], regime=f"{applied[i].regime}; {why}")
 
 
 def _check_scale(name: str, scale: Scale) -> None:

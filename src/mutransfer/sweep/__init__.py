@@ -25,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "mup_kwargs": ".scale",
     "load_objective": ".recipes",
     "mask_url": ".storage",
+    "fit_measured_laws": ".hparam_fits",
 }
 # old public name → (module, name, what to use instead); importable for one release with a warning
 _DEPRECATED: dict[str, tuple[str, str, str]] = {}
@@ -36,6 +37,7 @@ __all__ = [
     "Sweep",
     "SweepConfig",
     "config_from_dict",
+    "fit_measured_laws",
     "load_config",
     "load_objective",
     "mask_url",
@@ -46,6 +48,7 @@ __all__ = [
 if TYPE_CHECKING:  # what type checkers and the API docs see; at run time `__getattr__` imports on use
     from .cells import Cell
     from .config import SweepConfig, config_from_dict, load_config
+    from .hparam_fits import fit_measured_laws
     from .recipes import load_objective
     from .runner import Sweep
     from .scale import Pruned, Scale, mup_kwargs

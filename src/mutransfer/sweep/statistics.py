@@ -299,6 +299,9 @@ class HPVerdict:
     moves: dict[int, Estimate]  # axis value -> move of the optimum from the proxy's
     transferred: bool
     reasons: list[str]
+    samples: dict[int, np.ndarray] = field(
+        default_factory=dict, repr=False
+    )  # axis value -> bootstrap optima (row 0: data)
 
     @property
     def drift(self) -> Estimate | None:
@@ -556,5 +559,5 @@ def judge(
                 reasons.append(f"uncertain at {axis} {at}")
         if len(optima) < 2:
             reasons.append(f"fewer than two {axis}s with results")
-        hps[name] = HPVerdict(name, dim, optima, moves, not reasons, reasons)
+        hps[name] = HPVerdict(name, dim, optima, moves, not reasons, reasons, samples)
     return Verdict(parametrization, axis, proxy_at, hps, regret, n_counts)
