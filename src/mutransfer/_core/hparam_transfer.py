@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import HParamTransferError, MuPWarning
 from ..rules import OPTIMIZERS
-from .measured_law import MeasuredLaw, MeasuredStep, check_measured
+from .measured_law import MEASURED_SOURCE, MeasuredLaw, MeasuredStep, check_measured
 from .scale import Scale
 
 __all__ = ["AppliedRule", "MeasuredLaw", "TransferredHParams", "transfer_hparams"]
@@ -29,7 +29,6 @@ _MALLADI = "Malladi et al. 2022 (SDEs of adaptive methods)"
 _GOYAL = "Goyal et al. 2017 (large-minibatch SGD)"
 _TAU = "Wang & Aitchison 2025; Bergsma et al. 2025 (Power Lines)"
 _USER = "rules= (the user's choice)"
-_MEASURED = "measured on this sweep"
 
 
 @dataclass(frozen=True)
@@ -401,7 +400,7 @@ def _weight_decay_rule(
 
 def _measured(step: MeasuredStep, law: MeasuredLaw, value: float, applied: list, what: str) -> float:
     new, regime = step.apply(law, value)
-    applied.append(AppliedRule(law.hparam, value, new, f"{what}: measured {law.formula}", regime, _MEASURED))
+    applied.append(AppliedRule(law.hparam, value, new, f"{what}: measured {law.formula}", regime, MEASURED_SOURCE))
     return new
 
 

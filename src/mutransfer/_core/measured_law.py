@@ -23,12 +23,14 @@ __all__ = [
     "DECADE",
     "MEASURED_AXES",
     "MEASURED_HPARAMS",
+    "MEASURED_SOURCE",
     "MeasuredLaw",
     "MeasuredStep",
     "beyond_range",
     "check_measured",
 ]
 
+MEASURED_SOURCE = "measured on this sweep"  # the `AppliedRule.source` of a step taken from a sweep's own runs
 MEASURED_HPARAMS = {"lr": "η", "weight_decay": "λ"}
 MEASURED_AXES = {"batch_size": "B", "steps": "S"}
 DECADE = 10.0  # how far past the measured range a law may be applied without extrapolate=True

@@ -79,6 +79,11 @@ def add_parsers(sub) -> None:
         help="how weight_decay follows batch size and horizon: tau (AdamW's τ = B/(η·λ·D) kept) or independent",
     )
     t.add_argument("--optimizer", help="the objective's optimizer for those rules (default: hparams['optimizer'])")
+    t.add_argument(
+        "--extrapolate",
+        action="store_true",
+        help="apply a power law the sweep measured more than a decade past its measured range (warns)",
+    )
     t.add_argument("--storage", help="storage URL (default: the run's own)")
     t.add_argument(
         "--device",
@@ -160,6 +165,7 @@ def _transfer(args) -> int:
                 optimizer=args.optimizer,
                 rules={k: v for k, v in (("batch", args.batch_rule), ("weight_decay", args.wd_rule)) if v} or None,
                 critical_batch=args.critical_batch,
+                extrapolate=args.extrapolate,
             )
     except ValueError as e:
         raise UsageError(_as_flags(str(e))) from None
@@ -178,6 +184,7 @@ _FLAGS = (
     ("rules={'batch': 'none'}", "--batch-rule none"),
     ("rules={'weight_decay': 'tau'}", "--wd-rule tau"),
     ("rules={'weight_decay': 'independent'}", "--wd-rule independent"),
+    ("extrapolate=True", "--extrapolate"),
 )
 
 

@@ -97,7 +97,7 @@ run directory. <code>mutransfer sweep CONFIG --retry-failed</code> reruns them.<
 {% if transfer.compute %}<p>{{ transfer.compute }}</p>{% endif %}
 {% if transfer.rule_rows -%}
 <h3>Hyperparameters at the target's batch size and horizon</h3>
-<p>Each step, in order: measured in this sweep where it swept that batch size or horizon, else by rule
+<p>Each step, in order: measured on this sweep where it swept that batch size or horizon, else by rule
 (<code>mt.transfer_hparams</code>).</p>
 {{ table(["run", "hyperparameter", "from", "to", "rule", "regime", "source"], transfer.rule_rows) }}
 {% endif -%}

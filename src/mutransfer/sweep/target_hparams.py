@@ -7,7 +7,10 @@ this order, each step recorded as an `mt.AppliedRule` (transfer.json's ``"hparam
 1. **Measured in this sweep**: the target's batch size (or horizon) is one the sweep swept at the
    proxy width (`batch_sizes`, `horizons`): the optimum there over the optimum at the proxy's — for
    every swept log-scaled hyperparameter (lr, weight_decay) — multiplies the proxy's value.
-2. **By rule** (`mt.transfer_hparams`): η ∝ √B (Adam, AdamW) or η ∝ B (SGD) below the critical batch
+2. **A measured power law** (`mt.sweep.fit_measured_laws`: η*(B), η*(S), λ*(B), λ*(S) fitted on the
+   sweep's batch sizes or horizons, validated on the largest one held out), within a decade of its
+   range (`extrapolate` past it).
+3. **By rule** (`mt.transfer_hparams`): η ∝ √B (Adam, AdamW) or η ∝ B (SGD) below the critical batch
    size (`critical_batch`, needed whenever the batch size changes by rule); the horizon keeps lr (no
    rule without a measured fit); weight decay by the τ rule (AdamW) or kept (`rules`).
 
@@ -23,9 +26,11 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from .._core.hparam_transfer import AppliedRule, transfer_hparams
+from .._core.measured_law import MEASURED_SOURCE
 from .._core.scale import Scale
 from ..errors import HParamTransferError
 from .analysis import best
+from .hparam_fits import fit_measured_laws
 from .space import LogUniform
 
 if TYPE_CHECKING:
@@ -35,7 +40,6 @@ if TYPE_CHECKING:
 __all__ = ["AXIS_FLAGS", "target_hparams"]
 
 AXIS_FLAGS = {"batch_size": "--batch-size", "steps": "--steps"}
-_MEASURED = "measured in this sweep"
 
 
 def target_hparams(
@@ -49,6 +53,8 @@ def target_hparams(
     optimizer: str | None = None,
     rules: dict[str, str] | None = None,
     critical_batch: float | None = None,
+    extrapolate: bool = False,
+    measured: dict[str, dict[str, Any]] | None = None,
 ) -> tuple[dict[str, Any], list[AppliedRule]]:
     """`parametrization`'s hyperparameters at the target's batch size and horizon, with the steps taken.
 
@@ -64,6 +70,8 @@ def target_hparams(
             for the built-in recipes (their default).
         rules: `mt.transfer_hparams`' rules (``{"batch": ..., "weight_decay": ...}``).
         critical_batch: the critical batch size, for a batch-size change by rule.
+        extrapolate: apply a measured law more than a decade past its range (with a warning).
+        measured: `fit_measured_laws(sweep, results, parametrization)` when the caller has it (else fitted here).
 
     Returns:
         The target's hyperparameters (batch size and steps set) and the rules applied.
@@ -98,6 +106,8 @@ def target_hparams(
             optimizer=_optimizer(sweep, hp, optimizer),
             rules=rules,
             critical_batch=critical_batch,
+            measured=measured if measured is not None else fit_measured_laws(sweep, results, parametrization),
+            extrapolate=extrapolate,
         )
         out.update(ruled.hparams)
         applied += [r for r in ruled.rules if not _silent(r, by_rule, parametrization)]
@@ -151,7 +161,7 @@ def _measured_step(
             f"{axis} {proxy_value} → {value}: the optimum at the proxy width moved ×{ratio:.4g} "
             f"({math.log2(ratio):+.2f} octaves) between the two swept cells"
         )
-        steps.append(AppliedRule(name, out[name], new, f"{axis}: measured", regime, _MEASURED))
+        steps.append(AppliedRule(name, out[name], new, f"{axis}: measured", regime, MEASURED_SOURCE))
         out[name] = new
     return steps
 

@@ -41,7 +41,9 @@ from typing import TYPE_CHECKING, Any
 
 from .._core.atomic import write_atomically
 from .._core.devices import DeviceLike, check_precision, resolve_device
+from .._core.measured_law import MeasuredLaw
 from .analysis import TrialResult, costs, in_cell, load_results, transferred_hparams
+from .hparam_fits import fit_measured_laws
 from .report import write_report
 from .runner import Sweep
 from .summary import TRANSFER_RUNS, transfer_where
@@ -105,12 +107,13 @@ def transfer(
     optimizer: str | None = None,
     rules: dict[str, str] | None = None,
     critical_batch: float | None = None,
+    extrapolate: bool = False,
 ) -> dict:
     """Train the target (width, depth) with each parametrization's proxy optimum; writes transfer.json.
     `batch_size` / `steps`: the target's, where the objective reads them (default: the proxy's);
     `tokens` instead of `steps`: steps = tokens / (batch size × the hyperparameters' `seq_len`).
     Where they differ from the proxy's, the hyperparameters move by the sweep's measurement or by
-    rule (`target_hparams`: `optimizer`, `rules`, `critical_batch` go to `mt.transfer_hparams`), and
+    rule (`target_hparams`: `optimizer`, `rules`, `critical_batch`, `extrapolate` go to `mt.transfer_hparams`), and
     transfer.json's "hparam_rules" lists every step per parametrization.
     `device`: where the target trains ("auto", "cpu", "cuda", "cuda:N" or a `torch.device`; the
     objective reads it as `scale.device`); None: the sweep's own (`Sweep.scale`). Its precision is
@@ -148,8 +151,27 @@ def transfer(
         hp = {**hp, **sweep.config.proxy_extra}
         moved = {k: v for k, v in overrides.items() if v != hp.get(k)}
         if moved:
+            laws = fit_measured_laws(sweep, results, p)
+            out.setdefault("measured_laws", {})[p] = {
+                h: {
+                    a: {**v.as_dict(), "text": str(v)} if isinstance(v, MeasuredLaw) else {"reason": v}
+                    for a, v in by_axis.items()
+                }
+                for h, by_axis in laws.items()
+            }
             hp, applied = target_hparams(
-                sweep, results, p, hp, moved, width, depth, optimizer, rules=rules, critical_batch=critical_batch
+                sweep,
+                results,
+                p,
+                hp,
+                moved,
+                width,
+                depth,
+                optimizer,
+                rules=rules,
+                critical_batch=critical_batch,
+                extrapolate=extrapolate,
+                measured=laws,
             )
             out.setdefault("hparam_rules", {})[p] = [r.as_dict() for r in applied]
         hp = {**hp, **overrides}
@@ -309,6 +331,11 @@ def format_transfer(out: dict) -> str:
         lines.append(
             f"  critical batch size: {value} ({crit['source']}{'; ' + crit['reason'] if crit.get('reason') else ''})"
         )
+    for p, laws in out.get("measured_laws", {}).items():
+        for h, by_axis in laws.items():
+            for a, law in by_axis.items():
+                text = law["text"] if "reason" not in law else f"{h} along {a}: no law, {law['reason']}"
+                lines.append(f"  {p} measured: {text}")
     for p, steps in out.get("hparam_rules", {}).items():
         lines.append(f"  {p} hyperparameters at the target's batch size / horizon:")
         lines += [
