@@ -76,6 +76,7 @@ def optuna_logs_quiet() -> Iterator[None]:
 
 HEARTBEAT_INTERVAL = 2  # seconds
 PATIENCE_ENV = "MUTRANSFER_STORAGE_PATIENCE"
+STORAGE_ENV = "MUTRANSFER_STORAGE"  # the storage URL a worker or cluster task is given (never a file)
 PATIENCE_SECONDS = 120.0  # how long a transient storage error is retried (a database restart)
 GRACE_PERIOD = 8  # seconds without a heartbeat before a running trial counts as dead
 
