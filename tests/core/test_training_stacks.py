@@ -49,28 +49,32 @@ def test_a_rebuilt_model_resumes_from_its_checkpoint_bit_exactly(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flag", [[], ["--fsdp"]], ids=["ddp", "fsdp2"])
-def test_two_gloo_processes_match_one_process(tmp_path, flag):
+def test_two_gloo_processes_match_one_process(tmp_path, flag, monkeypatch):
+    import train_ddp
+
     runs = {}
-    for world in (1, 2):
-        out = tmp_path / f"w{world}.pt"
-        proc = subprocess.run(
-            [
-                sys.executable,
-                str(ROOT / "examples" / "train_ddp.py"),
-                "--world",
-                str(world),
-                "--steps",
-                "5",
-                "--save",
-                str(out),
-            ]
-            + flag,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        runs[world] = torch.load(out)
+    # world 1, the reference: the example's own one-process path, in this process (an interpreter
+    # fewer to start); world 2: the example's command, which spawns its 2 gloo processes
+    argv = ["train_ddp.py", "--world", "1", "--steps", "5", "--save", str(tmp_path / "w1.pt")] + flag
+    monkeypatch.setattr(sys, "argv", argv)
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # main() sets the last two
+        monkeypatch.delenv(key, raising=False)
+    threads = torch.get_num_threads()
+    try:
+        train_ddp.main()
+    finally:
+        torch.set_num_threads(threads)
+    runs[1] = torch.load(tmp_path / "w1.pt")
+    out = tmp_path / "w2.pt"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "train_ddp.py"), "--world", "2", "--steps", "5", "--save", str(out)]
+        + flag,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs[2] = torch.load(out)
     one, two = runs[1], runs[2]
     assert one["losses"] == pytest.approx(two["losses"], rel=1e-5)
     assert one["losses"][-1] < one["losses"][0] - 0.5  # it trained

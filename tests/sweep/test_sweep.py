@@ -70,6 +70,9 @@ GRID = """
 """
 
 
+SHORT_GRACE = "4"  # MUTRANSFER_GRACE_PERIOD for the tests that kill a worker (the default is 8 s)
+
+
 def studies(sweep):
     return {cell: sweep.study(*cell) for cell in sweep.config.cells}
 
@@ -161,7 +164,9 @@ def test_random_and_tpe_run_n_trials_per_cell(tmp_path, sampler):
 
 
 @pytest.mark.slow
-def test_kill_9_then_rerun_resumes_without_losing_trials(tmp_path):
+def test_kill_9_then_rerun_resumes_without_losing_trials(tmp_path, monkeypatch):
+    # a dead worker's trial goes stale after 4 s, not 8 (heartbeat every 1 s): the same path, a shorter wait
+    monkeypatch.setenv("MUTRANSFER_GRACE_PERIOD", SHORT_GRACE)
     cfg = write(
         tmp_path,
         GRID.replace("SLEEP", "0.6")
@@ -321,7 +326,9 @@ def test_a_worker_elsewhere_joins_by_sweep_name_and_storage(tmp_path, monkeypatc
 
 
 @pytest.mark.slow
-def test_a_worker_dying_right_after_claiming_does_not_block_the_sweep(tmp_path):
+def test_a_worker_dying_right_after_claiming_does_not_block_the_sweep(tmp_path, monkeypatch):
+    # a dead worker's trial goes stale after 4 s, not 8 (heartbeat every 1 s): the same path, a shorter wait
+    monkeypatch.setenv("MUTRANSFER_GRACE_PERIOD", SHORT_GRACE)
     cfg = write(tmp_path, GRID.replace("SLEEP", "0").replace("widths = [16, 64]", "widths = [16]"))
     run = tmp_path / "run"
     Sweep.create(cfg, run).prepare()
@@ -374,6 +381,8 @@ def test_a_dead_worker_process_is_a_warning_when_every_trial_finished(tmp_path, 
     """A local worker killed (or sent SIGINT on its own: a sweep started with `&`) while this
     process goes on: its trial is retried here, the sweep completes, the exit is a warning line."""
     (tmp_path / "dies.py").write_text(DIES)
+    # a dead worker's trial goes stale after 4 s, not 8 (heartbeat every 1 s): the same path, a shorter wait
+    monkeypatch.setenv("MUTRANSFER_GRACE_PERIOD", SHORT_GRACE)
     # The test's own process is told apart by its pid: under pytest-xdist it too was started as `python -c`.
     monkeypatch.setenv("DIES_MAIN_PID", str(os.getpid()))
     cfg = write(

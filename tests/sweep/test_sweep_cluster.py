@@ -49,9 +49,11 @@ def _drop_database(url: str, name: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not PG, reason="needs MUTRANSFER_TEST_POSTGRES (make test starts a server)")
-def test_slurm_array_end_to_end_with_preemption(tmp_path, fake_slurm_env, capsys):
+def test_slurm_array_end_to_end_with_preemption(tmp_path, fake_slurm_env, capsys, monkeypatch):
     """2 array tasks × 2 (fake) GPUs: the #SBATCH lines, every grid point finished exactly once,
     each task's workers pinned to its GPUs, one task killed mid-run (its trial reruns elsewhere)."""
+    # the killed task's trial goes stale after 4 s, not 8 (heartbeat every 1 s): the same path, a shorter wait
+    monkeypatch.setenv("MUTRANSFER_GRACE_PERIOD", "4")
     name = f"slurm{os.getpid()}"
     _drop_database(PG, name)
     cfg = _config(

@@ -17,7 +17,7 @@ setup = ["module load cuda/12.4", "source .venv/bin/activate"]   # run before th
 constraint = "a100"
 ```
 
-Each array task runs `workers.run_workers` on its node: one worker process per GPU × `trials_per_device`,
+Each array task (`processes.NodeTask`) runs `processes.run_workers` on its node: one worker process per GPU × `trials_per_device`,
 each seeing its one GPU (``CUDA_VISIBLE_DEVICES``, mapped through the GPUs Slurm gave the task),
 against the shared storage. Every task claims trials from the same queue, so the sweep ends when
 the queue is empty, whichever tasks ran it. The task is submitit-checkpointable: at a time limit
@@ -61,11 +61,11 @@ from optuna.trial import TrialState
 from .._core.atomic import write_atomically
 from .._core.progress import Progress
 from .config import ClusterConfig, cluster_config, load_config
-from .placement import gpu_names, parse_devices, plan, visible_devices
+from .placement import gpu_names, parse_devices, visible_devices
+from .processes import NodeTask
 from .runner import STORAGE_ENV, Sweep
 from .storage import default_url, mask_url
 from .trials import trial_outcome
-from .workers import die_with_parent, run_workers
 
 __all__ = [
     "CLUSTER_DIR",
@@ -99,28 +99,6 @@ FINAL_STATES = (
     "FINISHED",
     "INTERRUPTED",
 )
-
-try:  # the optional extra mutransfer[cluster]
-    from submitit.helpers import Checkpointable as _Checkpointable
-except ImportError:  # pragma: no cover - submitit missing: `check_cluster` refuses [cluster]
-    _Checkpointable = object  # type: ignore[assignment,misc]
-
-
-class NodeTask(_Checkpointable):
-    """One array task: the workers of one node (see the module docstring). Requeued by submitit at a
-    time limit or preemption with the same arguments (its `checkpoint`)."""
-
-    def __call__(self, run_dir: str, gpus: int, trials_per_device: int, threads: int | None = None) -> int:
-        die_with_parent()  # a task whose job controller is killed leaves no orphan training
-        url = os.environ.get(STORAGE_ENV)
-        sweep = Sweep(run_dir, storage=url)
-        placement = plan(
-            list(range(gpus)) if gpus else "cpu", trials_per_device, threads=threads, what="cluster.gpus_per_job"
-        )
-        codes = run_workers(run_dir, sweep.url, placement)
-        left = sweep.total_trials() - sweep.finished()
-        print(f"mutransfer task: workers exited with {codes}; {left} trial(s) of the sweep left", flush=True)
-        return left
 
 
 class ClusterRun:

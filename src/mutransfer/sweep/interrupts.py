@@ -3,7 +3,7 @@
 SIGTERM is what `timeout`, `kill`, systemd and batch schedulers send. In a sweep or worker process
 it is turned into `Terminated`, a `KeyboardInterrupt`, so that it takes exactly Ctrl-C's path:
 the running trial is marked `interrupted` and queued again (`trials.run_trial`), `run_sweep` stops
-its local workers and waits for them (`workers._stop_workers`), and the command prints one line
+its local workers and waits for them (`processes.stop_workers`), and the command prints one line
 and exits with 128 + the signal's number (130 for Ctrl-C, 143 for SIGTERM). A rerun resumes.
 """
 

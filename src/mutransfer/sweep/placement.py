@@ -42,6 +42,7 @@ __all__ = [
     "parse_devices",
     "plan",
     "visible_devices",
+    "warn_no_gpu",
 ]
 
 Devices = str | Sequence[int] | None
@@ -170,8 +171,9 @@ def plan(
     workers = _positive(workers, "workers")
     threads = _positive(threads, "threads")
     cores = available_cores() if cores is None else cores
-    count = visible_devices() if gpu_count is None else gpu_count
+    count = -1  # asked (torch imported) only where needed: not for "cpu"
     if parsed == "auto":
+        count = visible_devices() if gpu_count is None else gpu_count
         if count == 0 or (workers is not None and not explicit):  # --workers alone: CPU workers, as before
             parsed = "cpu"
         else:
@@ -185,17 +187,24 @@ def plan(
             f"trials_per_device ({len(parsed)} × {trials_per_device or 1}): set trials_per_device "
             "to run several trials per GPU"
         )
+    if count < 0:
+        count = visible_devices() if gpu_count is None else gpu_count
     mapped = gpu_names(parsed, what, count)
     if count == 0:
-        warnings.warn(
-            f"{what} {parsed}: this process sees no GPU (no CUDA, or a CPU build of torch); the trials run "
-            "on the CPU with CUDA_VISIBLE_DEVICES set as asked",
-            UserWarning,
-            stacklevel=2,
-        )
+        warn_no_gpu(parsed, what, stacklevel=3)
     per = trials_per_device or 1
     gpus = tuple(g for g in mapped for _ in range(per))
     return Placement(gpus, threads or max(1, cores // len(gpus)), local_worker=False)
+
+
+def warn_no_gpu(ids: Sequence[int], what: str = "devices", stacklevel: int = 2) -> None:
+    """The warning for GPU ids given where this process sees no GPU: the trials run on the CPU."""
+    warnings.warn(
+        f"{what} {list(ids)}: this process sees no GPU (no CUDA, or a CPU build of torch); the trials run "
+        "on the CPU with CUDA_VISIBLE_DEVICES set as asked",
+        UserWarning,
+        stacklevel=stacklevel,
+    )
 
 
 def gpu_names(ids: Sequence[int], what: str = "devices", gpu_count: int | None = None) -> list[str]:

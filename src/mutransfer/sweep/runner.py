@@ -31,7 +31,7 @@ from .config import SweepConfig, load_config, pinned_text
 from .recipes import load_objective
 from .rundir import differences, fetch_config, free_sibling
 from .scale import Objective, Scale
-from .storage import ClaimLock, default_url, open_storage, optuna_logs_quiet, trial_id
+from .storage import STORAGE_ENV, ClaimLock, default_url, open_storage, optuna_logs_quiet, trial_id
 from .studies import POLL_SECONDS, Studies, Tally
 from .trials import (
     FAILURES_DIR,
@@ -65,7 +65,6 @@ __all__ = [
 ]
 
 CONFIG_FILE = "config.toml"
-STORAGE_ENV = "MUTRANSFER_STORAGE"
 # Waiting for other workers' running trials: the first look comes soon (a local worker's last
 # trial ends within a trial's time; a 1 s sleep was a 1 s tail on every 2-worker sweep), then
 # each wait is longer, up to POLL_SECONDS.

@@ -3,7 +3,10 @@
 Trials send a heartbeat; a trial whose worker died (kill -9, a lost machine) goes stale after
 `GRACE_PERIOD` seconds, is marked failed, and is put back in the queue with the same
 hyperparameters (`studies.Studies.fail_stale`; after `studies.MAX_STALE_RETRIES` deaths the
-point is finished as failed), so that resuming a sweep loses nothing.
+point is finished as failed), so that resuming a sweep loses nothing. ``MUTRANSFER_GRACE_PERIOD``
+sets another grace period (seconds; the heartbeat comes 4 times per grace period): longer for a
+storage that may be slow to answer, shorter where a dead worker's trial should be rerun sooner
+(the tests that kill workers). Every process of a sweep should see the same value.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from . import _sql
 from .urls import PASSWORD_ENV, mask_url, scrub, with_password, without_password
 
 __all__ = [
+    "GRACE_ENV",
     "GRACE_PERIOD",
     "HEARTBEAT_INTERVAL",
     "PASSWORD_ENV",
@@ -76,8 +80,10 @@ def optuna_logs_quiet() -> Iterator[None]:
 
 HEARTBEAT_INTERVAL = 2  # seconds
 PATIENCE_ENV = "MUTRANSFER_STORAGE_PATIENCE"
+STORAGE_ENV = "MUTRANSFER_STORAGE"  # the storage URL a worker or cluster task is given (never a file)
 PATIENCE_SECONDS = 120.0  # how long a transient storage error is retried (a database restart)
 GRACE_PERIOD = 8  # seconds without a heartbeat before a running trial counts as dead
+GRACE_ENV = "MUTRANSFER_GRACE_PERIOD"  # another grace period (the heartbeat interval follows: a quarter of it)
 
 
 def default_url(run_dir: Path) -> str:
@@ -110,6 +116,7 @@ def open_storage(url: str, patient: bool = False) -> optuna.storages.RDBStorage:
     else:
         raise ValueError(f"storage {mask_url(url)}: use sqlite:///path/to/file.db or postgresql://user@host/db")
     connect = with_password(url)
+    grace = grace_period()
     last = None
     told = False  # a waiting worker says once why it waits
     deadline = time.monotonic() + (patience() if patient else 0.0)
@@ -121,8 +128,8 @@ def open_storage(url: str, patient: bool = False) -> optuna.storages.RDBStorage:
                 storage = _PatientStorage(
                     connect,
                     engine_kwargs=engine,
-                    heartbeat_interval=HEARTBEAT_INTERVAL,
-                    grace_period=GRACE_PERIOD,  # stale trials: `Studies.fail_stale` retries them
+                    heartbeat_interval=HEARTBEAT_INTERVAL if grace == GRACE_PERIOD else grace / 4,
+                    grace_period=grace,  # stale trials: `Studies.fail_stale` retries them
                 )
             if url.startswith("sqlite") and ":memory:" not in url:
                 _sqlite_wal(storage)
@@ -160,6 +167,21 @@ def open_storage(url: str, patient: bool = False) -> optuna.storages.RDBStorage:
     first = str(last).splitlines()[0] if str(last) else type(last).__name__
     waited = f" (retried for {patience():.0f} s; wait longer with {PATIENCE_ENV}=SECONDS)" if patient else ""
     raise ValueError(f"storage {mask_url(url)} is unreachable{waited}: {scrub(first, connect)}") from None
+
+
+def grace_period() -> float:
+    """Seconds without a heartbeat before a running trial counts as dead: ``MUTRANSFER_GRACE_PERIOD``,
+    else `GRACE_PERIOD` (8); ValueError naming the variable when it is not a number > 0."""
+    text = os.environ.get(GRACE_ENV, "").strip()
+    if not text:
+        return GRACE_PERIOD
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise StorageError(f"{GRACE_ENV} must be a number of seconds > 0 (default {GRACE_PERIOD}), got {text!r}")
+    return value
 
 
 def patience() -> float:
@@ -380,7 +402,7 @@ class Heartbeat:
                 self.storage.record_heartbeat(self.trial_id)
             except Exception:  # a transient database error must not kill the trial
                 pass
-            self._stop.wait(HEARTBEAT_INTERVAL)
+            self._stop.wait(self.storage.heartbeat_interval or HEARTBEAT_INTERVAL)
 
     def __enter__(self) -> Heartbeat:
         self._thread.start()

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 
 import torch
@@ -22,37 +21,12 @@ from ..errors import SweepInterrupted
 from .config import load_config
 from .interrupts import exit_code, interrupts_ignored, raise_terminated
 from .placement import DEVICE_ENV, THREADS_ENV, Devices, Placement, plan
+from .processes import PARENT_ENV, die_with_parent, release_workers, run_workers, start_worker, stop_workers
 from .runner import EXIT_INTERRUPTED, EXIT_TERMINATED, STORAGE_ENV, Sweep
 from .storage import mask_url, optuna_logs_quiet
 from .trajectory import record_proxy_trajectory
 
 __all__ = ["apply_threads", "die_with_parent", "run_sweep", "run_workers"]
-
-
-# A worker process started by `run_sweep`. It starts before the sweep is created, so that its
-# slow start (imports, see `_warm_up`) overlaps the parent's: it warms up, then waits for the
-# parent's "go" and the storage URL on stdin (not on the command line: it may hold a password).
-# A thread reads that line from the start: any other line or the end of input (the sweep was
-# refused, the parent died) ends the process at once and quietly, even in the middle of importing
-# torch (3 s of CPU per worker on the 2-core CI machine, which the parent's refusal would wait for).
-# Ctrl-C (the terminal sends it to every process of the group) or SIGTERM (`timeout`, a scheduler:
-# often to the whole group too) before it works exits at once and quietly; later, `_worker_entry`
-# marks its trial interrupted and exits 130 (143) without a traceback (see `interrupts`).
-_WORKER_CODE = (
-    "import os, signal, sys, threading\n"
-    "signal.signal(signal.SIGINT, lambda *_: os._exit(130))\n"
-    "signal.signal(signal.SIGTERM, lambda *_: os._exit(143))\n"
-    "def read(lines):\n"
-    "    line = sys.stdin.readline()\n"
-    "    if not line.startswith('go '):\n"
-    "        os._exit(0)\n"
-    "    lines.append(line)\n"
-    "lines = []\n"
-    "reader = threading.Thread(target=read, args=(lines,), daemon=True)\n"
-    "reader.start()\n"
-    "from mutransfer.sweep.workers import _worker_entry\n"
-    "sys.exit(_worker_entry(sys.argv[1], reader, lines, sys.argv[2] == 'wait', sys.argv[3] == 'torch'))\n"
-)
 
 
 def _warm_up(answered: Callable[[], bool] = lambda: False, optimizer: bool = True) -> None:
@@ -81,9 +55,6 @@ def _first_optimizer() -> None:
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
 
 
-_PARENT_ENV = "MUTRANSFER_DIE_WITH"  # a worker that must end with its parent (this pid)
-
-
 def apply_threads() -> None:
     """Use the torch thread count the sweep gave this worker (``MUTRANSFER_THREADS``), if any."""
     threads = os.environ.get(THREADS_ENV)
@@ -99,7 +70,7 @@ def _worker_entry(
     run trials while any is left to claim (with `wait_for_others`, a GPU sweep's workers also wait
     for each other's running trials and retry a dead worker's; otherwise the parent does), then
     leave without the interpreter's teardown (0.7 s with torch loaded: a tail on every sweep)."""
-    parent = os.environ.pop(_PARENT_ENV, None)
+    parent = os.environ.pop(PARENT_ENV, None)
     if parent is not None:
         die_with_parent()
         if str(os.getppid()) != parent:  # it died before we asked
@@ -144,98 +115,6 @@ def _exit_reason(code: int) -> str:
         except ValueError:
             return ""
     return ""
-
-
-def _stop_workers(procs: list[subprocess.Popen], grace: float = 60.0) -> None:
-    """Ctrl-C or SIGTERM reached this process: make sure the workers got it too (a signal sent to
-    this process alone did not reach them), let them mark their trials, then wait for them (killed
-    after `grace` seconds): no worker outlives this process."""
-    for p in procs:
-        if p.poll() is None:
-            try:
-                p.send_signal(signal.SIGINT)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + grace
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
-def _release(procs: list[subprocess.Popen], url: str | None) -> None:
-    """Tell the waiting workers to work on the storage at `url`, or (None) to leave, and then wait
-    until they have left."""
-    for p in procs:
-        try:
-            if p.stdin is None:
-                continue
-            if url is not None:
-                p.stdin.write(f"go {url}\n")
-            p.stdin.close()
-        except (BrokenPipeError, OSError):  # it died while warming up: reported when it is waited for
-            pass
-    if url is None:
-        for p in procs:
-            p.wait()
-
-
-def _start_worker(
-    run_dir: str | os.PathLike,
-    placement: Placement,
-    slot: int,
-    wait: bool,
-    die_with_parent: bool = False,
-    optimizer: bool = True,
-) -> subprocess.Popen:
-    """A worker process for `slot`: a new interpreter with the slot's GPU and thread count. With
-    `wait`, it waits for the other workers' trials (no parent runs trials). `die_with_parent`: the
-    kernel ends it when this process dies (a cluster task that was preempted or cancelled), so its
-    trial goes stale and is run again elsewhere. `optimizer`: warm up a torch optimizer too (see
-    `_warm_up`)."""
-    env = {**os.environ, **placement.env(slot)}
-    if die_with_parent:
-        env[_PARENT_ENV] = str(os.getpid())
-    return subprocess.Popen(
-        [sys.executable, "-c", _WORKER_CODE, str(run_dir), "wait" if wait else "leave", "torch" if optimizer else "-"],
-        stdin=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-
-
-def die_with_parent() -> None:
-    """Ask the kernel to send this process SIGTERM when its parent dies (Linux prctl
-    PR_SET_PDEATHSIG; elsewhere nothing). Run by a cluster task and by its workers as they start."""
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
-
-
-_PR_SET_PDEATHSIG = 1
-try:  # looked up once, here: a child between fork and exec must not import
-    import ctypes
-
-    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
-except (OSError, AttributeError):  # pragma: no cover
-    _PRCTL = None
-
-
-def run_workers(run_dir: str | os.PathLike, url: str, placement: Placement) -> list[int]:
-    """Run one worker process per slot of `placement` on the sweep at `run_dir` (already prepared,
-    storage `url`) until no trial is left; returns their exit codes. What a cluster task runs on
-    its node: the workers die with it (preemption, cancel) and wait for each other's trials."""
-    procs = [
-        _start_worker(run_dir, placement, slot, wait=True, die_with_parent=True) for slot in range(placement.slots)
-    ]
-    _release(procs, url)
-    try:
-        return [p.wait() for p in procs]
-    except KeyboardInterrupt:
-        with interrupts_ignored():
-            _stop_workers(procs)
-        raise
 
 
 def _check_gpus(placement: Placement, precision: str) -> None:
@@ -326,7 +205,7 @@ def run_sweep(
     # on "go", or leave when the sweep is refused.
     recipe = config.objective.startswith("recipe:")  # trains with torch optimizers: worth warming up
     procs = [
-        _start_worker(run_dir, placement, slot, wait=not placement.local_worker, optimizer=recipe)
+        start_worker(run_dir, placement, slot, wait=not placement.local_worker, optimizer=recipe)
         for slot in range(int(placement.local_worker), placement.slots)
     ]
     previous_threads = torch.get_num_threads()
@@ -339,11 +218,11 @@ def run_sweep(
             n = sweep.retry_failed()
             print(f"retrying {n} failed trial(s)" if n else "no failed trial to retry", file=sys.stderr)
     except BaseException:
-        _release(procs, None)
+        release_workers(procs, None)
         raise
     if progress and (placement.slots > 1 or placement.on_gpus):
         print(f"sweep {sweep.config.name}: {placement.describe()}", file=sys.stderr, flush=True)
-    _release(procs, sweep.url)
+    release_workers(procs, sweep.url)
     try:
         if placement.local_worker:
             torch.set_num_threads(placement.threads)
@@ -352,12 +231,12 @@ def run_sweep(
             sweep.watch(procs, progress=progress)
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (`Terminated`)
         with interrupts_ignored():
-            _stop_workers(procs)
+            stop_workers(procs)
             tally = sweep.tally()
             raise SweepInterrupted(tally.finished, tally.total, int(getattr(e, "signum", signal.SIGINT))) from None
     except SystemExit:
         with interrupts_ignored():
-            _stop_workers(procs)
+            stop_workers(procs)
         raise
     finally:
         torch.set_num_threads(previous_threads)
