@@ -128,7 +128,7 @@ def open_storage(url: str, patient: bool = False) -> optuna.storages.RDBStorage:
                 storage = _PatientStorage(
                     connect,
                     engine_kwargs=engine,
-                    heartbeat_interval=HEARTBEAT_INTERVAL if grace == GRACE_PERIOD else grace / 4,
+                    heartbeat_interval=HEARTBEAT_INTERVAL if grace == GRACE_PERIOD else grace // 4,
                     grace_period=grace,  # stale trials: `Studies.fail_stale` retries them
                 )
             if url.startswith("sqlite") and ":memory:" not in url:
@@ -169,18 +169,19 @@ def open_storage(url: str, patient: bool = False) -> optuna.storages.RDBStorage:
     raise ValueError(f"storage {mask_url(url)} is unreachable{waited}: {scrub(first, connect)}") from None
 
 
-def grace_period() -> float:
+def grace_period() -> int:
     """Seconds without a heartbeat before a running trial counts as dead: ``MUTRANSFER_GRACE_PERIOD``,
-    else `GRACE_PERIOD` (8); ValueError naming the variable when it is not a number > 0."""
+    else `GRACE_PERIOD` (8); StorageError naming the variable when it is not a whole number ≥ 4 (Optuna
+    counts heartbeats in whole seconds, one every quarter of the grace period)."""
     text = os.environ.get(GRACE_ENV, "").strip()
     if not text:
         return GRACE_PERIOD
     try:
-        value = float(text)
+        value = int(text)
     except ValueError:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise StorageError(f"{GRACE_ENV} must be a number of seconds > 0 (default {GRACE_PERIOD}), got {text!r}")
+        value = -1
+    if value < 4:
+        raise StorageError(f"{GRACE_ENV} must be a whole number of seconds ≥ 4 (default {GRACE_PERIOD}), got {text!r}")
     return value
 
 
