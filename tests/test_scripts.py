@@ -1,14 +1,19 @@
 """The example and the benchmarks run end to end and print what they promise (slow)."""
 
+import contextlib
+import io
 import json
 import math
 import os
 import re
+import runpy
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,9 +29,47 @@ def run(args, timeout=600):
     return proc.stdout
 
 
+def run_here(args):
+    """`run`, in this test process: the script's own code as `python SCRIPT ARGS` runs it (as
+    `__main__`, its folder first on sys.path, from the repository root, OMP_NUM_THREADS=1 for the
+    processes it starts), without a new Python that imports torch again (~3-5 s of CPU each, torch's
+    optimizers import torch._dynamo on first use). What a script changes in this process is put
+    back: torch's default dtype and RNG state, the warnings filters, sys.path and the modules it
+    imported from its folder (its torch threads: conftest's `_one_thread_again`)."""
+    script = ROOT / args[0]
+    saved_path, saved_argv, cwd = list(sys.path), sys.argv, os.getcwd()
+    saved_modules = set(sys.modules)
+    dtype, rng = torch.get_default_dtype(), torch.random.get_rng_state()
+    omp = os.environ.get("OMP_NUM_THREADS")
+    out = io.StringIO()
+    try:
+        sys.argv = [str(script), *args[1:]]
+        sys.path.insert(0, str(script.parent))
+        os.environ["OMP_NUM_THREADS"] = "1"
+        os.chdir(ROOT)
+        with warnings.catch_warnings(), contextlib.redirect_stdout(out):
+            try:
+                runpy.run_path(str(script), run_name="__main__")
+            except SystemExit as e:
+                assert e.code in (0, None), f"exit {e.code}: " + out.getvalue()[-2000:]
+    finally:
+        os.chdir(cwd)
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        if omp is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = omp
+        torch.set_default_dtype(dtype)
+        torch.random.set_rng_state(rng)
+        for name in set(sys.modules) - saved_modules:
+            if str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(script.parent)):
+                del sys.modules[name]
+    return out.getvalue()
+
+
 @pytest.mark.slow
 def test_quickstart_quick_shows_mup_optimum_staying_put():
-    out = run(["examples/quickstart.py", "--quick"])
+    out = run_here(["examples/quickstart.py", "--quick"])
     m = re.search(r"moved by (\d+) octaves? in SP .* and by (\d+) octaves? in µP", out)
     assert m, out[-1500:]
     sp, mu = int(m.group(1)), int(m.group(2))
@@ -144,7 +187,7 @@ def test_parametrize_speed_benchmark_on_meta(tmp_path):
 @pytest.mark.slow
 def test_sweep_pruning_benchmark_quick_prints_the_table(tmp_path):
     path = tmp_path / "pruning.json"
-    out = run(["benchmarks/sweep_pruning.py", "--quick", "--json", str(path)])
+    out = run_here(["benchmarks/sweep_pruning.py", "--quick", "--json", str(path)])
     rows = {
         m.group(1): (float(m.group(2)), float(m.group(3)))
         for m in re.finditer(r"^\| (no pruner|pruner median) \| ([0-9.]+) \| ([0-9.]+) \|", out, re.M)
