@@ -99,10 +99,12 @@ def test_coord_check_speed_benchmark_runs():
 
 @pytest.mark.slow
 def test_depth_transfer_benchmark_quick(tmp_path):
-    out = run(
+    out = run_here(
         [
             "benchmarks/depth_transfer.py",
             "--quick",
+            "--workers",
+            "1",
             "--steps",
             "30",
             "--json",
