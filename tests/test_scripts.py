@@ -207,7 +207,7 @@ def test_sweep_pruning_benchmark_quick_prints_the_table(tmp_path):
 @pytest.mark.slow
 def test_optimizer_transfer_quick_prints_the_table_and_draws(tmp_path):
     fig, js = tmp_path / "opt.png", tmp_path / "opt.json"
-    out = run(
+    out = run_here(
         [
             "benchmarks/optimizer_transfer.py",
             "--quick",
@@ -224,7 +224,7 @@ def test_optimizer_transfer_quick_prints_the_table_and_draws(tmp_path):
     assert all(r.split("|")[3].strip() == "pass" and r.split("|")[4].strip() == "fail" for r in rows), rows
     data = json.loads(js.read_text())
     assert len(data[0]["mup"]["losses"]["64"]) == 4 and fig.stat().st_size > 10_000
-    merged = run(["benchmarks/optimizer_transfer.py", "--merge", str(js)])
+    merged = run_here(["benchmarks/optimizer_transfer.py", "--merge", str(js)])
     assert merged.splitlines()[2:] == rows
 
 
@@ -257,7 +257,7 @@ def test_limits_convergence_benchmark_quick_prints_a_slope_per_limit():
 
 @pytest.mark.slow
 def test_monitor_overhead_and_plots_quick(tmp_path):
-    out = run(["benchmarks/monitor_overhead.py", "--quick"])
+    out = run_here(["benchmarks/monitor_overhead.py", "--quick"])
     assert re.search(r"cpu  time, with/without: median ratio [0-9.]+", out) and "alarms: 0" in out
-    out = run(["examples/monitor_plots.py", "--quick", "--out", str(tmp_path / "m.png")])
+    out = run_here(["examples/monitor_plots.py", "--quick", "--out", str(tmp_path / "m.png")])
     assert "healthy: 0 alarms" in out and "broken: 9 alarms" in out and (tmp_path / "m.png").stat().st_size > 0
