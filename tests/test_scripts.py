@@ -47,7 +47,8 @@ def run_here(args):
         sys.path.insert(0, str(script.parent))
         os.environ["OMP_NUM_THREADS"] = "1"
         os.chdir(ROOT)
-        with warnings.catch_warnings(), contextlib.redirect_stdout(out):
+        # its warnings kept here, as a subprocess's stderr was: not this test's warnings
+        with warnings.catch_warnings(record=True), contextlib.redirect_stdout(out):
             try:
                 runpy.run_path(str(script), run_name="__main__")
             except SystemExit as e:
