@@ -123,7 +123,7 @@ def test_depth_transfer_benchmark_quick(tmp_path):
 
 @pytest.mark.slow
 def test_feature_learning_example_quick(tmp_path):
-    out = run(["examples/feature_learning.py", "--quick", "--plot", str(tmp_path / "fl.png")])
+    out = run_here(["examples/feature_learning.py", "--quick", "--plot", str(tmp_path / "fl.png")])
     rows = dict(re.findall(r"\| (.+?) \| ([0-9.]+) \|", out))
     mup, nngp, ntk = (
         float(rows["µP limit"]),
@@ -158,7 +158,7 @@ def test_cnn_kernels_digits_example_quick(tmp_path):
 
 @pytest.mark.slow
 def test_depth_overhead_benchmark_runs():
-    out = run(["benchmarks/depth_overhead.py", "--rounds", "3", "--no-compile"])
+    out = run_here(["benchmarks/depth_overhead.py", "--rounds", "1", "--no-compile"])
     m = re.search(r"\| eager \| [0-9.]+ \| [0-9.]+ \| ([0-9.]+) \|", out)
     assert m, out
     ratio = float(m.group(1))
