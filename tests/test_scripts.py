@@ -1,19 +1,16 @@
 """The example and the benchmarks run end to end and print what they promise (slow)."""
 
-import contextlib
-import io
 import json
 import math
 import os
 import re
-import runpy
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
-import torch
+
+from script_runner import run_here
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,45 +26,6 @@ def run(args, timeout=600):
     return proc.stdout
 
 
-def run_here(args):
-    """`run`, in this test process: the script's own code as `python SCRIPT ARGS` runs it (as
-    `__main__`, its folder first on sys.path, from the repository root, OMP_NUM_THREADS=1 for the
-    processes it starts), without a new Python that imports torch again (~3-5 s of CPU each, torch's
-    optimizers import torch._dynamo on first use). What a script changes in this process is put
-    back: torch's default dtype and RNG state, the warnings filters, sys.path and the modules it
-    imported from its folder (its torch threads: conftest's `_one_thread_again`)."""
-    script = ROOT / args[0]
-    saved_path, saved_argv, cwd = list(sys.path), sys.argv, os.getcwd()
-    saved_modules = set(sys.modules)
-    dtype, rng = torch.get_default_dtype(), torch.random.get_rng_state()
-    omp = os.environ.get("OMP_NUM_THREADS")
-    out = io.StringIO()
-    try:
-        sys.argv = [str(script), *args[1:]]
-        sys.path.insert(0, str(script.parent))
-        os.environ["OMP_NUM_THREADS"] = "1"
-        os.chdir(ROOT)
-        # its warnings kept here, as a subprocess's stderr was: not this test's warnings
-        with warnings.catch_warnings(record=True), contextlib.redirect_stdout(out):
-            try:
-                runpy.run_path(str(script), run_name="__main__")
-            except SystemExit as e:
-                assert e.code in (0, None), f"exit {e.code}: " + out.getvalue()[-2000:]
-    finally:
-        os.chdir(cwd)
-        sys.argv, sys.path[:] = saved_argv, saved_path
-        if omp is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = omp
-        torch.set_default_dtype(dtype)
-        torch.random.set_rng_state(rng)
-        for name in set(sys.modules) - saved_modules:
-            if str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(script.parent)):
-                del sys.modules[name]
-    return out.getvalue()
-
-
 @pytest.mark.slow
 def test_quickstart_quick_shows_mup_optimum_staying_put():
     out = run_here(["examples/quickstart.py", "--quick"])
@@ -81,7 +39,9 @@ def test_quickstart_quick_shows_mup_optimum_staying_put():
 @pytest.mark.slow
 def test_overhead_benchmark_quick_writes_ratios(tmp_path):
     path = tmp_path / "overhead.json"
-    out = run_here(["benchmarks/overhead.py", "--quick", "--no-mup", "--no-compile", "--budget", "0.5", "--json", str(path)])
+    out = run_here(
+        ["benchmarks/overhead.py", "--quick", "--no-mup", "--no-compile", "--budget", "0.5", "--json", str(path)]
+    )
     assert "ratio" in out
     text = path.read_text()
     data = json.loads(text)
