@@ -54,7 +54,7 @@ def test_overhead_benchmark_quick_writes_ratios(tmp_path):
 
 @pytest.mark.slow
 def test_coord_check_speed_benchmark_runs():
-    out = run(["benchmarks/coord_check_speed.py", "--recipes", "mlp", "--seeds", "2"])
+    out = run_here(["benchmarks/coord_check_speed.py", "--recipes", "mlp", "--seeds", "2", "--threads", "1"])
     assert re.search(r"mlp\s+µP .* PASS", out) and re.search(r"mlp\s+SP .* FAIL", out), out
 
 
@@ -110,7 +110,7 @@ def test_kernel_speed_benchmark_quick():
 
 @pytest.mark.slow
 def test_cnn_kernels_digits_example_quick(tmp_path):
-    out = run(["examples/cnn_kernels_digits.py", "--quick", "--figure", str(tmp_path / "d.png")])
+    out = run_here(["examples/cnn_kernels_digits.py", "--quick", "--figure", str(tmp_path / "d.png")])
     rows = dict(re.findall(r"^\| (.+?) \| ([0-9.]+) \|", out, re.M))
     assert float(rows["NNGP posterior mean"]) > 0.5 and float(rows["NTK gradient flow, t = ∞"]) > 0.5, out
     assert (tmp_path / "d.png").stat().st_size > 10_000
@@ -128,7 +128,7 @@ def test_depth_overhead_benchmark_runs():
 @pytest.mark.slow
 def test_coord_power_benchmark_gets_every_verdict_right_on_nanogpt(tmp_path):
     path = tmp_path / "power.json"
-    out = run(["benchmarks/coord_power.py", "--quick", "--json", str(path)])
+    out = run_here(["benchmarks/coord_power.py", "--quick", "--json", str(path)])
     data = json.loads(path.read_text())["nanogpt"]
     assert [r["passed"] for r in data["correct µP"]] == [True]
     for mistake in ("SP", "attention at 1/√d", "readout not scaled", "embedding ×√width", "hidden lr not scaled"):
@@ -142,7 +142,7 @@ def test_coord_power_benchmark_gets_every_verdict_right_on_nanogpt(tmp_path):
 def test_parametrize_speed_benchmark_on_meta(tmp_path):
     pytest.importorskip("transformers")
     path = tmp_path / "speed.json"
-    run(["benchmarks/parametrize_speed.py", "--runs", "1", "--json", str(path)])
+    run_here(["benchmarks/parametrize_speed.py", "--runs", "1", "--json", str(path)])
     data = json.loads(path.read_text())
     assert data["params"] > 8e8 and data["verified"] is True
 
