@@ -150,7 +150,7 @@ def test_parametrize_speed_benchmark_on_meta(tmp_path):
 @pytest.mark.slow
 def test_sweep_pruning_benchmark_quick_prints_the_table(tmp_path):
     path = tmp_path / "pruning.json"
-    out = run_here(["benchmarks/sweep_pruning.py", "--quick", "--json", str(path)])
+    out = run_here(["benchmarks/sweep_pruning.py", "--quick", "--workers", "1", "--json", str(path)])
     rows = {
         m.group(1): (float(m.group(2)), float(m.group(3)))
         for m in re.finditer(r"^\| (no pruner|pruner median) \| ([0-9.]+) \| ([0-9.]+) \|", out, re.M)
