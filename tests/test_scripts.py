@@ -40,7 +40,18 @@ def test_quickstart_quick_shows_mup_optimum_staying_put():
 def test_overhead_benchmark_quick_writes_ratios(tmp_path):
     path = tmp_path / "overhead.json"
     out = run_here(
-        ["benchmarks/overhead.py", "--quick", "--no-mup", "--no-compile", "--budget", "0.5", "--threads", "1", "--json", str(path)]
+        [
+            "benchmarks/overhead.py",
+            "--quick",
+            "--no-mup",
+            "--no-compile",
+            "--budget",
+            "0.5",
+            "--threads",
+            "1",
+            "--json",
+            str(path),
+        ]
     )
     assert "ratio" in out
     text = path.read_text()
