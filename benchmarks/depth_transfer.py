@@ -18,6 +18,7 @@ one `parametrize` call), and compared with a sweep at the target itself. Writes 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import multiprocessing as mp
@@ -94,8 +95,9 @@ def main(argv=None) -> int:
         ]
     start = time.perf_counter()
     results: dict[tuple, list[float]] = {}
-    with mp.get_context("spawn").Pool(args.workers) as pool:
-        for i, (job, loss) in enumerate(pool.imap_unordered(_run, jobs), 1):
+    # one worker: the runs in this process (a spawned worker would import torch again for nothing)
+    with mp.get_context("spawn").Pool(args.workers) if args.workers > 1 else contextlib.nullcontext() as pool:
+        for i, (job, loss) in enumerate(pool.imap_unordered(_run, jobs) if pool else map(_run, jobs), 1):
             _, label, _, _, width, depth, k, _, _ = job
             results.setdefault((label, width, depth, k), []).append(loss)
             print(f"\r{i}/{len(jobs)} runs", end="", file=sys.stderr, flush=True)

@@ -11,7 +11,7 @@ fitted optimum with its interval (verdict.judge, as in summary.json's analysis s
 
 ``--keep DIR`` keeps the run directories there; rerunning with the same settings resumes them
 (a finished sweep runs nothing), so another pruner setting can be compared with the same
-unpruned baseline. ``--quick``: widths 32 and 64, 4 lrs, 10 steps (a smoke run).
+unpruned baseline. ``--quick``: widths 32 and 64, 4 lrs, 10 steps, seed 0 (a smoke run).
 ``--ascending`` runs the pruned sweep with its grid enqueued in ascending order instead of centre
 first (what the centre-out order buys; the grid is enqueued by this process, before the workers
 start, so the order holds for every worker).
@@ -30,8 +30,8 @@ from mutransfer.sweep import Sweep, run_sweep
 from mutransfer.sweep.analysis import best, counts, load_results, verdicts
 from mutransfer.sweep.demo import FIXED as DEMO_FIXED  # the demo's GPT settings
 
-FULL = dict(widths=[32, 64, 128, 256], low=-12, high=-4, grid=9, steps=150)
-QUICK = dict(widths=[32, 64], low=-10, high=-4, grid=4, steps=10)
+FULL = dict(widths=[32, 64, 128, 256], low=-12, high=-4, grid=9, steps=150, seeds=[0, 1])
+QUICK = dict(widths=[32, 64], low=-10, high=-4, grid=4, steps=10, seeds=[0])
 
 
 def config_text(c: dict, pruner: str, options: dict) -> str:
@@ -46,7 +46,7 @@ objective = "recipe:gpt"
 widths = {c["widths"]}
 parametrizations = ["mup", "sp"]
 sampler = "grid"
-seeds = [0, 1]
+seeds = {c["seeds"]}
 {head}
 [space.lr]
 type = "log"
@@ -179,7 +179,7 @@ def _option(text: str) -> tuple[str, object]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="widths 32 and 64, 4 lrs, 30 steps")
+    p.add_argument("--quick", action="store_true", help="widths 32 and 64, 4 lrs, 10 steps, seed 0")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--pruner", default="median", choices=["median", "successive_halving", "hyperband"])
     p.add_argument(
@@ -202,7 +202,7 @@ def main(argv=None) -> int:
         pruned = run(root, c, args.pruner, options, args.workers, args.ascending)
     print(
         f"Demo GPT sweep: widths {c['widths']}, lr 2^{c['low']} … 2^{c['high']} ({c['grid']} points), "
-        f"{c['steps']} steps, µP and SP, seeds [0, 1], {args.workers} workers; pruner {args.pruner} "
+        f"{c['steps']} steps, µP and SP, seeds {c['seeds']}, {args.workers} workers; pruner {args.pruner} "
         f"{options or '(defaults)'}, grid {'ascending' if args.ascending else 'centre first'}\n"
     )
     print(table(base, pruned))

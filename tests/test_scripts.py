@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from script_runner import run_here
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -26,7 +28,7 @@ def run(args, timeout=600):
 
 @pytest.mark.slow
 def test_quickstart_quick_shows_mup_optimum_staying_put():
-    out = run(["examples/quickstart.py", "--quick"])
+    out = run_here(["examples/quickstart.py", "--quick"])
     m = re.search(r"moved by (\d+) octaves? in SP .* and by (\d+) octaves? in µP", out)
     assert m, out[-1500:]
     sp, mu = int(m.group(1)), int(m.group(2))
@@ -37,7 +39,20 @@ def test_quickstart_quick_shows_mup_optimum_staying_put():
 @pytest.mark.slow
 def test_overhead_benchmark_quick_writes_ratios(tmp_path):
     path = tmp_path / "overhead.json"
-    out = run(["benchmarks/overhead.py", "--quick", "--no-mup", "--no-compile", "--budget", "0.5", "--json", str(path)])
+    out = run_here(
+        [
+            "benchmarks/overhead.py",
+            "--quick",
+            "--no-mup",
+            "--no-compile",
+            "--budget",
+            "0.5",
+            "--threads",
+            "1",
+            "--json",
+            str(path),
+        ]
+    )
     assert "ratio" in out
     text = path.read_text()
     data = json.loads(text)
@@ -50,16 +65,18 @@ def test_overhead_benchmark_quick_writes_ratios(tmp_path):
 
 @pytest.mark.slow
 def test_coord_check_speed_benchmark_runs():
-    out = run(["benchmarks/coord_check_speed.py", "--recipes", "mlp", "--seeds", "2"])
+    out = run_here(["benchmarks/coord_check_speed.py", "--recipes", "mlp", "--seeds", "2", "--threads", "1"])
     assert re.search(r"mlp\s+µP .* PASS", out) and re.search(r"mlp\s+SP .* FAIL", out), out
 
 
 @pytest.mark.slow
 def test_depth_transfer_benchmark_quick(tmp_path):
-    out = run(
+    out = run_here(
         [
             "benchmarks/depth_transfer.py",
             "--quick",
+            "--workers",
+            "1",
             "--steps",
             "30",
             "--json",
@@ -77,7 +94,7 @@ def test_depth_transfer_benchmark_quick(tmp_path):
 
 @pytest.mark.slow
 def test_feature_learning_example_quick(tmp_path):
-    out = run(["examples/feature_learning.py", "--quick", "--plot", str(tmp_path / "fl.png")])
+    out = run_here(["examples/feature_learning.py", "--quick", "--plot", str(tmp_path / "fl.png")])
     rows = dict(re.findall(r"\| (.+?) \| ([0-9.]+) \|", out))
     mup, nngp, ntk = (
         float(rows["µP limit"]),
@@ -104,7 +121,7 @@ def test_kernel_speed_benchmark_quick():
 
 @pytest.mark.slow
 def test_cnn_kernels_digits_example_quick(tmp_path):
-    out = run(["examples/cnn_kernels_digits.py", "--quick", "--figure", str(tmp_path / "d.png")])
+    out = run_here(["examples/cnn_kernels_digits.py", "--quick", "--figure", str(tmp_path / "d.png")])
     rows = dict(re.findall(r"^\| (.+?) \| ([0-9.]+) \|", out, re.M))
     assert float(rows["NNGP posterior mean"]) > 0.5 and float(rows["NTK gradient flow, t = ∞"]) > 0.5, out
     assert (tmp_path / "d.png").stat().st_size > 10_000
@@ -112,7 +129,7 @@ def test_cnn_kernels_digits_example_quick(tmp_path):
 
 @pytest.mark.slow
 def test_depth_overhead_benchmark_runs():
-    out = run(["benchmarks/depth_overhead.py", "--rounds", "3", "--no-compile"])
+    out = run_here(["benchmarks/depth_overhead.py", "--rounds", "1", "--no-compile"])
     m = re.search(r"\| eager \| [0-9.]+ \| [0-9.]+ \| ([0-9.]+) \|", out)
     assert m, out
     ratio = float(m.group(1))
@@ -122,7 +139,7 @@ def test_depth_overhead_benchmark_runs():
 @pytest.mark.slow
 def test_coord_power_benchmark_gets_every_verdict_right_on_nanogpt(tmp_path):
     path = tmp_path / "power.json"
-    out = run(["benchmarks/coord_power.py", "--quick", "--json", str(path)])
+    out = run_here(["benchmarks/coord_power.py", "--quick", "--json", str(path)])
     data = json.loads(path.read_text())["nanogpt"]
     assert [r["passed"] for r in data["correct µP"]] == [True]
     for mistake in ("SP", "attention at 1/√d", "readout not scaled", "embedding ×√width", "hidden lr not scaled"):
@@ -136,7 +153,7 @@ def test_coord_power_benchmark_gets_every_verdict_right_on_nanogpt(tmp_path):
 def test_parametrize_speed_benchmark_on_meta(tmp_path):
     pytest.importorskip("transformers")
     path = tmp_path / "speed.json"
-    run(["benchmarks/parametrize_speed.py", "--runs", "1", "--json", str(path)])
+    run_here(["benchmarks/parametrize_speed.py", "--runs", "1", "--json", str(path)])
     data = json.loads(path.read_text())
     assert data["params"] > 8e8 and data["verified"] is True
 
@@ -144,7 +161,7 @@ def test_parametrize_speed_benchmark_on_meta(tmp_path):
 @pytest.mark.slow
 def test_sweep_pruning_benchmark_quick_prints_the_table(tmp_path):
     path = tmp_path / "pruning.json"
-    out = run(["benchmarks/sweep_pruning.py", "--quick", "--json", str(path)])
+    out = run_here(["benchmarks/sweep_pruning.py", "--quick", "--workers", "1", "--json", str(path)])
     rows = {
         m.group(1): (float(m.group(2)), float(m.group(3)))
         for m in re.finditer(r"^\| (no pruner|pruner median) \| ([0-9.]+) \| ([0-9.]+) \|", out, re.M)
@@ -162,7 +179,7 @@ def test_sweep_pruning_benchmark_quick_prints_the_table(tmp_path):
 @pytest.mark.slow
 def test_optimizer_transfer_quick_prints_the_table_and_draws(tmp_path):
     fig, js = tmp_path / "opt.png", tmp_path / "opt.json"
-    out = run(
+    out = run_here(
         [
             "benchmarks/optimizer_transfer.py",
             "--quick",
@@ -179,7 +196,7 @@ def test_optimizer_transfer_quick_prints_the_table_and_draws(tmp_path):
     assert all(r.split("|")[3].strip() == "pass" and r.split("|")[4].strip() == "fail" for r in rows), rows
     data = json.loads(js.read_text())
     assert len(data[0]["mup"]["losses"]["64"]) == 4 and fig.stat().st_size > 10_000
-    merged = run(["benchmarks/optimizer_transfer.py", "--merge", str(js)])
+    merged = run_here(["benchmarks/optimizer_transfer.py", "--merge", str(js)])
     assert merged.splitlines()[2:] == rows
 
 
@@ -212,7 +229,7 @@ def test_limits_convergence_benchmark_quick_prints_a_slope_per_limit():
 
 @pytest.mark.slow
 def test_monitor_overhead_and_plots_quick(tmp_path):
-    out = run(["benchmarks/monitor_overhead.py", "--quick"])
+    out = run_here(["benchmarks/monitor_overhead.py", "--quick"])
     assert re.search(r"cpu  time, with/without: median ratio [0-9.]+", out) and "alarms: 0" in out
-    out = run(["examples/monitor_plots.py", "--quick", "--out", str(tmp_path / "m.png")])
+    out = run_here(["examples/monitor_plots.py", "--quick", "--out", str(tmp_path / "m.png")])
     assert "healthy: 0 alarms" in out and "broken: 9 alarms" in out and (tmp_path / "m.png").stat().st_size > 0

@@ -4,9 +4,6 @@ chance and the µP limit above it on a corpus with planted structure, the evalua
 
 import math
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,8 +11,7 @@ import torch
 from mutransfer import limits as L
 from mutransfer.limits import finite
 from mutransfer.limits import word2vec as w2v
-
-ROOT = Path(__file__).resolve().parents[2]
+from script_runner import run_here
 
 
 @pytest.fixture(autouse=True)
@@ -258,15 +254,7 @@ def test_bad_input_raises_naming_the_parameter():
 
 
 def test_example_quick_writes_figure(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "examples/word2vec_limit.py", "--quick", "--plot", str(tmp_path / "w.png")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    out = proc.stdout
+    out = run_here(["examples/word2vec_limit.py", "--quick", "--plot", str(tmp_path / "w.png")])
     rows = dict(re.findall(r"^\| (.+?) \| ([0-9.]+) \|", out, re.M))
     assert float(rows["NTK limit"]) == 0.5 and float(rows["µP limit"]) > 0.6, out
     assert re.search(r"fitted slope -0\.[3-7]", out), out
