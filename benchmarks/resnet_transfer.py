@@ -35,6 +35,7 @@ Needs scikit-learn for the data (`pip install scikit-learn`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import multiprocessing as mp
@@ -176,9 +177,12 @@ def main(argv=None) -> int:
     ]
     start = time.perf_counter()
     results: dict[tuple, list[float]] = {}
-    ctx = mp.get_context("spawn")
-    with ctx.Pool(args.workers) as pool:
-        for i, (job, loss) in enumerate(pool.imap_unordered(_run, jobs), 1):
+    with contextlib.ExitStack() as stack:
+        if args.workers > 1:
+            done = stack.enter_context(mp.get_context("spawn").Pool(args.workers)).imap_unordered(_run, jobs)
+        else:  # in this process: a worker process would import torch and the data again for nothing
+            done = map(_run, jobs)
+        for i, (job, loss) in enumerate(done, 1):
             o, p, w, k, _, _, _ = job
             results.setdefault((o, p, w, k), []).append(loss)
             print(f"\r{i}/{len(jobs)} runs, {time.perf_counter() - start:.0f} s", end="", file=sys.stderr, flush=True)

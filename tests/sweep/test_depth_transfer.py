@@ -57,7 +57,9 @@ def test_residual_mlp_optimal_lr_stays_across_depth(alpha):
 
 
 def test_transformer_optimal_lr_stays_across_depth():
-    _optimum_stays(train_gpt, {"steps": 150, "batch_size": 16, "seq_len": 32, "n_head": 2}, 1.0, list(range(-12, -7)))
+    # 100 steps (was 150, a third of the cost): the same optima at seed 0 (depth 2: 2^-10, depth 8: 2^-9),
+    # the depth-8 point two steps off 0.23 above the best (0.25 at 150); seeds 1 and 2 pass as well
+    _optimum_stays(train_gpt, {"steps": 100, "batch_size": 16, "seq_len": 32, "n_head": 2}, 1.0, list(range(-12, -7)))
 
 
 def test_transformer_coordinate_check_across_depth():

@@ -8,7 +8,6 @@ them), `check_class_forward` (a forward constant must be able to run).
 
 from __future__ import annotations
 
-import inspect
 import math
 import warnings
 from collections.abc import Iterable
@@ -18,6 +17,7 @@ from torch import nn
 
 from ..errors import ModelError, MuPWarning
 from ..rules import TunableMultipliers
+from .attention import function_source
 from .naming import canonical_name
 from .roles import ParamInfo
 
@@ -44,9 +44,8 @@ def attention_suspects(model: nn.Module) -> list[str]:
             forward = cls.__dict__.get("forward")
             if forward is None or getattr(forward, "__module__", "").startswith("torch."):
                 continue
-            try:
-                source = inspect.getsource(forward)
-            except (OSError, TypeError):
+            source = function_source(forward)
+            if not source:
                 continue
             if any(w in source for w in _ATTENTION_WORDS):
                 out.append(canonical_name(mname) or "<model>")
