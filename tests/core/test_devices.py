@@ -237,8 +237,10 @@ def test_transfer_trains_the_target_on_the_device_and_records_it(tmp_path, capsy
     assert json.loads((run / "transfer.json").read_text())["device"] == "meta"
     (tmp_path / "seen.jsonl").unlink()
     assert main(["transfer", str(run), "--width", "32", "--device", "cpu"]) == 0
-    assert _seen(tmp_path) == [[32, "cpu", "fp32"]] * 2
-    assert json.loads((run / "transfer.json").read_text())["device"] == "cpu"
+    # on the CPU, where the sweep trained, SP's target is the sweep's own trial at width 32: only µP trains (monitored)
+    assert _seen(tmp_path) == [[32, "cpu", "fp32"]]
+    result = json.loads((run / "transfer.json").read_text())
+    assert result["device"] == "cpu" and "reused" in result["sp"] and "reused" not in result["mup"]
     capsys.readouterr()
     assert main(["transfer", str(run), "--width", "32", "--device", "gpu0"]) == 2
     err = capsys.readouterr().err.strip()

@@ -207,8 +207,8 @@ def transfer(
             "cpu_seconds": min(per_seed) * len(per_seed),
             "cpu_seconds_per_seed": per_seed,
         }
-        if swept is not None:
-            seeds = [s for i, s in enumerate(sweep.config.seeds) if not (p == "mup" and i == 0)]
+        seeds = [s for i, s in enumerate(sweep.config.seeds) if not (p == "mup" and i == 0)]
+        if swept is not None and seeds:  # (µP with one seed trains it, monitored: nothing reused)
             out[p]["reused"] = {"trial": swept.number, "seeds": seeds}
     cost = costs(sweep, results, out)
     out.update(
