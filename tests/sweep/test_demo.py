@@ -58,3 +58,25 @@ def test_demo_quick_reproduces_the_headline_result(tmp_path, capsys):
     for name in ("report.html", "loss_vs_lr.png", "transferred.json"):
         assert (tmp_path / "run" / name).stat().st_size > 0
     assert summary["verdict"] in out and "report.html" in out and "µP across widths transferred" in out
+
+
+def test_the_demos_text_does_not_depend_on_what_the_process_imported():
+    """recipe:gpt's text once held the docstrings of submodules a package had as attributes only once
+    imported (json.tool, logging.config): a sweep worker (Optuna loaded) trained on other text than a
+    fresh interpreter, and the demo's losses moved with it."""
+    import sys
+
+    from mutransfer.recipes.data import stdlib_text
+
+    stdlib_text.cache_clear()
+    for name in ("json.tool", "logging.config"):  # forget them, as a fresh interpreter has never seen them
+        sys.modules.pop(name, None)
+        parent, _, child = name.rpartition(".")
+        if hasattr(sys.modules[parent], child):
+            delattr(sys.modules[parent], child)
+    before = stdlib_text()
+    import json.tool  # noqa: F401
+    import logging.config  # noqa: F401
+
+    stdlib_text.cache_clear()
+    assert stdlib_text() == before and len(before) > 100_000

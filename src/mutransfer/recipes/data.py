@@ -7,6 +7,7 @@ machine that runs Python and needs no download.
 from __future__ import annotations
 
 import importlib
+import inspect
 from functools import lru_cache
 
 import torch
@@ -42,7 +43,12 @@ _DOC_MODULES = (
 
 @lru_cache(maxsize=1)
 def stdlib_text() -> bytes:
-    """Docstrings of a fixed list of standard-library modules and their public members, as UTF-8."""
+    """Docstrings of a fixed list of standard-library modules and their public members, as UTF-8.
+
+    Submodules are left out: a package gains one as an attribute only once something imports it
+    (``logging.handlers``, ``json.tool``), so with them the text — and every recipe:gpt loss —
+    depended on what the process had imported before (a sweep worker, with Optuna loaded, trained on
+    other text than a fresh interpreter)."""
     parts = []
     for name in _DOC_MODULES:
         try:
@@ -53,7 +59,10 @@ def stdlib_text() -> bytes:
         for attr in sorted(dir(module)):
             if attr.startswith("_"):
                 continue
-            doc = getattr(getattr(module, attr, None), "__doc__", None)
+            member = getattr(module, attr, None)
+            if inspect.ismodule(member):
+                continue
+            doc = getattr(member, "__doc__", None)
             if isinstance(doc, str) and len(doc) > 80:
                 parts.append(doc)
     return "\n\n".join(p.strip() for p in parts if p).encode("utf-8")
