@@ -94,7 +94,7 @@ def add_parsers(sub) -> None:
         "demo",
         help="tune a byte-level GPT at width 32, check the transfer to 64 and 128 (µP vs SP), transfer",
         description="Reproduces TP5's headline figure on a laptop: tune lr × output multiplier at "
-        "width 32 (µP, 25 trials), sweep the lr at widths 32, 64, 128 (µP and SP each on its own range, 36 trials), train "
+        "width 32 (µP, 25 trials), sweep the lr at widths 32, 64, 128 (µP and SP, 42 trials), train "
         "width 128 with the proxy's hyperparameters, and write the report (720 CPU seconds in all, "
         "measured on a 2-core CPU). Rerunning resumes. Exit 0 when done, 2 on bad arguments, 130 on Ctrl-C "
         "(rerun to resume).",
@@ -103,7 +103,7 @@ def add_parsers(sub) -> None:
     d.add_argument(
         "--quick",
         action="store_true",
-        help="widths 32 and 128, 4 lrs for µP and 6 for SP, a 3×3 tuning grid (about a third of the full demo's compute)",
+        help="widths 32 and 128, 6 lrs, a 3×3 tuning grid (about a third of the full demo's compute)",
     )
     d.add_argument("--workers", type=int, default=2, help="local worker processes (default 2)")
     d.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

@@ -34,17 +34,17 @@ from .workers import run_sweep
 
 __all__ = ["FIXED", "FULL", "LR", "QUICK", "demo_config", "format_summary", "run_demo", "tune_config"]
 
-# lr grids in integer octaves (low..high for µP, sp_low..high for SP: each parametrization sweeps its own
-# range, [sp.space.lr], so µP does not pay for the low lrs only SP's wide models need); output_mult in
-# half octaves (2^mult_low .. 2^mult_high, mult_grid points):
+# lr grids in integer octaves (low..high, both parametrizations: a µP grid cut to 2^-8.. left its curve
+# "flat within seed noise" at one width — the flatness test sees less of the valley on a narrower grid —
+# so µP keeps SP's range, [sp.space.lr] unused here); output_mult in half octaves (2^mult_low ..
+# 2^mult_high, mult_grid points):
 # at width 32 its loss valley is shallow (1.6% from α=1 to the best) and its floor lies between 2 and 4.
 # Widths stop at 128: one width-256 run costs 30 CPU s against 10 at 128 (150 steps, one thread, measured
 # on a 2-core CPU), so 256 alone made the demo take 15 minutes; from 32 to 128 SP's lr optimum already moves
 # about 1.7 octaves while µP's stays put.
 FULL = dict(
     widths=[32, 64, 128],
-    low=-8,  # µP's lr grid: its optimum stays near 2^-5.7 at every width
-    sp_low=-10,  # SP's reaches down further: its optimum moves to 2^-8.4 by width 128
+    low=-10,
     high=-4,
     tune_low=-8,
     tune_high=-4,
@@ -56,8 +56,7 @@ FULL = dict(
 )
 QUICK = dict(
     widths=[32, 128],
-    low=-8,
-    sp_low=-10,
+    low=-10,
     high=-5,
     tune_low=-7,
     tune_high=-5,
@@ -116,8 +115,6 @@ def demo_config(quick: bool = False, output_mult: float = 1.0) -> str:
         f'name = "demo{"-quick" if quick else ""}"\nobjective = "recipe:gpt"\nwidths = {c["widths"]}\n'
         f'parametrizations = ["mup", "sp"]\nsampler = "grid"\nseeds = {c["seeds"]}\n'
         + _lr(c["low"], c["high"])
-        + f'\n# SP\'s own lr range: its optimum moves to lower lrs as width grows\n[sp.space.lr]\nlow = "2**{c["sp_low"]}"\n'
-        f"grid = {c['high'] - c['sp_low'] + 1}\n"
         + FIXED.format(steps=c["steps"])
         + f"# µP's α_output, tuned at width {c['widths'][0]} in stage 1. recipe:gpt applies µP's multipliers\n"
         f"# to µP models only: SP tunes its lr alone, as in TP5 Fig. 1.\noutput_mult = {output_mult!r}\n"
