@@ -101,6 +101,11 @@ class AppliedRule:
             "source": self.source,
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AppliedRule:
+        """The record back from `as_dict`'s plain data (e.g. read from transfer.json)."""
+        return cls(data["hparam"], data["from"], data["to"], data["rule"], data["regime"], data["source"])
+
     def __str__(self) -> str:
         return (
             f"{self.hparam}: {_fmt(self.value_from)} → {_fmt(self.value_to)}  {self.rule} — {self.regime} "

@@ -135,12 +135,13 @@ def _placed(model: torch.nn.Module, scale: Scale) -> torch.nn.Module:
 NOISE_BATCHES, NOISE_BIG = 8, 8
 
 
-def _train(model, opt, batches, steps: int, loss_of, scale: Scale, noise=None) -> float:
+def _train(model, opt, batches, steps: int, criterion, fresh, batch: int, scale: Scale) -> float:
     """Train for `steps` on `scale.device` (batches moved there, forward and loss under
     `scale.autocast()`); the mean loss of the last tenth. `scale.monitor` watches it (a no-op unless
     the sweep records this run). Reports to `scale` every tenth (the mean of the last tenth so far;
-    not at the end: the returned loss is the final value). `noise`: (criterion(output, targets),
-    fresh_batch(i, n) -> (inputs, targets) of n examples, batch size) for `scale.noise_scale` after training."""
+    not at the end: the returned loss is the final value). The loss is ``criterion(model(x), y)``;
+    after training, `scale.noise_scale` gets `NOISE_BATCHES` batches ``fresh(i, n)`` of n =
+    `NOISE_BIG` × `batch` examples the model did not train on (measured only in a recorded run)."""
     warmup = window = max(1, steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))  # keeps µP's ratios
     losses = []
@@ -149,7 +150,7 @@ def _train(model, opt, batches, steps: int, loss_of, scale: Scale, noise=None) -
         for step in range(steps):
             x, y = (t.to(scale.device) for t in batches(step))
             with scale.autocast():
-                loss = loss_of(model, x, y)
+                loss = criterion(model(x), y)
             if not torch.isfinite(loss):
                 return math.nan
             opt.zero_grad(set_to_none=True)
@@ -164,13 +165,11 @@ def _train(model, opt, batches, steps: int, loss_of, scale: Scale, noise=None) -
                 scale.report(done, sum(tail) / len(tail))  # raises Pruned when the sweep's pruner says so
     finally:
         mon.close()
-    if noise is not None:
-        criterion, fresh, batch = noise
 
-        def noise_batches():
-            return [tuple(t.to(scale.device) for t in fresh(i, NOISE_BIG * batch)) for i in range(NOISE_BATCHES)]
+    def noise_batches():
+        return [tuple(t.to(scale.device) for t in fresh(i, NOISE_BIG * batch)) for i in range(NOISE_BATCHES)]
 
-        scale.noise_scale(model, criterion, noise_batches, batch, NOISE_BIG * batch)
+    scale.noise_scale(model, criterion, noise_batches, batch, NOISE_BIG * batch)
     tail = losses[-window:]
     return sum(tail) / len(tail)
 
@@ -202,20 +201,23 @@ def train_gpt(hp: dict, scale: Scale) -> float:
     starts = torch.randint(0, len(text) - seq - 1, (steps, batch), generator=g)
     offsets = torch.arange(seq)
 
-    def batches(step: int):
-        idx = starts[step][:, None] + offsets
+    def windows(at: torch.Tensor):  # (inputs, next bytes) of the sequences starting at `at`
+        idx = at[:, None] + offsets
         return text[idx], text[idx + 1]
+
+    def batches(step: int):
+        return windows(starts[step])
 
     def criterion(logits, y):
         logits = logits.float()  # the loss in float32 (a no-op in fp32)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
     def fresh(i: int, n: int):  # text the model did not train on (another generator), for the noise scale
-        at = torch.randint(0, len(text) - seq - 1, (n,), generator=torch.Generator().manual_seed(2_000 + 97 * i))
-        idx = at[:, None] + offsets
-        return text[idx], text[idx + 1]
+        return windows(
+            torch.randint(0, len(text) - seq - 1, (n,), generator=torch.Generator().manual_seed(2_000 + 97 * i))
+        )
 
-    return _train(model, opt, batches, steps, lambda m, x, y: criterion(m(x), y), scale, (criterion, fresh, batch))
+    return _train(model, opt, batches, steps, criterion, fresh, batch, scale)
 
 
 def train_mlp(hp: dict, scale: Scale) -> float:
@@ -234,21 +236,31 @@ def train_mlp(hp: dict, scale: Scale) -> float:
     g = torch.Generator().manual_seed(7)
     teacher = torch.randn(d_in, 64, generator=g), torch.randn(64, n_classes, generator=g)
     g = torch.Generator().manual_seed(1_000 + scale.seed)
+
+    def label(x):
+        return (torch.relu(x @ teacher[0]) @ teacher[1]).argmax(-1)
+
     xs = torch.randn(steps, batch, d_in, generator=g)
-    ys = (torch.relu(xs @ teacher[0]) @ teacher[1]).argmax(-1)
+    ys = label(xs)
     torch.manual_seed(scale.seed)
     model = _placed(build(scale.width), scale)
     opt = _optimizer(model, hp, scale, build)
 
-    def fresh(i: int, n: int):  # inputs the model did not train on, for the noise scale
-        x = torch.randn(n, d_in, generator=torch.Generator().manual_seed(2_000 + 97 * i))
-        return x, (torch.relu(x @ teacher[0]) @ teacher[1]).argmax(-1)
-
     def criterion(out, y):
         return F.cross_entropy(out.float(), y)
 
-    loss_of = lambda m, x, y: criterion(m(x), y)  # noqa: E731
-    return _train(model, opt, lambda s: (xs[s], ys[s]), steps, loss_of, scale, (criterion, fresh, batch))
+    fresh = _fresh_gaussian(d_in, label)
+    return _train(model, opt, lambda s: (xs[s], ys[s]), steps, criterion, fresh, batch, scale)
+
+
+def _fresh_gaussian(d_in: int, label):
+    """`fresh(i, n)` for `_train`: n Gaussian inputs the model did not train on (their own generator) and their labels."""
+
+    def fresh(i: int, n: int):
+        x = torch.randn(n, d_in, generator=torch.Generator().manual_seed(2_000 + 97 * i))
+        return x, label(x)
+
+    return fresh
 
 
 TASKS = ("classify", "regress")
@@ -278,24 +290,23 @@ def train_resmlp(hp: dict, scale: Scale) -> float:
     g = torch.Generator().manual_seed(7)
     teacher = torch.randn(d_in, 64, generator=g), torch.randn(64, d_out, generator=g)
     g = torch.Generator().manual_seed(1_000 + scale.seed)
+
+    def label(x):
+        out = torch.relu(x @ teacher[0]) @ teacher[1] / math.sqrt(32 * d_in)  # unit variance
+        return out.argmax(-1) if task == "classify" else out
+
     xs = torch.randn(steps, batch, d_in, generator=g)
-    out = torch.relu(xs @ teacher[0]) @ teacher[1] / math.sqrt(32 * d_in)  # unit variance
-    ys = out.argmax(-1) if task == "classify" else out
+    ys = label(xs)
     loss_fn = F.cross_entropy if task == "classify" else F.mse_loss
     torch.manual_seed(scale.seed)
     model = _placed(build(scale.width), scale)
     opt = _optimizer(model, hp, scale, build, base_depth)
 
-    def fresh(i: int, n: int):  # inputs the model did not train on, for the noise scale
-        x = torch.randn(n, d_in, generator=torch.Generator().manual_seed(2_000 + 97 * i))
-        out = torch.relu(x @ teacher[0]) @ teacher[1] / math.sqrt(32 * d_in)
-        return x, (out.argmax(-1) if task == "classify" else out)
-
     def criterion(out, y):
         return loss_fn(out.float(), y)
 
-    loss_of = lambda m, x, y: criterion(m(x), y)  # noqa: E731
-    return _train(model, opt, lambda s: (xs[s], ys[s]), steps, loss_of, scale, (criterion, fresh, batch))
+    fresh = _fresh_gaussian(d_in, label)
+    return _train(model, opt, lambda s: (xs[s], ys[s]), steps, criterion, fresh, batch, scale)
 
 
 SWEEP_RECIPES = {"gpt": train_gpt, "mlp": train_mlp, "resmlp": train_resmlp}

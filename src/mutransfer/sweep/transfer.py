@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core.atomic import write_atomically
 from .._core.devices import DeviceLike, check_precision, resolve_device
+from .._core.hparam_transfer import AppliedRule
 from .._core.measured_law import MeasuredLaw
 from .analysis import TrialResult, costs, in_cell, load_results, transferred_hparams
 from .hparam_fits import fit_measured_laws
@@ -177,13 +178,14 @@ def transfer(
         hp = {**hp, **overrides}
         start, losses, per_seed = time.perf_counter(), [], []
         swept = _swept(sweep, results, p, width, depth, hp, out["device"])
-        reused_seconds = 0.0
+        reused_seconds, reused = 0.0, []
         for i, seed in enumerate(sweep.config.seeds):
             monitored = p == "mup" and i == 0  # the µP target's first seed runs with the monitor on
             if swept is not None and not monitored:  # the sweep trained this very run: its loss and cost
                 losses.append(swept.losses[i])
                 per_seed.append(swept.cpu_seconds / len(swept.losses))
                 reused_seconds += swept.seconds / len(swept.losses)
+                reused.append(seed)
                 continue
             cpu_start = time.process_time()
             scale = sweep.scale(p, width, depth, seed, device=where_to)
@@ -207,9 +209,8 @@ def transfer(
             "cpu_seconds": min(per_seed) * len(per_seed),
             "cpu_seconds_per_seed": per_seed,
         }
-        seeds = [s for i, s in enumerate(sweep.config.seeds) if not (p == "mup" and i == 0)]
-        if swept is not None and seeds:  # (µP with one seed trains it, monitored: nothing reused)
-            out[p]["reused"] = {"trial": swept.number, "seeds": seeds}
+        if swept is not None and reused:  # (none when µP's one seed trained, monitored)
+            out[p]["reused"] = {"trial": swept.number, "seeds": reused}
     cost = costs(sweep, results, out)
     out.update(
         sweep_seconds=sum(r.seconds for r in results),
@@ -338,10 +339,7 @@ def format_transfer(out: dict) -> str:
                 lines.append(f"  {p} measured: {text}")
     for p, steps in out.get("hparam_rules", {}).items():
         lines.append(f"  {p} hyperparameters at the target's batch size / horizon:")
-        lines += [
-            f"    {r['hparam']}: {r['from']:.4g} → {r['to']:.4g}  {r['rule']} — {r['regime']} [{r['source']}]"
-            for r in steps
-        ]
+        lines += [f"    {AppliedRule.from_dict(r)}" for r in steps]
     line = monitor_line(out)
     if line is not None:
         lines.append(f"  {line}")
