@@ -12,20 +12,23 @@ from mutransfer.sweep.demo import FULL, QUICK, demo_config, tune_config
 
 @pytest.mark.parametrize("quick", [False, True])
 def test_the_demo_configs_bracket_the_optima_they_look_for(quick, tmp_path):
-    """Fast: the configs the demo writes load, sweep widths 32 → 128 (width 256 alone cost 60% of the
-    demo's compute), and their grids bracket µP's optimum (2^-5.7 at width 32) and SP's at 128 (2^-8.4)."""
+    """Fast: the configs the demo writes load, sweep 4× in width (32 → 128; the quick one 16 → 64; width
+    256 alone cost 60% of the demo's compute), and their grids bracket µP's optimum at the proxy (2^-6.0
+    at 32, 2^-5.5 at 16) and SP's at the widest (2^-8.1 at 128, 2^-7.3 at 64) with an octave to spare."""
     from mutransfer.sweep.config import load_config
 
     (tmp_path / "tune.toml").write_text(tune_config(quick))
     (tmp_path / "demo.toml").write_text(demo_config(quick, output_mult=2.0))
     tune, demo = load_config(tmp_path / "tune.toml"), load_config(tmp_path / "demo.toml")
     settings = QUICK if quick else FULL
-    assert tune.widths == [32] and demo.widths == settings["widths"] and max(demo.widths) == 128
+    proxy, widest = (16, 64) if quick else (32, 128)
+    assert tune.widths == [proxy] and demo.widths == settings["widths"] and max(demo.widths) == widest == 4 * proxy
+    mup_optimum, sp_optimum = (-5.5, -7.3) if quick else (-6.0, -8.1)
     lrs = [math.log2(v) for v in demo.space["lr"].grid_points()]
-    assert lrs[0] <= -9 and lrs[-1] >= -5 and len(demo.seeds) == 2
+    assert lrs[0] <= sp_optimum - 1 and lrs[-1] >= mup_optimum + 1 and len(demo.seeds) == 2
     tune_lrs = [math.log2(v) for v in tune.space["lr"].grid_points()]
     mults = [math.log2(v) for v in tune.space["output_mult"].grid_points()]
-    assert tune_lrs[0] < -5.7 < tune_lrs[-1] and mults[0] <= 1 and mults[-1] >= 2
+    assert tune_lrs[0] < mup_optimum < tune_lrs[-1] and mults[0] <= 1 and mults[-1] >= 2
     assert demo.fixed["output_mult"] == 2.0 and demo.parametrizations == ["mup", "sp"]
 
 
@@ -47,9 +50,9 @@ def test_demo_quick_reproduces_the_headline_result(tmp_path, capsys):
     assert abs(mup["drift"]["value"]) <= 1 and sp["drift"]["value"] < -1, (mup["drift"], sp["drift"])
     assert summary["wider_is_better"]["mup"] is True
     h2h = summary["head_to_head"]
-    assert h2h["width"] == 128 and h2h["relative"] <= 0.01, h2h  # µP tuned small ≤ SP re-tuned big (+1%)
+    assert h2h["width"] == 64 and h2h["relative"] <= 0.01, h2h  # µP tuned small ≤ SP re-tuned big (+1%)
     transfer = json.loads((tmp_path / "run" / "transfer.json").read_text())
-    assert transfer["target_width"] == 128 and transfer["proxy_width"] == 32
+    assert transfer["target_width"] == 64 and transfer["proxy_width"] == 16
     assert transfer["mup"]["loss"] < transfer["sp"]["loss"]
     assert transfer["mup"]["hparams"]["output_mult"] == pytest.approx(output_mult) and transfer["proxy_cost_ratio"] > 0
     for name in ("report.html", "loss_vs_lr.png", "transferred.json"):
