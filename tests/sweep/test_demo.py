@@ -14,7 +14,7 @@ from mutransfer.sweep.demo import FULL, QUICK, demo_config, tune_config
 def test_the_demo_configs_bracket_the_optima_they_look_for(quick, tmp_path):
     """Fast: the configs the demo writes load, sweep 4× in width (32 → 128; the quick one 16 → 64; width
     256 alone cost 60% of the demo's compute), and their grids bracket µP's optimum at the proxy (2^-6.0
-    at 32, 2^-5.5 at 16) and SP's at the widest (2^-8.1 at 128, 2^-7.3 at 64) with an octave to spare."""
+    at 32, 2^-5.3 at 16) and SP's at the widest (2^-8.1 at 128, 2^-7.4 at 64) with an octave to spare."""
     from mutransfer.sweep.config import load_config
 
     (tmp_path / "tune.toml").write_text(tune_config(quick))
@@ -23,7 +23,7 @@ def test_the_demo_configs_bracket_the_optima_they_look_for(quick, tmp_path):
     settings = QUICK if quick else FULL
     proxy, widest = (16, 64) if quick else (32, 128)
     assert tune.widths == [proxy] and demo.widths == settings["widths"] and max(demo.widths) == widest == 4 * proxy
-    mup_optimum, sp_optimum = (-5.5, -7.3) if quick else (-6.0, -8.1)
+    mup_optimum, sp_optimum = (-5.3, -7.4) if quick else (-6.0, -8.1)
     lrs = [math.log2(v) for v in demo.space["lr"].grid_points()]
     assert lrs[0] <= sp_optimum - 1 and lrs[-1] >= mup_optimum + 1 and len(demo.seeds) == 2
     tune_lrs = [math.log2(v) for v in tune.space["lr"].grid_points()]

@@ -103,8 +103,8 @@ def add_parsers(sub) -> None:
     d.add_argument(
         "--quick",
         action="store_true",
-        help="a smoke run: widths 16 → 64 (tuned at 16), 7 lrs, a 3×3 tuning grid (about 230 CPU seconds, "
-        "40%% of the full demo's)",
+        help="a smoke run: widths 16 → 64 (tuned at 16), 6 lrs, 120 steps, a 3×3 tuning grid (about 190 CPU "
+        "seconds, a third of the full demo's)",
     )
     d.add_argument("--workers", type=int, default=2, help="local worker processes (default 2)")
     d.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

@@ -55,16 +55,17 @@ FULL = dict(
     mult_grid=5,
 )
 # The smoke run (`--quick`, and the suite's end-to-end test): the same 4× in width one size down, 16 → 64
-# (a width-64 run costs 4 CPU s against 9 at 128): 227 CPU s against 360 for 32 → 128, same verdicts
-# (µP +0.45 octaves, CI +0.07 … +0.83; SP −1.63, CI −2.11 … −1.14; µP 4.1% below SP re-tuned at 64). At
-# width 16 µP's optimum sits an octave higher (2^-5.5), hence the grid one octave up.
+# (a width-64 run costs 4 CPU s against 9 at 128), 120 steps, 6 lrs: about 190 CPU s against 360 for
+# 32 → 128 at 150 steps and 6 lrs, the same verdicts (measured: µP +0.05 octaves, CI −0.23 … +0.34; SP
+# −1.52, CI −1.80 … −1.24; µP 2.8% below SP re-tuned at 64). At width 16 µP's optimum sits higher
+# (2^-5.3), hence the grid one octave up.
 QUICK = dict(
     widths=[16, 64],
     low=-9,
-    high=-3,
+    high=-4,
     tune_low=-6,
     tune_high=-4,
-    steps=150,
+    steps=120,
     seeds=[0, 1],
     mult_low=1,
     mult_high=2,
