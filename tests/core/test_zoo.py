@@ -17,6 +17,7 @@ from zoo import ZOO, loss_of
 
 pytestmark = pytest.mark.slow
 WIDTHS = [32, 64, 128, 256]
+FAILING_WIDTHS = WIDTHS[:3]
 
 # parameter name pattern → role, per entry (patterns must match at least one parameter)
 ROLES = {
@@ -152,13 +153,15 @@ def test_coordinate_check_verdicts(name):
     entry = _entry(name)
     data = entry.data(2)
 
-    def check(make):
-        return mt.coord_check(make, WIDTHS, data, steps=3, seeds=2, loss_fn=loss_of, progress=False)
+    def check(make, widths=WIDTHS):
+        return mt.coord_check(make, widths, data, steps=3, seeds=2, loss_fn=loss_of, progress=False)
 
     mup = check(_mup(entry))
     assert mup.passed, str(mup)
-    assert not check(entry.make).passed
+    # the failures over 32…128: a shorter range has less power to see growth, so failing there is the
+    # stricter test, at about half the cost of width 256
+    assert not check(entry.make, FAILING_WIDTHS).passed
     if name in HAS_ATTENTION:
-        wrong = check(_mup(entry, attention=False))
+        wrong = check(_mup(entry, attention=False), FAILING_WIDTHS)
         assert not wrong.passed
         assert any(t.module.endswith("[attn logits]") and t.step == 0 for t in wrong.failures), str(wrong)
