@@ -23,26 +23,30 @@ steps and batch size; ``mlp``: ``recipe:mlp``, the 3-layer ReLU MLP on a teacher
 4. One table per task; ``--json FILE`` holds everything (rules applied as text, laws, optima).
 
     python benchmarks/hparam_transfer.py [--task gpt|mlp|all] [--quick] [--workers 2] [--out DIR]
-        [--json FILE] [--gpt-width 8] [--gpt-steps 32] [--mlp-width 32] [--mlp-steps 100] ...
+        [--json FILE] [--gpt-width 8] [--gpt-steps 24] [--mlp-width 32] [--mlp-steps 100] ...
 
 ``--out DIR`` keeps the run directories (default: a temporary one); rerunning resumes the sweeps
 and reuses the prediction runs (DIR/TASK/predictions.json).
 
-**Cost and scale** (timed single runs, `recipe:gpt` µP, one thread, 2-core CPU, no GPU, the
-machine shared with another job, so upper bounds): a GPT run at width 64, batch 512, 200 steps took
-124 CPU s, at width 32 61 CPU s; at width 16, batch 16, 50 steps 0.7 s; `recipe:mlp` at width 128,
-batch 512, 400 steps 3.1 s (script: train_gpt / train_mlp called directly with `Scale(w, base)`).
-The issue's ratios (batch 16…128 → 512, ×4 steps, ×4 width) are kept; at the demo's width (32 →
-128, 150 steps → 600) one target run would cost ~12 min, and a 7 × 7 target grid × 2 seeds 20 CPU
-hours. So the GPT is shrunk in WIDTH and S: **P = 8 → 32, S = 32 → 128** (0.31 CPU s per target
-step: ~40 CPU s a run). The target grid is 7 × 7 when both predictions agree within half an octave
-on each axis (± 1.5 octaves), larger when they disagree, capped at 9 × 9: 98 … 162 target runs,
-~4000 … 6500 CPU s, plus 4 prediction runs (~160 s, in this process) and the proxy sweep (8 lrs ×
-6 wds × 5 cells × 2 seeds at width 8: ~300 CPU s, estimated from the width-16 run). MLP: P = 32 →
-128, S = 100 → 400: ~3 s a target run, ~600 CPU s in all. Full run, both tasks, 2 workers:
-**~40 minutes** with a 7 × 7 GPT grid (~60 with 9 × 9), estimated, not yet measured end to end.
-``--quick`` (the test's smoke run): tiny widths and steps, 3-point grids; it checks the code paths,
-not the numbers.
+**Cost and scale** (timed single runs: `train_gpt` / `train_mlp` called directly with
+`Scale(width, base, "mup", 0)`, one thread, on this 2-core CPU without a GPU, shared with another
+job at load ~2.7, so upper bounds): GPT at width 64, batch 512, 200 steps 124 CPU s; at width 32,
+batch 512, 200 steps 61 s, 128 steps 42 s, **96 steps 30.7 s**; at width 8, 24 steps, batch 16 /
+32 / 64 / 128: 0.35 / 0.47 / 0.78 / 1.39 s, batch 16 and 48 steps 0.66 s; MLP at width 128, batch
+512, 400 steps 3.2 s. The issue's ratios (batch 16…128 → 512, ×4 steps, ×4 width) are kept, but at
+the demo's width (32 → 128, 150 → 600 steps) one GPT target run would take ~12 min and a 7 × 7 grid
+× 2 seeds ~20 CPU hours (extrapolated ×2 width, ×3 steps from the width-64 run), so the GPT is shrunk in WIDTH and S: **P = 8 → 32, S = 24 → 96** (4 heads:
+head dim 2 at the proxy, 8 at the target). MLP: P = 32 → 128, S = 100 → 400.
+
+Estimate of the full run (`--task all --workers 2`), from those timings: GPT proxy 240 trials × 2
+seeds ≈ 350 CPU s; GPT target 98 runs (7 × 7: the two predictions agree on each axis) … 162 (9 × 9, the cap) × 30.7 s ≈ 3000 … 5000 CPU s, plus the sweep's recorded run with its noise
+scale (~70 s) and ≤ 4 prediction runs in this process (≤ 125 s, serial); MLP ≈ 500 … 700 CPU s
+(its proxy at P = 16, S = 50 and a 9 × 9 target at 64 measured 80 + 155 CPU s, 4 minutes in all on
+2 workers). On 2 workers: **~35 minutes with 7 × 7 target grids, ~52 with 9 × 9** (estimated, not
+run end to end). ``--max-points 7`` bounds it at the 7 × 7 figure.
+``--quick`` (the test's smoke run): widths 4 → 16 (gpt) and 8 → 32 (mlp), S = 2, 2-point grids; it
+checks the code paths, not the numbers (``--task mlp --quick``: 8 s in pytest; ``--task gpt --quick``: 44 s, as its target
+sweep's recorded run measures the noise scale on 8 × 4096 sequences).
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ else:  # pragma: no cover
 TARGET_BATCH = 512
 BATCH_SIZES = [16, 32, 64, 128]
 FULL = {
-    "gpt": dict(width=8, steps=32, lr=(-9, -2), wd=(-4, 1), seeds=[0, 1]),
+    "gpt": dict(width=8, steps=24, lr=(-9, -2), wd=(-4, 1), seeds=[0, 1]),
     "mlp": dict(width=32, steps=100, lr=(-10, -3), wd=(-4, 1), seeds=[0, 1]),
 }
 QUICK = {
@@ -168,7 +172,7 @@ def target_space(preds: dict, margin: float, max_points: int) -> dict:
     space = {}
     for hp in ("lr", "weight_decay"):
         xs = [math.log2(p[hp]) for p in preds.values()]
-        low, high = math.floor((min(xs) - margin) * 2) / 2, math.ceil((max(xs) + margin) * 2) / 2
+        low, high = round((min(xs) - margin) * 2) / 2, round((max(xs) + margin) * 2) / 2  # within ¼ octave
         span = (max_points - 1) / 2
         if high - low > span:  # capped, centred on the predictions' midpoint
             low = round(low + high - span) / 2
