@@ -76,7 +76,7 @@ else:  # pragma: no cover
 TARGET_BATCH = 512
 BATCH_SIZES = [16, 32, 64, 128]
 FULL = {
-    "gpt": dict(width=8, steps=24, lr=(-9, -2), wd=(-4, 1), seeds=[0, 1]),
+    "gpt": dict(width=8, steps=24, lr=(-8, -1), wd=(-4, 1), seeds=[0, 1]),
     "mlp": dict(width=32, steps=100, lr=(-10, -3), wd=(-4, 1), seeds=[0, 1]),
 }
 QUICK = {
@@ -144,7 +144,7 @@ def predict(sweep, results, s: dict, critical: float | None) -> dict:
                     warnings.simplefilter("always")
                     got, applied = target_hparams(
                         sweep, results, "mup", dict(hp), targets, 4 * s["width"], None, optimizer="adamw",
-                        critical_batch=used, extrapolate=True, measured=measured,
+                        critical_batch=used, extrapolate=False, measured=measured,
                     )  # fmt: skip
                 break
             except HParamTransferError as e:
