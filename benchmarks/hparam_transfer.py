@@ -126,7 +126,7 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def predict(sweep, results, s: dict, critical: float | None) -> dict:
+def predict(sweep, results, s: dict, critical: float | None, source: str) -> dict:
     """Both paths' (lr, wd) at the target, with every rule applied (str), via `target_hparams`."""
     cfg = sweep.config
     hp = transferred_hparams(sweep, results, cfg.proxy_width, "mup", cfg.proxy_depth)
@@ -156,9 +156,7 @@ def predict(sweep, results, s: dict, critical: float | None) -> dict:
             lr=got["lr"],
             weight_decay=got["weight_decay"],
             critical_batch=used,
-            critical_batch_source="measured noise scale"
-            if used == critical
-            else "given: 512 (the measured one refused)",
+            critical_batch_source=source if used == critical else f"given: {TARGET_BATCH} ({source} refused)",
             rules=[str(r) for r in applied],
             rule_names=[r.rule for r in applied],
             warnings=[str(w.message) for w in caught],
@@ -226,7 +224,8 @@ def run_task(task: str, s: dict, args, root: Path) -> dict:
     presults = load_results(proxy)
     noise = noise_scale_file(proxy.run_dir) or {}
     critical = args.critical_batch or noise.get("b_simple")
-    preds = predict(proxy, presults, s, critical)
+    source = "--critical-batch" if args.critical_batch else f"the proxy's noise scale ({noise.get('b_simple')})"
+    preds = predict(proxy, presults, s, critical, source)
     laws = {h: {a: str(law) for a, law in by_axis.items()} for h, by_axis in fit_measured_laws(proxy, presults).items()}
     tspace = target_space(preds, args.margin, args.max_points)
     target_cfg = config_text(
@@ -269,6 +268,10 @@ def run_task(task: str, s: dict, args, root: Path) -> dict:
     }  # fmt: skip
 
 
+def _opt(o: dict) -> str:
+    return f"{o['value']:.4g}" + ("" if o["located"] else "*")
+
+
 def table(res: dict) -> str:
     o = res["target_optimum"]
     ns = res["noise_scale"].get("b_simple")
@@ -276,12 +279,13 @@ def table(res: dict) -> str:
         f"## {res['task']}: proxy width {res['proxy_width']}, batch {res['batch_sizes']}, steps "
         f"{res['proxy_steps']}/{2 * res['proxy_steps']} → target width {res['target_width']}, batch "
         f"{res['target_batch']}, {res['target_steps']} steps; noise scale B_simple "
-        + ("not resolved" if ns is None else f"{ns:.4g}"),
+        + ("not resolved" if ns is None else f"{ns:.4g}")
+        + "; √2-steps: log2(predicted / measured optimum) × 2; * an optimum not located (grid edge or flat)",
         f"measured target optimum: lr {o['lr']['value']:.4g}{'' if o['lr']['located'] else ' (not located)'}, "
         f"wd {o['weight_decay']['value']:.4g}{'' if o['weight_decay']['located'] else ' (not located)'}; best grid "
         f"loss {res['target_best']['loss']:.4f}",
         "",
-        "| path | lr | wd | opt lr | opt wd | lr steps | wd steps | regret % (per seed) | rules |",
+        "| path | lr | wd | opt lr | opt wd | lr √2-steps | wd √2-steps | regret % (per seed) | rules |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, p in res["paths"].items():
@@ -289,8 +293,8 @@ def table(res: dict) -> str:
         note = "" if "refused" not in p else " (critical batch given: 512)"
         rules = "; ".join(dict.fromkeys(p["rule_names"]))
         lines.append(
-            f"| {name}{note} | {p['lr']:.4g} | {p['weight_decay']:.4g} | {o['lr']['value']:.4g} | "
-            f"{o['weight_decay']['value']:.4g} | {p['steps_off']['lr']:+.2f} | {p['steps_off']['weight_decay']:+.2f} | "
+            f"| {name}{note} | {p['lr']:.4g} | {p['weight_decay']:.4g} | {_opt(o['lr'])} | "
+            f"{_opt(o['weight_decay'])} | {p['steps_off']['lr']:+.2f} | {p['steps_off']['weight_decay']:+.2f} | "
             f"{100 * p['regret']:.2f} ({seeds}) | {rules} |"
         )
     for name, p in res["paths"].items():
