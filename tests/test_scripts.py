@@ -233,3 +233,35 @@ def test_monitor_overhead_and_plots_quick(tmp_path):
     assert re.search(r"cpu  time, with/without: median ratio [0-9.]+", out) and "alarms: 0" in out
     out = run_here(["examples/monitor_plots.py", "--quick", "--out", str(tmp_path / "m.png")])
     assert "healthy: 0 alarms" in out and "broken: 9 alarms" in out and (tmp_path / "m.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_hparam_transfer_benchmark_quick_predicts_both_paths_and_measures_the_target(tmp_path):
+    # mlp only: the GPT's smoke run trains 8 target runs at batch 512 (too slow for the suite's budget);
+    # the two tasks share every code path but their [fixed] table.
+    path = tmp_path / "h.json"
+    args = ["benchmarks/hparam_transfer.py", "--quick", "--task", "mlp", "--workers", "1"]
+    out = run_here([*args, "--out", str(tmp_path / "runs"), "--json", str(path)])
+    rows = re.findall(r"^\| (rule-only|measured)[^|]* \| ([0-9.e+-]+) \| ([0-9.e+-]+) \| .* \| ([+-][0-9.]+) \| "
+                      r"([+-][0-9.]+) \| ([0-9.]+) \(", out, re.M)  # fmt: skip
+    assert [r[0] for r in rows] == ["rule-only", "measured"], out
+    assert all(math.isfinite(float(v)) for r in rows for v in r[1:]), rows
+    (data,) = json.loads(path.read_text())
+    assert data["task"] == "mlp" and data["target_width"] == 4 * data["proxy_width"]
+    assert data["target_trials"] == 4 and data["proxy_trials"] == 20  # 2×2 grids: 5 proxy cells, 1 target cell
+    paths = data["paths"]
+    assert set(paths) == {"rule-only", "measured"}
+    for p in paths.values():
+        if p["target_source"].startswith("grid trial"):  # a grid point never beats the grid's best
+            assert p["regret"] >= -1e-12, p
+        assert math.isfinite(p["regret"]) and len(p["regret_per_seed"]) == 2
+        assert all(math.isfinite(v) for v in p["steps_off"].values()), p
+    names = paths["rule-only"]["rule_names"]
+    assert "batch: η ∝ √B" in names and "τ rule" in names, names
+    assert any("η ∝ √B" in r for r in paths["rule-only"]["rules"]) and any(
+        "τ rule" in r for r in paths["rule-only"]["rules"]
+    )
+    # the target is the proxy's µP model family at batch 512, 4× the steps
+    target = (tmp_path / "runs" / "mlp" / "target.toml").read_text()
+    assert f"base_width = {data['proxy_width']}" in target and "batch_sizes = [512]" in target
+    assert f"horizons = [{4 * data['proxy_steps']}]" in target
