@@ -15,16 +15,19 @@ from mutransfer.sweep.verdict import judge, parabolic_minimum, verdict_sentence
 LR = LogUniform(2**-10, 2**-2, 9)
 
 
-def cell(p, width, optimum, seeds=2, noise=0.0, curvature=0.1, rng=None, diverge_above=None):
-    """Trials on LR's grid with loss curvature·(log2 lr − optimum)² + 1/width (+ noise per seed)."""
+def cell(p, width, optimum, seeds=2, noise=0.0, curvature=0.1, rng=None, diverge_above=None, offsets=None):
+    """Trials on LR's grid with loss curvature·(log2 lr − optimum)² + 1/width (+ noise per seed, + each
+    seed's own offset in every trial: a seed fixes the data and the init, shared by every trial)."""
     rng = rng or np.random.default_rng(0)
+    offsets = offsets or (0.0,) * seeds
     out = []
     for i, lr in enumerate(LR.grid_points()):
         if diverge_above is not None and lr > diverge_above:
             out.append(TrialResult(p, width, i, {"lr": lr}, math.nan, True, 0.0, None, (math.nan,) * seeds))
             continue
         ls = tuple(
-            curvature * (math.log2(lr) - optimum) ** 2 + 1 / width + noise * rng.standard_normal() for _ in range(seeds)
+            curvature * (math.log2(lr) - optimum) ** 2 + 1 / width + offsets[k] + noise * rng.standard_normal()
+            for k in range(seeds)
         )
         out.append(TrialResult(p, width, i, {"lr": lr}, sum(ls) / seeds, False, 0.0, None, ls))
     return out
@@ -395,6 +398,26 @@ def test_a_hyperparameter_without_effect_is_cannot_tell_not_a_move_or_an_edge():
     assert "widen the grid" not in verdict_sentence(constant, "µP") and "no measurable effect" in verdict_sentence(
         constant, "µP"
     )
+
+
+def test_a_seeds_common_offset_is_not_noise_between_points_of_the_curve():
+    """Every trial of a seed shares its data order and init: a seed whose loss is 0.3 higher everywhere
+    says nothing about whether lr matters. The points of the curve differ by far more than the seeds'
+    disagreement about those differences (0.01 per seed), so the optimum is located, not called flat (the
+    unpaired spread across seeds called it flat: issue 32's benchmark, weight decay on the GPT)."""
+    rng = np.random.default_rng(5)
+    cells = [
+        (w, cell("mup", w, -6.0, seeds=2, noise=0.01, curvature=0.03, rng=rng, offsets=(0.0, 0.3))) for w in (16, 64)
+    ]
+    v = judge("mup", "width", cells, {"lr": LR}, 2)
+    assert not any(o.flat for o in v.hps["lr"].optima), v.hps["lr"].reasons
+    assert all(abs(o.x - (-6.0)) < 0.5 for o in v.hps["lr"].optima), [o.x for o in v.hps["lr"].optima]
+    # noise that does differ between points still makes a curve flat (the test above, and here with offsets)
+    rng = np.random.default_rng(3)
+    noisy = [
+        (w, cell("mup", w, -6.0, seeds=3, noise=0.05, curvature=0.0, rng=rng, offsets=(0, 0.3, -0.2))) for w in (16, 64)
+    ]
+    assert all(o.flat for o in judge("mup", "width", noisy, {"lr": LR}, 3).hps["lr"].optima)
 
 
 def test_an_optimum_on_an_edge_or_beside_a_diverged_point_has_no_false_precision():

@@ -10,7 +10,8 @@ For each parametrization and hyperparameter, along one axis (width, or depth):
   neighbours, in log2 for a log-scaled HP — the classic parabolic interpolation of a minimum.
   Its position is *unknown* when the best point is on the grid's **edge** (the optimum may lie
   beyond: "widen the grid"), beside a grid point that was not evaluated (failed, or not run yet),
-  or when the curve is **flat** (a chi-square test finds its spread within seed noise: the HP has
+  or when the curve is **flat** (a chi-square test finds its spread within seed noise — the noise
+  of differences between its points: a seed's offset common to every trial is taken out — the HP has
   no measurable effect there). A diverged or pruned neighbour counts as evaluated and worse.
 - **interval**: a bootstrap over seeds. Every trial trains once per seed; a resample draws the
   seeds with replacement (the same draw for every cell, since a seed fixes the data order in
@@ -441,13 +442,19 @@ def _hull(iv: tuple[float, float] | None, lo: float, hi: float, point: float) ->
 
 
 def _noise(d: CellData) -> float:
-    """The typical standard error of a trial's mean loss over seeds (0 with one seed)."""
-    if d.losses.shape[1] < 2:
-        return 0.0
+    """The standard error of a difference-free trial mean over seeds, as the flatness test compares
+    points of one curve (0 with one seed or one trial). A seed fixes the data order and the init of
+    every trial in the cell, so a seed that is worse everywhere moves every point alike and tells
+    nothing about the HP: the noise is what is left of the (trial, seed) losses after each trial's
+    mean and each seed's mean are taken out (a randomized block design's residual), with
+    (trials − 1)(seeds − 1) degrees of freedom."""
+    n_seeds = d.losses.shape[1]
     finite = d.losses[np.isfinite(d.losses).all(axis=1)]
-    if not len(finite):
+    if n_seeds < 2 or len(finite) < 2:
         return 0.0
-    return float(np.median(finite.std(axis=1, ddof=1)) / math.sqrt(d.losses.shape[1]))
+    residual = finite - finite.mean(axis=1, keepdims=True) - finite.mean(axis=0, keepdims=True) + finite.mean()
+    dof = (len(finite) - 1) * (n_seeds - 1)
+    return float(math.sqrt((residual**2).sum() / dof / n_seeds))
 
 
 PASS, FAIL, UNSURE = "pass", "fail", "unsure"
