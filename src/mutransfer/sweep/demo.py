@@ -34,10 +34,8 @@ from .workers import run_sweep
 
 __all__ = ["FIXED", "FULL", "LR", "QUICK", "demo_config", "format_summary", "run_demo", "tune_config"]
 
-# lr grids in integer octaves (low..high, both parametrizations: a µP grid cut to 2^-8.. left its curve
-# "flat within seed noise" at one width — the flatness test sees less of the valley on a narrower grid —
-# so µP keeps SP's range, [sp.space.lr] unused here); output_mult in half octaves (2^mult_low ..
-# 2^mult_high, mult_grid points):
+# lr grids in integer octaves (low..high, one range for both parametrizations); output_mult in half
+# octaves (2^mult_low .. 2^mult_high, mult_grid points):
 # at width 32 its loss valley is shallow (1.6% from α=1 to the best) and its floor lies between 2 and 4.
 # Widths stop at 128: one width-256 run costs 30 CPU s against 10 at 128 (150 steps, one thread, measured
 # on a 2-core CPU), so 256 alone made the demo take 15 minutes; from 32 to 128 SP's lr optimum already moves
