@@ -412,6 +412,15 @@ def test_a_seeds_common_offset_is_not_noise_between_points_of_the_curve():
     v = judge("mup", "width", cells, {"lr": LR}, 2)
     assert not any(o.flat for o in v.hps["lr"].optima), v.hps["lr"].reasons
     assert all(abs(o.x - (-6.0)) < 0.5 for o in v.hps["lr"].optima), [o.x for o in v.hps["lr"].optima]
+    # one run blown up without diverging (loss 300 and 500: the benchmark's GPT at lr 1, λ 2, off the lr
+    # profile as λ 2 is not the best λ at lr 1) is not noise for the rest of the curve
+    from mutransfer.sweep.statistics import CellData, _noise
+
+    losses = np.array([[t.losses[0], t.losses[1]] for t in cells[0][1]])
+    clean = _noise(CellData({}, losses, []))
+    assert clean < 0.01  # the noise of differences (0.01 per seed), not the 0.3 offset
+    blown = _noise(CellData({}, np.vstack([losses, [[300.0, 500.0]]]), []))
+    assert blown < 2 * clean, (clean, blown)
     # noise that does differ between points still makes a curve flat (the test above, and here with offsets)
     rng = np.random.default_rng(3)
     noisy = [

@@ -442,19 +442,23 @@ def _hull(iv: tuple[float, float] | None, lo: float, hi: float, point: float) ->
 
 
 def _noise(d: CellData) -> float:
-    """The standard error of a difference-free trial mean over seeds, as the flatness test compares
-    points of one curve (0 with one seed or one trial). A seed fixes the data order and the init of
-    every trial in the cell, so a seed that is worse everywhere moves every point alike and tells
-    nothing about the HP: the noise is what is left of the (trial, seed) losses after each trial's
-    mean and each seed's mean are taken out (a randomized block design's residual), with
-    (trials − 1)(seeds − 1) degrees of freedom."""
+    """The standard error of a trial's mean loss over seeds, as the flatness test compares points of
+    one curve (0 with one seed or one trial). A seed fixes the data order and the init of every trial
+    in the cell, so a seed that is worse everywhere moves every point alike and tells nothing about
+    the HP: each seed's typical offset (the median over trials of its loss minus the trial's mean) is
+    taken out, and the variance is the median over trials of the residuals' variance, scaled by the
+    median of χ² with seeds − 1 degrees of freedom (Wilson–Hilferty) to estimate σ². Medians: one run
+    blown up to a huge loss without diverging must not make every curve of its cell look flat."""
     n_seeds = d.losses.shape[1]
     finite = d.losses[np.isfinite(d.losses).all(axis=1)]
     if n_seeds < 2 or len(finite) < 2:
         return 0.0
-    residual = finite - finite.mean(axis=1, keepdims=True) - finite.mean(axis=0, keepdims=True) + finite.mean()
-    dof = (len(finite) - 1) * (n_seeds - 1)
-    return float(math.sqrt((residual**2).sum() / dof / n_seeds))
+    deviation = finite - finite.mean(axis=1, keepdims=True)
+    residual = deviation - np.median(deviation, axis=0)
+    k = n_seeds - 1
+    chi2_median = k * (1 - 2 / (9 * k)) ** 3
+    variance = float(np.median((residual**2).sum(axis=1) / k)) * k / chi2_median
+    return math.sqrt(variance / n_seeds)
 
 
 PASS, FAIL, UNSURE = "pass", "fail", "unsure"
