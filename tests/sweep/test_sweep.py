@@ -355,6 +355,37 @@ def test_a_worker_dying_right_after_claiming_does_not_block_the_sweep(tmp_path, 
     assert len(stale) == 1 and not stale[0].user_attrs  # failed by its heartbeat going stale, then retried
 
 
+def test_a_worker_killed_between_its_claims_two_commits_leaves_a_trial_that_can_go_stale(tmp_path):
+    """The soak test once hung for good: a worker was killed after its claim committed RUNNING and
+    before the first heartbeat, and a RUNNING trial with no heartbeat is never found stale. The claim
+    now records the heartbeat first; here the kill comes right after the RUNNING commit."""
+    import sqlite3
+
+    from mutransfer.sweep.trials import claim
+
+    cfg = write(tmp_path, GRID.replace("SLEEP", "0").replace("widths = [16, 64]", "widths = [16]"))
+    run = tmp_path / "run"
+    Sweep.create(cfg, run).prepare()
+    claimer = Sweep(run)
+    storage, commit = claimer.storage, claimer.storage.set_trial_state_values
+
+    class Killed(BaseException):
+        pass
+
+    def set_state_then_die(trial_id, state, *args, **kwargs):
+        commit(trial_id, state, *args, **kwargs)
+        raise Killed  # SIGKILL: nothing after the commit runs, no cleanup
+
+    storage.set_trial_state_values = set_state_then_die
+    with pytest.raises(Killed):
+        claim(storage, claimer.study("mup", 16), claimer.config)
+    storage.engine.dispose()
+    with sqlite3.connect(run / "sweep.db") as db:
+        running = db.execute("select trial_id from trials where state = 'RUNNING'").fetchall()
+        beats = {t for (t,) in db.execute("select trial_id from trial_heartbeats").fetchall()}
+    assert len(running) == 1 and running[0][0] in beats  # the stale check can find it
+
+
 DIES = textwrap.dedent("""
     import os, signal, sys, time
     from pathlib import Path

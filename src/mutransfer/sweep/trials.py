@@ -179,11 +179,13 @@ def claim(storage: optuna.storages.RDBStorage, study: optuna.Study, config: Swee
     """
     for tid in waiting_trial_ids(storage, study_id(study)):
         try:
+            # The first heartbeat BEFORE the trial turns RUNNING (two commits): a RUNNING trial with
+            # no heartbeat is never found stale, so a worker killed between the two would block the
+            # sweep for good (seen once in the soak test); a WAITING trial with a heartbeat is
+            # harmless, and a retried trial's old heartbeat is renewed before it can look stale.
+            storage.record_heartbeat(tid)
             if storage.set_trial_state_values(tid, TrialState.RUNNING):
                 try:
-                    # A first heartbeat at once: a trial with none is never found stale, so a worker
-                    # dying before its heartbeat thread starts would block the sweep for good.
-                    storage.record_heartbeat(tid)
                     # The study's cached storage must know the trial before it can take params; this
                     # one trial is read into it (reading the study would re-read every waiting trial).
                     cache_trial(study, tid)
