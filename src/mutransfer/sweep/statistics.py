@@ -427,10 +427,14 @@ def _locate(
 def _within_noise(y: np.ndarray, se: float) -> bool:
     """Could the curve's values differ by seed noise alone? A chi-square test of equal means (each
     with standard error `se`) at the 1% level; its quantile by Wilson–Hilferty."""
-    k = len(y) - 1
     chi2 = float(((y - y.mean()) ** 2).sum()) / se**2
-    quantile = k * (1 - 2 / (9 * k) + 2.326 * math.sqrt(2 / (9 * k))) ** 3
-    return chi2 < quantile
+    return chi2 < _chi2_quantile(len(y) - 1, 2.326)
+
+
+def _chi2_quantile(k: int, z: float) -> float:
+    """The quantile of χ² with k degrees of freedom at the standard normal quantile z (Wilson–Hilferty:
+    z = 0 the median, 2.326 the 99th percentile)."""
+    return k * (1 - 2 / (9 * k) + z * math.sqrt(2 / (9 * k))) ** 3
 
 
 def _hull(iv: tuple[float, float] | None, lo: float, hi: float, point: float) -> tuple[float, float] | None:
@@ -455,9 +459,7 @@ def _noise(d: CellData) -> float:
         return 0.0
     deviation = finite - finite.mean(axis=1, keepdims=True)
     residual = deviation - np.median(deviation, axis=0)
-    k = n_seeds - 1
-    chi2_median = k * (1 - 2 / (9 * k)) ** 3
-    variance = float(np.median((residual**2).sum(axis=1) / k)) * k / chi2_median
+    variance = float(np.median((residual**2).sum(axis=1))) / _chi2_quantile(n_seeds - 1, 0.0)
     return math.sqrt(variance / n_seeds)
 
 
