@@ -60,10 +60,27 @@ def enqueue_many(storage: optuna.storages.RDBStorage, study_id: int, points: lis
 
 
 def set_user_attrs(storage: optuna.storages.RDBStorage, trial_id: int, attrs: dict) -> None:
-    """Set several user attributes of a running trial in one transaction (Optuna commits each)."""
+    """Set several user attributes of a running trial in one transaction of three statements: the
+    trial's state (refused unless running, as Optuna refuses), then its rows for these keys deleted
+    and written again in one insert. Optuna's `set_trial_user_attr` commits each attribute and
+    reads the trial back for each (~12 ms per attribute on SQLite); the rows are those it writes
+    (`value_json` = `json.dumps(value)`)."""
+    import json
+
+    import sqlalchemy
     from optuna.storages._rdb import models
     from optuna.storages._rdb.storage import _create_scoped_session
 
-    with _create_scoped_session(storage.scoped_session, True) as session:
-        for key, value in attrs.items():
-            storage._set_trial_attr_without_commit(session, models.TrialUserAttributeModel, trial_id, key, value)
+    if not attrs:
+        return
+    rows = [{"trial_id": trial_id, "key": key, "value_json": json.dumps(value)} for key, value in attrs.items()]
+    table = models.TrialUserAttributeModel
+    with _create_scoped_session(storage.scoped_session) as session:
+        state = session.query(models.TrialModel.state).filter(models.TrialModel.trial_id == trial_id).one_or_none()
+        if state is None:
+            raise KeyError(models.NOT_FOUND_MSG)
+        storage.check_trial_is_updatable(trial_id, state[0])
+        session.query(table).filter(table.trial_id == trial_id, table.key.in_(list(attrs))).delete(
+            synchronize_session=False
+        )
+        session.execute(sqlalchemy.insert(table), rows)
