@@ -95,8 +95,8 @@ def add_parsers(sub) -> None:
         help="tune a byte-level GPT at width 32, check the transfer to 64 and 128 (µP vs SP), transfer",
         description="Reproduces TP5's headline figure on a laptop: tune lr × output multiplier at "
         "width 32 (µP, 25 trials), sweep the lr at widths 32, 64, 128 (µP and SP, 42 trials), train "
-        "width 128 with the proxy's hyperparameters, and write the report (about 590 CPU seconds in all, "
-        "measured on a 2-core CPU). Rerunning resumes. Exit 0 when done, 2 on bad arguments, 130 on Ctrl-C "
+        "width 128 with the proxy's hyperparameters, and write the report (590–690 CPU seconds, 5–6 minutes on 2 cores, "
+        "measured on a 2-core CPU without a GPU). Rerunning resumes. Exit 0 when done, 2 on bad arguments, 130 on Ctrl-C "
         "(rerun to resume).",
     )
     d.add_argument("--out", default="mutransfer-demo", help="output directory (default ./mutransfer-demo)")
