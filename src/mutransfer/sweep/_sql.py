@@ -84,3 +84,19 @@ def set_user_attrs(storage: optuna.storages.RDBStorage, trial_id: int, attrs: di
             synchronize_session=False
         )
         session.execute(sqlalchemy.insert(table), rows)
+
+
+def set_finished_user_attr(storage: optuna.storages.RDBStorage, trial_id: int, key: str, value: object) -> None:
+    """Set one user attribute of a trial in any state (Optuna refuses finished trials), in one
+    transaction: its row for `key` deleted and written again."""
+    import json
+
+    import sqlalchemy
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    table = models.TrialUserAttributeModel
+    with _create_scoped_session(storage.scoped_session) as session:
+        models.TrialModel.find_or_raise_by_id(trial_id, session)
+        session.query(table).filter(table.trial_id == trial_id, table.key == key).delete(synchronize_session=False)
+        session.execute(sqlalchemy.insert(table), [{"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}])

@@ -7,6 +7,9 @@ point is finished as failed), so that resuming a sweep loses nothing. ``MUTRANSF
 sets another grace period (seconds; the heartbeat comes 4 times per grace period): longer for a
 storage that may be slow to answer, shorter where a dead worker's trial should be rerun sooner
 (the tests that kill workers). Every process of a sweep should see the same value.
+
+(Above 500 lines: the connection, the retry of transient errors around every call, the heartbeat
+and the claim lock share one notion of a transient error and one "gave up" message.)
 """
 
 from __future__ import annotations
@@ -219,6 +222,16 @@ def _transient(e: BaseException) -> bool:
     return False
 
 
+def _gave_up(label: str, e: BaseException, url: str) -> StorageError:
+    """The error a storage call raises once transient errors lasted `patience()` seconds: the
+    storage's (masked) label, the error's first line with the password in `url` scrubbed, the fix."""
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return StorageError(
+        f"storage {label} failed for {patience():.0f} s ({scrub(first, url)[:200]}): check that the database "
+        f"is up and reachable, then rerun the same command to resume (wait longer with {PATIENCE_ENV}=SECONDS)"
+    )
+
+
 # The storage calls a sweep makes, and those Optuna's cache makes (private ones included); each is
 # retried on a transient error (see `_PatientStorage`).
 _RETRIED = (
@@ -261,12 +274,7 @@ def _patient(name: str):
                 now = time.monotonic()
                 deadline = deadline if deadline is not None else now + patience()
                 if now >= deadline:
-                    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                    self._gave_up = StorageError(
-                        f"storage {self._label} failed for {patience():.0f} s ({scrub(first, self._url)[:200]}): check "
-                        f"that the database is up and reachable, then rerun the same command to resume "
-                        f"(wait longer with {PATIENCE_ENV}=SECONDS)"
-                    )
+                    self._gave_up = _gave_up(self._label, e, self._url)
                     raise self._gave_up from None
                 time.sleep(min(wait, max(0.0, deadline - now)))
                 wait = min(2 * wait, 10.0)
@@ -276,7 +284,13 @@ def _patient(name: str):
     return call
 
 
-for _name in _RETRIED + ["waiting_trial_ids", "trial_counts", "enqueue_many", "set_user_attrs"]:
+for _name in _RETRIED + [
+    "waiting_trial_ids",
+    "trial_counts",
+    "enqueue_many",
+    "set_user_attrs",
+    "set_finished_user_attr",
+]:
     setattr(_PatientStorage, _name, _patient(_name))
 
 
@@ -488,33 +502,27 @@ class ClaimLock:
                 return connection
             except Exception as e:
                 if not _transient(e) or time.monotonic() >= deadline:
-                    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                    raise StorageError(
-                        f"storage {mask_url(str(engine.url))} failed for {patience():.0f} s "
-                        f"({scrub(first, engine.url.render_as_string(hide_password=False))[:200]}): check that the "
-                        f"database is up and reachable, then rerun the "
-                        f"same command to resume (wait longer with {PATIENCE_ENV}=SECONDS)"
-                    ) from None
+                    url = engine.url.render_as_string(hide_password=False)
+                    raise _gave_up(mask_url(str(engine.url)), e, url) from None
                 time.sleep(1.0)
 
 
-def set_finished_trial_user_attr(storage: optuna.storages.RDBStorage, trial_id: int, key: str, value) -> None:
+def set_finished_trial_user_attr(storage: optuna.storages.RDBStorage, trial_id: int, key: str, value: Any) -> None:
     """Set a user attribute on a trial that has already finished (Optuna's API refuses: finished
     trials are immutable there). Used for the note `retried` on a failed trial once a retry of it
     is queued. Studies opened before this call may still show the trial without it (Optuna caches
-    finished trials): open the study again to see it."""
-    import json
+    finished trials): open the study again to see it.
 
-    from optuna.storages._rdb import models
-    from optuna.storages._rdb.storage import _create_scoped_session
-
-    with _create_scoped_session(storage.scoped_session, True) as session:
-        trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
-        attribute = models.TrialUserAttributeModel.find_by_trial_and_key(trial, key, session)
-        if attribute is None:
-            session.add(models.TrialUserAttributeModel(trial_id=trial_id, key=key, value_json=json.dumps(value)))
-        else:
-            attribute.value_json = json.dumps(value)
+    Args:
+        storage: the sweep's storage.
+        trial_id: the trial's storage id.
+        key: the attribute's name.
+        value: a JSON-serializable value.
+    """
+    if isinstance(storage, _PatientStorage):
+        storage.set_finished_user_attr(trial_id, key, value)  # type: ignore[attr-defined]
+    else:
+        _sql.set_finished_user_attr(storage, trial_id, key, value)
 
 
 # Optuna exposes no public accessor for the storage ids of a study or trial (a Study's and a

@@ -1,4 +1,5 @@
 """A sweep's trials: claiming one, running it on every seed, and recording how it ended.
+(About 500 lines: one life cycle — claim, run, record, fail, retry — over the attributes below.)
 
 How a finished trial reads (the user attributes are the contract with `analysis` and `report`):
 
