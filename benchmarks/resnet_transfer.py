@@ -23,7 +23,7 @@ a figure. 60 steps of batch 64 is ~2.7 epochs: long enough to leave the initial 
 enough that the training loss has not yet collapsed to ~0 (where every lr looks alike).
 
     python benchmarks/resnet_transfer.py            # widths 16…128, 2 optimizers, 2 seeds, 256 runs
-    python benchmarks/resnet_transfer.py --quick    # smoke run: widths 8, 32, every other lr, 1 seed (~30 s)
+    python benchmarks/resnet_transfer.py --quick    # smoke run: widths 8, 24, every other lr, 1 seed, 30 steps
     python benchmarks/resnet_transfer.py --widths 8,16,32,64 --log2-lrs=-13:1   # a base only 8 channels wide
 
 With a base 8 channels wide, SGD's µP optimum moved 2 grid steps (near-ties at 8 and 64; the first
@@ -150,12 +150,12 @@ def main(argv=None) -> int:
         metavar="LO:HI",
         help="log2 lr grid LO, LO+1, …, HI for every optimizer (default: Adam -13:-2, SGD -9:1)",
     )
-    ap.add_argument("--quick", action="store_true", help="smoke run: widths 8,32, every other lr, 1 seed, 30 steps")
+    ap.add_argument("--quick", action="store_true", help="smoke run: widths 8,24, every other lr, 1 seed, 30 steps")
     ap.add_argument("--json", help="also write the losses and optima to this JSON file")
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--plot", default="docs/resnet_transfer.png", help="figure path ('' for none)")
     args = ap.parse_args(argv)
-    widths = [8, 32] if args.quick else [int(w) for w in args.widths.split(",")]
+    widths = [8, 24] if args.quick else [int(w) for w in args.widths.split(",")]
     optimizers = args.optimizers.split(",")
     seeds, steps = (1, 30) if args.quick else (args.seeds, args.steps)
     if args.log2_lrs:

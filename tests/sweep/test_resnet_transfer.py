@@ -59,7 +59,7 @@ def test_resnet_transfer_benchmark_quick(tmp_path):
     out = proc.stdout
     assert "| Adam | µP |" in out and "| SGD m=0.9 | SP |" in out and "drift" in out, out
     data = json.loads(path.read_text())
-    assert data["widths"] == [8, 32] and data["base_width"] == 8
+    assert data["widths"] == [8, 24] and data["base_width"] == 8
     assert data["base_identical"] is True  # at the base width µP is the SP model, bit for bit
     assert set(data["optima"]) == {"adam/SP", "adam/µP", "sgd/SP", "sgd/µP"}
     for key, optima in data["optima"].items():
@@ -67,7 +67,9 @@ def test_resnet_transfer_benchmark_quick(tmp_path):
         assert all(k in grid for k in optima.values()), (key, optima)
         best = [data["losses"][key][w][str(k)] for w, k in optima.items()]
         assert all(math.isfinite(v) and 0.0 < v < 0.5 for v in best), (key, best)  # chance level is ln 10 ≈ 2.3
-    # the point of µP: Adam's optimum moves less across width than SP's, and the base lr does better when reused
-    assert data["drift"]["adam/µP"] < data["drift"]["adam/SP"], data["optima"]
+    # the point of µP: Adam's optimum moves less across width than SP's (between grid points: the quick grid's
+    # steps are 2 octaves, SP's expected drift over 3× width log2(3) = 1.6), and the base lr does better reused
+    moved = data["interpolated_drift"]
+    assert moved["adam/µP"] < 0.5 < moved["adam/SP"], data["interpolated"]
     assert data["transfer"]["adam/µP"]["loss_at_base_lr"] < data["transfer"]["adam/SP"]["loss_at_base_lr"]
     assert plot.stat().st_size > 10_000
