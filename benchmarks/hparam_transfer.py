@@ -64,6 +64,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -129,10 +130,18 @@ def config_text(
     return "\n".join(lines) + "\n"
 
 
+def _replace(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file renamed over it: a kill mid-write leaves the
+    old file or the new one, never half of one for a rerun to read."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def _write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists() or path.read_text() != text:
-        path.write_text(text)
+        _replace(path, text)
     return path
 
 
@@ -211,7 +220,7 @@ def regret_of(sweep, results, preds: dict, cache_path: Path) -> None:
             losses = [float(sweep.objective(sweep.hparams(params), sweep.scale("mup", width, None, seed)))
                       for seed in cfg.seeds]  # fmt: skip
             cache[key], source = losses, "trained"
-            cache_path.write_text(json.dumps(cache, indent=1))
+            _replace(cache_path, json.dumps(cache, indent=1))
         per_seed = [(a / b - 1) if math.isfinite(a) else math.inf for a, b in zip(losses, top.losses)]
         mean = sum(losses) / len(losses)
         entry.update(
@@ -349,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
             print(table(res) + "\n", flush=True)
             results.append(res)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1, default=str))
+        _replace(args.json, json.dumps(results, indent=1, default=str))
     return 0
 
 
