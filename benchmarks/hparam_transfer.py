@@ -38,12 +38,11 @@ the demo's width (32 → 128, 150 → 600 steps) one GPT target run would take ~
 × 2 seeds ~20 CPU hours (extrapolated ×2 width, ×3 steps from the width-64 run), so the GPT is shrunk in WIDTH and S: **P = 8 → 32, S = 24 → 96** (4 heads:
 head dim 2 at the proxy, 8 at the target). MLP: P = 32 → 128, S = 100 → 400.
 
-Estimate of the full run (`--task all --workers 2`), from those timings: GPT proxy 270 trials × 2
-seeds (9 lrs × 6 wds × 5 cells) ≈ 400 CPU s; GPT target 98 runs (7 × 7: the two predictions agree on each axis) … 162 (9 × 9, the cap) × 30.7 s ≈ 3000 … 5000 CPU s, plus the sweep's recorded run with its noise
-scale (~70 s) and ≤ 4 prediction runs in this process (≤ 125 s, serial); MLP ≈ 500 … 700 CPU s
-(its proxy at P = 16, S = 50 and a 9 × 9 target at 64 measured 80 + 155 CPU s, 4 minutes in all on
-2 workers). On 2 workers: **~35 minutes with 7 × 7 target grids, ~52 with 9 × 9** (estimated, not
-run end to end). ``--max-points 7`` bounds it at the 7 × 7 figure.
+**Measured** (2-core CPU, no GPU; `--max-points 7`): GPT proxy 270 trials 399 CPU s, target 49
+trials 3,114 CPU s (61 min of wall on 2 workers, shared with the MLP run); MLP proxy 162 CPU s,
+target 332 CPU s (317 s of wall alone on 2 workers). ``--max-points 7`` bounds the target at 7 × 7;
+the default 9 × 9 runs 81 target trials instead of 49.
+
 **Seen at reduced sizes** (same machine, not the full run; the table's numbers, 2 seeds):
 ``--task mlp --mlp-width 16 --mlp-steps 50`` (4 min): B_simple 256 [145, 520] < 512, so the √B rule was
 refused and given 512; rule-only lr +2.16 √2-steps from the target's optimum, regret 8.3 % (7.8, 8.7);
