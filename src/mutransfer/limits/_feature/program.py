@@ -177,11 +177,12 @@ class Program:
             gs = torch.autograd.grad(
                 out, [ins[i] for i in width], g, create_graph=True, retain_graph=True, allow_unused=True
             )
-        else:  # nothing here depends on a leaf yet: the derivative is a constant
+        else:  # the inputs depend on no leaf yet (the cotangent may): differentiate a local copy
             local = [t.detach().requires_grad_(True) if i in width else t for i, t in enumerate(ins)]
             assert op.fn is not None
-            gs = torch.autograd.grad(op.fn(*local), [local[i] for i in width], g, allow_unused=True)
-            gs = tuple(None if t is None else t.detach() for t in gs)
+            gs = torch.autograd.grad(
+                op.fn(*local), [local[i] for i in width], g, create_graph=True, allow_unused=True
+            )
         seen: dict[int, int] = {}
         for i, gi in zip(width, gs, strict=True):
             key = id(op.inputs[i])
