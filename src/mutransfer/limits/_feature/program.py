@@ -162,35 +162,22 @@ class Program:
             elif op.rule == "norm":
                 add(node.args[0], self._norm_vjp(op, vals[node.args[0]], g, grads))  # type: ignore[index]
             elif op.rule == "elementwise":
-                for a, ga in zip(op.inputs, self._vjp(op, vals, g), strict=True):
+                for a, ga in self._vjp(op, vals, g).items():
                     add(a, ga)
         self._update(grads, history, lr, momentum)
 
-    def _vjp(self, op: Op, vals: dict[fx.Node, Any], g: torch.Tensor) -> list[torch.Tensor | None]:
-        ins = [vals[a] for a in op.inputs]
-        width = [i for i, a in enumerate(op.inputs) if isinstance(vals[a], torch.Tensor) and vals[a].dim() == 3]
-        out = vals[op.node]
-        res: list[torch.Tensor | None] = [None] * len(ins)
-        if not width:
-            return res
-        if out.requires_grad:
-            gs = torch.autograd.grad(
-                out, [ins[i] for i in width], g, create_graph=True, retain_graph=True, allow_unused=True
-            )
-        else:  # the inputs depend on no leaf yet (the cotangent may): differentiate a local copy
-            local = [t.detach().requires_grad_(True) if i in width else t for i, t in enumerate(ins)]
-            assert op.fn is not None
-            gs = torch.autograd.grad(
-                op.fn(*local), [local[i] for i in width], g, create_graph=True, allow_unused=True
-            )
-        seen: dict[int, int] = {}
-        for i, gi in zip(width, gs, strict=True):
-            key = id(op.inputs[i])
-            if key in seen:  # the same node twice (x * x): autograd already summed both uses
-                continue
-            seen[key] = i
-            res[i] = gi
-        return res
+    def _vjp(self, op: Op, vals: dict[fx.Node, Any], g: torch.Tensor) -> dict[fx.Node, torch.Tensor | None]:
+        """The cotangent of each width input node of an elementwise op (a node used twice: once, summed)."""
+        nodes = list(dict.fromkeys(a for a in op.inputs if isinstance(vals[a], torch.Tensor) and vals[a].dim() == 3))
+        if not nodes:
+            return {}
+        # recompute the op, inputs that depend on no leaf made local leaves, so that the VJP is a
+        # differentiable function of the inputs and of the cotangent
+        local = {a: vals[a] if vals[a].requires_grad else vals[a].detach().requires_grad_(True) for a in nodes}
+        assert op.fn is not None
+        out = op.fn(*[local.get(a, vals[a]) for a in op.inputs])
+        gs = torch.autograd.grad(out, [local[a] for a in nodes], g, create_graph=True, retain_graph=True, allow_unused=True)
+        return dict(zip(nodes, gs, strict=True))
 
     def _norm_vjp(self, op: Op, v: torch.Tensor, g: torch.Tensor, grads: dict[str, torch.Tensor]) -> torch.Tensor:
         m = op.module
