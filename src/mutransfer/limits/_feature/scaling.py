@@ -109,14 +109,15 @@ def _family(name: str, x: torch.Tensor) -> tuple[str, float, float]:
             "FeatureLimit supports constant inits and centred Gaussian or uniform ones"
         )
     kurt = float(x.pow(4).mean()) / var**2
-    if 1.6 <= kurt <= 2.1:
-        return "uniform", 0.0, var
-    if 2.4 <= kurt <= 4.0:
-        return "normal", 0.0, var
+    # distance to each law's kurtosis in sampling standard errors (Gaussian √(24/N); uniform's is
+    # smaller, √(0.33/N) — taken as √(1/N))
+    d_normal, d_uniform = abs(kurt - 3.0) / math.sqrt(24.0 / n), abs(kurt - 1.8) / math.sqrt(1.0 / n)
+    if min(d_normal, d_uniform) <= 5.0:
+        return ("normal" if d_normal < d_uniform else "uniform"), 0.0, var
     raise ValueError(
-        f"parameter {name!r}: the law of its init entries is neither Gaussian nor uniform (kurtosis {kurt:.2f}, "
-        "Gaussian 3, uniform 1.8); the limit needs the law of one entry. Initialise it with nn.init.normal_ "
-        "or nn.init.uniform_"
+        f"parameter {name!r}: the law of its init entries is neither Gaussian nor uniform (kurtosis {kurt:.2f} "
+        f"over {n} entries; Gaussian 3, uniform 1.8); the limit needs the law of one entry. Initialise it with "
+        "nn.init.normal_ or nn.init.uniform_"
     )
 
 
@@ -165,6 +166,8 @@ def observe(model: nn.Module, base: nn.Module, roles: dict[str, str]) -> tuple[d
         if role == "hidden":
             laws[name] = ParamLaw(role, k_big, v_big, "normal")
             continue
-        family, mean, var = _family(name, pb[name] * math.sqrt(float(n) ** ie))
+        pooled = torch.cat([(pb[name] * math.sqrt(float(n) ** ie)).flatten(), (ps[name] * math.sqrt(float(n0) ** ie)).flatten()])
+        family, mean, _ = _family(name, pooled)
+        var = v_big
         laws[name] = ParamLaw(role, k_big, var, family, mean)
     return laws, big
