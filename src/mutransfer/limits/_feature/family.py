@@ -72,6 +72,13 @@ class Family:
 
     def sample(self, v: torch.Tensor) -> torch.Tensor:
         """Ẑ^{Av} (G, P, B), jointly Gaussian with everything this family holds; v's new directions join it."""
+        held = sum(q.shape[2] for q in self.q)
+        if 2 * (held + v.shape[2]) > v.shape[1]:
+            raise ValueError(
+                f"particles per group ({v.shape[1]}) must be at least twice the vectors one hidden matrix has "
+                f"seen ({held + v.shape[2]}: inputs + steps × batch + predicted inputs), or its Gaussian family "
+                "cannot be represented on them; raise particles (or lower groups)"
+            )
         r, coef = v, None
         if self.q:
             q = torch.cat(self.q, 2)

@@ -113,6 +113,13 @@ class FeatureLimit:
         yt = torch.as_tensor(y, dtype=torch.float64)
         if yt.shape[0] != xt.shape[0]:
             raise ValueError(f"y has {yt.shape[0]} rows but x has {xt.shape[0]}")
+        per_group, batch = self.particles // self.groups, min(batch_size or len(xt), len(xt))
+        seen = len(xt) + steps * batch
+        if self._program.matrices and 2 * seen > per_group:
+            raise ValueError(
+                f"particles per group ({per_group}) must be at least twice the vectors each hidden matrix sees "
+                f"({len(xt)} inputs + {steps} steps × batch {batch} = {seen}); use particles ≥ {2 * seen * self.groups}"
+            )
         self._program = prog = self._new_program()
         self._lr, self._momentum = lr, float(momentum)
         with torch.enable_grad():
