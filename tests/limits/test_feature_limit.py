@@ -54,7 +54,11 @@ def test_one_hidden_layer_equals_mup_limit(act, name, momentum):
 def _mlp(width, seed=0, gaussian=False, bias=True):
     torch.manual_seed(seed)
     m = nn.Sequential(
-        nn.Linear(D, width, bias=bias), nn.Tanh(), nn.Linear(width, width, bias=bias), nn.Tanh(), nn.Linear(width, 1, bias=False)
+        nn.Linear(D, width, bias=bias),
+        nn.Tanh(),
+        nn.Linear(width, width, bias=bias),
+        nn.Tanh(),
+        nn.Linear(width, 1, bias=False),
     ).double()
     if gaussian:
         for i, v in ((0, 1.5 / D), (2, 1.5 / 16)):
@@ -99,7 +103,13 @@ class ResMLP(nn.Module):
 
 def _ln_mlp(n):
     return nn.Sequential(
-        nn.Linear(D, n), nn.LayerNorm(n), nn.Tanh(), nn.Linear(n, n), nn.LayerNorm(n), nn.Tanh(), nn.Linear(n, 1, bias=False)
+        nn.Linear(D, n),
+        nn.LayerNorm(n),
+        nn.Tanh(),
+        nn.Linear(n, n),
+        nn.LayerNorm(n),
+        nn.Tanh(),
+        nn.Linear(n, 1, bias=False),
     )
 
 

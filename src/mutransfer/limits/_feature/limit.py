@@ -124,8 +124,8 @@ class FeatureLimit:
         self._lr, self._momentum = lr, float(momentum)
         with torch.enable_grad():
             _, raw = prog.forward(xt, "init")
-            for batch in sgd_batches(len(xt), steps, batch_size, self.seed):
-                prog.train_step(xt[batch], yt[batch], lr, self._momentum, {k: v[:, batch] for k, v in raw.items()})
+            for idx in sgd_batches(len(xt), steps, batch_size, self.seed):
+                prog.train_step(xt[idx], yt[idx], lr, self._momentum, {k: v[:, idx] for k, v in raw.items()})
         return self
 
     def _run(self, x: ArrayLike) -> dict:

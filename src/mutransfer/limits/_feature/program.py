@@ -77,7 +77,7 @@ class Program:
                 vals[node] = vals[node.args[0]]  # type: ignore[index]
             elif op.rule in ("input", "hidden", "readout", "norm"):
                 v = vals[node.args[0]]  # type: ignore[index]
-                w = op.params.get("weight")
+                w = op.params.get("weight", "")
                 b = p[op.params["bias"]] if "bias" in op.params else None
                 if op.rule == "input":
                     out = torch.einsum("bd,gpd->gpb", v, p[w])
@@ -156,14 +156,13 @@ class Program:
             if op.rule == "input":
                 grads[op.params["weight"]] = torch.einsum("gpb,bd->gpd", g, x)
             elif op.rule == "hidden":
-                v = vals[node.args[0]]  # type: ignore[index]
-                history.append((op.params["weight"], g, v))
+                history.append((op.params["weight"], g, vals[node.args[0]]))  # type: ignore[index]
                 add(node.args[0], self.matrices[op.params["weight"]].backward(g, self.step, lr, momentum))
             elif op.rule == "norm":
                 add(node.args[0], self._norm_vjp(op, vals[node.args[0]], g, grads))  # type: ignore[index]
             elif op.rule == "elementwise":
-                for a, ga in self._vjp(op, vals, g).items():
-                    add(a, ga)
+                for src, ga in self._vjp(op, vals, g).items():
+                    add(src, ga)
         self._update(grads, history, lr, momentum)
 
     def _vjp(self, op: Op, vals: dict[fx.Node, Any], g: torch.Tensor) -> dict[fx.Node, torch.Tensor | None]:
@@ -176,7 +175,9 @@ class Program:
         local = {a: vals[a] if vals[a].requires_grad else vals[a].detach().requires_grad_(True) for a in nodes}
         assert op.fn is not None
         out = op.fn(*[local.get(a, vals[a]) for a in op.inputs])
-        gs = torch.autograd.grad(out, [local[a] for a in nodes], g, create_graph=True, retain_graph=True, allow_unused=True)
+        gs = torch.autograd.grad(
+            out, [local[a] for a in nodes], g, create_graph=True, retain_graph=True, allow_unused=True
+        )
         return dict(zip(nodes, gs, strict=True))
 
     def _norm_vjp(self, op: Op, v: torch.Tensor, g: torch.Tensor, grads: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -89,7 +89,9 @@ def _parametrized(model: nn.Module, base: nn.Module) -> tuple[nn.Module, nn.Modu
     lrs = []
     for m in (big, small):
         by_id = {}
-        for g in mt.param_groups(m, 1.0, "sgd"):
+        groups = mt.param_groups(m, 1.0, "sgd")
+        assert isinstance(groups, list)  # SGD's groups are plain dicts
+        for g in groups:
             for p in g["params"]:
                 by_id[id(p)] = float(g["lr"])
         lrs.append({name: by_id[id(p)] for name, p in m.named_parameters()})
@@ -153,21 +155,22 @@ def observe(model: nn.Module, base: nn.Module, roles: dict[str, str]) -> tuple[d
         if role == "output_bias":
             laws[name] = ParamLaw(role, k_big, 0.0, "value", value=pb[name].detach().clone())
             continue
-        v_big, v_small = _scaled_var(pb[name], n, ie), _scaled_var(ps[name], n0, ie)
-        if not math.isclose(v_big[0], v_small[0], rel_tol=1e-6, abs_tol=1e-300):
+        e_big, e_small = _scaled_var(pb[name], n, ie), _scaled_var(ps[name], n0, ie)
+        v_big, v_small = e_big[0], e_small[0]
+        if not math.isclose(v_big, v_small, rel_tol=1e-6, abs_tol=1e-300):
             # parametrize kept the user's own init here (not rescaled to the base's rms): two samples
             # of one law, which must agree within their sampling error; the larger one is used
-            if abs(v_big[0] - v_small[0]) > 6 * math.sqrt(v_big[1] + v_small[1]) + 1e-12 * v_big[0]:
+            if abs(v_big - v_small) > 6 * math.sqrt(e_big[1] + e_small[1]) + 1e-12 * v_big:
                 raise ValueError(
-                    f"parameter {name!r} ({role}): its scaled init rms²·n^{ie} is {v_small[0]:.6g} at width {n0} "
-                    f"but {v_big[0]:.6g} at width {n}; the limit needs it width-independent (µP)"
+                    f"parameter {name!r} ({role}): its scaled init rms²·n^{ie} is {v_small:.6g} at width {n0} "
+                    f"but {v_big:.6g} at width {n}; the limit needs it width-independent (µP)"
                 )
-        v_big = v_big[0]
         if role == "hidden":
             laws[name] = ParamLaw(role, k_big, v_big, "normal")
             continue
-        pooled = torch.cat([(pb[name] * math.sqrt(float(n) ** ie)).flatten(), (ps[name] * math.sqrt(float(n0) ** ie)).flatten()])
+        pooled = torch.cat(
+            [(pb[name] * math.sqrt(float(n) ** ie)).flatten(), (ps[name] * math.sqrt(float(n0) ** ie)).flatten()]
+        )
         family, mean, _ = _family(name, pooled)
-        var = v_big
-        laws[name] = ParamLaw(role, k_big, var, family, mean)
+        laws[name] = ParamLaw(role, k_big, v_big, family, mean)
     return laws, big

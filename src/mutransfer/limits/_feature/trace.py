@@ -100,4 +100,3 @@ def entrywise(fn: Callable[..., Any], n_tensors: int) -> bool:
     except Exception:
         return False
     return True
-
