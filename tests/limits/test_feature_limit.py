@@ -113,7 +113,7 @@ def _ln_mlp(n):
     )
 
 
-def _finite_against_limit(make, steps=5, lr=0.1, seeds=6, particles=2**13):
+def _finite_against_limit(make, steps=5, lr=0.1, seeds=6, particles=2**13, momentum=0.0, batch_size=None):
     """Per-seed RMS gap of finite µP nets to the limit at widths 256, 1024, 4096, its fitted slope,
     and the largest |seed mean − limit| in combined standard errors at 4096."""
     x, y, xt = _data(8, 8)
@@ -121,7 +121,7 @@ def _finite_against_limit(make, steps=5, lr=0.1, seeds=6, particles=2**13):
     base = make(16).double()
     torch.manual_seed(1)
     lim = mt.limits.FeatureLimit(make(256).double(), base=base, particles=particles, groups=8)
-    f, se = lim.fit(x, y, steps=steps, lr=lr).predict(xt, return_error=True)
+    f, se = lim.fit(x, y, steps=steps, lr=lr, momentum=momentum, batch_size=batch_size).predict(xt, return_error=True)
     f, se = f[:, 0], se[:, 0]
     widths, gaps = [256, 1024, 4096], []
     for w in widths:
@@ -129,8 +129,8 @@ def _finite_against_limit(make, steps=5, lr=0.1, seeds=6, particles=2**13):
         for s in range(seeds):
             torch.manual_seed(100 + s)
             m = mt.parametrize(make(w).double(), base=base)
-            opt = torch.optim.SGD(mt.param_groups(m, lr, "sgd"), lr=lr)
-            for b in finite.sgd_batches(len(x), steps, None, 0):
+            opt = torch.optim.SGD(mt.param_groups(m, lr, "sgd"), lr=lr, momentum=momentum)
+            for b in finite.sgd_batches(len(x), steps, batch_size, 0):
                 loss = 0.5 * ((m(x[b]) - y[b, None]) ** 2).sum(1).mean()
                 opt.zero_grad()
                 loss.backward()
@@ -150,6 +150,14 @@ def test_layernorm_mlp_finite_networks_approach_the_limit():
     assert gaps[-1] < gaps[0]
     assert -0.9 < slope < -0.25, (gaps, slope)  # width^-1/2
     assert z < 4.0, z  # the seed mean at width 4096 is within its noise of the limit
+
+
+@pytest.mark.slow
+def test_momentum_and_minibatches_through_hidden_matrices():
+    _, gaps, slope, z, rms = _finite_against_limit(_ln_mlp, steps=6, momentum=0.9, batch_size=4)
+    assert rms > 0.2
+    assert -0.9 < slope < -0.25, (gaps, slope)  # measured: −0.58
+    assert z < 4.0, z  # measured: 1.6
 
 
 @pytest.mark.slow
