@@ -236,6 +236,12 @@ def test_adam_and_other_losses_are_not_yet():
         lim.fit(x, y, optimizer="adam")
     with pytest.raises(ValueError, match="loss='ce'"):
         lim.fit(x, y, loss="ce")
+    with pytest.raises(ValueError, match="4 features per row"):
+        lim.predict(torch.zeros(3, 5, dtype=torch.float64))
+    with pytest.raises(ValueError, match="1 target"):
+        lim.fit(x, torch.zeros(4, 2))
+    with pytest.raises(ValueError, match=r"particles per group \(32\) must be at least twice"):
+        lim.fit(x, y, steps=5)
 
 
 def test_a_width_dependent_constant_is_an_error_naming_the_parameter():

@@ -65,8 +65,22 @@ class FeatureLimit:
         if unused:
             raise ValueError(f"parameters {unused} are not used by a supported layer of the forward pass")
         self.laws, _ = observe(model, base, roles)
+        firsts = [op.module for op in self._ops if op.rule == "input"]
+        outs = [op.module for op in self._ops if op.rule == "readout"]
+        if not firsts or not outs:
+            raise ValueError("the model needs an input layer (nn.Linear d → width) and a readout (width → k)")
+        self._in_features = int(firsts[0].in_features)  # type: ignore[union-attr,arg-type]
+        self._out_features = int(outs[-1].out_features)  # type: ignore[union-attr,arg-type]
         self._lr, self._momentum = 0.0, 0.0
         self._program = self._new_program()
+
+    def _inputs(self, x: ArrayLike, name: str) -> torch.Tensor:
+        xt = as_inputs(x, name)
+        if xt.shape[1] != self._in_features:
+            raise ValueError(
+                f"{name} must have {self._in_features} features per row (the input layer's in_features), got {xt.shape[1]}"
+            )
+        return xt
 
     def _new_program(self) -> Program:
         return Program(self._ops, self.laws, self.groups, self.particles // self.groups, self.seed)
@@ -109,10 +123,15 @@ class FeatureLimit:
             raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
         steps = integer(steps, "steps", 0)
         lr = positive(lr, "lr")
-        xt = as_inputs(x, "x")
+        xt = self._inputs(x, "x")
         yt = torch.as_tensor(y, dtype=torch.float64)
         if yt.shape[0] != xt.shape[0]:
             raise ValueError(f"y has {yt.shape[0]} rows but x has {xt.shape[0]}")
+        k = self._out_features
+        if yt.numel() != xt.shape[0] * k:
+            raise ValueError(
+                f"y must hold {k} target(s) per input (the readout's out_features), got shape {tuple(yt.shape)}"
+            )
         per_group, batch = self.particles // self.groups, min(batch_size or len(xt), len(xt))
         seen = len(xt) + steps * batch
         if self._program.matrices and 2 * seen > per_group:
@@ -130,7 +149,7 @@ class FeatureLimit:
 
     def _run(self, x: ArrayLike) -> dict:
         """Values of every node on x with the current state; the families forget x afterwards."""
-        xt = as_inputs(x, "x")
+        xt = self._inputs(x, "x")
         prog = self._program
         mats = list(prog.matrices.values())
         lengths = [(len(m.fwd), len(m.bwd)) for m in mats]
