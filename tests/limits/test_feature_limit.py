@@ -42,7 +42,7 @@ def _one_hidden(width, act):
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 def test_one_hidden_layer_equals_mup_limit(act, name, momentum):
     x, y, xt = _data(6, 5)
-    lim = mt.limits.FeatureLimit(_one_hidden(64, act), base=_one_hidden(1, act), particles=2**14, groups=8, seed=1)
+    lim = mt.limits.FeatureLimit(_one_hidden(1024, act), base=_one_hidden(1, act), particles=2**14, groups=8, seed=1)
     f, se = lim.fit(x, y, steps=8, lr=0.5, momentum=momentum).predict(xt, return_error=True)
     ref = mt.limits.MuPLimit(name, method="monte_carlo", momentum=momentum, samples=2**14, groups=8, seed=2)
     g, se2 = ref.fit(x, y, 8, 0.5).predict(xt, return_error=True)
@@ -69,7 +69,7 @@ def _mlp(width, seed=0, gaussian=False, bias=True):
 def test_at_init_f_is_zero_and_the_features_are_the_nngp_kernel():
     x, _, _ = _data(6)
     lim = mt.limits.FeatureLimit(
-        _mlp(64, gaussian=True, bias=False), base=_mlp(16, gaussian=True, bias=False), particles=2**14, groups=8
+        _mlp(256, gaussian=True, bias=False), base=_mlp(16, gaussian=True, bias=False), particles=2**14, groups=8
     )
     assert float(lim.predict(x).abs().max()) < 1e-12  # the readout's init contributes nothing in the limit
     k = lim.features(x, layer="2")  # E[Z^{h(x)} Z^{h(x')}] at the second Linear's output
@@ -186,7 +186,7 @@ def test_rmsnorm_and_elementwise_functions_run():
     x, _, xt = _data(6)
     y = torch.randn(6, 2, dtype=torch.float64)
     torch.manual_seed(0)
-    lim = mt.limits.FeatureLimit(Net(64).double(), base=Net(16).double(), particles=2**11, groups=4)
+    lim = mt.limits.FeatureLimit(Net(256).double(), base=Net(16).double(), particles=2**11, groups=4)
     f, se = lim.fit(x, y, steps=3, lr=0.1, batch_size=4, momentum=0.5).predict(xt, return_error=True)
     assert f.shape == se.shape == (6, 2) and torch.isfinite(f).all() and float(se.max()) > 0
 
@@ -230,7 +230,7 @@ def test_an_op_that_mixes_particles_is_an_error_naming_the_node():
 
 
 def test_adam_and_other_losses_are_not_yet():
-    lim = mt.limits.FeatureLimit(_mlp(64), base=_mlp(16), particles=64, groups=2)
+    lim = mt.limits.FeatureLimit(_mlp(256), base=_mlp(16), particles=64, groups=2)
     x, y, _ = _data(4)
     with pytest.raises(ValueError, match="optimizer='adam' is not yet supported"):
         lim.fit(x, y, optimizer="adam")
@@ -247,9 +247,9 @@ def test_adam_and_other_losses_are_not_yet():
 def test_a_width_dependent_constant_is_an_error_naming_the_parameter():
     with pytest.raises(ValueError, match="exactly one width dim"):
         mt.limits.FeatureLimit(_mlp(64), base=_mlp(64))
-    big, small = _mlp(64), _mlp(16)
+    big, small = _mlp(256), _mlp(16)
     with torch.no_grad():  # a constant hidden bias of 1/width: parametrize keeps it, and it has no limit
-        big[2].bias.fill_(1 / 64)
+        big[2].bias.fill_(1 / 256)
         small[2].bias.fill_(1 / 16)
     with pytest.raises(ValueError, match=r"parameter '2.bias' \(vector\).*width-independent"):
         mt.limits.FeatureLimit(big, base=small)

@@ -15,7 +15,7 @@ gives them at the base width n₀. The limit needs each one in its width-free, s
 χ x; see `program`). Each scaled constant must be the same at n₀ and n — that is what µP means
 here — else a ValueError names the parameter. The law of a per-particle init (input rows, biases,
 gains, the readout's a₀) matters exactly, so it is read off the values too: constant, Gaussian or
-uniform (by the sample kurtosis), else an error.
+uniform (by the likelihood ratio of the two on the entries of both widths), else an error.
 
 This module imports the package's public face (`mt.parametrize`, `mt.param_groups`) at call
 time: the limit is defined as the limit of what those functions produce.
@@ -110,16 +110,18 @@ def _family(name: str, x: torch.Tensor) -> tuple[str, float, float]:
             f"parameter {name!r}: its init is random but not centred (mean {mean:.3g}, rms {math.sqrt(var):.3g}); "
             "FeatureLimit supports constant inits and centred Gaussian or uniform ones"
         )
-    kurt = float(x.pow(4).mean()) / var**2
-    # distance to each law's kurtosis in sampling standard errors (Gaussian √(24/N); uniform's is
-    # smaller, √(0.33/N) — taken as √(1/N))
-    d_normal, d_uniform = abs(kurt - 3.0) / math.sqrt(24.0 / n), abs(kurt - 1.8) / math.sqrt(1.0 / n)
-    if min(d_normal, d_uniform) <= 5.0:
-        return ("normal" if d_normal < d_uniform else "uniform"), 0.0, var
+    # Gaussian or uniform: the log-likelihood ratio of the two fitted laws (σ² = mean x²; the uniform's
+    # half-width = max |x|); at least 10 nats (odds e¹⁰) either way, else the sample cannot tell
+    r = float(x.abs().max())
+    llr = n * (math.log(2 * r) - 0.5 * math.log(2 * math.pi * math.e * var))  # > 0: Gaussian
+    if llr >= 10.0:
+        return "normal", 0.0, var
+    if llr <= -10.0:
+        return "uniform", 0.0, var
     raise ValueError(
-        f"parameter {name!r}: the law of its init entries is neither Gaussian nor uniform (kurtosis {kurt:.2f} "
-        f"over {n} entries; Gaussian 3, uniform 1.8); the limit needs the law of one entry. Initialise it with "
-        "nn.init.normal_ or nn.init.uniform_"
+        f"parameter {name!r}: its {n} init entries cannot tell a Gaussian from a uniform law (log-likelihood "
+        f"ratio {llr:.1f} nats, 10 needed), and the limit needs the law of one entry: pass a wider model "
+        "(its values are only read)"
     )
 
 
