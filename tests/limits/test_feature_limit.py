@@ -189,6 +189,8 @@ def test_rmsnorm_and_elementwise_functions_run():
     lim = mt.limits.FeatureLimit(Net(256).double(), base=Net(16).double(), particles=2**11, groups=4)
     f, se = lim.fit(x, y, steps=3, lr=0.1, batch_size=4, momentum=0.5).predict(xt, return_error=True)
     assert f.shape == se.shape == (6, 2) and torch.isfinite(f).all() and float(se.max()) > 0
+    many = torch.randn(300, D, dtype=torch.float64)  # more than fit on 512 particles at once: in chunks
+    assert lim.predict(many).shape == (300, 2)
 
 
 def _bad(layer):

@@ -173,7 +173,16 @@ class FeatureLimit:
         Returns:
             f of the model's output shape ((n, k) or (n,)), float64; with `return_error`, (f, se).
         """
-        out = self._run(x)[self._ops[-1].node].detach()
+        xt = self._inputs(x, "x")
+        # each input adds two vectors (at init and now) to a hidden matrix's family for the call:
+        # predict in chunks that fit on the particles (points in different chunks are not sampled
+        # jointly, which leaves each point's prediction and standard error unchanged)
+        held = max([sum(q.shape[2] for q in m.fwd.q) for m in self._program.matrices.values()], default=0)
+        room = (self.particles // self.groups // 2 - held) // 2 if self._program.matrices else len(xt)
+        if room < 1:
+            raise ValueError("no particles left for new inputs: raise particles (see fit)")
+        node = self._ops[-1].node
+        out = torch.cat([self._run(xt[i : i + room])[node].detach() for i in range(0, len(xt), room)], dim=1)
         f = out.mean(0)
         if not return_error:
             return f
