@@ -255,3 +255,23 @@ def test_a_width_dependent_constant_is_an_error_naming_the_parameter():
         small[2].bias.fill_(1 / 16)
     with pytest.raises(ValueError, match=r"parameter '2.bias' \(vector\).*width-independent"):
         mt.limits.FeatureLimit(big, base=small)
+
+
+def test_without_a_base_the_model_is_its_own_base():
+    """FeatureLimit(model) is the limit of µP relative to `model`: the same limit as FeatureLimit(wider,
+    base=model) — one program, constants read off other samples of the same laws."""
+    torch.manual_seed(3)
+    model, wider = _mlp(256), _mlp(1024)
+    x, y, x_test = _data(6, 4)
+    runs = []
+    for lim in (
+        mt.limits.FeatureLimit(model, particles=2**11, groups=4, seed=2),
+        mt.limits.FeatureLimit(wider, base=model, particles=2**11, groups=4, seed=2),
+    ):
+        assert lim.width in (256, 1024) and lim.base_width == 256
+        runs.append(lim.fit(x, y, steps=3, lr=0.5).predict(x_test, return_error=True))
+    (f1, se1), (f2, se2) = runs
+    assert f1.abs().max() > 0.05  # it learned something
+    assert ((f1 - f2).abs() / (se1**2 + se2**2).sqrt()).max() < 4.0
+    with pytest.raises(ValueError, match="calls no nn.Linear"):
+        mt.limits.FeatureLimit(nn.Sequential(nn.Tanh()))

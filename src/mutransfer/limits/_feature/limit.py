@@ -12,7 +12,7 @@ from .._kernels import ArrayLike, as_inputs
 from .._mup_limit import sgd_batches
 from .ops import analyse
 from .program import Program
-from .scaling import observe, widths
+from .scaling import first_width, observe, widened, widths
 from .trace import scope_output, trace_module
 
 __all__ = ["FeatureLimit"]
@@ -39,7 +39,9 @@ class FeatureLimit:
     Args:
         model: the plain module at width n (not parametrized: the limit parametrizes a copy).
         base: the same architecture at a base width n₀ < n (with real values: its init is the one
-            µP scales).
+            µP scales). Without it the model is its own base: the limit of µP relative to `model`
+            (at its width the µP network is `model` itself), its constants read off `model` and a
+            copy at twice its width whose entries follow the law of `model`'s own.
         particles: Monte Carlo particles in all, a multiple of `groups`.
         groups: independent replicas (≥ 2), for the standard error.
         seed: the Monte Carlo seed (also the minibatch order's).
@@ -50,21 +52,40 @@ class FeatureLimit:
         >>> f, se = lim.predict(x_test, return_error=True)  # doctest: +SKIP
     """
 
-    def __init__(self, model: nn.Module, base: nn.Module, *, particles: int = 2**14, groups: int = 8, seed: int = 0):
-        if not isinstance(model, nn.Module) or not isinstance(base, nn.Module):
-            raise TypeError("model and base must be torch.nn.Module instances")
+    def __init__(
+        self,
+        model: nn.Module,
+        base: nn.Module | None = None,
+        *,
+        particles: int = 2**14,
+        groups: int = 8,
+        seed: int = 0,
+    ):
+        if not isinstance(model, nn.Module) or not (base is None or isinstance(base, nn.Module)):
+            raise TypeError("model (and base, if given) must be torch.nn.Module instances")
         self.groups = integer(groups, "groups", 2)
         particles = integer(particles, "particles", 2 * self.groups)
         if particles % self.groups:
             raise ValueError(f"particles must be a multiple of groups = {self.groups}, got {particles}")
         self.particles, self.seed = particles, int(seed)
-        self.width, self.base_width = widths(model, base)
         self._gm = trace_module(model)
+        if base is None:  # the model is its own base: µP relative to it, read off it and a copy at 2× its width
+            self.width = self.base_width = first_width(self._gm)
+        else:
+            self.width, self.base_width = widths(model, base)
         self._ops, roles = analyse(self._gm, self.width)
         unused = [name for name, _ in model.named_parameters() if name not in roles]
         if unused:
             raise ValueError(f"parameters {unused} are not used by a supported layer of the forward pass")
-        self.laws, _ = observe(model, base, roles)
+        if base is None:
+            layers = {
+                str(op.node.target): (op.rule, op.module)
+                for op in self._ops
+                if op.rule in ("input", "hidden", "readout", "norm") and op.module is not None
+            }
+            self.laws, _ = observe(widened(model, layers, self.width, self.seed), model, roles)
+        else:
+            self.laws, _ = observe(model, base, roles)
         firsts = [op.module for op in self._ops if op.rule == "input"]
         outs = [op.module for op in self._ops if op.rule == "readout"]
         if not firsts or not outs:

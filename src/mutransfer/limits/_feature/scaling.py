@@ -26,11 +26,12 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["ParamLaw", "observe", "widths"]
+__all__ = ["ParamLaw", "first_width", "observe", "widened", "widths"]
 
 ROLES = ("input", "vector", "hidden", "output", "output_bias")
 _EXPONENT = {"input": -1, "vector": -1, "hidden": 0, "output": 1, "output_bias": 0}  # κ = lr·n^e
@@ -176,3 +177,50 @@ def observe(model: nn.Module, base: nn.Module, roles: dict[str, str]) -> tuple[d
         family, mean, _ = _family(name, pooled)
         laws[name] = ParamLaw(role, k_big, v_big, family, mean)
     return laws, big
+
+
+def first_width(gm: Any) -> int:
+    """The model's width when no base is given: the output size of the first nn.Linear the traced
+    graph calls (the input layer, finite → width); the roles `ops.analyse` then gives with it
+    check it (a readout to as many outputs as the width, for one, fails there)."""
+    for node in gm.graph.nodes:
+        if node.op == "call_module" and type(gm.get_submodule(str(node.target))) is nn.Linear:
+            return int(gm.get_submodule(str(node.target)).out_features)
+    raise ValueError(
+        "FeatureLimit: the model calls no nn.Linear, so its width cannot be read off it; pass base= (the same "
+        "architecture at a smaller width)"
+    )
+
+
+def widened(model: nn.Module, layers: dict[str, tuple[str, nn.Module]], n: int, seed: int) -> nn.Module:
+    """A copy of `model` at width 2n, for a model that is its own base: every width dim of its
+    Linear and norm layers doubled (`layers`: qualified name → (rule, module), the rules
+    `ops.analyse` gave them: "input", "hidden", "readout", "norm"), every parameter drawn afresh
+    from the law of the model's own entries (constant, Gaussian or uniform, as `_family` reads it)
+    at their rms. `mt.parametrize(wide, base=model)` then rescales it as µP says; only the law of
+    its entries matters."""
+    wide = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    for name, (rule, module) in layers.items():
+        new = copy.deepcopy(module)
+        if rule == "norm":
+            new.normalized_shape = (2 * n,)  # type: ignore[assignment]
+        else:
+            if rule in ("hidden", "readout"):
+                new.in_features = 2 * n  # type: ignore[assignment]
+            if rule in ("input", "hidden"):
+                new.out_features = 2 * n  # type: ignore[assignment]
+        for key, p in module.named_parameters(recurse=False):
+            shape = tuple(2 * n if (rule == "norm" or (rule, d) in _WIDE_DIMS) else s for d, s in enumerate(p.shape))
+            if rule == "readout" and key == "bias":
+                shape = tuple(p.shape)
+            family, mean, var = _family(f"{name}.{key}", p)
+            law = ParamLaw("vector", 0.0, var, family, mean)
+            value = law.sample(shape, generator, torch.float64).to(dtype=p.dtype, device=p.device)
+            setattr(new, key, nn.Parameter(value, requires_grad=p.requires_grad))
+        wide.set_submodule(name, new)
+    return wide
+
+
+# the dims of a Linear's weight (out, in) / bias (out,) that are width-sized, by the Linear's rule
+_WIDE_DIMS = {("input", 0), ("hidden", 0), ("hidden", 1), ("readout", 1)}
