@@ -1,0 +1,145 @@
+"""One hidden matrix W₀ (n×n, entries of variance σ²/n) in the limit: the Gaussian families of
+W₀x and of W₀ᵀg, the Ż corrections, and the low-rank updates ΔW of SGD.
+
+Tensors are (G, P, B): G independent Monte Carlo groups of P particles, B vectors; E[·] is the
+mean over the P particles of a group, and every E used in a value is detached, so particles stay
+independent in the autograd graph and per-particle partial derivatives are plain gradients.
+
+**Ẑ.** The vectors W₀ has multiplied span a space with an E-orthonormal basis q₁…q_K, and
+ζ_j = Ẑ^{W₀ q_j} are independent N(0, σ²) per particle (autograd leaves). A new vector x splits
+into its projection Σ c_j q_j (c_j = E[x q_j]) and a residual r; then Ẑ^{W₀x} = Σ c_j ζ_j + Ẑ^{W₀r}
+with Ẑ^{W₀r} fresh: jointly Gaussian with covariance σ²E[x x'] over everything W₀ has seen, i.e.
+the conditional law given the earlier ones. The residuals' E-orthonormal directions join the basis.
+
+**Ż.** Ż^{W₀x} = σ² Σ_y Z^y E[∂Z^x/∂Ẑ^{W₀ᵀy}] over the W₀ᵀ family; in the basis (a linear change of
+the family's variables) it is σ² Σ_j Z^{q_j} E[∂Z^x/∂ζ_j]. The partials are autograd gradients of
+Σ_particles Z^x with respect to the other family's leaves, averaged per group.
+
+**ΔW.** SGD's gradient of W at step s is Σ_i ĝ_{s,i} x_{s,i}ᵀ / n (ĝ = n·∂L/∂(Wx), Θ(1)); with
+momentum μ the weights at step t are W₀ − lr·κ Σ_{s<t} m_{t,s} grad_s, m_{t,s} = Σ_{r=s}^{t−1} μ^{r−s}.
+So ΔW_t v = −lr·κ Σ_s m_{t,s} Σ_i ĝ_{s,i} E[x_{s,i} v] and ΔW_tᵀ g = −lr·κ Σ_s m_{t,s} Σ_i x_{s,i} E[ĝ_{s,i} g]."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["Family", "HiddenMatrix", "mean", "partials"]
+
+
+def mean(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """E[a_i b_j] per group, detached: (G, P, I), (G, P, J) → (G, I, J)."""
+    return torch.einsum("gpi,gpj->gij", a.detach(), b.detach()) / a.shape[1]
+
+
+def partials(z: torch.Tensor, leaves: list[torch.Tensor], chunk_elems: int = 1 << 24) -> torch.Tensor:
+    """E[∂z_b/∂leaf_j] per group: z (G, P, B) a per-particle function of the leaves (G, P, k_i);
+    returns (G, B, Σk_i), zeros where z does not depend on a leaf."""
+    g, p, b = z.shape
+    k = sum(leaf.shape[2] for leaf in leaves)
+    out = z.new_zeros(g, b, k)
+    if not leaves or not z.requires_grad:
+        return out
+    step = max(1, chunk_elems // max(1, g * p * k))
+    for lo in range(0, b, step):
+        hi = min(b, lo + step)
+        eye = torch.zeros(hi - lo, g, p, b, dtype=z.dtype, device=z.device)
+        eye[torch.arange(hi - lo), :, :, torch.arange(lo, hi)] = 1.0
+        grads = torch.autograd.grad(
+            z, leaves, grad_outputs=eye, retain_graph=True, allow_unused=True, is_grads_batched=True
+        )
+        cols = [
+            torch.zeros(hi - lo, g, leaf.shape[2], dtype=z.dtype, device=z.device) if gr is None else gr.mean(2)
+            for gr, leaf in zip(grads, leaves, strict=True)
+        ]
+        out[:, lo:hi] = torch.cat(cols, dim=2).permute(1, 0, 2)
+    return out
+
+
+class Family:
+    """The Gaussian family Ẑ^{Av} of one side A ∈ {W₀, W₀ᵀ} of a hidden matrix (see the module doc)."""
+
+    def __init__(self, sigma2: float, generator: torch.Generator):
+        self.sigma2, self.generator = sigma2, generator
+        self.q: list[torch.Tensor] = []  # E-orthonormal basis vectors (with their autograd graph)
+        self.zeta: list[torch.Tensor] = []  # leaves: Ẑ of each basis vector, N(0, σ²) per particle
+
+    def __len__(self) -> int:
+        return len(self.q)
+
+    def truncate(self, length: int) -> None:
+        """Forget what was added after the family had `length` blocks (a prediction's temporary vectors)."""
+        del self.q[length:], self.zeta[length:]
+
+    def sample(self, v: torch.Tensor) -> torch.Tensor:
+        """Ẑ^{Av} (G, P, B), jointly Gaussian with everything this family holds; v's new directions join it."""
+        held = sum(q.shape[2] for q in self.q)
+        if 2 * (held + v.shape[2]) > v.shape[1]:
+            raise ValueError(
+                f"particles per group ({v.shape[1]}) must be at least twice the vectors one hidden matrix has "
+                f"seen ({held + v.shape[2]}: inputs + steps × batch + predicted inputs), or its Gaussian family "
+                "cannot be represented on them; raise particles (or lower groups)"
+            )
+        r, coef = v, None
+        if self.q:
+            q = torch.cat(self.q, 2)
+            zeta = torch.cat(self.zeta, 2)
+            for _ in range(2):  # Gram–Schmidt twice: orthogonal to float precision
+                c = mean(q, r)
+                r = r - torch.einsum("gpk,gkb->gpb", q, c)
+                coef = c if coef is None else coef + c
+            assert coef is not None
+            z = torch.einsum("gpk,gkb->gpb", zeta, coef)
+        else:
+            z = torch.zeros_like(v.detach())
+        gram = mean(r, r)
+        gram = (gram + gram.transpose(1, 2)) / 2
+        lam, u = torch.linalg.eigh(gram)  # (G, B), (G, B, B)
+        scale = lam.amax(1, keepdim=True).clamp_min(0)
+        keep = lam > 1e-10 * scale.clamp_min(1e-300)
+        root = torch.where(keep, lam.clamp_min(0).sqrt(), torch.zeros_like(lam))
+        inv = torch.where(keep, 1.0 / root.clamp_min(1e-300), torch.zeros_like(lam))
+        self.q.append(torch.einsum("gpb,gbk,gk->gpk", r, u, inv))
+        xi = torch.randn(v.shape, generator=self.generator, dtype=v.dtype).to(v.device)
+        leaf = (xi * self.sigma2**0.5).requires_grad_(True)
+        self.zeta.append(leaf)
+        # r = Q_new · (diag(root) uᵀ) on the kept directions
+        return z + torch.einsum("gpk,gk,gbk->gpb", leaf, root, u)
+
+    def correction(self, z: torch.Tensor) -> torch.Tensor:
+        """Ż of the other side on z: σ² Σ_j q_j E[∂z/∂ζ_j] over this family's basis and leaves (this
+        family is W₀ᵀ's for Ż^{W₀x}, W₀'s for Ż^{W₀ᵀg})."""
+        if not self.q:
+            return torch.zeros_like(z.detach())
+        d = partials(z, self.zeta)
+        return self.sigma2 * torch.einsum("gpk,gbk->gpb", torch.cat(self.q, 2), d)
+
+
+class HiddenMatrix:
+    """A width × width nn.Linear's weight in the limit: both families and the SGD history."""
+
+    def __init__(self, sigma2: float, kappa: float, generator: torch.Generator):
+        self.kappa = kappa
+        self.fwd, self.bwd = Family(sigma2, generator), Family(sigma2, generator)
+        self.history: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (step, ĝ, x)
+
+    def _delta(self, v: torch.Tensor, step: int, lr: float, momentum: float, transpose: bool) -> torch.Tensor:
+        out = torch.zeros_like(v.detach())
+        for s, g, x in self.history:
+            if s >= step:
+                continue
+            m = sum(momentum**k for k in range(step - s))
+            a, b = (g, x) if transpose else (x, g)  # ΔWᵀg: x E[ĝ g]; ΔW v: ĝ E[x v]
+            out = out - lr * self.kappa * m * torch.einsum("gpi,gij->gpj", b, mean(a, v))
+        return out
+
+    def forward(self, v: torch.Tensor, step: int, lr: float, momentum: float, initial: bool = False) -> torch.Tensor:
+        """W_t v: Ẑ + Ż + ΔW_t v (only Ẑ for the network at init)."""
+        z = self.fwd.sample(v)
+        if initial:
+            return z
+        return z + self.bwd.correction(v) + self._delta(v, step, lr, momentum, transpose=False)
+
+    def backward(self, g: torch.Tensor, step: int, lr: float, momentum: float) -> torch.Tensor:
+        """W_tᵀ g: Ẑ + Ż + ΔW_tᵀ g."""
+        z = self.bwd.sample(g)
+        return z + self.fwd.correction(g) + self._delta(g, step, lr, momentum, transpose=True)

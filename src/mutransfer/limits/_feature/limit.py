@@ -1,0 +1,227 @@
+"""`FeatureLimit`: the µP feature-learning (infinite-width) limit of a traced torch.nn module."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .._checks import integer, positive
+from .._kernels import ArrayLike, as_inputs
+from .._mup_limit import sgd_batches
+from .ops import analyse
+from .program import Program
+from .scaling import first_width, observe, widened, widths
+from .trace import scope_output, trace_module
+
+__all__ = ["FeatureLimit"]
+
+
+class FeatureLimit:
+    """The width → ∞ limit of `mt.parametrize(model, base=base)` trained by SGD, run by the master
+    theorem on particles (Tensor Programs IV/V).
+
+    Every width-sized vector is `particles` samples of the law of one coordinate, split into
+    `groups` independent Monte Carlo replicas; expectations over the width are particle means
+    within a group; predictions are the mean over groups, and their standard error the groups'
+    spread / √groups. The µP constants (init variance, lr factor of each parameter) are read off
+    the model and base as `mt.parametrize` and `mt.param_groups` set them, and checked to be
+    width-independent in their scaled form. The readout's initial weights contribute Θ(n^-½) to f
+    and nothing in the limit: f is exactly 0 at init (the Monte Carlo term E[Z^{x₀} a₀], zero in
+    expectation, is subtracted as a control variate).
+
+    Supported: nn.Linear (input d → n, hidden n → n, readout n → k; biases), elementwise functions
+    and modules, residual sums, scalar multiples, nn.LayerNorm / nn.RMSNorm over the width;
+    SGD with momentum (torch.optim.SGD semantics) on (1/B) Σ ½‖f − y‖². Anything else raises a
+    ValueError naming the graph node.
+
+    Args:
+        model: the plain module at width n (not parametrized: the limit parametrizes a copy).
+        base: the same architecture at a base width n₀ < n (with real values: its init is the one
+            µP scales). Without it the model is its own base: the limit of µP relative to `model`
+            (at its width the µP network is `model` itself), its constants read off `model` and a
+            copy at twice its width whose entries follow the law of `model`'s own.
+        particles: Monte Carlo particles in all, a multiple of `groups`.
+        groups: independent replicas (≥ 2), for the standard error.
+        seed: the Monte Carlo seed (also the minibatch order's).
+
+    Example:
+        >>> lim = FeatureLimit(model, base=base, particles=2**14, groups=8)
+        >>> lim.fit(x, y, steps=20, lr=0.1)          # doctest: +SKIP
+        >>> f, se = lim.predict(x_test, return_error=True)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        base: nn.Module | None = None,
+        *,
+        particles: int = 2**14,
+        groups: int = 8,
+        seed: int = 0,
+    ):
+        if not isinstance(model, nn.Module) or not (base is None or isinstance(base, nn.Module)):
+            raise TypeError("model (and base, if given) must be torch.nn.Module instances")
+        self.groups = integer(groups, "groups", 2)
+        particles = integer(particles, "particles", 2 * self.groups)
+        if particles % self.groups:
+            raise ValueError(f"particles must be a multiple of groups = {self.groups}, got {particles}")
+        self.particles, self.seed = particles, int(seed)
+        self._gm = trace_module(model)
+        if base is None:  # the model is its own base: µP relative to it, read off it and a copy at 2× its width
+            self.width = self.base_width = first_width(self._gm)
+        else:
+            self.width, self.base_width = widths(model, base)
+        self._ops, roles = analyse(self._gm, self.width)
+        unused = [name for name, _ in model.named_parameters() if name not in roles]
+        if unused:
+            raise ValueError(f"parameters {unused} are not used by a supported layer of the forward pass")
+        if base is None:
+            layers = {
+                str(op.node.target): (op.rule, op.module)
+                for op in self._ops
+                if op.rule in ("input", "hidden", "readout", "norm") and op.module is not None
+            }
+            self.laws, _ = observe(widened(model, layers, self.width, self.seed), model, roles)
+        else:
+            self.laws, _ = observe(model, base, roles)
+        firsts = [op.module for op in self._ops if op.rule == "input"]
+        outs = [op.module for op in self._ops if op.rule == "readout"]
+        if not firsts or not outs:
+            raise ValueError("the model needs an input layer (nn.Linear d → width) and a readout (width → k)")
+        self._in_features = int(firsts[0].in_features)  # type: ignore[union-attr,arg-type]
+        self._out_features = int(outs[-1].out_features)  # type: ignore[union-attr,arg-type]
+        self._lr, self._momentum = 0.0, 0.0
+        self._program = self._new_program()
+
+    def _inputs(self, x: ArrayLike, name: str) -> torch.Tensor:
+        xt = as_inputs(x, name)
+        if xt.shape[1] != self._in_features:
+            raise ValueError(
+                f"{name} must have {self._in_features} features per row (the input layer's in_features), got {xt.shape[1]}"
+            )
+        return xt
+
+    def _new_program(self) -> Program:
+        return Program(self._ops, self.laws, self.groups, self.particles // self.groups, self.seed)
+
+    def fit(
+        self,
+        x: ArrayLike,
+        y: ArrayLike,
+        steps: int = 20,
+        lr: float = 0.1,
+        optimizer: str = "sgd",
+        momentum: float = 0.0,
+        batch_size: int | None = None,
+        loss: str = "mse",
+    ) -> FeatureLimit:
+        """Train the limit from init: `steps` SGD steps of base learning rate `lr`.
+
+        Args:
+            x: training inputs (N, d).
+            y: targets (N, k) or (N,) for one output.
+            steps: SGD steps.
+            lr: the base learning rate, as `mt.param_groups(model, lr, "sgd")` takes it.
+            optimizer: "sgd" (Adam and others: not yet).
+            momentum: torch.optim.SGD's momentum (no dampening, no Nesterov).
+            batch_size: minibatch size (None: full batch); the batch order is drawn from `seed`
+                as `mt.limits.finite.sgd_batches` draws it.
+            loss: "mse", (1/B) Σ ½‖f − y‖² as `mt.limits.finite.train_finite` trains.
+
+        Returns:
+            self.
+        """
+        if optimizer != "sgd":
+            raise ValueError(
+                f"optimizer={optimizer!r} is not yet supported by FeatureLimit: this cut runs 'sgd' (with "
+                "momentum); Adam's entrywise update of hidden matrices needs its own rule (TP4b)"
+            )
+        if loss != "mse":
+            raise ValueError(f"loss={loss!r} is not supported; FeatureLimit trains on loss='mse'")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
+        steps = integer(steps, "steps", 0)
+        lr = positive(lr, "lr")
+        xt = self._inputs(x, "x")
+        yt = torch.as_tensor(y, dtype=torch.float64)
+        if yt.shape[0] != xt.shape[0]:
+            raise ValueError(f"y has {yt.shape[0]} rows but x has {xt.shape[0]}")
+        k = self._out_features
+        if yt.numel() != xt.shape[0] * k:
+            raise ValueError(
+                f"y must hold {k} target(s) per input (the readout's out_features), got shape {tuple(yt.shape)}"
+            )
+        per_group, batch = self.particles // self.groups, min(batch_size or len(xt), len(xt))
+        seen = len(xt) + steps * batch
+        if self._program.matrices and 2 * seen > per_group:
+            raise ValueError(
+                f"particles per group ({per_group}) must be at least twice the vectors each hidden matrix sees "
+                f"({len(xt)} inputs + {steps} steps × batch {batch} = {seen}); use particles ≥ {2 * seen * self.groups}"
+            )
+        self._program = prog = self._new_program()
+        self._lr, self._momentum = lr, float(momentum)
+        with torch.enable_grad():
+            _, raw = prog.forward(xt, "init")
+            for idx in sgd_batches(len(xt), steps, batch_size, self.seed):
+                prog.train_step(xt[idx], yt[idx], lr, self._momentum, {k: v[:, idx] for k, v in raw.items()})
+        return self
+
+    def _run(self, x: ArrayLike) -> dict:
+        """Values of every node on x with the current state; the families forget x afterwards."""
+        xt = self._inputs(x, "x")
+        prog = self._program
+        mats = list(prog.matrices.values())
+        lengths = [(len(m.fwd), len(m.bwd)) for m in mats]
+        try:
+            with torch.enable_grad():
+                _, raw = prog.forward(xt, "init")
+                vals, _ = prog.forward(xt, "eval", self._lr, self._momentum, raw)
+        finally:
+            for m, (a, b) in zip(mats, lengths, strict=True):
+                m.fwd.truncate(a)
+                m.bwd.truncate(b)
+        return vals
+
+    def predict(self, x: ArrayLike, return_error: bool = False):
+        """The limit's prediction at x: the mean over the Monte Carlo groups.
+
+        Args:
+            x: inputs (n, d).
+            return_error: also return the Monte Carlo standard error (std over groups / √groups).
+
+        Returns:
+            f of the model's output shape ((n, k) or (n,)), float64; with `return_error`, (f, se).
+        """
+        xt = self._inputs(x, "x")
+        # each input adds two vectors (at init and now) to a hidden matrix's family for the call:
+        # predict in chunks that fit on the particles (points in different chunks are not sampled
+        # jointly, which leaves each point's prediction and standard error unchanged)
+        held = max([sum(q.shape[2] for q in m.fwd.q) for m in self._program.matrices.values()], default=0)
+        room = (self.particles // self.groups // 2 - held) // 2 if self._program.matrices else len(xt)
+        if room < 1:
+            raise ValueError("no particles left for new inputs: raise particles (see fit)")
+        node = self._ops[-1].node
+        out = torch.cat([self._run(xt[i : i + room])[node].detach() for i in range(0, len(xt), room)], dim=1)
+        f = out.mean(0)
+        if not return_error:
+            return f
+        return f, out.std(0) / math.sqrt(self.groups)
+
+    def features(self, x: ArrayLike, layer: str) -> torch.Tensor:
+        """The limit's feature kernel E[Z^{h(x)} Z^{h(x')}] at the output of module `layer`.
+
+        Args:
+            x: inputs (n, d).
+            layer: a qualified module name whose output is width-sized (e.g. "blocks.1", "2").
+
+        Returns:
+            (n, n) float64, the mean over the Monte Carlo groups.
+        """
+        node = scope_output(self._gm.graph, layer)
+        h = self._run(x)[node]
+        if not (isinstance(h, torch.Tensor) and h.dim() == 3):
+            raise ValueError(f"layer {layer!r}'s output is not width-sized; name a module before the readout")
+        h = h.detach()
+        return (torch.einsum("gpa,gpb->gab", h, h) / h.shape[1]).mean(0)

@@ -1,0 +1,226 @@
+"""The µP constants of the limit, observed on the parametrized model, never assumed.
+
+`mt.parametrize(model, base=base)` and `mt.param_groups(model, lr, "sgd")` give every parameter
+its init and learning rate at the model's width n; a copy of the base parametrized the same way
+gives them at the base width n₀. The limit needs each one in its width-free, scaled form:
+
+| role | scaled init (entries) | SGD lr in the limit, per unit of `lr` |
+|---|---|---|
+| input weight (finite → width), width-sized biases, norm gains | rms², the law of one entry | κ = lr_p / n |
+| hidden weight (width → width) | σ² = n·rms² | κ = lr_p |
+| readout weight (width → finite), a = n·W | n²·rms², the law of one entry of a | κ = lr_p·n |
+| readout bias (finite) | its value | κ = lr_p |
+
+(the gradient of a width-sized parameter is Θ(1/n), of a hidden matrix ĝ xᵀ/n, of the readout
+χ x; see `program`). Each scaled constant must be the same at n₀ and n — that is what µP means
+here — else a ValueError names the parameter. The law of a per-particle init (input rows, biases,
+gains, the readout's a₀) matters exactly, so it is read off the values too: constant, Gaussian or
+uniform (by the likelihood ratio of the two on the entries of both widths), else an error.
+
+This module imports the package's public face (`mt.parametrize`, `mt.param_groups`) at call
+time: the limit is defined as the limit of what those functions produce.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["ParamLaw", "first_width", "observe", "widened", "widths"]
+
+ROLES = ("input", "vector", "hidden", "output", "output_bias")
+_EXPONENT = {"input": -1, "vector": -1, "hidden": 0, "output": 1, "output_bias": 0}  # κ = lr·n^e
+_INIT_EXPONENT = {"input": 0, "vector": 0, "hidden": 1, "output": 2, "output_bias": 0}  # rms²·n^e
+
+
+@dataclass
+class ParamLaw:
+    """One parameter in the limit: its role, lr factor κ (per unit of the base lr), and init law."""
+
+    role: str
+    kappa: float
+    var: float  # scaled variance (σ² for a hidden matrix)
+    family: str  # "normal", "uniform", "constant" or "value" (a finite parameter: `value`)
+    mean: float = 0.0
+    value: torch.Tensor | None = None
+
+    def sample(self, shape: tuple[int, ...], generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+        """Independent draws of one scaled entry, of `shape`."""
+        if self.family == "constant":
+            return torch.full(shape, self.mean, dtype=dtype)
+        if self.family == "uniform":
+            r = math.sqrt(3.0 * self.var)
+            return (torch.rand(shape, generator=generator, dtype=dtype) * 2 - 1) * r
+        return torch.randn(shape, generator=generator, dtype=dtype) * math.sqrt(self.var)
+
+
+def widths(model: nn.Module, base: nn.Module) -> tuple[int, int]:
+    """(n, n₀): the one width of `model` and of `base` (every dim that differs between them)."""
+    bp = dict(base.named_parameters())
+    pairs: set[tuple[int, int]] = set()
+    for name, p in model.named_parameters():
+        if name not in bp:
+            raise ValueError(f"parameter {name!r} of model is not in base; base must be the same architecture")
+        if p.dim() != bp[name].dim():
+            raise ValueError(f"parameter {name!r} has {p.dim()} dims in model and {bp[name].dim()} in base")
+        pairs |= {(a, b) for a, b in zip(p.shape, bp[name].shape, strict=True) if a != b}
+    if len(pairs) != 1:
+        found = ", ".join(f"{a} (base {b})" for a, b in sorted(pairs)) or "none"
+        raise ValueError(
+            f"FeatureLimit needs exactly one width dim that differs between model and base; found {found}. "
+            "Build base at a smaller width of the same architecture (every width-sized dim at one size)"
+        )
+    ((n, n0),) = pairs
+    if n <= n0:
+        raise ValueError(f"model's width {n} must be larger than base's {n0} (the limit is read from the two)")
+    return n, n0
+
+
+def _parametrized(model: nn.Module, base: nn.Module) -> tuple[nn.Module, nn.Module, dict, dict]:
+    import mutransfer as mt  # the public face: the limit is the limit of what it produces
+
+    big, small = copy.deepcopy(model), copy.deepcopy(base)
+    mt.parametrize(big, base=base)
+    mt.parametrize(small, base=base, delta=model)
+    lrs = []
+    for m in (big, small):
+        by_id = {}
+        groups = mt.param_groups(m, 1.0, "sgd")
+        assert isinstance(groups, list)  # SGD's groups are plain dicts
+        for g in groups:
+            for p in g["params"]:
+                by_id[id(p)] = float(g["lr"])
+        lrs.append({name: by_id[id(p)] for name, p in m.named_parameters()})
+    return big, small, lrs[0], lrs[1]
+
+
+def _family(name: str, x: torch.Tensor) -> tuple[str, float, float]:
+    """(family, mean, variance) of the entries of x (already scaled)."""
+    x = x.detach().double().flatten()
+    if x.numel() == 0 or float(x.max() - x.min()) <= 1e-12 * max(1.0, float(x.abs().max())):
+        return "constant", float(x[0]) if x.numel() else 0.0, 0.0
+    n = x.numel()
+    mean, var = float(x.mean()), float(x.pow(2).mean())
+    if abs(mean) > 6 * math.sqrt(var / n):
+        raise ValueError(
+            f"parameter {name!r}: its init is random but not centred (mean {mean:.3g}, rms {math.sqrt(var):.3g}); "
+            "FeatureLimit supports constant inits and centred Gaussian or uniform ones"
+        )
+    # Gaussian or uniform: the log-likelihood ratio of the two fitted laws (σ² = mean x²; the uniform's
+    # half-width = max |x|); at least 10 nats (odds e¹⁰) either way, else the sample cannot tell
+    r = float(x.abs().max())
+    llr = n * (math.log(2 * r) - 0.5 * math.log(2 * math.pi * math.e * var))  # > 0: Gaussian
+    if llr >= 10.0:
+        return "normal", 0.0, var
+    if llr <= -10.0:
+        return "uniform", 0.0, var
+    raise ValueError(
+        f"parameter {name!r}: its {n} init entries cannot tell a Gaussian from a uniform law (log-likelihood "
+        f"ratio {llr:.1f} nats, 10 needed), and the limit needs the law of one entry: pass a wider model "
+        "(its values are only read)"
+    )
+
+
+def _scaled_var(p: torch.Tensor, n: int, exponent: int) -> tuple[float, float]:
+    """rms²·n^exponent of a parameter, and the sampling variance of that estimate."""
+    x = p.detach().double().flatten() * math.sqrt(float(n) ** exponent)
+    v = float(x.pow(2).mean())
+    return v, max(0.0, float(x.pow(4).mean()) - v * v) / max(1, x.numel())
+
+
+def observe(model: nn.Module, base: nn.Module, roles: dict[str, str]) -> tuple[dict[str, ParamLaw], nn.Module]:
+    """Each parameter's `ParamLaw` from `model` and `base` parametrized by the library, and the
+    parametrized copy of `model` (whose finite-size values, e.g. a readout bias, the limit keeps).
+
+    Args:
+        model: the plain module at width n.
+        base: the same architecture at base width n₀ < n.
+        roles: parameter name → role (one of `ROLES`), from how the forward pass uses it.
+    """
+    n, n0 = widths(model, base)
+    big, small, lr_big, lr_small = _parametrized(model, base)
+    pb, ps = dict(big.named_parameters()), dict(small.named_parameters())
+    laws = {}
+    for name, role in roles.items():
+        e, ie = _EXPONENT[role], _INIT_EXPONENT[role]
+        k_big, k_small = lr_big[name] * float(n) ** e, lr_small[name] * float(n0) ** e
+        if not math.isclose(k_big, k_small, rel_tol=1e-6):
+            raise ValueError(
+                f"parameter {name!r} ({role}): its SGD lr from mt.param_groups scales as lr·n^{e} = {k_small:.6g} "
+                f"at width {n0} but {k_big:.6g} at width {n}; it has no width-independent limit. Was the model "
+                "parametrized with custom lr multipliers that depend on width?"
+            )
+        if role == "output_bias":
+            laws[name] = ParamLaw(role, k_big, 0.0, "value", value=pb[name].detach().clone())
+            continue
+        e_big, e_small = _scaled_var(pb[name], n, ie), _scaled_var(ps[name], n0, ie)
+        v_big, v_small = e_big[0], e_small[0]
+        if not math.isclose(v_big, v_small, rel_tol=1e-6, abs_tol=1e-300):
+            # parametrize kept the user's own init here (not rescaled to the base's rms): two samples
+            # of one law, which must agree within their sampling error; the larger one is used
+            if abs(v_big - v_small) > 6 * math.sqrt(e_big[1] + e_small[1]) + 1e-12 * v_big:
+                raise ValueError(
+                    f"parameter {name!r} ({role}): its scaled init rms²·n^{ie} is {v_small:.6g} at width {n0} "
+                    f"but {v_big:.6g} at width {n}; the limit needs it width-independent (µP)"
+                )
+        if role == "hidden":
+            laws[name] = ParamLaw(role, k_big, v_big, "normal")
+            continue
+        pooled = torch.cat(
+            [(pb[name] * math.sqrt(float(n) ** ie)).flatten(), (ps[name] * math.sqrt(float(n0) ** ie)).flatten()]
+        )
+        family, mean, _ = _family(name, pooled)
+        laws[name] = ParamLaw(role, k_big, v_big, family, mean)
+    return laws, big
+
+
+def first_width(gm: Any) -> int:
+    """The model's width when no base is given: the output size of the first nn.Linear the traced
+    graph calls (the input layer, finite → width); the roles `ops.analyse` then gives with it
+    check it (a readout to as many outputs as the width, for one, fails there)."""
+    for node in gm.graph.nodes:
+        if node.op == "call_module" and type(gm.get_submodule(str(node.target))) is nn.Linear:
+            return int(gm.get_submodule(str(node.target)).out_features)
+    raise ValueError(
+        "FeatureLimit: the model calls no nn.Linear, so its width cannot be read off it; pass base= (the same "
+        "architecture at a smaller width)"
+    )
+
+
+def widened(model: nn.Module, layers: dict[str, tuple[str, nn.Module]], n: int, seed: int) -> nn.Module:
+    """A copy of `model` at width 2n, for a model that is its own base: every width dim of its
+    Linear and norm layers doubled (`layers`: qualified name → (rule, module), the rules
+    `ops.analyse` gave them: "input", "hidden", "readout", "norm"), every parameter drawn afresh
+    from the law of the model's own entries (constant, Gaussian or uniform, as `_family` reads it)
+    at their rms. `mt.parametrize(wide, base=model)` then rescales it as µP says; only the law of
+    its entries matters."""
+    wide = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    for name, (rule, module) in layers.items():
+        new = copy.deepcopy(module)
+        if rule == "norm":
+            new.normalized_shape = (2 * n,)  # type: ignore[assignment]
+        else:
+            if rule in ("hidden", "readout"):
+                new.in_features = 2 * n  # type: ignore[assignment]
+            if rule in ("input", "hidden"):
+                new.out_features = 2 * n  # type: ignore[assignment]
+        for key, p in module.named_parameters(recurse=False):
+            shape = tuple(2 * n if (rule == "norm" or (rule, d) in _WIDE_DIMS) else s for d, s in enumerate(p.shape))
+            if rule == "readout" and key == "bias":
+                shape = tuple(p.shape)
+            family, mean, var = _family(f"{name}.{key}", p)
+            law = ParamLaw("vector", 0.0, var, family, mean)
+            value = law.sample(shape, generator, torch.float64).to(dtype=p.dtype, device=p.device)
+            setattr(new, key, nn.Parameter(value, requires_grad=p.requires_grad))
+        wide.set_submodule(name, new)
+    return wide
+
+
+# the dims of a Linear's weight (out, in) / bias (out,) that are width-sized, by the Linear's rule
+_WIDE_DIMS = {("input", 0), ("hidden", 0), ("hidden", 1), ("readout", 1)}

@@ -1,0 +1,277 @@
+"""`FeatureLimit`, the µP limit of a traced module by the master theorem on particles: against
+`MuPLimit` on one hidden layer, against the NNGP kernel at init, against finite µP networks of a
+LayerNorm MLP and a residual MLP (`mt.parametrize` at widths 256…4096), and its errors."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import mutransfer as mt
+from mutransfer.limits import finite
+
+D = 4
+
+
+def _data(n=8, n_test=6, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, D, generator=g, dtype=torch.float64)
+    y = torch.randn(n, generator=g, dtype=torch.float64)
+    return x, y, torch.randn(n_test, D, generator=g, dtype=torch.float64)
+
+
+def _exact_rms(w: torch.Tensor, rms: float) -> None:
+    """Gaussian entries scaled to exactly this rms (so a base of width 1 carries the law's variance)."""
+    with torch.no_grad():
+        nn.init.normal_(w)
+        w.mul_(rms / w.pow(2).mean().sqrt())
+
+
+def _one_hidden(width, act):
+    """f = Σ_α W_α φ(u_α·x), u ~ N(0, I/d), W ~ N(0, 1) at base width 1: µP with base width 1 is
+    MuPLimit's network, f = (1/n) Σ v φ(u·x) with lr·n on u and v."""
+    m = nn.Sequential(nn.Linear(D, width, bias=False), act(), nn.Linear(width, 1, bias=False)).double()
+    _exact_rms(m[0].weight, 1 / math.sqrt(D))
+    _exact_rms(m[2].weight, 1.0)
+    return m
+
+
+@pytest.mark.parametrize("act,name", [(nn.Tanh, "tanh"), (nn.ReLU, "relu")])
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_one_hidden_layer_equals_mup_limit(act, name, momentum):
+    x, y, xt = _data(6, 5)
+    lim = mt.limits.FeatureLimit(_one_hidden(1024, act), base=_one_hidden(1, act), particles=2**14, groups=8, seed=1)
+    f, se = lim.fit(x, y, steps=8, lr=0.5, momentum=momentum).predict(xt, return_error=True)
+    ref = mt.limits.MuPLimit(name, method="monte_carlo", momentum=momentum, samples=2**14, groups=8, seed=2)
+    g, se2 = ref.fit(x, y, 8, 0.5).predict(xt, return_error=True)
+    z = (f[:, 0] - g) / (se[:, 0] ** 2 + se2**2).sqrt()
+    assert f.shape == (5, 1) and float(g.abs().max()) > 0.2  # it moved
+    assert float(z.abs().max()) < 4.0, z  # measured: ≤ 1.9
+
+
+def _mlp(width, seed=0, gaussian=False, bias=True):
+    torch.manual_seed(seed)
+    m = nn.Sequential(
+        nn.Linear(D, width, bias=bias),
+        nn.Tanh(),
+        nn.Linear(width, width, bias=bias),
+        nn.Tanh(),
+        nn.Linear(width, 1, bias=False),
+    ).double()
+    if gaussian:
+        for i, v in ((0, 1.5 / D), (2, 1.5 / 16)):
+            _exact_rms(m[i].weight, math.sqrt(v))
+    return m
+
+
+def test_at_init_f_is_zero_and_the_features_are_the_nngp_kernel():
+    x, _, _ = _data(6)
+    lim = mt.limits.FeatureLimit(
+        _mlp(256, gaussian=True, bias=False), base=_mlp(16, gaussian=True, bias=False), particles=2**14, groups=8
+    )
+    assert float(lim.predict(x).abs().max()) < 1e-12  # the readout's init contributes nothing in the limit
+    k = lim.features(x, layer="2")  # E[Z^{h(x)} Z^{h(x')}] at the second Linear's output
+    sub = nn.Sequential(nn.Linear(D, 8, bias=False), nn.Tanh(), nn.Linear(8, 8, bias=False)).double()
+    ref = mt.limits.nngp(sub, x, weight_var=1.5)
+    assert k.shape == (6, 6)
+    assert float((k - ref).abs().max()) < 0.03 * float(ref.abs().max()), (k, ref)  # measured: 0.6 %
+
+
+class Block(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.ln, self.fc1, self.fc2 = nn.LayerNorm(n), nn.Linear(n, n), nn.Linear(n, n)
+
+    def forward(self, x):
+        return x + self.fc2(torch.tanh(self.fc1(self.ln(x))))
+
+
+class ResMLP(nn.Module):
+    def __init__(self, n, depth=2):
+        super().__init__()
+        self.inp, self.out = nn.Linear(D, n), nn.Linear(n, 1, bias=False)
+        self.blocks = nn.ModuleList([Block(n) for _ in range(depth)])
+
+    def forward(self, x):
+        h = self.inp(x)
+        for b in self.blocks:
+            h = b(h)
+        return self.out(h)
+
+
+def _ln_mlp(n):
+    return nn.Sequential(
+        nn.Linear(D, n),
+        nn.LayerNorm(n),
+        nn.Tanh(),
+        nn.Linear(n, n),
+        nn.LayerNorm(n),
+        nn.Tanh(),
+        nn.Linear(n, 1, bias=False),
+    )
+
+
+def _finite_against_limit(make, steps=5, lr=0.1, seeds=6, particles=2**13, momentum=0.0, batch_size=None):
+    """Per-seed RMS gap of finite µP nets to the limit at widths 256, 1024, 4096, its fitted slope,
+    and the largest |seed mean − limit| in combined standard errors at 4096."""
+    x, y, xt = _data(8, 8)
+    torch.manual_seed(0)
+    base = make(16).double()
+    torch.manual_seed(1)
+    lim = mt.limits.FeatureLimit(make(256).double(), base=base, particles=particles, groups=8)
+    f, se = lim.fit(x, y, steps=steps, lr=lr, momentum=momentum, batch_size=batch_size).predict(xt, return_error=True)
+    f, se = f[:, 0], se[:, 0]
+    widths, gaps = [256, 1024, 4096], []
+    for w in widths:
+        fs = []
+        for s in range(seeds):
+            torch.manual_seed(100 + s)
+            m = mt.parametrize(make(w).double(), base=base)
+            opt = torch.optim.SGD(mt.param_groups(m, lr, "sgd"), lr=lr, momentum=momentum)
+            for b in finite.sgd_batches(len(x), steps, batch_size, 0):
+                loss = 0.5 * ((m(x[b]) - y[b, None]) ** 2).sum(1).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            with torch.no_grad():
+                fs.append(m(xt)[:, 0])
+        fw = torch.stack(fs)
+        gaps.append(float((fw - f).pow(2).mean().sqrt()))
+    z = (fw.mean(0) - f) / (fw.var(0) / seeds + se**2).sqrt()
+    return lim, gaps, finite.fitted_slope(widths, gaps), float(z.abs().max()), float(f.pow(2).mean().sqrt())
+
+
+@pytest.mark.slow
+def test_layernorm_mlp_finite_networks_approach_the_limit():
+    _, gaps, slope, z, rms = _finite_against_limit(_ln_mlp)
+    assert rms > 0.2  # the limit learned something
+    assert gaps[-1] < gaps[0]
+    assert -0.9 < slope < -0.25, (gaps, slope)  # width^-1/2
+    assert z < 4.0, z  # the seed mean at width 4096 is within its noise of the limit
+
+
+@pytest.mark.slow
+def test_momentum_and_minibatches_through_hidden_matrices():
+    _, gaps, slope, z, rms = _finite_against_limit(_ln_mlp, steps=6, momentum=0.9, batch_size=4)
+    assert rms > 0.2
+    assert -0.9 < slope < -0.25, (gaps, slope)  # measured: −0.58
+    assert z < 4.0, z  # measured: 1.6
+
+
+@pytest.mark.slow
+def test_residual_mlp_finite_networks_approach_the_limit():
+    lim, gaps, slope, z, rms = _finite_against_limit(ResMLP, steps=4)
+    assert rms > 0.2
+    assert -0.9 < slope < -0.2, (gaps, slope)
+    assert z < 4.0, z
+    x, _, _ = _data(5)
+    k = lim.features(x, layer="blocks.1")
+    assert k.shape == (5, 5) and torch.allclose(k, k.T)
+
+
+def test_rmsnorm_and_elementwise_functions_run():
+    class Net(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.a, self.b, self.c = nn.Linear(D, n), nn.Linear(n, n), nn.Linear(n, 2)
+            self.norm = nn.RMSNorm(n)
+
+        def forward(self, x):
+            h = F.gelu(self.a(x))
+            h = self.norm(h * torch.sigmoid(h) + 0.5 * h)
+            return self.c(F.silu(self.b(h)) - h)
+
+    x, _, xt = _data(6)
+    y = torch.randn(6, 2, dtype=torch.float64)
+    torch.manual_seed(0)
+    lim = mt.limits.FeatureLimit(Net(256).double(), base=Net(16).double(), particles=2**11, groups=4)
+    f, se = lim.fit(x, y, steps=3, lr=0.1, batch_size=4, momentum=0.5).predict(xt, return_error=True)
+    assert f.shape == se.shape == (6, 2) and torch.isfinite(f).all() and float(se.max()) > 0
+    many = torch.randn(300, D, dtype=torch.float64)  # more than fit on 512 particles at once: in chunks
+    assert lim.predict(many).shape == (300, 2)
+
+
+def _bad(layer):
+    class Net(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.a, self.b = nn.Linear(D, n), nn.Linear(n, 1)
+            self.mid = layer(n)
+
+        def forward(self, x):
+            return self.b(self.mid(self.a(x)))
+
+    return Net
+
+
+def test_an_op_that_mixes_particles_is_an_error_naming_the_node():
+    class Softmax(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+
+        def forward(self, h):
+            return F.softmax(h, dim=-1)
+
+    net = _bad(Softmax)
+    with pytest.raises(ValueError, match=r"not elementwise.*graph node 'softmax'"):
+        mt.limits.FeatureLimit(net(64).double(), base=net(16).double())
+
+    class Conv(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.conv = nn.Conv1d(1, 1, 3, padding=1)
+
+        def forward(self, h):
+            return self.conv(h.unsqueeze(1)).squeeze(1)
+
+    net = _bad(Conv)
+    with pytest.raises(ValueError, match=r"graph node '(unsqueeze|mid_conv)'"):
+        mt.limits.FeatureLimit(net(64).double(), base=net(16).double())
+
+
+def test_adam_and_other_losses_are_not_yet():
+    lim = mt.limits.FeatureLimit(_mlp(256), base=_mlp(16), particles=64, groups=2)
+    x, y, _ = _data(4)
+    with pytest.raises(ValueError, match="optimizer='adam' is not yet supported"):
+        lim.fit(x, y, optimizer="adam")
+    with pytest.raises(ValueError, match="loss='ce'"):
+        lim.fit(x, y, loss="ce")
+    with pytest.raises(ValueError, match="4 features per row"):
+        lim.predict(torch.zeros(3, 5, dtype=torch.float64))
+    with pytest.raises(ValueError, match="1 target"):
+        lim.fit(x, torch.zeros(4, 2))
+    with pytest.raises(ValueError, match=r"particles per group \(32\) must be at least twice"):
+        lim.fit(x, y, steps=5)
+
+
+def test_a_width_dependent_constant_is_an_error_naming_the_parameter():
+    with pytest.raises(ValueError, match="exactly one width dim"):
+        mt.limits.FeatureLimit(_mlp(64), base=_mlp(64))
+    big, small = _mlp(256), _mlp(16)
+    with torch.no_grad():  # a constant hidden bias of 1/width: parametrize keeps it, and it has no limit
+        big[2].bias.fill_(1 / 256)
+        small[2].bias.fill_(1 / 16)
+    with pytest.raises(ValueError, match=r"parameter '2.bias' \(vector\).*width-independent"):
+        mt.limits.FeatureLimit(big, base=small)
+
+
+def test_without_a_base_the_model_is_its_own_base():
+    """FeatureLimit(model) is the limit of µP relative to `model`: the same limit as FeatureLimit(wider,
+    base=model) — one program, constants read off other samples of the same laws."""
+    torch.manual_seed(3)
+    model, wider = _mlp(256), _mlp(1024)
+    x, y, x_test = _data(6, 4)
+    runs = []
+    for lim in (
+        mt.limits.FeatureLimit(model, particles=2**11, groups=4, seed=2),
+        mt.limits.FeatureLimit(wider, base=model, particles=2**11, groups=4, seed=2),
+    ):
+        assert lim.width in (256, 1024) and lim.base_width == 256
+        runs.append(lim.fit(x, y, steps=3, lr=0.5).predict(x_test, return_error=True))
+    (f1, se1), (f2, se2) = runs
+    assert f1.abs().max() > 0.05  # it learned something
+    assert ((f1 - f2).abs() / (se1**2 + se2**2).sqrt()).max() < 4.0
+    with pytest.raises(ValueError, match="calls no nn.Linear"):
+        mt.limits.FeatureLimit(nn.Sequential(nn.Tanh()))
