@@ -150,7 +150,7 @@ def _finite_against_limit(
 
 @pytest.mark.slow
 def test_layernorm_mlp_finite_networks_approach_the_limit():
-    _, gaps, slope, z, rms = _finite_against_limit(_ln_mlp, widths=(256, 1024))
+    _, gaps, slope, z, rms = _finite_against_limit(_ln_mlp)  # to 4096: 256 → 1024 alone reads −0.12
     assert rms > 0.2  # the limit learned something
     assert gaps[-1] < gaps[0]
     assert -0.9 < slope < -0.25, (gaps, slope)  # width^-1/2 (to 4096: −0.38, 0.059 / 0.050 / 0.020)
