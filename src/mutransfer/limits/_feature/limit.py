@@ -184,7 +184,7 @@ class FeatureLimit:
                 m.bwd.truncate(b)
         return vals
 
-    def predict(self, x: ArrayLike, return_error: bool = False):
+    def predict(self, x: ArrayLike, return_error: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The limit's prediction at x: the mean over the Monte Carlo groups.
 
         Args:
