@@ -14,7 +14,7 @@ One run, one table, for every feature-learning limit of `mt.limits` (theory: slo
 The gap is the RMS over seeds and evaluation points of f_width − f_∞; the limits of the
 1-hidden-layer nets are exact (quadrature) or Monte Carlo with a standard error far below the gaps.
 
-    .venv/bin/python benchmarks/limits_convergence.py          # ≈ 3 min on 2 cores
+    .venv/bin/python benchmarks/limits_convergence.py          # 558 s on a 2-core CPU (measured)
     .venv/bin/python benchmarks/limits_convergence.py --quick
 """
 
