@@ -59,44 +59,46 @@ def enqueue_many(storage: optuna.storages.RDBStorage, study_id: int, points: lis
             storage._get_prepared_new_trial(study_id, template, session)
 
 
-def set_user_attrs(storage: optuna.storages.RDBStorage, trial_id: int, attrs: dict) -> None:
-    """Set several user attributes of a running trial in one transaction of three statements: the
-    trial's state (refused unless running, as Optuna refuses), then its rows for these keys deleted
-    and written again in one insert. Optuna's `set_trial_user_attr` commits each attribute and
-    reads the trial back for each (~12 ms per attribute on SQLite); the rows are those it writes
-    (`value_json` = `json.dumps(value)`)."""
+def _write_user_attrs(session, trial_id: int, attrs: dict) -> None:
+    """A trial's user-attribute rows for `attrs`' keys deleted and written again, in one insert: the
+    rows Optuna writes (`value_json` = `json.dumps(value)`), without its per-attribute read and commit."""
     import json
 
     import sqlalchemy
+    from optuna.storages._rdb import models
+
+    table = models.TrialUserAttributeModel
+    session.query(table).filter(table.trial_id == trial_id, table.key.in_(list(attrs))).delete(
+        synchronize_session=False
+    )
+    rows = [{"trial_id": trial_id, "key": key, "value_json": json.dumps(value)} for key, value in attrs.items()]
+    session.execute(sqlalchemy.insert(table), rows)
+
+
+def set_user_attrs(storage: optuna.storages.RDBStorage, trial_id: int, attrs: dict) -> None:
+    """Set several user attributes of a running trial in one transaction of three statements: the
+    trial's state (refused unless running, as Optuna refuses), then `_write_user_attrs`. Optuna's
+    `set_trial_user_attr` commits each attribute and reads the trial back for each (~12 ms per
+    attribute on SQLite)."""
     from optuna.storages._rdb import models
     from optuna.storages._rdb.storage import _create_scoped_session
 
     if not attrs:
         return
-    rows = [{"trial_id": trial_id, "key": key, "value_json": json.dumps(value)} for key, value in attrs.items()]
-    table = models.TrialUserAttributeModel
     with _create_scoped_session(storage.scoped_session) as session:
         state = session.query(models.TrialModel.state).filter(models.TrialModel.trial_id == trial_id).one_or_none()
         if state is None:
             raise KeyError(models.NOT_FOUND_MSG)
         storage.check_trial_is_updatable(trial_id, state[0])
-        session.query(table).filter(table.trial_id == trial_id, table.key.in_(list(attrs))).delete(
-            synchronize_session=False
-        )
-        session.execute(sqlalchemy.insert(table), rows)
+        _write_user_attrs(session, trial_id, attrs)
 
 
 def set_finished_user_attr(storage: optuna.storages.RDBStorage, trial_id: int, key: str, value: object) -> None:
     """Set one user attribute of a trial in any state (Optuna refuses finished trials), in one
-    transaction: its row for `key` deleted and written again."""
-    import json
-
-    import sqlalchemy
+    transaction (`_write_user_attrs`)."""
     from optuna.storages._rdb import models
     from optuna.storages._rdb.storage import _create_scoped_session
 
-    table = models.TrialUserAttributeModel
     with _create_scoped_session(storage.scoped_session) as session:
         models.TrialModel.find_or_raise_by_id(trial_id, session)
-        session.query(table).filter(table.trial_id == trial_id, table.key == key).delete(synchronize_session=False)
-        session.execute(sqlalchemy.insert(table), [{"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}])
+        _write_user_attrs(session, trial_id, {key: value})
