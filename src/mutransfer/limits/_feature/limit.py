@@ -83,9 +83,9 @@ class FeatureLimit:
                 for op in self._ops
                 if op.rule in ("input", "hidden", "readout", "norm") and op.module is not None
             }
-            self.laws, _ = observe(widened(model, layers, self.width, self.seed), model, roles)
+            self.laws = observe(widened(model, layers, self.width, self.seed), model, roles)
         else:
-            self.laws, _ = observe(model, base, roles)
+            self.laws = observe(model, base, roles)
         firsts = [op.module for op in self._ops if op.rule == "input"]
         outs = [op.module for op in self._ops if op.rule == "readout"]
         if not firsts or not outs:

@@ -133,9 +133,9 @@ def _scaled_var(p: torch.Tensor, n: int, exponent: int) -> tuple[float, float]:
     return v, max(0.0, float(x.pow(4).mean()) - v * v) / max(1, x.numel())
 
 
-def observe(model: nn.Module, base: nn.Module, roles: dict[str, str]) -> tuple[dict[str, ParamLaw], nn.Module]:
-    """Each parameter's `ParamLaw` from `model` and `base` parametrized by the library, and the
-    parametrized copy of `model` (whose finite-size values, e.g. a readout bias, the limit keeps).
+def observe(model: nn.Module, base: nn.Module, roles: dict[str, str]) -> dict[str, ParamLaw]:
+    """Each parameter's `ParamLaw` from `model` and `base` parametrized by the library (a finite-size
+    parameter, e.g. the readout bias, keeps the parametrized model's value in its law).
 
     Args:
         model: the plain module at width n.
@@ -176,7 +176,7 @@ def observe(model: nn.Module, base: nn.Module, roles: dict[str, str]) -> tuple[d
         )
         family, mean, _ = _family(name, pooled)
         laws[name] = ParamLaw(role, k_big, v_big, family, mean)
-    return laws, big
+    return laws
 
 
 def first_width(gm: Any) -> int:
