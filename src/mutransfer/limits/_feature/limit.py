@@ -198,7 +198,7 @@ class FeatureLimit:
         # each input adds two vectors (at init and now) to a hidden matrix's family for the call:
         # predict in chunks that fit on the particles (points in different chunks are not sampled
         # jointly, which leaves each point's prediction and standard error unchanged)
-        held = max([sum(q.shape[2] for q in m.fwd.q) for m in self._program.matrices.values()], default=0)
+        held = max([m.fwd.size() for m in self._program.matrices.values()], default=0)
         room = (self.particles // self.groups // 2 - held) // 2 if self._program.matrices else len(xt)
         if room < 1:
             raise ValueError("no particles left for new inputs: raise particles (see fit)")
