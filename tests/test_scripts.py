@@ -107,6 +107,28 @@ def test_feature_learning_example_quick(tmp_path):
 
 
 @pytest.mark.slow
+def test_feature_limit_example_quick(tmp_path):
+    """Issue 33: the limit of a 2-hidden-layer LayerNorm MLP beats the kernels of the same module."""
+    out = run_here(["examples/feature_limit_mlp.py", "--quick", "--plot", str(tmp_path / "fm.png")])
+    rows = dict(re.findall(r"^\| (.+?) \| ([0-9.]+) \|", out, re.M))
+    lim, nngp, ntk = (
+        float(rows[k]) for k in ("µP limit (FeatureLimit)", "NNGP (posterior mean)", "NTK (gradient flow, t = ∞)")
+    )
+    assert lim < 0.8 * min(nngp, ntk), out  # measured: 0.311 against 0.456 / 0.458
+    assert float(rows["finite µP, width 1024 (1 seeds)"]) < float(rows["(predicting 0)"]), out
+    assert re.search(r"fitted slope -0\.[2-9]", out), out  # measured: −0.45
+    assert (tmp_path / "fm.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_feature_limit_cost_benchmark_quick():
+    out = run(["benchmarks/feature_limit_cost.py", "--quick"])
+    rows = re.findall(r"^\| (\d+) \| 8 \| 2048 \| ([0-9.]+) s \| ([0-9.]+) s \| ([0-9.]+) GB \|", out, re.M)
+    assert [r[0] for r in rows] == ["2", "4"], out
+    assert all(float(r[3]) > 0.1 for r in rows), out
+
+
+@pytest.mark.slow
 def test_limits_speed_benchmark_quick():
     out = run(["benchmarks/limits_speed.py", "--quick", "--repeats", "1"])
     assert out.count("| NTK+NNGP") == 3

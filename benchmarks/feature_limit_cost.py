@@ -1,0 +1,105 @@
+"""What `mt.limits.FeatureLimit` costs: fit and predict time and peak memory against steps, batch and
+particles, on 64 training inputs (issue 33: "report memory and time for 20 steps on 64 inputs").
+
+Model: the 2-hidden-layer tanh MLP with LayerNorm of the docs (`Linear(8, n)` first, base width 16),
+trained by SGD (lr 0.1) on 64 inputs in d = 8, then `predict` on 16 inputs. Each row runs in a
+fresh process, so its peak resident memory (ru_maxrss) is its own. Rows are (steps, batch,
+particles); the default table is the docs' one. The particles must be at least twice the vectors
+a hidden matrix sees per group (64 + steps × batch + 16), which the full-batch rows need.
+
+    .venv/bin/python benchmarks/feature_limit_cost.py                 # the docs' table
+    .venv/bin/python benchmarks/feature_limit_cost.py --rows 20x64x16384
+    .venv/bin/python benchmarks/feature_limit_cost.py --quick         # smoke test, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+
+ROWS = "5x8x8192,10x8x8192,20x8x8192,5x64x16384,10x64x16384,20x64x16384"
+QUICK = "2x8x2048,4x8x2048"
+
+
+def one(steps: int, batch: int, particles: int, groups: int) -> dict:
+    import torch
+    from torch import nn
+
+    import mutransfer as mt
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+
+    def mlp(n: int) -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(
+            nn.Linear(8, n),
+            nn.LayerNorm(n),
+            nn.Tanh(),
+            nn.Linear(n, n),
+            nn.LayerNorm(n),
+            nn.Tanh(),
+            nn.Linear(n, 1, bias=False),
+        ).double()
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 8, generator=g, dtype=torch.float64)
+    y = torch.tanh(x[:, 0]) + 0.5 * x[:, 1]
+    xt = torch.randn(16, 8, generator=g, dtype=torch.float64)
+    lim = mt.limits.FeatureLimit(mlp(256), base=mlp(16), particles=particles, groups=groups, seed=0)
+    t0 = time.perf_counter()
+    lim.fit(x, y, steps=steps, lr=0.1, batch_size=batch)
+    fit = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    f, se = lim.predict(xt, return_error=True)
+    predict = time.perf_counter() - t0
+    assert torch.isfinite(f).all()
+    return {
+        "fit_s": fit,
+        "predict_s": predict,
+        "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # Linux: KiB
+        "se": float(se.mean()),
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default=ROWS, help="comma-separated STEPSxBATCHxPARTICLES")
+    ap.add_argument("--groups", type=int, default=8)
+    ap.add_argument("--quick", action="store_true", help="two tiny rows (smoke test)")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one row, print JSON
+    args = ap.parse_args(argv)
+    if args.one:
+        steps, batch, particles = (int(v) for v in args.one.split("x"))
+        print(json.dumps(one(steps, batch, particles, args.groups)))
+        return 0
+    rows = QUICK if args.quick else args.rows
+    print(
+        f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch CPU float64, groups {args.groups}"
+    )
+    print("| steps | batch | particles | fit | predict (16 inputs) | peak memory | mean s.e. of f |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows.split(","):
+        steps, batch, particles = (int(v) for v in row.split("x"))
+        cmd = [sys.executable, __file__, "--one", row, "--groups", str(args.groups)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            print(done.stderr, file=sys.stderr)
+            print(f"| {steps} | {batch} | {particles} | failed (exit {done.returncode}) | | | |")
+            continue
+        r = json.loads(done.stdout.strip().splitlines()[-1])
+        print(
+            f"| {steps} | {batch} | {particles} | {r['fit_s']:.1f} s | {r['predict_s']:.1f} s "
+            f"| {r['peak_gb']:.2f} GB | {r['se']:.1e} |",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
