@@ -122,7 +122,7 @@ def test_feature_limit_example_quick(tmp_path):
 
 @pytest.mark.slow
 def test_feature_limit_cost_benchmark_quick():
-    out = run(["benchmarks/feature_limit_cost.py", "--quick"])
+    out = run_here(["benchmarks/feature_limit_cost.py", "--quick"])
     rows = re.findall(r"^\| (\d+) \| 8 \| 2048 \| ([0-9.]+) s \| ([0-9.]+) s \| ([0-9.]+) GB \|", out, re.M)
     assert [r[0] for r in rows] == ["2", "4"], out
     assert all(float(r[3]) > 0.1 for r in rows), out
