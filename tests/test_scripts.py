@@ -130,13 +130,13 @@ def test_feature_limit_cost_benchmark_quick():
 
 @pytest.mark.slow
 def test_limits_speed_benchmark_quick():
-    out = run(["benchmarks/limits_speed.py", "--quick", "--repeats", "1"])
+    out = run_here(["benchmarks/limits_speed.py", "--quick", "--repeats", "1"])
     assert out.count("| NTK+NNGP") == 3
 
 
 @pytest.mark.slow
 def test_kernel_speed_benchmark_quick():
-    out = run(["benchmarks/kernel_speed.py", "--quick", "--nt-python", ""])
+    out = run_here(["benchmarks/kernel_speed.py", "--quick", "--nt-python", ""])
     rows = re.findall(r"^\| (CNN|ResMLP).+?\| ([0-9.]+) \| – \|", out, re.M)
     assert len(rows) == 4, out
 
@@ -224,7 +224,7 @@ def test_optimizer_transfer_quick_prints_the_table_and_draws(tmp_path):
 
 @pytest.mark.slow
 def test_optimizer_overhead_quick_prints_a_ratio_per_optimizer():
-    out = run(["benchmarks/optimizer_overhead.py", "--quick", "--optimizers", "sgd,lion,muon"])
+    out = run_here(["benchmarks/optimizer_overhead.py", "--quick", "--optimizers", "sgd,lion,muon"])
     ratios = re.findall(r"\| (sgd|lion|muon) \| \d+ / \d+ \| .* \| ([0-9.]+) \(", out)
     assert [name for name, _ in ratios] == ["sgd", "lion", "muon"], out
     assert all(math.isfinite(float(r)) and float(r) > 0 for _, r in ratios)
@@ -233,7 +233,7 @@ def test_optimizer_overhead_quick_prints_a_ratio_per_optimizer():
 @pytest.mark.slow
 def test_feature_learning_deep_example_quick(tmp_path):
     plot = tmp_path / "deep.png"
-    out = run(["examples/feature_learning_deep.py", "--quick", "--plot", str(plot)])
+    out = run_here(["examples/feature_learning_deep.py", "--quick", "--plot", str(plot)])
     assert "π-limit" in out and "Adam µP limit" in out and "finite π-net, width 256" in out
     assert "fitted slope of the RMS distance" in out
     assert plot.exists() and plot.stat().st_size > 20_000
@@ -241,7 +241,7 @@ def test_feature_learning_deep_example_quick(tmp_path):
 
 @pytest.mark.slow
 def test_limits_convergence_benchmark_quick_prints_a_slope_per_limit():
-    out = run(["benchmarks/limits_convergence.py", "--quick"])
+    out = run_here(["benchmarks/limits_convergence.py", "--quick"])
     rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith(("| limit |", "|---"))]
     assert len(rows) == 7, out  # 5 limits + FeatureLimit on 2 traced modules
     for row in rows:
