@@ -13,7 +13,7 @@ Model: a 2-hidden-layer tanh MLP with LayerNorm (no affine gain), plain torch.nn
   `mt.limits.ntk_predict`, the best of weight variances 1 and 2).
 
     python examples/feature_limit_mlp.py            # ~4 min on 2 cores; writes docs/limits_feature_limit.png
-    python examples/feature_limit_mlp.py --quick    # ~15 s
+    python examples/feature_limit_mlp.py --quick    # ~6 s
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     ap.add_argument("--plot", default="docs/limits_feature_limit.png")
     args = ap.parse_args(argv)
     if args.quick:
-        args.steps, args.particles, args.groups, args.widths, args.seeds, args.n_test = 12, 2**12, 4, "256,1024", 1, 64
+        args.steps, args.particles, args.groups, args.widths, args.seeds, args.n_test = 12, 2**11, 2, "256,1024", 1, 64
     widths = [int(w) for w in args.widths.split(",")]
     start = time.perf_counter()
     x, y, xt, yt, proj = make_task(args.d, args.n_train, args.n_test, 0)

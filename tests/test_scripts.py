@@ -114,9 +114,9 @@ def test_feature_limit_example_quick(tmp_path):
     lim, nngp, ntk = (
         float(rows[k]) for k in ("µP limit (FeatureLimit)", "NNGP (posterior mean)", "NTK (gradient flow, t = ∞)")
     )
-    assert lim < 0.8 * min(nngp, ntk), out  # measured: 0.311 against 0.456 / 0.458
+    assert lim < 0.8 * min(nngp, ntk), out  # measured: 0.321 against 0.456 / 0.458
     assert float(rows["finite µP, width 1024 (1 seeds)"]) < float(rows["(predicting 0)"]), out
-    assert re.search(r"fitted slope -0\.[2-9]", out), out  # measured: −0.45
+    assert re.search(r"fitted slope -0\.[2-9]", out), out  # measured: −0.38
     assert (tmp_path / "fm.png").stat().st_size > 10_000
 
 
