@@ -114,18 +114,20 @@ def test_feature_limit_example_quick(tmp_path):
     lim, nngp, ntk = (
         float(rows[k]) for k in ("µP limit (FeatureLimit)", "NNGP (posterior mean)", "NTK (gradient flow, t = ∞)")
     )
-    assert lim < 0.8 * min(nngp, ntk), out  # measured: 0.321 against 0.456 / 0.458
+    assert lim < 0.8 * min(nngp, ntk), out  # measured: 0.223 against 0.359 / 0.355
     assert float(rows["finite µP, width 1024 (1 seeds)"]) < float(rows["(predicting 0)"]), out
-    assert re.search(r"fitted slope -0\.[2-9]", out), out  # measured: −0.38
+    assert re.search(r"fitted slope -0\.[2-9]", out), out  # measured: −0.42
     assert (tmp_path / "fm.png").stat().st_size > 10_000
 
 
 @pytest.mark.slow
 def test_feature_limit_cost_benchmark_quick():
     out = run_here(["benchmarks/feature_limit_cost.py", "--quick"])
-    rows = re.findall(r"^\| (\d+) \| 8 \| 2048 \| ([0-9.]+) s \| ([0-9.]+) s \| ([0-9.]+) GB \|", out, re.M)
+    rows = re.findall(
+        r"^\| (\d+) \| 8 \| 2048 \| ([0-9.]+) s \| ([0-9.]+) s \| [0-9.]+ GB \| ([0-9.e+-]+) \|", out, re.M
+    )
     assert [r[0] for r in rows] == ["2", "4"], out
-    assert all(float(r[3]) > 0.1 for r in rows), out
+    assert all(0 < float(r[3]) < 0.1 for r in rows), out  # the limit's Monte Carlo s.e. of f, measured ~1e-2
 
 
 @pytest.mark.slow

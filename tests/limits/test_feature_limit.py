@@ -178,7 +178,7 @@ def test_residual_mlp_finite_networks_approach_the_limit():
 
 def _deep_relu(n):
     """3 hidden layers, 2 hidden matrices in a row, no norm: the deep relu MLP of `PiLimit`'s family,
-    but Gaussian-initialized and trained by plain SGD (`PiLimit` is the limit of π-nets: π-init and
+    but with nn.Linear's own i.i.d. (uniform) init and plain SGD (`PiLimit` is the limit of π-nets: π-init and
     projected gradients, another network, so the two limits are not compared)."""
     return nn.Sequential(
         nn.Linear(D, n), nn.ReLU(), nn.Linear(n, n), nn.ReLU(), nn.Linear(n, n), nn.ReLU(), nn.Linear(n, 1, bias=False)

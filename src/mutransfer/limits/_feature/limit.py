@@ -158,7 +158,8 @@ class FeatureLimit:
         if self._program.matrices and 2 * seen > per_group:
             raise ValueError(
                 f"particles per group ({per_group}) must be at least twice the vectors each hidden matrix sees "
-                f"({len(xt)} inputs + {steps} steps × batch {batch} = {seen}); use particles ≥ {2 * seen * self.groups}"
+                f"({len(xt)} inputs + {steps} steps × batch {batch} = {seen}); use particles ≥ {(2 * seen + 4) * self.groups} "
+                "(each input predicted at once needs 4 more per group)"
             )
         self._program = prog = self._new_program()
         self._lr, self._momentum = lr, float(momentum)
