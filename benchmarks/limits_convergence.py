@@ -9,12 +9,13 @@ One run, one table, for every feature-learning limit of `mt.limits` (theory: slo
   widths 256 … 4096 (logits);
 - the limit of a traced module (`FeatureLimit`, no closed form) against `mt.parametrize`'s finite
   µP networks of the same module, widths 256 … 4096 × 16 seeds, full-batch SGD: a 2-hidden-layer
-  tanh MLP with LayerNorm and a residual MLP (2 blocks x + W₂ tanh(W₁ LN(x))); below the table,
+  tanh MLP with LayerNorm, a residual MLP (2 blocks x + W₂ tanh(W₁ LN(x))) and a 3-hidden-layer
+  relu MLP without norms (two hidden matrices in a row); below the table,
   how far the seed mean at the widest is from the limit, in combined standard errors.
 The gap is the RMS over seeds and evaluation points of f_width − f_∞; the limits of the
 1-hidden-layer nets are exact (quadrature) or Monte Carlo with a standard error far below the gaps.
 
-    .venv/bin/python benchmarks/limits_convergence.py          # 558 s on a 2-core CPU (measured)
+    .venv/bin/python benchmarks/limits_convergence.py          # 255 s on a 2-core CPU (measured)
     .venv/bin/python benchmarks/limits_convergence.py --quick
 """
 
@@ -94,6 +95,7 @@ def word2vec_case(widths, seeds: int):
 
 FEATURE_LN = "FeatureLimit, 2-hidden-layer tanh MLP with LayerNorm (5 SGD steps; --quick 2)"
 FEATURE_RES = "FeatureLimit, residual MLP, 2 blocks x + W2 tanh(W1 LN(x)) (4 SGD steps; --quick 2)"
+FEATURE_RELU = "FeatureLimit, 3-hidden-layer relu MLP, no norm (5 SGD steps at lr 0.5; --quick 2)"
 
 
 def ln_mlp(n: int) -> nn.Module:
@@ -105,6 +107,12 @@ def ln_mlp(n: int) -> nn.Module:
         nn.LayerNorm(n),
         nn.Tanh(),
         nn.Linear(n, 1, bias=False),
+    ).double()
+
+
+def deep_relu(n: int) -> nn.Module:
+    return nn.Sequential(
+        nn.Linear(4, n), nn.ReLU(), nn.Linear(n, n), nn.ReLU(), nn.Linear(n, n), nn.ReLU(), nn.Linear(n, 1, bias=False)
     ).double()
 
 
@@ -133,9 +141,9 @@ class ResMLP(nn.Module):
 Z_AT_WIDEST: dict[str, float] = {}  # FeatureLimit rows: |seed mean − limit| at the widest, in standard errors
 
 
-def feature_case(name: str, make, widths, seeds: int, steps: int, particles: int):
+def feature_case(name: str, make, widths, seeds: int, steps: int, particles: int, lr: float = 0.1):
     x, y, xe = data(8, 4, 0)
-    y, lr = y / y.std(), 0.1
+    y = y / y.std()
     torch.manual_seed(0)
     base = make(16)
     lim = L.FeatureLimit(make(widths[0]), base=base, particles=particles, groups=8, seed=1)
@@ -212,6 +220,13 @@ def main(argv=None) -> int:
                 feature_seeds,
                 2 if args.quick else 4,
                 particles,
+            ),
+        ),
+        (
+            FEATURE_RELU,
+            feature_widths,
+            lambda: feature_case(
+                FEATURE_RELU, deep_relu, feature_widths, feature_seeds, 2 if args.quick else 5, particles, lr=0.5
             ),
         ),
     ]

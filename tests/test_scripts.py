@@ -245,7 +245,7 @@ def test_feature_learning_deep_example_quick(tmp_path):
 def test_limits_convergence_benchmark_quick_prints_a_slope_per_limit():
     out = run_here(["benchmarks/limits_convergence.py", "--quick"])
     rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith(("| limit |", "|---"))]
-    assert len(rows) == 7, out  # 5 limits + FeatureLimit on 2 traced modules
+    assert len(rows) == 8, out  # 5 limits + FeatureLimit on 3 traced modules
     for row in rows:
         slope = float(row.split("|")[5])
         assert math.isfinite(slope), row
