@@ -22,14 +22,14 @@ def run_here(args: list[str]) -> str:
     OMP_NUM_THREADS=1 for the processes it starts), without a new Python that imports torch again
     (~3-5 s of CPU each here; torch's optimizers import torch._dynamo on first use). A non-zero
     exit fails the test with the output's tail. What a script changes in this process is put back:
-    torch's default dtype and RNG state, the warnings filters (its warnings are kept here, as a
-    subprocess's stderr was), sys.argv, sys.path, the working directory, OMP_NUM_THREADS and the
+    torch's default dtype and RNG state, the warnings filters (its warnings are recorded and dropped,
+    as a subprocess's stderr was), sys.argv, sys.path, the working directory, the environment and the
     modules it imported from its folder (its torch threads: conftest's `_one_thread_again`)."""
     script = ROOT / args[0]
     saved_path, saved_argv, cwd = list(sys.path), sys.argv, os.getcwd()
     saved_modules = set(sys.modules)
     dtype, rng = torch.get_default_dtype(), torch.random.get_rng_state()
-    omp = os.environ.get("OMP_NUM_THREADS")
+    environ = dict(os.environ)  # a script may set variables (torch._inductor sets its cache dir)
     out = io.StringIO()
     try:
         sys.argv = [str(script), *args[1:]]
@@ -44,10 +44,8 @@ def run_here(args: list[str]) -> str:
     finally:
         os.chdir(cwd)
         sys.argv, sys.path[:] = saved_argv, saved_path
-        if omp is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = omp
+        os.environ.clear()
+        os.environ.update(environ)
         torch.set_default_dtype(dtype)
         torch.random.set_rng_state(rng)
         for name in set(sys.modules) - saved_modules:
