@@ -1,4 +1,6 @@
-"""Shared helpers for the tests: building plain/µP models and measuring coordinate changes.
+"""The suite's fixtures and collection order (the shared helpers live in tests/model_helpers.py: a module
+named conftest is ambiguous — tests/limits has its own, and `from conftest import` took whichever
+was imported first).
 
 Sizes: a coordinate check's verdict margin is max(slope − 2·SE − expected − allowed slope) over its
 trends (passes below 0, fails above). Measured on a 2-core CPU (issue 28, mt.coord_check as the tests call it):
@@ -16,10 +18,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
-
-import mutransfer as mt
 
 # One intra-op thread per test process by default. With 2 threads, any other busy process on the
 # cores (a second xdist worker, a benchmark, a shared runner) makes OpenMP's threads wait on each
@@ -40,56 +39,6 @@ def _one_thread_again():
 
 # Muon's Newton–Schulz in float32 on CPU: see tests/muon_fp32.py.
 import muon_fp32  # noqa: E402, F401
-
-
-def build(cls, width: int, base_width: int, seed: int = 0, mup: bool = True, **kw) -> nn.Module:
-    """The model at `width`, seeded; in µP relative to `base_width` when `mup`."""
-    torch.manual_seed(seed)
-    model = cls(width, **kw)
-    if mup:
-        mt.parametrize(model, base=cls(base_width, **kw), delta=cls(2 * base_width, **kw))
-    return model
-
-
-def make_optimizer(model: nn.Module, optimizer: str, lr: float, mup: bool) -> torch.optim.Optimizer:
-    groups = mt.param_groups(model, lr, optimizer) if mup else model.parameters()
-    if optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=lr)
-    return torch.optim.Adam(groups, lr=lr)
-
-
-def coordinate_changes(
-    model: nn.Module,
-    modules: dict[str, nn.Module],
-    x: torch.Tensor,
-    y: torch.Tensor,
-    optimizer: str,
-    lr: float,
-    mup: bool,
-    steps: int = 3,
-) -> dict[str, float]:
-    """Mean |activation(t) − activation(0)| of each named module's output after `steps` steps."""
-    captured: dict[str, torch.Tensor] = {}
-    hooks = [
-        m.register_forward_hook(lambda mod, a, out, n=n: captured.__setitem__(n, out.detach().clone()))
-        for n, m in modules.items()
-    ]
-    opt = make_optimizer(model, optimizer, lr, mup)
-    with torch.no_grad():
-        model(x)
-    start = dict(captured)
-    for _ in range(steps):
-        out = model(x)
-        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    with torch.no_grad():
-        model(x)
-    for h in hooks:
-        h.remove()
-    return {n: (captured[n] - start[n]).abs().mean().item() for n in modules}
-
 
 # The longest tests (seconds in the last fresh-clone CI run, 2-core CPU, pytest -n 2): they start first.
 _LONGEST = (

@@ -213,3 +213,18 @@ def test_import_is_lazy():
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_no_test_imports_helpers_from_a_conftest():
+    """`from conftest import build` bound whichever conftest pytest had imported first (tests/limits has
+    its own): `pytest tests/test_scripts.py tests/core/test_metadata.py tests/limits/...` failed to
+    collect test_metadata. Shared helpers live in conftest-free modules (tests/model_helpers.py, …)."""
+    tests = Path(__file__).resolve().parent
+    offenders = [
+        str(p.relative_to(tests))
+        for p in tests.rglob("*.py")
+        for node in ast.walk(ast.parse(p.read_text()))
+        if (isinstance(node, ast.ImportFrom) and node.module == "conftest")
+        or (isinstance(node, ast.Import) and any(a.name == "conftest" for a in node.names))
+    ]
+    assert offenders == []

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import mutransfer as mt
-from conftest import coordinate_changes
+from model_helpers import coordinate_changes
 from mutransfer.recipes import GPT, MLP
 
 TOLERANCE = 1.3

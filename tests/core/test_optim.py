@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import mutransfer as mt
-from conftest import build
+from model_helpers import build
 from mutransfer.recipes import GPT, MLP
 
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import mutransfer as mt
-from conftest import build
+from model_helpers import build
 from mutransfer.optimizers import LR_FACTOR_KEY
 from mutransfer.recipes import GPT, MLP, ResMLP, get_recipe
 

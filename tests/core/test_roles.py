@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 import mutransfer as mt
-from conftest import build
+from model_helpers import build
 from mutransfer.recipes import CNN, GPT, MLP, MHATransformer
 
 M = 4.0  # width 256 over base 64
