@@ -30,21 +30,13 @@ QUICK = "2x8x2048,4x8x2048"
 
 def one(steps: int, batch: int, particles: int, groups: int) -> dict:
     import torch
-    from torch import nn
+    from limits_convergence import ln_mlp  # this folder: the convergence table's LayerNorm MLP
 
     import mutransfer as mt
 
-    def mlp(n: int) -> nn.Module:
+    def mlp(n: int):
         torch.manual_seed(0)
-        return nn.Sequential(
-            nn.Linear(8, n),
-            nn.LayerNorm(n),
-            nn.Tanh(),
-            nn.Linear(n, n),
-            nn.LayerNorm(n),
-            nn.Tanh(),
-            nn.Linear(n, 1, bias=False),
-        ).double()
+        return ln_mlp(n, d=8)
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 8, generator=g, dtype=torch.float64)
@@ -87,17 +79,14 @@ def main(argv=None) -> int:
         steps, batch, particles = (int(v) for v in row.split("x"))
         if args.quick:  # a smoke test: in this process, so the peak memory is the process's so far
             r = one(steps, batch, particles, args.groups)
-            print(
-                f"| {steps} | {batch} | {particles} | {r['fit_s']:.1f} s | {r['predict_s']:.1f} s | {r['peak_gb']:.2f} GB | {r['se']:.1e} |"
-            )
-            continue
-        cmd = [sys.executable, __file__, "--one", row, "--groups", str(args.groups)]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode:
-            print(done.stderr, file=sys.stderr)
-            print(f"| {steps} | {batch} | {particles} | failed (exit {done.returncode}) | | | |")
-            continue
-        r = json.loads(done.stdout.strip().splitlines()[-1])
+        else:
+            cmd = [sys.executable, __file__, "--one", row, "--groups", str(args.groups)]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode:
+                print(done.stderr, file=sys.stderr)
+                print(f"| {steps} | {batch} | {particles} | failed (exit {done.returncode}) | | | |")
+                continue
+            r = json.loads(done.stdout.strip().splitlines()[-1])
         print(
             f"| {steps} | {batch} | {particles} | {r['fit_s']:.1f} s | {r['predict_s']:.1f} s "
             f"| {r['peak_gb']:.2f} GB | {r['se']:.1e} |",

@@ -98,9 +98,10 @@ FEATURE_RES = "FeatureLimit, residual MLP, 2 blocks x + W2 tanh(W1 LN(x)) (4 SGD
 FEATURE_RELU = "FeatureLimit, 3-hidden-layer relu MLP, no norm (5 SGD steps at lr 0.5; --quick 2)"
 
 
-def ln_mlp(n: int) -> nn.Module:
+def ln_mlp(n: int, d: int = 4) -> nn.Module:
+    """The 2-hidden-layer tanh MLP with LayerNorm (also benchmarks/feature_limit_cost.py's, d = 8)."""
     return nn.Sequential(
-        nn.Linear(4, n),
+        nn.Linear(d, n),
         nn.LayerNorm(n),
         nn.Tanh(),
         nn.Linear(n, n),
