@@ -24,6 +24,9 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "Monitor": (".monitor", "Monitor"),
     "describe": ("._core.describe", "describe"),
     "export": ("._core.export", "export"),
+    "init_weights": ("._core.init_weights", "init_weights"),
+    "check": ("._core.init_check", "check"),
+    "CheckReport": ("._core.init_check", "CheckReport"),
     "attn_scale": ("._core.attention", "attn_scale"),
     "attn_logits": ("._core.attention", "attn_logits"),
     "residual_branch": ("._core.depth", "residual_branch"),
@@ -50,6 +53,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
 }
 
 __all__ = [
+    "CheckReport",
     "CoordCheckResult",
     "MeasuredLaw",
     "Monitor",
@@ -63,11 +67,13 @@ __all__ = [
     "__version__",
     "attn_logits",
     "attn_scale",
+    "check",
     "coord_check",
     "describe",
     "errors",
     "export",
     "gradient_noise_scale",
+    "init_weights",
     "limits",
     "load_shapes",
     "monitor",
@@ -91,6 +97,8 @@ if TYPE_CHECKING:  # what type checkers and the API docs see; at run time `__get
     from ._core.devices import resolve_device
     from ._core.export import export
     from ._core.hparam_transfer import TransferredHParams, transfer_hparams
+    from ._core.init_check import CheckReport, check
+    from ._core.init_weights import init_weights
     from ._core.measured_law import MeasuredLaw
     from ._core.noise_scale import NoiseScale, gradient_noise_scale
     from ._core.parametrize import parametrize

@@ -32,7 +32,10 @@ def describe(model: nn.Module, optimizer: str | None = None, adjust_lr_fn: str |
         cols = ("updated by", "lr×") + (eps_head if eps_cols else ())
     else:
         cols = ("sgd lr×", "adam lr×", "adam ε×")
-    header = ("parameter", "shape", "role", "m_in", "m_out") + (("depth", "m_L") if depth else ()) + ("init×",) + cols
+    laws = getattr(spec, "init_laws", {})  # absent from specs pickled before it existed
+    rescaled = bool(spec.init_scales)  # eager parametrize rescaled the model's own values (not redrawn since)
+    init_cols = (("init×",) if rescaled else ()) + (("init law",) if laws else ())
+    header = ("parameter", "shape", "role", "m_in", "m_out") + (("depth", "m_L") if depth else ()) + init_cols + cols
     rows = [header]
     for name, info in spec.params.items():
         if optimizer is not None:
@@ -57,13 +60,14 @@ def describe(model: nn.Module, optimizer: str | None = None, adjust_lr_fn: str |
                 f"{info.m_in:g}",
                 f"{info.m_out:g}",
                 *where,
-                f"{spec.init_scales.get(name, 1.0):.4g}",
+                *((f"{spec.init_scales.get(name, 1.0):.4g}",) if rescaled else ()),
+                *((laws[name].describe() if name in laws else "-",) if laws else ()),
                 *values,
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = [
-        f"µP ({spec.formulation}); init rescaled from {spec.init_source}"
+        f"µP ({spec.formulation}); {_init_words(spec)}"
         + (
             f"; factors for {optimizer}" + (f" (adjust_lr_fn={adjust_lr_fn})" if adjust_lr_fn else "")
             if optimizer is not None
@@ -156,6 +160,21 @@ def describe(model: nn.Module, optimizer: str | None = None, adjust_lr_fn: str |
     if spec.zero_init:
         lines.append("zero-initialized: " + ", ".join(spec.zero_init))
     return "\n".join(lines)
+
+
+def _init_words(spec: MuSpec) -> str:
+    """What the model's init values are, in words (never a value that is not in effect)."""
+    seed = getattr(spec, "init_seed", None)
+    if seed is not None:
+        return (
+            f"init drawn by mt.init_weights (seed {seed}) from the laws read off the base's values "
+            "(mt.check(model) tells whether the values are still µP's)"
+        )
+    if getattr(spec, "init_pending", False):
+        if getattr(spec, "init_laws", {}):
+            return "init NOT drawn yet (built on meta): mt.init_weights(model) draws the laws below"
+        return f"init NOT drawn yet (built on meta), and no law is known (init from {spec.init_source})"
+    return f"init rescaled from {spec.init_source}"
 
 
 def _not_in_effect(model: nn.Module, spec: MuSpec) -> dict[str, str]:

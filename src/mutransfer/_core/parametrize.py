@@ -13,6 +13,7 @@ import math
 import os
 import warnings
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,6 +37,7 @@ from .attention_plan import base_attention, install_attention, plan_attention
 from .depth import BRANCH_ATTR, Branch, DepthMap, block_containers, find_branches, outermost
 from .forward_constants import forward_constants, in_effect, install_forward_constants, readout_input_ratio
 from .groups import mark_parameters, register_plain_guard
+from .init_law import read_law
 from .observe import observe_model
 from .param_checks import attention_suspects, check_class_forward, not_a_random_scale, rms, warn_unused
 from .roles import ParamInfo, classify
@@ -44,7 +46,7 @@ from .shapes import WidthShapes, canonical_name
 from .spec import SPEC_ATTR, MuSpec, find_spec
 from .width_constants import ForwardConstants, merge_constants, width_constants
 
-__all__ = ["BaseShapes", "ForwardConstants", "Zeroing", "parametrize"]
+__all__ = ["BaseShapes", "ForwardConstants", "ZeroPiece", "Zeroing", "parametrize"]
 
 BaseShapes = str | os.PathLike | WidthShapes | Mapping
 _QUERY_MODULE_NAMES = ("q_proj", "query", "to_q", "wq", "q", "w_q", "q_lin", "query_proj")
@@ -124,6 +126,15 @@ def parametrize(
             f"parametrize was already called on this {type(model).__name__}; it rescales the "
             "init, so calling it twice would apply µP twice. Build a fresh model instead"
         )
+    on_meta = [canonical_name(n) for n, p in model.named_parameters() if p.is_meta]
+    if on_meta and isinstance(base, nn.Module):
+        base_meta = [canonical_name(n) for n, p in base.named_parameters() if p.is_meta]
+        if base_meta:
+            raise ModelError(
+                f"parametrize: the model is on the meta device ({on_meta[0]} …) and so is `base` ({base_meta[0]} …): "
+                "µP's init of a meta-built target is read off the base's values. Build `base` (small: the model at "
+                "base width) on a real device; `delta` may stay on meta"
+            )
     tunable = TunableMultipliers(dict(init_mult or {}), dict(lr_mult or {}), output_mult, attn_mult, embedding_mult)
     formulation = formulation_name(formulation)
     rules = formulation_rules(formulation)
@@ -198,33 +209,58 @@ def parametrize(
         infos,
         formulation,
         tunable,
-        init_source="base values" if base_values is not None else "assumed PyTorch-default scaling",
+        init_source=(
+            "base values"
+            if base_values is not None
+            else "assumed PyTorch-default scaling"
+            if not on_meta
+            else "nothing (no base values: load a checkpoint)"
+        ),
         depth_alpha=alpha if depth.containers else 0.0,
         depth=dict(depth.containers),
     )
     with torch.no_grad():
         for name, info in infos.items():
-            init_factor = _init_factor(
-                info,
-                shapes,
-                rules[info.role].init,
-                tunable.init_mult(info.role),
-                params[name],
-                None if base_values is None else base_values[info.base_name],
-                spec.kept_values,
-            )
-            init_factor *= depth_factor(spec.depth_rule(name).init, info.m_depth, spec.depth_alpha)
-            spec.init_scales[name] = init_factor  # the field keeps its name: MuSpec is pickled with models
-            if init_factor != 1.0:
-                params[name].mul_(init_factor)
-            if init_factor != tunable.init_mult(info.role) or own_width(info, shapes, params[name]):
+            p = params[name]
+            base_p = None if base_values is None else base_values[info.base_name]
+            depth_f = depth_factor(spec.depth_rule(name).init, info.m_depth, spec.depth_alpha)
+            target = factor(rules[info.role].init, info.m_in, info.m_out) * tunable.init_mult(info.role) * depth_f
+            if base_p is not None:
+                grows = tuple(s != b for s, b in zip(p.shape, base_p.shape))
+                spec.init_laws[name] = read_law(base_p, grows).scaled(target)
+            if p.is_meta:  # nothing to rescale: mt.init_weights draws the law
+                applied = target != tunable.init_mult(info.role) or own_width(info, shapes, p)
+                nonzero = name in spec.init_laws and spec.init_laws[name].rms > 0
+            else:
+                init_factor = _init_factor(
+                    info, shapes, rules[info.role].init, tunable.init_mult(info.role), p, base_p, spec.kept_values
+                )
+                init_factor *= depth_f
+                spec.init_scales[name] = init_factor  # the field keeps its name: MuSpec is pickled with models
+                if init_factor != 1.0:
+                    p.mul_(init_factor)
+                applied = init_factor != tunable.init_mult(info.role) or own_width(info, shapes, p)
+                nonzero = rms(p) > 0
+            if applied:
                 for r in info.row_roles:  # rows of another role (B/C of an in_proj): their own init
                     c = r.init_ratio * tunable.init_mult(r.role) / tunable.init_mult(info.role)
-                    if c != 1.0 and rms(params[name]) > 0:
-                        params[name].narrow(r.dim, r.start, r.stop - r.start).mul_(c)
-        for _what, tensor in zeroing:
-            tensor.zero_()
-    spec.zero_init = [what for what, _ in zeroing]
+                    if c != 1.0 and nonzero:
+                        if not p.is_meta:
+                            p.narrow(r.dim, r.start, r.stop - r.start).mul_(c)
+                        spec.init_pieces.setdefault(name, []).append((r.dim, r.start, r.stop, c))
+        for zero in zeroing:
+            zero.tensor(params).zero_()
+            spec.init_pieces.setdefault(zero.param, []).append((zero.dim, zero.start, zero.stop, 0.0))
+    spec.init_pending = bool(on_meta)
+    spec.init_rms = {
+        name: (
+            spec.expected_rms(name)
+            if name in spec.init_laws and (p.is_meta or name not in spec.kept_values)
+            else (None if p.is_meta else rms(p))
+        )
+        for name, p in ((n, params[n]) for n in infos)
+    }
+    spec.zero_init = [z.what for z in zeroing]
     install_forward_constants(model, constants)
     spec.forward_constants = {m: (kind, c) for m, kind, c in constants}
     spec.attention = spec_attention
@@ -394,7 +430,33 @@ def _init_factor(
     return target / assumed * init_mult
 
 
-Zeroing = list[tuple[str, torch.Tensor]]  # (description, tensor or view to zero)
+@dataclass(frozen=True)
+class ZeroPiece:
+    """A parameter, or the row range [start, stop) of its dim `dim`, that parametrize zeroes."""
+
+    what: str  # as describe prints it
+    param: str  # the canonical parameter name
+    dim: int = 0
+    start: int = 0
+    stop: int | None = None  # None: to the end (the whole parameter when start is 0)
+
+    def tensor(self, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The parameter or its rows, as a view to zero."""
+        p = params[self.param]
+        if self.start == 0 and self.stop is None:
+            return p
+        stop = p.shape[self.dim] if self.stop is None else self.stop
+        return p.narrow(self.dim, self.start, stop - self.start)
+
+
+Zeroing = list[ZeroPiece]
+
+
+def _param_names(model: nn.Module) -> dict[int, str]:
+    names: dict[int, str] = {}
+    for n, p in model.named_parameters():
+        names.setdefault(id(p), canonical_name(n))
+    return names
 
 
 def _readout_zeroing(model, infos: dict[str, ParamInfo], params) -> Zeroing:
@@ -404,15 +466,16 @@ def _readout_zeroing(model, infos: dict[str, ParamInfo], params) -> Zeroing:
             f"zero_init_readout would zero '{tied[0]}', which is tied to the input "
             "embedding; untie the readout or leave zero_init_readout=False"
         )
+    names = _param_names(model)
     found: Zeroing = []
     for name, info in infos.items():
         if info.role != "output":
             continue
-        found.append((name, params[name]))
+        found.append(ZeroPiece(name, name))
         for mname, _ in info.usages:
             bias = getattr(model.get_submodule(mname), "bias", None)
-            if isinstance(bias, torch.Tensor) and bias.ndim == 1:
-                found.append((f"{mname}.bias" if mname else "bias", bias))
+            if isinstance(bias, torch.Tensor) and bias.ndim == 1 and id(bias) in names:
+                found.append(ZeroPiece(f"{mname}.bias" if mname else "bias", names[id(bias)]))
     if not found:
         raise ModelError("zero_init_readout=True but the model has no output (readout) parameter")
     return found
@@ -421,6 +484,7 @@ def _readout_zeroing(model, infos: dict[str, ParamInfo], params) -> Zeroing:
 def _query_zeroing(model: nn.Module, which) -> Zeroing:
     """The query weights (whole tensors or the query rows of fused projections) to zero."""
     patterns = None if which is True else ([which] if isinstance(which, str) else list(which))
+    names = _param_names(model)
     found: Zeroing = []
     for mname, module in model.named_modules():
         cname = canonical_name(mname)
@@ -432,7 +496,7 @@ def _query_zeroing(model: nn.Module, which) -> Zeroing:
             fused = False
         elif isinstance(module, nn.MultiheadAttention):
             if not module._qkv_same_embed_dim:
-                found.append((f"{cname}.q_proj_weight", module.q_proj_weight))
+                found.append(ZeroPiece(f"{cname}.q_proj_weight", names[id(module.q_proj_weight)]))
                 continue
             weight, bias, fused = module.in_proj_weight, module.in_proj_bias, True
         elif leaf in _QUERY_MODULE_NAMES and isinstance(module, nn.Linear):
@@ -441,18 +505,18 @@ def _query_zeroing(model: nn.Module, which) -> Zeroing:
             fused = True
         else:
             continue
-        if not isinstance(weight, torch.Tensor):
+        if not isinstance(weight, torch.Tensor) or id(weight) not in names:
             raise ModelError(f"zero_init_query: module '{cname}' has no weight to zero")
         if not fused:
-            found.append((cname, weight))
-            if isinstance(bias, torch.Tensor):
-                found.append((f"{cname}.bias", bias))
+            found.append(ZeroPiece(cname, names[id(weight)]))
+            if isinstance(bias, torch.Tensor) and id(bias) in names:
+                found.append(ZeroPiece(f"{cname}.bias", names[id(bias)]))
             continue
         transposed = type(module).__name__ == "Conv1D"  # (in, 3·out) layout
         n = (weight.shape[1] if transposed else weight.shape[0]) // 3
-        found.append((f"{cname} (query third)", weight[:, :n] if transposed else weight[:n]))
-        if isinstance(bias, torch.Tensor):
-            found.append((f"{cname}.bias (query third)", bias[:n]))
+        found.append(ZeroPiece(f"{cname} (query third)", names[id(weight)], 1 if transposed else 0, 0, n))
+        if isinstance(bias, torch.Tensor) and id(bias) in names:
+            found.append(ZeroPiece(f"{cname}.bias (query third)", names[id(bias)], 0, 0, n))
     if not found:
         raise ModelError(
             "zero_init_query: no query projection found; pass the query weights' module "

@@ -18,6 +18,7 @@ from ..rules import (
     optimizer_rule,
 )
 from .attention import AttentionScale
+from .init_law import InitLaw
 from .naming import DDP_ATTR, WRAPPER_ATTRS
 from .roles import ParamInfo
 from .shapes import WidthShapes
@@ -58,6 +59,36 @@ class MuSpec:
     # module (embedding × √hidden in the parent's code, an inline 1/√d moved onto the query projection):
     # the coordinate check measures that output without it
     compensated: dict[str, float] = field(default_factory=dict)
+    # parameter → the law of its µP init (read off the base's values, × µP's factor): what mt.init_weights draws
+    init_laws: dict[str, InitLaw] = field(default_factory=dict)
+    # parameter → pieces (dim, start, stop, factor) its init multiplies on top of the law: rows of another role,
+    # zero-initialised readouts and queries (factor 0; stop None: to the end)
+    init_pieces: dict[str, list[tuple[int, int, int | None, float]]] = field(default_factory=dict)
+    init_pending: bool = False  # parametrized on meta: no init drawn yet (mt.init_weights draws it)
+    init_seed: int | None = None  # the seed of the last mt.init_weights
+    # parameter → µP's RMS of its init (the law's, with its pieces; measured when no law is known; None: unknown)
+    init_rms: dict[str, float | None] = field(default_factory=dict)
+
+    def expected_rms(self, name: str) -> float:
+        """µP's RMS of parameter `name`'s init: its law's, with the pieces its init multiplies (rows, zeros).
+
+        Args:
+            name: a parameter with a law (a key of `init_laws`).
+
+        Returns:
+            The root mean square a draw of the law has, in expectation.
+        """
+        law = self.init_laws[name]
+        shape = self.params[name].shape
+        numel = 1
+        for s in shape:
+            numel *= s
+        mean_sq = 1.0
+        for dim, start, stop, c in self.init_pieces.get(name, []):
+            rows = (shape[dim] if stop is None else stop) - start
+            frac = rows / shape[dim] if shape else 1.0
+            mean_sq += frac * (c * c - 1.0)
+        return law.rms * max(mean_sq, 0.0) ** 0.5
 
     def rule(self, name: str) -> Rule:
         """The width rule of parameter `name` (its role's row of the formulation's table).

@@ -73,6 +73,11 @@ CAUSES = {
         "attention logit scale is not the one mt.parametrize installed (module replaced or its scale changed); "
         "call mt.parametrize again"
     ),
+    "init": (
+        "init not µP's: the values were drawn again after mt.parametrize (the model's own reset_parameters / "
+        "init_weights / Hugging Face _init_weights give the standard parametrization's init), or never drawn (a "
+        "meta-built model after to_empty); call mt.init_weights(model) after materialising, not the model's own init"
+    ),
     "act": "activation size off the proxy's width-scaled trajectory (a layer's init, forward constant or lr)",
     "logits": "output logits off the proxy's trajectory (readout not scaled, or logits growing without bound)",
     "attn_logits": "attention logits off the proxy's trajectory (attention at 1/√d, or q/k lr not scaled)",

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .._core.atomic import write_atomically
+from .._core.init_check import init_findings
 from .._core.naming import canonical_name
 from .._core.spec import MuSpec, find_spec, require_spec
 from ..coord.measure import MODEL_OUTPUT
@@ -86,7 +87,10 @@ class Monitor:
 
     Without a proxy, the alarms come from what `parametrize` recorded: an optimizer group not built
     by `param_groups` (or an lr changed by hand) for a parameter whose µP lr is not the base lr, a
-    layer swapped after `parametrize`, an attention logit scale that is not the installed one. With a
+    layer swapped after `parametrize`, an attention logit scale that is not the installed one, and — checked
+    when the monitor starts, if the optimizer has not stepped yet — an init that is not µP's (`mt.check`:
+    the model re-initialised by its own code after `parametrize`, or a meta build never given
+    `mt.init_weights`), raised at the first sample. With a
     proxy trajectory (`proxy=` or `compare`), every quantity is also compared with the proxy's at the
     same step, scaled to this model's widths by the rules.
 
@@ -166,6 +170,12 @@ class Monitor:
         self._proxy_steps: dict[int, dict] = {}
         self._wider_steps: dict[int, dict] = {}
         self._t = 0
+        # the init, checked before the first step (after one, the values have moved): alarms at the first sample
+        self._init_found: list = []
+        if not self.optimizer.state:
+            with torch.no_grad():
+                found, _, _ = init_findings(self.spec, self.model)
+            self._init_found = [(f.parameter, f.what, f.measured, f.expected, "init") for f in found]
         self._probe = StepProbe(self.model, self.optimizer, self.names, rows)
         self._probe.arm()  # step 1 is sampled
         if proxy is not None:
@@ -274,6 +284,7 @@ class Monitor:
             lr_found + swap_findings(self.spec, self.model, self.optimizer, rms) + attention_findings(self.spec, calls)
         )
         found += self._compare_record(record)
+        found, self._init_found = self._init_found + found, []
         new = self._raise(t, found)
         if self._sink is not None:
             self._sink.write(t, self._scalars(record))

@@ -1,7 +1,7 @@
 """Small reference models and data used by the examples, the tests, the checks and the demo."""
 
 from .data import gaussian_batches, image_batches, stdlib_text, text_batches
-from .models import CNN, GPT, MLP, MHATransformer, ResMLP, ResNet
+from .models import CNN, GPT, MLP, Llama, MHATransformer, ResMLP, ResNet
 from .registry import RECIPES, Recipe, get_recipe
 
 __all__ = [
@@ -9,6 +9,7 @@ __all__ = [
     "GPT",
     "MLP",
     "RECIPES",
+    "Llama",
     "MHATransformer",
     "Recipe",
     "ResMLP",

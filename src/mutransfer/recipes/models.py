@@ -17,6 +17,7 @@ __all__ = [
     "BasicBlock",
     "Block",
     "CausalSelfAttention",
+    "Llama",
     "MHATransformer",
     "ResBlock",
     "ResMLP",
@@ -228,3 +229,132 @@ class MHATransformer(nn.Module):
         h = self.norm(h + a)
         h = h + F.relu(self.ff(h))
         return self.readout(h.mean(dim=1))
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm with a learned gain (Llama's), ε inside the root."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+
+def _rotate(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """Rotary position embedding of (batch, heads, positions, head_dim), computed from positions on
+    x's device (no buffer: a model built on meta and materialised with `to_empty` needs no re-init)."""
+    t, d = x.shape[-2], x.shape[-1]
+    inv = base ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
+    angle = torch.arange(t, device=x.device, dtype=torch.float32)[:, None] * inv
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+class LlamaAttention(nn.Module):
+    """Grouped-query attention with separate q/k/v/o projections, rotary positions, SDPA (causal).
+
+    The head count is read from the projections' own shapes in the forward, so that a tensor-parallel
+    plan that shards q/k/v column-wise (each rank holds whole heads) needs no change to the module.
+    """
+
+    def __init__(self, width: int, n_heads: int, n_kv_heads: int):
+        super().__init__()
+        if width % n_heads:
+            raise ValueError(f"width {width} is not divisible by n_heads {n_heads}")
+        self.head_dim = width // n_heads
+        self.wq = nn.Linear(width, n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(width, n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(width, n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(n_heads * self.head_dim, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = (z.view(b, t, -1, self.head_dim).transpose(1, 2) for z in (self.wq(x), self.wk(x), self.wv(x)))
+        q, k = _rotate(q), _rotate(k)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+        return self.wo(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, width: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(width, hidden, bias=False)  # gate
+        self.w3 = nn.Linear(width, hidden, bias=False)  # up
+        self.w2 = nn.Linear(hidden, width, bias=False)  # down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, width: int, n_heads: int, n_kv_heads: int, ffn: int):
+        super().__init__()
+        self.attention_norm = RMSNorm(width)
+        self.attention = LlamaAttention(width, n_heads, n_kv_heads)
+        self.ffn_norm = RMSNorm(width)
+        self.feed_forward = SwiGLU(width, ffn)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x))
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Llama(nn.Module):
+    """A Llama written the torchtitan way: RMSNorm, separate q/k/v/o, SwiGLU, rotary, untied readout.
+
+    `init_weights()` is the model's own (standard-parametrization) init, as torchtitan's models have
+    one for after `to_empty`: it is *not* µP's; after `mt.parametrize`, use `mt.init_weights`.
+
+    Args:
+        width: d_model.
+        vocab: vocabulary size.
+        n_layers: number of blocks.
+        n_heads: query heads (fixed across widths: head_dim grows with width).
+        n_kv_heads: key/value heads (grouped-query attention when fewer than n_heads).
+        ffn_mult: the SwiGLU hidden size as a multiple of width.
+        init_std: std of the weights' normal init.
+    """
+
+    def __init__(
+        self,
+        width: int,
+        vocab: int = 256,
+        n_layers: int = 2,
+        n_heads: int = 4,
+        n_kv_heads: int | None = None,
+        ffn_mult: float = 8 / 3,
+        init_std: float = 0.02,
+    ):
+        super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        self.init_std = init_std
+        self.tok_embeddings = nn.Embedding(vocab, width)
+        self.layers = nn.ModuleList(
+            LlamaBlock(width, n_heads, n_kv_heads, int(ffn_mult * width)) for _ in range(n_layers)
+        )
+        self.norm = RMSNorm(width)
+        self.output = nn.Linear(width, vocab, bias=False)
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """Normal(0, init_std) weights, unit norm gains (standard parametrization)."""
+        with torch.no_grad():
+            for m in self.modules():
+                if isinstance(m, (nn.Linear, nn.Embedding)):
+                    nn.init.normal_(m.weight, std=self.init_std)
+                elif isinstance(m, RMSNorm):
+                    m.reset_parameters()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h)
+        return self.output(self.norm(h))
