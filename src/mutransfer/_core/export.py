@@ -33,6 +33,11 @@ besides the original while it works (three when `device=` is not the model's own
 
 Devices: the probe forwards run where the model lives (the device of its parameters), or on
 `device=` (a model kept on the CPU, probed on a GPU); the exported copy lives where the model does.
+
+Sharded models (parameters that are DTensors: FSDP2 `fully_shard`, tensor parallel): `export` first
+gathers a plain copy — the user's classes, full tensors, no distributed hooks — on every rank (it is
+collective: every rank calls it), on the CPU unless `device=` says otherwise, and exports that; every
+rank gets the plain model (save it from one).
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ from .export_check import (
     restore_dtypes,
 )
 from .fold import Folder
+from .naming import canonical_name
+from .sharding import gathered_copy, is_sharded
 from .spec import SPEC_ATTR, require_spec, spec_holder
 
 __all__ = ["RTOL", "export"]
@@ -73,8 +80,8 @@ def export(
     """A plain copy of the parametrized `model`: same outputs, no µP forward constants.
 
     Args:
-        model: a model put in µP by `mt.parametrize` (also through DDP / torch.compile wrappers).
-            It is not changed.
+        model: a model put in µP by `mt.parametrize` (also through DDP / torch.compile wrappers, and
+            sharded: FSDP2 / tensor-parallel DTensor parameters, gathered on every rank). It is not changed.
         example_inputs: inputs for the probe forwards (a tensor, a tuple of arguments or a dict
             of keyword arguments); made from the model like `parametrize` does when omitted.
         untie: for a readout tied to the input embedding whose multiplier no norm can absorb,
@@ -82,7 +89,7 @@ def export(
         rtol: largest relative difference (max |Δ| / max |output|) allowed between the µP and the
             exported model on the probe.
         device: where the probe forwards run ("cpu", "cuda", "cuda:N", "auto" or a `torch.device`);
-            None: the model's own device. `example_inputs` are moved there. The returned model lives
+            None: the model's own device (for a sharded model: the CPU, where its full copy is gathered). `example_inputs` are moved there. The returned model lives
             on the model's device either way.
 
     Returns:
@@ -92,6 +99,7 @@ def export(
 
     Raises:
         ModelError: the model was never parametrized (a plain model needs no export).
+        ExportError: a parameter is still on the meta device (nothing to save).
         ExportError: the model does not run on `example_inputs`, a constant has no place to go, or
             the exported model differs from the µP model by more than `rtol` on the probe.
     """
@@ -99,6 +107,15 @@ def export(
     root = spec_holder(model)
     if root is None:  # require_spec found a spec, so a holder exists
         raise ExportError(f"export: no module of {type(model).__name__} holds the µP spec")
+    meta = [canonical_name(n) for n, p in root.named_parameters() if p.is_meta]
+    if meta:
+        raise ExportError(
+            f"export: '{meta[0]}' (and {len(meta) - 1} more) is still on the meta device: it has no values to "
+            "save. Materialise the model (model.to_empty(device=...)) and give it values (mt.init_weights(model), "
+            "training, or a checkpoint) first"
+        )
+    if is_sharded(root):  # FSDP2 / tensor parallel: gather a plain copy (collective), export that
+        root = gathered_copy(root, "cpu" if device is None else resolve_device(device, "device"))
     home = module_device(root)
     where = home if device is None else resolve_device(device, "device")
     training = root.training

@@ -4,7 +4,7 @@
 so that code written for whole tensors (an init draw, a row range) can act on a shard. Sharding
 follows torch's own split of each placement (`Shard`: `torch.chunk`; `_StridedShard`: FSDP2 over
 tensor parallel), checked against the local tensor's shape. Nothing here communicates except
-`full_values` and `global_rms`, which are collective: every rank of the mesh must call them.
+`full_values`, `global_rms` and `gathered_copy`, which are collective: every rank of the mesh must call them.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from ..errors import ModelError
 
-__all__ = ["LocalPart", "full_values", "global_rms", "is_dtensor", "local_part"]
+__all__ = ["LocalPart", "full_values", "gathered_copy", "global_rms", "is_dtensor", "is_sharded", "local_part"]
 
 
 def is_dtensor(t: object) -> bool:
@@ -99,3 +100,92 @@ def global_rms(p: torch.Tensor) -> float:
     if is_dtensor(p):
         return float(p.detach().to(torch.float64).pow(2).mean().full_tensor().sqrt())  # type: ignore[attr-defined]
     return float(p.detach().to(torch.float64).pow(2).mean().sqrt())
+
+
+_HOOK_DICTS = (
+    "_forward_pre_hooks",
+    "_forward_hooks",
+    "_backward_pre_hooks",
+    "_backward_hooks",
+    "_state_dict_hooks",
+    "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks",
+    "_load_state_dict_post_hooks",
+)
+_HOOK_FLAGS = ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+_DISTRIBUTED_ATTRS = ("_is_fsdp_managed_module", "_fsdp_use_orig_params")
+
+
+def _from_distributed(obj: object) -> bool:
+    fn = getattr(obj, "func", obj)  # functools.partial
+    fn = getattr(fn, "__func__", fn)  # bound method
+    return str(getattr(fn, "__module__", "") or "").startswith("torch.distributed")
+
+
+def _distributed_attr(key: str, value: object) -> bool:
+    """An attribute torch.distributed set on a module (FSDP2's flags and its composable-API state)."""
+    return (
+        key in _DISTRIBUTED_ATTRS
+        or key.startswith("__composable_api_state_key")
+        or type(value).__module__.startswith("torch.distributed")
+    )
+
+
+def _plain_class(cls: type) -> type:
+    """The user's class under the classes torch.distributed puts in front of it (FSDP2's ``FSDP<Class>``)."""
+    while cls.__module__.startswith("torch.distributed"):
+        bases = [b for b in cls.__bases__ if not b.__module__.startswith("torch.distributed")]
+        if not bases:
+            break
+        cls = bases[-1]
+    return cls
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether any parameter of `model` is a DTensor (FSDP2, tensor parallel)."""
+    return any(is_dtensor(p) for p in model.parameters())
+
+
+def gathered_copy(model: nn.Module, device: torch.device | str = "cpu") -> nn.Module:
+    """A plain copy of a sharded model: the user's classes, full tensors on `device`, no distributed hooks.
+
+    Collective: every parameter that is a DTensor is all-gathered (`full_tensor`), so every rank must call
+    it, in the same order, and every rank gets the full model. Parameters shared between modules (tied
+    embeddings) stay shared. Hooks and attributes torch.distributed installed (FSDP2's class and forward
+    hooks, tensor parallel's input/output redistribution) are left out; everything else of each module's
+    state is shared with the original (shallow), so treat the copy as read-only or deep-copy it.
+    """
+    tensors: dict[int, torch.Tensor] = {}
+    modules: dict[int, nn.Module] = {}
+
+    def tensor(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in tensors:
+            full = full_values(t)
+            full = full.to(device) if is_dtensor(t) else full.to(device, copy=True)
+            tensors[id(t)] = nn.Parameter(full, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else full
+        return tensors[id(t)]
+
+    def clone(m: nn.Module) -> nn.Module:
+        if id(m) in modules:
+            return modules[id(m)]
+        cls = _plain_class(type(m))
+        new = cls.__new__(cls)
+        state = {k: v for k, v in m.__dict__.items() if not _distributed_attr(k, v)}
+        state["_parameters"] = {k: None if v is None else tensor(v) for k, v in m._parameters.items()}
+        state["_buffers"] = {k: None if v is None else tensor(v) for k, v in m._buffers.items()}
+        for attr in _HOOK_DICTS:
+            if attr in m.__dict__:
+                state[attr] = type(m.__dict__[attr])(
+                    (k, h) for k, h in m.__dict__[attr].items() if not _from_distributed(h)
+                )
+        for attr in _HOOK_FLAGS:
+            if attr in m.__dict__:
+                kept = {k for d in _HOOK_DICTS if d in state for k in state[d]}
+                state[attr] = type(m.__dict__[attr])((k, v) for k, v in m.__dict__[attr].items() if k in kept)
+        modules[id(m)] = new
+        state["_modules"] = {k: None if v is None else clone(v) for k, v in m._modules.items()}
+        new.__dict__.update(state)
+        return new
+
+    with torch.no_grad():
+        return clone(model)

@@ -319,7 +319,9 @@ class Llama(nn.Module):
         n_layers: number of blocks.
         n_heads: query heads (fixed across widths: head_dim grows with width).
         n_kv_heads: key/value heads (grouped-query attention when fewer than n_heads).
-        ffn_mult: the SwiGLU hidden size as a multiple of width.
+        ffn_mult: the SwiGLU hidden size as a multiple of width (rounded up to a multiple of `multiple_of`,
+            as Llama does, so that tensor parallel can split it evenly).
+        multiple_of: the SwiGLU hidden size is a multiple of this.
         init_std: std of the weights' normal init.
     """
 
@@ -331,15 +333,15 @@ class Llama(nn.Module):
         n_heads: int = 4,
         n_kv_heads: int | None = None,
         ffn_mult: float = 8 / 3,
+        multiple_of: int = 16,
         init_std: float = 0.02,
     ):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         self.init_std = init_std
         self.tok_embeddings = nn.Embedding(vocab, width)
-        self.layers = nn.ModuleList(
-            LlamaBlock(width, n_heads, n_kv_heads, int(ffn_mult * width)) for _ in range(n_layers)
-        )
+        ffn = multiple_of * -(-int(ffn_mult * width) // multiple_of)
+        self.layers = nn.ModuleList(LlamaBlock(width, n_heads, n_kv_heads, ffn) for _ in range(n_layers))
         self.norm = RMSNorm(width)
         self.output = nn.Linear(width, vocab, bias=False)
         self.init_weights()

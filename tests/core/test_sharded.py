@@ -1,0 +1,84 @@
+"""µP on sharded models, on 2 gloo processes (tests/core/sharded_job.py under torchrun, one run for all checks):
+tensor parallel and FSDP2 train like one process; a meta-built target is parametrized, sharded, materialised
+and given µP's init shard by shard; a sharded model exports to the plain class and round-trips through DCP."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+JOB = Path(__file__).with_name("sharded_job.py")
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    pytest.importorskip("torch.distributed.fsdp")
+    out = tmp_path_factory.mktemp("sharded") / "out.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(JOB)]
+    run = subprocess.run([*cmd, str(out)], capture_output=True, text=True, timeout=240, env=env)
+    assert run.returncode == 0 and out.exists(), (run.stdout[-2000:], run.stderr[-4000:])
+    return json.loads(out.read_text())
+
+
+def test_sharded_runs_fit_in_the_time_box(measured):
+    assert measured["seconds"] < 60
+
+
+@pytest.mark.parametrize("how", ["tp", "fsdp"])
+def test_a_materialised_model_trains_sharded_like_one_process(measured, how):
+    assert measured[f"{how}_adamw"] <= 1e-6, measured[f"{how}_adamw"]
+    assert measured[f"{how}_muon"] <= 5e-4, measured[f"{how}_muon"]
+    assert measured["ref_adamw"][-1] < measured["ref_adamw"][0]  # the reference does train
+
+
+def test_meta_target_is_parametrized_without_values_and_gets_the_same_groups(measured):
+    assert measured["meta_params_on_meta"] is True
+    assert measured["meta_groups_equal"] is True
+
+
+def test_init_weights_on_shards_draws_the_one_process_tensors(measured):
+    assert measured["check_before_init"] is False  # to_empty's memory is not µP's init, and check says so
+    assert measured["check_after_init"] is True
+    assert measured["same_full_tensors"] is True  # tensor parallel (2-D mesh) + FSDP2: same seed, same tensors
+    assert measured["fsdp_same_full_tensors"] is True  # FSDP2 alone
+
+
+def test_init_weights_matches_eager_parametrize_in_every_tensors_rms(measured):
+    gaps = measured["rms_log_gaps"]
+    assert len(gaps) == 21
+    worst = max(gaps, key=gaps.get)
+    assert gaps[worst] < 0.1, (worst, gaps[worst])  # 0.008 measured: two independent draws of the same law
+
+
+def test_shards_are_uncorrelated(measured):
+    z = measured["shard_corr_z"]  # corr(rank 0's half, rank 1's half) × √n: N(0, 1) when independent
+    assert len(z) >= 14
+    assert max(abs(v) for v in z.values()) < 5.0
+
+
+def test_the_meta_built_target_trains(measured):
+    losses = measured["meta_trained"]
+    assert all(math.isfinite(v) for v in losses)
+    assert losses[-1] < losses[0] - 0.05, losses
+
+
+def test_a_sharded_model_exports_to_the_plain_class(measured):
+    assert measured["export_class"] == "Llama" and measured["export_is_plain"] is True
+    assert measured["export_rel"] <= 1e-5
+    assert measured["export_reload_rel"] <= 1e-5
+
+
+def test_a_dcp_checkpoint_round_trips_and_mup_comes_back_from_the_shapes(measured):
+    assert measured["dcp_rel"] <= 1e-6
+    assert measured["dcp_groups_equal"] is True
+
+
+def test_bad_input_is_named(measured):
+    assert "'layers.0.attention.wq.weight' is split by tensor parallel" in measured["head_split_error"]
+    assert "divides 3" in measured["head_split_error"]
+    assert "never parametrized" in measured["plain_error"]
