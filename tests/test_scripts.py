@@ -173,13 +173,18 @@ def test_coord_power_benchmark_gets_every_verdict_right_on_nanogpt(tmp_path):
     assert "6/6 verdicts right" in out
 
 
-@pytest.mark.slow
-def test_parametrize_speed_benchmark_on_meta(tmp_path):
-    pytest.importorskip("transformers")
-    path = tmp_path / "speed.json"
-    run_here(["benchmarks/parametrize_speed.py", "--runs", "1", "--json", str(path)])
+@pytest.mark.parametrize("hf", [False, True], ids=["recipe", "hf"])
+def test_meta_target_benchmark_parametrizes_without_allocating_the_target(tmp_path, hf):
+    if hf:
+        pytest.importorskip("transformers")
+    path = tmp_path / "meta.json"
+    argv = ["benchmarks/meta_target.py", "--width", "1024", "--layers", "4", "--json", str(path)]
+    out = run_here(argv + (["--hf"] if hf else []))
     data = json.loads(path.read_text())
-    assert data["params"] > 8e8 and data["verified"] is True
+    assert data["parameters"] > 1.5e8 and data["target_still_on_meta"] is True and data["attention_verified"] is True
+    assert data["laws"] == (39 if hf else 39) and data["groups"] >= 3
+    assert data["peak_rss_growth_gb"] < 0.5  # the target (0.6 GB in float32 here) is never allocated
+    assert "init laws" in out
 
 
 @pytest.mark.slow
