@@ -63,7 +63,7 @@ bench: $(TEST_STAMP)
 	$(PY) benchmarks/depth_overhead.py
 	$(PY) benchmarks/limits_speed.py
 	$(PY) benchmarks/coord_power.py
-	$(PY) benchmarks/parametrize_speed.py
+	$(PY) benchmarks/meta_target.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache site mutransfer-demo

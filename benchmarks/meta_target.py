@@ -93,10 +93,7 @@ def main() -> None:
     }
     label = f"{row['model'].split('.')[-1]} {n / 1e9:.2f}e9 (w {args.width}, L {args.layers})"
     print(f"{'target':<44}{'parametrize':>12}{'+ groups':>10}{'peak RSS growth':>17}")
-    print(
-        f"{label:<44}{t_param:>11.1f}s{t_all:>9.1f}s"
-        f"{growth:>15.3f} GB"
-    )
+    print(f"{label:<44}{t_param:>11.1f}s{t_all:>9.1f}s{growth:>15.3f} GB")
     print(
         f"base width {args.base_width} (real), target still on meta: {still_meta}; {len(groups)} optimizer groups; "
         f"{len(spec.init_laws)} init laws; attention scales measured on the probe: {verified}"

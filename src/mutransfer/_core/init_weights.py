@@ -75,6 +75,14 @@ def init_weights(model: nn.Module, seed: int | None = None, *, skip: Iterable[st
     if unused:
         raise ModelError(f"init_weights: skip={unused[0]!r} matches no parameter of the model; check the names")
     added = [n for n in params if n not in spec.params and n not in skipped]
+    tied = {f"{m}.weight": n for n, i in spec.params.items() for m in i.tied_readouts}
+    untied = [n for n in added if n in tied]
+    if untied:
+        raise ModelError(
+            f"init_weights: '{untied[0]}' is no longer the same tensor as '{tied[untied[0]]}' (tied when parametrized): "
+            "to_empty and load_state_dict(assign=True) untie shared parameters. Tie them again first "
+            f"(model.{untied[0]} = model.{tied[untied[0]]}, or a Hugging Face model's tie_weights())"
+        )
     if added:
         raise ModelError(
             f"init_weights: '{added[0]}' was added after mt.parametrize (it has no role and no law); build the model "
