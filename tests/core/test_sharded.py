@@ -5,6 +5,7 @@ and given µP's init shard by shard; a sharded model exports to the plain class 
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -82,3 +83,21 @@ def test_bad_input_is_named(measured):
     assert "'layers.0.attention.wq.weight' is split by tensor parallel" in measured["head_split_error"]
     assert "divides 3" in measured["head_split_error"]
     assert "never parametrized" in measured["plain_error"]
+
+
+def test_the_worked_example_runs_under_torchrun(tmp_path):
+    pytest.importorskip("torch.distributed.fsdp")
+    example = Path(__file__).resolve().parents[2] / "examples" / "train_sharded.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(example)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([*cmd, "--out", str(tmp_path)], capture_output=True, text=True, timeout=240, env=env)
+    assert run.returncode == 0, run.stderr[-4000:]
+    out = run.stdout
+    assert "init check: FAILED" in out  # after to_empty: the memory is not µP's init, and the check says so
+    assert "mt.init_weights drew µP's init on every shard; init check: passed" in out
+    first, last = (float(v) for v in re.search(r"loss ([\d.]+) → ([\d.]+)", out).groups())
+    assert last < first - 1.0, out
+    assert float(re.search(r"fresh meta-built model: logits rel. diff ([\d.e+-]+)", out).group(1)) <= 1e-6
+    assert float(re.search(r"loads it: logits rel. diff ([\d.e+-]+)", out).group(1)) <= 1e-5
+    assert (tmp_path / "plain.pt").exists() and (tmp_path / "shapes.json").exists() and (tmp_path / "dcp").is_dir()
+    assert float(re.search(r"done in ([\d.]+) s", out).group(1)) < 60

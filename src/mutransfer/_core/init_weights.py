@@ -67,7 +67,7 @@ def init_weights(model: nn.Module, seed: int | None = None, *, skip: Iterable[st
             "laws), or load the values from a checkpoint instead"
         )
     patterns = [skip] if isinstance(skip, str) else list(skip)
-    params: dict[str, torch.Tensor] = {}
+    params: dict[str, torch.Tensor] = {}  # parameters (and DTensor parameters), by canonical name
     for n, p in root.named_parameters():
         params.setdefault(canonical_name(n), p)
     skipped = {n for n in params if any(fnmatch.fnmatchcase(n, pat) for pat in patterns)}
@@ -106,18 +106,19 @@ def init_weights(model: nn.Module, seed: int | None = None, *, skip: Iterable[st
     check_head_splits(spec, root)
     seed = _resolve_seed(seed, any(is_dtensor(p) for p in params.values()))
     with torch.no_grad():
-        for name, p in params.items():
+        for name, param in params.items():
             if name in skipped:
                 continue
-            part = local_part(p, name)
+            part = local_part(param, name)
             if part is None:
                 continue
-            mults: list[torch.Tensor | None] = [None] * p.ndim
+            mults: list[torch.Tensor | None] = [None] * param.ndim
             for dim, start, stop, c in spec.init_pieces.get(name, []):
                 g = part.indices[dim]
                 end = part.global_shape[dim] if stop is None else stop
                 inside = (g >= start) & (g < end)
-                m = mults[dim] if mults[dim] is not None else torch.ones(len(g), dtype=torch.float64, device=g.device)
+                prev = mults[dim]
+                m = prev if prev is not None else torch.ones(len(g), dtype=torch.float64, device=g.device)
                 mults[dim] = torch.where(inside, m * c, m)
             draw(laws[name], part.tensor, part.global_shape, part.indices, seed, name, mults)
     spec.init_seed = seed
@@ -178,7 +179,7 @@ def check_head_splits(spec: MuSpec, root: nn.Module) -> None:
                 part = local_part(p, name)
                 if part is None:
                     continue
-                mesh_ndim = p.device_mesh.ndim  # type: ignore[attr-defined]
+                mesh_ndim = p.device_mesh.ndim
                 pieces: dict[int, int] = {}
                 for mesh_dim, dim, n in part.cuts:
                     if fsdp and (mesh_ndim == 1 or mesh_dim == 0):

@@ -10,6 +10,7 @@ tensor parallel), checked against the local tensor's shape. Nothing here communi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -96,10 +97,25 @@ def full_values(p: torch.Tensor) -> torch.Tensor:
 
 
 def global_rms(p: torch.Tensor) -> float:
-    """Root mean square of all of `p`'s values, in float64 (a DTensor's over every shard: collective)."""
-    if is_dtensor(p):
-        return float(p.detach().to(torch.float64).pow(2).mean().full_tensor().sqrt())  # type: ignore[attr-defined]
-    return float(p.detach().to(torch.float64).pow(2).mean().sqrt())
+    """Root mean square of all of `p`'s values, in float64 (a DTensor's over every shard: collective).
+
+    A DTensor's sum of squares is its local one summed over the mesh dims that shard it (replicas are
+    counted once): one all-reduce per sharding mesh dim, no redistribution of the values.
+    """
+    if not is_dtensor(p):
+        return float(p.detach().to(torch.float64).pow(2).mean().sqrt())
+    from torch.distributed.tensor import Replicate
+
+    local = p.to_local().detach()  # type: ignore[attr-defined]
+    total = local.to(torch.float64).pow(2).sum().reshape(1)
+    mesh = p.device_mesh  # type: ignore[attr-defined]
+    if mesh.get_coordinate() is None:
+        return float("nan")
+    for mesh_dim, pl in enumerate(p.placements):  # type: ignore[attr-defined]
+        if not isinstance(pl, Replicate):
+            torch.distributed.all_reduce(total, group=mesh.get_group(mesh_dim))
+    numel = p.numel()
+    return float((total / max(numel, 1)).sqrt()) if numel else 0.0
 
 
 _HOOK_DICTS = (
@@ -168,7 +184,7 @@ def gathered_copy(model: nn.Module, device: torch.device | str = "cpu") -> nn.Mo
     def clone(m: nn.Module) -> nn.Module:
         if id(m) in modules:
             return modules[id(m)]
-        cls = _plain_class(type(m))
+        cls: Any = _plain_class(type(m))
         new = cls.__new__(cls)
         state = {k: v for k, v in m.__dict__.items() if not _distributed_attr(k, v)}
         state["_parameters"] = {k: None if v is None else tensor(v) for k, v in m._parameters.items()}
