@@ -155,7 +155,7 @@ def main() -> None:
     if rank == 0:
         torch.save(plain.state_dict(), os.path.join(folder, "plain.pt"))
         fresh = llama(args.width, args.layers)
-        fresh.load_state_dict(torch.load(os.path.join(folder, "plain.pt")))
+        fresh.load_state_dict(torch.load(os.path.join(folder, "plain.pt"), weights_only=True))
         rel_plain = float((local_logits(fresh, probe.cpu()) - ref.cpu()).abs().max() / ref.abs().max())
         say(f"[6] exported to {folder}/plain.pt; the plain Llama class loads it: logits rel. diff {rel_plain:.1e}")
     dist.barrier()

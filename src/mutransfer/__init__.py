@@ -27,6 +27,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "init_weights": ("._core.init_weights", "init_weights"),
     "check": ("._core.init_check", "check"),
     "CheckReport": ("._core.init_check", "CheckReport"),
+    "CheckFinding": ("._core.init_check", "CheckFinding"),
     "attn_scale": ("._core.attention", "attn_scale"),
     "attn_logits": ("._core.attention", "attn_logits"),
     "residual_branch": ("._core.depth", "residual_branch"),
@@ -53,6 +54,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
 }
 
 __all__ = [
+    "CheckFinding",
     "CheckReport",
     "CoordCheckResult",
     "MeasuredLaw",
@@ -97,7 +99,7 @@ if TYPE_CHECKING:  # what type checkers and the API docs see; at run time `__get
     from ._core.devices import resolve_device
     from ._core.export import export
     from ._core.hparam_transfer import TransferredHParams, transfer_hparams
-    from ._core.init_check import CheckReport, check
+    from ._core.init_check import CheckFinding, CheckReport, check
     from ._core.init_weights import init_weights
     from ._core.measured_law import MeasuredLaw
     from ._core.noise_scale import NoiseScale, gradient_noise_scale

@@ -173,7 +173,7 @@ def _init_words(spec: MuSpec) -> str:
     if getattr(spec, "init_pending", False):
         if getattr(spec, "init_laws", {}):
             return "init NOT drawn yet (built on meta): mt.init_weights(model) draws the laws below"
-        return f"init NOT drawn yet (built on meta), and no law is known (init from {spec.init_source})"
+        return "no init values (built on meta and parametrized from shapes only): load them from a checkpoint"
     return f"init rescaled from {spec.init_source}"
 
 

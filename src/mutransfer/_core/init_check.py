@@ -26,12 +26,12 @@ from .naming import canonical_name
 from .sharding import global_rms
 from .spec import MuSpec, require_spec, spec_holder
 
-__all__ = ["CheckReport", "Finding", "check", "init_findings"]
+__all__ = ["CheckReport", "CheckFinding", "check", "init_findings"]
 
 _FLOOR = 0.1  # |log(measured / expected)| always allowed: a 10 % difference in RMS is not a different init
 
 
-class Finding(NamedTuple):
+class CheckFinding(NamedTuple):
     """One parameter whose values are not µP's.
 
     Attributes:
@@ -57,12 +57,12 @@ class CheckReport:
     """What `check` found: `passed` when no parameter is off µP's init.
 
     Attributes:
-        findings: one `Finding` per parameter off µP's init.
+        findings: one `CheckFinding` per parameter off µP's init.
         checked: how many parameters were compared.
         unchecked: parameters with no known µP RMS (parametrized on meta from shapes only), by name.
     """
 
-    findings: list[Finding] = field(default_factory=list)
+    findings: list[CheckFinding] = field(default_factory=list)
     checked: int = 0
     unchecked: list[str] = field(default_factory=list)
 
@@ -101,10 +101,10 @@ def _tolerance(spec: MuSpec, name: str, numel: int) -> float:
     return max(_FLOOR, 5.0 * se)
 
 
-def init_findings(spec: MuSpec, root: nn.Module) -> tuple[list[Finding], int, list[str]]:
+def init_findings(spec: MuSpec, root: nn.Module) -> tuple[list[CheckFinding], int, list[str]]:
     """(findings, parameters compared, parameters with no known µP RMS) of `root`'s values now."""
     expected_by_name = getattr(spec, "init_rms", {})
-    findings: list[Finding] = []
+    findings: list[CheckFinding] = []
     unchecked: list[str] = []
     checked = 0
     seen: set[str] = set()
@@ -120,14 +120,14 @@ def init_findings(spec: MuSpec, root: nn.Module) -> tuple[list[Finding], int, li
         checked += 1
         measured = global_rms(p)
         if not math.isfinite(measured):
-            findings.append(Finding(name, "init rms", measured, expected, "values not finite: " + CAUSE))
+            findings.append(CheckFinding(name, "init rms", measured, expected, "values not finite: " + CAUSE))
             continue
         if expected == 0.0 or measured == 0.0:
             if expected != measured:
-                findings.append(Finding(name, "init rms", measured, expected, CAUSE))
+                findings.append(CheckFinding(name, "init rms", measured, expected, CAUSE))
             continue
         if abs(math.log(measured / expected)) > _tolerance(spec, name, p.numel()):
-            findings.append(Finding(name, "init rms", measured, expected, CAUSE))
+            findings.append(CheckFinding(name, "init rms", measured, expected, CAUSE))
     return findings, checked, unchecked
 
 
@@ -142,7 +142,7 @@ def check(model: nn.Module) -> CheckReport:
         model: a model put in µP by `mt.parametrize` (then perhaps `mt.init_weights`), possibly wrapped.
 
     Returns:
-        A `CheckReport`: `passed`, and one `Finding` per parameter off µP's RMS (name, RMS found, µP's).
+        A `CheckReport`: `passed`, and one `CheckFinding` per parameter off µP's RMS (name, RMS found, µP's).
 
     Raises:
         ModelError: the model was never parametrized, or tensor parallel splits an attention head.

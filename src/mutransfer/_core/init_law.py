@@ -12,9 +12,9 @@ a random draw are told apart first: constant along every dim that grows with wid
 target: a log-decay repeated per channel), or monotone along a dim (copied when no dim grows,
 else refused at draw time: µP cannot know how such values extend to a wider model).
 
-The draw (`draw`) is a counter-based generator: the value at global flat index i of a parameter
-is a fixed function of (seed, parameter name, i), so a shard draws exactly its part of the full
-tensor, whatever the sharding, and the full tensor is the same for the same seed.
+The draw (`draw`) is addressed by position: the full tensor is cut into blocks of whole rows, each
+drawn by a generator seeded from (seed, parameter name, block), so a shard draws the blocks its rows
+lie in and keeps its part: the full tensor is the same for the same seed whatever the sharding.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-__all__ = ["KINDS", "InitLaw", "draw", "read_law", "uniforms"]
+__all__ = ["KINDS", "InitLaw", "block_seed", "draw", "read_law"]
 
 KINDS = ("zeros", "constant", "normal", "uniform", "trunc_normal", "empirical", "tiled", "unknown")
 _KS_LEVEL = 1.63  # Kolmogorov–Smirnov critical value × √n at the 1 % level
@@ -265,49 +265,28 @@ def read_law(base: torch.Tensor, grows: Sequence[bool]) -> InitLaw:
 
 # ------------------------------------------------------------------------------------------- drawing
 
-_M32 = 0xFFFFFFFF
+_BLOCK = 1 << 16  # values per block of rows, at least: one generator seeded per block
+_M64 = (1 << 64) - 1
 
 
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """x · c mod 2³² for x in [0, 2³²) held in int64, without int64 overflow."""
-    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
+def _splitmix(x: int) -> int:
+    """SplitMix64's finalizer: a 64-bit integer hash."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
 
 
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash (a bijection of [0, 2³²) with full avalanche: xorshift-multiply)."""
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
-    return x ^ (x >> 16)
+def block_seed(seed: int, name: str, block: int) -> int:
+    """The generator seed of one block of rows of one parameter: a hash of (seed, name, block)."""
+    return _splitmix(_splitmix(_splitmix(seed & _M64) ^ zlib.crc32(name.encode())) ^ block) >> 1
 
 
-def _key(seed: int, name: str) -> tuple[int, int, int]:
-    return seed & _M32, (seed >> 32) & _M32, zlib.crc32(name.encode())
-
-
-def uniforms(index: torch.Tensor, seed: int, name: str) -> torch.Tensor:
-    """Uniform values in (0, 1), float64, one per global flat index: a fixed function of (seed, name, index).
-
-    Args:
-        index: int64 tensor of global flat indices (any shape, any device).
-        seed: the draw's seed (a non-negative int).
-        name: the parameter's name (parameters draw independent streams).
-
-    Returns:
-        A float64 tensor of `index`'s shape with 53 random bits per value.
-    """
-    s0, s1, k = _key(seed, name)
-    lo, hi = index & _M32, (index >> 32) & _M32
-    a = _mix32(_mix32(lo ^ s0) ^ hi ^ k)
-    b = _mix32(_mix32(lo ^ s1 ^ 0x9E3779B9) ^ hi ^ (k ^ 0x85EBCA6B))
-    bits = (a >> 5).to(torch.float64) * 67108864.0 + (b >> 6).to(torch.float64)  # 27 + 26 bits
-    return (bits + 0.5) / 9007199254740992.0
-
-
-def _values(law: InitLaw, u: torch.Tensor) -> torch.Tensor:
+def _values(law: InitLaw, n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """n values of the base's law (before `scale`), float64."""
     if law.kind == "normal":
-        return law.mean + law.std * math.sqrt(2.0) * torch.erfinv(2.0 * u - 1.0)
+        return law.mean + law.std * torch.randn(n, dtype=torch.float64, generator=generator, device=device)
+    u = torch.rand(n, dtype=torch.float64, generator=generator, device=device)
     if law.kind == "uniform":
         return law.low + (law.high - law.low) * u
     if law.kind == "trunc_normal":
@@ -316,11 +295,22 @@ def _values(law: InitLaw, u: torch.Tensor) -> torch.Tensor:
         p = (pa + (pb - pa) * u).clamp(1e-300, 1 - 1e-16)
         return (law.mean + law.std * math.sqrt(2.0) * torch.erfinv(2.0 * p - 1.0)).clamp(law.low, law.high)
     if law.kind == "empirical":
-        q = law.values.to(u.device)  # type: ignore[union-attr]
+        q = law.values.to(device)  # type: ignore[union-attr]
         pos = u * (q.numel() - 1)
         i = pos.floor().long().clamp(max=q.numel() - 2)
         return q[i] + (pos - i) * (q[i + 1] - q[i])
     raise ValueError(f"no random draw for an init law of kind {law.kind!r}")
+
+
+def _deterministic(law: InitLaw, shape: Sequence[int], indices: Sequence[torch.Tensor], device) -> torch.Tensor:
+    if law.kind == "zeros":
+        return torch.zeros(tuple(shape), dtype=torch.float64, device=device)
+    if law.kind == "constant":
+        return torch.full(tuple(shape), law.mean, dtype=torch.float64, device=device)
+    pattern = law.values.to(device)  # type: ignore[union-attr]
+    for d, idx in enumerate(indices):
+        pattern = pattern.index_select(d, idx if pattern.shape[d] > 1 else torch.zeros_like(idx))
+    return pattern.expand(tuple(shape))
 
 
 def draw(
@@ -331,9 +321,13 @@ def draw(
     seed: int,
     name: str,
     multipliers: Sequence[torch.Tensor | None] = (),
-    chunk: int = 1 << 22,
 ) -> None:
     """Fill `out` (a parameter or its local shard) with a draw from `law`, in place.
+
+    The full tensor is cut into blocks of whole rows (dim 0) of at least 2¹⁶ values; each block's
+    values come from a generator seeded by (seed, name, block), so a shard draws the blocks its rows
+    lie in and keeps its part: the full tensor is the same whatever the sharding (on one kind of
+    device: CPU and CUDA generators differ).
 
     Args:
         law: the law (its `scale` applied).
@@ -343,7 +337,6 @@ def draw(
         seed: the draw's seed.
         name: the parameter's name (its stream).
         multipliers: per dim, a factor per position (rows of another role, zeroed rows) or None.
-        chunk: at most this many values are drawn at once (bounds the memory of the draw).
 
     Raises:
         ValueError: the law has no draw ("unknown").
@@ -352,41 +345,35 @@ def draw(
         raise ValueError(f"no draw for '{name}': {law.reason}")
     if out.numel() == 0:
         return
-    strides = [1] * len(global_shape)
-    for d in range(len(global_shape) - 2, -1, -1):
-        strides[d] = strides[d + 1] * int(global_shape[d + 1])
+    device = out.device
     ndim = out.ndim
-    mults = list(multipliers) + [None] * (ndim - len(multipliers))
-    rows = out.shape[0] if ndim else 1
-    per_row = max(1, out[0].numel() if ndim else 1)
-    step = max(1, chunk // per_row)
-    for r0 in range(0, rows, step):
-        r1 = min(rows, r0 + step)
-        view = out[r0:r1] if ndim else out
-        shape = view.shape
-        flat = None
-        if law.kind in ("zeros", "constant", "tiled"):
-            if law.kind == "zeros":
-                vals = torch.zeros(shape, dtype=torch.float64, device=out.device)
-            elif law.kind == "constant":
-                vals = torch.full(shape, law.mean, dtype=torch.float64, device=out.device)
-            else:
-                pattern = law.values.to(out.device)  # type: ignore[union-attr]
-                for d in range(ndim):
-                    idx = indices[d][r0:r1] if d == 0 else indices[d]
-                    pattern = pattern.index_select(d, idx if pattern.shape[d] > 1 else torch.zeros_like(idx))
-                vals = pattern.expand(shape)
-        else:
-            for d in range(ndim):
-                idx = indices[d][r0:r1] if d == 0 else indices[d]
-                term = (idx * strides[d]).reshape([-1 if e == d else 1 for e in range(ndim)])
-                flat = term if flat is None else flat + term
-            if flat is None:
-                flat = torch.zeros((), dtype=torch.int64, device=out.device)
-            vals = _values(law, uniforms(flat.expand(shape), seed, name))
-        vals = vals * law.scale
-        for d, m in enumerate(mults):
-            if m is not None:
-                md = m[r0:r1] if d == 0 else m
-                vals = vals * md.reshape([-1 if e == d else 1 for e in range(ndim)])
-        view.copy_(vals.to(out.dtype))
+    if law.kind in ("zeros", "constant", "tiled"):
+        vals = _deterministic(law, out.shape, indices, device)
+    elif ndim == 0:
+        vals = _values(law, 1, torch.Generator(device=device).manual_seed(block_seed(seed, name, 0)), device)
+        vals = vals.reshape(())
+    else:
+        rows_total = int(global_shape[0])
+        per_row = 1
+        for s in global_shape[1:]:
+            per_row *= int(s)
+        k = max(1, -(-_BLOCK // max(per_row, 1)))  # rows per block
+        gen = torch.Generator(device=device)
+        vals = torch.empty(tuple(out.shape), dtype=torch.float64, device=device)
+        rows = indices[0]
+        blocks = torch.div(rows, k, rounding_mode="floor")
+        for b in torch.unique(blocks).tolist():
+            first, last = b * k, min((b + 1) * k, rows_total)
+            gen.manual_seed(block_seed(seed, name, b))
+            block = _values(law, (last - first) * per_row, gen, device).reshape(last - first, *global_shape[1:])
+            where = (blocks == b).nonzero().flatten()
+            part = block.index_select(0, rows.index_select(0, where) - first)
+            for d in range(1, ndim):
+                if len(indices[d]) != global_shape[d]:
+                    part = part.index_select(d, indices[d])
+            vals.index_copy_(0, where, part)
+    vals = vals * law.scale
+    for d, m in enumerate(multipliers):
+        if m is not None:
+            vals = vals * m.reshape([-1 if e == d else 1 for e in range(ndim)])
+    out.copy_(vals.to(out.dtype))

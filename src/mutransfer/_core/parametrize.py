@@ -214,7 +214,7 @@ def parametrize(
             if base_values is not None
             else "assumed PyTorch-default scaling"
             if not on_meta
-            else "nothing (no base values: load a checkpoint)"
+            else "shapes only (a meta target: no init law)"
         ),
         depth_alpha=alpha if depth.containers else 0.0,
         depth=dict(depth.containers),

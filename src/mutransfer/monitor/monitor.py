@@ -175,7 +175,10 @@ class Monitor:
         if not self.optimizer.state:
             with torch.no_grad():
                 found, _, _ = init_findings(self.spec, self.model)
-            self._init_found = [(f.parameter, f.what, f.measured, f.expected, "init") for f in found]
+            self._init_found = [
+                (layer_of(f.parameter), f"{f.what} of {f.parameter.rsplit('.', 1)[-1]}", f.measured, f.expected, "init")
+                for f in found
+            ]
         self._probe = StepProbe(self.model, self.optimizer, self.names, rows)
         self._probe.arm()  # step 1 is sampled
         if proxy is not None:
@@ -284,7 +287,7 @@ class Monitor:
             lr_found + swap_findings(self.spec, self.model, self.optimizer, rms) + attention_findings(self.spec, calls)
         )
         found += self._compare_record(record)
-        found, self._init_found = self._init_found + found, []
+        found, self._init_found = found + self._init_found, []
         new = self._raise(t, found)
         if self._sink is not None:
             self._sink.write(t, self._scalars(record))
