@@ -26,7 +26,7 @@ from .naming import canonical_name
 from .sharding import global_rms
 from .spec import MuSpec, require_spec, spec_holder
 
-__all__ = ["CheckReport", "CheckFinding", "check", "init_findings"]
+__all__ = ["CheckFinding", "CheckReport", "check", "init_findings"]
 
 _FLOOR = 0.1  # |log(measured / expected)| always allowed: a 10 % difference in RMS is not a different init
 
