@@ -1,7 +1,11 @@
 """The sharded µP checks, run on 2 gloo processes by tests/core/test_sharded.py (torchrun --nproc-per-node 2).
 
-Every rank runs every case; rank 0 writes what it measured as JSON (argv[1]). The one-process
-references are computed on each rank locally (no communication), from the same seeds.
+    torchrun --standalone --nproc-per-node 2 tests/core/sharded_job.py OUT.json CKPT_DIR            # the checks
+    torchrun --standalone --nproc-per-node 2 tests/core/sharded_job.py OUT2.json CKPT_DIR --reload  # a fresh job
+
+Every rank runs every case; rank 0 writes what it measured as JSON. The one-process references are
+computed on each rank locally (no communication), from the same seeds. The first job leaves a DCP
+checkpoint, the width shapes and reference logits in CKPT_DIR; the second, fresh processes, reloads them.
 """
 
 from __future__ import annotations
@@ -10,7 +14,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 import traceback
 
@@ -184,33 +187,14 @@ def main(out_path: str) -> None:
         fresh.load_state_dict(plain.state_dict())
         out["export_reload_rel"] = float((fresh(tokens) - mup_logits).abs().max() / mup_logits.abs().max())
 
-    # 4. a DCP checkpoint of the sharded model; a fresh model gets µP back from the saved shapes
-    ckpt = tempfile.mkdtemp(prefix="mt-dcp-") if rank == 0 else None
-    box = [ckpt]
-    dist.broadcast_object_list(box, src=0)
-    ckpt = box[0]
-    shapes = os.path.join(ckpt, "shapes.json")
+    # 4. a DCP checkpoint of the sharded model and the width shapes (a fresh job reloads them: `reload`)
+    ckpt = sys.argv[2]
     if rank == 0:
         base, delta = base_and_delta()
-        mt.save_shapes(base, delta, shapes)
-    dcp.save(get_model_state_dict(model), checkpoint_id=ckpt)
+        mt.save_shapes(base, delta, os.path.join(ckpt, "shapes.json"))
+        torch.save({"tokens": tokens, "logits": mup_logits}, os.path.join(ckpt, "reference.pt"))
+    dcp.save(get_model_state_dict(model), checkpoint_id=os.path.join(ckpt, "dcp"))
     dist.barrier()
-    with torch.device("meta"):
-        again = llama(WIDTH)
-    mt.parametrize(again, base_shapes=shapes)
-    tensor_parallel(again, mesh2d["tp"])
-    fsdp(again, mesh2d["dp"])
-    again.to_empty(device="cpu")
-    state = get_model_state_dict(again)
-    dcp.load(state, checkpoint_id=ckpt)
-    set_model_state_dict(again, state)
-    with torch.no_grad():
-        logits = again(tokens)
-        logits = logits.full_tensor() if hasattr(logits, "full_tensor") else logits
-        out["dcp_rel"] = float((logits - mup_logits).abs().max() / mup_logits.abs().max())
-    out["dcp_groups_equal"] = [(g["lr"], len(g["params"])) for g in mt.param_groups(again, 1e-2, "adamw")] == [
-        (g["lr"], len(g["params"])) for g in mt.param_groups(one, 1e-2, "adamw")
-    ]
 
     # 5. bad input: a tensor-parallel plan that cuts heads (3 heads over 2 ranks), init_weights on a plain model
     bad = on_meta(heads=3, kv=3, width=192, base_width=48)
@@ -235,10 +219,43 @@ def main(out_path: str) -> None:
     dist.destroy_process_group()
 
 
+def reload(out_path: str, ckpt: str) -> None:
+    """A fresh job: a meta-built model gets µP back from the saved shapes and its values from DCP."""
+    dist.init_process_group("gloo")
+    mesh2d = init_device_mesh("cpu", (1, 2), mesh_dim_names=("dp", "tp"))
+    with torch.device("meta"):
+        again = llama(WIDTH)
+    mt.parametrize(again, base_shapes=os.path.join(ckpt, "shapes.json"))
+    tensor_parallel(again, mesh2d["tp"])
+    fsdp(again, mesh2d["dp"])
+    again.to_empty(device="cpu")
+    state = get_model_state_dict(again)
+    dcp.load(state, checkpoint_id=os.path.join(ckpt, "dcp"))
+    set_model_state_dict(again, state)
+    ref = torch.load(os.path.join(ckpt, "reference.pt"), weights_only=True)
+    out = {}
+    with torch.no_grad():
+        logits = again(ref["tokens"])
+        logits = logits.full_tensor() if hasattr(logits, "full_tensor") else logits
+        out["dcp_rel"] = float((logits - ref["logits"]).abs().max() / ref["logits"].abs().max())
+    out["dcp_groups_equal"] = [(g["lr"], len(g["params"])) for g in mt.param_groups(again, 1e-2, "adamw")] == [
+        (g["lr"], len(g["params"])) for g in mt.param_groups(eager(), 1e-2, "adamw")
+    ]
+    dist.barrier()
+    if dist.get_rank() == 0:
+        with open(out_path + ".tmp", "w") as f:
+            json.dump(out, f)
+        os.replace(out_path + ".tmp", out_path)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     try:
-        main(sys.argv[1])
+        if sys.argv[3:] == ["--reload"]:
+            reload(sys.argv[1], sys.argv[2])
+        else:
+            main(sys.argv[1])
     except Exception:
         traceback.print_exc()
         sys.exit(1)

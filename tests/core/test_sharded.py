@@ -15,15 +15,21 @@ import pytest
 JOB = Path(__file__).with_name("sharded_job.py")
 
 
+def _torchrun(*args: str) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(JOB)]
+    run = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=240, env=env)
+    assert run.returncode == 0 and Path(args[0]).exists(), (run.stdout[-2000:], run.stderr[-4000:])
+    return json.loads(Path(args[0]).read_text())
+
+
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     pytest.importorskip("torch.distributed.fsdp")
-    out = tmp_path_factory.mktemp("sharded") / "out.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(JOB)]
-    run = subprocess.run([*cmd, str(out)], capture_output=True, text=True, timeout=240, env=env)
-    assert run.returncode == 0 and out.exists(), (run.stdout[-2000:], run.stderr[-4000:])
-    return json.loads(out.read_text())
+    folder = tmp_path_factory.mktemp("sharded")
+    out = _torchrun(str(folder / "out.json"), str(folder))
+    out.update(_torchrun(str(folder / "reload.json"), str(folder), "--reload"))  # fresh processes
+    return out
 
 
 def test_sharded_runs_fit_in_the_time_box(measured):
@@ -74,7 +80,7 @@ def test_a_sharded_model_exports_to_the_plain_class(measured):
     assert measured["export_reload_rel"] <= 1e-5
 
 
-def test_a_dcp_checkpoint_round_trips_and_mup_comes_back_from_the_shapes(measured):
+def test_a_dcp_checkpoint_round_trips_and_a_fresh_job_gets_mup_back_from_the_shapes(measured):
     assert measured["dcp_rel"] <= 1e-6
     assert measured["dcp_groups_equal"] is True
 
