@@ -7,6 +7,7 @@ fails, and µP with attention left at 1/√d (``attention=False``) fails.
 """
 
 import fnmatch
+import math
 import warnings
 
 import pytest
@@ -165,3 +166,46 @@ def test_coordinate_check_verdicts(name):
         wrong = check(_mup(entry, attention=False), FAILING_WIDTHS)
         assert not wrong.passed
         assert any(t.module.endswith("[attn logits]") and t.step == 0 for t in wrong.failures), str(wrong)
+
+
+META_UNSUPPORTED = {"mixtral": "nonzero"}  # its router's shapes depend on values: no probe on meta
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_a_meta_built_target_gets_the_eager_groups_and_init(name):
+    """Built on meta from a real base: the same groups as eager µP, and after to_empty + init_weights every
+    tensor's RMS within sampling error of eager µP's, and mt.check passes (so it also passes on eager)."""
+    entry = _entry(name)
+    base = entry.make(32)
+    with torch.device("meta"):
+        delta, target = entry.make(64), entry.make(128)
+    if name in META_UNSUPPORTED:
+        with pytest.raises(
+            mt.errors.ModelError, match=f"meta device and its probe forward cannot run.*{META_UNSUPPORTED[name]}"
+        ):
+            mt.parametrize(target, base=base, delta=delta)
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mt.MuPWarning)
+        mt.parametrize(target, base=base, delta=delta)
+        eager = mt.parametrize(entry.make(128, seed=5), base=base, delta=delta)
+
+    def groups(m):
+        return [(g["lr"], g.get("eps"), len(g["params"])) for g in mt.param_groups(m, 1e-3, "adamw")]
+
+    assert groups(target) == groups(eager)
+    target.to_empty(device="cpu")
+    if hasattr(target, "tie_weights"):
+        target.tie_weights()  # to_empty unties shared parameters (Hugging Face re-ties them this way)
+    elif name == "nanogpt":
+        target.lm_head.weight = target.transformer.wte.weight
+    mt.init_weights(target, seed=0)
+    assert mt.check(target).passed and mt.check(eager).passed
+    mine = dict(eager.named_parameters())
+    for n, p in target.named_parameters():
+        a, b = p.detach().double().pow(2).mean().sqrt(), mine[n].detach().double().pow(2).mean().sqrt()
+        if b == 0:
+            assert a == 0, n
+        else:
+            assert abs(math.log(a / b)) < max(0.1, 6 / math.sqrt(p.numel())), (n, float(a), float(b))

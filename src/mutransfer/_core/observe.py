@@ -83,7 +83,7 @@ def call_model(model: nn.Module, inputs: Any) -> Any:
 # --------------------------------------------------------------------------- example inputs
 
 
-def example_inputs(model: nn.Module) -> list[Any]:
+def example_inputs(model: nn.Module, device: torch.device | None = None) -> list[Any]:
     """Candidate inputs for a probe forward, best first (each tried until one runs).
 
     Hugging Face models: built from ``main_input_name`` and the config (token ids, or images
@@ -94,7 +94,7 @@ def example_inputs(model: nn.Module) -> list[Any]:
     required arguments gets one input per argument (by name — ids, pixels/images — or each kind in turn).
     """
     params = list(model.parameters())
-    device = module_device(model)
+    device = module_device(model) if device is None else device
     dtype = next((p.dtype for p in params if p.is_floating_point()), torch.float32)
     out: list[Any] = []
     config = getattr(model, "config", None)
@@ -243,9 +243,20 @@ def probing_with(inputs: Any) -> Iterator[None]:
 
 def observe_model(model: nn.Module, inputs: Any = None) -> Observation:
     """`observe` with the given inputs; else with the inputs held by `probing_with`, then the first
-    candidate of `example_inputs` that runs."""
+    candidate of `example_inputs` that runs.
+
+    A model on the meta device whose forward reads an input's values (Hugging Face's check for padding
+    in the token ids, a mask's ``all()``) cannot run on meta inputs: then the integer inputs (ids,
+    masks) are given real values on the CPU beside the meta weights (an embedding of CPU ids in a
+    meta table is a meta tensor), and the floating ones stay on meta.
+    """
+    meta = module_device(model).type == "meta"
     if inputs is not None:
-        return observe(model, to_device(inputs, model))
+        obs = observe(model, to_device(inputs, model))
+        if not obs.ran and meta:
+            mixed = observe(model, _integers_real(inputs))
+            return mixed if mixed.ran else obs
+        return obs
     held = _HELD_INPUTS.get()
     if held is not None:
         obs = observe(model, to_device(held, model))
@@ -254,6 +265,8 @@ def observe_model(model: nn.Module, inputs: Any = None) -> Observation:
     candidates = example_inputs(model)
     if not candidates:
         return Observation(error="no example inputs could be made for it")
+    if meta:
+        candidates += [_integers_real(c) for c in example_inputs(model, torch.device("cpu"))]
     errors = []
     for cand in candidates:
         obs = observe(model, cand)
@@ -261,6 +274,19 @@ def observe_model(model: nn.Module, inputs: Any = None) -> Observation:
             return obs
         errors.append(obs.error)
     return Observation(error="; ".join(dict.fromkeys(e for e in errors if e)))
+
+
+def _integers_real(obj: Any) -> Any:
+    """`obj` with its floating tensors on the meta device and its other tensors (ids, masks) real, on the CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to("meta") if obj.is_floating_point() or obj.is_complex() else obj.to("cpu")
+    if isinstance(obj, dict):
+        return {k: _integers_real(v) for k, v in obj.items()}
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_integers_real(v) for v in obj))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_integers_real(v) for v in obj)
+    return obj
 
 
 def to_device(inputs: Any, model: nn.Module) -> Any:

@@ -147,6 +147,14 @@ def parametrize(
             f"parametrize could not run the model on example_inputs ({seen.error}); pass inputs the "
             "model's forward accepts (a tensor, a tuple of arguments or a dict of keyword arguments)"
         )
+    if not seen.ran and on_meta:
+        raise ModelError(
+            f"parametrize: {type(model).__name__} is on the meta device and its probe forward cannot run there "
+            f"({seen.error}): an op that needs values (data-dependent shapes such as a mixture-of-experts router's "
+            "nonzero, or a meta kernel torch lacks). µP's roles and attention scales are observed on that forward; "
+            "build this target on a real device (materialise it, then parametrize), or pass example_inputs= that "
+            "avoid the op"
+        )
     if not seen.ran and attention:
         suspects = attention_suspects(model)
         if suspects:
@@ -219,6 +227,7 @@ def parametrize(
         depth_alpha=alpha if depth.containers else 0.0,
         depth=dict(depth.containers),
     )
+    grown = any(own_width(i, shapes, params[n]) for n, i in infos.items())  # wider than the base somewhere
     with torch.no_grad():
         for name, info in infos.items():
             p = params[name]
@@ -233,7 +242,14 @@ def parametrize(
                 nonzero = name in spec.init_laws and spec.init_laws[name].rms > 0
             else:
                 init_factor = _init_factor(
-                    info, shapes, rules[info.role].init, tunable.init_mult(info.role), p, base_p, spec.kept_values
+                    info,
+                    shapes,
+                    rules[info.role].init,
+                    tunable.init_mult(info.role),
+                    p,
+                    base_p,
+                    spec.kept_values,
+                    grown,
                 )
                 init_factor *= depth_f
                 spec.init_scales[name] = init_factor  # the field keeps its name: MuSpec is pickled with models
@@ -400,13 +416,22 @@ def _init_factor(
     p: torch.Tensor,
     base_p: torch.Tensor | None,
     kept: dict[str, str] | None = None,
+    grown: bool = False,
 ) -> float:
     """Factor to multiply the model's current init by; parameters whose values are kept as they are
     (not a random init, see `not_a_random_scale`) are added to `kept` with the reason."""
     kept = {} if kept is None else kept
     own = shapes.params[info.base_name].width_ratios(tuple(p.shape))
     if all(m == 1.0 for m in own) and info.module_fan_in_mult == 1.0:
-        # Base width for this parameter (and, for a bias, for its layer's fan_in): keep the user's init.
+        # Base width for this parameter (and, for a bias, for its layer's fan_in): keep the user's init, unless
+        # the model is wider than the base and the user's init of this finite-shape parameter changed with it
+        # (T5's relative attention bias ∝ d_model^-½): µP keeps a parameter with no width dim at the base's scale.
+        if grown and base_p is not None and base_p.shape == p.shape:
+            current = rms(p)
+            if current > 0 and not_a_random_scale(info, p, base_p) is None:
+                ratio = rms(base_p) / current
+                if abs(math.log(ratio)) > 0.1:
+                    return ratio * init_mult
         return init_mult
     target = factor(init_exp, info.m_in, info.m_out)
     if base_p is not None:
