@@ -298,3 +298,30 @@ def test_check_catches_hugging_face_init_after_parametrize():
     model.apply(model._init_weights)  # what post_init / from_pretrained's missing-weights init run
     bad = {f.parameter for f in mt.check(model).findings}
     assert "lm_head.weight" in bad and "model.layers.0.mlp.down_proj.weight" in bad
+
+
+class RelBias(nn.Module):
+    """A finite-shape parameter whose own init shrinks with width (as T5's relative attention bias)."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.inp = nn.Linear(8, width)
+        self.bias_table = nn.Parameter(torch.randn(32, 4) * width**-0.5)
+        self.out = nn.Linear(width, 4)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.inp(x)))[:, :4] + self.bias_table[:1]
+
+
+def test_a_finite_shape_parameter_whose_init_follows_width_keeps_the_bases_scale():
+    torch.manual_seed(0)
+    base = RelBias(32)
+    model = mt.parametrize(RelBias(512), base=base, delta=RelBias(64))
+    assert rms(model.bias_table) == pytest.approx(rms(base.bias_table), rel=0.25)  # not 4× smaller
+    assert model._mutransfer_spec.init_scales["bias_table"] == pytest.approx(4.0, rel=0.25)
+    assert mt.check(model).passed
+    torch.manual_seed(1)
+    same = RelBias(32)
+    before = same.bias_table.detach().clone()
+    mt.parametrize(same, base=base, delta=RelBias(64))  # at base width: the user's model exactly
+    assert torch.equal(same.bias_table, before)
