@@ -171,6 +171,10 @@ def main(out_path: str) -> None:
     mt.init_weights(alone, seed=7)
     alone_full = full_state(alone)
     out["fsdp_same_full_tensors"] = all(torch.equal(alone_full[k], ref_state[k]) for k in ref_state)
+    probe = batches()[0][:, :-1]
+    with torch.no_grad():
+        ref_logits = one(probe)
+        out["fsdp_export_rel"] = float((mt.export(alone)(probe) - ref_logits).abs().max() / ref_logits.abs().max())
 
     # 3. export of the sharded model (every rank gathers; the plain model loads into the plain class)
     tokens = batches()[0][:, :-1]

@@ -78,6 +78,7 @@ def test_a_sharded_model_exports_to_the_plain_class(measured):
     assert measured["export_class"] == "Llama" and measured["export_is_plain"] is True
     assert measured["export_rel"] <= 1e-5
     assert measured["export_reload_rel"] <= 1e-5
+    assert measured["fsdp_export_rel"] <= 1e-5  # FSDP2 alone: each rank held half of every tensor
 
 
 def test_a_dcp_checkpoint_round_trips_and_a_fresh_job_gets_mup_back_from_the_shapes(measured):
