@@ -34,7 +34,7 @@ def describe(model: nn.Module, optimizer: str | None = None, adjust_lr_fn: str |
         cols = ("sgd lr×", "adam lr×", "adam ε×")
     laws = getattr(spec, "init_laws", {})  # absent from specs pickled before it existed
     rescaled = bool(spec.init_scales)  # eager parametrize rescaled the model's own values (not redrawn since)
-    init_cols = (("init×",) if rescaled else ()) + (("init law",) if laws else ())
+    init_cols = (("init×",) if rescaled else ()) + (("µP init law",) if laws else ())
     header = ("parameter", "shape", "role", "m_in", "m_out") + (("depth", "m_L") if depth else ()) + init_cols + cols
     rows = [header]
     for name, info in spec.params.items():
