@@ -36,6 +36,9 @@ OBJECTIVE = textwrap.dedent("""
     from mutransfer.sweep import recipes
 
     def train(hp, scale):
+        with open(os.path.join(os.path.dirname(__file__), "calls.txt"), "a") as f:  # who trained what, where
+            f.write(f"{os.getpid()} {scale.parametrization} {scale.width} {scale.seed} "
+                    f"{os.environ.get('CUDA_VISIBLE_DEVICES', '-')}\\n")
         if not os.environ.get("MONWIRE_BREAK"):
             return recipes.train_mlp(hp, scale)
         real = recipes.mt_optim.build_optimizer
@@ -63,7 +66,9 @@ def swept(tmp_path_factory):
     """A finished µP sweep of the objective above (unbroken), shared: each test copies its run directory."""
     tmp = tmp_path_factory.mktemp("monitor_sweep")
     (tmp / "obj.py").write_text(OBJECTIVE)
-    return _sweep(tmp, str(tmp / "obj.py") + ":train")
+    done = _sweep(tmp, str(tmp / "obj.py") + ":train")
+    (tmp / "calls.txt").rename(tmp / "sweep_calls.txt")  # the sweep's calls (transfers add their own later)
+    return done
 
 
 def _copy(swept, tmp_path):
@@ -96,6 +101,12 @@ def test_a_sweep_records_the_proxy_trajectory_and_transfer_compares_the_target_w
     assert wider["layers"]["hidden.0"]["m_in"] == 2 * traj["layers"]["hidden.0"]["m_in"]
     ran = json.loads((run / "run.json").read_text())["proxy_trajectory"]
     assert ran["file"] == "proxy_trajectory.json" and ran["samples"] == 13 and ran["wider_width"] == 64
+    # it is the optimum's own trial's trajectory, recorded in its worker: no point was trained twice
+    optimum = next(t for t in Sweep(run).study("mup", 32).get_trials() if t.number == ran["trial"])
+    assert optimum.params["lr"] == best
+    assert optimum.user_attrs["monitor_trajectory"]["steps"] == traj["steps"]
+    calls = (swept[0].parent / "sweep_calls.txt").read_text().splitlines()
+    assert len(calls) == 6  # 3 grid points × 2 widths × 1 seed: the objective ran once per point
     # a rerun of the finished sweep does not train the proxy again
     stamp = (run / "proxy_trajectory.json").stat().st_mtime_ns
     assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
@@ -145,13 +156,42 @@ def test_an_objective_that_never_calls_scale_monitor_gets_one_line_and_no_file(t
     assert not (run / "target_trajectory.json").exists()
 
 
-def test_a_recorded_run_that_raises_costs_the_trajectory_not_the_sweep(tmp_path, capsys):
+def test_a_monitor_that_raises_costs_the_trajectory_not_the_trial(tmp_path, capsys):
     (tmp_path / "bad.py").write_text(
         "import torch\n\ndef train(hp, scale):\n"
-        "    scale.monitor(torch.nn.Linear(2, 2), None)  # never parametrized: raises in the recorded run only\n"
+        "    scale.monitor(torch.nn.Linear(2, 2), None)  # never parametrized: the monitor raises, not the trial\n"
         "    return (hp['lr'] - 2**-7) ** 2\n"
     )
     _, run = _sweep(tmp_path, str(tmp_path / "bad.py") + ":train")
-    assert "proxy trajectory: not recorded, the recorded run raised ModelError" in capsys.readouterr().err
+    assert "proxy trajectory: not recorded: scale.monitor raised ModelError" in capsys.readouterr().err
     ran = json.loads((run / "run.json").read_text())
-    assert ran["finished_trials"] == 6 and ran["proxy_trajectory"]["file"] is None
+    assert ran["finished_trials"] == 6 and ran["failed_trials"] == 0 and ran["proxy_trajectory"]["file"] is None
+
+
+def test_on_fake_gpus_every_run_trains_in_a_placed_worker_and_a_cluster_sweep_gets_the_trajectory(tmp_path, capsys):
+    """devices [0, 1]: every objective call runs in a worker that sees one GPU id (none in the parent, which
+    only watches), once per point; the proxy trajectory is the optimum's trial's, recorded there. The same
+    sweep as a cluster (local backend) job gets it too, from `mutransfer report`."""
+    (tmp_path / "obj.py").write_text(OBJECTIVE)
+    cfg = tmp_path / "sweep.toml"
+    body = textwrap.dedent(MLP).replace("OBJ", str(tmp_path / "obj.py") + ":train")
+    cfg.write_text(body.replace('sampler = "grid"', 'sampler = "grid"\ndevices = [0, 1]'))
+    run = tmp_path / "run"
+    with pytest.warns(UserWarning, match="sees no GPU"):
+        assert main(["sweep", str(cfg), "--run", str(run), "--no-progress"]) == 0
+    calls = [line.split() for line in (tmp_path / "calls.txt").read_text().splitlines()]
+    assert len(calls) == 6 and {c[4] for c in calls} <= {"0", "1"}  # each in a worker pinned to one id
+    ran = json.loads((run / "run.json").read_text())["proxy_trajectory"]
+    optimum = next(t for t in Sweep(run).study("mup", 32).get_trials() if t.number == ran["trial"])
+    assert ran["file"] == "proxy_trajectory.json" and optimum.user_attrs["cuda_visible_devices"] in ("0", "1")
+
+    (tmp_path / "calls.txt").unlink()
+    clustered = tmp_path / "cluster.toml"
+    clustered.write_text(body.replace('name = "mon"', 'name = "monc"') + '\n[cluster]\nbackend = "local"\njobs = 1\n')
+    crun = tmp_path / "crun"
+    assert main(["sweep", str(clustered), "--run", str(crun), "--no-progress"]) == 0
+    assert len((tmp_path / "calls.txt").read_text().splitlines()) == 6
+    assert main(["report", str(crun)]) == 0
+    traj = json.loads((crun / "proxy_trajectory.json").read_text())
+    assert traj["width"] == 32 and traj["wider"]["width"] == 64 and len(traj["steps"]) == 13
+    assert json.loads((crun / "summary.json").read_text())["proxy_trajectory"] == "proxy_trajectory.json"

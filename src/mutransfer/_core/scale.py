@@ -15,7 +15,7 @@ import torch
 
 from .devices import autocast as _autocast
 
-__all__ = ["Reporter", "Scale"]
+__all__ = ["NO_MONITOR", "NoMonitor", "Reporter", "Scale"]
 
 Reporter = Callable[
     [int, float], None
@@ -109,7 +109,7 @@ class Scale:
             An object with ``step(loss) -> list`` and ``close()`` (and ``alarms``).
         """
         if self._recording is None or not self.mup:
-            return _NO_MONITOR
+            return NO_MONITOR
         return self._recording.start(model, optimizer, steps)
 
     def noise_scale(
@@ -119,13 +119,15 @@ class Scale:
         batches: Any,
         small: int,
         big: int,
+        loss: float | None = None,
     ) -> Any:
         """Measure the gradient noise scale (`mt.gradient_noise_scale`) where the sweep asks for it, else nothing.
 
-        The sweep asks in one run: its µP proxy at the transferred hyperparameters (the run that records
-        RUN/proxy_trajectory.json); the estimate goes to RUN/noise_scale.json and is the critical batch
-        size ``mutransfer transfer`` uses for a batch-size rule. Call it after training, with batches
-        the model has not trained on. Everywhere else it returns None at no cost.
+        The sweep asks in the trials of its µP proxy cell (proxy width and depth, first seed) — with
+        `loss`, only when it beats every finished trial of that cell so far, so that a sweep pays for a
+        few measurements, not one per trial; the optimum's measurement goes to RUN/noise_scale.json and
+        is the critical batch size ``mutransfer transfer`` uses for a batch-size rule. Call it after
+        training, with batches the model has not trained on. Everywhere else it returns None at no cost.
 
         Args:
             model: the trained model.
@@ -135,13 +137,18 @@ class Scale:
                 nothing elsewhere).
             small: B_small.
             big: B_big, a multiple of `small`.
+            loss: the run's final loss (what the objective returns); None: measure whenever asked.
 
         Returns:
             The `NoiseScale` when measured, else None.
         """
-        if self._recording is None or not self.mup or not getattr(self._recording, "noise", False):
+        rec = self._recording
+        if rec is None or not self.mup or not getattr(rec, "noise", False):
             return None
-        return self._recording.measure_noise(model, loss_fn, batches() if callable(batches) else batches, small, big)
+        below = getattr(rec, "noise_below", None)
+        if loss is not None and below is not None and not float(loss) < below:
+            return None  # not the best trial of the proxy cell so far: the optimum's is the one that counts
+        return rec.measure_noise(model, loss_fn, batches() if callable(batches) else batches, small, big)
 
     def __reduce__(self):
         # A reporter talks to the sweep's storage from this process: a copy elsewhere is a plain Scale.
@@ -164,8 +171,9 @@ class Scale:
         )
 
 
-class _NoMonitor:
-    """`Scale.monitor` outside a recorded run: the surface of `mutransfer.Monitor`, doing nothing."""
+class NoMonitor:
+    """`Scale.monitor` outside a recorded run (and a monitor the sweep dropped): the surface of
+    `mutransfer.Monitor`, doing nothing."""
 
     alarms: tuple = ()  # never any
 
@@ -176,4 +184,4 @@ class _NoMonitor:
         pass
 
 
-_NO_MONITOR = _NoMonitor()
+NO_MONITOR = NoMonitor()

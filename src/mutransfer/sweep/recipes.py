@@ -130,8 +130,8 @@ def _placed(model: torch.nn.Module, scale: Scale) -> torch.nn.Module:
     return model.to(scale.device)
 
 
-# The gradient noise scale after training (`Scale.noise_scale`, measured only in the sweep's recorded µP proxy
-# run): NOISE_BATCHES fresh batches of NOISE_BIG × the batch size, cut into chunks of one batch size.
+# The gradient noise scale after training (`Scale.noise_scale`, measured only in the sweep's µP proxy-cell trials
+# that beat the best so far): NOISE_BATCHES fresh batches of NOISE_BIG × the batch size, cut into chunks of one batch size.
 NOISE_BATCHES, NOISE_BIG = 8, 8
 
 
@@ -141,7 +141,7 @@ def _train(model, opt, batches, steps: int, criterion, fresh, batch: int, scale:
     the sweep records this run). Reports to `scale` every tenth (the mean of the last tenth so far;
     not at the end: the returned loss is the final value). The loss is ``criterion(model(x), y)``;
     after training, `scale.noise_scale` gets `NOISE_BATCHES` batches ``fresh(i, n)`` of n =
-    `NOISE_BIG` × `batch` examples the model did not train on (measured only in a recorded run)."""
+    `NOISE_BIG` × `batch` examples the model did not train on (measured only where the sweep asks: `Scale.noise_scale`)."""
     warmup = window = max(1, steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))  # keeps µP's ratios
     losses = []
@@ -169,9 +169,10 @@ def _train(model, opt, batches, steps: int, criterion, fresh, batch: int, scale:
     def noise_batches():
         return [tuple(t.to(scale.device) for t in fresh(i, NOISE_BIG * batch)) for i in range(NOISE_BATCHES)]
 
-    scale.noise_scale(model, criterion, noise_batches, batch, NOISE_BIG * batch)
     tail = losses[-window:]
-    return sum(tail) / len(tail)
+    final = sum(tail) / len(tail)
+    scale.noise_scale(model, criterion, noise_batches, batch, NOISE_BIG * batch, loss=final)
+    return final
 
 
 def train_gpt(hp: dict, scale: Scale) -> float:

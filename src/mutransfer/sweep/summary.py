@@ -29,7 +29,7 @@ from .analysis import axes as verdict_axes
 from .runner import Sweep
 from .space import LogUniform
 from .statistics import CONFIDENCE, Verdict
-from .trajectory import PROXY_FILE, noise_scale_file
+from .trajectory import PROXY_FILE, noise_scale_file, write_proxy_trajectory
 from .verdict import axis_name, optima_sentence, short_label, verdict_sentence
 
 __all__ = [
@@ -186,7 +186,8 @@ def summarize(sweep: Sweep, results: list[TrialResult], judged: dict | None = No
     summary["analysis"] = {p: {axis: v.as_dict() for axis, v in judged[p].items()} for p in ps}
     summary["head_to_head"] = h2h
     summary["transferred_hparams"] = transferred_hparams(sweep, results)
-    summary["proxy_trajectory"] = PROXY_FILE if (sweep.run_dir / PROXY_FILE).is_file() else None
+    recorded = write_proxy_trajectory(sweep, results, say=lambda line: None)  # from the trials (a cluster sweep's too)
+    summary["proxy_trajectory"] = PROXY_FILE if recorded is not None and recorded.get("file") else None
     noise = noise_scale_file(sweep.run_dir)  # the critical batch estimate `mutransfer transfer --batch-size` uses
     summary["noise_scale"] = (
         None

@@ -1,12 +1,16 @@
 """The µP monitor in sweeps and transfers: the proxy's trajectory at its optimum, the target's against it.
 
-After a sweep over µP, one extra run trains the µP proxy (smallest width, proxy depth, first seed) at
-the transferred hyperparameters with `Scale.monitor` recording, a second one the next swept width at the
-same hyperparameters (kept under "wider": the finite-width trend), and writes RUN/proxy_trajectory.json
-(`PROXY_FILE`); ``mutransfer transfer`` records the µP target the same way (RUN/target_trajectory.json,
-`TARGET_FILE`), compared with the proxy's on the fly (`mutransfer.Monitor(proxy=...)`). An objective
-that never calls `scale.monitor` gets no file and one line saying so; the sweep's run.json remembers
-the hyperparameters it was tried with, so a resumed sweep does not train that run again.
+Every µP trial records, in its worker and on its device, the trajectory of its first seed's run
+(`Scale.monitor` is a real `mutransfer.Monitor` there; ≤ 1 % of the run) and stores it with the trial
+(`TRAJECTORY_ATTR`); the trials of the proxy cell (µP, proxy width and depth) also measure the gradient
+noise scale when the objective calls `Scale.noise_scale` (`NOISE_ATTR`). Nothing is trained again: the
+proxy trajectory (RUN/proxy_trajectory.json, `PROXY_FILE`) is the optimum's trial's, "wider" the next
+swept width's trial at the same point (the finite-width trend), and RUN/noise_scale.json the optimum's
+noise scale (`write_proxy_trajectory`, run after a sweep, by ``mutransfer report`` and by
+``mutransfer transfer``: cluster sweeps get them the same way). ``mutransfer transfer`` records the µP
+target (RUN/target_trajectory.json, `TARGET_FILE`), compared with the proxy's on the fly
+(`mutransfer.Monitor(proxy=...)`). An objective that never calls `scale.monitor` costs nothing extra
+and gets no file, with one line saying so; a monitor that raises costs the trajectory, never the trial.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 
 from .._core.atomic import write_atomically
 from .._core.noise_scale import NoiseScale, gradient_noise_scale
+from .._core.scale import NO_MONITOR
 from ..monitor import Monitor, load_trajectory
 
 if TYPE_CHECKING:
@@ -28,19 +33,22 @@ if TYPE_CHECKING:
     from .scale import Scale
 
 __all__ = [
+    "NOISE_ATTR",
     "NOISE_FILE",
     "NOT_CALLED",
     "PROXY_FILE",
     "SAMPLES",
     "TARGET_FILE",
+    "TRAJECTORY_ATTR",
     "Recording",
     "alarm_dicts",
     "every_for",
     "monitor_line",
     "noise_scale_file",
     "proxy_trajectory",
-    "record_proxy_trajectory",
     "recorded_run",
+    "trial_attrs",
+    "write_proxy_trajectory",
 ]
 
 PROXY_FILE = "proxy_trajectory.json"
@@ -48,6 +56,9 @@ NOISE_FILE = "noise_scale.json"
 TARGET_FILE = "target_trajectory.json"
 SAMPLES = 12  # samples per recorded run: a 150-step run is sampled every 13 steps (12 samples, step 1 included)
 NOT_CALLED = "the objective never called scale.monitor(model, optimizer), so no µP trajectory was recorded"
+TRAJECTORY_ATTR = "monitor_trajectory"  # a µP trial's user attribute: its first seed's trajectory
+MONITOR_FAILURE_ATTR = "monitor_failure"  # … or why the monitor could not record it
+NOISE_ATTR = "noise_scale"  # a proxy-cell µP trial's user attribute: the gradient noise scale after training
 
 
 def every_for(steps: Any) -> int:
@@ -60,30 +71,121 @@ def every_for(steps: Any) -> int:
 class Recording:
     """What a recorded run's `Scale` carries: the sampling interval, the proxy trajectory to compare with,
     and the monitors the objective started (`Scale.monitor`). Pickled (to a worker), it keeps the
-    settings and drops the monitors."""
+    settings and drops the monitors.
 
-    def __init__(self, steps: Any = None, proxy: dict | None = None, noise: bool = False):
-        self.steps, self.proxy, self.noise = steps, proxy, noise
-        self.monitors: list[Monitor] = []
+    `noise_below`: `Scale.noise_scale` measures only for a run whose final loss is below it (the best finished
+    trial of the proxy cell so far). `guarded` (a sweep's trial): a monitor that raises — when it starts or at a sample — is dropped and the
+    reason kept in `failure`; the run goes on (the trajectory is lost, never the trial).
+    """
+
+    def __init__(
+        self,
+        steps: Any = None,
+        proxy: dict | None = None,
+        noise: bool = False,
+        guarded: bool = False,
+        noise_below: float | None = None,
+    ):
+        self.steps, self.proxy, self.noise, self.guarded = steps, proxy, noise, guarded
+        self.noise_below = noise_below  # measure the noise scale only for a final loss below this (None: always)
+        self.monitors: list[Any] = []
         self.noise_scales: list[NoiseScale] = []
+        self.failure: str | None = None
 
-    def start(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int | None) -> Monitor:
+    def start(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int | None) -> Any:
         """A `Monitor` on `model` and `optimizer`, kept for the runner (see `Scale.monitor`)."""
         every = every_for(steps if steps is not None else self.steps)
         if self.proxy is not None:
             every = int(self.proxy.get("every", every))  # the same steps as the proxy's, to compare them
-        mon = Monitor(model, optimizer, every=every, proxy=self.proxy)
-        self.monitors.append(mon)
-        return mon
+        if not self.guarded:
+            mon = Monitor(model, optimizer, every=every, proxy=self.proxy)
+            self.monitors.append(mon)
+            return mon
+        try:
+            guarded = _Guarded(Monitor(model, optimizer, every=every, proxy=self.proxy), self)
+        except Exception as e:
+            self.failure = f"scale.monitor raised {type(e).__name__}: {e}"
+            return NO_MONITOR
+        self.monitors.append(guarded)
+        return guarded
 
-    def measure_noise(self, model: torch.nn.Module, loss_fn: Any, batches: Any, small: int, big: int) -> NoiseScale:
+    def measure_noise(self, model: torch.nn.Module, loss_fn: Any, batches: Any, small: int, big: int) -> Any:
         """`mt.gradient_noise_scale` on the objective's model, kept for the runner (see `Scale.noise_scale`)."""
-        noise = gradient_noise_scale(model, loss_fn, batches, small, big)
+        if not self.guarded:
+            noise = gradient_noise_scale(model, loss_fn, batches, small, big)
+        else:
+            try:
+                noise = gradient_noise_scale(model, loss_fn, batches, small, big)
+            except Exception as e:
+                self.failure = self.failure or f"scale.noise_scale raised {type(e).__name__}: {e}"
+                return None
         self.noise_scales.append(noise)
         return noise
 
+    def close(self) -> None:
+        """Close every monitor (their hooks off)."""
+        for mon in self.monitors:
+            mon.close()
+
     def __reduce__(self):
-        return (Recording, (self.steps, self.proxy, self.noise))
+        return (Recording, (self.steps, self.proxy, self.noise, self.guarded, self.noise_below))
+
+
+class _Guarded:
+    """A trial's monitor: a sample that raises stops the monitoring (its reason kept), not the trial."""
+
+    def __init__(self, monitor: Monitor, recording: Recording):
+        self.monitor, self.recording, self.stopped = monitor, recording, False
+
+    @property
+    def alarms(self) -> list:
+        return self.monitor.alarms
+
+    def step(self, loss: Any = None) -> list:
+        if self.stopped:
+            return []
+        try:
+            return self.monitor.step(loss)
+        except Exception as e:
+            self.stopped = True
+            self.monitor.close()
+            self.recording.failure = f"the monitor raised {type(e).__name__}: {e}"
+            return []
+
+    def trajectory(self) -> dict:
+        return self.monitor.trajectory()
+
+    def close(self) -> None:
+        self.monitor.close()
+
+
+def trial_attrs(rec: Recording, width: int, depth: int | None) -> dict:
+    """What a µP trial stores of its recorded first seed: the trajectory (or why there is none) and the noise scale.
+
+    Returns:
+        User attributes: `TRAJECTORY_ATTR` (the trajectory with "width" and "depth"), else
+        `MONITOR_FAILURE_ATTR` (why not), nothing when the objective never called `scale.monitor`;
+        `NOISE_ATTR` when it measured the gradient noise scale.
+    """
+    out: dict[str, Any] = {}
+    if rec.failure is not None and not (rec.monitors and not getattr(rec.monitors[0], "stopped", False)):
+        out[MONITOR_FAILURE_ATTR] = rec.failure
+    elif rec.monitors:
+        out[TRAJECTORY_ATTR] = _json_safe({**rec.monitors[0].trajectory(), "width": width, "depth": depth})
+    if rec.noise_scales:
+        out[NOISE_ATTR] = _noise_entry(rec.noise_scales[-1], {}, width, depth)
+    return out
+
+
+def _json_safe(obj: Any) -> Any:
+    """`obj` with non-finite floats as None (JSON has no NaN; the storage keeps JSON)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
 
 
 def recorded_run(
@@ -101,9 +203,10 @@ def recorded_run(
 
 def _recorded(objective: Any, hparams: dict, scale: Scale, proxy: dict | None, noise: bool) -> tuple[float, Recording]:
     rec = Recording(hparams.get("steps"), proxy, noise)
-    loss = float(objective(dict(hparams), dataclasses.replace(scale, _recording=rec)))
-    for mon in rec.monitors:
-        mon.close()
+    try:
+        loss = float(objective(dict(hparams), dataclasses.replace(scale, _recording=rec)))
+    finally:
+        rec.close()
     return loss, rec
 
 
@@ -144,75 +247,96 @@ def proxy_trajectory(run_dir: Path) -> dict | None:
     return load_trajectory(path) if path.is_file() else None
 
 
-def record_proxy_trajectory(sweep: Sweep, previous: dict | None = None, say: Any = print) -> dict | None:
-    """Train the µP proxy at the transferred hyperparameters once, recording, and once more at the next
-    swept width (its trajectory under "wider": the finite-width trend); write RUN/proxy_trajectory.json.
+def write_proxy_trajectory(sweep: Sweep, results: list | None = None, say: Any = print) -> dict | None:
+    """Write RUN/proxy_trajectory.json (and RUN/noise_scale.json) from the sweep's own trials: the µP proxy
+    optimum's trial, "wider" the next swept width's trial at the same point. Nothing is trained; a file
+    whose content would not change is left as it is.
 
     Args:
-        sweep: a finished sweep.
-        previous: run.json's "proxy_trajectory" entry of an earlier run (skip when it holds the same hparams).
+        sweep: a sweep (finished, or partly: the optimum so far).
+        results: its `load_results` (loaded when None).
         say: where the one line about a missing trajectory goes.
 
     Returns:
-        run.json's "proxy_trajectory" entry (``{"file", "hparams", "width", "depth", "seed", "samples"}``,
-        and "wider_width" when the next width was recorded too;
-        "file" None with a "reason" when nothing was recorded: the objective never called `scale.monitor`,
-        or the run raised — the sweep is finished either way), or None when µP was not swept or has no
-        finished trial at the proxy.
+        run.json's "proxy_trajectory" entry (``{"file", "hparams", "width", "depth", "seed", "trial",
+        "samples"}``, "wider_width" when the next width's trial recorded too, "noise_scale" when measured;
+        "file" None with a "reason" when the optimum's trial recorded nothing: the objective never called
+        `scale.monitor`, or the monitor raised — or the trial ran before trials recorded), or None when µP
+        was not swept or has no finished trial at the proxy.
     """
-    from .analysis import load_results, transferred_hparams
+    from .analysis import best, in_cell, load_results
 
     cfg = sweep.config
     if "mup" not in cfg.parametrizations:
         return None
-    hp = transferred_hparams(sweep, load_results(sweep), cfg.proxy_width, "mup", cfg.proxy_depth)
-    if hp is None:
+    results = load_results(sweep) if results is None else results
+    b = best(results, "mup", cfg.proxy_width, cfg.proxy_depth)
+    if b is None:
         return None
-    hp = {**hp, **cfg.proxy_extra}
-    path = sweep.run_dir / PROXY_FILE
-    if previous is not None and _same(previous.get("hparams"), hp) and (previous.get("file") is None or path.is_file()):
-        return previous
-    seed = cfg.seeds[0]
-    entry: dict[str, Any] = {"hparams": hp, "width": cfg.proxy_width, "depth": cfg.proxy_depth, "seed": seed}
-    rec, failure = _try_recorded(sweep, hp, cfg.proxy_width, seed, noise=True)
-    mon = None if rec is None or not rec.monitors else rec.monitors[0]
-    if rec is not None and rec.noise_scales:  # the objective measured the noise scale (`Scale.noise_scale`)
-        noise = _noise_entry(rec.noise_scales[-1], hp, cfg.proxy_width, cfg.proxy_depth)
-        write_atomically(sweep.run_dir / NOISE_FILE, json.dumps(noise, indent=1))
+    hp = {**cfg.fixed, **b.params, **cfg.proxy_extra}
+    entry: dict[str, Any] = {
+        "hparams": hp,
+        "width": cfg.proxy_width,
+        "depth": cfg.proxy_depth,
+        "seed": cfg.seeds[0],
+        "trial": b.number,
+    }
+    attrs = _trial_attrs(sweep, cfg.proxy_width, cfg.proxy_depth, b.number)
+    noise = _noise_near_optimum(sweep, results, b)
+    if noise is not None:  # the objective measured the noise scale (`Scale.noise_scale`) in the proxy cell
+        _write_if_changed(sweep.run_dir / NOISE_FILE, noise)
         entry["noise_scale"] = NOISE_FILE
-    if failure is not None:  # the sweep is done: a failed extra run costs its trajectory, not the sweep
-        say(f"proxy trajectory: not recorded, {failure}")
-        return {**entry, "file": None, "reason": failure}
-    if mon is None:
-        say(f"proxy trajectory: {NOT_CALLED} (docs/monitor.md, 'In sweeps and transfers')")
-        return {**entry, "file": None, "reason": NOT_CALLED}
-    trajectory = {**mon.trajectory(), "hparams": hp, "width": cfg.proxy_width, "depth": cfg.proxy_depth}
-    # the next swept width, at the same hparams: the finite-width trend the target's band spans (Monitor's `proxy`)
+    trajectory = attrs.get(TRAJECTORY_ATTR)
+    if trajectory is None:
+        reason = attrs.get(MONITOR_FAILURE_ATTR)
+        reason = f"not recorded: {reason}" if reason else NOT_CALLED
+        say(f"proxy trajectory: {reason} (docs/monitor.md, 'In sweeps and transfers')")
+        return {**entry, "file": None, "reason": reason}
+    trajectory = {**trajectory, "hparams": hp}
+    # the next swept width's trial at the same point: the finite-width trend the target's band spans
     wider = min((w for w in cfg.widths if w > cfg.proxy_width), default=None)
     if wider is not None:
-        rec, failure = _try_recorded(sweep, hp, wider, seed)
-        if failure is not None:
-            say(f"proxy trajectory: at width {wider}, {failure}; the proxy's alone is kept")
-        elif rec is not None and rec.monitors:
-            trajectory["wider"] = {**rec.monitors[0].trajectory(), "width": wider, "depth": cfg.proxy_depth}
+        twin = next((r for r in in_cell(results, "mup", wider, cfg.proxy_depth) if r.params == b.params), None)
+        found = None if twin is None else _trial_attrs(sweep, wider, cfg.proxy_depth, twin.number).get(TRAJECTORY_ATTR)
+        if found is not None:
+            trajectory["wider"] = found
             entry["wider_width"] = wider
-    write_atomically(path, json.dumps(trajectory, indent=1))
+        else:
+            say(f"proxy trajectory: no trial at width {wider} recorded the same point; the proxy's alone is kept")
+    _write_if_changed(sweep.run_dir / PROXY_FILE, trajectory)
     return {**entry, "file": PROXY_FILE, "samples": len(trajectory["steps"])}
 
 
-def _try_recorded(
-    sweep: Sweep, hp: dict, width: int, seed: int, noise: bool = False
-) -> tuple[Recording | None, str | None]:
-    """The µP run at `width` (the proxy depth), recording: (its recording, None), or (None, why) when it raised."""
-    try:
-        _, rec = _recorded(sweep.objective, hp, sweep.scale("mup", width, sweep.config.proxy_depth, seed), None, noise)
-    except Exception as e:
-        return None, f"the recorded run raised {type(e).__name__}: {e}"
-    return rec, None
+def _noise_near_optimum(sweep: Sweep, results: list, b: Any) -> dict | None:
+    """The noise scale measured in the proxy optimum's trial, else in the lowest-loss proxy trial that measured
+    one (with several seeds the optimum's first seed may not have beaten the best so far), with its trial and
+    hyperparameters; None when no trial measured one."""
+    from .analysis import in_cell
+
+    cfg = sweep.config
+    trials = {t.number: t for t in sweep.study("mup", cfg.proxy_width, cfg.proxy_depth).get_trials(deepcopy=False)}
+    ranked = sorted(
+        (r for r in in_cell(results, "mup", cfg.proxy_width, cfg.proxy_depth) if r.ok), key=lambda r: r.loss
+    )
+    for r in sorted(ranked, key=lambda r: r.number != b.number):  # the optimum first, then by loss
+        t = trials.get(r.number)
+        noise = None if t is None else t.user_attrs.get(NOISE_ATTR)
+        if noise is not None:
+            return {**noise, "hparams": {**cfg.fixed, **r.params, **cfg.proxy_extra}, "trial": r.number}
+    return None
 
 
-def _same(a: Any, b: dict) -> bool:
-    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+def _trial_attrs(sweep: Sweep, width: int, depth: int | None, number: int) -> dict:
+    """The user attributes of trial `number` of the µP study at (width, depth)."""
+    trials = sweep.study("mup", width, depth).get_trials(deepcopy=False)
+    found = next((t for t in trials if t.number == number), None)
+    return {} if found is None else dict(found.user_attrs)
+
+
+def _write_if_changed(path: Path, data: dict) -> None:
+    text = json.dumps(data, indent=1)
+    if not (path.is_file() and path.read_text() == text):
+        write_atomically(path, text)
 
 
 def monitor_line(out: dict) -> str | None:

@@ -59,6 +59,7 @@ from .trajectory import (
     noise_scale_file,
     proxy_trajectory,
     recorded_run,
+    write_proxy_trajectory,
 )
 
 if TYPE_CHECKING:
@@ -126,6 +127,7 @@ def transfer(
     _check_target("width", width, proxy, "wider", "the proxy itself", stacklevel=2)
     depth = target_depth(sweep, depth)
     results = load_results(sweep)
+    write_proxy_trajectory(sweep, results, say=lambda line: None)  # the proxy's, from its trial (cluster sweeps too)
     out: dict = {"target_width": width, "proxy_width": proxy}
     if depth is not None:
         out.update(target_depth=depth, proxy_depth=proxy_depth, base_depth=sweep.config.base_depth)

@@ -66,6 +66,7 @@ from .storage import (
     trial_id,
     waiting_trial_ids,
 )
+from .trajectory import Recording, trial_attrs
 
 __all__ = [
     "ERROR_CHARS",
@@ -257,12 +258,18 @@ def run_trial(ctx: RunContext, study: optuna.Study, trial: optuna.Trial, cell: C
         error: tuple[BaseException, str, int, str | None] | None = None  # (+ message to show)
         reported: list[tuple[int, float]] = []  # the last (step, loss) sent to the pruner
         pruned = False
+        recording: Recording | None = None
         with Heartbeat(ctx.storage, trial_id(trial)):
             for i, seed in enumerate(ctx.config.seeds):
                 # Only the first seed reports: the pruner compares one fidelity (same data, same
                 # step) across trials; a trial pruned there trains no further seed.
                 reporter = _reporter(trial, reported) if i == 0 and ctx.config.pruner != "none" else None
                 scale = dataclasses.replace(make_scale(ctx.config, cell, seed, ctx.device), reporter=reporter)
+                if i == 0 and cell.parametrization == "mup":  # the first seed records its µP trajectory
+                    noise = _proxy_cell(ctx.config, cell)  # and, at the proxy, may measure the noise scale
+                    below = _best_value(ctx.storage, study) if noise else None
+                    recording = Recording(hparams.get("steps"), noise=noise, guarded=True, noise_below=below)
+                    scale = dataclasses.replace(scale, _recording=recording)
                 try:
                     value = ctx.objective(dict(hparams), scale)
                 except optuna.TrialPruned:  # scale.report's Pruned (or the objective's own)
@@ -274,6 +281,9 @@ def run_trial(ctx: RunContext, study: optuna.Study, trial: optuna.Trial, cell: C
                 except Exception as e:
                     error = (e, traceback.format_exc(), seed, None)
                     break
+                finally:
+                    if recording is not None and i == 0:
+                        recording.close()
                 loss, problem = _as_loss(value)
                 if problem is not None:  # the objective's return value: no traceback to show
                     error = (TypeError(problem), "", seed, problem)
@@ -289,7 +299,10 @@ def run_trial(ctx: RunContext, study: optuna.Study, trial: optuna.Trial, cell: C
             line = _record_failure(ctx, study, trial, cell, params, *error)
             _resolved(ctx, study, trial)  # the new failure's file replaces the old one's
             return line
-        set_user_attrs(ctx.storage, trial, {**timing, "losses": [l if math.isfinite(l) else None for l in losses]})
+        recorded = trial_attrs(recording, cell.width, cell.depth) if recording is not None else {}
+        set_user_attrs(
+            ctx.storage, trial, {**timing, "losses": [l if math.isfinite(l) else None for l in losses], **recorded}
+        )
         if pruned:
             step, last = reported[-1] if reported else (None, None)
             trial.set_user_attr("pruned", True)
@@ -309,6 +322,25 @@ def run_trial(ctx: RunContext, study: optuna.Study, trial: optuna.Trial, cell: C
             release_claimed(ctx.storage, study, trial_id(trial), ctx.config, params)
         raise
     return None
+
+
+def _proxy_cell(config: Any, cell: Cell) -> bool:
+    """Whether `cell` is the µP proxy's (proxy width and depth, no further batch size or horizon): its trials
+    measure the gradient noise scale when the objective asks (`Scale.noise_scale`)."""
+    return (
+        cell.parametrization == "mup"
+        and cell.width == config.proxy_width
+        and cell.depth == config.proxy_depth
+        and not cell.extra
+    )
+
+
+def _best_value(storage: Any, study: optuna.Study) -> float | None:
+    """The lowest value of the study's finished trials so far (None when none has finished)."""
+    try:
+        return float(storage.get_best_trial(study_id(study)).value)
+    except ValueError:  # no complete trial yet
+        return None
 
 
 def _reporter(trial: optuna.Trial, reported: list[tuple[int, float]]) -> Reporter:

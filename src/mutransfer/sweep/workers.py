@@ -24,7 +24,7 @@ from .placement import DEVICE_ENV, THREADS_ENV, Devices, Placement, plan
 from .processes import PARENT_ENV, die_with_parent, release_workers, run_workers, start_worker, stop_workers
 from .runner import EXIT_INTERRUPTED, EXIT_TERMINATED, STORAGE_ENV, Sweep
 from .storage import mask_url, optuna_logs_quiet
-from .trajectory import record_proxy_trajectory
+from .trajectory import write_proxy_trajectory
 
 __all__ = ["apply_threads", "die_with_parent", "run_sweep", "run_workers"]
 
@@ -139,15 +139,6 @@ def _check_gpus(placement: Placement, precision: str) -> None:
         raise ValueError((done.stdout.strip() or done.stderr.strip() or "the GPU check failed").splitlines()[-1])
 
 
-def _previous_run(run_dir) -> dict:
-    """An earlier run.json of this run directory, or {} (none, or unreadable)."""
-    try:
-        data = json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 @optuna_logs_quiet()
 def run_sweep(
     config_path: str | os.PathLike,
@@ -164,9 +155,9 @@ def run_sweep(
 
     On the CPU there are `workers` processes (this one included); on GPUs one worker per device ×
     `trials_per_device`, each seeing its one GPU, and this process only watches. A summary is
-    written to ``RUN/run.json``; then, for a sweep over µP, one more run of the µP proxy at its optimum
-    records its µP trajectory in ``RUN/proxy_trajectory.json`` (`trajectory.record_proxy_trajectory`;
-    not redone on a rerun with the same optimum; on the CPU, in this process).
+    written to ``RUN/run.json``; for a sweep over µP, the µP proxy optimum's trial's trajectory (recorded in
+    its worker) goes to ``RUN/proxy_trajectory.json`` (`trajectory.write_proxy_trajectory`: nothing is
+    trained again).
 
     Args:
         config_path: the sweep's TOML file.
@@ -258,14 +249,8 @@ def run_sweep(
             )
     elif unfinished > 0:
         raise RuntimeError(f"the workers left with {unfinished} trial(s) unfinished; rerun to resume")
-    previous = _previous_run(sweep.run_dir)
-    torch.set_num_threads(placement.threads)
-    try:  # on GPUs too this process trains it on the CPU: it never initialises CUDA
-        recorded = record_proxy_trajectory(
-            sweep, previous.get("proxy_trajectory"), lambda line: print(line, file=sys.stderr, flush=True)
-        )
-    finally:
-        torch.set_num_threads(previous_threads)
+    # the trials recorded their trajectories in their workers: the proxy's is the optimum's (nothing trained here)
+    recorded = write_proxy_trajectory(sweep, say=lambda line: print(line, file=sys.stderr, flush=True))
     write_atomically(
         sweep.run_dir / "run.json",
         json.dumps(
