@@ -102,6 +102,42 @@ def test_attention_left_at_inverse_sqrt_d_names_the_attention_module():
     assert mon.alarms[0].measured == pytest.approx(32**-0.5) and mon.alarms[0].expected == pytest.approx(8**0.5 / 32)
 
 
+class OneOverD(CausalSelfAttention):
+    """Attention already in µP's form: q·kᵀ × 8^½/d (1/√8 at the base's head dim 8, ∝ 1/d beyond)."""
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        d = c // self.n_head
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=8**0.5 / d)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+def test_attention_false_on_a_model_at_inverse_sqrt_d_alarms_without_a_proxy():
+    """parametrize(attention=False) on a model whose attention really runs at 1/√d: the sampled forward shows
+    the scale in effect, µP's is α·s₀·d₀/d from the base's measured attention."""
+    model = mt.parametrize(_gpt(128), base=_gpt(32), delta=_gpt(64), attention=False)
+    mon = train(model, mup_adamw(model), steps=2, every=5)
+    alarms = [a for a in mon.alarms if a.what == "attention logit scale"]
+    assert {a.layer for a in alarms} == {"blocks.0.attn", "blocks.1.attn"} and alarms[0].step == 1
+    assert alarms[0].measured == pytest.approx(32**-0.5) and alarms[0].expected == pytest.approx(8**0.5 / 32)
+    assert "attention=False" in alarms[0].cause
+
+    # the same model written in µP's form from the start: attention=False is right, and nothing alarms
+    def one_over_d(width):
+        m = _gpt(width)
+        for block in m.blocks:
+            mine = OneOverD(width, 4)
+            mine.qkv, mine.proj = block.attn.qkv, block.attn.proj
+            block.attn = mine
+        return m
+
+    model = mt.parametrize(one_over_d(128), base=one_over_d(32), delta=one_over_d(64), attention=False)
+    mon = train(model, mup_adamw(model), steps=2, every=5)
+    assert not [a for a in mon.alarms if a.what == "attention logit scale"]
+
+
 def test_layer_swapped_after_parametrize_names_the_layer():
     model = build()
     model.blocks[0].fc = torch.nn.Linear(128, 512)

@@ -66,8 +66,10 @@ CAUSES = {
         "built?); rebuild the optimizer over mt.param_groups(model, ...)"
     ),
     "attention_sqrt": (
-        "attention at 1/√d: the logits of this module use 1/√d_head, not µP's α·√d₀/d (the scale parametrize "
-        "installed was lost: module replaced or reset after mt.parametrize); call mt.parametrize again"
+        "attention at 1/√d: the logits of this module use 1/√d_head, not µP's α·s₀·d₀/d (the scale parametrize "
+        "installed was lost — module replaced or reset after mt.parametrize — or never set: parametrize ran with "
+        "attention=False on a model that does not scale its logits the µP way); call mt.parametrize again, "
+        "with attention=True"
     ),
     "attention_other": (
         "attention logit scale is not the one mt.parametrize installed (module replaced or its scale changed); "

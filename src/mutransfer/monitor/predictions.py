@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._core.depth import DepthMap
 from .._core.groups import ADJUST_KEY, MUP_MARK
 from .._core.naming import canonical_name
 from .._core.spec import MuSpec
@@ -147,17 +148,32 @@ def swap_findings(spec: MuSpec, model: nn.Module, optimizer: torch.optim.Optimiz
 
 
 def attention_findings(spec: MuSpec, calls: list[Any]) -> list[Finding]:
-    """Attention calls on the sampled forward whose logit scale is not the one `parametrize` installed."""
-    want = {a.module: a for a in spec.attention}
+    """Attention calls on the sampled forward whose logit scale is not µP's: the one `parametrize` installed,
+    or — for a module it left alone (``attention=False``, or none found then) — µP's α·s₀·d₀/d from the
+    base's head dim d₀ and measured scale s₀ (the base's attention, as `parametrize` would have set it)."""
+    want = {a.module: float(a.scale) for a in spec.attention}
+    depth = DepthMap(dict(spec.depth))
     found: list[Finding] = []
     for c in calls:
-        a = want.get(c.module)
-        if a is None or close(float(c.scale), float(a.scale), 1e-3):
+        expected = want.get(c.module)
+        if expected is None:
+            expected = _mup_scale(spec, depth.to_base(c.module), c.head_dim)
+        if expected is None or close(float(c.scale), expected, 1e-3):
             continue
         sqrt_d = c.head_dim**-0.5 if c.head_dim else math.nan
         cause = "attention_sqrt" if close(float(c.scale), sqrt_d, 1e-3) else "attention_other"
-        found.append((c.module, "attention logit scale", float(c.scale), float(a.scale), cause))
+        found.append((c.module, "attention logit scale", float(c.scale), expected, cause))
     return found
+
+
+def _mup_scale(spec: MuSpec, base_name: str, d: int | None) -> float | None:
+    """µP's logit scale α·s₀·d₀/d of an attention module at head dim `d`, from the base's measured (d₀, s₀);
+    None when the base's attention there was not measured (nothing to compare with: no alarm)."""
+    measured = spec.shapes.attention_scales.get(base_name)
+    if measured is None or not d:
+        return None
+    d0, s0 = measured
+    return spec.multipliers.attention * s0 * d0 / d
 
 
 def _width_ratio(column: str, role: str, formulation: str, target: dict, proxy: dict) -> float:
