@@ -50,7 +50,10 @@ def test_a_batch_size_the_sweep_measured_moves_lr_by_the_measured_optima(run):
 def test_an_unmeasured_batch_size_needs_the_critical_batch_then_follows_the_rule(run, capsys):
     code, _ = _transfer(run, "--batch-size", "128", "--optimizer", "adam")
     err = capsys.readouterr().err
-    assert code == 2 and "--critical-batch is needed" in err and "critical_batch=" not in err, err
+    # everything missing in one message: the critical batch and, for Adam, a weight-decay rule
+    assert code == 2 and "the transfer needs 2 more things: (1) --critical-batch is needed" in err, err
+    assert "(2) no default weight-decay rule for optimizer 'adam'" in err and "critical_batch=" not in err, err
+    assert len(err.strip().splitlines()) == 1
     code, _ = _transfer(run, "--batch-size", "128", "--optimizer", "adam", "--critical-batch", "64")
     assert code == 2 and "target.batch_size 128 is above --critical-batch 64" in capsys.readouterr().err
     code, _ = _transfer(run, "--batch-size", "128", "--optimizer", "adam", "--critical-batch", "512")
@@ -71,6 +74,9 @@ def test_an_unmeasured_batch_size_needs_the_critical_batch_then_follows_the_rule
 def test_the_optimizer_must_be_known_for_a_rule(run, capsys):
     code, _ = _transfer(run, "--batch-size", "128", "--critical-batch", "512")
     assert code == 2 and "the optimizer is unknown" in capsys.readouterr().err
+    code, _ = _transfer(run, "--tokens", str(4 * 20 * 8 * 4 * 2), "--batch-size", "128")  # a user objective, bare
+    err = capsys.readouterr().err
+    assert code == 2 and "(1) the optimizer is unknown" in err and "(2) --critical-batch is needed" in err, err
 
 
 def test_tokens_become_steps_and_weight_decay_follows_the_tau_rule(run, capsys):
@@ -148,7 +154,14 @@ def test_an_unmeasured_batch_size_follows_the_sweeps_validated_power_law(tmp_pat
     (step,) = [r for r in t["hparam_rules"]["mup"] if r["rule"].startswith("batch: measured")]
     assert step["source"] == "measured on this sweep" and "critical_batch" not in t
     assert step["to"] == pytest.approx(step["from"] * 32 ** law["exponent"]) and t["mup"]["hparams"]["lr"] == step["to"]
+    lo, hi = step["interval"]  # the lr the law predicts at 512 has its interval: the exponent's over B 16 → 512
+    assert lo == pytest.approx(step["from"] * 32 ** law["exponent_interval"][0]) and lo < step["to"] < hi
+    assert hi == pytest.approx(step["from"] * 32 ** law["exponent_interval"][1])
     assert abs(math.log2(t["mup"]["hparams"]["lr"]) - (-6 + 0.5 * 5)) < 0.5  # the true optimum at 512: 2^-3.5
-    assert "mup measured: lr along batch_size: η ∝ B^" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "mup measured: lr along batch_size: η ∝ B^" in printed
+    assert f"[{lo:.4g}, {hi:.4g}]  batch: measured" in printed
+    assert main(["report", str(run)]) == 0
+    assert "interval of to" in (run / "report.html").read_text()
     assert main(["transfer", str(run), "--width", "32", "--batch-size", "4096", "--optimizer", "adamw"]) == 2
     assert "--extrapolate" in capsys.readouterr().err

@@ -81,6 +81,8 @@ class AppliedRule:
         rule: the rule's short name (e.g. "batch: η ∝ √B").
         regime: why the rule holds here (e.g. "B = 512 is below the critical batch 2048").
         source: the paper (or the user's choice) the rule comes from.
+        interval: the interval of `value_to` when the step is a measured law (the law's exponent interval
+            applied to the same ratio); None for rules, which state no uncertainty.
     """
 
     hparam: str
@@ -89,10 +91,11 @@ class AppliedRule:
     rule: str
     regime: str
     source: str
+    interval: tuple[float, float] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        """The record as plain data (for JSON): keys hparam, from, to, rule, regime, source."""
-        return {
+        """The record as plain data (for JSON): keys hparam, from, to, rule, regime, source (and interval)."""
+        out = {
             "hparam": self.hparam,
             "from": self.value_from,
             "to": self.value_to,
@@ -100,15 +103,28 @@ class AppliedRule:
             "regime": self.regime,
             "source": self.source,
         }
+        if self.interval is not None:
+            out["interval"] = list(self.interval)
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AppliedRule:
         """The record back from `as_dict`'s plain data (e.g. read from transfer.json)."""
-        return cls(data["hparam"], data["from"], data["to"], data["rule"], data["regime"], data["source"])
+        interval = data.get("interval")
+        return cls(
+            data["hparam"],
+            data["from"],
+            data["to"],
+            data["rule"],
+            data["regime"],
+            data["source"],
+            None if interval is None else (float(interval[0]), float(interval[1])),
+        )
 
     def __str__(self) -> str:
+        iv = "" if self.interval is None else f" [{_fmt(self.interval[0])}, {_fmt(self.interval[1])}]"
         return (
-            f"{self.hparam}: {_fmt(self.value_from)} → {_fmt(self.value_to)}  {self.rule} — {self.regime} "
+            f"{self.hparam}: {_fmt(self.value_from)} → {_fmt(self.value_to)}{iv}  {self.rule} — {self.regime} "
             f"[{self.source}]"
         )
 
@@ -404,8 +420,10 @@ def _weight_decay_rule(
 
 
 def _measured(step: MeasuredStep, law: MeasuredLaw, value: float, applied: list, what: str) -> float:
-    new, regime = step.apply(law, value)
-    applied.append(AppliedRule(law.hparam, value, new, f"{what}: measured {law.formula}", regime, MEASURED_SOURCE))
+    new, regime, interval = step.apply(law, value)
+    applied.append(
+        AppliedRule(law.hparam, value, new, f"{what}: measured {law.formula}", regime, MEASURED_SOURCE, interval)
+    )
     return new
 
 

@@ -227,8 +227,9 @@ class MeasuredStep:
             out.append((law, what))
         return out, ""
 
-    def apply(self, law: MeasuredLaw, value: float) -> tuple[float, str]:
-        """The value the law gives from the proxy's, and the regime's words; refuses past a decade."""
+    def apply(self, law: MeasuredLaw, value: float) -> tuple[float, str, tuple[float, float]]:
+        """The value the law gives from the proxy's, the regime's words and the value's interval (the law's
+        exponent interval over the same ratio); refuses past a decade."""
         x = MEASURED_AXES[law.axis]
         if law.axis == "batch_size":
             assert self.batch is not None  # only called when the batch size changes
@@ -256,7 +257,12 @@ class MeasuredStep:
                 )
             warnings.warn(f"transfer_hparams: extrapolating: {text}", MuPWarning, stacklevel=5)
             regime += f"; extrapolated {factor:.3g}× beyond the measured range (extrapolate=True)"
-        return value * (x_t / x_p) ** law.exponent, regime
+        ratio = x_t / x_p
+        ends = sorted(value * ratio**b for b in law.exponent_interval)
+        regime += (
+            f"; at {x} = {_fmt(x_t)} the exponent's interval gives {law.hparam} ∈ [{_fmt(ends[0])}, {_fmt(ends[1])}]"
+        )
+        return value * ratio**law.exponent, regime, (ends[0], ends[1])
 
 
 def _finite(v: Any) -> bool:

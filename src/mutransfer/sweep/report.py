@@ -181,7 +181,16 @@ def _transfer(sweep: Sweep, summary: dict, out: Path) -> dict | None:
         "compute": compute_text(summary["cost"], t),
         "monitor": _monitor_section(sweep, t, out),
         "rule_rows": [
-            [p, r["hparam"], _fmt(r["from"]), _fmt(r["to"]), r["rule"], r["regime"], r["source"]]
+            [
+                p,
+                r["hparam"],
+                _fmt(r["from"]),
+                _fmt(r["to"]),
+                "—" if r.get("interval") is None else f"[{_fmt(r['interval'][0])}, {_fmt(r['interval'][1])}]",
+                r["rule"],
+                r["regime"],
+                r["source"],
+            ]
             for p, steps in t.get("hparam_rules", {}).items()
             for r in steps
         ],

@@ -99,7 +99,7 @@ run directory. <code>mutransfer sweep CONFIG --retry-failed</code> reruns them.<
 <h3>Hyperparameters at the target's batch size and horizon</h3>
 <p>Each step, in order: measured on this sweep where it swept that batch size or horizon, else by rule
 (<code>mt.transfer_hparams</code>).</p>
-{{ table(["run", "hyperparameter", "from", "to", "rule", "regime", "source"], transfer.rule_rows) }}
+{{ table(["run", "hyperparameter", "from", "to", "interval of to", "rule", "regime", "source"], transfer.rule_rows) }}
 {% endif -%}
 {% if transfer.monitor -%}
 <h3>µP monitor on the target</h3>

@@ -82,36 +82,92 @@ def target_hparams(
             critical batch, ...).
     """
     cfg = sweep.config
+    missing: list[str] = []  # everything the transfer still needs, asked for in one message
     for axis in targets:
         if not _count(hp.get(axis)):
-            raise HParamTransferError(
+            missing.append(
                 f"the proxy's {axis} is not in its hyperparameters (the objective's own default is invisible to "
                 f"mutransfer): set {axis} in the config's [fixed] (or sweep it) to transfer to "
                 f"{AXIS_FLAGS[axis]} {targets[axis]}"
             )
+    known = _optimizer(sweep, hp, optimizer)
+    if known is None and any(value not in cfg.axes.get(axis, []) for axis, value in targets.items()):  # a rule step
+        missing.append(
+            "the optimizer is unknown (the objective's hyperparameters name none): pass --optimizer (e.g. adamw, "
+            "sgd) so that the batch-size and weight-decay rules for it apply"
+        )
     out, applied = dict(hp), []
     by_rule = {}
-    for axis, value in targets.items():
-        if value in cfg.axes.get(axis, []):
-            applied += _measured_step(sweep, results, parametrization, out, axis, hp[axis], value)
-        else:
-            by_rule[axis] = value
-        out[axis] = value
+    if all(_count(hp.get(axis)) for axis in targets):  # else no step can be taken: what is missing is asked for
+        for axis, value in targets.items():
+            if value in cfg.axes.get(axis, []):
+                applied += _measured_step(sweep, results, parametrization, out, axis, hp[axis], value)
+            else:
+                by_rule[axis] = value
+            out[axis] = value
     if by_rule:  # the rule steps start where the measured ones left off
         start = {**out, **{a: hp[a] for a in by_rule}}
-        ruled = transfer_hparams(
-            {k: start[k] for k in ("lr", "weight_decay") if k in start},
+        ruled, asked = _by_rule(
+            start,
             _scale(cfg.proxy_width, cfg.proxy_depth, start),
             _scale(width, depth, out),
-            optimizer=_optimizer(sweep, hp, optimizer),
+            optimizer=known or "adamw",  # a stand-in while the optimizer is asked for: finds the other needs
             rules=rules,
             critical_batch=critical_batch,
             measured=measured if measured is not None else fit_measured_laws(sweep, results, parametrization),
             extrapolate=extrapolate,
         )
-        out.update(ruled.hparams)
-        applied += [r for r in ruled.rules if not _silent(r, by_rule, parametrization)]
+        missing += asked
+        if not missing and ruled is not None:
+            out.update(ruled.hparams)
+            applied += [r for r in ruled.rules if not _silent(r, by_rule, parametrization)]
+    if missing:
+        if len(missing) == 1:
+            raise HParamTransferError(missing[0])
+        raise HParamTransferError(
+            f"the transfer needs {len(missing)} more things: "
+            + "; ".join(f"({i}) {m}" for i, m in enumerate(missing, 1))
+        )
     return out, applied
+
+
+# what `transfer_hparams` asks for, and the stand-in that lets the next need show: (message start, stand-in)
+_NEEDS = (
+    ("critical_batch= is needed", ("critical_batch", 1e300)),
+    ("no batch-size rule for optimizer", ("batch", "none")),
+    ("no default weight-decay rule for optimizer", ("weight_decay", "independent")),
+    ("the τ rule for weight_decay needs", ("weight_decay", "independent")),
+)
+
+
+def _by_rule(hparams: dict[str, Any], proxy: Scale, target: Scale, **kw: Any) -> tuple[Any, list[str]]:
+    """`transfer_hparams` on the log-scaled hyperparameters, with every missing input collected: each need it
+    reports is recorded and given a stand-in, and the call is tried again, so that the user hears of all of
+    them at once. Returns (the result, or None when something was missing; the needs)."""
+    asked: list[str] = []
+    kw = {**kw, "rules": dict(kw.get("rules") or {})}
+    for _ in range(len(_NEEDS) + 1):
+        try:
+            ruled = transfer_hparams(
+                {k: hparams[k] for k in ("lr", "weight_decay") if k in hparams},
+                proxy,
+                target,
+                **{**kw, "rules": kw["rules"] or None},
+            )
+            return (None if asked else ruled), asked
+        except HParamTransferError as e:
+            need = next((n for n in _NEEDS if str(e).startswith(n[0])), None)
+            if need is None:
+                if asked:  # a refusal behind what is missing: say what is missing first
+                    return None, asked
+                raise
+            asked.append(str(e))
+            key, standin = need[1]
+            if key == "critical_batch":
+                kw["critical_batch"] = standin
+            else:
+                kw["rules"][key] = standin
+    return None, asked
 
 
 def _count(value: Any) -> bool:
@@ -126,17 +182,15 @@ def _scale(width: int, depth: int | None, hp: dict[str, Any]) -> Scale:
     return Scale(width=width, depth=depth, batch_size=batch, tokens=tokens)
 
 
-def _optimizer(sweep: Sweep, hp: dict[str, Any], given: str | None) -> str:
+def _optimizer(sweep: Sweep, hp: dict[str, Any], given: str | None) -> str | None:
+    """The optimizer the objective trains with: given, in its hyperparameters, the recipes' default; else None."""
     if given is not None:
         return given
     if isinstance(hp.get("optimizer"), str):
         return hp["optimizer"]
     if sweep.config.objective.startswith("recipe:"):
         return "adamw"  # the recipes' default (`sweep.recipes`)
-    raise HParamTransferError(
-        "the optimizer is unknown (the objective's hyperparameters name none): pass --optimizer (e.g. adamw, sgd) "
-        "so that the batch-size and weight-decay rules for it apply"
-    )
+    return None
 
 
 def _measured_step(
