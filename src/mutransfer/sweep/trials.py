@@ -52,6 +52,7 @@ from .._core.atomic import write_atomically
 from .cells import Cell
 from .config import SweepConfig
 from .interrupts import interrupts_ignored
+from .recording import Recording, trial_attrs
 from .scale import Objective, Pruned, Reporter, Scale
 from .space import Choice, Dimension, LogUniform
 from .storage import (
@@ -66,7 +67,6 @@ from .storage import (
     trial_id,
     waiting_trial_ids,
 )
-from .trajectory import Recording, trial_attrs
 
 __all__ = [
     "ERROR_CHARS",
