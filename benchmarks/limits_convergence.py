@@ -7,9 +7,9 @@ One run, one table, for every feature-learning limit of `mt.limits` (theory: slo
   (`MuPLimit`) against `train_finite`, widths 256 … 16384;
 - word2vec's µP limit (`Word2VecLimit`) against finite µP skip-gram nets on a small random corpus,
   widths 256 … 4096 (logits);
-- the limit of a traced module (`FeatureLimit`, no closed form) against `mt.parametrize`'s finite
-  µP networks of the same module, widths 256 … 4096 × 16 seeds, full-batch SGD: a 2-hidden-layer
-  tanh MLP with LayerNorm, a residual MLP (2 blocks x + W₂ tanh(W₁ LN(x))) and a 3-hidden-layer
+- the limit of a traced module (`FeatureLimit`, no closed form) against the finite µP networks
+  of the same module (`mt.limits.finite.train_mup`: `mt.parametrize` + SGD on `mt.param_groups`),
+  widths 256 … 4096 × 16 seeds, full-batch SGD: a 2-hidden-layer tanh MLP with LayerNorm, a residual MLP (2 blocks x + W₂ tanh(W₁ LN(x))) and a 3-hidden-layer
   relu MLP without norms (two hidden matrices in a row); below the table,
   how far the seed mean at the widest is from the limit, in combined standard errors.
 The gap is the RMS over seeds and evaluation points of f_width − f_∞; the limits of the
@@ -28,7 +28,6 @@ import time
 import torch
 from torch import nn
 
-import mutransfer as mt
 from mutransfer import limits as L
 
 
@@ -155,13 +154,7 @@ def feature_case(name: str, make, widths, seeds: int, steps: int, particles: int
         preds = []
         for s in range(seeds):
             torch.manual_seed(100 + s)
-            net = mt.parametrize(make(width), base=base)
-            opt = torch.optim.SGD(mt.param_groups(net, lr, "sgd"), lr=lr)
-            for _ in range(steps):
-                loss = 0.5 * ((net(x)[:, 0] - y) ** 2).mean()
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
+            net = L.finite.train_mup(make(width), base, x, y, steps, lr)  # full batch
             with torch.no_grad():
                 preds.append(net(xe)[:, 0])
         gaps.append(rms_gap(preds, limit))

@@ -8,7 +8,8 @@ a kernel (NNGP, NTK) fits a generic smooth function of 16 inputs from 64 points.
 Model: a 2-hidden-layer tanh MLP with LayerNorm (no affine gain), plain torch.nn. Trained alike:
 - `mt.limits.FeatureLimit`: the µP limit of that module (width → ∞ of `mt.parametrize(model,
   base=base)`, base width 16), 20 SGD steps of batch 16, lr 0.5;
-- finite µP networks of growing width, `mt.parametrize` + `mt.param_groups`, the same batches;
+- finite µP networks of growing width, `mt.limits.finite.train_mup` (`mt.parametrize` + SGD on
+  `mt.param_groups`), the same batches;
 - the NNGP posterior mean and NTK gradient flow to t = ∞ of the same module (`mt.limits.nngp_predict`,
   `mt.limits.ntk_predict`), their weight and bias variances chosen by leave-one-out error on the
   training set.
@@ -70,18 +71,6 @@ def loo_mse(k: torch.Tensor, y: torch.Tensor, jitter: float = 1e-8) -> float:
 
 def mse(pred: torch.Tensor, y: torch.Tensor) -> float:
     return float(((pred - y) ** 2).mean())
-
-
-def train_finite_mup(model: nn.Module, base: nn.Module, x, y, steps: int, batch: int, lr: float, seed: int):
-    """`mt.parametrize` + SGD on `mt.param_groups`, loss (1/B) Σ ½(f − y)², the limit's batches."""
-    net = mt.parametrize(model, base=base)
-    opt = torch.optim.SGD(mt.param_groups(net, lr, "sgd"), lr=lr)
-    for idx in finite_nets.sgd_batches(len(x), steps, batch, seed):
-        loss = 0.5 * ((net(x[idx])[:, 0] - y[idx]) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return net
 
 
 def main(argv=None) -> int:
@@ -153,7 +142,8 @@ def main(argv=None) -> int:
         errs, gaps = [], []
         for s in range(args.seeds):
             torch.manual_seed(100 + s)
-            net = train_finite_mup(make_model(args.d, width), base, x, y, args.steps, args.batch_size, args.lr, 0)
+            # `mt.parametrize` + SGD on `mt.param_groups` over the limit's batches (its seed, 0)
+            net = finite_nets.train_mup(make_model(args.d, width), base, x, y, args.steps, args.lr, args.batch_size, 0)
             with torch.no_grad():
                 pred = net(xt)[:, 0]
             errs.append(mse(pred, yt))

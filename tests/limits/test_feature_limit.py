@@ -4,6 +4,8 @@ LayerNorm MLP and a residual MLP (`mt.parametrize` at widths 256 and 1024 here; 
 benchmarks/limits_convergence.py), and its errors."""
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +14,9 @@ from torch import nn
 
 import mutransfer as mt
 from mutransfer.limits import finite
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from limits_convergence import ln_mlp  # the convergence table's LayerNorm MLP, d = 4
 
 D = 4
 
@@ -102,18 +107,6 @@ class ResMLP(nn.Module):
         return self.out(h)
 
 
-def _ln_mlp(n):
-    return nn.Sequential(
-        nn.Linear(D, n),
-        nn.LayerNorm(n),
-        nn.Tanh(),
-        nn.Linear(n, n),
-        nn.LayerNorm(n),
-        nn.Tanh(),
-        nn.Linear(n, 1, bias=False),
-    )
-
-
 def _finite_against_limit(
     make, steps=5, lr=0.1, seeds=6, particles=2**13, momentum=0.0, batch_size=None, widths=(256, 1024, 4096)
 ):
@@ -133,13 +126,7 @@ def _finite_against_limit(
         fs = []
         for s in range(seeds):
             torch.manual_seed(100 + s)
-            m = mt.parametrize(make(w).double(), base=base)
-            opt = torch.optim.SGD(mt.param_groups(m, lr, "sgd"), lr=lr, momentum=momentum)
-            for b in finite.sgd_batches(len(x), steps, batch_size, 0):
-                loss = 0.5 * ((m(x[b]) - y[b, None]) ** 2).sum(1).mean()
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
+            m = finite.train_mup(make(w).double(), base, x, y, steps, lr, batch_size, lim.seed, momentum=momentum)
             with torch.no_grad():
                 fs.append(m(xt)[:, 0])
         fw = torch.stack(fs)
@@ -150,7 +137,7 @@ def _finite_against_limit(
 
 @pytest.mark.slow
 def test_layernorm_mlp_finite_networks_approach_the_limit():
-    _, gaps, slope, z, rms = _finite_against_limit(_ln_mlp)  # to 4096: 256 → 1024 alone reads −0.12
+    _, gaps, slope, z, rms = _finite_against_limit(ln_mlp)  # to 4096: 256 → 1024 alone reads −0.12
     assert rms > 0.2  # the limit learned something
     assert gaps[-1] < gaps[0]
     assert -0.9 < slope < -0.25, (gaps, slope)  # width^-1/2 (to 4096: −0.38, 0.059 / 0.050 / 0.020)
@@ -159,7 +146,7 @@ def test_layernorm_mlp_finite_networks_approach_the_limit():
 
 @pytest.mark.slow
 def test_momentum_and_minibatches_through_hidden_matrices():
-    _, gaps, slope, z, rms = _finite_against_limit(_ln_mlp, steps=6, momentum=0.9, batch_size=4, widths=(256, 1024))
+    _, gaps, slope, z, rms = _finite_against_limit(ln_mlp, steps=6, momentum=0.9, batch_size=4, widths=(256, 1024))
     assert rms > 0.2
     assert -0.9 < slope < -0.25, (gaps, slope)  # measured to 4096: −0.58
     assert z < 4.0, z  # measured at 4096: 1.6
@@ -200,7 +187,7 @@ def test_the_basis_is_the_given_vectors_times_the_transform_after_a_fit():
     by O(1) (6.5–9.8 measured) while predictions moved by 0.1 standard error."""
     x, y, _ = _data(8)
     torch.manual_seed(0)
-    lim = mt.limits.FeatureLimit(_ln_mlp(256).double(), base=_ln_mlp(16).double(), particles=2**11, groups=4)
+    lim = mt.limits.FeatureLimit(ln_mlp(256).double(), base=ln_mlp(16).double(), particles=2**11, groups=4)
     lim.fit(x, y, steps=3, lr=0.1, batch_size=4)
     for m in lim._program.matrices.values():
         for fam in (m.fwd, m.bwd):
@@ -286,8 +273,9 @@ def test_adam_and_other_losses_are_not_yet():
 
 
 def test_a_width_dependent_constant_is_an_error_naming_the_parameter():
-    with pytest.raises(ValueError, match="exactly one width dim"):
-        mt.limits.FeatureLimit(_mlp(64), base=_mlp(64))
+    two = nn.Sequential(nn.Linear(D, 16), nn.Tanh(), nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1, bias=False))
+    with pytest.raises(ValueError, match=r"exactly one width dim.*found 64 \(base 16\), 64 \(base 32\)"):
+        mt.limits.FeatureLimit(_mlp(64), base=two.double())  # a base at the model's own width is no base
     big, small = _mlp(256), _mlp(16)
     with torch.no_grad():  # a constant hidden bias of 1/width: parametrize keeps it, and it has no limit
         big[2].bias.fill_(1 / 256)

@@ -12,7 +12,7 @@ from .._kernels import ArrayLike, as_inputs
 from .._mup_limit import sgd_batches
 from .ops import analyse
 from .program import Program
-from .scaling import first_width, observe, widened, widths
+from .scaling import first_width, observe, same_width, widened, widths
 from .trace import scope_output, trace_module
 
 __all__ = ["FeatureLimit"]
@@ -39,9 +39,10 @@ class FeatureLimit:
     Args:
         model: the plain module at width n (not parametrized: the limit parametrizes a copy).
         base: the same architecture at a base width n₀ < n (with real values: its init is the one
-            µP scales). Without it the model is its own base: the limit of µP relative to `model`
-            (at its width the µP network is `model` itself), its constants read off `model` and a
-            copy at twice its width whose entries follow the law of `model`'s own.
+            µP scales). Without it (or with a base at the model's own width, `base=model`) the
+            model is its own base: the limit of µP relative to `model` (at its width the µP
+            network is `model` itself), its constants read off `model` (or that base) and a copy
+            at twice its width whose entries follow the law of its own.
         particles: Monte Carlo particles in all, a multiple of `groups`.
         groups: independent replicas (≥ 2), for the standard error.
         seed: the Monte Carlo seed (also the minibatch order's).
@@ -69,22 +70,27 @@ class FeatureLimit:
             raise ValueError(f"particles must be a multiple of groups = {self.groups}, got {particles}")
         self.particles, self.seed = particles, int(seed)
         self._gm = trace_module(model)
-        if base is None:  # the model is its own base: µP relative to it, read off it and a copy at 2× its width
+        own = model if base is None or same_width(model, base) else None  # a base at the model's width: no base
+        if own is not None:  # the model is its own base: µP relative to it, read off it and a copy at 2× its width
             self.width = self.base_width = first_width(self._gm)
         else:
+            assert base is not None
             self.width, self.base_width = widths(model, base)
         self._ops, roles = analyse(self._gm, self.width)
         unused = [name for name, _ in model.named_parameters() if name not in roles]
         if unused:
             raise ValueError(f"parameters {unused} are not used by a supported layer of the forward pass")
-        if base is None:
+        if own is not None:
+            if base is not None:  # the laws are the base's (µP rescales the model's init to it)
+                own = base
             layers = {
-                str(op.node.target): (op.rule, op.module)
+                str(op.node.target): (op.rule, own.get_submodule(str(op.node.target)))
                 for op in self._ops
                 if op.rule in ("input", "hidden", "readout", "norm") and op.module is not None
             }
-            self.laws = observe(widened(model, layers, self.width, self.seed), model, roles)
+            self.laws = observe(widened(own, layers, self.width, self.seed), own, roles)
         else:
+            assert base is not None
             self.laws = observe(model, base, roles)
         firsts = [op.module for op in self._ops if op.rule == "input"]
         outs = [op.module for op in self._ops if op.rule == "readout"]

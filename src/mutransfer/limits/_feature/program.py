@@ -153,8 +153,8 @@ class Program:
             g = cot.pop(node)
             if "bias" in op.params and op.rule != "norm":
                 grads[op.params["bias"]] = g.sum(2)
-            if op.rule == "input":
-                grads[op.params["weight"]] = torch.einsum("gpb,bd->gpd", g, x)
+            if op.rule == "input":  # ĝ times what the layer reads (x after any op on the inputs: x * 8.0)
+                grads[op.params["weight"]] = torch.einsum("gpb,bd->gpd", g, vals[node.args[0]])  # type: ignore[index]
             elif op.rule == "hidden":
                 history.append((op.params["weight"], g, vals[node.args[0]]))  # type: ignore[index]
                 add(node.args[0], self.matrices[op.params["weight"]].backward(g, self.step, lr, momentum))

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["ParamLaw", "first_width", "observe", "widened", "widths"]
+__all__ = ["ParamLaw", "first_width", "mup_sgd", "observe", "same_width", "widened", "widths"]
 
 ROLES = ("input", "vector", "hidden", "output", "output_bias")
 _EXPONENT = {"input": -1, "vector": -1, "hidden": 0, "output": 1, "output_bias": 0}  # κ = lr·n^e
@@ -59,6 +59,16 @@ class ParamLaw:
         return torch.randn(shape, generator=generator, dtype=dtype) * math.sqrt(self.var)
 
 
+def same_width(model: nn.Module, base: nn.Module) -> bool:
+    """Whether `base` is `model` or has its parameters at the same shapes (a base at the model's own
+    width: `FeatureLimit` then takes the model as its own base)."""
+    if base is model:
+        return True
+    bp = {name: tuple(p.shape) for name, p in base.named_parameters()}
+    mp = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    return bool(mp) and mp == bp
+
+
 def widths(model: nn.Module, base: nn.Module) -> tuple[int, int]:
     """(n, n₀): the one width of `model` and of `base` (every dim that differs between them)."""
     bp = dict(base.named_parameters())
@@ -81,18 +91,24 @@ def widths(model: nn.Module, base: nn.Module) -> tuple[int, int]:
     return n, n0
 
 
-def _parametrized(model: nn.Module, base: nn.Module) -> tuple[nn.Module, nn.Module, dict, dict]:
+def mup_sgd(model: nn.Module, base: nn.Module, lr: float, delta: nn.Module | None = None) -> list[dict[str, Any]]:
+    """`mt.parametrize(model, base=base, delta=delta)` (in place) and its SGD groups
+    `mt.param_groups(model, lr, "sgd")`: the µP network the limit is the limit of, and its learning
+    rates, as the package's public face makes them (the one place `limits/` calls it)."""
     import mutransfer as mt  # the public face: the limit is the limit of what it produces
 
+    mt.parametrize(model, base=base, delta=delta)
+    groups = mt.param_groups(model, lr, "sgd")
+    assert isinstance(groups, list)  # SGD's groups are plain dicts
+    return groups
+
+
+def _parametrized(model: nn.Module, base: nn.Module) -> tuple[nn.Module, nn.Module, dict, dict]:
     big, small = copy.deepcopy(model), copy.deepcopy(base)
-    mt.parametrize(big, base=base)
-    mt.parametrize(small, base=base, delta=model)
     lrs = []
-    for m in (big, small):
+    for m, delta in ((big, None), (small, model)):
         by_id = {}
-        groups = mt.param_groups(m, 1.0, "sgd")
-        assert isinstance(groups, list)  # SGD's groups are plain dicts
-        for g in groups:
+        for g in mup_sgd(m, base, 1.0, delta):
             for p in g["params"]:
                 by_id[id(p)] = float(g["lr"])
         lrs.append({name: by_id[id(p)] for name, p in m.named_parameters()})
