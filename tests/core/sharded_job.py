@@ -200,6 +200,15 @@ def main(out_path: str) -> None:
     dcp.save(get_model_state_dict(model), checkpoint_id=os.path.join(ckpt, "dcp"))
     dist.barrier()
 
+    # replicas (DDP): seed=None draws one seed for every rank (rank 0's), whatever each rank's generator
+    torch.manual_seed(100 + rank)
+    replica = eager()
+    mt.init_weights(replica)
+    total = torch.tensor([float(sum(p.double().sum() for p in replica.parameters()))], dtype=torch.float64)
+    gathered = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, total)
+    out["replicas_equal"] = all(torch.equal(g, gathered[0]) for g in gathered)
+
     # 5. bad input: a tensor-parallel plan that cuts heads (3 heads over 2 ranks), init_weights on a plain model
     bad = on_meta(heads=3, kv=3, width=192, base_width=48)
     tensor_parallel(bad, mesh)

@@ -325,3 +325,44 @@ def test_a_finite_shape_parameter_whose_init_follows_width_keeps_the_bases_scale
     before = same.bias_table.detach().clone()
     mt.parametrize(same, base=base, delta=RelBias(64))  # at base width: the user's model exactly
     assert torch.equal(same.bias_table, before)
+
+
+def test_computed_tables_and_small_bases_are_not_redrawn_as_noise():
+    pos, i = torch.arange(16.0)[:, None], torch.arange(32.0)[None]
+    sincos = torch.cat([torch.sin(pos / 10000 ** (i / 32)), torch.cos(pos / 10000 ** (i / 32))], 1)  # MAE's table
+    law = read_law(sincos, [False, True])
+    assert law.kind == "unknown" and "correlated" in law.reason
+    torch.manual_seed(0)
+    small = torch.rand(16) * 0.1 + 1e-3  # a small base's bounded init (Mamba-2's dt over 8 heads, say)
+    law = read_law(small, [True])
+    out = torch.empty(4096)
+    draw(law, out, out.shape, [torch.arange(4096)], seed=0, name="dt")
+    assert law.kind == "empirical" and small.min() <= out.min() and out.max() <= small.max()
+
+
+def test_a_kept_finite_shape_constant_is_checked_against_its_own_value():
+    class Temp(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.inp, self.out = nn.Linear(8, width), nn.Linear(width, 4)
+            self.temp = nn.Parameter(torch.full((4,), width**-0.5))  # a constant the model's code sets per width
+
+        def forward(self, x):
+            return self.out(torch.relu(self.inp(x))) * self.temp
+
+    model = mt.parametrize(Temp(512), base=Temp(32), delta=Temp(64))
+    assert "temp" in model._mutransfer_spec.kept_values and mt.check(model).passed
+
+
+def test_a_monitor_started_after_plain_sgd_steps_does_not_check_the_init():
+    torch.manual_seed(0)
+    model = mt.parametrize(MLP(128, d_in=16), base=MLP(32, d_in=16), delta=MLP(64, d_in=16))
+    opt = torch.optim.SGD(mt.param_groups(model, lr=0.5, optimizer="sgd"))  # no momentum: no optimizer state
+    x, y = torch.randn(64, 16), torch.randint(0, 10, (64,))
+    for _ in range(20):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    assert not opt.state
+    assert not mt.Monitor(model, opt)._init_found  # gradients show the run has started
+    assert mt.Monitor(model, opt, check_init=True)._init_found  # asked: the trained values are off the init

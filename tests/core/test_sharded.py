@@ -44,6 +44,7 @@ def _check_init_weights_on_shards_draws_the_one_process_tensors(measured):
     assert measured["check_after_init"] is True
     assert measured["same_full_tensors"] is True  # tensor parallel (2-D mesh) + FSDP2: same seed, same tensors
     assert measured["fsdp_same_full_tensors"] is True  # FSDP2 alone
+    assert measured["replicas_equal"] is True  # plain replicas: seed=None is rank 0's on every rank
 
 
 def _check_init_weights_matches_eager_parametrize_in_every_tensors_rms(measured):

@@ -148,6 +148,20 @@ def _monotone_dim(b: torch.Tensor) -> int | None:
     return None
 
 
+def _correlated_dim(b: torch.Tensor) -> str | None:
+    """Neighbours along a dim (of ≥ 8) correlated far beyond an i.i.d. draw's noise (|r|·√pairs > 8: a sin-cos
+    table, a smooth ramp): values computed, not drawn; None otherwise."""
+    for d in range(b.ndim):
+        if b.shape[d] < _MONOTONE_MIN:
+            continue
+        a, c = b.narrow(d, 0, b.shape[d] - 1).flatten(), b.narrow(d, 1, b.shape[d] - 1).flatten()
+        a, c = a - a.mean(), c - c.mean()
+        den = float(a.norm() * c.norm())
+        if den > 0 and abs(float(a @ c) / den) * math.sqrt(a.numel()) > 8.0:
+            return f"neighbours along dim {d} correlated"
+    return None
+
+
 def read_law(base: torch.Tensor, grows: Sequence[bool]) -> InitLaw:
     """The law the base's values were drawn from.
 
@@ -183,7 +197,8 @@ def read_law(base: torch.Tensor, grows: Sequence[bool]) -> InitLaw:
             reason="the base's values are the same along every dim that grows: repeated",
         )
     mono = _monotone_dim(b)
-    if mono is not None:
+    what = f"monotone along dim {mono}" if mono is not None else _correlated_dim(b)
+    if what is not None:
         if not growing:
             return InitLaw(
                 "tiled", values=b.contiguous(), base_rms=rms, kurtosis=kurt, reason="computed values, copied"
@@ -192,16 +207,18 @@ def read_law(base: torch.Tensor, grows: Sequence[bool]) -> InitLaw:
             "unknown",
             base_rms=rms,
             kurtosis=kurt,
-            reason=f"computed values (monotone along dim {mono}), not a random draw; how they extend to a wider model "
-            "is the model's own code",
+            reason=f"computed values ({what}), not a random draw; how they extend to a wider model is the model's "
+            "own code",
         )
     if n < 32:  # too few values to tell a family apart
         if not growing:
             return InitLaw(
                 "tiled", values=b.contiguous(), base_rms=rms, kurtosis=kurt, reason="the base's values, copied"
             )
-        mean, std = float(x.mean()), float(x.std(unbiased=False))
-        return InitLaw("normal", mean=mean, std=std, base_rms=rms, kurtosis=kurt, reason=f"{n} values: taken as normal")
+        xs, _ = x.sort()  # no family can be told apart: the base's own values, interpolated (bounded like them)
+        return InitLaw(
+            "empirical", values=xs.contiguous(), base_rms=rms, kurtosis=kurt, reason=f"{n} values: their quantiles"
+        )
     mean, std = float(x.mean()), float(x.std(unbiased=False))
     centred = abs(mean) <= 3.0 * std / math.sqrt(n)  # a mean within noise of 0: the init is symmetric
     if n > _SAMPLE:  # the family is told from a fixed random sample (the KS test at 1 % resolves 0.6 % there)
@@ -249,6 +266,13 @@ def read_law(base: torch.Tensor, grows: Sequence[bool]) -> InitLaw:
                 reason="a truncated normal draw",
             )
             fits.append((d_trunc, law))
+    kinds = {law.kind for _, law in fits}
+    if {"normal", "uniform"} <= kinds:  # both pass (a small base): the likelier of the two fitted laws
+        var = float(x.var(unbiased=False))
+        log_normal = -0.5 * n * (math.log(2 * math.pi * var) + 1.0)
+        log_uniform = -n * math.log(hi - lo)
+        keep = "uniform" if log_uniform > log_normal else "normal"
+        fits = [f for f in fits if f[1].kind == keep]
     if fits:
         return min(fits, key=lambda f: f[0])[1]
     if not growing:
@@ -282,11 +306,20 @@ def block_seed(seed: int, name: str, block: int) -> int:
     return _splitmix(_splitmix(_splitmix(seed & _M64) ^ zlib.crc32(name.encode())) ^ block) >> 1
 
 
-def _values(law: InitLaw, n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+def _uniform(n: int, gens: tuple[torch.Generator, torch.Generator], device: torch.device) -> torch.Tensor:
+    """n uniforms in [0, 1) from two generators: (u₁ + u₂) mod 1 is uniform, and a block repeats another only
+    if both of its seeds do (torch's CPU generator keeps 32 bits of a seed: one alone would collide)."""
+    u = torch.rand(n, dtype=torch.float64, generator=gens[0], device=device)
+    u += torch.rand(n, dtype=torch.float64, generator=gens[1], device=device)
+    return u.sub_(u.floor())
+
+
+def _values(law: InitLaw, n: int, gens: tuple[torch.Generator, torch.Generator], device: torch.device) -> torch.Tensor:
     """n values of the base's law (before `scale`), float64."""
+    u = _uniform(n, gens, device)
     if law.kind == "normal":
-        return law.mean + law.std * torch.randn(n, dtype=torch.float64, generator=generator, device=device)
-    u = torch.rand(n, dtype=torch.float64, generator=generator, device=device)
+        u.clamp_(1e-300, 1 - 1e-16)
+        return law.mean + law.std * math.sqrt(2.0) * torch.erfinv(u.mul_(2.0).sub_(1.0))
     if law.kind == "uniform":
         return law.low + (law.high - law.low) * u
     if law.kind == "trunc_normal":
@@ -300,6 +333,12 @@ def _values(law: InitLaw, n: int, generator: torch.Generator, device: torch.devi
         i = pos.floor().long().clamp(max=q.numel() - 2)
         return q[i] + (pos - i) * (q[i + 1] - q[i])
     raise ValueError(f"no random draw for an init law of kind {law.kind!r}")
+
+
+def _seeded(gens: tuple[torch.Generator, torch.Generator], seed: int, name: str, block: int) -> None:
+    full = block_seed(seed, name, block)
+    gens[0].manual_seed(full & 0xFFFFFFFF)
+    gens[1].manual_seed(_splitmix(full) >> 33)
 
 
 def _deterministic(law: InitLaw, shape: Sequence[int], indices: Sequence[torch.Tensor], device) -> torch.Tensor:
@@ -325,9 +364,10 @@ def draw(
     """Fill `out` (a parameter or its local shard) with a draw from `law`, in place.
 
     The full tensor is cut into blocks of whole rows (dim 0) of at least 2¹⁶ values; each block's
-    values come from a generator seeded by (seed, name, block), so a shard draws the blocks its rows
-    lie in and keeps its part: the full tensor is the same whatever the sharding (on one kind of
-    device: CPU and CUDA generators differ).
+    values come from two generators seeded by (seed, name, block) (64 bits of seed in all), so a shard
+    draws the blocks its rows lie in and keeps its part: the full tensor is the same whatever the
+    sharding (on one kind of device: CPU and CUDA generators differ). Memory: one block in float64
+    at a time, beside `out`.
 
     Args:
         law: the law (its `scale` applied).
@@ -347,33 +387,43 @@ def draw(
         return
     device = out.device
     ndim = out.ndim
+
+    def finish(vals: torch.Tensor, dim0: torch.Tensor | None) -> torch.Tensor:
+        """× scale and the per-dim multipliers (dim 0's restricted to the local rows `dim0` when given)."""
+        vals = vals * law.scale
+        for d, m in enumerate(multipliers):
+            if m is not None:
+                m = m if d or dim0 is None else m.index_select(0, dim0)
+                vals = vals * m.reshape([-1 if e == d else 1 for e in range(ndim)])
+        return vals
+
     if law.kind in ("zeros", "constant", "tiled"):
-        vals = _deterministic(law, out.shape, indices, device)
-    elif ndim == 0:
-        vals = _values(law, 1, torch.Generator(device=device).manual_seed(block_seed(seed, name, 0)), device)
-        vals = vals.reshape(())
-    else:
-        rows_total = int(global_shape[0])
-        per_row = 1
-        for s in global_shape[1:]:
-            per_row *= int(s)
-        k = max(1, -(-_BLOCK // max(per_row, 1)))  # rows per block
-        gen = torch.Generator(device=device)
-        vals = torch.empty(tuple(out.shape), dtype=torch.float64, device=device)
-        rows = indices[0]
-        blocks = torch.div(rows, k, rounding_mode="floor")
-        for b in torch.unique(blocks).tolist():
-            first, last = b * k, min((b + 1) * k, rows_total)
-            gen.manual_seed(block_seed(seed, name, b))
-            block = _values(law, (last - first) * per_row, gen, device).reshape(last - first, *global_shape[1:])
-            where = (blocks == b).nonzero().flatten()
-            part = block.index_select(0, rows.index_select(0, where) - first)
-            for d in range(1, ndim):
-                if len(indices[d]) != global_shape[d]:
-                    part = part.index_select(d, indices[d])
-            vals.index_copy_(0, where, part)
-    vals = vals * law.scale
-    for d, m in enumerate(multipliers):
-        if m is not None:
-            vals = vals * m.reshape([-1 if e == d else 1 for e in range(ndim)])
-    out.copy_(vals.to(out.dtype))
+        out.copy_(finish(_deterministic(law, out.shape, indices, device), None).to(out.dtype))
+        return
+    gens = (torch.Generator(device=device), torch.Generator(device=device))
+    if ndim == 0:
+        _seeded(gens, seed, name, 0)
+        out.copy_(finish(_values(law, 1, gens, device).reshape(()), None).to(out.dtype))
+        return
+    rows_total = int(global_shape[0])
+    per_row = 1
+    for s in global_shape[1:]:
+        per_row *= int(s)
+    k = max(1, -(-_BLOCK // max(per_row, 1)))  # rows per block
+    rows = indices[0]
+    blocks = torch.div(rows, k, rounding_mode="floor")
+    order = torch.argsort(blocks, stable=True)  # local rows grouped by block, without a pass per block
+    ids, counts = torch.unique_consecutive(blocks.index_select(0, order), return_counts=True)
+    start = 0
+    for b, c in zip(ids.tolist(), counts.tolist()):
+        where = order[start : start + c]
+        start += c
+        first, last = b * k, min((b + 1) * k, rows_total)
+        _seeded(gens, seed, name, b)
+        block = _values(law, (last - first) * per_row, gens, device).reshape(last - first, *global_shape[1:])
+        part = block.index_select(0, rows.index_select(0, where) - first)
+        del block
+        for d in range(1, ndim):
+            if len(indices[d]) != global_shape[d]:
+                part = part.index_select(d, indices[d])
+        out.index_copy_(0, where, finish(part, where).to(out.dtype))  # block by block: no shard-sized float64

@@ -43,8 +43,8 @@ def init_weights(model: nn.Module, seed: int | None = None, *, skip: Iterable[st
             torch.compile), its parameters materialised (``model.to_empty(device=...)`` after a
             meta build).
         seed: the draw's seed; the same seed gives the same full tensors whatever the sharding. None:
-            one drawn from torch's default generator (on several processes, rank 0's, broadcast:
-            then every rank must call `init_weights`, as for any collective).
+            one drawn from torch's default generator (in a process group of several ranks, rank 0's,
+            broadcast — sharded or DDP replicas alike: then every rank must call `init_weights`).
         skip: name patterns (fnmatch) of parameters to leave as they are, e.g. values the model's own
             code computes that µP has no law for.
 
@@ -104,7 +104,7 @@ def init_weights(model: nn.Module, seed: int | None = None, *, skip: Iterable[st
             + f"skip=[{', '.join(repr(n) for n, _ in lawless[:3])}]"
         )
     check_head_splits(spec, root)
-    seed = _resolve_seed(seed, any(is_dtensor(p) for p in params.values()))
+    seed = _resolve_seed(seed)
     with torch.no_grad():
         for name, param in params.items():
             if name in skipped:
@@ -127,28 +127,38 @@ def init_weights(model: nn.Module, seed: int | None = None, *, skip: Iterable[st
     return model
 
 
-def _resolve_seed(seed: int | None, sharded: bool) -> int:
+def _resolve_seed(seed: int | None) -> int:
     if seed is not None:
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise TypeError(f"init_weights: seed must be a non-negative int or None, got {seed!r}")
         return seed
     drawn = int(torch.randint(0, 2**62, (1,)).item())
     dist = torch.distributed
-    if sharded and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:  # sharded or replicas (DDP)
         box = [drawn]
         dist.broadcast_object_list(box, src=0)  # every rank draws the same replicated values
         drawn = int(box[0])
     return drawn
 
 
-def _tensor_parallel(module: nn.Module) -> bool:
-    """Whether `module` was parallelized by torch's tensor parallel (parallelize_module's forward hooks)."""
+def _tensor_parallel(module: nn.Module) -> int:
+    """The number of mesh dims torch's tensor parallel split `module` over (0: not parallelized): read off
+    the device mesh its forward hooks (parallelize_module's input/output redistribution) hold."""
     hooks = list(module._forward_pre_hooks.values()) + list(module._forward_hooks.values())
+    found = 0
     for h in hooks:
         fn = getattr(h, "func", h)
-        if getattr(fn, "__module__", "").startswith("torch.distributed.tensor"):
-            return True
-    return False
+        if not getattr(fn, "__module__", "").startswith("torch.distributed.tensor"):
+            continue
+        found = max(found, 1)
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:
+                continue
+            if type(value).__name__ == "DeviceMesh":
+                found = max(found, int(value.ndim))
+    return found
 
 
 def check_head_splits(spec: MuSpec, root: nn.Module) -> None:
@@ -157,7 +167,8 @@ def check_head_splits(spec: MuSpec, root: nn.Module) -> None:
     Column-wise (q/k/v: rows, dim 0) and row-wise (o: columns, dim 1) tensor-parallel shards of a
     projection inside an attention module must hold whole heads: the head count a multiple of the number
     of pieces. FSDP2's own shard (mesh dim 0 of a 2-D mesh, or the whole 1-D mesh) is gathered before
-    the forward and is not a split of the computation. The same answer on every rank.
+    the forward and is not a split of the computation: only the trailing mesh dims of tensor parallel's own
+    mesh (read off its forward hooks) count. The same answer on every rank.
 
     Raises:
         ModelError: naming the parameter, the pieces and the head dim, with the fix.
@@ -169,9 +180,9 @@ def check_head_splits(spec: MuSpec, root: nn.Module) -> None:
             continue
         d = int(a.d)
         for mname, module in attention.named_modules():
-            if not _tensor_parallel(module):
+            tp_dims = _tensor_parallel(module)
+            if not tp_dims:
                 continue
-            fsdp = bool(getattr(module, "_is_fsdp_managed_module", False))
             for pname, p in module.named_parameters(recurse=False):
                 if p.ndim != 2 or not is_dtensor(p):
                     continue
@@ -179,10 +190,10 @@ def check_head_splits(spec: MuSpec, root: nn.Module) -> None:
                 part = local_part(p, name)
                 if part is None:
                     continue
-                mesh_ndim = p.device_mesh.ndim
+                first_tp = p.device_mesh.ndim - tp_dims  # FSDP2 / HSDP put their mesh dims in front of TP's
                 pieces: dict[int, int] = {}
                 for mesh_dim, dim, n in part.cuts:
-                    if fsdp and (mesh_ndim == 1 or mesh_dim == 0):
+                    if mesh_dim < first_tp:
                         continue  # FSDP2's shard: gathered before the forward
                     pieces[dim] = pieces.get(dim, 1) * n
                 for dim, n in pieces.items():

@@ -428,10 +428,13 @@ def _init_factor(
         # (T5's relative attention bias ∝ d_model^-½): µP keeps a parameter with no width dim at the base's scale.
         if grown and base_p is not None and base_p.shape == p.shape:
             current = rms(p)
-            if current > 0 and not_a_random_scale(info, p, base_p) is None:
+            why = not_a_random_scale(info, p, base_p) if current > 0 else "zero"
+            if why is None:
                 ratio = rms(base_p) / current
                 if abs(math.log(ratio)) > 0.1:
                     return ratio * init_mult
+            elif not math.isclose(rms(base_p), current, rel_tol=1e-6):  # kept, and not the base's: say so
+                kept[info.name] = why
         return init_mult
     target = factor(init_exp, info.m_in, info.m_out)
     if base_p is not None:

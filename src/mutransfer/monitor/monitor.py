@@ -114,6 +114,9 @@ class Monitor:
         power_iters: power iterations per spectral-norm estimate (warm-started from the last sample).
         history: samples kept in memory for `trajectory` (None: all, what a proxy run saves; a long
             target run that only compares can keep a few: each sample holds ~12 floats per layer).
+        check_init: compare every parameter's RMS with µP's init now (`mt.check`) and raise what is off at
+            the first sample. None: when the run has not started (no optimizer state, no gradient);
+            False for a monitor started on a model that already trained (plain SGD keeps no state).
 
     Raises:
         ModelError: the model was never parametrized.
@@ -135,6 +138,7 @@ class Monitor:
         rows: int = 4,
         power_iters: int = 3,
         history: int | None = None,
+        check_init: bool | None = None,
     ):
         if not isinstance(every, int) or every < 1:
             raise UsageError(f"Monitor every={every!r}: give a whole number of steps ≥ 1 (50 costs < 2%)")
@@ -172,7 +176,8 @@ class Monitor:
         self._t = 0
         # the init, checked before the first step (after one, the values have moved): alarms at the first sample
         self._init_found: list = []
-        if not self.optimizer.state:
+        fresh = not self.optimizer.state and all(p.grad is None for p in self.model.parameters())
+        if check_init if check_init is not None else fresh:
             with torch.no_grad():
                 found, _, _ = init_findings(self.spec, self.model)
             self._init_found = [
