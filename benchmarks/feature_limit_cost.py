@@ -28,7 +28,7 @@ ROWS = "5x8x8192,10x8x8192,20x8x8192,5x64x8192,10x64x12288,20x64x22528"
 QUICK = "2x8x2048,4x8x2048"
 
 
-def one(steps: int, batch: int, particles: int, groups: int) -> dict:
+def one(steps: int, batch: int, particles: int, groups: int, inputs: int = 64) -> dict:
     import torch
     from limits_convergence import ln_mlp  # this folder: the convergence table's LayerNorm MLP
 
@@ -39,7 +39,7 @@ def one(steps: int, batch: int, particles: int, groups: int) -> dict:
         return ln_mlp(n, d=8)
 
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(64, 8, generator=g, dtype=torch.float64)
+    x = torch.randn(inputs, 8, generator=g, dtype=torch.float64)
     y = torch.tanh(x[:, 0]) + 0.5 * x[:, 1]
     xt = torch.randn(16, 8, generator=g, dtype=torch.float64)
     lim = mt.limits.FeatureLimit(mlp(256), base=mlp(16), particles=particles, groups=groups, seed=0)
@@ -62,25 +62,27 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default=ROWS, help="comma-separated STEPSxBATCHxPARTICLES")
     ap.add_argument("--groups", type=int, default=8)
+    ap.add_argument("--inputs", type=int, default=64, help="training inputs (the docs' table: 64)")
     ap.add_argument("--quick", action="store_true", help="two tiny rows (smoke test)")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one row, print JSON
     args = ap.parse_args(argv)
     if args.one:
         steps, batch, particles = (int(v) for v in args.one.split("x"))
-        print(json.dumps(one(steps, batch, particles, args.groups)))
+        print(json.dumps(one(steps, batch, particles, args.groups, args.inputs)))
         return 0
     rows = QUICK if args.quick else args.rows
     print(
-        f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch CPU float64, groups {args.groups}"
+        f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch CPU float64, groups {args.groups}, "
+        f"{args.inputs} training inputs"
     )
     print("| steps | batch | particles | fit | predict (16 inputs) | peak memory | mean s.e. of f |")
     print("|---|---|---|---|---|---|---|")
     for row in rows.split(","):
         steps, batch, particles = (int(v) for v in row.split("x"))
         if args.quick:  # a smoke test: in this process, so the peak memory is the process's so far
-            r = one(steps, batch, particles, args.groups)
+            r = one(steps, batch, particles, args.groups, args.inputs)
         else:
-            cmd = [sys.executable, __file__, "--one", row, "--groups", str(args.groups)]
+            cmd = [sys.executable, __file__, "--one", row, "--groups", str(args.groups), "--inputs", str(args.inputs)]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode:
                 print(done.stderr, file=sys.stderr)

@@ -150,14 +150,19 @@ class HiddenMatrix:
         self.history: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (step, ĝ, x)
 
     def _delta(self, v: torch.Tensor, step: int, lr: float, momentum: float, transpose: bool) -> torch.Tensor:
-        out = torch.zeros_like(v.detach())
+        """ΔW_t v (or ΔW_tᵀ g), a sum over the past steps with the factor −lr·κ·m_{t,s} folded into
+        the detached coefficients E[·]: one product and one add per step in the autograd graph, whose
+        backward passes the gradient on without computing (the Ż partials run back through it once
+        per column of every later batch; a scaled subtraction cost two more passes over the particles)."""
+        out = None
         for s, g, x in self.history:
             if s >= step:
                 continue
             m = sum(momentum**k for k in range(step - s))
             a, b = (g, x) if transpose else (x, g)  # ΔWᵀg: x E[ĝ g]; ΔW v: ĝ E[x v]
-            out = out - lr * self.kappa * m * torch.einsum("gpi,gij->gpj", b, mean(a, v))
-        return out
+            term = torch.einsum("gpi,gij->gpj", b, mean(a, v) * (-lr * self.kappa * m))
+            out = term if out is None else out + term
+        return torch.zeros_like(v.detach()) if out is None else out
 
     def forward(self, v: torch.Tensor, step: int, lr: float, momentum: float, initial: bool = False) -> torch.Tensor:
         """W_t v: Ẑ + Ż + ΔW_t v (only Ẑ for the network at init)."""

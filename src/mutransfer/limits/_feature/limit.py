@@ -10,6 +10,7 @@ from torch import nn
 from .._checks import integer, positive
 from .._kernels import ArrayLike, as_inputs
 from .._mup_limit import sgd_batches
+from .memory import release
 from .ops import analyse
 from .program import Program
 from .scaling import first_width, observe, same_width, widened, widths
@@ -189,6 +190,7 @@ class FeatureLimit:
             for m, (a, b) in zip(mats, lengths, strict=True):
                 m.fwd.truncate(a)
                 m.bwd.truncate(b)
+            release()
         return vals
 
     def predict(self, x: ArrayLike, return_error: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:

@@ -16,6 +16,7 @@ import torch
 from torch import fx
 
 from .family import HiddenMatrix
+from .memory import release
 from .ops import Op
 from .scaling import ParamLaw
 
@@ -206,3 +207,4 @@ class Program:
         for name, g, v in history:
             self.matrices[name].history.append((self.step, g, v))
         self.step += 1
+        release()  # the step's freed temporaries: their pages back to the OS (see `memory`)
