@@ -10,6 +10,7 @@ the full-batch rows use the fewest that fit (the 20-step row ran 48 min and peak
 
     .venv/bin/python benchmarks/feature_limit_cost.py                 # the docs' table
     .venv/bin/python benchmarks/feature_limit_cost.py --rows 10x64x12288
+    .venv/bin/python benchmarks/feature_limit_cost.py --inputs 16 --rows 20x16x16384   # issue 45's row
     .venv/bin/python benchmarks/feature_limit_cost.py --quick         # smoke test, seconds (in-process rows)
 """
 

@@ -36,9 +36,9 @@ print(json.dumps({{"before_mb": before, "peak_mb": resource.getrusage(resource.R
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss in KiB and glibc's malloc: Linux")
 def test_a_fit_adds_little_more_than_its_state_to_the_peak_memory():
-    """10 full-batch steps on 16 inputs, 8192 particles (live allocations at the peak: 256 MB above
-    the process before the fit): the peak resident memory grew by 689 MB when the freed temporaries'
-    pages stayed with the process, 361 MB now that each step returns them."""
+    """10 full-batch steps on 16 inputs, 8192 particles, then a prediction (live allocations at the
+    peak: about 256 MB above the process before the fit): the peak resident memory grew by 660–681 MB
+    when the freed temporaries' pages stayed with the process, 348 MB now that each step returns them."""
     code = SCRIPT.format(benchmarks=str(ROOT / "benchmarks"))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr

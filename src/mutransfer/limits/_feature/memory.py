@@ -7,10 +7,11 @@ tensors below its mmap threshold from its heap, and the threshold rises to the l
 (up to 32 MB): after the first steps nearly every tensor comes from the heap, and the pages of the
 ones freed stay with the process, fragmented between long-lived blocks. Measured (issue 45, 20
 full-batch steps on 16 inputs, 2¹⁴ particles): 1.05 GB of live allocations at the peak, 3.78 GB
-resident. `release()` after each step returns those pages (glibc's `malloc_trim(0)`: 1.49 GB
-resident, the same time); where the C library has no `malloc_trim` (macOS, musl) it does nothing.
-A fixed low mmap threshold would return them too, but at a page fault per page of every tensor:
-7× slower (87 s against 12.5 s on a small fit).
+resident. `release()` after each step returns those pages (glibc's `malloc_trim(0)`; the
+benchmark's peak 3.62–3.71 → 1.42 GB, the same time); where the C library has no `malloc_trim`
+(macOS, musl) it does nothing. A fixed low mmap threshold returns them too, but at a page fault
+per page of every tensor: 3.2× slower (33.3 s against 10.3 s for 10 of those steps at 8192
+particles). See docs/limits/feature_learning.md (Cost).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def _malloc_trim() -> Callable[[int], int] | None:
     except (OSError, AttributeError):  # no glibc (musl), or no symbol table to search
         return None
     fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 def release() -> None:
