@@ -35,7 +35,8 @@ class FeatureLimit:
     Supported: nn.Linear (input d → n, hidden n → n, readout n → k; biases), elementwise functions
     and modules, residual sums, scalar multiples, nn.LayerNorm / nn.RMSNorm over the width;
     SGD with momentum (torch.optim.SGD semantics) on (1/B) Σ ½‖f − y‖². Anything else raises a
-    ValueError naming the graph node.
+    ValueError naming the graph node. The finite networks it is the limit of are
+    `mt.limits.finite.train_mup(make(width), base, x, y, steps, lr, batch_size, seed)`.
 
     Args:
         model: the plain module at width n (not parametrized: the limit parametrizes a copy).
@@ -135,7 +136,8 @@ class FeatureLimit:
             momentum: torch.optim.SGD's momentum (no dampening, no Nesterov).
             batch_size: minibatch size (None: full batch); the batch order is drawn from `seed`
                 as `mt.limits.finite.sgd_batches` draws it.
-            loss: "mse", (1/B) Σ ½‖f − y‖² as `mt.limits.finite.train_finite` trains.
+            loss: "mse", (1/B) Σ ½‖f − y‖² as `mt.limits.finite.train_mup` trains the finite
+                networks this is the limit of.
 
         Returns:
             self.
