@@ -19,6 +19,7 @@ a process that only resolves devices can still start CUDA workers safely.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
 from typing import Any
 
@@ -26,6 +27,7 @@ import torch
 from torch import nn
 
 from ..errors import DeviceError
+from .naming import canonical_name
 
 __all__ = [
     "AUTO",
@@ -34,6 +36,8 @@ __all__ = [
     "autocast",
     "check_precision",
     "known_precision",
+    "map_tensors",
+    "meta_parameters",
     "module_device",
     "move",
     "resolve_device",
@@ -107,18 +111,28 @@ def known_precision(precision: str, what: str = "precision") -> str:
     return precision
 
 
-def move(obj: Any, device: torch.device) -> Any:
-    """`obj` with every tensor in it on `device`: a tensor, or tuples, lists and dicts of them (nested;
-    anything else is returned as it is). Tensors already there are not copied."""
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """`obj` with `fn` applied to every tensor in it: a tensor, or tuples (named ones too), lists and
+    dicts of them, nested; anything else is returned as it is."""
     if isinstance(obj, torch.Tensor):
-        return obj.to(device)
+        return fn(obj)
     if isinstance(obj, dict):
-        return {k: move(v, device) for k, v in obj.items()}
+        return {k: map_tensors(v, fn) for k, v in obj.items()}
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
-        return type(obj)(*(move(v, device) for v in obj))
+        return type(obj)(*(map_tensors(v, fn) for v in obj))
     if isinstance(obj, (tuple, list)):
-        return type(obj)(move(v, device) for v in obj)
+        return type(obj)(map_tensors(v, fn) for v in obj)
     return obj
+
+
+def move(obj: Any, device: torch.device) -> Any:
+    """`obj` with every tensor in it on `device` (see `map_tensors`). Tensors already there are not copied."""
+    return map_tensors(obj, lambda t: t.to(device))
+
+
+def meta_parameters(module: nn.Module) -> list[str]:
+    """The canonical names of `module`'s parameters that are on the meta device (no values)."""
+    return [canonical_name(n) for n, p in module.named_parameters() if p.is_meta]
 
 
 def same_device(a: torch.device, b: torch.device) -> bool:

@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from ..errors import ExportError
-from .devices import DeviceLike, module_device, resolve_device, same_device
+from .devices import DeviceLike, meta_parameters, module_device, resolve_device, same_device
 from .export_check import (
     NoCache,
     cast_floats,
@@ -60,7 +60,6 @@ from .export_check import (
     restore_dtypes,
 )
 from .fold import Folder
-from .naming import canonical_name
 from .sharding import gathered_copy, is_sharded
 from .spec import SPEC_ATTR, require_spec, spec_holder
 
@@ -107,7 +106,7 @@ def export(
     root = spec_holder(model)
     if root is None:  # require_spec found a spec, so a holder exists
         raise ExportError(f"export: no module of {type(model).__name__} holds the µP spec")
-    meta = [canonical_name(n) for n, p in root.named_parameters() if p.is_meta]
+    meta = meta_parameters(root)
     if meta:
         raise ExportError(
             f"export: '{meta[0]}' (and {len(meta) - 1} more) is still on the meta device: it has no values to "

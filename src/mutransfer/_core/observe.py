@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .devices import module_device, move
+from .devices import map_tensors, module_device, move
 from .observation import AttentionCall, Observation, Use
 from .recorder import recording
 
@@ -278,15 +278,7 @@ def observe_model(model: nn.Module, inputs: Any = None) -> Observation:
 
 def _integers_real(obj: Any) -> Any:
     """`obj` with its floating tensors on the meta device and its other tensors (ids, masks) real, on the CPU."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to("meta") if obj.is_floating_point() or obj.is_complex() else obj.to("cpu")
-    if isinstance(obj, dict):
-        return {k: _integers_real(v) for k, v in obj.items()}
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(_integers_real(v) for v in obj))
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_integers_real(v) for v in obj)
-    return obj
+    return map_tensors(obj, lambda t: t.to("meta") if t.is_floating_point() or t.is_complex() else t.to("cpu"))
 
 
 def to_device(inputs: Any, model: nn.Module) -> Any:

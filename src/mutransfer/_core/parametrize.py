@@ -35,6 +35,7 @@ from ..rules import (
 )
 from .attention_plan import base_attention, install_attention, plan_attention
 from .depth import BRANCH_ATTR, Branch, DepthMap, block_containers, find_branches, outermost
+from .devices import meta_parameters
 from .forward_constants import forward_constants, in_effect, install_forward_constants, readout_input_ratio
 from .groups import mark_parameters, register_plain_guard
 from .init_law import read_law
@@ -126,9 +127,9 @@ def parametrize(
             f"parametrize was already called on this {type(model).__name__}; it rescales the "
             "init, so calling it twice would apply µP twice. Build a fresh model instead"
         )
-    on_meta = [canonical_name(n) for n, p in model.named_parameters() if p.is_meta]
+    on_meta = meta_parameters(model)
     if on_meta and isinstance(base, nn.Module):
-        base_meta = [canonical_name(n) for n, p in base.named_parameters() if p.is_meta]
+        base_meta = meta_parameters(base)
         if base_meta:
             raise ModelError(
                 f"parametrize: the model is on the meta device ({on_meta[0]} …) and so is `base` ({base_meta[0]} …): "
