@@ -139,8 +139,9 @@ def write_proxy_trajectory(sweep: Sweep, results: list | None = None, say: Any =
         "seed": cfg.seeds[0],
         "trial": b.number,
     }
-    attrs = _trial_attrs(sweep, cfg.proxy_width, cfg.proxy_depth, b.number)
-    noise = _noise_near_optimum(sweep, results, b)
+    proxy_attrs = _attrs_by_number(sweep, cfg.proxy_width, cfg.proxy_depth)  # the proxy cell's trials, read once
+    attrs = proxy_attrs.get(b.number, {})
+    noise = _noise_near_optimum(sweep, results, b, proxy_attrs)
     if noise is not None:  # the objective measured the noise scale (`Scale.noise_scale`) in the proxy cell
         _write_if_changed(sweep.run_dir / NOISE_FILE, noise)
         entry["noise_scale"] = NOISE_FILE
@@ -155,7 +156,8 @@ def write_proxy_trajectory(sweep: Sweep, results: list | None = None, say: Any =
     wider = min((w for w in cfg.widths if w > cfg.proxy_width), default=None)
     if wider is not None:
         twin = next((r for r in in_cell(results, "mup", wider, cfg.proxy_depth) if r.params == b.params), None)
-        found = None if twin is None else _trial_attrs(sweep, wider, cfg.proxy_depth, twin.number).get(TRAJECTORY_ATTR)
+        twin_attrs = {} if twin is None else _attrs_by_number(sweep, wider, cfg.proxy_depth).get(twin.number, {})
+        found = twin_attrs.get(TRAJECTORY_ATTR)
         if found is not None:
             trajectory["wider"] = found
             entry["wider_width"] = wider
@@ -165,30 +167,26 @@ def write_proxy_trajectory(sweep: Sweep, results: list | None = None, say: Any =
     return {**entry, "file": PROXY_FILE, "samples": len(trajectory["steps"])}
 
 
-def _noise_near_optimum(sweep: Sweep, results: list, b: Any) -> dict | None:
+def _noise_near_optimum(sweep: Sweep, results: list, b: Any, attrs: dict[int, dict]) -> dict | None:
     """The noise scale measured in the proxy optimum's trial, else in the lowest-loss proxy trial that measured
     one (with several seeds the optimum's first seed may not have beaten the best so far), with its trial and
-    hyperparameters; None when no trial measured one."""
+    hyperparameters; None when no trial measured one. `attrs`: the proxy cell's trials' user attributes by number."""
     from .analysis import in_cell
 
     cfg = sweep.config
-    trials = {t.number: t for t in sweep.study("mup", cfg.proxy_width, cfg.proxy_depth).get_trials(deepcopy=False)}
     ranked = sorted(
         (r for r in in_cell(results, "mup", cfg.proxy_width, cfg.proxy_depth) if r.ok), key=lambda r: r.loss
     )
     for r in sorted(ranked, key=lambda r: r.number != b.number):  # the optimum first, then by loss
-        t = trials.get(r.number)
-        noise = None if t is None else t.user_attrs.get(NOISE_ATTR)
+        noise = attrs.get(r.number, {}).get(NOISE_ATTR)
         if noise is not None:
             return {**noise, "hparams": {**cfg.fixed, **r.params, **cfg.proxy_extra}, "trial": r.number}
     return None
 
 
-def _trial_attrs(sweep: Sweep, width: int, depth: int | None, number: int) -> dict:
-    """The user attributes of trial `number` of the µP study at (width, depth)."""
-    trials = sweep.study("mup", width, depth).get_trials(deepcopy=False)
-    found = next((t for t in trials if t.number == number), None)
-    return {} if found is None else dict(found.user_attrs)
+def _attrs_by_number(sweep: Sweep, width: int, depth: int | None) -> dict[int, dict]:
+    """Trial number → user attributes, for the µP study at (width, depth)."""
+    return {t.number: dict(t.user_attrs) for t in sweep.study("mup", width, depth).get_trials(deepcopy=False)}
 
 
 def _write_if_changed(path: Path, data: dict) -> None:
