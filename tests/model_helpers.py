@@ -57,3 +57,18 @@ def coordinate_changes(
     for h in hooks:
         h.remove()
     return {n: (captured[n] - start[n]).abs().mean().item() for n in modules}
+
+
+def limit_data(n: int = 8, n_test: int = 6, seed: int = 5, d: int = 4):
+    """(x, y, x_test) in float64 for the FeatureLimit tests: n training points in d dims, n_test test points."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g, dtype=torch.float64)
+    y = torch.randn(n, generator=g, dtype=torch.float64)
+    return x, y, torch.randn(n_test, d, generator=g, dtype=torch.float64)
+
+
+def exact_rms(w: torch.Tensor, rms: float) -> None:
+    """Gaussian entries scaled to exactly this rms (so a base of width 1 carries the law's variance)."""
+    with torch.no_grad():
+        nn.init.normal_(w)
+        w.mul_(rms / w.pow(2).mean().sqrt())

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import mutransfer as mt
+from model_helpers import exact_rms, limit_data
 from mutransfer.limits import finite
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -22,25 +23,15 @@ D = 4
 
 
 def _data(n=8, n_test=6, seed=5):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, D, generator=g, dtype=torch.float64)
-    y = torch.randn(n, generator=g, dtype=torch.float64)
-    return x, y, torch.randn(n_test, D, generator=g, dtype=torch.float64)
-
-
-def _exact_rms(w: torch.Tensor, rms: float) -> None:
-    """Gaussian entries scaled to exactly this rms (so a base of width 1 carries the law's variance)."""
-    with torch.no_grad():
-        nn.init.normal_(w)
-        w.mul_(rms / w.pow(2).mean().sqrt())
+    return limit_data(n, n_test, seed, D)
 
 
 def _one_hidden(width, act):
     """f = Σ_α W_α φ(u_α·x), u ~ N(0, I/d), W ~ N(0, 1) at base width 1: µP with base width 1 is
     MuPLimit's network, f = (1/n) Σ v φ(u·x) with lr·n on u and v."""
     m = nn.Sequential(nn.Linear(D, width, bias=False), act(), nn.Linear(width, 1, bias=False)).double()
-    _exact_rms(m[0].weight, 1 / math.sqrt(D))
-    _exact_rms(m[2].weight, 1.0)
+    exact_rms(m[0].weight, 1 / math.sqrt(D))
+    exact_rms(m[2].weight, 1.0)
     return m
 
 
@@ -68,7 +59,7 @@ def _mlp(width, seed=0, gaussian=False, bias=True):
     ).double()
     if gaussian:
         for i, v in ((0, 1.5 / D), (2, 1.5 / 16)):
-            _exact_rms(m[i].weight, math.sqrt(v))
+            exact_rms(m[i].weight, math.sqrt(v))
     return m
 
 

@@ -14,22 +14,14 @@ import torch
 from torch import nn
 
 import mutransfer as mt
+from model_helpers import exact_rms, limit_data
 from mutransfer.limits import finite
 
 D, BASE = 4, 64
 
 
 def _data(n=8, n_test=6, seed=5):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, D, generator=g, dtype=torch.float64)
-    y = torch.randn(n, generator=g, dtype=torch.float64)
-    return x, y, torch.randn(n_test, D, generator=g, dtype=torch.float64)
-
-
-def _exact_rms(w: torch.Tensor, rms: float) -> None:
-    with torch.no_grad():
-        nn.init.normal_(w)
-        w.mul_(rms / w.pow(2).mean().sqrt())
+    return limit_data(n, n_test, seed, D)
 
 
 class Scaled(nn.Module):
@@ -40,8 +32,8 @@ class Scaled(nn.Module):
         super().__init__()
         self.inp, self.out = nn.Linear(D, n, bias=False), nn.Linear(n, 1, bias=False)
         self.c = (c_i, c_h, c_a, c_o)
-        _exact_rms(self.inp.weight, 1 / math.sqrt(D * BASE))  # see test_scalars_match_mup_limit
-        _exact_rms(self.out.weight, 1 / math.sqrt(BASE))
+        exact_rms(self.inp.weight, 1 / math.sqrt(D * BASE))  # see test_scalars_match_mup_limit
+        exact_rms(self.out.weight, 1 / math.sqrt(BASE))
         self.double()
 
     def forward(self, x):
