@@ -1,4 +1,4 @@
-"""`mutransfer report | transfer | demo`: what a sweep found, the target trained with it, the demo end to end."""
+"""`mutransfer report | transfer | forecast | demo`: what a sweep found, the target trained with it, its forecast, the demo."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 import warnings
 
 from ..errors import UsageError
-from ._common import EXIT_PASS, device, devices, open_sweep
+from ._common import EXIT_FAIL, EXIT_PASS, device, devices, open_sweep
 
 
 def add_parsers(sub) -> None:
@@ -90,6 +90,26 @@ def add_parsers(sub) -> None:
         help="where the target trains: auto (CUDA when present), cpu, cuda or cuda:N (default: the sweep's own)",
     )
     t.set_defaults(handler=_transfer)
+    f = sub.add_parser(
+        "forecast",
+        help="forecast the target's loss from the sweep's width ladder, without training it",
+        description="Fit the loss at the transferred hyperparameters against width (and depth) — the largest "
+        "proxy held out and predicted first — and print the target's forecast loss with its 90%% interval, or "
+        "why there is none. Nothing trains. Exit 0 with a forecast, 1 with none (its reason printed), 2 on a bad "
+        "run directory, storage or target.",
+    )
+    f.add_argument("run", help="run directory")
+    f.add_argument("--width", type=int, help="target width (default: the config's target_width or largest width)")
+    f.add_argument("--depth", type=int, help="target depth for a sweep over depths (default: the largest)")
+    f.add_argument(
+        "--parametrization", default="mup", choices=("mup", "sp"), help="whose transferred point (default mup)"
+    )
+    f.add_argument(
+        "--extrapolate", action="store_true", help="forecast more than 64× past the largest proxy's width or depth"
+    )
+    f.add_argument("--json", action="store_true", help="print the forecast as JSON (transfer.json's 'forecast')")
+    f.add_argument("--storage", help="storage URL (default: the run's own)")
+    f.set_defaults(handler=_forecast)
     d = sub.add_parser(
         "demo",
         help="tune a byte-level GPT at width 32, check the transfer to 64 and 128 (µP vs SP), transfer",
@@ -167,6 +187,7 @@ def _transfer(args) -> int:
                 rules={k: v for k, v in (("batch", args.batch_rule), ("weight_decay", args.wd_rule)) if v} or None,
                 critical_batch=args.critical_batch,
                 extrapolate=args.extrapolate,
+                say=lambda line: print(line, flush=True),
             )
     except ValueError as e:
         raise UsageError(_as_flags(str(e))) from None
@@ -174,6 +195,32 @@ def _transfer(args) -> int:
         print(f"mutransfer transfer: warning: {w.message}", file=sys.stderr)
     print(format_transfer(out))
     return EXIT_PASS
+
+
+def _forecast(args) -> int:
+    import json
+
+    from ..sweep.forecasts import forecast
+
+    sweep = open_sweep(args)
+    try:
+        fc = forecast(sweep, args.width, args.depth, args.parametrization, extrapolate=args.extrapolate)
+    except ValueError as e:
+        raise UsageError(_as_flags(str(e))) from None
+    if args.json:
+        print(json.dumps(fc.as_dict(), indent=1))
+    else:
+        print(fc.line())
+        for p in fc.points:
+            seeds = ", ".join(f"{v:.4g}" for v in p["losses"])
+            print(
+                f"  width {p['width']}"
+                + ("" if p["depth"] is None else f", depth {p['depth']}")
+                + f": {p['loss']:.4g} (seeds {seeds}; trial {p['trial']})"
+            )
+        for note in fc.notes:
+            print(f"  note: {note}")
+    return EXIT_PASS if fc.ok else EXIT_FAIL
 
 
 # `mt.transfer_hparams` names its Python arguments in its messages; on the command line they are flags

@@ -26,18 +26,22 @@ _EXPORTS: dict[str, str] = {
     "load_objective": ".recipes",
     "mask_url": ".storage",
     "fit_measured_laws": ".hparam_fits",
+    "forecast": ".forecasts",
+    "Forecast": ".forecasts",
 }
 # old public name → (module, name, what to use instead); importable for one release with a warning
 _DEPRECATED: dict[str, tuple[str, str, str]] = {}
 
 __all__ = [
     "Cell",
+    "Forecast",
     "Pruned",
     "Scale",
     "Sweep",
     "SweepConfig",
     "config_from_dict",
     "fit_measured_laws",
+    "forecast",
     "load_config",
     "load_objective",
     "mask_url",
@@ -48,6 +52,7 @@ __all__ = [
 if TYPE_CHECKING:  # what type checkers and the API docs see; at run time `__getattr__` imports on use
     from .cells import Cell
     from .config import SweepConfig, config_from_dict, load_config
+    from .forecasts import Forecast, forecast
     from .hparam_fits import fit_measured_laws
     from .recipes import load_objective
     from .runner import Sweep

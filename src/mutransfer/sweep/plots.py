@@ -18,18 +18,21 @@ from .statistics import CONFIDENCE
 from .verdict import LABEL
 
 __all__ = [
+    "FORECAST_FIGURE",
     "LINESTYLES",
     "MONITOR_FIGURE",
     "axis_lines",
     "cell_of",
     "curves",
     "monitor_curves",
+    "plot_forecast",
     "plot_hparam",
     "plot_monitor",
     "varying",
 ]
 
 LINESTYLES = ("-", "--", ":", "-.")
+FORECAST_FIGURE = "forecast.png"
 
 
 def varying(sweep: Sweep) -> tuple[bool, bool]:
@@ -418,5 +421,118 @@ def plot_monitor(target: dict, proxy: dict | None, path: Path, target_label: str
     )
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return True
+
+
+def plot_forecast(fc: dict, path: Path) -> bool:
+    """The report's forecast figure: the loss at the transferred hyperparameters against width (log axes), each
+    swept width's seeds and their mean, the law's median with its 90 % band extended to the target, the held-out
+    largest proxy with the interval the law fitted without it gave, the target's forecast interval, and its
+    actual loss once trained.
+
+    Args:
+        fc: a forecast (`mt.sweep.forecast(...).as_dict()`, transfer.json's "forecast").
+        path: the PNG to write (atomically).
+
+    Returns:
+        False (and no file) when the forecast has no point to draw.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib import ticker
+
+    depth = fc.get("depth")
+    points = [p for p in fc.get("points", []) if depth is None or p["depth"] == depth] or fc.get("points", [])
+    if not points:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.6))
+    for p in points:
+        ax.plot([p["width"]] * len(p["losses"]), p["losses"], ".", color="tab:blue", alpha=0.45, ms=6)
+    held = fc.get("held_out")
+    fit = [p for p in points if not (held and p["width"] == held["width"] and p["depth"] == held["depth"])]
+    ax.plot(
+        [p["width"] for p in fit],
+        [p["loss"] for p in fit],
+        "o",
+        color="tab:blue",
+        ms=7,
+        label="proxies: mean over seeds (dots: each seed)",
+    )
+    band = fc.get("band")
+    if band:
+        ax.fill_between(
+            band["widths"],
+            band["low"],
+            band["high"],
+            color="tab:blue",
+            alpha=0.15,
+            label=f"law, {round(100 * fc.get('confidence', CONFIDENCE))}% band (fit on every proxy)",
+        )
+        ax.plot(band["widths"], band["median"], "-", color="tab:blue", lw=1.5)
+    if held:
+        lo, hi = held["interval"]
+        ax.errorbar(
+            [held["width"]],
+            [held["loss"]],
+            yerr=[[held["loss"] - lo], [hi - held["loss"]]],
+            fmt="none",
+            ecolor="tab:orange",
+            capsize=5,
+            lw=2,
+            label="held-out: the law fitted without it",
+        )
+        ax.plot(
+            [held["width"]],
+            [held["measured"]],
+            "D",
+            mfc="white",
+            mec="tab:orange",
+            mew=2,
+            ms=8,
+            label=f"held-out largest proxy, measured ({'inside' if held['inside'] else 'OUTSIDE'})",
+        )
+    if fc.get("loss") is not None and fc.get("interval"):
+        lo, hi = fc["interval"]
+        ax.errorbar(
+            [fc["width"]],
+            [fc["loss"]],
+            yerr=[[fc["loss"] - lo], [hi - fc["loss"]]],
+            fmt="s",
+            color="tab:green",
+            capsize=6,
+            lw=2,
+            ms=7,
+            label=f"forecast at width {fc['width']}",
+        )
+    actual = (fc.get("actual") or {}).get("loss")
+    if actual is not None:
+        ax.plot(
+            [fc["width"]],
+            [actual],
+            "*",
+            color="tab:red",
+            ms=15,
+            label=f"target trained: {actual:.4g} ({'inside' if fc['actual']['inside'] else 'OUTSIDE'})",
+        )
+    ax.set_xscale("log", base=2)
+    values = [v for p in points for v in p["losses"]] + ([] if band is None else band["low"])
+    if min(values) > 0:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:.3g}"))
+        ax.yaxis.set_minor_formatter(ticker.FuncFormatter(lambda v, _: f"{v:.3g}"))
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel("width")
+    ax.set_ylabel("training loss at the transferred hyperparameters")
+    where = "" if depth is None else f", depth {depth}"
+    title = f"Forecast{where}: " + (fc["law"] if fc.get("reason") is None else "no forecast")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return True

@@ -27,7 +27,19 @@ from .analysis import (
     verdicts,
     wider_is_better,
 )
-from .plots import LINESTYLES, MONITOR_FIGURE, axis_lines, cell_of, curves, plot_hparam, plot_monitor, varying
+from .forecasts import Forecast
+from .plots import (
+    FORECAST_FIGURE,
+    LINESTYLES,
+    MONITOR_FIGURE,
+    axis_lines,
+    cell_of,
+    curves,
+    plot_forecast,
+    plot_hparam,
+    plot_monitor,
+    varying,
+)
 from .report_page import figure_name, render_page
 from .runner import Sweep
 from .space import Choice, LogUniform
@@ -194,6 +206,33 @@ def _transfer(sweep: Sweep, summary: dict, out: Path) -> dict | None:
             for p, steps in t.get("hparam_rules", {}).items()
             for r in steps
         ],
+    }
+
+
+def _forecast_section(fc: dict | None, out: Path) -> dict | None:
+    """The forecast section: its line, the figure (written to `out`), the ladder's rows and the notes."""
+    if fc is None:
+        return None
+    figure = FORECAST_FIGURE if plot_forecast(fc, out / FORECAST_FIGURE) else None
+    rows = [
+        [
+            str(p["width"]) + ("" if p["depth"] is None else f", depth {p['depth']}"),
+            f"{p['loss']:.4f}",
+            ", ".join(f"{v:.4f}" for v in p["losses"]),
+            str(p.get("trial", "—")),
+        ]
+        for p in fc.get("points", [])
+    ]
+    rows += [
+        [str(m["width"]) + ("" if m["depth"] is None else f", depth {m['depth']}"), "—", m["why"], "—"]
+        for m in fc.get("missing", [])
+    ]
+    return {
+        "line": Forecast.from_dict(fc).line(),
+        "figure": figure,
+        "rows": rows,
+        "notes": fc.get("notes", []),
+        "source": fc.get("source", ""),
     }
 
 
@@ -422,6 +461,7 @@ def write_report(sweep: Sweep, out_dir: Path | None = None) -> Path:
         proxy=f"width {cfg.proxy_width}" + (f" and depth {cfg.proxy_depth}" if depths else ""),
         transferred=json.dumps(transferred, indent=1),
         transfer=_transfer(sweep, summary, out),
+        forecast=_forecast_section(summary.get("forecast"), out),
     )
     path = out / "report.html"
     write_atomically(path, page)

@@ -37,6 +37,7 @@ import json
 import math
 import time
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._core.atomic import write_atomically
@@ -44,6 +45,7 @@ from .._core.devices import DeviceLike, check_precision, resolve_device
 from .._core.hparam_transfer import AppliedRule
 from .._core.measured_law import MeasuredLaw
 from .analysis import TrialResult, costs, in_cell, load_results, transferred_hparams
+from .forecasts import Forecast, forecast
 from .hparam_fits import fit_measured_laws
 from .report import write_report
 from .runner import Sweep
@@ -110,6 +112,7 @@ def transfer(
     rules: dict[str, str] | None = None,
     critical_batch: float | None = None,
     extrapolate: bool = False,
+    say: Callable[[str], None] | None = None,
 ) -> dict:
     """Train the target (width, depth) with each parametrization's proxy optimum; writes transfer.json.
     `batch_size` / `steps`: the target's, where the objective reads them (default: the proxy's);
@@ -119,7 +122,10 @@ def transfer(
     transfer.json's "hparam_rules" lists every step per parametrization.
     `device`: where the target trains ("auto", "cpu", "cuda", "cuda:N" or a `torch.device`; the
     objective reads it as `scale.device`); None: the sweep's own (`Sweep.scale`). Its precision is
-    the sweep's."""
+    the sweep's. `say`: called with the forecast's line before the target trains (the CLI prints it).
+    transfer.json's "forecast" is `mt.sweep.forecast` at the target (with `extrapolate`) and the µP
+    target's actual loss beside it, or its reason: none where the target's batch size or horizon is not
+    the sweep's (the law is in width and depth at the proxy's)."""
     where_to = None if device is None else resolve_device(device, "device")
     if width is None:
         width = sweep.config.target_width or max(sweep.config.widths)
@@ -147,6 +153,9 @@ def transfer(
     check_precision(placed.precision, placed.device, "precision")
     out.update(device=str(placed.device), precision=placed.precision)
     where = transfer_where(out, "proxy")
+    predicted = _forecast(sweep, results, width, depth, overrides, extrapolate)
+    if say is not None:
+        say(predicted.line())
     for p in sweep.config.parametrizations:
         hp = transferred_hparams(sweep, results, proxy, p, proxy_depth)
         if hp is None:
@@ -213,6 +222,9 @@ def transfer(
         }
         if swept is not None and reused:  # (none when µP's one seed trained, monitored)
             out[p]["reused"] = {"trial": swept.number, "seeds": reused}
+    if "mup" in out:
+        predicted = predicted.with_actual(out["mup"]["loss"])
+    out["forecast"] = predicted.as_dict()
     cost = costs(sweep, results, out)
     out.update(
         sweep_seconds=sum(r.seconds for r in results),
@@ -225,6 +237,25 @@ def transfer(
     if (sweep.run_dir / "report.html").is_file():  # the report shows the transfer, whatever the order
         write_report(sweep)
     return out
+
+
+def _forecast(
+    sweep: Sweep, results: list, width: int, depth: int | None, overrides: dict, extrapolate: bool
+) -> Forecast:
+    """The µP target's forecast (`mt.sweep.forecast`), or why there is none."""
+    if "mup" not in sweep.config.parametrizations:
+        return Forecast.refused("mup", width, depth, "the sweep ran no µP trials")
+    proxy_hp = {**(transferred_hparams(sweep, results) or {}), **sweep.config.proxy_extra}
+    moved = {k: v for k, v in overrides.items() if v != proxy_hp.get(k)}
+    if moved:
+        what = " and ".join(f"{k.replace('_', ' ')} {v}" for k, v in moved.items())
+        return Forecast.refused(
+            "mup", width, depth, f"the target trains at {what}; the law is in width (and depth) at the sweep's own"
+        )
+    try:
+        return forecast(sweep, width, depth, extrapolate=extrapolate, results=results)
+    except ValueError as e:  # a target too far past the ladder: the transfer still trains it
+        return Forecast.refused("mup", width, depth, str(e).replace("extrapolate=True", "--extrapolate"))
 
 
 def _critical_batch(sweep: Sweep, given: float | None, out: dict) -> float | None:
@@ -345,6 +376,8 @@ def format_transfer(out: dict) -> str:
     line = monitor_line(out)
     if line is not None:
         lines.append(f"  {line}")
+    if out.get("forecast") is not None:
+        lines.append(f"  {Forecast.from_dict(out['forecast']).line()}")
     return "\n".join(lines)
 
 
