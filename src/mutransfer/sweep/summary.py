@@ -26,6 +26,7 @@ from .analysis import (
     wider_is_better,
 )
 from .analysis import axes as verdict_axes
+from .forecasts import forecast
 from .runner import Sweep
 from .space import LogUniform
 from .statistics import CONFIDENCE, Verdict
@@ -228,6 +229,7 @@ def summarize(sweep: Sweep, results: list[TrialResult], judged: dict | None = No
         for r in results
         if r.failed
     ]
+    summary["forecast"] = _forecast_entry(sweep, results)
     summary["precision"] = cfg.precision
     summary["placements"] = placements(results)
     summary["trial_list"] = [
@@ -248,6 +250,21 @@ def summarize(sweep: Sweep, results: list[TrialResult], judged: dict | None = No
         for r in results
     ]
     return summary
+
+
+def _forecast_entry(sweep: Sweep, results: list[TrialResult]) -> dict | None:
+    """The µP forecast the report shows: transfer.json's (at the trained target, with its actual loss), else
+    `mt.sweep.forecast` at the config's target_width (or the largest swept width: the law and its held-out
+    check); None without µP trials or when the config's target is refused (`mutransfer forecast` says why)."""
+    transfer = load_transfer(sweep)
+    if transfer is not None and transfer.get("forecast") is not None:
+        return transfer["forecast"]
+    if "mup" not in sweep.config.parametrizations:
+        return None
+    try:
+        return forecast(sweep, results=results).as_dict()
+    except ValueError:
+        return None
 
 
 def summary_text(summary: dict, report: str | None = None) -> str:
