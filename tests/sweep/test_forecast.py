@@ -16,17 +16,18 @@ from mutransfer.sweep.transfer import _forecast
 
 # The loss at lr 2^-6 follows 2 + 3·w^-0.5 exactly, plus each seed's own noise (fixed by seed, width, lr); in
 # SP the optimum moves an octave per doubling of width, so the loss at the proxy's lr rises at large widths.
-OBJECTIVE = textwrap.dedent('''
+OBJECTIVE = textwrap.dedent("""
     import math, random
 
     def train(hp, scale):
         if scale.width == int(hp.get("fail_width", 0)) and abs(math.log2(hp["lr"]) + 6) < 0.01:
             raise ValueError("boom")
         e = round(math.log2(hp["lr"]))
-        noise = random.Random(scale.seed * 1_000_003 + scale.width * 1009 + e).gauss(0, 1)
+        noise = random.Random(scale.seed * 1_000_003 + scale.width * 1009 + (scale.depth or 0) * 7 + e).gauss(0, 1)
         target = -6 - (0 if scale.mup else math.log2(scale.width / scale.base_width))
-        return 2.0 + 3.0 * scale.width ** -0.5 + 0.05 * (math.log2(hp["lr"]) - target) ** 2 + 0.004 * noise
-''')
+        depth = 0.4 / scale.depth if scale.depth is not None else 0.0
+        return 2.0 + 3.0 * scale.width ** -0.5 + depth + 0.05 * (math.log2(hp["lr"]) - target) ** 2 + 0.004 * noise
+""")
 
 CONFIG = """
     name = "law"
@@ -48,10 +49,12 @@ def truth(width: int) -> float:
     return 2.0 + 3.0 * width**-0.5
 
 
-def sweep_dir(tmp_path, widths=(16, 32, 64, 128, 256), fail=0):
+def sweep_dir(tmp_path, widths=(16, 32, 64, 128, 256), fail=0, depths=None):
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "obj.py").write_text(OBJECTIVE)
     body = textwrap.dedent(CONFIG).replace("OBJ", str(tmp_path / "obj.py"))
+    if depths is not None:
+        body = body.replace("seeds = ", f"depths = {list(depths)}\nseeds = ")
     cfg = tmp_path / "sweep.toml"
     cfg.write_text(body.replace("WIDTHS", str(list(widths))).replace("FAIL", str(fail)))
     run = tmp_path / "run"
@@ -118,13 +121,36 @@ def test_the_cli_prints_the_forecast_and_exits_1_without_one(ladder, capsys):
 def test_one_width_and_a_missing_width(tmp_path):
     one = sweep_dir(tmp_path / "one", widths=(32,))
     fc = mt.sweep.forecast(one, width=128)
-    assert fc.reason.startswith("one width: a law in width needs losses at two widths")
+    assert fc.reason == "one width (32): a law in width needs losses at two widths or more to reach width 128"
     gap = sweep_dir(tmp_path / "gap", widths=(16, 32, 64, 128), fail=64)
     fc = mt.sweep.forecast(gap, width=512)
     assert fc.ok and [p["width"] for p in fc.points] == [16, 32, 128]
     assert fc.missing[0]["width"] == 64 and fc.missing[0]["why"].startswith("failed (ValueError: boom")
     assert any(n.startswith("missing: width 64 (failed") for n in fc.notes)
     assert fc.interval[0] <= truth(512) <= fc.interval[1]
+
+
+def test_a_sweep_over_depths_gets_a_law_in_width_and_depth(tmp_path):
+    both = sweep_dir(tmp_path / "both", widths=(16, 32, 64), depths=(2, 4, 8))
+    fc = mt.sweep.forecast(both, width=256, depth=16)
+    assert fc.ok and fc.fit_depths == [2, 4, 8] and len(fc.points) == 9
+    half = (fc.interval[1] - fc.interval[0]) / 2  # one noisy ladder: a 90% interval misses 1 time in 10
+    assert abs(fc.loss - (truth(256) + 0.4 / 16)) < 2 * half  # (calibration: the simulated ladders below)
+    assert fc.held_out["width"] == 64 and fc.held_out["depth"] == 8 and fc.held_out["inside"]
+    assert (
+        "g " in fc.law
+        and fc.regime == "extrapolated 4× past the largest proxy (width 64) and 2× past the largest proxy (depth 8)"
+    )
+    one = sweep_dir(tmp_path / "one", widths=(64,), depths=(2, 4, 8))
+    deeper = mt.sweep.forecast(one, width=64, depth=32)
+    assert deeper.ok and deeper.band["axis"] == "depth"
+    assert deeper.interval[0] <= truth(64) + 0.4 / 32 <= deeper.interval[1]
+    wider = mt.sweep.forecast(one, width=512, depth=16)
+    assert wider.reason.startswith("one width (64): a law in width needs losses at two widths or more")
+    fig = tmp_path / "f.png"
+    from mutransfer.sweep.plots import plot_forecast
+
+    assert plot_forecast(deeper.as_dict(), fig) and fig.stat().st_size > 20_000
 
 
 def test_transfer_prints_the_forecast_first_and_records_the_actual_loss(ladder, tmp_path, capsys):

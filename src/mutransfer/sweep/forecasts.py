@@ -342,7 +342,23 @@ class _Posterior:
 
 
 def _posterior(data: _Data) -> _Posterior:
-    grids = [EXPONENTS] * len(data.axes)
+    """The posterior over the exponent grid, refined once: where the coarse grid (`EXPONENTS`) finds the
+    likelihood non-negligible (weight ≥ 1e-6 of the largest, one coarse step of margin), a grid of as many
+    points again, so that a posterior narrower than a coarse step is not read off one or two points."""
+    coarse = _grid_posterior(data, [EXPONENTS] * len(data.axes))
+    step = float(EXPONENTS[1] - EXPONENTS[0])
+    exps = np.asarray(coarse.exps)
+    kept = exps[coarse.weight >= 1e-6 * coarse.weight.max()]
+    grids = [
+        np.linspace(
+            max(EXPONENTS[0], kept[:, j].min() - step), min(EXPONENTS[-1], kept[:, j].max() + step), len(EXPONENTS)
+        )
+        for j in range(len(data.axes))
+    ]
+    return _grid_posterior(data, grids)
+
+
+def _grid_posterior(data: _Data, grids: list[np.ndarray]) -> _Posterior:
     exps = [tuple(float(x) for x in e) for e in np.array(np.meshgrid(*grids, indexing="ij")).reshape(len(grids), -1).T]
     dof = data.observations - data.params
     thetas, covs, rsss, logml = [], [], [], []
@@ -375,9 +391,11 @@ def law_draws(post: _Posterior, rng: np.random.Generator, draws: int = DRAWS) ->
     z = rng.standard_normal((draws, post.data.params))
     chol = np.stack([np.linalg.cholesky(c + 1e-15 * np.eye(len(c))) for c in post.cov])
     theta = post.theta[k] + np.einsum("nij,nj->ni", chol[k], z) * np.sqrt(sigma2)[:, None]
-    w = post.data.axes.index("width") + 1
-    falls = theta[:, w] < 0
-    theta[:, w] = np.minimum(theta[:, w], 0.0)
+    falls = np.ones(draws, dtype=bool)
+    if "width" in post.data.axes:
+        w = post.data.axes.index("width") + 1
+        falls = theta[:, w] < 0
+        theta[:, w] = np.minimum(theta[:, w], 0.0)
     return {"k": k, "sigma2": sigma2, "theta": theta, "falls": falls}
 
 
@@ -527,22 +545,26 @@ def _fit(
             reason=f"the transferred hyperparameters diverged at {where}: the loss there follows no law in width",
         )
     widths = sorted({p["width"] for p in points})
-    if len(widths) < 2:
-        why = (
-            "one width"
-            if len({p["width"] for p in points} | {m["width"] for m in missing}) < 2
-            else f"usable points at one width only ({_missing_text(missing)})"
-        )
-        return replace(base, reason=f"{why}: a law in width needs losses at two widths or more")
-    axes: tuple[str, ...] = ("width",)
-    if depth is not None and len({p["depth"] for p in points}) > 1:
-        axes = ("width", "depth")
-    _check_factor("width", width, max(widths), extrapolate)
-    if depth is not None:
-        fit_depths = sorted({p["depth"] for p in points})
-        if len(axes) == 1 and depth != fit_depths[0]:
-            return replace(base, reason=f"the sweep's usable points are at depth {fit_depths[0]} only: no law in depth")
-        _check_factor("depth", depth, max(fit_depths), extrapolate)
+    if not points:
+        return replace(base, reason=f"no usable point at the transferred hyperparameters ({_missing_text(missing)})")
+    targets = {"width": width, "depth": depth}
+    axes: tuple[str, ...] = ()
+    for axis in ("width", "depth"):
+        if targets[axis] is None:
+            continue
+        values = sorted({p[axis] for p in points})
+        if len(values) >= 2:
+            axes += (axis,)
+            _check_factor(axis, targets[axis], max(values), extrapolate)
+        elif targets[axis] != values[0]:
+            swept = {p[axis] for p in points} | {m[axis] for m in missing}
+            why = f"one {axis} ({values[0]})" if len(swept) < 2 else f"usable points at one {axis} only ({values[0]})"
+            return replace(
+                base,
+                reason=f"{why}: a law in {axis} needs losses at two {axis}s or more to reach {axis} {targets[axis]}",
+            )
+    if not axes:
+        return replace(base, reason="nothing to forecast: the target is the one swept cell, measured")
 
     rng = np.random.default_rng(SEED)
     data = _data(points, axes)
@@ -561,14 +583,14 @@ def _fit(
     if lack is not None:
         return replace(base, reason=f"the losses do not follow c + a·w^−b ({_losses_text(points)}): {lack}")
     law, params = _law_text(post)
-    at = np.array([[width] + ([depth] if len(axes) == 2 else [])], dtype=float)
+    at = np.array([[targets[a] for a in axes]], dtype=float)
     lo, mid, hi = _quantiles(_predict(post, draws, at, n_target, rng)[:, 0])
     held = _held_out(points, axes, rng)
     if post.dof <= 0:
         notes.append("one seed and no misfit to measure: the interval holds the exponent's doubt only, not seed noise")
-    if held is None and len(widths) >= 2:
-        notes.append(f"no held-out check: it needs {data.params + 1} widths or more, the sweep has {len(widths)}")
-    band = _band(post, draws, widths, width, depth if len(axes) == 2 else None, n_target, rng)
+    if held is None:
+        notes.append(f"no held-out check: it needs {data.params + 1} points or more with the largest left out")
+    band = _band(post, draws, points, axes, targets, n_target, rng)
     return replace(
         base,
         loss=mid,
@@ -578,7 +600,7 @@ def _fit(
         fit_widths=widths,
         fit_depths=None if depth is None else sorted({p["depth"] for p in points}),
         held_out=held,
-        regime=_regime(width, widths, depth, points),
+        regime=_regime(targets, axes, points),
         notes=notes,
         band=band,
     )
@@ -648,28 +670,35 @@ def _held_out(points: list[dict[str, Any]], axes: tuple[str, ...], rng: np.rando
     }
 
 
-def _regime(width: int, widths: list[int], depth: int | None, points: list[dict[str, Any]]) -> str:
-    largest = max(widths)
-    if any(p["width"] == width and p["depth"] == depth for p in points):
-        return "at a swept width: the sweep measured it"
-    if width > largest:
-        return f"extrapolated {width / largest:.3g}× past the largest proxy (width {largest})"
-    return f"interpolated: width {width} is within the swept widths ({_span(widths)})"
+def _regime(targets: dict[str, Any], axes: tuple[str, ...], points: list[dict[str, Any]]) -> str:
+    """Where the target lies against the swept cells: at one, within them, or how far past the largest."""
+    if any(p["width"] == targets["width"] and p["depth"] == targets["depth"] for p in points):
+        return "at a swept cell: the sweep measured it"
+    past = []
+    for axis in axes:
+        largest = max(p[axis] for p in points)
+        if targets[axis] > largest:
+            past.append(f"{targets[axis] / largest:.3g}× past the largest proxy ({axis} {largest})")
+    if past:
+        return "extrapolated " + " and ".join(past)
+    return "interpolated: within the swept " + " and ".join(f"{a}s" for a in axes)
 
 
 def _band(
     post: _Posterior,
     draws: dict[str, np.ndarray],
-    widths: list[int],
-    target: int,
-    depth: int | None,
+    points: list[dict[str, Any]],
+    axes: tuple[str, ...],
+    targets: dict[str, Any],
     seeds: int,
     rng: np.random.Generator,
-) -> dict[str, list[float]]:
-    """The law's median and 90 % band from the smallest swept width to the target (log-spaced)."""
-    top = max(max(widths), target)
-    ws = np.unique(np.geomspace(min(widths), top, 48).round(6))
-    at = ws[:, None] if depth is None else np.stack([ws, np.full_like(ws, depth)], axis=1)
+) -> dict[str, Any]:
+    """The law's median and 90 % band along its first axis (width, or depth in a depth-only law), from the
+    smallest swept value to the target (log-spaced), the other axis at the target's value."""
+    axis = axes[0]
+    values = [p[axis] for p in points]
+    xs = np.unique(np.geomspace(min(values), max(max(values), targets[axis]), 48).round(6))
+    at = np.stack([xs if a == axis else np.full_like(xs, float(targets[a])) for a in axes], axis=1)
     pred = _predict(post, draws, at, seeds, rng)
     q = np.quantile(pred, [(1 - CONFIDENCE) / 2, 0.5, 1 - (1 - CONFIDENCE) / 2], axis=0)
-    return {"widths": ws.tolist(), "low": q[0].tolist(), "median": q[1].tolist(), "high": q[2].tolist()}
+    return {"axis": axis, "values": xs.tolist(), "low": q[0].tolist(), "median": q[1].tolist(), "high": q[2].tolist()}

@@ -444,38 +444,40 @@ def plot_forecast(fc: dict, path: Path) -> bool:
     import matplotlib.pyplot as plt
     from matplotlib import ticker
 
-    depth = fc.get("depth")
-    points = [p for p in fc.get("points", []) if depth is None or p["depth"] == depth] or fc.get("points", [])
+    band = fc.get("band")
+    axis = (band or {}).get("axis", "width")
+    other = "depth" if axis == "width" else "width"
+    at = fc.get(other)  # the band's other coordinate: the target's
+    points = [p for p in fc.get("points", []) if at is None or p[other] == at] or fc.get("points", [])
     if not points:
         return False
     fig, ax = plt.subplots(figsize=(7, 4.6))
     for p in points:
-        ax.plot([p["width"]] * len(p["losses"]), p["losses"], ".", color="tab:blue", alpha=0.45, ms=6)
+        ax.plot([p[axis]] * len(p["losses"]), p["losses"], ".", color="tab:blue", alpha=0.45, ms=6)
     held = fc.get("held_out")
     fit = [p for p in points if not (held and p["width"] == held["width"] and p["depth"] == held["depth"])]
     ax.plot(
-        [p["width"] for p in fit],
+        [p[axis] for p in fit],
         [p["loss"] for p in fit],
         "o",
         color="tab:blue",
         ms=7,
         label="proxies: mean over seeds (dots: each seed)",
     )
-    band = fc.get("band")
     if band:
         ax.fill_between(
-            band["widths"],
+            band["values"],
             band["low"],
             band["high"],
             color="tab:blue",
             alpha=0.15,
             label=f"law, {round(100 * fc.get('confidence', CONFIDENCE))}% band (fit on every proxy)",
         )
-        ax.plot(band["widths"], band["median"], "-", color="tab:blue", lw=1.5)
-    if held:
+        ax.plot(band["values"], band["median"], "-", color="tab:blue", lw=1.5)
+    if held and (at is None or held[other] == at):
         lo, hi = held["interval"]
         ax.errorbar(
-            [held["width"]],
+            [held[axis]],
             [held["loss"]],
             yerr=[[held["loss"] - lo], [hi - held["loss"]]],
             fmt="none",
@@ -485,7 +487,7 @@ def plot_forecast(fc: dict, path: Path) -> bool:
             label="held-out: the law fitted without it",
         )
         ax.plot(
-            [held["width"]],
+            [held[axis]],
             [held["measured"]],
             "D",
             mfc="white",
@@ -497,7 +499,7 @@ def plot_forecast(fc: dict, path: Path) -> bool:
     if fc.get("loss") is not None and fc.get("interval"):
         lo, hi = fc["interval"]
         ax.errorbar(
-            [fc["width"]],
+            [fc[axis]],
             [fc["loss"]],
             yerr=[[fc["loss"] - lo], [hi - fc["loss"]]],
             fmt="s",
@@ -505,12 +507,12 @@ def plot_forecast(fc: dict, path: Path) -> bool:
             capsize=6,
             lw=2,
             ms=7,
-            label=f"forecast at width {fc['width']}",
+            label=f"forecast at {axis} {fc[axis]}",
         )
     actual = (fc.get("actual") or {}).get("loss")
     if actual is not None:
         ax.plot(
-            [fc["width"]],
+            [fc[axis]],
             [actual],
             "*",
             color="tab:red",
@@ -519,14 +521,15 @@ def plot_forecast(fc: dict, path: Path) -> bool:
         )
     ax.set_xscale("log", base=2)
     values = [v for p in points for v in p["losses"]] + ([] if band is None else band["low"])
+    values += [] if fc.get("interval") is None else list(fc["interval"])
     if min(values) > 0:
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:.3g}"))
         ax.yaxis.set_minor_formatter(ticker.FuncFormatter(lambda v, _: f"{v:.3g}"))
     ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.set_xlabel("width")
+    ax.set_xlabel(axis)
     ax.set_ylabel("training loss at the transferred hyperparameters")
-    where = "" if depth is None else f", depth {depth}"
+    where = "" if at is None else f", {other} {at}"
     title = f"Forecast{where}: " + (fc["law"] if fc.get("reason") is None else "no forecast")
     ax.set_title(title, fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
