@@ -69,6 +69,7 @@ class TrialResult:
     device: str = ""  # where it trained: "cpu", "cuda:0" ("" when not recorded: a sweep before devices)
     cuda_visible_devices: str | None = None  # its worker's CUDA_VISIBLE_DEVICES (None when unset)
     precision: str = ""  # "fp32" or "bf16" ("" when not recorded)
+    flops: float = math.nan  # the FLOPs of the seeds that ran (`flops.FlopCount`); NaN when not recorded
 
     @property
     def placed(self) -> str:
@@ -122,9 +123,17 @@ def load_results(sweep: Sweep, failed: bool = True) -> list[TrialResult]:
                     str(t.user_attrs.get("device", "")),
                     t.user_attrs.get("cuda_visible_devices"),
                     str(t.user_attrs.get("precision", "")),
+                    _flops(t.user_attrs.get("flops")),
                 )
             )
     return out
+
+
+def _flops(value: Any) -> float:
+    """A trial's `flops` attribute as a float (NaN when not recorded or not a number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return math.nan
+    return float(value)
 
 
 def placements(results: list[TrialResult]) -> dict[str, dict[str, float]]:
@@ -396,11 +405,29 @@ def head_to_head(sweep: Sweep, results: list[TrialResult]) -> dict[str, Any] | N
 
 
 def costs(sweep: Sweep, results: list[TrialResult], transfer: dict | None = None) -> dict[str, Any]:
-    """Compute in CPU seconds (wall seconds where CPU time was not recorded): the whole sweep, the
-    µP proxy cell alone (what tuning costs), and one µP target run from `transfer.json`."""
+    """What the sweep cost: compute time and FLOPs of the whole sweep, of the µP proxy cell alone (what
+    tuning costs), and against one µP target run from `transfer.json`.
+
+    Args:
+        sweep: the sweep.
+        results: its trials (`load_results`).
+        transfer: `transfer.json`'s content (None: no target run).
+
+    Returns:
+        "sweep_cpu_seconds" and "proxy_cpu_seconds" (CPU seconds; wall seconds where CPU time was not
+        recorded); "sweep_flops" and "proxy_flops", the FLOPs of the trials that recorded a count (None
+        when none did: a sweep from before FLOPs were counted); with a target run,
+        "target_cpu_seconds", "proxy_over_target", "sweep_over_target", and, when the target run
+        recorded its FLOPs (``transfer["mup"]["flops"]``: one seed's), "target_flops",
+        "proxy_flops_over_target" and "sweep_flops_over_target".
+    """
 
     def spent(rs) -> float:
         return sum(r.cpu_seconds or r.seconds for r in rs)
+
+    def flops(rs) -> float | None:
+        counted = [r.flops for r in rs if math.isfinite(r.flops)]
+        return float(sum(counted)) if counted else None
 
     cfg = sweep.config
     proxy = [
@@ -412,7 +439,12 @@ def costs(sweep: Sweep, results: list[TrialResult], transfer: dict | None = None
             cfg.proxy_depth,
         )
     ]
-    out: dict[str, Any] = {"sweep_cpu_seconds": spent(results), "proxy_cpu_seconds": spent(proxy)}
+    out: dict[str, Any] = {
+        "sweep_cpu_seconds": spent(results),
+        "proxy_cpu_seconds": spent(proxy),
+        "sweep_flops": flops(results),
+        "proxy_flops": flops(proxy),
+    }
     if transfer and "mup" in transfer:
         target = transfer["mup"].get("cpu_seconds") or transfer["mup"].get("seconds")
         if target:
@@ -421,4 +453,9 @@ def costs(sweep: Sweep, results: list[TrialResult], transfer: dict | None = None
                 proxy_over_target=out["proxy_cpu_seconds"] / target,
                 sweep_over_target=out["sweep_cpu_seconds"] / target,
             )
+        target_flops = _flops(transfer["mup"].get("flops"))
+        if math.isfinite(target_flops) and target_flops > 0:
+            out["target_flops"] = target_flops
+            out["proxy_flops_over_target"] = None if out["proxy_flops"] is None else out["proxy_flops"] / target_flops
+            out["sweep_flops_over_target"] = None if out["sweep_flops"] is None else out["sweep_flops"] / target_flops
     return out

@@ -16,6 +16,7 @@ import torch
 from .._core.noise_scale import NoiseScale, gradient_noise_scale
 from .._core.scale import NO_MONITOR
 from ..monitor import Monitor
+from .flops import counting
 
 __all__ = [
     "MONITOR_FAILURE_ATTR",
@@ -83,12 +84,15 @@ class Recording:
         return guarded
 
     def measure_noise(self, model: torch.nn.Module, loss_fn: Any, batches: Any, small: int, big: int) -> Any:
-        """`mt.gradient_noise_scale` on the objective's model, kept for the runner (see `Scale.noise_scale`)."""
+        """`mt.gradient_noise_scale` on the objective's model, kept for the runner (see `Scale.noise_scale`).
+        A trial's `FlopCount` counts it apart from the training steps (`flops.counting`, sampled by forward pass)."""
         if not self.guarded:
-            noise = gradient_noise_scale(model, loss_fn, batches, small, big)
+            with counting(model):
+                noise = gradient_noise_scale(model, loss_fn, batches, small, big)
         else:
             try:
-                noise = gradient_noise_scale(model, loss_fn, batches, small, big)
+                with counting(model):
+                    noise = gradient_noise_scale(model, loss_fn, batches, small, big)
             except Exception as e:
                 self.failure = self.failure or f"scale.noise_scale raised {type(e).__name__}: {e}"
                 return None

@@ -246,6 +246,7 @@ def summarize(sweep: Sweep, results: list[TrialResult], judged: dict | None = No
             "cuda_visible_devices": r.cuda_visible_devices,
             "precision": r.precision or None,
             "seconds": r.seconds,
+            "flops": r.flops if math.isfinite(r.flops) else None,
         }
         for r in results
     ]
