@@ -281,3 +281,26 @@ def test_a_trial_whose_counting_fails_completes_without_a_count(tmp_path, monkey
     assert trial.user_attrs["flops"] is None and "ZeroDivisionError" in trial.user_attrs["flops_error"]
     assert costs(sweep, results)["sweep_flops"] is None
     assert Sweep(tmp_path / "run").finished() == 4
+
+
+def test_transfer_counts_the_target_run_and_states_tuning_in_target_runs(tmp_path):
+    from mutransfer.sweep.transfer import format_transfer, transfer
+
+    sweep = _run_sweep(tmp_path)
+    out = transfer(sweep, width=64, peak_tflops=1e-3)
+    # recipe:mlp at width 64, 8 steps of batch 16: at least its matmuls (see the test above), at most 30 % more
+    layers = [(32, 64), (64, 64), (64, 64), (64, 10)]
+    step = 2 * 16 * (2 * sum(i * o for i, o in layers) + sum(i * o for i, o in layers[1:]))
+    target = out["mup"]["flops"]
+    assert 8 * step <= target <= 1.3 * 8 * step
+    assert len(out["mup"]["flops_per_seed"]) == 2 and target == pytest.approx(sum(out["mup"]["flops_per_seed"]) / 2)
+    flops = out["flops"]
+    assert flops["target_flops"] == target
+    assert flops["proxy_flops_over_target"] == pytest.approx(flops["proxy_flops"] / target)
+    text = format_transfer(out)
+    ratio = flops["proxy_flops"] / target
+    hours = flops["proxy_flops"] / 1e9 / 3600
+    assert f"tuning: {flops['proxy_flops']:.3g} FLOPs = {ratio:.3g} target runs, {hours:.3g} device-hours" in text
+    assert out["peak"] == {"tflops": 1e-3, "source": "--peak-tflops"}
+    with pytest.raises(ValueError, match="--peak-tflops must be a positive number"):
+        transfer(sweep, width=64, peak_tflops=0.0)

@@ -84,6 +84,11 @@ def add_parsers(sub) -> None:
         action="store_true",
         help="apply a power law the sweep measured more than a decade past its measured range (warns)",
     )
+    t.add_argument(
+        "--peak-tflops",
+        type=float,
+        help="the target device's peak TFLOPS, to state the FLOPs in device-hours (default: a known GPU's datasheet peak)",
+    )
     t.add_argument("--storage", help="storage URL (default: the run's own)")
     t.add_argument(
         "--device",
@@ -188,6 +193,7 @@ def _transfer(args) -> int:
                 critical_batch=args.critical_batch,
                 extrapolate=args.extrapolate,
                 say=lambda line: print(line, flush=True),
+                peak_tflops=args.peak_tflops,
             )
     except ValueError as e:
         raise UsageError(_as_flags(str(e))) from None

@@ -45,7 +45,21 @@ from torch.utils._python_dispatch import (
     _push_mode,
 )
 
-__all__ = ["PASSES_WARM", "RATE", "WARM", "FlopCount", "count_flops", "counting"]
+__all__ = [
+    "PASSES_WARM",
+    "PEAK_TFLOPS",
+    "RATE",
+    "WARM",
+    "FlopCount",
+    "count_flops",
+    "counting",
+    "flop_attrs",
+    "guarded",
+    "known_peak",
+    "next_counter",
+]
+
+_ERROR_CHARS = 500  # an error kept in a trial attribute
 
 WARM = 1  # step intervals counted always: I_2 … I_(1 + WARM) (see the module docstring for why not I_1)
 RATE = 0.005  # the probability of counting each later step interval (see benchmarks/flop_count.py)
@@ -397,3 +411,119 @@ def count_flops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any,
     with FlopCount() as count:
         out = fn(*args, **kwargs)
     return out, count
+
+
+def next_counter(counters: list[FlopCount | None], number: int) -> FlopCount | None:
+    """The `FlopCount` of a run's next seed: later seeds reuse the first seed's I_0 (setup and first
+    step: the same code and shapes), drawn from `number` (a trial's) and the seed's index. None when
+    making it raised (a bug of ours: the run goes on uncounted).
+
+    Args:
+        counters: the counters of the seeds run so far (this one is not appended).
+        number: what seeds the draw with the seed's index (a trial's number).
+
+    Returns:
+        A new `FlopCount`, or None.
+    """
+    try:
+        first = counters[0].first if counters and counters[0] is not None and counters[0].error is None else None
+        return FlopCount(seed=1_000 * number + len(counters), first=first)
+    except Exception:
+        return None
+
+
+@contextlib.contextmanager
+def guarded(counter: FlopCount | None) -> Iterator[None]:
+    """Run the block under `counter`; the counter's own failure (entering or leaving) is kept in its
+    `error` and never reaches the run. The block's own exceptions pass through unchanged.
+
+    Args:
+        counter: a `FlopCount` (None: the block runs uncounted).
+
+    Returns:
+        A context manager.
+    """
+    entered = False
+    if counter is not None:
+        try:
+            counter.__enter__()
+            entered = True
+        except Exception as e:
+            counter.error = f"FlopCount raised {type(e).__name__}: {e}"
+            with contextlib.suppress(Exception):
+                counter.__exit__(None, None, None)  # whatever it had put in place
+    try:
+        yield
+    finally:
+        if entered and counter is not None:
+            try:
+                counter.__exit__(None, None, None)
+            except Exception as e:
+                counter.error = counter.error or f"FlopCount raised {type(e).__name__}: {e}"
+
+
+def flop_attrs(counters: list[FlopCount | None]) -> dict[str, Any]:
+    """What a run of several seeds records of its FLOPs.
+
+    Args:
+        counters: one per seed that ran (None where its counter did not start).
+
+    Returns:
+        `flops` (the sum over the seeds; None when a seed's counting failed), `flops_per_seed`, and
+        `flops_error` (why not) when it failed.
+    """
+    try:
+        return _flop_attrs_of(counters)
+    except Exception as e:  # our own bookkeeping: never the trial's failure
+        return {"flops": None, "flops_per_seed": [], "flops_error": f"{type(e).__name__}: {e}"[:_ERROR_CHARS]}
+
+
+def _flop_attrs_of(counters: list[FlopCount | None]) -> dict[str, Any]:
+    per_seed: list[float | None] = []
+    error = None
+    for c in counters:
+        ok = c is not None and c.error is None and math.isfinite(c.total)
+        per_seed.append(float(c.total) if ok and c is not None else None)
+        if not ok and error is None:
+            error = "the FLOP counter did not start" if c is None else c.error or "no count"
+    out: dict[str, Any] = {
+        "flops": None if error is not None or not per_seed else sum(f for f in per_seed if f is not None),
+        "flops_per_seed": per_seed,
+    }
+    if error is not None:
+        out["flops_error"] = error[:_ERROR_CHARS]
+    return out
+
+
+# Vendor datasheet peaks, dense (no sparsity), in TFLOPS: bf16 on the tensor cores, and plain fp32 (torch's
+# default matmul precision: TF32 off). Not measured here: they price FLOPs in device-hours at 100 % use.
+PEAK_TFLOPS: dict[tuple[str, str], float] = {
+    ("H200", "bf16"): 989.0,
+    ("H200", "fp32"): 67.0,
+    ("H100", "bf16"): 989.0,  # SXM; the PCIe card's is lower (756): pass --peak-tflops for it
+    ("H100", "fp32"): 67.0,
+    ("A100", "bf16"): 312.0,
+    ("A100", "fp32"): 19.5,
+}
+
+
+def known_peak(device: str, precision: str) -> tuple[float, str] | None:
+    """A CUDA device's datasheet peak for `precision` (`PEAK_TFLOPS`), from its name.
+
+    Args:
+        device: where the run trains ("cuda:0"; anything else has no known peak).
+        precision: "bf16" or "fp32".
+
+    Returns:
+        (TFLOPS, where the number comes from), or None when the device is not a known GPU.
+    """
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return None
+    try:
+        name = torch.cuda.get_device_name(torch.device(device))
+    except Exception:  # a device index this process cannot see
+        return None
+    for (model, prec), tflops in PEAK_TFLOPS.items():
+        if model in name and prec == precision:
+            return tflops, f"{name}'s datasheet peak for {precision} (dense)"
+    return None

@@ -191,6 +191,7 @@ def _transfer(sweep: Sweep, summary: dict, out: Path) -> dict | None:
         "target": transfer_where(t, "target"),
         "rows": rows,
         "compute": compute_text(summary["cost"], t),
+        "flops": flops_text(summary["cost"], t.get("peak")),
         "monitor": _monitor_section(sweep, t, out),
         "rule_rows": [
             [
@@ -285,6 +286,40 @@ def compute_text(cost: dict, transfer: dict) -> str:
         f"included) took {cost['sweep_cpu_seconds']:.0f} CPU s, as much as {cost['sweep_over_target']:.2g} "
         "target runs."
     )
+
+
+def flops_text(cost: dict, peak: dict | None = None) -> str:
+    """The cost in FLOPs: tuning (the µP trials at the proxy) and the whole sweep, each in target runs, and
+    in device-hours at a peak when one is known.
+
+    Args:
+        cost: `analysis.costs`' entries (summary.json's "cost", transfer.json's "flops").
+        peak: ``{"tflops", "source"}`` (transfer.json's "peak"), or None.
+
+    Returns:
+        One sentence, or "" when no trial recorded its FLOPs.
+    """
+    proxy, sweep, target = cost.get("proxy_flops"), cost.get("sweep_flops"), cost.get("target_flops")
+    if proxy is None and sweep is None:
+        return ""
+    if not sweep:
+        return "FLOPs: none counted (the objective runs no torch matmul, convolution or attention)"
+
+    def runs(flops: float | None) -> str:
+        return f" = {flops / target:.3g} target runs" if flops is not None and target else ""
+
+    def hours(flops: float) -> str:
+        return f", {flops / (peak['tflops'] * 1e12) / 3600:.3g} device-hours" if peak else ""
+
+    text = "tuning: " + ("—" if proxy is None else f"{proxy:.3g} FLOPs{runs(proxy)}{hours(proxy)}")
+    text += " (the µP trials at the proxy)"
+    if sweep is not None:
+        text += f"; the whole sweep: {sweep:.3g} FLOPs{runs(sweep)}{hours(sweep)}"
+    if target:
+        text += f"; one target run: {target:.3g} FLOPs{hours(target)}"
+    if peak:
+        text += f" (device-hours at {peak['tflops']:g} TFLOPS, {peak['source']}: full use, a lower bound)"
+    return text
 
 
 def _interval_text(iv, fmt) -> str:

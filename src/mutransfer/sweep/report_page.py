@@ -95,6 +95,7 @@ run directory. <code>mutransfer sweep CONFIG --retry-failed</code> reruns them.<
 <h2>Transfer from {{ transfer.proxy }} to {{ transfer.target }}</h2>
 {{ table(["run", "lr", "training loss"], transfer.rows) }}
 {% if transfer.compute %}<p>{{ transfer.compute }}</p>{% endif %}
+{% if transfer.flops %}<p>FLOPs (matmuls, counted by sampling each run's optimizer steps): {{ transfer.flops }}.</p>{% endif %}
 {% if transfer.rule_rows -%}
 <h3>Hyperparameters at the target's batch size and horizon</h3>
 <p>Each step, in order: measured on this sweep where it swept that batch size or horizon, else by rule

@@ -16,7 +16,9 @@ parametrization — `{"hparams", "loss" (None if diverged), "losses" (one per se
 so that one-time setup in a fresh process is left out), "cpu_seconds_per_seed", and "reused" when the
 sweep already trained the target (below)}` — then `sweep_seconds` (wall),
 `sweep_cpu_seconds`, `proxy_cpu_seconds`, `cost_ratio` (sweep CPU over the µP target's CPU) and
-`proxy_cost_ratio` (µP proxy cell CPU over the µP target's CPU), and `device` / `precision` (where and
+`proxy_cost_ratio` (µP proxy cell CPU over the µP target's CPU), "flops" (`analysis.costs`' FLOP entries:
+`sweep_flops`, `proxy_flops`, `target_flops` and their ratios), "peak" (the TFLOPS that price them in
+device-hours, or None), "forecast" (`mt.sweep.forecast`'s, with the actual loss), and `device` / `precision` (where and
 how the target trained: e.g. "cuda:0", "bf16"), and `monitor`: the µP target's first seed trains with
 `scale.monitor` on (compared with RUN/proxy_trajectory.json when the sweep recorded one) —
 `{"alarms": [{step, layer, what, measured, expected, cause}], "trajectory": "target_trajectory.json",
@@ -45,9 +47,10 @@ from .._core.devices import DeviceLike, check_precision, resolve_device
 from .._core.hparam_transfer import AppliedRule
 from .._core.measured_law import MeasuredLaw
 from .analysis import TrialResult, costs, in_cell, load_results, transferred_hparams
+from .flops import FlopCount, flop_attrs, guarded, known_peak, next_counter
 from .forecasts import Forecast, forecast
 from .hparam_fits import fit_measured_laws
-from .report import write_report
+from .report import flops_text, write_report
 from .runner import Sweep
 from .summary import TRANSFER_RUNS, transfer_where
 from .target_hparams import target_hparams
@@ -113,6 +116,7 @@ def transfer(
     critical_batch: float | None = None,
     extrapolate: bool = False,
     say: Callable[[str], None] | None = None,
+    peak_tflops: float | None = None,
 ) -> dict:
     """Train the target (width, depth) with each parametrization's proxy optimum; writes transfer.json.
     `batch_size` / `steps`: the target's, where the objective reads them (default: the proxy's);
@@ -125,7 +129,10 @@ def transfer(
     the sweep's. `say`: called with the forecast's line before the target trains (the CLI prints it).
     transfer.json's "forecast" is `mt.sweep.forecast` at the target (with `extrapolate`) and the µP
     target's actual loss beside it, or its reason: none where the target's batch size or horizon is not
-    the sweep's (the law is in width and depth at the proxy's)."""
+    the sweep's (the law is in width and depth at the proxy's). Each parametrization's entry has
+    "flops" (one target run's: the mean over its seeds, counted by `flops.FlopCount`) and
+    "flops_per_seed"; `peak_tflops` (else a known GPU's datasheet peak, `flops.known_peak`) prices the
+    FLOPs in device-hours: transfer.json's "peak" (``{"tflops", "source"}`` or None)."""
     where_to = None if device is None else resolve_device(device, "device")
     if width is None:
         width = sweep.config.target_width or max(sweep.config.widths)
@@ -152,6 +159,7 @@ def transfer(
     placed = sweep.scale(sweep.config.parametrizations[0], width, depth, sweep.config.seeds[0], device=where_to)
     check_precision(placed.precision, placed.device, "precision")
     out.update(device=str(placed.device), precision=placed.precision)
+    out["peak"] = _peak(peak_tflops, out["device"], placed.precision)
     where = transfer_where(out, "proxy")
     predicted = _forecast(sweep, results, width, depth, overrides, extrapolate)
     if say is not None:
@@ -190,23 +198,31 @@ def transfer(
         start, losses, per_seed = time.perf_counter(), [], []
         swept = _swept(sweep, results, p, width, depth, hp, out["device"])
         reused_seconds, reused = 0.0, []
+        counters: list[FlopCount | None] = []  # the seeds trained here, each counted (`flops`)
+        flops_per_seed: list[float | None] = []
         for i, seed in enumerate(sweep.config.seeds):
             monitored = p == "mup" and i == 0  # the µP target's first seed runs with the monitor on
             if swept is not None and not monitored:  # the sweep trained this very run: its loss and cost
                 losses.append(swept.losses[i])
                 per_seed.append(swept.cpu_seconds / len(swept.losses))
+                flops_per_seed.append(swept.flops / len(swept.losses) if math.isfinite(swept.flops) else None)
                 reused_seconds += swept.seconds / len(swept.losses)
                 reused.append(seed)
                 continue
+            counter = next_counter(counters, seed)
+            counters.append(counter)
             cpu_start = time.process_time()
             scale = sweep.scale(p, width, depth, seed, device=where_to)
+            with guarded(counter):
+                if monitored:
+                    loss, mon = recorded_run(sweep.objective, hp, scale, proxy_trajectory(sweep.run_dir))
+                else:
+                    loss = float(sweep.objective(dict(hp), scale))
             if monitored:
-                loss, mon = recorded_run(sweep.objective, hp, scale, proxy_trajectory(sweep.run_dir))
                 out["monitor"] = _monitored(sweep, mon)
-            else:
-                loss = float(sweep.objective(dict(hp), scale))
             losses.append(loss)
             per_seed.append(time.process_time() - cpu_start)
+            flops_per_seed.append(flop_attrs([counter])["flops"])
         seconds = time.perf_counter() - start + reused_seconds
         loss = sum(losses) / len(losses)
         # The first call in a process also pays one-time setup (imports, loading data: 1.6 CPU s
@@ -220,6 +236,11 @@ def transfer(
             "cpu_seconds": min(per_seed) * len(per_seed),
             "cpu_seconds_per_seed": per_seed,
         }
+        counted = [f for f in flops_per_seed if f is not None]
+        out[p]["flops_per_seed"] = flops_per_seed
+        out[p]["flops"] = sum(counted) / len(counted) if counted and len(counted) == len(flops_per_seed) else None
+        if out[p]["flops"] is None:
+            out[p]["flops_error"] = flop_attrs(counters).get("flops_error") or "a reused trial recorded no FLOPs"
         if swept is not None and reused:  # (none when µP's one seed trained, monitored)
             out[p]["reused"] = {"trial": swept.number, "seeds": reused}
     if "mup" in out:
@@ -233,10 +254,21 @@ def transfer(
     )
     if "sweep_over_target" in cost:
         out.update(cost_ratio=cost["sweep_over_target"], proxy_cost_ratio=cost["proxy_over_target"])
+    out["flops"] = {k: v for k, v in cost.items() if "flops" in k}
     write_atomically(sweep.run_dir / "transfer.json", json.dumps(out, indent=1))
     if (sweep.run_dir / "report.html").is_file():  # the report shows the transfer, whatever the order
         write_report(sweep)
     return out
+
+
+def _peak(given: float | None, device: str, precision: str) -> dict | None:
+    """The peak TFLOPS that prices FLOPs in device-hours: `given` (--peak-tflops), else a known GPU's."""
+    if given is not None:
+        if isinstance(given, bool) or not isinstance(given, (int, float)) or not math.isfinite(given) or given <= 0:
+            raise ValueError(f"--peak-tflops must be a positive number of TFLOPS, got {given!r}")
+        return {"tflops": float(given), "source": "--peak-tflops"}
+    known = known_peak(device, precision)
+    return None if known is None else {"tflops": known[0], "source": known[1]}
 
 
 def _forecast(
@@ -357,6 +389,9 @@ def format_transfer(out: dict) -> str:
             f"  sweep compute / one target run: {out['cost_ratio']:.3g}× "
             f"({out['sweep_cpu_seconds']:.3g} CPU s over {target:.3g} CPU s; the sweep checks every width)"
         )
+    flops = flops_text(out.get("flops") or {}, out.get("peak"))
+    if flops:
+        lines.append(f"  {flops}")
     crit = out.get("critical_batch")
     if crit is not None:
         value = "not resolved" if crit["value"] is None else f"{crit['value']:.4g}"

@@ -46,7 +46,6 @@ import os
 import socket
 import time
 import traceback
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +56,7 @@ from optuna.trial import FrozenTrial, TrialState
 from .._core.atomic import write_atomically
 from .cells import Cell
 from .config import SweepConfig
-from .flops import FlopCount
+from .flops import FlopCount, flop_attrs, guarded, next_counter
 from .interrupts import interrupts_ignored
 from .recording import Recording, trial_attrs
 from .scale import Objective, Pruned, Reporter, Scale
@@ -278,10 +277,10 @@ def run_trial(ctx: RunContext, study: optuna.Study, trial: optuna.Trial, cell: C
                     below = _best_value(ctx.storage, study) if noise else None
                     recording = Recording(hparams.get("steps"), noise=noise, guarded=True, noise_below=below)
                     scale = dataclasses.replace(scale, _recording=recording)
-                counter = _flop_counter(counters, trial.number)
+                counter = next_counter(counters, trial.number)
                 counters.append(counter)
                 try:
-                    with _counted(counter):
+                    with guarded(counter):
                         value = ctx.objective(dict(hparams), scale)
                 except optuna.TrialPruned:  # scale.report's Pruned (or the objective's own)
                     pruned = True
@@ -304,7 +303,7 @@ def run_trial(ctx: RunContext, study: optuna.Study, trial: optuna.Trial, cell: C
             "ended": time.time(),
             "seconds": time.perf_counter() - start,
             "cpu_seconds": time.process_time() - cpu_start,
-            **_flop_attrs(counters),
+            **flop_attrs(counters),
         }
         if error is not None:
             set_user_attrs(ctx.storage, trial, timing)
@@ -334,66 +333,6 @@ def run_trial(ctx: RunContext, study: optuna.Study, trial: optuna.Trial, cell: C
             release_claimed(ctx.storage, study, trial_id(trial), ctx.config, params)
         raise
     return None
-
-
-def _flop_counter(counters: list[FlopCount | None], number: int) -> FlopCount | None:
-    """The `FlopCount` of a trial's next seed: later seeds reuse the first seed's I_0 (setup and first
-    step: the same code and shapes), drawn from the trial's number and the seed's index. None when
-    making it raised (a bug of ours: the trial goes on uncounted)."""
-    try:
-        first = counters[0].first if counters and counters[0] is not None and counters[0].error is None else None
-        return FlopCount(seed=1_000 * number + len(counters), first=first)
-    except Exception:
-        return None
-
-
-@contextlib.contextmanager
-def _counted(counter: FlopCount | None) -> Iterator[None]:
-    """Run the block under `counter`; the counter's own failure (entering or leaving) is kept in its
-    `error` and never reaches the trial. The block's own exceptions pass through unchanged."""
-    entered = False
-    if counter is not None:
-        try:
-            counter.__enter__()
-            entered = True
-        except Exception as e:
-            counter.error = f"FlopCount raised {type(e).__name__}: {e}"
-            with contextlib.suppress(Exception):
-                counter.__exit__(None, None, None)  # whatever it had put in place
-    try:
-        yield
-    finally:
-        if entered and counter is not None:
-            try:
-                counter.__exit__(None, None, None)
-            except Exception as e:
-                counter.error = counter.error or f"FlopCount raised {type(e).__name__}: {e}"
-
-
-def _flop_attrs(counters: list[FlopCount | None]) -> dict[str, Any]:
-    """The user attributes of a trial's FLOPs: `flops` (the sum over the seeds that ran; None when a seed's
-    counting failed), `flops_per_seed`, and `flops_error` (why not) when it failed."""
-    try:
-        return _flop_attrs_of(counters)
-    except Exception as e:  # our own bookkeeping: never the trial's failure
-        return {"flops": None, "flops_per_seed": [], "flops_error": f"{type(e).__name__}: {e}"[:ERROR_CHARS]}
-
-
-def _flop_attrs_of(counters: list[FlopCount | None]) -> dict[str, Any]:
-    per_seed: list[float | None] = []
-    error = None
-    for c in counters:
-        ok = c is not None and c.error is None and math.isfinite(c.total)
-        per_seed.append(float(c.total) if ok and c is not None else None)
-        if not ok and error is None:
-            error = "the FLOP counter did not start" if c is None else c.error or "no count"
-    out: dict[str, Any] = {
-        "flops": None if error is not None or not per_seed else sum(f for f in per_seed if f is not None),
-        "flops_per_seed": per_seed,
-    }
-    if error is not None:
-        out["flops_error"] = error[:ERROR_CHARS]
-    return out
 
 
 def _proxy_cell(config: Any, cell: Cell) -> bool:
