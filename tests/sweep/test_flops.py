@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch.optim.optimizer import _global_optimizer_post_hooks
 from torch.utils._python_dispatch import TorchDispatchMode, _len_torch_dispatch_stack
 
+import mutransfer as mt
 from mutransfer.sweep import Scale, Sweep
 from mutransfer.sweep.analysis import costs, load_results
 from mutransfer.sweep.flops import FlopCount, count_flops, counting
@@ -304,3 +305,19 @@ def test_transfer_counts_the_target_run_and_states_tuning_in_target_runs(tmp_pat
     assert out["peak"] == {"tflops": 1e-3, "source": "--peak-tflops"}
     with pytest.raises(ValueError, match="--peak-tflops must be a positive number"):
         transfer(sweep, width=64, peak_tflops=0.0)
+
+
+def test_the_forecast_estimates_the_targets_flops_from_the_sweeps_counts(tmp_path):
+    """Before training it: a polynomial in width through the per-seed training counts (the proxy cell's trials
+    also measured the gradient noise scale: kept apart as flops_measurement), within 2 % of the measured run."""
+    from mutransfer.sweep import run_sweep
+    from mutransfer.sweep.transfer import transfer
+
+    cfg = tmp_path / "sweep.toml"
+    cfg.write_text(textwrap.dedent(SWEEP).replace("widths = [16, 32]", "widths = [16, 32, 48]"))
+    sweep = run_sweep(cfg, tmp_path / "run", progress=False)
+    estimate = mt.sweep.forecast(sweep, width=128).flops
+    measured = transfer(sweep, width=128)["mup"]["flops"]
+    assert estimate["target"] == pytest.approx(measured, rel=0.02) and estimate["misfit"] < 0.02
+    assert estimate["fit"] == "a sum of 1, w, w² fitted to the per-seed training counts at widths 16…48"
+    assert any(r.flops_measurement > 0 for r in load_results(sweep) if r.width == 16)

@@ -113,6 +113,9 @@ def add_parsers(sub) -> None:
         "--extrapolate", action="store_true", help="forecast more than 64× past the largest proxy's width or depth"
     )
     f.add_argument("--json", action="store_true", help="print the forecast as JSON (transfer.json's 'forecast')")
+    f.add_argument(
+        "--peak-tflops", type=float, help="the target device's peak TFLOPS, to state the FLOPs in device-hours"
+    )
     f.add_argument("--storage", help="storage URL (default: the run's own)")
     f.set_defaults(handler=_forecast)
     d = sub.add_parser(
@@ -226,7 +229,24 @@ def _forecast(args) -> int:
             )
         for note in fc.notes:
             print(f"  note: {note}")
+        if fc.flops is not None:
+            print("  " + _flops_line(fc.flops, args.peak_tflops))
     return EXIT_PASS if fc.ok else EXIT_FAIL
+
+
+def _flops_line(flops: dict, peak_tflops: float | None) -> str:
+    """The forecast's cost line: one target run's estimated FLOPs, then tuning and the sweep in target runs."""
+    from ..sweep.report import flops_text
+
+    if peak_tflops is not None and not (peak_tflops > 0):
+        raise UsageError(f"--peak-tflops must be a positive number of TFLOPS, got {peak_tflops}")
+    peak = None if peak_tflops is None else {"tflops": peak_tflops, "source": "--peak-tflops"}
+    target = flops["target"]
+    cost = {"proxy_flops": flops["proxy_flops"], "sweep_flops": flops["sweep_flops"], "target_flops": target}
+    if target is None:
+        return f"one target run's FLOPs: not estimated ({flops['fit']}); " + flops_text(cost, peak)
+    misfit = f"{100 * flops['misfit']:.2g} %"
+    return f"one target run: about {target:.3g} FLOPs ({flops['fit']}; misfit {misfit}); " + flops_text(cost, peak)
 
 
 # `mt.transfer_hparams` names its Python arguments in its messages; on the command line they are flags

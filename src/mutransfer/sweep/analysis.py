@@ -70,6 +70,7 @@ class TrialResult:
     cuda_visible_devices: str | None = None  # its worker's CUDA_VISIBLE_DEVICES (None when unset)
     precision: str = ""  # "fp32" or "bf16" ("" when not recorded)
     flops: float = math.nan  # the FLOPs of the seeds that ran (`flops.FlopCount`); NaN when not recorded
+    flops_measurement: float = 0.0  # … of which measurements after training (the gradient noise scale)
 
     @property
     def placed(self) -> str:
@@ -124,6 +125,7 @@ def load_results(sweep: Sweep, failed: bool = True) -> list[TrialResult]:
                     t.user_attrs.get("cuda_visible_devices"),
                     str(t.user_attrs.get("precision", "")),
                     _flops(t.user_attrs.get("flops")),
+                    _flops(t.user_attrs.get("flops_measurement", 0.0)),
                 )
             )
     return out

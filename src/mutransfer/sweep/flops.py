@@ -177,6 +177,8 @@ class FlopCount:
         steps: the clock's ticks (the clock optimizer's steps).
         intervals: the step intervals (between ticks); `intervals_counted` of them were counted.
         exact: whether `total` is exact: everything counted (the tail too), I_0 not reused.
+        blocks: the (estimated) FLOPs of its `counting` blocks, part of `total`: measurements after
+            training, such as the sweep's gradient noise scale.
         error: why the counting failed (a formula or the counter's own code raised), else None.
 
     Raises:
@@ -220,6 +222,7 @@ class FlopCount:
         self.intervals = 0
         self.intervals_counted = 0
         self.exact = False
+        self.blocks = 0.0
         self.error: str | None = None
 
     # ----------------------------------------------------------------- the run
@@ -346,6 +349,7 @@ class FlopCount:
                 passes.close(flops)
                 total, counted, exact = passes.estimate()
                 self._extra_total += total
+                self.blocks += total
                 self._extra_counted += counted
                 self._extra_exact = self._extra_exact and exact
                 self._set(was_on)
@@ -469,7 +473,8 @@ def flop_attrs(counters: list[FlopCount | None]) -> dict[str, Any]:
         counters: one per seed that ran (None where its counter did not start).
 
     Returns:
-        `flops` (the sum over the seeds; None when a seed's counting failed), `flops_per_seed`, and
+        `flops` (the sum over the seeds; None when a seed's counting failed), `flops_per_seed`,
+        `flops_measurement` (the part of `flops` in `counting` blocks: measurements after training), and
         `flops_error` (why not) when it failed.
     """
     try:
@@ -489,6 +494,7 @@ def _flop_attrs_of(counters: list[FlopCount | None]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "flops": None if error is not None or not per_seed else sum(f for f in per_seed if f is not None),
         "flops_per_seed": per_seed,
+        "flops_measurement": sum(c.blocks for c in counters if c is not None and c.error is None),
     }
     if error is not None:
         out["flops_error"] = error[:_ERROR_CHARS]

@@ -43,11 +43,11 @@ from typing import Any
 
 import numpy as np
 
-from .analysis import TrialResult, best, in_cell, load_results, same_point
+from .analysis import TrialResult, best, costs, in_cell, load_results, same_point
 from .runner import Sweep
 from .statistics import CONFIDENCE
 
-__all__ = ["EXPONENTS", "MAX_FACTOR", "Forecast", "forecast", "law_draws"]
+__all__ = ["EXPONENTS", "MAX_FACTOR", "Forecast", "forecast", "law_draws", "target_flops"]
 
 EXPONENTS = np.linspace(0.0, 2.0, 41)  # the exponent's grid (uniform prior); 0 is the logarithmic limit
 MAX_FACTOR = 64.0  # how far past the largest proxy (in width, or depth) a forecast goes without extrapolate
@@ -81,7 +81,10 @@ class Forecast:
         notes: what else the user must know (one seed: no noise estimate; missing widths).
         actual: the target's measured loss once trained (``{"loss", "inside"}``), else None.
         seeds: how many seeds the target's mean loss averages (the interval includes that mean's noise).
-        band: the law's 90 % band and median along widths for the figure (``{"widths", "low", "median", "high"}``).
+        band: the law's 90 % band and median along its first axis for the figure (``{"axis", "values", "low",
+            "median", "high"}``).
+        flops: one target run's FLOPs estimated from the sweep's counts (`target_flops`), with the tuning's and
+            the whole sweep's: ``{"target", "fit", "misfit", "proxy_flops", "sweep_flops", …}``; None uncounted.
     """
 
     parametrization: str
@@ -102,7 +105,8 @@ class Forecast:
     notes: list[str] = field(default_factory=list)
     actual: dict[str, Any] | None = None
     seeds: int = 1
-    band: dict[str, list[float]] | None = None
+    band: dict[str, Any] | None = None
+    flops: dict[str, Any] | None = None
 
     @classmethod
     def refused(cls, parametrization: str, width: int, depth: int | None, reason: str) -> Forecast:
@@ -147,6 +151,7 @@ class Forecast:
             "actual": self.actual,
             "seeds": self.seeds,
             "band": self.band,
+            "flops": self.flops,
         }
 
     @classmethod
@@ -173,6 +178,7 @@ class Forecast:
             d.get("actual"),
             int(d.get("seeds", 1)),
             d.get("band"),
+            d.get("flops"),
         )
 
     def line(self) -> str:
@@ -523,7 +529,8 @@ def forecast(
     base = Forecast(parametrization, width, depth, None, None, "", None, [], None, points, missing, None, "", source)
     base = replace(base, notes=notes, seeds=n_target)
 
-    return _fit(base, points, missing, width, depth, n_target, extrapolate)
+    fc = _fit(base, points, missing, width, depth, n_target, extrapolate)
+    return replace(fc, flops=target_flops(sweep, results, width, depth))
 
 
 def _fit(
@@ -702,3 +709,76 @@ def _band(
     pred = _predict(post, draws, at, seeds, rng)
     q = np.quantile(pred, [(1 - CONFIDENCE) / 2, 0.5, 1 - (1 - CONFIDENCE) / 2], axis=0)
     return {"axis": axis, "values": xs.tolist(), "low": q[0].tolist(), "median": q[1].tolist(), "high": q[2].tolist()}
+
+
+def target_flops(
+    sweep: Sweep, results: list[TrialResult], width: int, depth: int | None = None
+) -> dict[str, Any] | None:
+    """One run's FLOPs at (`width`, `depth`), estimated from the FLOPs the sweep's µP trials counted.
+
+    At a fixed batch and horizon a model's matmul FLOPs are a polynomial in width — quadratic (the hidden
+    matmuls), linear (a readout or attention scores over a fixed length), and a constant for matmuls that do
+    not grow — times the number of blocks in depth. The per-seed counts of the cells (the median over each
+    cell's completed trials) are fitted by least squares on relative error: 1, w, w² with three widths or
+    more, w and w² with two (× 1, d in a sweep over depths); `misfit` is the largest relative residual.
+
+    Args:
+        sweep: the sweep.
+        results: its trials.
+        width: the run's width.
+        depth: its depth (sweeps over depths).
+
+    Returns:
+        ``{"target", "fit", "misfit", "proxy_flops", "sweep_flops"}`` (the last two: what tuning and the whole
+        sweep counted), or None when no trial recorded its FLOPs. "target" is None (and "fit" says why) when
+        the widths (depths) the counts span cannot reach the run.
+    """
+    cfg = sweep.config
+    parametrization = "mup" if "mup" in cfg.parametrizations else cfg.parametrizations[0]
+    cost = costs(sweep, results)
+    if cost["sweep_flops"] is None:
+        return None
+    out: dict[str, Any] = {
+        "target": None,
+        "fit": "",
+        "misfit": None,
+        "proxy_flops": cost["proxy_flops"],
+        "sweep_flops": cost["sweep_flops"],
+    }
+    cells = []
+    for w in cfg.widths:
+        for d in list(cfg.depths) if cfg.depths is not None else [None]:
+            per_seed = [  # training alone: the noise-scale measurement runs in the proxy cell only
+                (r.flops - (r.flops_measurement if math.isfinite(r.flops_measurement) else 0.0)) / len(r.losses)
+                for r in in_cell(results, parametrization, w, d)
+                if r.ok and math.isfinite(r.flops) and r.losses
+            ]
+            if per_seed:
+                cells.append((w, d, float(np.median(per_seed))))
+    widths = sorted({w for w, _, _ in cells})
+    depths = sorted({d for _, d, _ in cells if d is not None})
+    if len(widths) < 2 and width not in widths:
+        out["fit"] = "the counts span one width: no law in width"
+        return out
+    if depth is not None and len(depths) < 2 and depth not in depths:
+        out["fit"] = "the counts span one depth: no law in depth"
+        return out
+    powers = [0, 1, 2] if len(widths) >= 3 else [1, 2] if len(widths) == 2 else [0]
+    in_depth = depth is not None and len(depths) >= 2
+    columns = [(p, q) for p in powers for q in ([0, 1] if in_depth else [0])]
+
+    def row(w: float, d: float | None) -> np.ndarray:
+        return np.array([w**p * ((d or 1.0) ** q) for p, q in columns], dtype=float)
+
+    X = np.stack([row(w, d) for w, d, _ in cells])
+    y = np.array([f for _, _, f in cells])
+    coef = np.linalg.lstsq(X / y[:, None], np.ones(len(y)), rcond=None)[0]  # least squares on relative error
+    fitted = X @ coef
+    out["target"] = float(row(width, depth) @ coef)
+    out["misfit"] = float(np.max(np.abs(fitted / y - 1)))
+    names = {0: "1", 1: "w", 2: "w²"}
+    terms = ", ".join(names[p] + ("·d" if q else "") for p, q in columns)
+    out["fit"] = f"a sum of {terms} fitted to the per-seed training counts at widths {_span(widths)}" + (
+        f" × depths {_span(depths)}" if in_depth else ""
+    )
+    return out
