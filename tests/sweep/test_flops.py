@@ -105,7 +105,7 @@ def test_the_sampled_estimate_of_a_gpt_trial_matches_the_full_count_and_the_hand
 
 def test_the_noise_measurement_after_training_is_counted_by_passes():
     """A recorded µP trial measures the gradient noise scale after its last step: 65 forward/backward passes
-    (the tail, which no step delimits), counted by `counting(model)`: two passes, the rest priced per example."""
+    (the tail, which no step delimits), counted by `counting(model)`: its first pass, the rest priced per example."""
     hp = {**GPT_HP, "steps": 20}
     counts = []
     for kwargs in ({"exact": True}, {}):
