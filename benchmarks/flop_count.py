@@ -22,7 +22,6 @@ import contextlib
 import dataclasses
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -82,25 +81,22 @@ class Ticks:
 NOISE_SECONDS = [0.0]  # CPU seconds of the last run's gradient noise measurement
 
 
-def _timed_noise(measure: Callable[..., Any]) -> Callable[..., Any]:
-    def timed(*args: Any, **kwargs: Any) -> Any:
+class TimedRecording(Recording):
+    """A sweep trial's recording whose noise measurement is timed (`NOISE_SECONDS`)."""
+
+    def measure_noise(self, *args: Any, **kwargs: Any) -> Any:
         start = time.process_time()
         try:
-            return measure(*args, **kwargs)
+            return super().measure_noise(*args, **kwargs)
         finally:
             NOISE_SECONDS[0] = time.process_time() - start
-
-    return timed
-
-
-Recording.measure_noise = _timed_noise(Recording.measure_noise)
 
 
 def run(width: int, hp: dict, counter: FlopCount | None, recorded: bool) -> tuple[float, Ticks, float]:
     """CPU seconds of one run (under `counter` when given; `recorded`: as a sweep's µP proxy trial that
     records its trajectory and measures the noise scale), its ticks and its noise measurement's seconds."""
     scale = Scale(width, 32, "mup", 0)
-    rec = Recording(hp["steps"], noise=True, guarded=True) if recorded else None
+    rec = TimedRecording(hp["steps"], noise=True, guarded=True) if recorded else None
     if rec is not None:
         scale = dataclasses.replace(scale, _recording=rec)
     NOISE_SECONDS[0] = 0.0
