@@ -188,6 +188,25 @@ def test_a_mode_of_the_objective_spanning_ticks_stays_and_ours_goes():
     assert count.total == 8 * mlp_step_flops() and count.intervals_counted >= 3
 
 
+def test_compiled_models_and_higher_order_operators_run_and_count_under_the_mode():
+    """torch.compile with fullgraph=True (flex attention always uses it) refused to compile under a plain
+    dispatch mode, and a higher-order operator (torch.cond) refused to run: the trial failed. Now both run; the
+    compiled code's matmuls count as eager ones do."""
+    steps = 3
+    model = mlp(True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    compiled = torch.compile(model, fullgraph=True)
+    with FlopCount(exact=True) as count:
+        for _ in range(steps):
+            F.mse_loss(compiled(torch.randn(B, D_IN)), torch.zeros(B, D_OUT)).backward()
+            opt.step()
+    assert count.error is None and count.total == steps * mlp_step_flops()
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    with FlopCount() as count:
+        out = torch.cond(a.sum() > 0, lambda x, y: x @ y, lambda x, y: (x @ y) * 2, (a, b))
+    assert out.shape == (8, 4) and count.error is None  # counted as nothing: torch has no formula for cond
+
+
 def test_a_formula_that_raises_fails_the_count_not_the_run(monkeypatch):
     from torch.utils import flop_counter
 

@@ -28,6 +28,8 @@ of a width-32 run's CPU time (3 % of it I_0: µP's setup is 3,500 aten ops) and 
 later seed reusing the first's I_0 (`first`) about 1.5 % and 0.4 %. The estimate is exact for steps of
 equal FLOPs; work that recurs every so many steps (an evaluation, the µP monitor's samples: −0.5 % on a
 recorded trial) is seen only when its interval is drawn — an objective can wrap it in `counting(model)`.
+Under torch.compile the compiled code's calls of aten matmuls count; a matmul it generates itself (a Triton
+template under max-autotune) does not. ``torch.cond`` counts nothing (torch has no formula for it).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from types import TracebackType
 from typing import Any
 
 import torch
+from torch._ops import HigherOrderOperator
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils import flop_counter
 from torch.utils._python_dispatch import (
@@ -95,7 +98,16 @@ _open = threading.local()  # .counts: the FlopCounts open in this thread, innerm
 
 class _Mode(TorchDispatchMode):
     """Adds each registered op's FLOPs to `flops`; a formula that raises stops the counting (`error`),
-    never the op."""
+    never the op. A higher-order operator (flex attention, ``torch.cond``) runs as it would without the mode and
+    counts by its formula, if torch has one (flex attention's; ``torch.cond`` counts nothing)."""
+
+    supports_higher_order_operators = True  # else torch refuses to run one under the mode: the run would fail
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """torch.compile compiles with the mode on (else it falls back to eager, and refuses ``fullgraph=True``,
+        which flex attention always uses); the compiled code's aten calls (its matmuls) still count."""
+        return True
 
     def __init__(self) -> None:
         super().__init__()
@@ -104,9 +116,10 @@ class _Mode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        # A higher-order operator comes with this mode popped: it runs as without it.
+        packet = func if isinstance(func, HigherOrderOperator) else func._overloadpacket
         out = func(*args, **kwargs)
         if self.error is None:
-            packet = func._overloadpacket
             formula = flop_counter.flop_registry.get(packet) or _EXTRA.get(packet)
             if formula is not None:
                 try:
