@@ -2,8 +2,10 @@
 the full count, the clock's corner cases, nothing left behind, and the trial attributes a sweep records."""
 
 import dataclasses
+import gc
 import math
 import textwrap
+import weakref
 
 import pytest
 import torch
@@ -215,10 +217,32 @@ def test_a_formula_that_raises_fails_the_count_not_the_run(monkeypatch):
 
     monkeypatch.setitem(flop_counter.flop_registry, torch.ops.aten.mm, broken)
     before = clean()
-    with FlopCount() as count:
-        train_mlp(4, bias=False)  # no bias: every Linear is an mm
+    model = mlp(False)  # no bias: every Linear is an mm
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    stacks = []
+    with FlopCount(exact=True) as count:
+        for _ in range(4):
+            F.mse_loss(model(torch.randn(B, D_IN)), torch.zeros(B, D_OUT)).backward()
+            opt.step()
+            stacks.append(_len_torch_dispatch_stack())
     assert clean() == before
     assert math.isnan(count.total) and "ZeroDivisionError" in str(count.error)
+    assert stacks == [before[1]] * 4  # off at the first step after the failure: no slower run for nothing
+
+
+def test_the_counter_keeps_no_optimizer_alive():
+    """A trial's later seeds train while the first seed's counter is kept: it must not hold that seed's
+    optimizer (its state and the model's parameters)."""
+    model = mlp(True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    with FlopCount() as count:
+        for _ in range(3):
+            F.mse_loss(model(torch.randn(B, D_IN)), torch.zeros(B, D_OUT)).backward()
+            opt.step()
+    ref = weakref.ref(opt)
+    del opt, model
+    gc.collect()
+    assert ref() is None and count.steps == 3
 
 
 def test_counting_without_a_flop_count_does_nothing_and_bad_settings_are_refused():

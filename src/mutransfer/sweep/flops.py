@@ -38,6 +38,7 @@ import contextlib
 import math
 import random
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
@@ -228,7 +229,7 @@ class FlopCount:
         self._thread = 0
         self._base = 0  # the dispatch stack's depth under our mode
         self._on = False  # our mode is on the stack (the current interval is counted)
-        self._clock: Any = None  # the optimizer whose steps tick
+        self._clock: Any = None  # a weak reference to the optimizer whose steps tick
         self._passes: _Passes | None = None  # the open `counting` block's sample
         self._step_flops: list[int] = []  # the counted step intervals' FLOPs
         self._extra_total = 0.0  # `counting` blocks' (estimated) FLOPs and a counted tail
@@ -294,11 +295,16 @@ class FlopCount:
 
     def _tick(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """The global optimizer post-hook: a tick of the clock closes one interval and draws the next."""
-        if threading.get_ident() != self._thread or self.error is not None or self._passes is not None:
+        if threading.get_ident() != self._thread or self._passes is not None:
+            return
+        if self.error is not None or self._mode.error is not None:  # failed: off, not to slow the run for nothing
+            self.error = self.error or self._mode.error
+            with contextlib.suppress(Exception):
+                self._set(False)
             return
         if self._clock is None:
-            self._clock = optimizer
-        elif optimizer is not self._clock:
+            self._clock = weakref.ref(optimizer)  # not kept alive (a trial's next seed trains beside it)
+        elif optimizer is not self._clock():
             return
         try:
             flops, self._mode.flops = self._mode.flops, 0
