@@ -101,7 +101,7 @@ def add_parsers(sub) -> None:
         description="Fit the loss at the transferred hyperparameters against width (and depth) — the largest "
         "proxy held out and predicted first — and print the target's forecast loss with its 90%% interval, or "
         "why there is none. Nothing trains. Exit 0 with a forecast, 1 with none (its reason printed), 2 on a bad "
-        "run directory, storage or target.",
+        "run directory, storage or target, 130 on Ctrl-C.",
     )
     f.add_argument("run", help="run directory")
     f.add_argument("--width", type=int, help="target width (default: the config's target_width or largest width)")
@@ -243,8 +243,10 @@ def _flops_line(flops: dict, peak_tflops: float | None) -> str:
     peak = None if peak_tflops is None else {"tflops": peak_tflops, "source": "--peak-tflops"}
     target = flops["target"]
     cost = {"proxy_flops": flops["proxy_flops"], "sweep_flops": flops["sweep_flops"], "target_flops": target}
-    if target is None:
-        return f"one target run's FLOPs: not estimated ({flops['fit']}); " + flops_text(cost, peak)
+    if target is None or flops["misfit"] is None:
+        return f"one target run's FLOPs: {'not estimated' if target is None else 0} ({flops['fit']}); " + flops_text(
+            cost, peak
+        )
     misfit = f"{100 * flops['misfit']:.2g} %"
     return f"one target run: about {target:.3g} FLOPs ({flops['fit']}; misfit {misfit}); " + flops_text(cost, peak)
 

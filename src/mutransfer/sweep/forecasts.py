@@ -755,8 +755,15 @@ def target_flops(
             ]
             if per_seed:
                 cells.append((w, d, float(np.median(per_seed))))
+    if cells and all(f == 0 for _, _, f in cells):
+        out.update(target=0.0, fit="no FLOPs counted at any width (no torch matmul, convolution or attention)")
+        return out
+    cells = [c for c in cells if c[2] > 0]
     widths = sorted({w for w, _, _ in cells})
     depths = sorted({d for _, d, _ in cells if d is not None})
+    if not cells:
+        out["fit"] = "no completed µP trial recorded its FLOPs"
+        return out
     if len(widths) < 2 and width not in widths:
         out["fit"] = "the counts span one width: no law in width"
         return out
