@@ -4,23 +4,26 @@ Under µP the hyperparameters tuned at the proxy stay near-optimal at every widt
 hyperparameters* is one smooth curve in width — the ladder a grid sweep already trained. The law fitted
 to it (µScaling, Yao & Wang 2023, fits the same form on a µP width ladder; Cerebras-GPT's µP scaling laws)::
 
-    L(w) = c + a·w^(−b),  a ≥ 0,  b in [0, 2]   (b → 0: the logarithmic limit c' − k·ln w)
+    L(w) = c + a·w^(−b),  a ≥ 0,  b in [0, 1]   (b → 0: the logarithmic limit c' − k·ln w)
 
 and, in a sweep over depths, one more term e·d^(−g) for depth (its sign free: deeper is not always better
 at a fixed horizon). Why this form, and the exponent's range: the expected loss approaches its
-infinite-width limit as a power of the width — like 1/width once the width is large against the data
-(Bahri et al. 2021, "Explaining neural scaling laws": the variance-limited regime, b = 1), more slowly
-while the width still limits what the model resolves (Kaplan et al. 2020 measure 0.076 per parameter,
-b ≈ 0.15 per width for N ∝ w²; Hoffmann et al. 2022, b ≈ 0.7). The range [0, 2] holds them all.
+infinite-width limit as a power of the width, at most like 1/width — the rate once the width is large
+against the data (Bahri et al. 2021, "Explaining neural scaling laws": the variance-limited regime, b = 1;
+in Tensor Programs terms a network's outputs deviate from their limit by O(n^-½) with mean zero, so the
+expected loss by O(1/n)) — and more slowly while the width still limits what the model resolves (Kaplan
+et al. 2020 measure 0.076 per parameter, b ≈ 0.15 per width for N ∝ w²; Hoffmann et al. 2022, b ≈ 0.7).
 
 Three widths and two seeds cannot pin three numbers by least squares alone (two widths cannot pin them
 at all), and a bootstrap over two seeds has three distinct resamples. So the fit is Bayesian, and every
 source of doubt stays in the interval:
 
-- the seed noise: the loss of each seed is the law plus Gaussian noise of one variance σ² shared by every
-  width (estimated from the seeds' spread around each width's mean and from the law's misfit; a Jeffreys
+- the seed noise: the loss of each seed is the law plus the seed's own offset (shared by every width: a
+  seed fixes the data order and the init; the target's mean over the same seeds has the same offsets, so
+  they sit in the law's constant) plus Gaussian noise of one variance σ² (estimated from what is left of
+  the losses once each width's and each seed's mean are taken out, and from the law's misfit; a Jeffreys
   prior), so a width's mean of n seeds has variance σ²/n;
-- the exponent: a uniform prior over the grid `EXPONENTS`; its posterior weight is the marginal
+- the exponent: a uniform prior on [0, 1] (the grid `EXPONENTS`); its posterior weight is the marginal
   likelihood, the coefficients and σ integrated out (the law is linear in them once b is fixed, written
   through its values at the smallest and largest fitted widths so that a flat prior on them is the same
   for every b);
@@ -49,7 +52,7 @@ from .statistics import CONFIDENCE
 
 __all__ = ["EXPONENTS", "MAX_FACTOR", "Forecast", "forecast", "law_draws", "target_flops"]
 
-EXPONENTS = np.linspace(0.0, 2.0, 41)  # the exponent's grid (uniform prior); 0 is the logarithmic limit
+EXPONENTS = np.linspace(0.0, 1.0, 41)  # the exponent's grid (uniform prior); 0 is the logarithmic limit
 MAX_FACTOR = 64.0  # how far past the largest proxy (in width, or depth) a forecast goes without extrapolate
 DRAWS = 4000  # Monte Carlo draws of the posterior predictive
 SEED = 0  # the forecast is a deterministic function of the trials
@@ -287,36 +290,58 @@ def _why_missing(
 
 @dataclass(frozen=True)
 class _Data:
-    """The fit's data: per point its axis values, seed mean, seed count; the within-seed sum of squares."""
+    """The fit's data: per point its axis values, seed mean and seed count; the seed noise's sum of squares and
+    its degrees of freedom."""
 
     axes: tuple[str, ...]  # "width", and "depth" in a sweep over depths where depths vary
     values: np.ndarray  # (points, axes)
     mean: np.ndarray  # (points,)
     n: np.ndarray  # (points,) seeds per mean
-    ss_within: float  # Σ over points and seeds of (loss − that point's mean)²
+    ss_within: float  # the seed noise's sum of squares (see `_data`)
+    dof_within: int  # … and its degrees of freedom
     lo: np.ndarray  # (axes,) the smallest fitted value of each axis
     hi: np.ndarray  # (axes,) the largest
-
-    @property
-    def observations(self) -> int:
-        return int(self.n.sum())
+    seed_spread: float | None = None  # the sd of the seeds' own offsets (shared by every width), when paired
 
     @property
     def params(self) -> int:
         return 1 + len(self.axes)
 
+    @property
+    def dof(self) -> int:
+        """σ²'s degrees of freedom: the seeds' own and the law's residual ones."""
+        return self.dof_within + len(self.mean) - self.params
+
 
 def _data(points: list[dict[str, Any]], axes: tuple[str, ...]) -> _Data:
+    """Every point trained the same seeds (a sweep gives each trial the config's seeds, and a seed fixes the
+    data order and the init at every width): then a seed's offset is shared by every width — the seeds'
+    losses move together — and it is the same in the target's mean over those seeds, so it belongs to the
+    law's constant, not to the noise. The noise is what is left of each loss once its width's mean and its
+    seed's mean are taken out (a two-way layout: (points − 1)·(seeds − 1) degrees of freedom). Points with
+    other seed counts fall back to the spread around each point's mean (Σ (seeds − 1) degrees of freedom)."""
     values = np.array([[p[a] for a in axes] for p in points], dtype=float).reshape(len(points), len(axes))
-    ss = sum(float(np.sum((np.asarray(p["losses"]) - p["loss"]) ** 2)) for p in points)
+    counts = {len(p["losses"]) for p in points}
+    spread = None
+    if len(counts) == 1 and (s := counts.pop()) >= 2 and len(points) >= 2:
+        Y = np.array([p["losses"] for p in points], dtype=float)  # (points, seeds)
+        resid = Y - Y.mean(axis=1, keepdims=True) - Y.mean(axis=0, keepdims=True) + Y.mean()
+        ss, dof = float(np.sum(resid**2)), (len(points) - 1) * (s - 1)
+        offsets = Y.mean(axis=0) - Y.mean()  # each seed's own offset, shared by every point
+        spread = float(np.sqrt(max(np.var(offsets, ddof=1) - ss / dof / len(points), 0.0))) if dof else None
+    else:
+        ss = sum(float(np.sum((np.asarray(p["losses"]) - p["loss"]) ** 2)) for p in points)
+        dof = sum(len(p["losses"]) - 1 for p in points)
     return _Data(
         axes,
         values,
         np.array([p["loss"] for p in points], dtype=float),
         np.array([len(p["losses"]) for p in points], dtype=float),
         ss,
+        dof,
         values.min(axis=0),
         values.max(axis=0),
+        spread,
     )
 
 
@@ -341,7 +366,7 @@ class _Posterior:
     theta: np.ndarray  # (combos, params): the coefficients' posterior mean (weighted least squares)
     cov: np.ndarray  # (combos, params, params): their covariance per unit σ²
     rss: np.ndarray  # (combos,) the weighted residual sum of squares of the seed means
-    dof: int  # observations − params: σ²'s degrees of freedom (0: no noise estimate)
+    dof: int  # σ²'s degrees of freedom (0: no noise estimate)
 
     def best(self) -> int:
         return int(np.argmax(self.weight))
@@ -366,7 +391,7 @@ def _posterior(data: _Data) -> _Posterior:
 
 def _grid_posterior(data: _Data, grids: list[np.ndarray]) -> _Posterior:
     exps = [tuple(float(x) for x in e) for e in np.array(np.meshgrid(*grids, indexing="ij")).reshape(len(grids), -1).T]
-    dof = data.observations - data.params
+    dof = data.dof
     thetas, covs, rsss, logml = [], [], [], []
     for e in exps:
         X = _design(data.values, data, e)
@@ -490,8 +515,9 @@ def forecast(
             optimum moves with width).
         extrapolate: forecast more than `MAX_FACTOR`× past the largest proxy anyway.
         results: the sweep's trials when already loaded.
-        seeds: how many seeds the target's mean loss averages (default: the sweep's); the interval holds
-            that mean's seed noise.
+        seeds: how many seeds the target's mean loss averages. Default: the sweep's own seeds, as
+            `mutransfer transfer` trains it (a seed's offset, shared by every width, is then known); another
+            number means other seeds, and the interval also holds their own offsets (one run: ``seeds=1``).
 
     Returns:
         A `Forecast`: the loss and its 90 % interval, the law, the held-out check; or, with `reason` set and
@@ -591,7 +617,15 @@ def _fit(
         return replace(base, reason=f"the losses do not follow c + a·w^−b ({_losses_text(points)}): {lack}")
     law, params = _law_text(post)
     at = np.array([[targets[a] for a in axes]], dtype=float)
-    lo, mid, hi = _quantiles(_predict(post, draws, at, n_target, rng)[:, 0])
+    pred = _predict(post, draws, at, n_target, rng)[:, 0]
+    fitted_seeds = int(data.n[0])
+    if data.seed_spread is not None and n_target != fitted_seeds:  # other seeds: their own offsets too
+        pred = pred + data.seed_spread * math.sqrt(1 / n_target + 1 / fitted_seeds) * rng.standard_normal(len(pred))
+        notes.append(
+            f"the interval is for {n_target} seed{'s' if n_target > 1 else ''} other than the sweep's {fitted_seeds}: "
+            f"it holds their own offsets (the seeds' spread, {data.seed_spread:.2g})"
+        )
+    lo, mid, hi = _quantiles(pred)
     held = _held_out(points, axes, rng)
     if post.dof <= 0:
         notes.append("one seed and no misfit to measure: the interval holds the exponent's doubt only, not seed noise")
@@ -645,7 +679,7 @@ def _lack_of_fit(post: _Posterior, rng: np.random.Generator) -> str | None:
     """A misfit the seed noise cannot explain (F test at `LACK_OF_FIT`, the best exponent), else None."""
     data = post.data
     d1 = len(data.mean) - data.params
-    d2 = data.observations - len(data.mean)  # the seeds' own degrees of freedom
+    d2 = data.dof_within  # the seeds' own degrees of freedom
     if d1 < 1 or d2 < 1 or data.ss_within <= 0:
         return None
     f = (post.rss[post.best()] / d1) / (data.ss_within / d2)
