@@ -210,7 +210,9 @@ def test_hostile_names_values_and_errors_reach_the_report_only_as_text(hostile_r
     template_tags = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "div", "b", "ul", "li", "p"}
     template_tags |= {"code", "img", "table", "tr", "th", "td", "pre"}
     assert set(seen.tags) <= template_tags, set(seen.tags) - template_tags
-    assert seen.tags.count("b") == 1 and seen.tags.count("img") == 5  # the verdict's <b>; one figure per HP, the forecast's
+    assert (
+        seen.tags.count("b") == 1 and seen.tags.count("img") == 5
+    )  # the verdict's <b>; one figure per HP, the forecast's
     assert {name for name, _ in seen.attrs} <= {"charset", "src", "alt", "class"}
     for name, value in seen.attrs:
         if name == "src":

@@ -583,12 +583,13 @@ def _fit(
     targets = {"width": width, "depth": depth}
     axes: tuple[str, ...] = ()
     for axis in ("width", "depth"):
-        if targets[axis] is None:
+        target = targets[axis]
+        if target is None:
             continue
         values = sorted({p[axis] for p in points})
         if len(values) >= 2:
             axes += (axis,)
-            _check_factor(axis, targets[axis], max(values), extrapolate)
+            _check_factor(axis, target, max(values), extrapolate)
         elif targets[axis] != values[0]:
             swept = {p[axis] for p in points} | {m[axis] for m in missing}
             why = f"one {axis} ({values[0]})" if len(swept) < 2 else f"usable points at one {axis} only ({values[0]})"
