@@ -23,9 +23,10 @@ run too short to have one). The tail counts only when its interval happened to b
 nothing after its last step) or inside a `counting` block — how the sweep counts the gradient noise
 measurement after training.
 
-What it costs and misses (benchmarks/flop_count.py, 2-core CPU): on the recipe GPT, 150 steps, about 4.5 %
-of a width-32 run's CPU time (3 % of it I_0: µP's setup is 3,500 aten ops) and 1.5 % at width 128; a
-later seed reusing the first's I_0 (`first`) about 1.5 % and 0.4 %. The estimate is exact for steps of
+What it costs and misses (benchmarks/flop_count.py, 2-core CPU, in-run): on the recipe GPT, 150 steps, 4.4 %
+of a width-32 run's CPU time (3 % of it I_0: µP's setup is 3,500 aten ops) and 1.2 % at width 128; a
+later seed reusing the first's I_0 (`first`) 1.3 % and 0.3 %; a recorded µP proxy trial (monitor and
+noise measurement) 3.8 % and 1.0 %. The estimate is exact for steps of
 equal FLOPs; work that recurs every so many steps (an evaluation, the µP monitor's samples: −0.5 % on a
 recorded trial) is seen only when its interval is drawn — an objective can wrap it in `counting(model)`.
 Under torch.compile the compiled code's calls of aten matmuls count; a matmul it generates itself (a Triton
