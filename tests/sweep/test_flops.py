@@ -360,6 +360,7 @@ def test_the_forecast_estimates_the_targets_flops_from_the_sweeps_counts(tmp_pat
     cfg.write_text(textwrap.dedent(SWEEP).replace("widths = [16, 32]", "widths = [16, 32, 48]"))
     sweep = run_sweep(cfg, tmp_path / "run", progress=False)
     estimate = mt.sweep.forecast(sweep, width=128).flops
+    assert estimate is not None
     measured = transfer(sweep, width=128)["mup"]["flops"]
     assert estimate["target"] == pytest.approx(measured, rel=0.02) and estimate["misfit"] < 0.02
     assert estimate["fit"] == "a sum of 1, w, w² fitted to the per-seed training counts at widths 16…48"
