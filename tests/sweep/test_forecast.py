@@ -178,7 +178,8 @@ def test_transfer_prints_the_forecast_first_and_records_the_actual_loss(ladder, 
     assert main(["report", str(run)]) == 0
     png = (run / "forecast.png").read_bytes()
     assert png[:4] == b"\x89PNG" and len(png) > 20_000
-    assert "forecast.png" in (run / "report.html").read_text()
+    html = (run / "report.html").read_text()
+    assert "forecast.png" in html and "Forecast of the target" in html and "held-out width 256" in html
 
 
 def _ladder_points(rng, widths, seeds, c, a, b, sigma, offsets):

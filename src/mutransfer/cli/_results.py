@@ -235,20 +235,13 @@ def _forecast(args) -> int:
 
 
 def _flops_line(flops: dict, peak_tflops: float | None) -> str:
-    """The forecast's cost line: one target run's estimated FLOPs, then tuning and the sweep in target runs."""
-    from ..sweep.report import flops_text
+    """The forecast's cost line (`report.forecast_flops_text`), the peak checked."""
+    from ..sweep.report import forecast_flops_text
 
     if peak_tflops is not None and not (peak_tflops > 0):
         raise UsageError(f"--peak-tflops must be a positive number of TFLOPS, got {peak_tflops}")
     peak = None if peak_tflops is None else {"tflops": peak_tflops, "source": "--peak-tflops"}
-    target = flops["target"]
-    cost = {"proxy_flops": flops["proxy_flops"], "sweep_flops": flops["sweep_flops"], "target_flops": target}
-    if target is None or flops["misfit"] is None:
-        return f"one target run's FLOPs: {'not estimated' if target is None else 0} ({flops['fit']}); " + flops_text(
-            cost, peak
-        )
-    misfit = f"{100 * flops['misfit']:.2g} %"
-    return f"one target run: about {target:.3g} FLOPs ({flops['fit']}; misfit {misfit}); " + flops_text(cost, peak)
+    return forecast_flops_text(flops, peak)
 
 
 # `mt.transfer_hparams` names its Python arguments in its messages; on the command line they are flags

@@ -230,6 +230,7 @@ def _forecast_section(fc: dict | None, out: Path) -> dict | None:
     ]
     return {
         "line": Forecast.from_dict(fc).line(),
+        "flops": "" if fc.get("flops") is None else forecast_flops_text(fc["flops"]),
         "figure": figure,
         "rows": rows,
         "notes": fc.get("notes", []),
@@ -288,13 +289,14 @@ def compute_text(cost: dict, transfer: dict) -> str:
     )
 
 
-def flops_text(cost: dict, peak: dict | None = None) -> str:
+def flops_text(cost: dict, peak: dict | None = None, target_run: bool = True) -> str:
     """The cost in FLOPs: tuning (the µP trials at the proxy) and the whole sweep, each in target runs, and
     in device-hours at a peak when one is known.
 
     Args:
         cost: `analysis.costs`' entries (summary.json's "cost", transfer.json's "flops").
         peak: ``{"tflops", "source"}`` (transfer.json's "peak"), or None.
+        target_run: end with one target run's FLOPs (when known).
 
     Returns:
         One sentence, or "" when no trial recorded its FLOPs.
@@ -315,11 +317,34 @@ def flops_text(cost: dict, peak: dict | None = None) -> str:
     text += " (the µP trials at the proxy)"
     if sweep is not None:
         text += f"; the whole sweep: {sweep:.3g} FLOPs{runs(sweep)}{hours(sweep)}"
-    if target:
+    if target and target_run:
         text += f"; one target run: {target:.3g} FLOPs{hours(target)}"
     if peak:
         text += f" (device-hours at {peak['tflops']:g} TFLOPS, {peak['source']}: full use, a lower bound)"
     return text
+
+
+def forecast_flops_text(flops: dict, peak: dict | None = None) -> str:
+    """A forecast's cost line: one target run's FLOPs estimated from the sweep's counts (`forecasts.target_flops`),
+    then tuning and the whole sweep in target runs (`flops_text`).
+
+    Args:
+        flops: `Forecast.flops`.
+        peak: ``{"tflops", "source"}`` to state device-hours, or None.
+
+    Returns:
+        One line.
+    """
+    target = flops["target"]
+    cost = {"proxy_flops": flops["proxy_flops"], "sweep_flops": flops["sweep_flops"], "target_flops": target}
+    if target is None or flops["misfit"] is None:
+        what = "not estimated" if target is None else "0"
+        return f"one target run's FLOPs: {what} ({flops['fit']}); " + flops_text(cost, peak)
+    misfit = f"{100 * flops['misfit']:.2g} %"
+    hours = "" if peak is None else f", {target / (peak['tflops'] * 1e12) / 3600:.3g} device-hours"
+    return f"one target run: about {target:.3g} FLOPs{hours} ({flops['fit']}; misfit {misfit}); " + flops_text(
+        cost, peak, target_run=False
+    )
 
 
 def _interval_text(iv, fmt) -> str:

@@ -122,6 +122,7 @@ monitor's alarms compare against; files <code>target_trajectory.json</code>, <co
 {% if forecast -%}
 <h2>Forecast of the target's loss</h2>
 <p>{{ forecast.line }}</p>
+{% if forecast.flops %}<p>Cost, in FLOPs: {{ forecast.flops }}.</p>{% endif %}
 {% if forecast.figure %}<p><img src="{{ forecast.figure }}" alt="training loss at the transferred hyperparameters against width, the law fitted to it with its band, the held-out largest proxy and the target"></p>{% endif %}
 {% if forecast.rows -%}
 <p>The ladder: {{ forecast.source }}.</p>
