@@ -39,6 +39,7 @@ def _one_thread_again():
 
 # Muon's Newton–Schulz in float32 on CPU: see tests/muon_fp32.py.
 import muon_fp32  # noqa: E402, F401
+import zoo  # noqa: E402
 
 # The longest tests (seconds in the last fresh-clone CI run, 2-core CPU, pytest -n 2): they start first.
 _LONGEST = (
@@ -48,11 +49,24 @@ _LONGEST = (
 )
 
 
+# {test function: zoo entries it did not collect}, recorded at collection for
+# tests/core/test_zoo_collected.py; None where the run selected single tests (node ids, --lf, --sw).
+ZOO_UNCOLLECTED = pytest.StashKey[dict | None]()
+
+
+def _whole_files(config) -> bool:
+    """Whether this run collects whole test files (no node ids, no last-failed or stepwise filter)."""
+    if any("::" in str(a) for a in config.args):
+        return False
+    return not any(config.getoption(o, False) for o in ("lf", "stepwise", "stepwise_skip"))
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `cuda` are skipped where this process sees no GPU. The slow tests run first, the
     longest of them at the very start: collected in file order, the 5-minute demo test started near
     the end of a 2-worker run and left the other worker idle for minutes; started first, the short
-    tests fill in around it."""
+    tests fill in around it. The zoo tests' coverage is recorded here, before `-m`/`-k` deselect any."""
+    config.stash[ZOO_UNCOLLECTED] = zoo.uncollected(items) if _whole_files(config) else None
     rank = {name: i for i, name in enumerate(_LONGEST)}
     items.sort(key=lambda it: (rank.get(it.originalname, len(rank)), 0 if "slow" in it.keywords else 1))
     if torch.cuda.is_available():
@@ -61,6 +75,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def zoo_uncollected(request) -> dict | None:
+    """{test function: zoo entries it did not collect} for this run (None: it selected single tests)."""
+    return request.config.stash.get(ZOO_UNCOLLECTED, None)
 
 
 @pytest.fixture

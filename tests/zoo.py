@@ -32,6 +32,11 @@ probe torchvision). So torchvision's pure-Python code is installed into a separa
 ``sys.path`` only when a timm model is built, after defining the schemas of the two custom ops that
 torchvision registers fake kernels for at import (``nms``, ``qnms``; their C kernels stay absent).
 Set ``ZOO_TORCHVISION_DIR`` to use another directory.
+
+An entry is *available* where its package is installed (``importlib.util.find_spec``); only an absent
+package skips its tests. An installed timm that fails to import raises from ``make``, naming the cause,
+so a broken shim fails the zoo tests instead of skipping them. CI (``CI`` set) requires every entry:
+``tests/core/test_zoo_collected.py``.
 """
 
 from __future__ import annotations
@@ -137,9 +142,10 @@ class Entry:
         return [self.batch(seed + i) for i in range(n)]
 
     def available(self) -> bool:
-        if self.requires == "timm":
-            return timm_available()
-        return self.requires is None or importlib.util.find_spec(self.requires) is not None
+        """Whether the package the factory needs is installed. Only an absent package makes an entry
+        unavailable (and its tests skip): an installed one that fails to import (a broken torchvision
+        shim, a missing dependency) raises from ``make``, so its tests fail and name the cause."""
+        return self.requires is None or _installed(self.requires)
 
 
 def run(model: nn.Module, inputs) -> Any:
@@ -522,20 +528,21 @@ def _prepare_torchvision() -> None:
 
 
 def _timm():
-    _prepare_torchvision()
-    import timm
-
-    return timm
-
-
-def timm_available() -> bool:
-    if importlib.util.find_spec("timm") is None:
-        return False
+    """``import timm`` after the torchvision shim. timm is installed here (``Entry.available``), so any
+    failure is a broken install or shim, not an absent package: it raises, naming the cause and the fix."""
     try:
-        _timm()
-        return True
-    except Exception:
-        return False
+        _prepare_torchvision()
+        import timm
+    except Exception as e:
+        raise RuntimeError(
+            f"timm is installed but importing it failed: {type(e).__name__}: {e}. The zoo's timm models need "
+            f"torchvision's pure-Python code in {_torchvision_dir()} (the test install of the Makefile: "
+            "`pip install --no-deps --target .venv/torchvision-pyonly torchvision==0.28.0`; or set "
+            "ZOO_TORCHVISION_DIR) or a torchvision that loads beside this torch; if that is in place, the shim "
+            "in tests/zoo.py (_prepare_torchvision) needs fixing for this torch/torchvision. Uninstall timm "
+            "to skip these models instead."
+        ) from e
+    return timm
 
 
 def _timm_vit(width: int, seed: int, fused: bool) -> nn.Module:
@@ -630,9 +637,51 @@ HF = [n for n, e in ZOO.items() if e.requires == "transformers"]
 TIMM = [n for n, e in ZOO.items() if e.requires == "timm"]
 
 
+def _installed(package: str) -> bool:
+    """Whether ``package`` is installed (found without importing it)."""
+    return importlib.util.find_spec(package) is not None
+
+
 def available() -> list[str]:
-    """Names of the entries whose package is installed (and importable, for timm)."""
+    """Names of the entries whose package is installed (importing it may still fail: that raises)."""
     return [n for n, e in ZOO.items() if e.available()]
+
+
+def missing() -> dict[str, str]:
+    """{entry name: the package it needs} for the entries whose package is not installed."""
+    return {n: e.requires for n, e in ZOO.items() if e.requires is not None and not e.available()}
+
+
+def params() -> list:
+    """Every entry as a ``pytest.param`` for ``@pytest.mark.parametrize("name", params())``: an entry
+    whose package is not installed is collected and skipped (a visible skip, not a dropped test)."""
+    import pytest
+
+    return [
+        pytest.param(
+            n,
+            id=n,
+            marks=pytest.mark.skipif(not e.available(), reason=f"{e.requires} is not installed"),
+        )
+        for n, e in ZOO.items()
+    ]
+
+
+def uncollected(items) -> dict[str, list[str]]:
+    """{test function: the zoo entries it did not collect} for every test function that is
+    parametrized over zoo entries by an argument ``name`` (a module that imports ``ZOO``): each such
+    function must collect every entry (an uninstalled one as a skip). ``items`` are pytest items,
+    before ``-m``/``-k`` deselection (tests/conftest.py records this at collection)."""
+    seen: dict[str, set[str]] = {}
+    for item in items:
+        module = getattr(item, "module", None)
+        callspec = getattr(item, "callspec", None)
+        if getattr(module, "ZOO", None) is not ZOO or callspec is None:
+            continue
+        name = callspec.params.get("name")
+        if isinstance(name, str) and name in ZOO:
+            seen.setdefault(item.nodeid.split("[")[0], set()).add(name)
+    return {fn: [n for n in ZOO if n not in names] for fn, names in seen.items() if set(ZOO) - names}
 
 
 if __name__ == "__main__":  # smoke test: shapes, determinism and time of every entry at every width
