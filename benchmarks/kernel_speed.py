@@ -3,9 +3,9 @@ float64, on this machine — with neural-tangents side by side where it installs
 
 neural-tangents is JAX-only; give the script a Python that has it (jax 0.4.23 + neural-tangents
 0.6.5 work here, see tests/data/make_neural_tangents_reference.py) and it times the same
-architectures there (jit-compiled and `nt.batch`ed in blocks of 20 images, as its docs advise for
-large kernels — unbatched, the 16×16 case asks for 37 GB; the second call, so compilation is not
-counted; float64):
+architectures there (jit-compiled and `nt.batch`ed in blocks of 20 images for the CNNs and 500
+inputs for the ResMLP, as its docs advise for large kernels — unbatched, the 16×16 case asks for
+37 GB; the second call, so compilation is not counted; float64):
 
     python benchmarks/kernel_speed.py [--nt-python /tmp/ntenv/bin/python] [--quick]
 
