@@ -138,6 +138,11 @@ def reference_inputs(name):
     return x1, x2
 
 
+# max |ours − neural-tangents'| / max |neural-tangents'| allowed. Measured (float64, 2-core CPU): 3.6e-16
+# (layernorm) to 2.5e-15 (mlp NNGP) over the 9 architectures; `pytest -s` prints each.
+NT_RTOL = 1e-13
+
+
 @pytest.mark.parametrize("name", sorted(reference_models()))
 def test_matches_neural_tangents(name):
     model = reference_models()[name]
@@ -149,7 +154,9 @@ def test_matches_neural_tangents(name):
     for kind, got in (("nngp", r.nngp), ("ntk", r.ntk)):
         want = torch.from_numpy(REFERENCE[f"{name}_{kind}"])
         assert got.shape == want.shape
-        assert (got - want).abs().max() <= 1e-9 * want.abs().max(), (kind, (got - want).abs().max())
+        error = float((got - want).abs().max() / want.abs().max())
+        print(f"{name} {kind}: relative difference to neural-tangents {error:.2g}")
+        assert error <= NT_RTOL, (kind, error)
 
 
 def test_x2_none_is_the_symmetric_kernel_of_x1_with_itself():
