@@ -28,6 +28,10 @@ def _final_loss(width: int, seed: int) -> float:
 
 @pytest.mark.slow
 def test_wider_is_better_at_fixed_hyperparameters():
+    # Measured (2-core CPU, one thread): 0.191 / 0.0293 / 0.0187 at widths 32 / 128 / 512 (seeds 0, 1),
+    # 6.5× and 1.57× lower per 4× width; `pytest -s` prints them. Per seed the second step ranges
+    # 1.2×-2.6× (seeds 0-3), so the bounds below leave room while a width that stops helping fails.
     widths = [32, 128, 512]
     losses = [sum(_final_loss(w, s) for s in range(2)) / 2 for w in widths]
-    assert losses[0] > losses[1] > losses[2], dict(zip(widths, losses))
+    print("training loss after 100 Adam steps: " + ", ".join(f"{v:.3g} (width {w})" for w, v in zip(widths, losses)))
+    assert losses[0] > 3 * losses[1] and losses[1] > 1.25 * losses[2], dict(zip(widths, losses))
