@@ -70,18 +70,27 @@ def test_coord_check_moves_models_and_every_batch_to_the_device(monkeypatch):
 
 
 def test_coord_check_auto_is_the_cpu_without_a_gpu(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # on a GPU machine too
     dicts = [({"x": x}, y) for x, y in MLP_DATA[:2]]
+    moved, seen = [], []
+    real_move = coord_run.move
+    monkeypatch.setattr(coord_run, "move", lambda obj, device: moved.append(device) or real_move(obj, device))
 
     class Kw(MLP):
         def forward(self, x):
+            seen.append((x.device, self.input.weight.device))
             return super().forward(x)
 
     def make(width):
         return mt.parametrize(Kw(width), base=Kw(32), delta=Kw(64))
 
-    result = mt.coord_check(make, [32, 128], dicts, steps=2, seeds=1, progress=False)  # device="auto"
-    assert result.records and all(type(r.value) is float and math.isfinite(r.value) for r in result.records)
+    auto = mt.coord_check(make, [32, 128], dicts, steps=2, seeds=1, progress=False)  # device="auto"
+    cpu = torch.device("cpu")
+    assert moved == [cpu] * len(dicts)  # every batch, to the CPU
+    assert seen and set(seen) == {(cpu, cpu)}  # inputs and weights on the CPU in every forward
+    seen.clear()
+    explicit = mt.coord_check(make, [32, 128], dicts, steps=2, seeds=1, progress=False, device="cpu")
+    assert auto.records and auto.records == explicit.records  # the same measurements as device="cpu"
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="checks the error where there is no GPU")
