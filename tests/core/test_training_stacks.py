@@ -78,12 +78,21 @@ def test_two_gloo_processes_match_one_process(tmp_path, flag, monkeypatch):
     one, two = runs[1], runs[2]
     assert one["losses"] == pytest.approx(two["losses"], rel=1e-5)
     assert one["losses"][-1] < one["losses"][0] - 0.5  # it trained
-    # the function learnt; parameters only loosely: Adam turns the float noise of a gradient that is
-    # zero in exact arithmetic (the key bias: softmax ignores it) into updates of size lr
     a, b = one["logits"], two["logits"]
-    assert float((a - b).abs().max() / a.abs().max()) <= 1e-4
+    assert float((a - b).abs().max() / a.abs().max()) <= 1e-4  # measured 3.7e-7
+    # Every parameter to 1e-5: measured max |Δ| ≤ 1.2e-7 (one float32 ulp of the LayerNorm gains) for DDP
+    # and FSDP2 alike, while 5 steps move the hidden weights by 0.0098 and the rest by ~0.038, and a 1%
+    # wrong lr (2**-7 × 1.01) or an output multiplier of 1.1 in one run moves every parameter by ≥ 3.8e-4.
+    # The key slice of each qkv bias only to what 5 Adam steps can move it (5 lr): softmax ignores the
+    # key bias, so its gradient is zero in exact arithmetic and Adam turns the float noise into updates
+    # (measured 4e-6 and 8.7e-6 here); the logits above carry its effect, which is none.
     for name, p in one["state"].items():
-        assert torch.allclose(p, two["state"][name], atol=5 * 2**-7), name
+        q = two["state"][name]
+        if name.endswith("attn.qkv.bias"):  # [query | key | value]
+            n = p.shape[0] // 3
+            assert float((p[n : 2 * n] - q[n : 2 * n]).abs().max()) <= 5 * 2**-7, name
+            p, q = torch.cat([p[:n], p[2 * n :]]), torch.cat([q[:n], q[2 * n :]])
+        assert float((p - q).abs().max()) <= 1e-5, (name, float((p - q).abs().max()))
 
 
 def test_hugging_face_trainer_steps_equal_a_plain_loop(tmp_path):
