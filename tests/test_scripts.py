@@ -19,6 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # the same cores, two threads per process made the quickstart 4.7× slower (372 s against 79 s).
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
+# A paired timing ratio of two builds of the same step (µP / plain) outside this band is a benchmark
+# that timed different work; inside it, its value is the benchmark's to report (the docs quote 0.998-1.017).
+RATIO_SANITY = (0.2, 5.0)
+
 
 def run(args, timeout=600):
     proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=ENV)
@@ -57,9 +61,10 @@ def test_overhead_benchmark_quick_writes_ratios(tmp_path):
     text = path.read_text()
     data = json.loads(text)
     ratios = [float(x) for x in re.findall(r'"ratio": ([0-9.eE+-]+)', text)]
-    # Written and meaningful, with no bound on the value: a timing ratio under load is the
-    # benchmark's to report (benchmarks measure speed; tests check behaviour).
-    assert ratios and all(math.isfinite(r) and r > 0 for r in ratios), ratios
+    # Written, with no performance bound: a timing ratio under load is the benchmark's to report
+    # (benchmarks measure speed; tests check behaviour). RATIO_SANITY only catches a benchmark that
+    # times different work on its two sides (measured here: 0.95 to 1.05).
+    assert ratios and all(RATIO_SANITY[0] < r < RATIO_SANITY[1] for r in ratios), ratios
     assert "MLP" in text and "GPT" in text and data
 
 
@@ -157,7 +162,7 @@ def test_depth_overhead_benchmark_runs():
     m = re.search(r"\| eager \| [0-9.]+ \| [0-9.]+ \| ([0-9.]+) \|", out)
     assert m, out
     ratio = float(m.group(1))
-    assert math.isfinite(ratio) and ratio > 0, out  # no bound on a timing ratio (see above)
+    assert RATIO_SANITY[0] < ratio < RATIO_SANITY[1], out  # no performance bound (see above)
 
 
 @pytest.mark.slow
@@ -191,14 +196,17 @@ def test_meta_target_benchmark_parametrizes_without_allocating_the_target(tmp_pa
 def test_sweep_pruning_benchmark_quick_prints_the_table(tmp_path):
     path = tmp_path / "pruning.json"
     out = run_here(["benchmarks/sweep_pruning.py", "--quick", "--workers", "1", "--json", str(path)])
+    # the seconds and their ratio are printed with no bound (the benchmark reports them); the trials are behaviour
     rows = {
-        m.group(1): (float(m.group(2)), float(m.group(3)))
-        for m in re.finditer(r"^\| (no pruner|pruner median) \| ([0-9.]+) \| ([0-9.]+) \|", out, re.M)
+        m.group(1): tuple(map(int, m.groups()[1:]))
+        for m in re.finditer(
+            r"^\| (no pruner|pruner median) \| [0-9.]+ \| [0-9.]+ \| (\d+) \| (\d+) \| (\d+) \| (\d+) \|", out, re.M
+        )
     }
     assert set(rows) == {"no pruner", "pruner median"}, out
-    assert all(math.isfinite(v) and v > 0 for pair in rows.values() for v in pair), rows
-    ratio = float(re.search(r"compute ratio \(no pruner / pruner\): ([0-9.]+)x", out).group(1))
-    assert math.isfinite(ratio) and ratio > 0  # no bound: the benchmark reports it
+    assert rows["no pruner"][0] + rows["no pruner"][2] == 16 and rows["no pruner"][1] == 0, out  # 2 × 2 × 4 grid
+    assert sum(rows["pruner median"][:3]) == 16 and rows["pruner median"][1] > 0, out  # measured: 5 pruned
+    assert re.search(r"compute ratio \(no pruner / pruner\): [0-9.]+x", out), out
     cells = re.findall(r"^\| (µP|SP) \| (32|64) \| ([+-]\d+) \| ([+-]\d+) \|", out, re.M)
     assert len(cells) == 4, out  # the best grid lr of each cell, with and without the pruner
     data = json.loads(path.read_text())
@@ -234,7 +242,7 @@ def test_optimizer_overhead_quick_prints_a_ratio_per_optimizer():
     out = run_here(["benchmarks/optimizer_overhead.py", "--quick", "--optimizers", "sgd,lion,muon"])
     ratios = re.findall(r"\| (sgd|lion|muon) \| \d+ / \d+ \| .* \| ([0-9.]+) \(", out)
     assert [name for name, _ in ratios] == ["sgd", "lion", "muon"], out
-    assert all(math.isfinite(float(r)) and float(r) > 0 for _, r in ratios)
+    assert all(RATIO_SANITY[0] < float(r) < RATIO_SANITY[1] for _, r in ratios), ratios  # no performance bound
 
 
 @pytest.mark.slow
