@@ -19,10 +19,11 @@ of are in `mutransfer.limits.finite`, word2vec's data and evaluation in `mutrans
 
 from typing import Any
 
-from . import finite, word2vec
+from . import finite, maml, word2vec
 from ._deprecated import moved
 from ._feature import FeatureLimit
 from ._kernels import kernels, nngp, ntk
+from ._maml import MAMLLimit
 from ._mup_limit import MuPLimit
 from ._pi_limit import PiLimit
 from ._predict import gp_posterior, gradient_flow, nngp_predict, ntk_predict
@@ -31,6 +32,7 @@ from ._word2vec import Word2VecLimit
 
 __all__ = [
     "FeatureLimit",
+    "MAMLLimit",
     "KernelWarning",
     "ModelKernels",
     "MuPLimit",
@@ -45,6 +47,7 @@ __all__ = [
     "nngp_predict",
     "ntk",
     "ntk_predict",
+    "maml",
     "word2vec",
 ]
 
