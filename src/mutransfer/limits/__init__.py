@@ -32,8 +32,8 @@ from ._word2vec import Word2VecLimit
 
 __all__ = [
     "FeatureLimit",
-    "MAMLLimit",
     "KernelWarning",
+    "MAMLLimit",
     "ModelKernels",
     "MuPLimit",
     "PiLimit",
@@ -42,12 +42,12 @@ __all__ = [
     "gp_posterior",
     "gradient_flow",
     "kernels",
+    "maml",
     "model_kernels",
     "nngp",
     "nngp_predict",
     "ntk",
     "ntk_predict",
-    "maml",
     "word2vec",
 ]
 
