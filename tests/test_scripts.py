@@ -304,3 +304,19 @@ def test_hparam_transfer_benchmark_quick_predicts_both_paths_and_measures_the_ta
     target = (tmp_path / "runs" / "mlp" / "target.toml").read_text()
     assert f"base_width = {data['proxy_width']}" in target and "batch_sizes = [512]" in target
     assert f"horizons = [{4 * data['proxy_steps']}]" in target
+
+
+def test_maml_limit_example_quick():
+    """examples/maml_limit.py --quick: the µP limit's table against its NTK and GP limits and finite µP nets
+    (issue 47's claims on the smoke run: ≥ 4 points over the kernel limits, the finite nets' gap to the
+    limit falling with width)."""
+    import re
+
+    out = run_here(["examples/maml_limit.py", "--quick"])
+    rows = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(.+?)\s+\S+\s+\S+\s+([01]\.\d{3})\s+\S+$", out, re.M)}
+    assert set(rows) >= {"mup limit", "ntk limit", "gp limit", "µP width 256", "µP width 1024"}, out
+    gain = float(re.search(r"µP limit − best kernel limit: ([+-][\d.]+) points", out).group(1))
+    assert gain >= 4.0 and rows["mup limit"] - max(rows["ntk limit"], rows["gp limit"]) >= 0.04, out
+    slope = float(re.search(r"log-log slope (-?[\d.]+)", out).group(1))
+    assert slope < -0.35, out
+    assert abs(rows["mup limit"] - rows["µP width 1024"]) < 0.03, out  # the wider net is near its limit
