@@ -451,7 +451,6 @@ def test_bad_tasks_and_arguments_raise():
     assert repr(limit()) == "MAMLLimit(kind='mup', d=64, k=5, step_size=0.3, meta_steps=0)"
 
 
-@pytest.mark.xfail(strict=True, reason="src bug: fit/train_maml check each meta-batch only when they reach it")
 def test_a_rejected_fit_changes_nothing():
     """A fit (or train_maml) that raises on a bad task in its 2nd meta-batch has already applied the
     1st: the limit's state and meta_steps, and the finite net's weights, have moved, so fixing the

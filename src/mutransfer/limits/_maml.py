@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -114,6 +115,25 @@ def check_tasks(tasks: Sequence[Any], d: int, k: int, what: str = "tasks") -> li
     return out
 
 
+def _checked_batches(meta_batches: Sequence[Sequence[Any]], d: int, k: int) -> list[list[Task]]:
+    """Every meta-batch checked before the first step (a bad one late in the list changes nothing)."""
+    out = []
+    for j, batch in enumerate(meta_batches):
+        tasks = check_tasks(batch, d, k, f"meta_batches[{j}]")
+        if not tasks:
+            raise ValueError(f"meta_batches[{j}] is empty; each meta-batch needs at least one task")
+        out.append(tasks)
+    return out
+
+
+def _rate(name: str, value: Any, zero: bool) -> float:
+    """A step size (> 0) or a meta lr (≥ 0: `zero`), checked."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if not ok or not (value >= 0 if zero else value > 0):
+        raise ValueError(f"{name} must be a finite number {'≥ 0' if zero else '> 0'}, got {value!r}")
+    return float(value)
+
+
 def _grad(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """d(mean cross-entropy)/d(logits): (softmax − one-hot) / examples; any leading (task) dims."""
     p = torch.softmax(logits, dim=-1)
@@ -173,13 +193,12 @@ def train_maml(model: nn.Module, meta_batches: Sequence[Sequence[Any]], step_siz
         `model`, meta-trained.
     """
     d, _, k = linear_net(model)
+    step_size, meta_lr = _rate("step_size", step_size, False), _rate("meta_lr", meta_lr, True)
+    batches = _checked_batches(meta_batches, d, k)
     c1, c2 = _layer_factors(model)
     w1, w2 = _weights(model)
     with torch.no_grad():
-        for j, batch in enumerate(meta_batches):
-            tasks = check_tasks(batch, d, k, f"meta_batches[{j}]")
-            if not tasks:
-                raise ValueError(f"meta_batches[{j}] is empty; each meta-batch needs at least one task")
+        for tasks in batches:
             g1, g2 = torch.zeros_like(w1), torch.zeros_like(w2)
             for xs, ys, xq, yq in _stacked(tasks):
                 xs, xq = xs.to(w1.dtype), xq.to(w1.dtype)
@@ -209,6 +228,7 @@ def maml_logits(
         (queries, k) logits.
     """
     d, _, k = linear_net(model)
+    step_size = _rate("step_size", step_size, False)
     xs, ys, xq, _ = check_tasks([(xs, ys, xq, torch.zeros(len(xq), dtype=torch.long))], d, k)[0]
     c1, c2 = _layer_factors(model)
     w1, w2 = _weights(model)
@@ -322,10 +342,7 @@ class MAMLLimit:
         return self
 
     def _fit(self, meta_batches: Sequence[Sequence[Any]], meta_lr: float) -> None:
-        for j, batch in enumerate(meta_batches):
-            tasks = check_tasks(batch, self.d, self.k, f"meta_batches[{j}]")
-            if not tasks:
-                raise ValueError(f"meta_batches[{j}] is empty; each meta-batch needs at least one task")
+        for tasks in _checked_batches(meta_batches, self.d, self.k):
             move = torch.zeros_like(self.state)
             for xs, ys, xq, yq in _stacked(tasks):
                 adapted = self._step(self.state, xs, ys, self.step_size)
