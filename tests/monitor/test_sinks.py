@@ -34,13 +34,16 @@ def test_tensorboard_event_file(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     model = build(64)
-    mon = train(model, mup_adamw(model), steps=5, every=5, log=f"tensorboard:{tmp_path}")
+    opt = mup_adamw(model)
+    mon = train(model, opt, steps=5, every=5, log=f"tensorboard:{tmp_path}")
     mon.close()
     acc = EventAccumulator(str(tmp_path))
     acc.Reload()
     assert HIDDEN_TAG in acc.Tags()["scalars"]
     assert [e.step for e in acc.Scalars(HIDDEN_TAG)] == [1, 5]
-    assert acc.Scalars("mup/input/wte/lr")[0].value > 0
+    wte = dict(model.named_parameters())["wte.weight"]  # the logged lr is the one the optimizer steps wte with
+    lr = next(g["lr"] for g in opt.param_groups if any(p is wte for p in g["params"]))
+    assert acc.Scalars("mup/input/wte/lr")[0].value == pytest.approx(lr, rel=1e-6)
 
 
 def test_wandb_offline_run(tmp_path, monkeypatch):
