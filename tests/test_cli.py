@@ -100,6 +100,7 @@ def test_factory_from_a_file_with_its_own_data(tmp_path, capsys):
     assert run(*args, "--parametrization", "sp") == 1
 
 
+@pytest.mark.slow
 def test_factory_as_module_through_the_installed_command(tmp_path):
     (tmp_path / "mynet.py").write_text(FACTORY)
     proc = subprocess.run(
@@ -164,6 +165,7 @@ def test_unknown_flag_exits_2():
     assert e.value.code == 2
 
 
+@pytest.mark.slow
 def test_coord_check_across_depth_passes_with_depth_scaling_and_fails_without(tmp_path, capsys):
     args = [
         "coord-check",

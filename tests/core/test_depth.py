@@ -279,13 +279,20 @@ def test_base_depth_given_explicitly_and_shapes_file(tmp_path):
     assert spec.depth == {"blocks": (2, 16)} and spec.folded_branches["blocks.15.fc2"] == pytest.approx(8**-0.5)
 
 
-def test_depth_multipliers_survive_deepcopy_pickle_and_compile(tmp_path):
+def test_depth_multipliers_survive_deepcopy_and_pickle(tmp_path):
     model = _resmlp()
     x = torch.randn(4, 32)
     ref = model(x)
     torch.testing.assert_close(copy.deepcopy(model)(x), ref)
     torch.save(model, tmp_path / "m.pt")
     torch.testing.assert_close(torch.load(tmp_path / "m.pt", weights_only=False)(x), ref)
+
+
+@pytest.mark.slow  # torch.compile's CPU codegen: ~10 s on a loaded 2-core machine
+def test_depth_multipliers_survive_compile():
+    model = _resmlp()
+    x = torch.randn(4, 32)
+    ref = model(x)
     compiled = torch.compile(model)
     torch.testing.assert_close(compiled(x), ref)
     assert len(mt.param_groups(compiled, 1e-3, "adam")) == len(mt.param_groups(model, 1e-3, "adam"))

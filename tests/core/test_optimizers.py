@@ -304,6 +304,7 @@ def _coord(recipe_name, optimizer, mup, widths):
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["sgd", "lion", "adafactor", "soap", "muon"])
 def test_coord_check_passes_mup_and_fails_sp_on_the_mlp(optimizer):
     # margins as at 1024 (tests/conftest.py, "Sizes"); Muon's bf16 step: µP −0.12 / SP +0.60 at 64…256

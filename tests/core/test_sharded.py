@@ -104,6 +104,7 @@ def _measure(folder: Path) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_sharded_mup_on_two_gloo_processes(tmp_path):
     """One test for the two torchrun jobs (a module fixture would run once per xdist worker)."""
     pytest.importorskip("torch.distributed.fsdp")
@@ -112,6 +113,7 @@ def test_sharded_mup_on_two_gloo_processes(tmp_path):
         check(measured)
 
 
+@pytest.mark.slow
 def test_the_worked_example_runs_under_torchrun(tmp_path):
     pytest.importorskip("torch.distributed.fsdp")
     example = Path(__file__).resolve().parents[2] / "examples" / "train_sharded.py"

@@ -190,6 +190,7 @@ def _ladder_points(rng, widths, seeds, c, a, b, sigma, offsets):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("widths", [(32, 64, 128), (32, 64, 128, 256)])
 def test_the_interval_is_calibrated_on_simulated_ladders(widths):
     """Across exponents and noise levels, with each seed's own offset shared by every width (a seed fixes the

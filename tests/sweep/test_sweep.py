@@ -452,6 +452,7 @@ def test_a_dead_worker_process_is_a_warning_when_every_trial_finished(tmp_path, 
     assert json.loads((run / "run.json").read_text())["finished_trials"] == 3
 
 
+@pytest.mark.slow
 def test_a_worker_started_before_the_sweep_waits_for_it(tmp_path):
     cfg = write(tmp_path, GRID.replace("SLEEP", "0.05"))
     storage = f"sqlite:///{tmp_path / 'shared.db'}"

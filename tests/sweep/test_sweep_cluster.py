@@ -133,6 +133,7 @@ def test_slurm_array_end_to_end_with_preemption(tmp_path, fake_slurm_env, capsys
     _drop_database(PG, name)
 
 
+@pytest.mark.slow
 def test_local_backend_pins_each_job_to_its_gpus(tmp_path, capsys):
     """backend local, devices [0..3], 2 jobs × 2 GPUs: job 0's workers see 0 and 1, job 1's 2 and 3
     (submitit's local executor alone would give every job GPU 0); status lists the jobs."""

@@ -150,6 +150,7 @@ def test_gpt_recipe_takes_n_layer_from_the_scale():
 # ---------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.slow
 def test_synthetic_depth_sweep_drift_report_and_transfer(tmp_path, capsys):
     cfg = write(tmp_path, SYNTHETIC)
     run = tmp_path / "run"
@@ -220,6 +221,7 @@ def test_depth_flag_needs_a_sweep_over_depths(tmp_path, capsys):
     assert "target_depth" not in json.loads((run / "transfer.json").read_text())
 
 
+@pytest.mark.slow
 def test_resmlp_sweep_over_depths_end_to_end(tmp_path):
     cfg = write(tmp_path, RESMLP)
     run = tmp_path / "run"

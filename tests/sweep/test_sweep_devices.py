@@ -26,6 +26,7 @@ def _config(tmp_path, extra: str = "", grid: int = 6, sleep: float = 0.3):
     return write_config(tmp_path, OBJECTIVE, "placed", extra, grid, sleep)
 
 
+@pytest.mark.slow
 def test_two_fake_gpus_two_trials_each(tmp_path, capsys):
     """devices [0, 1], 2 trials per device: 4 workers, each trial records its CUDA_VISIBLE_DEVICES;
     both ids are used and no id ever runs more than 2 trials at once."""
@@ -115,6 +116,7 @@ def test_bad_devices_flag(tmp_path, capsys):
     assert not run.exists()
 
 
+@pytest.mark.slow
 def test_cpu_workers_split_threads(tmp_path):
     """--workers 2 on this machine: each worker (the parent included) uses cores // 2 threads, and
     the parent gets its own thread count back afterwards."""

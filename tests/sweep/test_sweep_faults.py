@@ -126,6 +126,7 @@ def test_sigterm_requeues_stops_the_workers_exits_143_and_a_rerun_finishes(tmp_p
 
 
 @pytest.mark.filterwarnings("ignore:Attempting to set identical")  # the report's plot of 1 point
+@pytest.mark.slow
 def test_a_point_whose_worker_keeps_dying_is_finished_as_failed_and_retry_failed_reruns_it(tmp_path):
     """Issue 30, stale trials: after Optuna's 3 retries the point was never finished and the sweep
     waited for ever; --retry-failed ignored it."""

@@ -168,6 +168,7 @@ def test_a_monitor_that_raises_costs_the_trajectory_not_the_trial(tmp_path, caps
     assert ran["finished_trials"] == 6 and ran["failed_trials"] == 0 and ran["proxy_trajectory"]["file"] is None
 
 
+@pytest.mark.slow
 def test_on_fake_gpus_every_run_trains_in_a_placed_worker_and_a_cluster_sweep_gets_the_trajectory(tmp_path, capsys):
     """devices [0, 1]: every objective call runs in a worker that sees one GPU id (none in the parent, which
     only watches), once per point; the proxy trajectory is the optimum's trial's, recorded there. The same

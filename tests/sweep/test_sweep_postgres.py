@@ -74,6 +74,7 @@ def hide(text, password):
     return text.replace(password, "<PASSWORD>")
 
 
+@pytest.mark.slow
 def test_two_local_workers_and_an_extra_worker_share_a_postgres_sweep(tmp_path):
     url = os.environ.get(ENV)
     if not url:

@@ -63,6 +63,7 @@ def sweep_of(tmp_path, pruner: str, run: str, sampler: str = "grid") -> Sweep:
     return Sweep(tmp_path / run)
 
 
+@pytest.mark.slow
 def test_median_pruner_prunes_bad_trials_and_keeps_every_optimum(tmp_path):
     plain = sweep_of(tmp_path, "", "plain")
     pruned = sweep_of(tmp_path, MEDIAN, "pruned")

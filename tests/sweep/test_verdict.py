@@ -271,6 +271,7 @@ SETUP_OBJECTIVE = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_the_target_run_is_costed_without_one_time_setup(tmp_path, capsys):
     """On main a fresh `mutransfer transfer` process timed its imports and data loading as the target run."""
     (tmp_path / "obj.py").write_text(SETUP_OBJECTIVE)
