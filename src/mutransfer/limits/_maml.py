@@ -163,9 +163,9 @@ def _threads_for(size: int) -> Iterator[None]:
 
 def _layer_factors(model: nn.Module) -> tuple[float, float]:
     """Each layer's SGD factor from ``mt.param_groups(model, lr=1, optimizer="sgd")``."""
-    import mutransfer as mt  # the public face: the finite net is what it makes
+    from ._feature.scaling import sgd_factors  # the one place limits/ calls the package's public face
 
-    by_id = {id(p): float(g["lr"]) for g in mt.param_groups(model, 1.0, "sgd") for p in g["params"]}
+    by_id = sgd_factors(model)
     return by_id[id(model[0].weight)], by_id[id(model[1].weight)]
 
 

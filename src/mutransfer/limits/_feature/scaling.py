@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["ParamLaw", "first_width", "mup_sgd", "observe", "same_width", "widened", "widths"]
+__all__ = ["ParamLaw", "first_width", "mup_sgd", "observe", "same_width", "sgd_factors", "widened", "widths"]
 
 ROLES = ("input", "vector", "hidden", "output", "output_bias")
 _EXPONENT = {"input": -1, "vector": -1, "hidden": 0, "output": 1, "output_bias": 0}  # κ = lr·n^e
@@ -101,6 +101,14 @@ def mup_sgd(model: nn.Module, base: nn.Module, lr: float, delta: nn.Module | Non
     groups = mt.param_groups(model, lr, "sgd")
     assert isinstance(groups, list)  # SGD's groups are plain dicts
     return groups
+
+
+def sgd_factors(model: nn.Module) -> dict[int, float]:
+    """Each parameter's SGD factor, ``id(parameter) → lr``, from ``mt.param_groups(model, lr=1, "sgd")`` on a
+    model the library already parametrized (the finite nets the limits compare with read it here)."""
+    import mutransfer as mt  # the public face, as in `mup_sgd`
+
+    return {id(p): float(g["lr"]) for g in mt.param_groups(model, 1.0, "sgd") for p in g["params"]}
 
 
 def _parametrized(model: nn.Module, base: nn.Module) -> tuple[nn.Module, nn.Module, dict, dict]:
