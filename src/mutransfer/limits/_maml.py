@@ -74,6 +74,7 @@ def linear_net(model: nn.Module) -> tuple[int, int, int]:
     for name, m in (("0", first), ("1", second)):
         if m.bias is not None:
             raise ValueError(f"layer {name} ({m}) has a bias; build it with bias=False (the limit has none)")
+    assert isinstance(first, nn.Linear) and isinstance(second, nn.Linear)  # checked above
     if first.out_features != second.in_features:
         raise ValueError(f"layer 0 gives {first.out_features} features, layer 1 takes {second.in_features}")
     return first.in_features, first.out_features, second.out_features
@@ -165,12 +166,15 @@ def _layer_factors(model: nn.Module) -> tuple[float, float]:
     """Each layer's SGD factor from ``mt.param_groups(model, lr=1, optimizer="sgd")``."""
     from ._feature.scaling import sgd_factors  # the one place limits/ calls the package's public face
 
+    w1, w2 = _weights(model)
     by_id = sgd_factors(model)
-    return by_id[id(model[0].weight)], by_id[id(model[1].weight)]
+    return by_id[id(w1)], by_id[id(w2)]
 
 
 def _weights(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    return model[0].weight, model[1].weight
+    first, second = list(model.children())
+    assert isinstance(first, nn.Linear) and isinstance(second, nn.Linear)  # `linear_net` checked it
+    return first.weight, second.weight
 
 
 def _adapt(w1, w2, xs, ys, step: float, c1: float, c2: float):

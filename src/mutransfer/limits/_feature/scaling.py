@@ -108,7 +108,9 @@ def sgd_factors(model: nn.Module) -> dict[int, float]:
     model the library already parametrized (the finite nets the limits compare with read it here)."""
     import mutransfer as mt  # the public face, as in `mup_sgd`
 
-    return {id(p): float(g["lr"]) for g in mt.param_groups(model, 1.0, "sgd") for p in g["params"]}
+    groups = mt.param_groups(model, 1.0, "sgd")
+    assert isinstance(groups, list)  # SGD's groups are plain dicts
+    return {id(p): float(g["lr"]) for g in groups for p in g["params"]}
 
 
 def _parametrized(model: nn.Module, base: nn.Module) -> tuple[nn.Module, nn.Module, dict, dict]:
