@@ -33,15 +33,16 @@ def _type_checking(node: ast.If) -> bool:
     )
 
 
-def imports(path: Path):
-    """(target module, names, alias → module) of every import outside `if TYPE_CHECKING:`."""
+def imports(path: Path, type_checking: bool = False):
+    """(target module, names, alias → module) of every import outside `if TYPE_CHECKING:` (with
+    `type_checking`, those inside it too)."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     tree = ast.parse(path.read_text())
     skip = {
         id(n)
         for node in ast.walk(tree)
-        if isinstance(node, ast.If) and _type_checking(node)
+        if isinstance(node, ast.If) and _type_checking(node) and not type_checking
         for child in node.body
         for n in ast.walk(child)
     }
@@ -72,11 +73,11 @@ def imports(path: Path):
     return tree, found
 
 
-def graph():
+def graph(type_checking: bool = False):
     edges, trees = {}, {}
     for path in sorted((SRC / PACKAGE).rglob("*.py")):
         mod = module_name(path)
-        tree, found = imports(path)
+        tree, found = imports(path, type_checking)
         trees[mod] = (tree, found)
         edges[mod] = {t for t, _, _ in found if t != mod}
     return edges, trees
@@ -90,6 +91,38 @@ def layer(mod: str) -> str:
     if head in ("cli", "sweep", "monitor", "coord") or head in STANDALONE:
         return head
     return "core"
+
+
+def _circles(edges: dict) -> list:
+    state, stack, cycles = {}, [], []
+
+    def visit(m):
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(edges.get(m, ())):
+            if t == PACKAGE:
+                continue
+            if state.get(t) == 1:
+                cycles.append(stack[stack.index(t) :] + [t])
+            elif t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m)
+    return cycles
+
+
+def test_limits_reads_bottom_up_type_imports_included():
+    """Issue 49: inside `limits/` no module imports one above it, not even for an annotation (the op rules
+    are typed against `_program.context.Pass`, not `run.Run`; `_traced` and `_kernels` share `_arrays`)."""
+    edges, _ = graph(type_checking=True)
+    inside = {m: {t for t in ts if t.startswith(f"{PACKAGE}.limits")} for m, ts in edges.items()}
+    inside = {m: ts for m, ts in inside.items() if m.startswith(f"{PACKAGE}.limits")}
+    cycles = _circles(inside)
+    assert not cycles, "import circles in limits/: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
 def test_no_import_circle():

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ._activations import Fn, get_activation
-from ._kernels import ArrayLike, as_inputs
+from ._arrays import ArrayLike, as_inputs
 
 __all__ = ["NTKMLP", "NTKLinear", "empirical_nngp", "empirical_ntk"]
 

@@ -18,19 +18,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from ._activations import Activation, Fn, get_activation
+from ._arrays import ArrayLike, as_inputs
 from ._fields import FALLBACK_ORDER, elem_of, expect_both
 from ._gaussian import MAX_ORDER, expect_1d
 
 __all__ = [
     "DEFAULT_QUAD_ORDER",
     "DEFAULT_SERIES_TERMS",
-    "ArrayLike",
-    "as_inputs",
     "kernels",
     "mlp_kernels",
     "nngp",
@@ -38,37 +36,8 @@ __all__ = [
     "ntk",
 ]
 
-ArrayLike = torch.Tensor | np.ndarray
 DEFAULT_QUAD_ORDER = FALLBACK_ORDER  # per dimension, for the 2-D quadrature fallback
 DEFAULT_SERIES_TERMS = 240  # Hermite coefficients in Mehler's series
-
-
-def as_inputs(x: ArrayLike, name: str) -> torch.Tensor:
-    """(n, d) float64 tensor; a 1-D array is one feature per point."""
-    if isinstance(x, np.ndarray):
-        x = torch.from_numpy(x)
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch tensor or numpy array, got {type(x).__name__}")
-    x = x.detach().to(torch.float64)
-    if x.ndim == 1:
-        x = x[:, None]
-    if x.ndim != 2:
-        raise ValueError(f"{name} must have shape (n, d), got {tuple(x.shape)}")
-    return x
-
-
-def as_targets(y: ArrayLike, n: int, name: str = "y") -> torch.Tensor:
-    """(n, k) float64 targets for n inputs; a 1-D array is one output per point."""
-    if not isinstance(y, torch.Tensor):
-        try:
-            y = torch.as_tensor(y)
-        except (TypeError, ValueError, RuntimeError) as err:
-            raise TypeError(f"{name} must be a torch tensor or numpy array, got {type(y).__name__}") from err
-    y = y.detach().to(torch.float64)
-    y = y[:, None] if y.ndim == 1 else y
-    if y.ndim != 2 or y.shape[0] != n:
-        raise ValueError(f"{name} must have shape ({n},) or ({n}, k) to match x's {n} rows, got {tuple(y.shape)}")
-    return y
 
 
 def _check(depth: int, weight_var: float, bias_var: float) -> None:

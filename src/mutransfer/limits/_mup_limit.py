@@ -52,9 +52,9 @@ import torch
 
 from ..errors import KernelWarning
 from ._activations import Fn, get_activation
+from ._arrays import ArrayLike, as_inputs, as_targets
 from ._checks import integer, positive
 from ._gaussian import nodes
-from ._kernels import ArrayLike, as_inputs, as_targets
 
 __all__ = [
     "ADAPTIVE",

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ._activations import Fn, get_activation
-from ._kernels import ArrayLike, as_inputs, as_targets
+from ._arrays import ArrayLike, as_inputs, as_targets
 from ._mup_limit import ADAPTIVE, check_optimizer, sgd_batches
 
 __all__ = ["OneHiddenLayer", "feature_movement", "finite_optimizer", "fitted_slope", "train_finite"]

@@ -72,8 +72,8 @@ import torch
 from torch import nn
 
 from ._activations import get_activation
+from ._arrays import ArrayLike, as_inputs, as_targets
 from ._checks import integer, positive
-from ._kernels import ArrayLike, as_inputs, as_targets
 from ._mup_limit import sgd_batches
 
 __all__ = ["PiLimit", "PiNet", "pi_initial_state", "relu_delta_moment", "train_pi"]

@@ -7,7 +7,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._kernels import ArrayLike, as_inputs, as_targets, kernels, nngp_diag
+from ._arrays import ArrayLike, as_inputs, as_targets
+from ._kernels import kernels, nngp_diag
 
 __all__ = ["gp_posterior", "gradient_flow", "nngp_predict", "ntk_predict"]
 

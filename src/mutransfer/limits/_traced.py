@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from ..errors import KernelWarning
+from ._arrays import ArrayLike
 from ._monte_carlo import monte_carlo_kernels
 from ._program import NotExact, prepare_inputs, program_kernels
-
-if TYPE_CHECKING:  # `_kernels` calls this module: the alias is only an annotation here
-    from ._kernels import ArrayLike
 
 __all__ = ["KernelWarning", "ModelKernels", "model_kernel_diag", "model_kernels"]
 

@@ -7,8 +7,8 @@ import math
 import torch
 from torch import nn
 
+from .._arrays import ArrayLike, as_inputs
 from .._checks import integer, positive
-from .._kernels import ArrayLike, as_inputs
 from .._mup_limit import sgd_batches
 from .memory import release
 from .ops import analyse

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .._arrays import ArrayLike, as_inputs, as_targets
 from .._checks import integer, positive
-from .._kernels import ArrayLike, as_inputs, as_targets
 from .._mup_limit import sgd_batches
 from .scaling import mup_sgd
 

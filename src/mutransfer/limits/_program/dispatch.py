@@ -9,25 +9,23 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .._fields import Field
+from .context import Pass  # the pass's protocol: the rules do not import `run`
 from .rules import elementwise, linear, normalization, pooling, shape
 from .values import scalar, side
-
-if TYPE_CHECKING:
-    from .run import Run
 
 __all__ = ["FUNCTIONS", "METHODS", "MODULES", "function", "method", "module", "size"]
 
 size = shape.size
 
-FunctionRule = Callable[["Run", Any, Any], Any]  # (run, args, kwargs) → value
-ModuleRule = Callable[["Run", Any, Any], Any]  # (run, module, x) → value
+FunctionRule = Callable[["Pass", Any, Any], Any]  # (run, args, kwargs) → value
+ModuleRule = Callable[["Pass", Any, Any], Any]  # (run, module, x) → value
 
 # ---- activations: the name each nonlinearity has in `rules.elementwise.elementwise` -----------------
 
@@ -112,43 +110,43 @@ def _named(args: tuple, kwargs: dict, names: tuple[str, ...]) -> dict:
 
 
 def _activation(name: str) -> FunctionRule:
-    def rule(run: Run, args: Any, kwargs: Any) -> Any:
+    def rule(run: Pass, args: Any, kwargs: Any) -> Any:
         return elementwise.activate(run, args[0], name, **_named(args[1:], kwargs, POSITIONAL.get(name, ())))
 
     return rule
 
 
 def _clamp(names: tuple[str, ...]) -> FunctionRule:
-    def rule(run: Run, args: Any, kwargs: Any) -> Any:
+    def rule(run: Pass, args: Any, kwargs: Any) -> Any:
         kw = _named(args[1:], kwargs, names)
         return elementwise.clamp(run, args[0], kw.get("min"), kw.get("max"))
 
     return rule
 
 
-def _pow(run: Run, args: Any, kwargs: Any) -> Any:
+def _pow(run: Pass, args: Any, kwargs: Any) -> Any:
     return elementwise.power(run, args[0], args[1] if len(args) > 1 else kwargs.get("exponent"))
 
 
 def _add(sign: float) -> FunctionRule:
-    def rule(run: Run, args: Any, kwargs: Any) -> Any:
+    def rule(run: Pass, args: Any, kwargs: Any) -> Any:
         return elementwise.add(run, args[0], args[1], 1.0, sign * float(kwargs.get("alpha", 1)))
 
     return rule
 
 
-def _div(run: Run, args: Any, kwargs: Any) -> Any:
+def _div(run: Pass, args: Any, kwargs: Any) -> Any:
     s = scalar(args[1])
     if s is None or isinstance(args[1], Field):
         run.fail("division by a tensor has no rule")
     return elementwise.scale(run, args[0], 1.0 / s)
 
 
-def _linear(run: Run, args: Any, kwargs: Any) -> Any:
+def _linear(run: Pass, args: Any, kwargs: Any) -> Any:
     return linear.linear(run, args[0], args[1], args[2] if len(args) > 2 else kwargs.get("bias"))
 
 
-def _conv(run: Run, args: Any, kwargs: Any) -> Any:
+def _conv(run: Pass, args: Any, kwargs: Any) -> Any:
     x, w = args[0], args[1]
     names = ("bias", "stride", "padding", "dilation", "groups")
     vals = dict(zip(names, list(args[2:]) + [None] * 5))
@@ -174,7 +172,7 @@ def _conv(run: Run, args: Any, kwargs: Any) -> Any:
 
 
 def _reshape(fn: Callable[..., Any]) -> FunctionRule:
-    def rule(run: Run, args: Any, kwargs: Any) -> Any:
+    def rule(run: Pass, args: Any, kwargs: Any) -> Any:
         rest = [side(a, 0) for a in args[1:]]
         kw = {k: side(v, 0) for k, v in kwargs.items()}
         return shape.reshape_like(run, args[0], lambda t: fn(t, *rest, **kw))
@@ -183,13 +181,13 @@ def _reshape(fn: Callable[..., Any]) -> FunctionRule:
 
 
 def _reduce(how: str) -> FunctionRule:
-    def rule(run: Run, args: Any, kwargs: Any) -> Any:
+    def rule(run: Pass, args: Any, kwargs: Any) -> Any:
         return pooling.reduce(run, args[0], how, *args[1:], **kwargs)
 
     return rule
 
 
-def _avg_pool(run: Run, args: Any, kwargs: Any) -> Any:
+def _avg_pool(run: Pass, args: Any, kwargs: Any) -> Any:
     names = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override")
     vals = _named(args[1:], kwargs, names)
     if vals.get("ceil_mode") or vals.get("divisor_override"):
@@ -204,23 +202,23 @@ def _avg_pool(run: Run, args: Any, kwargs: Any) -> Any:
     )
 
 
-def _adaptive_pool(run: Run, args: Any, kwargs: Any) -> Any:
+def _adaptive_pool(run: Pass, args: Any, kwargs: Any) -> Any:
     return pooling.adaptive_pool(run, args[0], args[1] if len(args) > 1 else kwargs["output_size"])
 
 
-def _pad(run: Run, args: Any, kwargs: Any) -> Any:
+def _pad(run: Pass, args: Any, kwargs: Any) -> Any:
     vals = _named(args[1:], kwargs, ("pad", "mode", "value"))
     return pooling.pad(run, args[0], vals["pad"], vals.get("mode", "constant") or "constant", vals.get("value"))
 
 
-def _layer_norm(run: Run, args: Any, kwargs: Any) -> Any:
+def _layer_norm(run: Pass, args: Any, kwargs: Any) -> Any:
     vals = _named(args[1:], kwargs, ("normalized_shape", "weight", "bias", "eps"))
     return normalization.layer_norm(
         run, args[0], vals["normalized_shape"], vals.get("weight"), vals.get("bias"), vals.get("eps", 1e-5)
     )
 
 
-def _getattr(run: Run, args: Any, kwargs: Any) -> Any:
+def _getattr(run: Pass, args: Any, kwargs: Any) -> Any:
     if isinstance(args[0], Field):
         if args[1] == "shape":
             return shape.size(run, args[0])
@@ -228,13 +226,13 @@ def _getattr(run: Run, args: Any, kwargs: Any) -> Any:
     _no_rule(run, getattr)
 
 
-def _getitem(run: Run, args: Any, kwargs: Any) -> Any:
+def _getitem(run: Pass, args: Any, kwargs: Any) -> Any:
     if isinstance(args[0], Field):
         run.fail("indexing or slicing a width tensor has no rule")
     _no_rule(run, operator.getitem)
 
 
-def _no_rule(run: Run, fn: Any) -> Any:
+def _no_rule(run: Pass, fn: Any) -> Any:
     name = getattr(fn, "__name__", repr(fn))
     run.fail(f"no exact rule for {name} on a width tensor")
 
@@ -290,7 +288,7 @@ def _table() -> dict[Any, FunctionRule]:
 FUNCTIONS: dict[Any, FunctionRule] = _table()
 
 
-def function(run: Run, fn: Any, args: Any, kwargs: Any) -> Any:
+def function(run: Pass, fn: Any, args: Any, kwargs: Any) -> Any:
     """The value of `fn(*args, **kwargs)` where a width tensor is among the arguments."""
     rule = FUNCTIONS.get(fn)
     if rule is None:
@@ -331,7 +329,7 @@ METHODS: dict[str, Callable[..., Any]] = {  # x.f(*rest) is f(x, *rest)
 _IN_PLACE = METHOD_ACTIVATIONS.keys() | {"add", "sub", "mul", "div", "neg"}
 
 
-def method(run: Run, name: str, args: Any, kwargs: Any) -> Any:
+def method(run: Pass, name: str, args: Any, kwargs: Any) -> Any:
     """The value of `args[0].name(*args[1:], **kwargs)` on a width tensor."""
     x = args[0]
     if name.endswith("_") and not name.startswith("_") and name[:-1] in _IN_PLACE:
@@ -354,7 +352,7 @@ def method(run: Run, name: str, args: Any, kwargs: Any) -> Any:
 # ---- modules -------------------------------------------------------------------------------------
 
 
-def _avg_pool_module(run: Run, m: Any, x: Any) -> Any:
+def _avg_pool_module(run: Pass, m: Any, x: Any) -> Any:
     if m.ceil_mode:
         run.fail("AvgPool with ceil_mode=True has no rule")
     if getattr(m, "divisor_override", None):
@@ -385,7 +383,7 @@ MODULES: list[tuple[tuple[type, ...], ModuleRule]] = [  # matched in order with 
 ]
 
 
-def module(run: Run, m: nn.Module, args: Any, kwargs: Any) -> Any:
+def module(run: Pass, m: nn.Module, args: Any, kwargs: Any) -> Any:
     """The value of the submodule call `m(*args, **kwargs)` on a width tensor (or on the data,
     for the input layer)."""
     x = args[0] if args else kwargs.get("input")

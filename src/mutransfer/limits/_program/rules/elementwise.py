@@ -6,17 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 
 from ..._fields import ERF, IDENTITY, ONE, RELU, STEP, Elem, Field, Term, generic
+from ..context import Pass  # the pass's protocol: the rules do not import `run`
 from ..trace import NotExact
 from ..values import common_layout, ratio, scalar
-
-if TYPE_CHECKING:
-    from ..run import Run
 
 __all__ = ["activate", "add", "clamp", "elementwise", "mul", "one_gaussian", "power", "scale"]
 
@@ -83,7 +81,7 @@ def elementwise(name: str, node: Any, **kw: Any) -> list[tuple[float, Elem, floa
     raise NotExact(f"no rule for the elementwise function {name}", node)
 
 
-def activate(run: Run, x: Any, name: str, **kw: Any) -> Field:
+def activate(run: Pass, x: Any, name: str, **kw: Any) -> Field:
     """φ(x) for the named nonlinearity, x a function of one Gaussian in each part."""
     x = run.as_field(x)
     pieces = elementwise(name, run.node, **kw)
@@ -103,7 +101,7 @@ def activate(run: Run, x: Any, name: str, **kw: Any) -> Field:
     return replace(x, parts=parts)
 
 
-def clamp(run: Run, x: Any, lo: Any, hi: Any) -> Field:
+def clamp(run: Pass, x: Any, lo: Any, hi: Any) -> Field:
     """clamp(x, lo, hi) with scalar bounds."""
     for v, what in ((lo, "min"), (hi, "max")):
         if v is not None and scalar(v) is None:
@@ -111,7 +109,7 @@ def clamp(run: Run, x: Any, lo: Any, hi: Any) -> Field:
     return activate(run, x, "clamp", min=None if lo is None else scalar(lo), max=None if hi is None else scalar(hi))
 
 
-def power(run: Run, x: Any, exponent: Any) -> Field:
+def power(run: Pass, x: Any, exponent: Any) -> Field:
     """x ** exponent with a scalar exponent."""
     e = scalar(exponent)
     if e is None or isinstance(exponent, Field):
@@ -119,7 +117,7 @@ def power(run: Run, x: Any, exponent: Any) -> Field:
     return activate(run, x, "pow", exponent=e)
 
 
-def one_gaussian(run: Run, terms: list[Term]) -> tuple[tuple, Callable[[torch.Tensor], Any] | None]:
+def one_gaussian(run: Pass, terms: list[Term]) -> tuple[tuple, Callable[[torch.Tensor], Any] | None]:
     """(g, None) if the terms sum to the Gaussian g; (g, F) if they are F(g) for one Gaussian g
     (every combination a multiple of g); otherwise not exact."""
     if any(run.opaque(t) is not None for t in terms):
@@ -157,7 +155,7 @@ def one_gaussian(run: Run, terms: list[Term]) -> tuple[tuple, Callable[[torch.Te
     return ref, fn
 
 
-def add(run: Run, a: Any, b: Any, ca: float, cb: float) -> Field:
+def add(run: Pass, a: Any, b: Any, ca: float, cb: float) -> Field:
     """ca·a + cb·b for two width tensors, or a width tensor and a scalar."""
     sa, sb = scalar(a), scalar(b)
     if isinstance(a, Field) and isinstance(b, Field):
@@ -184,13 +182,13 @@ def add(run: Run, a: Any, b: Any, ca: float, cb: float) -> Field:
     )
 
 
-def scale(run: Run, x: Any, s: float) -> Field:
+def scale(run: Pass, x: Any, s: float) -> Field:
     """s·x for a scalar s."""
     x = run.as_field(x)
     return replace(x, parts=[(fr, [replace(t, coef=t.coef * s) for t in ts]) for fr, ts in x.parts])
 
 
-def mul(run: Run, a: Any, b: Any) -> Field:
+def mul(run: Pass, a: Any, b: Any) -> Field:
     """a·b: a width tensor times a scalar, or two functions of one Gaussian."""
     sa, sb = scalar(a), scalar(b)
     if isinstance(a, Field) and sb is not None:

@@ -7,22 +7,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from ... import _layers as L
 from ..._fields import Field, Layout
+from ..context import Pass  # the pass's protocol: the rules do not import `run`
 from ..values import Pair
-
-if TYPE_CHECKING:
-    from ..run import Run
 
 __all__ = ["affine", "conv", "linear", "own_ntk", "shared"]
 
 
-def shared(run: Run, weight: torch.Tensor) -> None:
+def shared(run: Pass, weight: torch.Tensor) -> None:
     """A weight used by a second layer call (weight sharing, a module applied twice): its
     outputs are correlated and its NTK gets cross terms the rules here do not carry."""
     key = weight.data_ptr()
@@ -34,7 +32,7 @@ def shared(run: Run, weight: torch.Tensor) -> None:
     run.used_weights[key] = run.node.name
 
 
-def own_ntk(run: Run, k: torch.Tensor, weight: Any, bias: Any) -> torch.Tensor:
+def own_ntk(run: Pass, k: torch.Tensor, weight: Any, bias: Any) -> torch.Tensor:
     """The layer's own parameters' part of Θ: σ_w² K_in for a trained weight, σ_b² for a trained
     bias (k = σ_w² K_in + σ_b² when it has a bias). Frozen parameters (requires_grad=False) do
     not train, so they add nothing."""
@@ -48,14 +46,14 @@ def own_ntk(run: Run, k: torch.Tensor, weight: Any, bias: Any) -> torch.Tensor:
     return torch.full_like(k, run.bv if b_tr else 0.0)
 
 
-def affine(run: Run, k: torch.Tensor, bias: Any, scale: float = 1.0) -> torch.Tensor:
+def affine(run: Pass, k: torch.Tensor, bias: Any, scale: float = 1.0) -> torch.Tensor:
     """σ_w² · scale · K (+ σ_b²), one pass, out of place."""
     return torch.add(
         torch.tensor(run.bv if bias is not None else 0.0, dtype=k.dtype, device=k.device), k, alpha=run.wv * scale
     )
 
 
-def linear(run: Run, x: Any, weight: Any, bias: Any) -> Field:
+def linear(run: Pass, x: Any, weight: Any, bias: Any) -> Field:
     """A Linear layer (module or F.linear) over the last axis: the input layer on data, or a
     hidden/readout layer on a width tensor whose last axis holds the width."""
     if isinstance(weight, Field) or not isinstance(weight, torch.Tensor):
@@ -116,7 +114,7 @@ def linear(run: Run, x: Any, weight: Any, bias: Any) -> Field:
 
 
 def conv(
-    run: Run,
+    run: Pass,
     x: Any,
     weight: Any,
     stride: tuple,

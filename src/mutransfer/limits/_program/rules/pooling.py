@@ -7,21 +7,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ... import _layers as L
 from ..._fields import Field, Layout
+from ..context import Pass  # the pass's protocol: the rules do not import `run`
 from .elementwise import scale
-
-if TYPE_CHECKING:
-    from ..run import Run
 
 __all__ = ["adaptive_pool", "avg_pool", "pad", "pool_field", "reduce"]
 
 
-def reduce(run: Run, x: Any, how: str, dim: Any = None, keepdim: bool = False, **kw: Any) -> Field:
+def reduce(run: Pass, x: Any, how: str, dim: Any = None, keepdim: bool = False, **kw: Any) -> Field:
     """x.mean(dim) or x.sum(dim) over position axes (`how` is "mean" or "sum")."""
     x = run.as_field(x)
     if dim is None:
@@ -46,7 +44,7 @@ def reduce(run: Run, x: Any, how: str, dim: Any = None, keepdim: bool = False, *
     return scale(run, out, float(count)) if how == "sum" else out
 
 
-def adaptive_pool(run: Run, x: Any, output_size: Any) -> Field:
+def adaptive_pool(run: Pass, x: Any, output_size: Any) -> Field:
     """Adaptive average pooling where every output window is whole (or the global mean)."""
     x = run.as_field(x)
     nd = len(x.axes) - 2
@@ -68,7 +66,7 @@ def adaptive_pool(run: Run, x: Any, output_size: Any) -> Field:
     return pool_field(run, x, globals_, ops, True)
 
 
-def pad(run: Run, x: Any, pads: Any, mode: str, value: Any) -> Field:
+def pad(run: Pass, x: Any, pads: Any, mode: str, value: Any) -> Field:
     """F.pad on position axes: the kernel read through the padding's index map (zeros: 0)."""
     x = run.as_field(x)
     if mode == "constant" and value not in (None, 0, 0.0):
@@ -89,7 +87,7 @@ def pad(run: Run, x: Any, pads: Any, mode: str, value: Any) -> Field:
     return pool_field(run, x, [], ops, True) if ops else x
 
 
-def avg_pool(run: Run, x: Any, kernel_size: Any, stride: Any, padding: Any, count_include_pad: bool) -> Field:
+def avg_pool(run: Pass, x: Any, kernel_size: Any, stride: Any, padding: Any, count_include_pad: bool) -> Field:
     """AvgPool1d/2d/3d (module or function) with ceil_mode=False and no divisor_override."""
     x = run.as_field(x)
     nd = len(x.axes) - 2
@@ -105,7 +103,7 @@ def avg_pool(run: Run, x: Any, kernel_size: Any, stride: Any, padding: Any, coun
     return pool_field(run, x, [], ops, bool(count_include_pad))
 
 
-def pool_field(run: Run, x: Field, global_atoms: list, ops: dict | None, count_include_pad: bool) -> Field:
+def pool_field(run: Pass, x: Field, global_atoms: list, ops: dict | None, count_include_pad: bool) -> Field:
     """A linear map over positions: windows (`ops`) and/or a global mean over `global_atoms`.
     A Gaussian input gives a Gaussian basis; anything else an opaque one (kernel, NTK, means)."""
     run.need(run.node.all_input_nodes[0], "full") if run.node.all_input_nodes else None

@@ -7,20 +7,18 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ..._fields import Field
+from ..context import Pass  # the pass's protocol: the rules do not import `run`
 from ..values import Pair, common_layout
-
-if TYPE_CHECKING:
-    from ..run import Run
 
 __all__ = ["atoms_of_axis", "cat", "flatten", "reshape_like", "size"]
 
 
-def size(run: Run, x: Field, dim: int | None = None) -> Any:
+def size(run: Pass, x: Field, dim: int | None = None) -> Any:
     """x.size(dim): per side (a `Pair`) where it reads the batch, else the int."""
     na, nb = run.xa.shape[0], run.xb.shape[0]
     sa, sb = x.shape(na), x.shape(nb)
@@ -30,13 +28,13 @@ def size(run: Run, x: Field, dim: int | None = None) -> Any:
     return Pair(sa[d], sb[d]) if d == 0 or x.axes[d] == ("B",) or "B" in x.axes[d] else sa[d]
 
 
-def flatten(run: Run, x: Any, start_dim: int = 0, end_dim: int = -1) -> Field:
+def flatten(run: Pass, x: Any, start_dim: int = 0, end_dim: int = -1) -> Field:
     """torch.flatten of a width tensor."""
     x = run.as_field(x)
     return reshape_like(run, x, lambda t: torch.flatten(t, start_dim, end_dim))
 
 
-def reshape_like(run: Run, x: Any, op: Callable[[torch.Tensor], torch.Tensor]) -> Field:
+def reshape_like(run: Pass, x: Any, op: Callable[[torch.Tensor], torch.Tensor]) -> Field:
     """Any view/permute: the axes are regroupings of atoms (the batch, the width, positions);
     splitting an atom (the width into heads, a position axis in two) has no rule."""
     x = run.as_field(x)
@@ -95,7 +93,7 @@ def atoms_of_axis(steps: torch.Tensor, n: int, strides_atom: dict) -> list | Non
     return group
 
 
-def cat(run: Run, xs: Any, dim: int) -> Field:
+def cat(run: Pass, xs: Any, dim: int) -> Field:
     """Concatenation of width tensors along the width: a field of several parts."""
     if not all(isinstance(v, Field) for v in xs):
         run.fail("concatenating a width tensor with a tensor from the input")
