@@ -1,40 +1,16 @@
 """Forecast the target's loss from the sweep's width ladder, before the target is trained.
 
 Under µP the hyperparameters tuned at the proxy stay near-optimal at every width, so the loss *at those
-hyperparameters* is one smooth curve in width — the ladder a grid sweep already trained. The law fitted
-to it (µScaling, Yao & Wang 2023, fits the same form on a µP width ladder; Cerebras-GPT's µP scaling laws)::
-
-    L(w) = c + a·w^(−b),  a ≥ 0,  b in [0, 1]   (b → 0: the logarithmic limit c' − k·ln w)
-
-and, in a sweep over depths, one more term e·d^(−g) for depth (its sign free: deeper is not always better
-at a fixed horizon). Why this form, and the exponent's range: the expected loss approaches its
-infinite-width limit as a power of the width, at most like 1/width — the rate once the width is large
-against the data (Bahri et al. 2021, "Explaining neural scaling laws": the variance-limited regime, b = 1;
-in Tensor Programs terms a network's outputs deviate from their limit by O(n^-½) with mean zero, so the
-expected loss by O(1/n)) — and more slowly while the width still limits what the model resolves (Kaplan
-et al. 2020 measure 0.076 per parameter, b ≈ 0.15 per width for N ∝ w²; Hoffmann et al. 2022, b ≈ 0.7).
-
-Three widths and two seeds cannot pin three numbers by least squares alone (two widths cannot pin them
-at all), and a bootstrap over two seeds has three distinct resamples. So the fit is Bayesian, and every
-source of doubt stays in the interval:
-
-- the seed noise: the loss of each seed is the law plus the seed's own offset (shared by every width: a
-  seed fixes the data order and the init; the target's mean over the same seeds has the same offsets, so
-  they sit in the law's constant) plus Gaussian noise of one variance σ² (estimated from what is left of
-  the losses once each width's and each seed's mean are taken out, and from the law's misfit; a Jeffreys
-  prior), so a width's mean of n seeds has variance σ²/n;
-- the exponent: a uniform prior on [0, 1] (the grid `EXPONENTS`); its posterior weight is the marginal
-  likelihood, the coefficients and σ integrated out (the law is linear in them once b is fixed, written
-  through its values at the smallest and largest fitted widths so that a flat prior on them is the same
-  for every b);
-- the forecast: Monte Carlo draws of (b, σ², coefficients) from the posterior and of the target's own
-  mean of its seeds — the 5 % and 95 % quantiles are the 90 % interval, their median the forecast.
+hyperparameters* is one smooth curve in width — the ladder a grid sweep already trained (`_ladder`: the
+proxy's grid point at every swept width and depth, each seed; each cell's own best for a random/TPE
+sweep). `loss_law` fits the law to it (c + a·w^−b, + e·d^−g in a sweep over depths: its form, sources and
+Bayesian interval are told there); `flop_law` estimates one target run's FLOPs from the trials' counts.
 
 Checks before any number: the largest proxy is held out and predicted by the law fitted on the others
 (its measured loss inside that interval: *validated*); the loss must fall with width (posterior
-probability ≥ 95 %) and follow the law (a lack-of-fit F test against the seed noise at 0.1 %), the
-transferred point must not have diverged at any swept width; else there is no forecast, and the reason
-says why. A target more than `MAX_FACTOR`× past the largest proxy is refused without `extrapolate`.
+probability ≥ `FALL_PROBABILITY`) and follow the law (`loss_law.lack_of_fit`), the transferred point must
+not have diverged at any swept width; else there is no forecast, and the reason says why. A target more
+than `MAX_FACTOR`× past the largest proxy is refused without `extrapolate`.
 """
 
 from __future__ import annotations
@@ -46,18 +22,17 @@ from typing import Any
 
 import numpy as np
 
-from .analysis import TrialResult, best, costs, in_cell, load_results, same_point
+from .analysis import TrialResult, best, in_cell, load_results, same_point
+from .flop_law import target_flops
+from .loss_law import band, lack_of_fit, law_data, law_draws, law_text, posterior, predict, quantiles, span
 from .runner import Sweep
 from .statistics import CONFIDENCE
 
-__all__ = ["EXPONENTS", "MAX_FACTOR", "Forecast", "forecast", "law_draws", "target_flops"]
+__all__ = ["MAX_FACTOR", "Forecast", "forecast"]
 
-EXPONENTS = np.linspace(0.0, 1.0, 41)  # the exponent's grid (uniform prior); 0 is the logarithmic limit
 MAX_FACTOR = 64.0  # how far past the largest proxy (in width, or depth) a forecast goes without extrapolate
-DRAWS = 4000  # Monte Carlo draws of the posterior predictive
 SEED = 0  # the forecast is a deterministic function of the trials
 FALL_PROBABILITY = 0.95  # the posterior probability that the loss falls with width, at least
-LACK_OF_FIT = 0.001  # the F test's level: the law is refused when its misfit is this unlikely under the seed noise
 
 
 @dataclass(frozen=True)
@@ -192,7 +167,7 @@ class Forecast:
             return f"no forecast at {where}: {self.reason}"
         assert self.loss is not None and self.interval is not None  # a forecast without a reason has both
         lo, hi = self.interval
-        fit = _span(self.fit_widths) + ("" if self.fit_depths is None else f" × depths {_span(self.fit_depths)}")
+        fit = span(self.fit_widths) + ("" if self.fit_depths is None else f" × depths {span(self.fit_depths)}")
         h = self.held_out
         if h is None:
             check = "no held-out check: too few widths"
@@ -215,10 +190,6 @@ class Forecast:
 
 def _where(width: int, depth: int | None) -> str:
     return f"width {width}" + ("" if depth is None else f", depth {depth}")
-
-
-def _span(values: list[int]) -> str:
-    return "…".join(str(v) for v in (values if len(values) <= 2 else [values[0], values[-1]]))
 
 
 # ----------------------------------------------------------------------------- the ladder
@@ -283,213 +254,6 @@ def _why_missing(
     if r.pruned:
         return "pruned (worse early on than that width's other trials)"
     return None
-
-
-# ----------------------------------------------------------------------------- the law
-
-
-@dataclass(frozen=True)
-class _Data:
-    """The fit's data: per point its axis values, seed mean and seed count; the seed noise's sum of squares and
-    its degrees of freedom."""
-
-    axes: tuple[str, ...]  # "width", and "depth" in a sweep over depths where depths vary
-    values: np.ndarray  # (points, axes)
-    mean: np.ndarray  # (points,)
-    n: np.ndarray  # (points,) seeds per mean
-    ss_within: float  # the seed noise's sum of squares (see `_data`)
-    dof_within: int  # … and its degrees of freedom
-    lo: np.ndarray  # (axes,) the smallest fitted value of each axis
-    hi: np.ndarray  # (axes,) the largest
-    seed_spread: float | None = None  # the sd of the seeds' own offsets (shared by every width), when paired
-
-    @property
-    def params(self) -> int:
-        return 1 + len(self.axes)
-
-    @property
-    def dof(self) -> int:
-        """σ²'s degrees of freedom: the seeds' own and the law's residual ones."""
-        return self.dof_within + len(self.mean) - self.params
-
-
-def _data(points: list[dict[str, Any]], axes: tuple[str, ...]) -> _Data:
-    """Every point trained the same seeds (a sweep gives each trial the config's seeds, and a seed fixes the
-    data order and the init at every width): then a seed's offset is shared by every width — the seeds'
-    losses move together — and it is the same in the target's mean over those seeds, so it belongs to the
-    law's constant, not to the noise. The noise is what is left of each loss once its width's mean and its
-    seed's mean are taken out (a two-way layout: (points − 1)·(seeds − 1) degrees of freedom). Points with
-    other seed counts fall back to the spread around each point's mean (Σ (seeds − 1) degrees of freedom)."""
-    values = np.array([[p[a] for a in axes] for p in points], dtype=float).reshape(len(points), len(axes))
-    counts = {len(p["losses"]) for p in points}
-    spread = None
-    if len(counts) == 1 and (s := counts.pop()) >= 2 and len(points) >= 2:
-        Y = np.array([p["losses"] for p in points], dtype=float)  # (points, seeds)
-        resid = Y - Y.mean(axis=1, keepdims=True) - Y.mean(axis=0, keepdims=True) + Y.mean()
-        ss, dof = float(np.sum(resid**2)), (len(points) - 1) * (s - 1)
-        offsets = Y.mean(axis=0) - Y.mean()  # each seed's own offset, shared by every point
-        spread = float(np.sqrt(max(np.var(offsets, ddof=1) - ss / dof / len(points), 0.0))) if dof else None
-    else:
-        ss = sum(float(np.sum((np.asarray(p["losses"]) - p["loss"]) ** 2)) for p in points)
-        dof = sum(len(p["losses"]) - 1 for p in points)
-    return _Data(
-        axes,
-        values,
-        np.array([p["loss"] for p in points], dtype=float),
-        np.array([len(p["losses"]) for p in points], dtype=float),
-        ss,
-        dof,
-        values.min(axis=0),
-        values.max(axis=0),
-        spread,
-    )
-
-
-def _phi(v: np.ndarray, lo: float, hi: float, b: float) -> np.ndarray:
-    """The law's shape along one axis scaled to 0 at `lo` and 1 at `hi` (b = 0: the logarithm)."""
-    v = np.asarray(v, dtype=float)
-    if b == 0.0:
-        return np.log(v / lo) / math.log(hi / lo)
-    return (lo**-b - v**-b) / (lo**-b - hi**-b)
-
-
-def _design(values: np.ndarray, data: _Data, exps: tuple[float, ...]) -> np.ndarray:
-    cols = [np.ones(len(values))] + [_phi(values[:, j], data.lo[j], data.hi[j], b) for j, b in enumerate(exps)]
-    return np.stack(cols, axis=1)
-
-
-@dataclass(frozen=True)
-class _Posterior:
-    data: _Data
-    exps: list[tuple[float, ...]]  # the exponent grid (one tuple per combination)
-    weight: np.ndarray  # posterior weight per combination
-    theta: np.ndarray  # (combos, params): the coefficients' posterior mean (weighted least squares)
-    cov: np.ndarray  # (combos, params, params): their covariance per unit σ²
-    rss: np.ndarray  # (combos,) the weighted residual sum of squares of the seed means
-    dof: int  # σ²'s degrees of freedom (0: no noise estimate)
-
-    def best(self) -> int:
-        return int(np.argmax(self.weight))
-
-
-def _posterior(data: _Data) -> _Posterior:
-    """The posterior over the exponent grid, refined once: where the coarse grid (`EXPONENTS`) finds the
-    likelihood non-negligible (weight ≥ 1e-6 of the largest, one coarse step of margin), a grid of as many
-    points again, so that a posterior narrower than a coarse step is not read off one or two points."""
-    coarse = _grid_posterior(data, [EXPONENTS] * len(data.axes))
-    step = float(EXPONENTS[1] - EXPONENTS[0])
-    exps = np.asarray(coarse.exps)
-    kept = exps[coarse.weight >= 1e-6 * coarse.weight.max()]
-    grids = [
-        np.linspace(
-            max(EXPONENTS[0], kept[:, j].min() - step), min(EXPONENTS[-1], kept[:, j].max() + step), len(EXPONENTS)
-        )
-        for j in range(len(data.axes))
-    ]
-    return _grid_posterior(data, grids)
-
-
-def _grid_posterior(data: _Data, grids: list[np.ndarray]) -> _Posterior:
-    exps = [tuple(float(x) for x in e) for e in np.array(np.meshgrid(*grids, indexing="ij")).reshape(len(grids), -1).T]
-    dof = data.dof
-    thetas, covs, rsss, logml = [], [], [], []
-    for e in exps:
-        X = _design(data.values, data, e)
-        A = X.T @ (data.n[:, None] * X)
-        A_inv = np.linalg.pinv(A)
-        theta = A_inv @ (X.T @ (data.n * data.mean))
-        rss = float(np.sum(data.n * (data.mean - X @ theta) ** 2))
-        _, logdet = np.linalg.slogdet(A)
-        total = data.ss_within + rss
-        ll = -0.5 * logdet - (0.5 * dof * math.log(total) if dof > 0 and total > 0 else 0.0)
-        thetas.append(theta)
-        covs.append(A_inv)
-        rsss.append(rss)
-        logml.append(ll)
-    lm = np.asarray(logml)
-    w = np.exp(lm - lm.max())
-    return _Posterior(data, exps, w / w.sum(), np.asarray(thetas), np.asarray(covs), np.asarray(rsss), dof)
-
-
-def law_draws(post: _Posterior, rng: np.random.Generator, draws: int = DRAWS) -> dict[str, np.ndarray]:
-    """Posterior draws: combination index, σ and coefficients (the width term's gain clipped at ≤ 0: the loss
-    cannot rise with width under the law); `falls`: whether the unclipped draw fell with width."""
-    k = rng.choice(len(post.exps), size=draws, p=post.weight)
-    if post.dof > 0:
-        sigma2 = (post.data.ss_within + post.rss[k]) / rng.chisquare(post.dof, size=draws)
-    else:
-        sigma2 = np.zeros(draws)
-    z = rng.standard_normal((draws, post.data.params))
-    chol = np.stack([np.linalg.cholesky(c + 1e-15 * np.eye(len(c))) for c in post.cov])
-    theta = post.theta[k] + np.einsum("nij,nj->ni", chol[k], z) * np.sqrt(sigma2)[:, None]
-    falls = np.ones(draws, dtype=bool)
-    if "width" in post.data.axes:
-        w = post.data.axes.index("width") + 1
-        falls = theta[:, w] < 0
-        theta[:, w] = np.minimum(theta[:, w], 0.0)
-    return {"k": k, "sigma2": sigma2, "theta": theta, "falls": falls}
-
-
-def _predict(post: _Posterior, draws: dict[str, np.ndarray], at: np.ndarray, seeds: int, rng) -> np.ndarray:
-    """Draws of the mean over `seeds` seeds of the loss at each point of `at` (points, axes): (draws, points)."""
-    out = np.empty((len(draws["k"]), len(at)))
-    for c in np.unique(draws["k"]):
-        rows = draws["k"] == c
-        X = _design(at, post.data, post.exps[c])
-        out[rows] = draws["theta"][rows] @ X.T
-    noise = np.sqrt(draws["sigma2"] / seeds)[:, None] * rng.standard_normal(out.shape)
-    return out + noise
-
-
-def _quantiles(samples: np.ndarray) -> tuple[float, float, float]:
-    tail = (1 - CONFIDENCE) / 2
-    lo, mid, hi = np.quantile(samples, [tail, 0.5, 1 - tail])
-    return float(lo), float(mid), float(hi)
-
-
-def _law_text(post: _Posterior) -> tuple[str, dict[str, Any]]:
-    """The law at the posterior median exponent(s), in plain form, with each exponent's interval."""
-    data = post.data
-    exps = np.asarray(post.exps)
-    terms: dict[str, Any] = {}
-    median_e = []
-    for j, axis in enumerate(data.axes):
-        order = np.argsort(exps[:, j], kind="stable")
-        cdf = np.cumsum(post.weight[order])
-        tail = (1 - CONFIDENCE) / 2
-        pick = [float(exps[order][np.searchsorted(cdf, q)][j]) for q in (tail, 0.5, 1 - tail)]
-        median_e.append(pick[1])
-        terms[axis] = {"b_interval": [pick[0], pick[2]], "b": pick[1]}
-    c_idx = min(
-        range(len(post.exps)), key=lambda i: sum(abs(post.exps[i][j] - median_e[j]) for j in range(len(median_e)))
-    )
-    theta = post.theta[c_idx]
-    c = float(theta[0])
-    pieces = []
-    for j, axis in enumerate(data.axes):
-        b, lo, hi, delta = median_e[j], float(data.lo[j]), float(data.hi[j]), float(theta[j + 1])
-        sym = "w" if axis == "width" else "d"
-        if b == 0.0:  # δ·ln(v/lo)/ln(hi/lo) = −k·ln v + const
-            k = -delta / math.log(hi / lo)
-            c += k * math.log(lo)
-            terms[axis]["k"] = k
-            pieces.append(f"− {k:.3g}·ln {sym}")
-        else:  # δ·(lo^-b − v^-b)/(lo^-b − hi^-b) = const − a·v^-b
-            a = -delta / (lo**-b - hi**-b)
-            c += delta * lo**-b / (lo**-b - hi**-b)
-            terms[axis]["a"] = a
-            pieces.append(f"{'+' if a >= 0 else '−'} {abs(a):.3g}·{sym}^−{b:.2g}")
-    ivs = ", ".join(
-        f"{'b' if axis == 'width' else 'g'} {t['b']:.2g} [{t['b_interval'][0]:.2g}, {t['b_interval'][1]:.2g}]"
-        for axis, t in terms.items()
-    )
-    return f"L = {c:.4g} {' '.join(pieces)}; {ivs}", {"c": c, "terms": terms}
-
-
-def _f_pvalue(f: float, d1: int, d2: int, rng: np.random.Generator) -> float:
-    """P(F(d1, d2) ≥ f), by simulation (numpy only)."""
-    sims = (rng.chisquare(d1, 200_000) / d1) / (rng.chisquare(d2, 200_000) / d2)
-    return float(np.mean(sims >= f))
 
 
 # ----------------------------------------------------------------------------- the forecast
@@ -601,10 +365,10 @@ def _fit(
         return replace(base, reason="nothing to forecast: the target is the one swept cell, measured")
 
     rng = np.random.default_rng(SEED)
-    data = _data(points, axes)
+    data = law_data(points, axes)
     if len(points) < data.params:
         return replace(base, reason=f"{len(points)} points for a law of {data.params} numbers: sweep more widths")
-    post = _posterior(data)
+    post = posterior(data)
     draws = law_draws(post, rng)
     falls = float(np.mean(draws["falls"]))
     if falls < FALL_PROBABILITY:
@@ -613,12 +377,12 @@ def _fit(
             reason=f"the loss at the transferred hyperparameters does not fall with width ({_losses_text(points)}; "
             f"probability it falls {falls:.0%}): no law to extrapolate",
         )
-    lack = _lack_of_fit(post, rng)
+    lack = lack_of_fit(post, rng)
     if lack is not None:
         return replace(base, reason=f"the losses do not follow c + a·w^−b ({_losses_text(points)}): {lack}")
-    law, params = _law_text(post)
+    law, params = law_text(post)
     at = np.array([[targets[a] for a in axes]], dtype=float)
-    pred = _predict(post, draws, at, n_target, rng)[:, 0]
+    pred = predict(post, draws, at, n_target, rng)[:, 0]
     fitted_seeds = int(data.n[0])
     if data.seed_spread is not None and n_target != fitted_seeds:  # other seeds: their own offsets too
         pred = pred + data.seed_spread * math.sqrt(1 / n_target + 1 / fitted_seeds) * rng.standard_normal(len(pred))
@@ -626,13 +390,13 @@ def _fit(
             f"the interval is for {n_target} seed{'s' if n_target > 1 else ''} other than the sweep's {fitted_seeds}: "
             f"it holds their own offsets (the seeds' spread, {data.seed_spread:.2g})"
         )
-    lo, mid, hi = _quantiles(pred)
+    lo, mid, hi = quantiles(pred)
     held = _held_out(points, axes, rng)
     if post.dof <= 0:
         notes.append("one seed and no misfit to measure: the interval holds the exponent's doubt only, not seed noise")
     if held is None:
         notes.append(f"no held-out check: it needs {data.params + 1} points or more with the largest left out")
-    band = _band(post, draws, points, axes, targets, n_target, rng)
+    along = band(post, draws, points, axes, targets, n_target, rng)
     return replace(
         base,
         loss=mid,
@@ -644,7 +408,7 @@ def _fit(
         held_out=held,
         regime=_regime(targets, axes, points),
         notes=notes,
-        band=band,
+        band=along,
     )
 
 
@@ -676,31 +440,17 @@ def _losses_text(points: list[dict[str, Any]]) -> str:
     )
 
 
-def _lack_of_fit(post: _Posterior, rng: np.random.Generator) -> str | None:
-    """A misfit the seed noise cannot explain (F test at `LACK_OF_FIT`, the best exponent), else None."""
-    data = post.data
-    d1 = len(data.mean) - data.params
-    d2 = data.dof_within  # the seeds' own degrees of freedom
-    if d1 < 1 or d2 < 1 or data.ss_within <= 0:
-        return None
-    f = (post.rss[post.best()] / d1) / (data.ss_within / d2)
-    p = _f_pvalue(f, d1, d2, rng)
-    if p >= LACK_OF_FIT:
-        return None
-    return f"its misfit is {math.sqrt(f):.3g}× the seed noise (F test p = {p:.2g})"
-
-
 def _held_out(points: list[dict[str, Any]], axes: tuple[str, ...], rng: np.random.Generator) -> dict[str, Any] | None:
     """The largest proxy predicted by the law fitted on the other points (None when too few remain)."""
     top = max(points, key=lambda p: (p["width"], p["depth"] or 0))
     rest = [p for p in points if p is not top]
     if any(len({p[a] for p in rest}) < 2 for a in axes) or len(rest) < 1 + len(axes):
         return None
-    data = _data(rest, axes)
-    post = _posterior(data)
+    data = law_data(rest, axes)
+    post = posterior(data)
     draws = law_draws(post, rng)
     at = np.array([[top[a] for a in axes]], dtype=float)
-    lo, mid, hi = _quantiles(_predict(post, draws, at, len(top["losses"]), rng)[:, 0])
+    lo, mid, hi = quantiles(predict(post, draws, at, len(top["losses"]), rng)[:, 0])
     return {
         "width": top["width"],
         "depth": top["depth"],
@@ -724,103 +474,3 @@ def _regime(targets: dict[str, Any], axes: tuple[str, ...], points: list[dict[st
     if past:
         return "extrapolated " + " and ".join(past)
     return "interpolated: within the swept " + " and ".join(f"{a}s" for a in axes)
-
-
-def _band(
-    post: _Posterior,
-    draws: dict[str, np.ndarray],
-    points: list[dict[str, Any]],
-    axes: tuple[str, ...],
-    targets: dict[str, Any],
-    seeds: int,
-    rng: np.random.Generator,
-) -> dict[str, Any]:
-    """The law's median and 90 % band along its first axis (width, or depth in a depth-only law), from the
-    smallest swept value to the target (log-spaced), the other axis at the target's value."""
-    axis = axes[0]
-    values = [p[axis] for p in points]
-    xs = np.unique(np.geomspace(min(values), max(max(values), targets[axis]), 48).round(6))
-    at = np.stack([xs if a == axis else np.full_like(xs, float(targets[a])) for a in axes], axis=1)
-    pred = _predict(post, draws, at, seeds, rng)
-    q = np.quantile(pred, [(1 - CONFIDENCE) / 2, 0.5, 1 - (1 - CONFIDENCE) / 2], axis=0)
-    return {"axis": axis, "values": xs.tolist(), "low": q[0].tolist(), "median": q[1].tolist(), "high": q[2].tolist()}
-
-
-def target_flops(
-    sweep: Sweep, results: list[TrialResult], width: int, depth: int | None = None
-) -> dict[str, Any] | None:
-    """One run's FLOPs at (`width`, `depth`), estimated from the FLOPs the sweep's µP trials counted.
-
-    At a fixed batch and horizon a model's matmul FLOPs are a polynomial in width — quadratic (the hidden
-    matmuls), linear (a readout or attention scores over a fixed length), and a constant for matmuls that do
-    not grow — times the number of blocks in depth. The per-seed counts of the cells (the median over each
-    cell's completed trials) are fitted by least squares on relative error: 1, w, w² with three widths or
-    more, w and w² with two (× 1, d in a sweep over depths); `misfit` is the largest relative residual.
-
-    Args:
-        sweep: the sweep.
-        results: its trials.
-        width: the run's width.
-        depth: its depth (sweeps over depths).
-
-    Returns:
-        ``{"target", "fit", "misfit", "proxy_flops", "sweep_flops"}`` (the last two: what tuning and the whole
-        sweep counted), or None when no trial recorded its FLOPs. "target" is None (and "fit" says why) when
-        the widths (depths) the counts span cannot reach the run.
-    """
-    cfg = sweep.config
-    parametrization = "mup" if "mup" in cfg.parametrizations else cfg.parametrizations[0]
-    cost = costs(sweep, results)
-    if cost["sweep_flops"] is None:
-        return None
-    out: dict[str, Any] = {
-        "target": None,
-        "fit": "",
-        "misfit": None,
-        "proxy_flops": cost["proxy_flops"],
-        "sweep_flops": cost["sweep_flops"],
-    }
-    cells = []
-    for w in cfg.widths:
-        for d in list(cfg.depths) if cfg.depths is not None else [None]:
-            per_seed = [  # training alone: the noise-scale measurement runs in the proxy cell only
-                (r.flops - (r.flops_measurement if math.isfinite(r.flops_measurement) else 0.0)) / len(r.losses)
-                for r in in_cell(results, parametrization, w, d)
-                if r.ok and math.isfinite(r.flops) and r.losses
-            ]
-            if per_seed:
-                cells.append((w, d, float(np.median(per_seed))))
-    if cells and all(f == 0 for _, _, f in cells):
-        out.update(target=0.0, fit="no FLOPs counted at any width (no torch matmul, convolution or attention)")
-        return out
-    cells = [c for c in cells if c[2] > 0]
-    widths = sorted({w for w, _, _ in cells})
-    depths = sorted({d for _, d, _ in cells if d is not None})
-    if not cells:
-        out["fit"] = "no completed µP trial recorded its FLOPs"
-        return out
-    if len(widths) < 2 and width not in widths:
-        out["fit"] = "the counts span one width: no law in width"
-        return out
-    if depth is not None and len(depths) < 2 and depth not in depths:
-        out["fit"] = "the counts span one depth: no law in depth"
-        return out
-    powers = [0, 1, 2] if len(widths) >= 3 else [1, 2] if len(widths) == 2 else [0]
-    in_depth = depth is not None and len(depths) >= 2
-    columns = [(p, q) for p in powers for q in ([0, 1] if in_depth else [0])]
-
-    def row(w: float, d: float | None) -> np.ndarray:
-        return np.array([w**p * ((d or 1.0) ** q) for p, q in columns], dtype=float)
-
-    X = np.stack([row(w, d) for w, d, _ in cells])
-    y = np.array([f for _, _, f in cells])
-    coef = np.linalg.lstsq(X / y[:, None], np.ones(len(y)), rcond=None)[0]  # least squares on relative error
-    fitted = X @ coef
-    out["target"] = float(row(width, depth) @ coef)
-    out["misfit"] = float(np.max(np.abs(fitted / y - 1)))
-    names = {0: "1", 1: "w", 2: "w²"}
-    terms = ", ".join(names[p] + ("·d" if q else "") for p, q in columns)
-    out["fit"] = f"a sum of {terms} fitted to the per-seed training counts at widths {_span(widths)}" + (
-        f" × depths {_span(depths)}" if in_depth else ""
-    )
-    return out
