@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import mutransfer as mt
+from mutransfer.sweep.demo import FIXED
 from mutransfer.sweep.transfer import transfer
 from mutransfer.sweep.workers import run_sweep
 
@@ -33,17 +34,7 @@ type = "log"
 low = "2**-8"
 high = "2**-4"
 grid = 5
-[fixed]
-steps = 150
-batch_size = 16
-seq_len = 32
-n_layer = 2
-n_head = 4
-tied = false
-init_std = "default"
-threads = 1
-output_mult = {output_mult!r}
-"""
+"""  # then the demo's own [fixed] table (the model and its training), and α_output
 
 
 def main() -> None:
@@ -61,7 +52,8 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "sweep.toml").write_text(CONFIG.format(output_mult=args.output_mult))
+    config = CONFIG + FIXED.format(steps=150) + f"output_mult = {args.output_mult!r}\n"
+    (out / "sweep.toml").write_text(config)
     start = time.perf_counter()
     sweep = run_sweep(out / "sweep.toml", out / "run", workers=args.workers, progress=False)
     swept = time.perf_counter() - start
