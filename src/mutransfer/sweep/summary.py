@@ -209,6 +209,7 @@ def summarize(sweep: Sweep, results: list[TrialResult], judged: dict | None = No
     if cfg.depths is not None:
         summary["deeper_is_better"] = {p: deeper_is_better(sweep, results, p) for p in ps}
     c = counts(results)
+    transfer = load_transfer(sweep)  # read once: the cost and the forecast both use it
     summary.update(
         trials=len(results),
         diverged=c["diverged"],
@@ -216,7 +217,7 @@ def summarize(sweep: Sweep, results: list[TrialResult], judged: dict | None = No
         pruned=c["pruned"],
         counts={p: counts(results, p) for p in ps},
         sweep_seconds=sum(r.seconds for r in results),
-        cost=costs(sweep, results, load_transfer(sweep)),
+        cost=costs(sweep, results, transfer),
     )
     summary["failures"] = [  # why each failed trial failed ("worker died N times" for a crashing point)
         {
@@ -229,7 +230,7 @@ def summarize(sweep: Sweep, results: list[TrialResult], judged: dict | None = No
         for r in results
         if r.failed
     ]
-    summary["forecast"] = _forecast_entry(sweep, results)
+    summary["forecast"] = _forecast_entry(sweep, results, transfer)
     summary["precision"] = cfg.precision
     summary["placements"] = placements(results)
     summary["trial_list"] = [
@@ -253,11 +254,10 @@ def summarize(sweep: Sweep, results: list[TrialResult], judged: dict | None = No
     return summary
 
 
-def _forecast_entry(sweep: Sweep, results: list[TrialResult]) -> dict | None:
+def _forecast_entry(sweep: Sweep, results: list[TrialResult], transfer: dict | None) -> dict | None:
     """The µP forecast the report shows: transfer.json's (at the trained target, with its actual loss), else
     `mt.sweep.forecast` at the config's target_width (or the largest swept width: the law and its held-out
     check); None without µP trials or when the config's target is refused (`mutransfer forecast` says why)."""
-    transfer = load_transfer(sweep)
     if transfer is not None and transfer.get("forecast") is not None:
         return transfer["forecast"]
     if "mup" not in sweep.config.parametrizations:
