@@ -51,6 +51,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "sweep": (".sweep", None),
     "limits": (".limits", None),
     "monitor": (".monitor", None),
+    "precision": (".precision", None),
+    "fp8_simulation": (".precision", "fp8_simulation"),
 }
 
 __all__ = [
@@ -74,6 +76,7 @@ __all__ = [
     "describe",
     "errors",
     "export",
+    "fp8_simulation",
     "gradient_noise_scale",
     "init_weights",
     "limits",
@@ -83,6 +86,7 @@ __all__ = [
     "optimizers",
     "param_groups",
     "parametrize",
+    "precision",
     "residual_branch",
     "resolve_device",
     "rules",
@@ -92,7 +96,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # what type checkers and the API docs see; at run time `__getattr__` imports on use
-    from . import errors, limits, monitor, optim, optimizers, rules, sweep
+    from . import errors, limits, monitor, optim, optimizers, precision, rules, sweep
     from ._core.attention import attn_logits, attn_scale
     from ._core.depth import residual_branch
     from ._core.describe import describe
@@ -111,6 +115,7 @@ if TYPE_CHECKING:  # what type checkers and the API docs see; at run time `__get
     from .errors import MuPWarning, MuTransferError
     from .monitor import Monitor
     from .optim import param_groups
+    from .precision import fp8_simulation
 
 
 def __getattr__(name: str) -> Any:

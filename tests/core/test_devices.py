@@ -187,7 +187,7 @@ def test_bf16_recipe_runs_its_linears_in_bfloat16_and_keeps_float32_parameters_a
 
 
 def test_recipe_with_an_unknown_precision_names_it():
-    with pytest.raises(ValueError, match="scale.precision must be one of 'fp32', 'bf16', got 'fp16'"):
+    with pytest.raises(ValueError, match="scale.precision must be one of 'fp32', 'bf16', 'fp8', got 'fp16'"):
         train_mlp(dict(lr=1e-2, steps=2), Scale(64, 32, "mup", 0, precision="fp16"))
 
 

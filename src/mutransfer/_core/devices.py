@@ -11,6 +11,9 @@ One home for the words every entry point takes (`mt.coord_check(device=)`, the s
   ``torch.autocast(device.type, dtype=torch.bfloat16)``, the parameters and optimizer state kept
   in float32 (mixed precision, as large runs train). CPU autocast supports bf16 too, so bf16 runs
   and is tested without a GPU; a CUDA device without bf16 (before Ampere) is refused.
+- precision ``"fp8"``: a simulation of FP8 matmuls (`mutransfer.precision.fp8_simulation`: operands
+  rounded to E4M3 in the forward, gradients to E5M2 in the backward), on any device; the numerics
+  of FP8 training, not its speed.
 
 Resolving ``"auto"`` asks ``torch.cuda.is_available()``, which does not create a CUDA context:
 a process that only resolves devices can still start CUDA workers safely.
@@ -45,7 +48,7 @@ __all__ = [
 ]
 
 AUTO = "auto"
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "fp8")
 DeviceLike = str | torch.device
 
 
@@ -98,9 +101,14 @@ def check_precision(precision: str, device: torch.device, what: str = "precision
 
 
 def autocast(device: torch.device, precision: str) -> ContextManager[object]:
-    """The autocast context a forward pass runs under: none for fp32, bfloat16 for bf16."""
+    """The autocast context a forward pass runs under: none for fp32, bfloat16 for bf16, the FP8
+    simulation (`mutransfer.precision.fp8_simulation`) for fp8."""
     if known_precision(precision, "precision") == "fp32":
         return contextlib.nullcontext()
+    if precision == "fp8":
+        from .fp8 import fp8_simulation
+
+        return fp8_simulation()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 

@@ -67,7 +67,8 @@ class Scale:
 
     def autocast(self):
         """The context the objective's forward passes run under: bf16 autocast on `device` when
-        `precision` is "bf16", else nothing."""
+        `precision` is "bf16", the FP8 simulation (`mutransfer.precision.fp8_simulation`) when it
+        is "fp8", else nothing."""
         return _autocast(self.device, self.precision)
 
     def report(self, step: int, loss: float) -> None:

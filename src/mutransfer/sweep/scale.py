@@ -15,8 +15,8 @@ In a sweep over `depths`, `scale.depth` is the number of residual blocks to buil
 
 `scale.device` is the `torch.device` the trial trains on: ``cuda`` (the one GPU its worker
 sees, ``CUDA_VISIBLE_DEVICES`` set by the sweep) or ``cpu``; build the model and move the data
-there. `scale.precision` is ``"fp32"`` or ``"bf16"`` (the config's ``precision``); run the
-forward passes under ``with scale.autocast():`` (bf16 autocast, or nothing for fp32).
+there. `scale.precision` is ``"fp32"``, ``"bf16"`` or ``"fp8"`` (the config's ``precision``); run the
+forward passes under ``with scale.autocast():`` (bf16 autocast, the FP8 simulation, or nothing for fp32).
 
 Any other name is the user's own. The loss should be a training loss (final or mean over the
 last steps); NaN or inf marks the trial as diverged.

@@ -145,7 +145,9 @@ TOP_LEVEL: tuple[Key, ...] = (
         "sampler",
         "string",
         "grid",
-        '`"grid"` (every grid point of `[space]` once), `"random"` or `"tpe"` (Optuna\'s TPE).',
+        '`"grid"` (every grid point of `[space]` once), `"random"`, `"tpe"` (Optuna\'s TPE) or `"independent"` '
+        "(the lr's grid first, then each other hyperparameter's grid alone at the best lr, the rest at their "
+        "`default`; u-µP's search).",
     ),
     Key("n_trials", "integer ≥ 1", 16, "Trials per study with the random and TPE samplers (a grid runs its points)."),
     Key("seeds", "list of integers in [0, 2**32)", [0], "Every trial trains once per seed; its loss is the mean."),
@@ -199,7 +201,13 @@ TOP_LEVEL: tuple[Key, ...] = (
         "`1`",
     ),
     Key("threads", "integer ≥ 1", None, "Torch threads per worker.", "the cores split between the workers"),
-    Key("precision", "string", "fp32", '`"fp32"` or `"bf16"` (autocast; the objective reads `scale.precision`).'),
+    Key(
+        "precision",
+        "string",
+        "fp32",
+        '`"fp32"`, `"bf16"` (autocast) or `"fp8"` (a simulation of FP8 matmuls: E4M3 operands, E5M2 gradients; '
+        "numerics, not speed); the objective reads `scale.precision`.",
+    ),
     Key("cluster", "table", None, "Run the workers as a Slurm job array (keys below). Absent: this machine only."),
     Key(
         "config_dir",
