@@ -57,16 +57,22 @@ __all__ = [
     "DEFAULT_DEPTH_ALPHA",
     "DEFAULT_FORMULATION",
     "DEFAULT_OPTIMIZER",
+    "DEFAULT_PARAMETRIZATION",
     "DEFAULT_WEIGHT_DECAY_POLICY",
     "DEPTH_RULES",
     "FORMULATIONS",
     "FORMULATION_ALIASES",
     "NO_MULTIPLIERS",
     "OPTIMIZERS",
+    "PARAMETRIZATIONS",
     "READOUT_MULTIPLIER",
     "ROLES",
     "TABLE3",
     "TABLE8",
+    "UMUP",
+    "UMUP_DEPTH_ALPHA",
+    "UMUP_HPARAMS",
+    "UMUP_ROWS",
     "WEIGHT_DECAY_POLICIES",
     "DepthRule",
     "Exponents",
@@ -80,6 +86,8 @@ __all__ = [
     "formulation_rules",
     "optimizer_family",
     "optimizer_rule",
+    "parametrization_name",
+    "umup_residual_mults",
 ]
 
 Exponents = tuple[float, float]  # exponents of (m_in, m_out)
@@ -402,3 +410,125 @@ class TunableMultipliers:
             The factor the role's learning rate is multiplied by, at every width.
         """
         return float(self.lr.get(role, 1.0))
+
+
+# ---------------------------------------------------------------------------------------------- u-µP
+#
+# u-µP (Blake et al., "u-µP: The Unit-Scaled Maximal Update Parametrization", ICLR 2025) is µP with
+# unit scaling on top. Its rules are *absolute*: a column's pair (a, b) means fan_in**a * fan_out**b
+# of the parameter's own fans (not of its width ratios), so u-µP is not the user's model at the base
+# width: every weight starts at unit variance and each matmul carries its own fixed scale.
+#
+# Rows: "embedding" (an input weight used by lookup: gathered rows), "input" (an input weight used by a
+# contraction over a finite fan_in: a Linear or Conv on the raw input), "hidden", "output" (the readout),
+# "vector" (biases, norm gains), "scalar". `UMUP_ROWS` says which µP role each row has.
+#
+# Derivation. u-µP's weight w starts at unit variance and the forward computes W = A·w with the
+# `forward` multiplier A (unit scaling's matmul scale: fan_in^-½ keeps W·x unit when x is unit; the
+# readout gets µP's 1/fan_in; a lookup needs none). abc-symmetry (TP5 §5) says a multiplier A on w is
+# the same network as the plain W = A·w trained with init × A, Adam lr × A and SGD lr × A². So
+# u-µP is µP exactly when, for the plain W, init std, Adam lr and SGD lr scale as TP5 Table 3
+# (`TABLE3`, here in absolute fans: hidden init fan_in^-½, Adam lr 1/fan_in, SGD lr fan_out/fan_in;
+# readout init 1/fan_in, Adam lr 1/fan_in, SGD lr 1/fan_in; input and vectors 1, 1, fan_out):
+#   init(w)   = init(W) / A        → 1 for every weight (unit variance: what unit scaling asks);
+#   adam(w)   = adam(W) / A        → hidden fan_in^-½, readout 1, vectors 1;
+#   sgd(w)    = sgd(W) / A²        → hidden fan_out, readout fan_in, input fan_out·fan_in;
+#   adam_eps  = adam − sgd (the gradient's scale, as in µP's tables), spectral = adam + (½, ½),
+#   adafactor = adam − init.
+# Two places where u-µP departs from the shift, both from the paper:
+#   - the embedding lr: u-µP's Adam lr of an embedding is fan_out^-½ (its "embedding LR rule",
+#     §4.4 of the paper; graphcore's unit-scaling library uses it), not µP's 1; the update of an
+#     embedding row then shrinks like width^-½. SGD and ε follow the same factor;
+#   - the finite-fan_in input layer: a "weight" to unit scaling, so fan_in^-½ for A and Adam lr
+#     (a constant at every width: µP only asks Θ(1)).
+# Vectors (biases, norm gains) keep the model's own init (a gain of 1 is unit already; biases carry
+# no matmul), as in µP.
+UMUP_ROWS = {
+    "embedding": "input",
+    "input": "input",
+    "vector": "vector",
+    "hidden": "hidden",
+    "output": "output",
+    "scalar": "scalar",
+}
+UMUP: dict[str, Rule] = {
+    #                     init        forward      sgd_lr       adam_lr      adam_eps       spectral_lr  adafactor_lr
+    "embedding": Rule((0.0, 0.0), (0.0, 0.0), (0.0, 0.5), (0.0, -0.5), (0.0, -1.0), (0.5, 0.0), (0.0, -0.5)),
+    "input": Rule((0.0, 0.0), (-0.5, 0.0), (1.0, 1.0), (-0.5, 0.0), (-1.5, -1.0), (0.0, 0.5), (-0.5, 0.0)),
+    "vector": Rule((0.0, 0.0), (0.0, 0.0), (0.0, 1.0), (0.0, 0.0), (0.0, -1.0), (0.5, 0.5), (0.0, 0.0)),
+    "hidden": Rule((0.0, 0.0), (-0.5, 0.0), (0.0, 1.0), (-0.5, 0.0), (-0.5, -1.0), (0.0, 0.5), (-0.5, 0.0)),
+    "output": Rule((0.0, 0.0), (-1.0, 0.0), (1.0, 0.0), (0.0, 0.0), (-1.0, 0.0), (0.5, 0.5), (0.0, 0.0)),
+    "scalar": Rule((0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0)),
+}
+# u-µP scales depth as Depth-µP: residual branches × L^-½ (through the τ rule below), and the Adam lr
+# of the parameters in the blocks × L^-½ (the "block" row of DEPTH_RULES at α = ½, with m_L = L: absolute).
+UMUP_DEPTH_ALPHA = 0.5
+
+MUP, UMUP_NAME = "mup", "u-mup"
+PARAMETRIZATIONS = (MUP, UMUP_NAME)
+DEFAULT_PARAMETRIZATION = MUP
+# u-µP's hyperparameters (the paper's set, each 1 by default) → what they multiply. α_output and
+# α_attn-softmax are the library's `output_mult` and `attn_mult` (the same places in the forward).
+UMUP_HPARAMS: dict[str, str] = {
+    "alpha_res": "the residual branches' total contribution to the stream relative to the embedding's (τ rule)",
+    "alpha_res_attn_ratio": "the attention branches' contribution relative to the MLP branches' (τ rule)",
+    "alpha_attn_softmax": "the attention logits: softmax(α · q·k / d_head) (the library's attn_mult)",
+    "alpha_ffn_act": "the input of the MLP's nonlinearity: f(α·x)/α, unit-scaled after",
+    "alpha_output": "the readout: α · W x / fan_in (the library's output_mult)",
+    "alpha_loss_softmax": "the logits as the loss's softmax sees them (× the readout's multiplier)",
+}
+
+
+def parametrization_name(name: object) -> str:
+    """The canonical parametrization name: "mup" (default) or "u-mup" (aliases "umup", "u-µP", "u_mup").
+
+    Args:
+        name: what the user passed as ``parametrization``.
+
+    Returns:
+        "mup" or "u-mup".
+
+    Raises:
+        ModelError: any other name (a ValueError listing the choices).
+        TypeError: not a string.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"parametrization must be a string, one of {', '.join(PARAMETRIZATIONS)}; got {name!r}")
+    key = name.strip().lower().replace("µ", "mu").replace("μ", "mu").replace("_", "-")
+    key = {"umup": UMUP_NAME, "unit-mup": UMUP_NAME}.get(key, key)
+    if key not in PARAMETRIZATIONS:
+        raise ModelError(
+            f"unknown parametrization {name!r}; use one of {', '.join(repr(p) for p in PARAMETRIZATIONS)} "
+            "('mup': µP relative to the base model, the default; 'u-mup': unit-scaled µP, Blake et al. 2025)"
+        )
+    return key
+
+
+def umup_residual_mults(kinds: list[str], alpha_res: float = 1.0, alpha_res_attn_ratio: float = 1.0) -> list[float]:
+    """u-µP's τ rule as one multiplier per residual branch, for a pre-norm stack.
+
+    u-µP keeps the residual stream at unit scale with ``x ← (x + τ_k f_k(x)) / √(1 + τ_k²)``, τ_k
+    chosen so that the embedding contributes 1 to the final stream's variance, all attention
+    branches together α_attn² and all MLP branches α_mlp², with α_mlp = α_res·√(2 / (1 + ρ²)) and
+    α_attn = ρ·α_mlp (ρ = α_res_attn_ratio): the average of the two is α_res², their ratio ρ²
+    (Appendix G of the paper). Unrolled, the stream before the final norm is
+    ``(emb + Σ_k c_k f_k) / √(1 + Σ c_k²)`` with c_k = α_kind / √n_kind. Each branch reads the stream
+    through a norm (pre-norm) and the readout through the final norm, so dropping the overall
+    1/√(…) changes nothing they compute: the τ rule *is* a multiplier c_k on each branch's output,
+    which folds into the branch's last layer (`mt.export`).
+
+    Args:
+        kinds: per branch, in forward order, "attention" or "mlp".
+        alpha_res: α_res.
+        alpha_res_attn_ratio: α_res-attn-ratio (ρ).
+
+    Returns:
+        c_k per branch. A stack with one kind of branch only gives each α_res / √n.
+    """
+    n_attn, n_mlp = kinds.count("attention"), kinds.count("mlp")
+    if n_attn and n_mlp:
+        a_mlp = alpha_res * (2.0 / (1.0 + alpha_res_attn_ratio**2)) ** 0.5
+        a_attn = alpha_res_attn_ratio * a_mlp
+    else:
+        a_mlp = a_attn = alpha_res
+    return [(a_attn / n_attn**0.5) if k == "attention" else (a_mlp / n_mlp**0.5) for k in kinds]

@@ -54,9 +54,22 @@ def base_attention(
 
 
 def plan_attention(
-    model: nn.Module, seen: Observation, base: dict[str, BaseHead], alpha: float
+    model: nn.Module, seen: Observation, base: dict[str, BaseHead], alpha: float, absolute: bool = False
 ) -> list[attn.AttentionFix]:
-    """The attention modules to rescale, from the probe forward (or, without one, attributes)."""
+    """The attention modules to rescale, from the probe forward (or, without one, attributes).
+
+    `absolute` (u-µP): the target is α/d at every head dim, whatever the base computes — written as a
+    base "head dim" d₀ = 1 with logit scale s₀ = 1, so that α·s₀·d₀/d = α/d everywhere the scale is kept.
+    """
+    if absolute and seen.ran:
+        return plan(
+            model,
+            seen.attention_by_module(),
+            lambda name, d, s: (1, 1.0),
+            alpha,
+            lambda: observe(model, seen.inputs).attention_by_module(),
+            seen.output_uses,
+        )
     if not seen.ran:
         heads = {n: b.d0 for n, b in base.items() if b.d0 is not None}
         fixes = attn.legacy_plan(model, heads, alpha)

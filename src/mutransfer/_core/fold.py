@@ -52,6 +52,7 @@ class Folder:
         self.modules = dict(plain.named_modules())
         self.ref_modules = dict(reference.named_modules())
         self.applied: dict[int, float] = {}  # id(parameter) → factor folded into it so far
+        self.applied_by: dict[int, str] = {}  # id(parameter) → the module whose output constant that was
         self._branch_ends: dict[int, list[str | None]] | None = None  # see _helper_ends
         self.owners: dict[int, list[str]] = {}
         for mname, m in plain.named_modules(remove_duplicate=False):
@@ -230,6 +231,7 @@ class Folder:
                 )
             p.mul_(c.factor)
             self.applied[id(p)] = c.factor
+            self.applied_by[id(p)] = c.module
 
     def _fold_branch(self, c: _Constant, calls) -> None:
         """Output × c of a module: into the layer that ends it (found by tracing, else searched).
@@ -344,7 +346,10 @@ class Folder:
                 f"export: readout '{canonical_name(c.module)}' ({_class_name(module)}) has no weight "
                 "parameter to take its multiplier"
             )
-        need = c.factor / self.applied.get(id(weight), 1.0)
+        # a factor another module's output constant put into a shared weight is undone here; this module's own
+        # output constant (a layer with constants on both sides: u-µP's branch end) stays: it acts after the input's
+        own = self.applied_by.get(id(weight)) == c.module
+        need = c.factor / (1.0 if own else self.applied.get(id(weight), 1.0))
         if need == 1.0:
             return
         if len(self.owners[id(weight)]) == 1:

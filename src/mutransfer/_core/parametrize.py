@@ -25,13 +25,17 @@ from ..rules import (
     BRANCH_MULTIPLIER,
     DEFAULT_DEPTH_ALPHA,
     DEFAULT_FORMULATION,
+    DEFAULT_PARAMETRIZATION,
     NO_MULTIPLIERS,
+    UMUP_DEPTH_ALPHA,
+    UMUP_NAME,
     TunableMultipliers,
     check_depth_alpha,
     depth_factor,
     factor,
     formulation_name,
     formulation_rules,
+    parametrization_name,
 )
 from .attention_plan import base_attention, install_attention, plan_attention
 from .depth import BRANCH_ATTR, Branch, DepthMap, block_containers, find_branches, outermost
@@ -45,6 +49,8 @@ from .roles import ParamInfo, classify
 from .row_roles import assign_row_roles, column_roles, row_plan
 from .shapes import WidthShapes, canonical_name
 from .spec import SPEC_ATTR, MuSpec, find_spec
+from .umup import UMUP_DEFAULTS, UMuPPlan, plan_umup, rescale_to, unit_target
+from .unit_ops import find_unit_ops
 from .width_constants import ForwardConstants, merge_constants, width_constants
 
 __all__ = ["BaseShapes", "ForwardConstants", "ZeroPiece", "Zeroing", "parametrize"]
@@ -76,6 +82,11 @@ def parametrize(
     residual_branches: Iterable[str] | None = None,
     base_depth: int | Mapping[str, int] | None = None,
     example_inputs: Any = None,
+    parametrization: str = DEFAULT_PARAMETRIZATION,
+    alpha_res: float = 1.0,
+    alpha_res_attn_ratio: float = 1.0,
+    alpha_ffn_act: float = 1.0,
+    alpha_loss_softmax: float = 1.0,
 ) -> nn.Module:
     """Put `model` in µP relative to `base` (and `delta`), in place; returns `model`.
 
@@ -119,6 +130,21 @@ def parametrize(
             before and after the change. Without it, inputs are made from the model (Hugging
             Face's main input and config, timm's input size, or the first layer); if none runs,
             roles fall back to module types and shapes, with a warning naming what was guessed.
+        parametrization: "mup" (the default: µP relative to the base model, which it equals at base
+            width) or "u-mup" (unit-scaled µP, Blake et al. 2025: unit-variance weights, every matmul,
+            nonlinearity, attention and residual add scaled to unit scale at init, µP's width and
+            Depth-µP's depth scaling on top; see docs/u-mup.md). Under "u-mup", ``attn_mult`` is
+            u-µP's α_attn_softmax (logits α/d_head), ``output_mult`` its α_output, ``formulation``
+            and ``depth_alpha`` keep their defaults (u-µP has its own rules: `rules.UMUP`) and
+            ``base_depth`` is not used (u-µP's depth rule is absolute).
+        alpha_res: u-µP's α_res: the residual branches' total contribution to the stream
+            relative to the embedding's (the τ rule; "u-mup" only).
+        alpha_res_attn_ratio: u-µP's α_res_attn_ratio: attention branches' contribution over the
+            MLP branches' ("u-mup" only).
+        alpha_ffn_act: u-µP's α_ffn_act: the MLP nonlinearity computes f(α·x)/α, unit-scaled
+            ("u-mup" only).
+        alpha_loss_softmax: u-µP's α_loss_softmax: the logits as the loss's softmax sees them, × the
+            readout's multiplier ("u-mup" only).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"parametrize needs an nn.Module as `model`, got {type(model).__name__}")
@@ -127,6 +153,19 @@ def parametrize(
             f"parametrize was already called on this {type(model).__name__}; it rescales the "
             "init, so calling it twice would apply µP twice. Build a fresh model instead"
         )
+    parametrization = parametrization_name(parametrization)
+    umup_hp = _umup_hparams(
+        parametrization,
+        alpha_res=alpha_res,
+        alpha_res_attn_ratio=alpha_res_attn_ratio,
+        alpha_ffn_act=alpha_ffn_act,
+        alpha_loss_softmax=alpha_loss_softmax,
+    )
+    umup = parametrization == UMUP_NAME
+    if umup:
+        _check_umup_options(formulation, depth_alpha, base_depth)
+        umup_hp["alpha_attn_softmax"] = float(attn_mult)
+        umup_hp["alpha_output"] = float(output_mult)
     on_meta = meta_parameters(model)
     if on_meta and isinstance(base, nn.Module):
         base_meta = meta_parameters(base)
@@ -141,7 +180,7 @@ def parametrize(
     rules = formulation_rules(formulation)
     alpha = check_depth_alpha(depth_alpha)
     shapes = _resolve_shapes(model, base, delta, base_shapes, example_inputs)
-    depth = _depth_map(model, shapes, base_depth)
+    depth = _umup_depth_map(model) if umup else _depth_map(model, shapes, base_depth)
     seen = observe_model(model, example_inputs)
     if example_inputs is not None and not seen.ran:
         raise ModelError(
@@ -175,33 +214,52 @@ def parametrize(
             MuPWarning,
             stacklevel=2,
         )
+    if umup and not seen.ran:
+        raise ModelError(
+            f"parametrize (u-mup): u-µP's unit scales are observed on a probe forward, and {type(model).__name__}'s "
+            f"did not run ({seen.error}); pass example_inputs= (a tensor, a tuple of arguments or a dict of "
+            "keyword arguments the forward accepts)"
+        )
     infos = classify(model, shapes, roles, transposed, depth, seen)
     params = {canonical_name(n): p for n, p in model.named_parameters()}
     split_rows = assign_row_roles(infos, shapes, seen, rules, params)
     _check_row_forward(infos, split_rows, rules)
     _warn_columns(column_roles(infos, shapes, seen, params))
-    branches, helper_blocks = (
-        find_branches(model, depth, residual_branches) if depth.containers and alpha > 0 else ([], [])
-    )
-    branches, folded = _fold_branches(branches, infos, formulation)
+    umup_plan: UMuPPlan | None = None
+    if umup:
+        branches: list[Branch] = []
+        helper_blocks: list[str] = []
+        folded: list[Branch] = []
+        umup_plan = _plan_umup(model, infos, seen, umup_hp, tunable, depth, residual_branches)
+    else:
+        branches, helper_blocks = (
+            find_branches(model, depth, residual_branches) if depth.containers and alpha > 0 else ([], [])
+        )
+        branches, folded = _fold_branches(branches, infos, formulation)
     attention_plan = (
-        plan_attention(model, seen, base_attention(model, shapes, depth, attn_base_head_dim), float(attn_mult))
+        plan_attention(
+            model, seen, base_attention(model, shapes, depth, attn_base_head_dim), float(attn_mult), absolute=umup
+        )
         if attention
         else []
     )
-    warn_unused(
-        infos,
-        tunable,
-        attention and bool(attention_plan),
-        attn_base_head_dim,
-        residual_branches,
-        bool(depth.containers),
-    )
+    if not umup:
+        warn_unused(
+            infos,
+            tunable,
+            attention and bool(attention_plan),
+            attn_base_head_dim,
+            residual_branches,
+            bool(depth.containers),
+        )
     zeroing = _readout_zeroing(model, infos, params) if zero_init_readout else []
     zeroing += _query_zeroing(model, zero_init_query) if zero_init_query else []
-    constants = forward_constants(infos, rules, tunable, readout_input_ratio(seen, shapes, depth), model)
-    compensations = width_constants(seen, shapes, depth, infos)
-    constants = merge_constants(constants + compensations)
+    if umup_plan is not None:
+        constants, compensations = list(umup_plan.constants), []
+    else:
+        constants = forward_constants(infos, rules, tunable, readout_input_ratio(seen, shapes, depth), model)
+        compensations = width_constants(seen, shapes, depth, infos)
+        constants = merge_constants(constants + compensations)
     if seen.ran:
         constants = in_effect(constants, seen)
 
@@ -225,8 +283,10 @@ def parametrize(
             if not on_meta
             else "shapes only (a meta target: no init law)"
         ),
-        depth_alpha=alpha if depth.containers else 0.0,
+        depth_alpha=(UMUP_DEPTH_ALPHA if umup else alpha) if depth.containers else 0.0,
         depth=dict(depth.containers),
+        parametrization=parametrization,
+        umup=umup_plan,
     )
     grown = any(own_width(i, shapes, params[n]) for n, i in infos.items())  # wider than the base somewhere
     with torch.no_grad():
@@ -234,6 +294,15 @@ def parametrize(
             p = params[name]
             base_p = None if base_values is None else base_values[info.base_name]
             depth_f = depth_factor(spec.depth_rule(name).init, info.m_depth, spec.depth_alpha)
+            unit = None if umup_plan is None else unit_target(umup_plan, name, tunable.init_mult(info.role))
+            if unit is not None:  # u-µP: the weight at RMS 1 (× the tunable init multiplier, × a folded multiplier)
+                if base_p is not None:
+                    grows = tuple(s != b for s, b in zip(p.shape, base_p.shape))
+                    law = read_law(base_p, grows)
+                    spec.init_laws[name] = law.scaled(unit / law.base_rms) if law.base_rms > 0 else law
+                if not p.is_meta:
+                    spec.init_scales[name] = rescale_to(p, unit)
+                continue
             target = factor(rules[info.role].init, info.m_in, info.m_out) * tunable.init_mult(info.role) * depth_f
             if base_p is not None:
                 grows = tuple(s != b for s, b in zip(p.shape, base_p.shape))
@@ -279,7 +348,10 @@ def parametrize(
     }
     spec.zero_init = [z.what for z in zeroing]
     install_forward_constants(model, constants)
-    spec.forward_constants = {m: (kind, c) for m, kind, c in constants}
+    if umup_plan is not None:
+        umup_plan.constants = list(constants)  # as installed (those whose module never runs were left out)
+    else:
+        spec.forward_constants = {m: (kind, c) for m, kind, c in constants}
     spec.attention = spec_attention
     spec.compensated = {m: c for m, _, c in compensations if m not in seen.inner_constants}
     spec.compensated.update(
@@ -289,7 +361,7 @@ def parametrize(
             if a.how.startswith("query output ")
         }
     )
-    spec.branches = _install_branch_multipliers(model, depth, alpha, branches, helper_blocks)
+    spec.branches = {} if umup else _install_branch_multipliers(model, depth, alpha, branches, helper_blocks)
     spec.folded_branches = {
         b.end: depth_factor(BRANCH_MULTIPLIER, depth.multiplier(b.end), alpha) for b in folded if b.end is not None
     }
@@ -297,6 +369,75 @@ def parametrize(
     mark_parameters(model, spec)
     register_plain_guard()
     return model
+
+
+def _umup_hparams(parametrization: str, **given: float) -> dict[str, float]:
+    """u-µP's α's, checked: numbers, α_ffn_act and α_loss_softmax positive, α_res and its ratio ≥ 0; only
+    under parametrization="u-mup" may they differ from 1."""
+    out = dict(UMUP_DEFAULTS)
+    for key, value in given.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{key} must be a number (u-µP's {key}, default 1), got {value!r}")
+        if not math.isfinite(value) or value < 0 or (value == 0 and key in ("alpha_ffn_act", "alpha_loss_softmax")):
+            raise ModelError(
+                f"{key} must be a finite number {'> 0' if key.startswith('alpha_ffn') else '≥ 0'}, got {value!r}"
+            )
+        if value != 1.0 and parametrization != UMUP_NAME:
+            raise ModelError(
+                f"{key}={value!r} is a u-µP hyperparameter; pass parametrization='u-mup' to use it (µP's own "
+                "multipliers are output_mult, attn_mult and embedding_mult)"
+            )
+        out[key] = float(value)
+    return out
+
+
+def _check_umup_options(formulation: str, depth_alpha: float, base_depth: Any) -> None:
+    """Options of µP that u-µP replaces by its own rules: refused when set, never silently ignored."""
+    if formulation_name(formulation) != DEFAULT_FORMULATION:
+        raise ModelError(
+            f"formulation={formulation!r} is a choice between µP's tables; u-µP has its own (rules.UMUP: every "
+            "matmul carries its multiplier). Leave formulation at its default with parametrization='u-mup'"
+        )
+    if depth_alpha != DEFAULT_DEPTH_ALPHA:
+        raise ModelError(
+            f"depth_alpha={depth_alpha!r}: u-µP scales depth by its own rule (Depth-µP, α = ½: the τ rule's "
+            "1/√L per branch and the blocks' lr × L^-½); leave depth_alpha at its default with parametrization='u-mup'"
+        )
+    if base_depth is not None:
+        raise ModelError(
+            "base_depth is not used by u-µP: its depth rule is absolute (1/√L with L the model's own number of "
+            "blocks); drop base_depth= with parametrization='u-mup'"
+        )
+
+
+def _umup_depth_map(model: nn.Module) -> DepthMap:
+    """Every outermost container of repeated blocks as (1, L): u-µP's depth factors read L itself."""
+    target = {canonical_name(n): tuple(p.shape) for n, p in model.named_parameters()}
+    found = block_containers(target)
+    return DepthMap({p: (1, found[p]) for p in outermost(found) if found[p] > 1})
+
+
+def _plan_umup(model, infos, seen, hparams, tunable, depth: DepthMap, residual_branches) -> UMuPPlan:
+    """u-µP's plan: the probe for nonlinearities, the residual branches, then `umup.plan_umup`."""
+    ops = find_unit_ops(model, seen.inputs)
+    if ops.error is not None:
+        raise ModelError(f"parametrize (u-mup): the probe forward that finds the nonlinearities failed ({ops.error})")
+    branches: list[Branch] | None = None
+    error = None
+    if depth.containers or residual_branches is not None:
+        try:
+            branches, helpers = find_branches(model, depth, residual_branches)
+        except ModelError as e:
+            error = str(e)
+        else:
+            if helpers:
+                error = (
+                    f"the blocks {', '.join(helpers[:2])}{' …' if len(helpers) > 2 else ''} scale their branches with "
+                    "mt.residual_branch, which gives one multiplier per block and u-µP's τ rule needs one per branch; "
+                    "name the branch modules with residual_branches=[...]"
+                )
+                branches = None
+    return plan_umup(model, infos, seen, ops, hparams, tunable.embedding, branches, error)
 
 
 def own_width(info: ParamInfo, shapes: WidthShapes, p: torch.Tensor) -> bool:

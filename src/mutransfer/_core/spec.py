@@ -9,6 +9,8 @@ from torch import nn
 from ..errors import ModelError
 from ..rules import (
     DEPTH_RULES,
+    MUP,
+    UMUP,
     DepthRule,
     Rule,
     TunableMultipliers,
@@ -22,6 +24,7 @@ from .init_law import InitLaw
 from .naming import DDP_ATTR, WRAPPER_ATTRS
 from .roles import ParamInfo
 from .shapes import WidthShapes
+from .umup import UMuPPlan
 
 __all__ = ["SPEC_ATTR", "MuSpec", "find_spec", "require_spec", "spec_holder"]
 
@@ -68,6 +71,8 @@ class MuSpec:
     init_seed: int | None = None  # the seed of the last mt.init_weights
     # parameter → µP's RMS of its init (the law's, with its pieces; measured when no law is known; None: unknown)
     init_rms: dict[str, float | None] = field(default_factory=dict)
+    parametrization: str = MUP  # "mup" or "u-mup" (rules.PARAMETRIZATIONS)
+    umup: UMuPPlan | None = None  # u-µP's plan (rows, fans, constants, residual multipliers), for "u-mup"
 
     def expected_rms(self, name: str) -> float:
         """µP's RMS of parameter `name`'s init: its law's, with the pieces its init multiplies (rows, zeros).
@@ -99,6 +104,9 @@ class MuSpec:
         Returns:
             The `rules.Rule` of the parameter's role.
         """
+        umup = self.__dict__.get("umup")
+        if umup is not None:
+            return UMUP[umup.rows[name]]
         return formulation_rules(self.formulation)[self.params[name].role]
 
     def depth_rule(self, name: str) -> DepthRule:
@@ -130,7 +138,14 @@ class MuSpec:
     def column_factor(self, name: str, column: str) -> float:
         """The factor of one column of the tables for one parameter: width × depth."""
         info = self.params[name]
-        width = factor(getattr(self.rule(name), column), info.m_in, info.m_out)
+        umup = self.__dict__.get("umup")
+        if umup is not None:  # u-µP's columns read the absolute fans; a multiplier folded into the init moves
+            fan_in, fan_out = umup.fans[name]  # its lr and ε by abc-symmetry (Adam lr × A, SGD × A², ε × 1/A)
+            a = umup.folded.get(name, 1.0)
+            shift = {"adam_lr": a, "spectral_lr": a, "sgd_lr": a * a, "adam_eps": 1.0 / a, "init": a}.get(column, 1.0)
+            width = factor(getattr(self.rule(name), column), fan_in, fan_out) * shift
+        else:
+            width = factor(getattr(self.rule(name), column), info.m_in, info.m_out)
         return width * depth_factor(getattr(self.depth_rule(name), column), info.m_depth, self.depth_alpha)
 
     def factors(self, name: str, optimizer: str) -> tuple[float, ...]:

@@ -1,0 +1,240 @@
+"""u-µP's unit rules for the ops between two layers: which nonlinearity feeds which layer, observed.
+
+Unit scaling asks every op's output to have unit scale when its input does. A matmul gets its scale
+from the rules table (`rules.UMUP`'s forward column); a norm is unit already; the ops in between —
+a nonlinearity ``f`` (GELU, SiLU, ReLU, …) or a gated unit ``f(g)·u`` (SwiGLU) — need a constant
+that depends on ``f``. This module finds them on one probe forward (a `TorchFunctionMode` that
+follows each layer's output to the next layer's input, through views, casts and dropout) and
+computes each constant by quadrature:
+
+- u-µP's α_ffn_act scales the nonlinearity's input: ``f_α(x) = f(α·x)/α`` (so α → 0 is the linear
+  part of GELU/SiLU, and ReLU does not depend on α);
+- its output is divided by ``σ_α = √E[f_α(z)²]`` for z ~ N(0, 1) (with a unit gate partner u of a
+  gated unit the same: E[(f_α(z)·u)²] = E[f_α(z)²]), computed by Gauss–Hermite quadrature with the
+  model's own torch function (its keyword arguments included: GELU's ``approximate``).
+
+Both fold into layers (so `mt.export` can take them out): α onto the output of the layer that feeds
+``f`` (its only use), ``1/(α·σ_α)`` onto the input of the layer that reads ``f``'s output. An op on
+the way that is not a view, a cast, dropout, a known nonlinearity or a gate product has no unit rule
+here: it is named (`UnitOps.unknown`) and parametrize warns, leaving that layer's input unscaled.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from .naming import canonical_name
+from .observe import call_model
+from .op_tables import RESHAPE, SPLIT, op_name, tensors_in
+
+__all__ = ["ACTIVATIONS", "ActivationUse", "UnitOps", "activation_scale", "find_unit_ops"]
+
+# Elementwise nonlinearities with a unit rule (the torch function is evaluated by quadrature).
+ACTIVATIONS = {
+    "relu",
+    "gelu",
+    "silu",
+    "tanh",
+    "sigmoid",
+    "elu",
+    "selu",
+    "celu",
+    "leaky_relu",
+    "mish",
+    "softplus",
+    "hardswish",
+    "hardsigmoid",
+    "relu6",
+    "hardtanh",
+}
+_CASTS = {"contiguous", "clone", "detach", "to", "float", "half", "bfloat16", "double", "type_as", "type", "alias"}
+_TRANSPARENT = _CASTS | RESHAPE | SPLIT | {"getitem", "dropout", "permute", "transpose", "t", "movedim"}
+_PRODUCT = {"mul", "rmul"}
+_ARG_KEYS = ("approximate", "negative_slope", "alpha", "beta", "threshold", "min_val", "max_val")
+
+
+@dataclass(frozen=True)
+class ActivationUse:
+    """A layer whose input is a nonlinearity of another layer's output (times a third's: a gated unit)."""
+
+    consumer: str  # the layer that reads f(gate) (· up)
+    function: str  # the torch function's name: "gelu", "silu", …
+    gate: str  # the layer whose output f is applied to
+    up: str | None = None  # the gated unit's other factor (SwiGLU's up projection), if any
+    kwargs: tuple[tuple[str, Any], ...] = ()  # the call's keyword arguments that change f (GELU's approximate)
+
+
+@dataclass
+class UnitOps:
+    """What the u-µP probe found: the nonlinearities between layers, and ops without a unit rule."""
+
+    activations: list[ActivationUse] = field(default_factory=list)
+    unknown: dict[str, list[str]] = field(default_factory=dict)  # consumer layer → ops on its input path
+    error: str | None = None  # why the probe did not run
+
+
+@dataclass(frozen=True)
+class _Tag:
+    source: str  # the layer whose output this is a function of
+    acts: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
+    up: str | None = None
+    unknown: tuple[str, ...] = ()
+
+
+def _is_layer(module: nn.Module) -> bool:
+    return not list(module.children()) and isinstance(module._parameters.get("weight"), torch.Tensor)
+
+
+class _Follow(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: dict[int, tuple[Any, _Tag]] = {}
+
+    def tag(self, t: Any, tag: _Tag) -> None:
+        for x in tensors_in(t):
+            try:
+                ref: Any = weakref.ref(x)
+            except TypeError:
+                ref = x
+            self.tags[id(x)] = (ref, tag)
+
+    def get(self, t: torch.Tensor) -> _Tag | None:
+        hit = self.tags.get(id(t))
+        if hit is None:
+            return None
+        ref, tag = hit
+        alive = ref() if isinstance(ref, weakref.ref) else ref
+        return tag if alive is t else None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = op_name(func)
+        ins = [t for t in tensors_in(list(args)) + tensors_in(list(kwargs.values()))]
+        tagged = [(t, tag) for t in ins if (tag := self.get(t)) is not None]
+        if not tagged or name in ("linear", "conv1d", "conv2d", "conv3d", "embedding"):
+            return out
+        first, tag = tagged[0]
+        outs = tensors_in(out)
+        if name in _TRANSPARENT:
+            if args and args[0] is first:
+                self.tag(out, tag)
+        elif name in ACTIVATIONS and args and args[0] is first:
+            extra = tuple((k, kwargs[k]) for k in _ARG_KEYS if k in kwargs and not isinstance(kwargs[k], torch.Tensor))
+            extra += tuple((f"arg{i}", a) for i, a in enumerate(args[1:], 1) if isinstance(a, (int, float, str)))
+            self.tag(out, _Tag(tag.source, tag.acts + ((name, extra),), tag.up, tag.unknown))
+        elif name in _PRODUCT and len(tagged) == 2:
+            (_, a), (_, b) = tagged
+            act, lin = (a, b) if a.acts and not b.acts else (b, a) if b.acts and not a.acts else (None, None)
+            if act is not None and lin is not None and act.up is None and not lin.unknown:
+                self.tag(out, _Tag(act.source, act.acts, lin.source, act.unknown))
+        elif (
+            len(ins) == 1
+            and len(outs) == 1
+            and outs[0].shape == first.shape
+            and name not in ("softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm", "normalize")
+        ):
+            self.tag(out, _Tag(tag.source, tag.acts, tag.up, tag.unknown + (name,)))
+        return out
+
+
+def find_unit_ops(model: nn.Module, inputs: Any) -> UnitOps:
+    """Run `model` once on `inputs` (no grad, eval mode) and find the nonlinearities between its layers.
+
+    Args:
+        model: the model, before parametrize changes anything (meta tensors are fine: no value is read).
+        inputs: the probe inputs parametrize ran (``Observation.inputs``).
+
+    Returns:
+        The `UnitOps`; ``error`` set (and nothing found) when the forward could not run.
+    """
+    follow = _Follow()
+    found: dict[str, ActivationUse] = {}
+    unknown: dict[str, list[str]] = {}
+    names = {id(m): canonical_name(n) for n, m in model.named_modules()}
+    layers = [m for m in model.modules() if _is_layer(m)]
+
+    def pre(module, args):
+        x = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        tag = follow.get(x) if x is not None else None
+        if tag is None:
+            return
+        me = names[id(module)]
+        if tag.unknown:
+            unknown.setdefault(me, [])
+            unknown[me] += [u for u in tag.unknown if u not in unknown[me]]
+        elif len(tag.acts) == 1 and me not in found:
+            fn, extra = tag.acts[0]
+            found[me] = ActivationUse(me, fn, tag.source, tag.up, extra)
+        elif len(tag.acts) > 1:
+            unknown.setdefault(me, []).append(" then ".join(a for a, _ in tag.acts))
+
+    def post(module, args, out):
+        if isinstance(out, torch.Tensor):
+            follow.tag(out, _Tag(names[id(module)]))
+
+    hooks = [m.register_forward_pre_hook(pre) for m in layers] + [m.register_forward_hook(post) for m in layers]
+    was_training = {m: m.training for m in model.modules()}
+    result = UnitOps()
+    try:
+        model.eval()
+        with torch.no_grad(), follow:
+            call_model(model, inputs)
+    except Exception as e:  # the probe is best effort: parametrize decides what a failure means
+        result.error = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        return result
+    finally:
+        for h in hooks:
+            h.remove()
+        for m, t in was_training.items():
+            m.training = t
+    result.activations = list(found.values())
+    result.unknown = unknown
+    return result
+
+
+_NODES = 96
+
+
+@functools.lru_cache(maxsize=256)
+def activation_scale(function: str, alpha: float = 1.0, kwargs: tuple[tuple[str, Any], ...] = ()) -> float:
+    """σ_α = √E[f_α(z)²], z ~ N(0, 1), f_α(x) = f(α·x)/α: what u-µP divides the nonlinearity's output by.
+
+    Args:
+        function: the name of a function of `torch.nn.functional` (or torch): "gelu", "silu", "relu", ….
+        alpha: α_ffn_act (> 0).
+        kwargs: keyword arguments of the call (GELU's ``approximate``); ``argN`` keys are positional.
+
+    Returns:
+        σ_α, by Gauss–Hermite quadrature (96 nodes, float64): exact to ~1e-6 for these functions.
+
+    Raises:
+        ValueError: alpha is not positive, or `function` is not a known nonlinearity.
+    """
+    if not alpha > 0:
+        raise ValueError(f"alpha_ffn_act must be a positive number, got {alpha!r}")
+    f = _function(function)
+    z, w = np.polynomial.hermite_e.hermegauss(_NODES)  # weight exp(-z²/2)
+    x = torch.tensor(z * alpha, dtype=torch.float64)
+    positional = [v for k, v in sorted(kwargs) if k.startswith("arg")]
+    named = {k: v for k, v in kwargs if not k.startswith("arg")}
+    y = f(x, *positional, **named).numpy() / alpha
+    mean_sq = float(np.sum(w * y * y) / math.sqrt(2 * math.pi))
+    return math.sqrt(mean_sq)
+
+
+def _function(name: str) -> Callable[..., torch.Tensor]:
+    if name not in ACTIVATIONS:
+        raise ValueError(f"no unit rule for '{name}'; known nonlinearities: {', '.join(sorted(ACTIVATIONS))}")
+    f = getattr(torch.nn.functional, name, None) or getattr(torch, name)
+    return f
