@@ -12,7 +12,7 @@ target_depth = 32               # for `mutransfer transfer` (optional)
 batch_sizes = [16, 32, 64]      # batch sizes swept at the proxy width (optional; hparams["batch_size"])
 horizons = [100, 200, 400]      # training step counts swept at the proxy width (optional; hparams["steps"])
 parametrizations = ["mup", "sp"]
-sampler = "grid"                # grid | random | tpe
+sampler = "grid"                # grid | random | tpe | independent (lr, then each other HP alone)
 n_trials = 16                   # random/tpe: trials per (parametrization, width[, depth])
 seeds = [0]                     # every trial trains once per seed; the loss is the mean
 storage = ""                    # default: sqlite file in the run directory; or postgresql://...
@@ -110,7 +110,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-SAMPLERS = ("grid", "random", "tpe")
+SAMPLERS = ("grid", "random", "tpe", "independent")
 PARAMETRIZATIONS = ("mup", "sp")
 # config key -> the hyperparameter it sets
 EXTRA_AXES = {"batch_sizes": "batch_size", "horizons": "steps"}
@@ -312,6 +312,11 @@ def config_from_dict(
         sampler = data.get("sampler", "grid")
         if sampler not in SAMPLERS:
             raise ConfigError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
+        if sampler == "independent" and "lr" not in dims:
+            raise ConfigError(
+                f'sampler "independent" sweeps lr first, then each other hyperparameter: add a [space.lr] table '
+                f"(swept now: {', '.join(dims)}), or use another sampler"
+            )
         n_trials = data.get("n_trials", 16)
         if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
             raise ConfigError(f"n_trials must be a positive integer, got {n_trials!r}")

@@ -28,6 +28,7 @@ from .._core.progress import Progress
 from ..errors import SweepInterrupted
 from .cells import Cell
 from .config import SweepConfig, load_config, pinned_text
+from .independent import enqueue_due
 from .recipes import load_objective
 from .rundir import differences, fetch_config, free_sibling
 from .scale import Objective, Scale
@@ -403,6 +404,8 @@ class Sweep:
                 start = (os.getpid() + ran) % len(cells)
                 with ClaimLock(self.url):
                     for cell in cells[start:] + cells[:start]:
+                        if self.config.sampler == "independent":  # queue the stage that is due, if any
+                            enqueue_due(self.storage, self.studies[cell], self.config.space_for(cell.parametrization))
                         trial = claim(self.storage, self.studies[cell], self.config)
                         if trial is not None:
                             claimed = (cell, trial)

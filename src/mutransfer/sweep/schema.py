@@ -237,6 +237,14 @@ SPACE: tuple[Key, ...] = (
         "Grid points on the range (log: evenly spaced in log2); a grid sweep's points per study (the product over `[space]`) are at most 1,000,000.",
     ),
     Key("values", "list", REQUIRED, "The choices (choice only), each once.", "**required** for a choice"),
+    Key(
+        "default",
+        "number or string (a choice: one of its values)",
+        None,
+        'Where the `"independent"` sampler holds this hyperparameter while it sweeps the others (u-µP\'s '
+        "α: `1`); in the range. Other samplers ignore it.",
+        "the grid point nearest the range's centre (log2 for log); a choice's first value",
+    ),
 )
 
 CLUSTER: tuple[Key, ...] = (

@@ -1,4 +1,5 @@
-"""Hyperparameter search spaces: log-uniform, uniform and choice, with their grids."""
+"""Hyperparameter search spaces: log-uniform, uniform and choice, with their grids (and the
+`default` the independent sampler holds a hyperparameter at while it sweeps the others)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["SPACE_KEYS", "Choice", "Dimension", "LogUniform", "Uniform", "dimension_from_dict"]
+__all__ = ["SPACE_KEYS", "Choice", "Dimension", "LogUniform", "Uniform", "default_value", "dimension_from_dict"]
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,7 @@ class LogUniform:
     low: float
     high: float
     grid: int = 8
+    default: float | None = None  # None: the grid point nearest the range's log-centre (`default_value`)
 
     def grid_points(self) -> list[float]:
         if self.grid == 1:
@@ -34,6 +36,7 @@ class Uniform:
     low: float
     high: float
     grid: int = 8
+    default: float | None = None  # None: the grid point nearest the range's middle
 
     def grid_points(self) -> list[float]:
         if self.grid == 1:
@@ -45,13 +48,29 @@ class Uniform:
 @dataclass(frozen=True)
 class Choice:
     values: tuple
+    default: Any = None  # None: the first value
 
     def grid_points(self) -> list[Any]:
         return list(self.values)
 
 
 Dimension = LogUniform | Uniform | Choice
-SPACE_KEYS = {"type", "low", "high", "grid", "values"}
+SPACE_KEYS = {"type", "low", "high", "grid", "values", "default"}
+
+
+def default_value(dim: Dimension) -> Any:
+    """The value the independent sampler holds `dim` at while it sweeps other hyperparameters: its
+    ``default`` when given; else a choice's first value, or the grid point nearest the range's centre
+    (in log2 for a log range)."""
+    if dim.default is not None:
+        return dim.default
+    points = dim.grid_points()
+    if isinstance(dim, Choice):
+        return points[0]
+    if isinstance(dim, LogUniform):
+        centre = (math.log2(dim.low) + math.log2(dim.high)) / 2
+        return min(points, key=lambda v: abs(math.log2(v) - centre))
+    return min(points, key=lambda v: abs(v - (dim.low + dim.high) / 2))
 
 
 MAX_GRID = 1_000_000  # grid points per study: a grid sweep enqueues them all up front
@@ -112,7 +131,10 @@ def dimension_from_dict(name: str, spec: dict) -> Dimension:
             if isinstance(v, float) and math.isnan(v):
                 raise ConfigError(f"space.{name}.values holds nan, which equals no value (not even itself); remove it")
         _check_distinct(name, values)
-        return Choice(tuple(values))
+        default = spec.get("default")
+        if default is not None and default not in values:
+            raise ConfigError(f"space.{name}.default must be one of its values {values!r}, got {_short(default)}")
+        return Choice(tuple(values), default)
     if kind not in ("log", "uniform"):
         raise ConfigError(f'space.{name}.type must be "log", "uniform" or "choice", got {kind!r}')
     for key in ("low", "high"):
@@ -126,11 +148,18 @@ def dimension_from_dict(name: str, spec: dict) -> Dimension:
         raise ConfigError(f"space.{name}: low ({low:g}) must be less than high ({high:g})")
     if not math.isfinite(high - low):
         raise ConfigError(f"space.{name}: the range {low:g} … {high:g} is wider than a float holds; narrow it")
+    default = None
+    if "default" in spec:
+        default = _number(name, "default", spec["default"])
+        if not low <= default <= high:
+            raise ConfigError(
+                f"space.{name}.default ({default:g}) must lie in the range {low:g} … {high:g}; widen the range or move it"
+            )
     if kind == "log":
         if low <= 0:
             raise ConfigError(f"space.{name}: a log range needs low > 0, got {low:g}")
-        return LogUniform(low, high, grid)
-    return Uniform(low, high, grid)
+        return LogUniform(low, high, grid, default)
+    return Uniform(low, high, grid, default)
 
 
 def _check_distinct(name: str, values: list) -> None:

@@ -16,6 +16,7 @@ from optuna.trial import TrialState
 from ..errors import ConfigError
 from .cells import Cell
 from .config import SweepConfig
+from .independent import plan_size
 from .storage import ClaimLock, enqueue_many, optuna_logs_quiet, quiet, study_id, trial_counts
 from .trials import trial_outcome
 
@@ -161,7 +162,10 @@ class Studies:
         return self._grids[p]
 
     def trials_per_cell(self, parametrization: str | None = None) -> int:
-        """Trials each of `parametrization`'s studies runs: its grid points, or `n_trials` (random/TPE)."""
+        """Trials each of `parametrization`'s studies runs: its grid points, the independent search's
+        points (`independent.plan_size`), or `n_trials` (random/TPE)."""
+        if self.config.sampler == "independent":
+            return plan_size(self.config.space_for(parametrization or self.config.parametrizations[0]))
         return len(self.grid(parametrization)) if self.config.sampler == "grid" else self.config.n_trials
 
     @property

@@ -175,7 +175,7 @@ class RunContext:
 
 def claim(storage: optuna.storages.RDBStorage, study: optuna.Study, config: SweepConfig) -> optuna.Trial | None:
     """Take a waiting trial of `study` (call under the sweep's `ClaimLock`), or (random/TPE) start a
-    new one while trials are due.
+    new one while trials are due. (The independent sampler's due points are queued before: `Sweep.work`.)
 
     Args:
         storage: the sweep's storage.
@@ -204,7 +204,7 @@ def claim(storage: optuna.storages.RDBStorage, study: optuna.Study, config: Swee
                     raise
         except optuna.exceptions.UpdateFinishedTrialError:
             continue
-    if config.sampler == "grid":
+    if config.sampler in ("grid", "independent"):  # every point is queued (independent: `independent.enqueue_due`)
         return None
     counts = trial_counts(storage, study_id(study))  # counted by the database: no trial is read
     counted = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
