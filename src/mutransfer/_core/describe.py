@@ -15,6 +15,44 @@ from .spec import MuSpec, require_spec, spec_holder
 __all__ = ["describe"]
 
 
+_ALPHA_WORDS = {
+    "alpha_res": "α_res",
+    "alpha_res_attn_ratio": "α_res_attn_ratio",
+    "alpha_attn_softmax": "α_attn_softmax",
+    "alpha_ffn_act": "α_ffn_act",
+    "alpha_output": "α_output",
+    "alpha_loss_softmax": "α_loss_softmax",
+}
+
+
+def _umup_lines(spec: MuSpec, umup, stale: dict[str, str]) -> list[str]:
+    """u-µP's scales as installed: its α's, each forward constant with what it is made of, the τ rule's
+    branch multipliers, the unit-scaled nonlinearities, the depth rule and every fallback taken."""
+    lines = ["u-µP hyperparameters: " + ", ".join(f"{_ALPHA_WORDS[k]} {v:g}" for k, v in umup.hparams.items())]
+    if umup.constants:
+        lines.append("u-µP forward scales (in effect, folded by mt.export):")
+        for m, side, c in umup.constants:
+            why = "; ".join(umup.why.get((m, str(side)), []))
+            note = f" (NOT in effect: {stale[m]})" if m in stale else ""
+            lines.append(f"  {m or '<model>'} {side}{c:.4g}  [{why}]{note}")
+    if umup.branches:
+        kinds = [k for k, _ in umup.branches.values()]
+        lines.append(
+            f"τ rule (pre-norm: one multiplier per branch output): {kinds.count('attention')} attention, "
+            f"{kinds.count('mlp')} MLP branches; "
+            + ", ".join(sorted({f"{k} × {c:.4g}" for k, c in umup.branches.values()}))
+        )
+    for consumer, fn, sigma in umup.activations:
+        lines.append(f"unit {fn}: σ = {sigma:.4g} on the input of {consumer}")
+    for prefix, (_, n) in spec.depth.items():
+        lines.append(f"depth {prefix or '<model>'}: L={n} blocks: in-block Adam lr and ε × L^-½ (Depth-µP)")
+    for name, c in umup.folded.items():
+        lines.append(f"multiplier in the init (no layer carries it): {name} std {c:.4g}")
+    for msg in umup.fallbacks:
+        lines.append(f"fallback: {msg}")
+    return lines
+
+
 def describe(model: nn.Module, optimizer: str | None = None, adjust_lr_fn: str | None = None) -> str:
     """Table of every parameter: role, width multipliers, init / lr / ε factors vs the base model.
 
@@ -66,8 +104,14 @@ def describe(model: nn.Module, optimizer: str | None = None, adjust_lr_fn: str |
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    umup = spec.__dict__.get("umup")
     lines = [
-        f"µP ({spec.formulation}); {_init_words(spec)}"
+        (
+            "u-µP (rules.UMUP: unit-variance weights, factors of the absolute fans)"
+            if umup
+            else f"µP ({spec.formulation})"
+        )
+        + f"; {_init_words(spec)}"
         + (
             f"; factors for {optimizer}" + (f" (adjust_lr_fn={adjust_lr_fn})" if adjust_lr_fn else "")
             if optimizer is not None
@@ -79,7 +123,9 @@ def describe(model: nn.Module, optimizer: str | None = None, adjust_lr_fn: str |
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
     stale = _not_in_effect(model, spec)
-    if spec.forward_constants:
+    if umup is not None:
+        lines += _umup_lines(spec, umup, stale)
+    elif spec.forward_constants:
         lines.append(
             "forward constants: "
             + ", ".join(
@@ -98,7 +144,7 @@ def describe(model: nn.Module, optimizer: str | None = None, adjust_lr_fn: str |
             + ", ".join(f"{m} ({stale[m]})" for m in stale_branches[:6])
             + (" …" if len(stale_branches) > 6 else "")
         )
-    for prefix, (l0, l) in spec.depth.items():
+    for prefix, (l0, l) in spec.depth.items() if umup is None else ():
 
         def inside(names, prefix=prefix):
             return sorted({block_pattern(m) for m in names if m.startswith(f"{prefix}.") or not prefix})
@@ -126,9 +172,14 @@ def describe(model: nn.Module, optimizer: str | None = None, adjust_lr_fn: str |
             if a.verified
             else "NOT measured: no probe forward ran; assumed the module computed 1/√d"
         )
+        rule = (
+            f"u-µP: α_attn_softmax/d, α={alpha:g}, d={a.d}"
+            if umup is not None
+            else f"µP: α·s₀·d₀/d, α={alpha:g}, d₀={a.d0}, d={a.d}"
+        )
         lines.append(
-            f"attention {a.module or '<model>'}: q·kᵀ × {a.scale:.4g} (µP: α·s₀·d₀/d, α={alpha:g}, "
-            f"d₀={a.d0}, d={a.d}; the model's own was {a.before:.4g}; {change}; {check})"
+            f"attention {a.module or '<model>'}: q·kᵀ × {a.scale:.4g} ({rule}; the model's own was {a.before:.4g}; "
+            f"{change}; {check})"
         )
     by_source: dict[str, int] = {}
     for info in spec.params.values():

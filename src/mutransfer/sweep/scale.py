@@ -8,7 +8,12 @@ have reserved names, wired into `mt.parametrize` / `mt.param_groups` by `mup_kwa
 - ``init_mult_<role>``, ``lr_mult_<role>`` — per-role init std and lr multipliers
   (role: input, hidden, output, vector, scalar);
 - ``depth_alpha`` — the depth exponent α: residual branches × (L/L₀)^-α (1.0 CompleteP, the
-  default; 0.5 Depth-µP; 0 no depth scaling).
+  default; 0.5 Depth-µP; 0 no depth scaling);
+- ``parametrization`` — ``"mup"`` (default) or ``"u-mup"`` (unit-scaled µP, docs/u-mup.md): the
+  µP runs of the sweep are then u-µP's, usually set in ``[fixed]``;
+- u-µP's hyperparameters (with ``parametrization = "u-mup"``): ``alpha_res``,
+  ``alpha_res_attn_ratio``, ``alpha_ffn_act``, ``alpha_loss_softmax``, and ``alpha_attn_softmax`` /
+  ``alpha_output`` (the same places as ``attn_mult`` / ``output_mult``, which they set).
 
 In a sweep over `depths`, `scale.depth` is the number of residual blocks to build and
 `scale.base_depth` the µP base depth (both None otherwise).
@@ -48,12 +53,23 @@ from typing import Any
 import optuna
 
 from .._core.scale import Reporter, Scale
-from ..rules import ROLES
+from ..errors import ConfigError
+from ..rules import ROLES, parametrization_name
 
-__all__ = ["MULTIPLIER_NAMES", "Objective", "Pruned", "Reporter", "Scale", "mup_kwargs"]
+__all__ = ["MULTIPLIER_NAMES", "UMUP_NAMES", "Objective", "Pruned", "Reporter", "Scale", "mup_kwargs"]
 
 Objective = Callable[[dict, "Scale"], float]
 MULTIPLIER_NAMES = ("output_mult", "attn_mult", "embedding_mult")
+# u-µP's hyperparameters as sweep names → parametrize's keyword (α_attn_softmax and α_output are µP's attn_mult and
+# output_mult: one multiplier per place in the forward)
+UMUP_NAMES = {
+    "alpha_res": "alpha_res",
+    "alpha_res_attn_ratio": "alpha_res_attn_ratio",
+    "alpha_ffn_act": "alpha_ffn_act",
+    "alpha_loss_softmax": "alpha_loss_softmax",
+    "alpha_attn_softmax": "attn_mult",
+    "alpha_output": "output_mult",
+}
 
 
 class Pruned(optuna.TrialPruned):
@@ -67,8 +83,8 @@ def mup_kwargs(hparams: dict[str, Any]) -> dict[str, Any]:
         hparams: what the objective received.
 
     Returns:
-        ``output_mult``, ``attn_mult``, ``embedding_mult``, ``depth_alpha``, and ``init_mult`` /
-        ``lr_mult`` dicts by role, for those present; ``{}`` when none is.
+        ``output_mult``, ``attn_mult``, ``embedding_mult``, ``depth_alpha``, ``parametrization``, u-µP's
+        α's, and ``init_mult`` / ``lr_mult`` dicts by role, for those present; ``{}`` when none is.
 
     Raises:
         TypeError: ``depth_alpha`` is not a number.
@@ -76,6 +92,13 @@ def mup_kwargs(hparams: dict[str, Any]) -> dict[str, Any]:
     kw: dict[str, Any] = {name: float(hparams[name]) for name in MULTIPLIER_NAMES if name in hparams}
     if "depth_alpha" in hparams:
         kw["depth_alpha"] = _number("depth_alpha", hparams["depth_alpha"])
+    if "parametrization" in hparams:
+        kw["parametrization"] = parametrization_name(hparams["parametrization"])
+    for name, key in UMUP_NAMES.items():
+        if name in hparams:
+            if key in kw:
+                raise ConfigError(f"{name} and {key} set the same multiplier; give one of them")
+            kw[key] = _number(name, hparams[name])
     init = {role: float(hparams[f"init_mult_{role}"]) for role in ROLES if f"init_mult_{role}" in hparams}
     lr = {role: float(hparams[f"lr_mult_{role}"]) for role in ROLES if f"lr_mult_{role}" in hparams}
     if init:

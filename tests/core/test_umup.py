@@ -1,0 +1,272 @@
+"""u-µP (issue 50): unit scales at init, the rules table, export, the meta path, groups, bad input."""
+
+import math
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import mutransfer as mt
+from mutransfer import rules
+from mutransfer._core.spec import find_spec
+from mutransfer._core.unit_ops import activation_scale
+from mutransfer.errors import MuPWarning
+from mutransfer.recipes import GPT, Llama
+
+TOKENS = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+
+
+def rms(t):
+    return float(t.detach().double().pow(2).mean().sqrt())
+
+
+def umup(make, width, base=64, **kw):
+    torch.manual_seed(0)
+    return mt.parametrize(make(width), base=make(base), delta=make(2 * base), parametrization="u-mup", **kw)
+
+
+def outputs(model, x=TOKENS):
+    got = {}
+    hooks = [
+        m.register_forward_hook(lambda mod, i, o, n=n: got.__setitem__(n, rms(o[0] if isinstance(o, tuple) else o)))
+        for n, m in model.named_modules()
+        if n
+    ]
+    with torch.no_grad():
+        model(x)
+    for h in hooks:
+        h.remove()
+    return got
+
+
+# ------------------------------------------------------------------------------------------ the table
+
+
+def test_the_umup_table_is_table3_shifted_by_its_forward_multiplier():
+    """abc-symmetry: a multiplier A on a unit weight is µP's plain weight with init × A, Adam lr × A,
+    SGD lr × A²; the identities of µP's tables hold row by row; the embedding's lr is u-µP's fan_out^-½."""
+    t3 = rules.TABLE3
+    # Table 3 in absolute fans at base = 1: hidden init fan_in^-½, Adam 1/fan_in, SGD fan_out/fan_in
+    hidden, out = rules.UMUP["hidden"], rules.UMUP["output"]
+    assert (hidden.init[0] + hidden.forward[0], hidden.init[1] + hidden.forward[1]) == t3["hidden"].init
+    assert (hidden.adam_lr[0] + hidden.forward[0], hidden.adam_lr[1]) == t3["hidden"].adam_lr
+    assert (hidden.sgd_lr[0] + 2 * hidden.forward[0], hidden.sgd_lr[1]) == t3["hidden"].sgd_lr
+    assert (out.adam_lr[0] + out.forward[0], out.adam_lr[1]) == t3["output"].adam_lr
+    assert (out.sgd_lr[0] + 2 * out.forward[0], out.sgd_lr[1]) == t3["output"].sgd_lr
+    assert rules.UMUP["embedding"].adam_lr == (0.0, -0.5)
+    for row, r in rules.UMUP.items():
+        assert r.init == (0.0, 0.0), row  # unit variance (vectors: the model's own, ×1)
+        if row == "scalar":
+            continue
+        assert r.adam_eps == (r.adam_lr[0] - r.sgd_lr[0], r.adam_lr[1] - r.sgd_lr[1]), row
+        assert r.spectral_lr == (r.adam_lr[0] + 0.5, r.adam_lr[1] + 0.5), row
+        assert set(rules.UMUP_ROWS) == set(rules.UMUP)
+
+
+def test_the_tau_rule_gives_embedding_attention_and_mlp_equal_totals():
+    kinds = ["attention", "mlp"] * 6
+    c = rules.umup_residual_mults(kinds)
+    attn = sum(x * x for x, k in zip(c, kinds) if k == "attention")
+    mlp = sum(x * x for x, k in zip(c, kinds) if k == "mlp")
+    assert attn == pytest.approx(1.0) and mlp == pytest.approx(1.0)  # the embedding contributes 1
+    c = rules.umup_residual_mults(kinds, alpha_res=2.0, alpha_res_attn_ratio=3.0)
+    attn = sum(x * x for x, k in zip(c, kinds) if k == "attention")
+    mlp = sum(x * x for x, k in zip(c, kinds) if k == "mlp")
+    assert (attn + mlp) / 2 == pytest.approx(4.0) and attn / mlp == pytest.approx(9.0)
+
+
+def test_the_tau_rule_is_unit_scaling_residual_adds_unrolled():
+    """(x + τ f)/√(1+τ²) with the paper's τ per layer equals (emb + Σ c f)/√(1+Σc²) for independent unit terms."""
+    kinds = ["attention", "mlp"] * 4
+    c = rules.umup_residual_mults(kinds, alpha_res=1.5, alpha_res_attn_ratio=0.5)
+    gen = torch.Generator().manual_seed(0)
+    emb = torch.randn(4096, generator=gen, dtype=torch.float64)
+    fs = [torch.randn(4096, generator=gen, dtype=torch.float64) for _ in kinds]
+    x, v = emb.clone(), 1.0
+    for ck, f in zip(c, fs):
+        tau = ck / math.sqrt(v)
+        x = (x + tau * f) / math.sqrt(1 + tau * tau)
+        v += ck * ck
+    unrolled = (emb + sum(ck * f for ck, f in zip(c, fs))) / math.sqrt(1 + sum(ck * ck for ck in c))
+    assert torch.allclose(x, unrolled, atol=1e-12)
+
+
+@pytest.mark.parametrize("fn", ["gelu", "silu", "relu", "tanh"])
+@pytest.mark.parametrize("alpha", [0.5, 1.0, 3.0])
+def test_the_nonlinearity_scale_is_the_rms_of_f_alpha_on_a_unit_gaussian(fn, alpha):
+    z = torch.randn(2_000_000, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    f = getattr(F, fn, None) or getattr(torch, fn)
+    assert activation_scale(fn, alpha) == pytest.approx(rms(f(alpha * z) / alpha), rel=3e-3)
+
+
+# ------------------------------------------------------------------------------------------ the model
+
+
+@pytest.mark.parametrize("make", [GPT, Llama], ids=["gpt_fused_qkv", "llama_swiglu_rmsnorm"])
+def test_every_weight_is_unit_and_every_matmul_output_is_unit_at_init(make):
+    model = umup(make, 256)
+    spec = find_spec(model)
+    for name, p in model.named_parameters():
+        if p.ndim >= 2:
+            assert rms(p) == pytest.approx(1.0, rel=1e-6), name
+    got = outputs(model)
+    unit = [n for n in got if n.rsplit(".", 1)[-1] in ("qkv", "fc", "wq", "wk", "wv", "w1", "w3", "w2")]
+    assert len(unit) >= 4
+    for n in unit:  # the matmul outputs, and SwiGLU's down projection after the unit-scaled gate
+        assert 0.85 < got[n] < 1.15, (n, got[n])
+    if make is GPT:  # fc_out: unit gelu (σ = 0.652) × the τ rule's branch multiplier 1/√2
+        assert got["blocks.0.fc_out"] == pytest.approx(2**-0.5, rel=0.15)
+    readout = "lm_head" if make is GPT else "output"
+    assert got[readout] == pytest.approx(256**-0.5, rel=0.2)  # α_output/fan_in on a unit input: µP's small logits
+    assert spec.parametrization == "u-mup"
+    assert all(a.target == pytest.approx(1 / a.d) for a in spec.attention)  # logits α/d_head
+
+
+def test_the_alphas_land_where_the_paper_puts_them():
+    model = umup(
+        Llama,
+        128,
+        alpha_res=2.0,
+        alpha_res_attn_ratio=0.5,
+        alpha_ffn_act=3.0,
+        alpha_loss_softmax=2.0,
+        output_mult=1.5,
+        attn_mult=4.0,
+    )
+    plan = find_spec(model).umup
+    c = {(m, str(side)): v for m, side, v in plan.constants}
+    sigma = activation_scale("silu", 3.0)
+    assert c[("layers.0.feed_forward.w1", "output ×")] == 3.0  # α_ffn_act on the gate
+    assert c[("layers.0.feed_forward.w2", "input ×")] == pytest.approx(1 / (3.0 * sigma) / math.sqrt(w2_fan_in(model)))
+    assert c[("output", "input ×")] == pytest.approx(1.5 * 2.0 / 128)
+    a_mlp = 2.0 * math.sqrt(2 / (1 + 0.25))
+    assert plan.branches["layers.0.feed_forward"][1] == pytest.approx(a_mlp / math.sqrt(2))
+    assert plan.branches["layers.0.attention"][1] == pytest.approx(0.5 * a_mlp / math.sqrt(2))
+    assert all(a.target == pytest.approx(4.0 / a.d) for a in find_spec(model).attention)
+    assert plan.hparams["alpha_attn_softmax"] == 4.0 and plan.hparams["alpha_output"] == 1.5
+
+
+def w2_fan_in(model):
+    return model.layers[0].feed_forward.w2.weight.shape[1]
+
+
+@pytest.mark.parametrize("make", [GPT, Llama], ids=["gpt_tied", "llama"])
+def test_export_gives_a_plain_model_with_the_same_logits(make):
+    model = umup(make, 128, alpha_ffn_act=2.0, alpha_res=1.5, output_mult=2.0)
+    plain = mt.export(model)
+    assert not any("MuScaled" in type(m).__name__ for m in plain.modules())
+    with torch.no_grad():
+        want, got = model(TOKENS), plain(TOKENS)
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+    fresh = make(128)  # the user's own class loads the exported weights and gives the same logits
+    fresh.load_state_dict(plain.state_dict())
+    with torch.no_grad():
+        assert torch.allclose(fresh(TOKENS), want, atol=1e-5 * float(want.abs().max()))
+
+
+def test_adam_groups_follow_the_umup_table():
+    model = umup(Llama, 256)
+    spec = find_spec(model)
+    lr = {n: spec.factors(n, "adam")[0] for n in spec.params}
+    L = 2
+    assert lr["layers.0.attention.wq.weight"] == pytest.approx(256**-0.5 * L**-0.5)  # hidden: fan_in^-½, Depth-µP
+    assert lr["tok_embeddings.weight"] == pytest.approx(256**-0.5)  # u-µP's embedding rule: fan_out^-½
+    assert lr["output.weight"] == pytest.approx(1.0)
+    assert lr["norm.weight"] == pytest.approx(1.0)
+    groups = mt.param_groups(model, lr=0.5, optimizer="adam")
+    names = dict(model.named_parameters())
+    got = {id(p): g["lr"] for g in groups for p in g["params"]}
+    assert got[id(names["layers.1.feed_forward.w2.weight"])] == pytest.approx(0.5 * w2_fan_in(model) ** -0.5 * L**-0.5)
+    # µP's width transfer: hidden Adam lr halves per 4× width
+    other = find_spec(umup(Llama, 64))
+    assert lr["layers.0.attention.wq.weight"] / other.factors("layers.0.attention.wq.weight", "adam")[0] == 0.5
+
+
+def test_meta_target_parametrizes_as_eager():
+    torch.manual_seed(1)
+    base = Llama(64)
+    with torch.device("meta"):
+        delta, target = Llama(128), Llama(256)
+    mt.parametrize(target, base=base, delta=delta, parametrization="u-mup")
+    eager = mt.parametrize(Llama(256), base=base, delta=Llama(128), parametrization="u-mup")
+    meta_spec, eager_spec = find_spec(target), find_spec(eager)
+    assert meta_spec.umup.constants == eager_spec.umup.constants
+    assert meta_spec.umup.branches == eager_spec.umup.branches
+    assert [a.target for a in meta_spec.attention] == [a.target for a in eager_spec.attention]
+    for n in eager_spec.params:
+        assert meta_spec.factors(n, "adamw") == eager_spec.factors(n, "adamw"), n
+    target.to_empty(device="cpu")
+    mt.init_weights(target, seed=0)
+    for n, p in target.named_parameters():
+        if p.ndim >= 2:
+            assert rms(p) == pytest.approx(1.0, rel=0.05), n
+    with torch.no_grad():
+        a, b = outputs(target), outputs(eager)
+    for n in ("layers.0.feed_forward.w2", "output", "layers.1.attention.wq"):
+        assert a[n] == pytest.approx(b[n], rel=0.15), n
+
+
+def test_umup_trains_with_its_groups():
+    model = umup(GPT, 64)
+    opt = torch.optim.Adam(mt.param_groups(model, lr=0.1, optimizer="adam"))
+    x, y = TOKENS[:, :-1], TOKENS[:, 1:]
+    losses = []
+    for _ in range(30):
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < 0.7 * losses[0]
+
+
+# ------------------------------------------------------------------------------------------ bad input
+
+
+def test_unknown_parametrization_lists_the_choices():
+    with pytest.raises(ValueError, match="'mup', 'u-mup'"):
+        mt.parametrize(GPT(128), base=GPT(64), parametrization="unit")
+
+
+def test_umup_hyperparameters_need_umup():
+    with pytest.raises(ValueError, match="parametrization='u-mup'"):
+        mt.parametrize(GPT(128), base=GPT(64), alpha_res=2.0)
+    with pytest.raises(ValueError, match="formulation"):
+        mt.parametrize(GPT(128), base=GPT(64), parametrization="u-mup", formulation="table8")
+    with pytest.raises(ValueError, match="depth_alpha"):
+        mt.parametrize(GPT(128), base=GPT(64), parametrization="u-mup", depth_alpha=0.5)
+    with pytest.raises(ValueError, match="alpha_ffn_act"):
+        mt.parametrize(GPT(128), base=GPT(64), parametrization="u-mup", alpha_ffn_act=0.0)
+
+
+class _ErfMLP(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.inp, self.mid, self.out = nn.Linear(16, width), nn.Linear(width, width), nn.Linear(width, 4)
+
+    def forward(self, x):
+        return self.out(torch.erf(self.mid(F.gelu(self.inp(x)))))
+
+
+def test_an_op_without_a_unit_rule_is_named_and_the_rest_is_unit_scaled():
+    x = torch.randn(8, 16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = mt.parametrize(
+            _ErfMLP(128), base=_ErfMLP(32), delta=_ErfMLP(64), parametrization="u-mup", example_inputs=x
+        )
+    msgs = [str(w.message) for w in caught if issubclass(w.category, MuPWarning)]
+    assert any("erf" in m and "'out'" in m and "no unit rule" in m for m in msgs), msgs
+    plan = find_spec(model).umup
+    assert ("mid", "gelu", pytest.approx(activation_scale("gelu"))) in [tuple(a) for a in plan.activations]
+    c = {(m, str(s)): v for m, s, v in plan.constants}
+    assert c[("out", "input ×")] == pytest.approx(1 / 128)  # only the readout's own multiplier: erf left as it is
+
+
+def test_describe_prints_the_umup_scales():
+    text = mt.describe(umup(GPT, 128))
+    assert "u-µP" in text
+    assert "τ rule" in text and "α_res 1" in text
+    assert "blocks.0.fc_out" in text
