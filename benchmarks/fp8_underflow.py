@@ -1,0 +1,161 @@
+"""FP8 under µP and u-µP: how much of the hidden matmuls' operands falls below E4M3's smallest
+normal (2^-6), at init and after training, and what simulated FP8 training costs in loss.
+
+The model is the recipes' byte-level GPT (2 layers, 4 heads, context 32, untied readout, nanoGPT's
+0.02 init at the base width 32), parametrized with µP (`parametrization="mup"`) and u-µP
+(`"u-mup"`), trained with AdamW (µP's groups from `mt.param_groups`) on the demo's text, batch 16,
+with a 10 % linear warmup. Each parametrization's lr is the best of a small scan at width 64 in
+float32 (its optimum transfers across width). At the target width the same run (same seed, same
+batches) trains in:
+
+- fp32;
+- fp8: `mt.fp8_simulation` (operands E4M3 in the forward, straight-through; gradients at matmul
+  outputs E5M2 in the backward; plain saturating casts, no scaling);
+- fp8 fwd: the E4M3 forward casts only (gradients unrounded);
+- fp8 ×2^S: fp8 with the loss multiplied by 2^S (static loss scaling: AdamW's update does not
+  change with the loss's scale, save ε), so that small gradients do not flush in E5M2.
+
+Printed: the underflow fraction (`mt.precision.fp8_underflow`) at init and after the fp32 run,
+each run's final loss (the mean of the last tenth of the steps) and the gap to fp32 in %.
+
+    python benchmarks/fp8_underflow.py [--width 256] [--steps 150] [--lr-scale 1] [--loss-scale 12]
+                                       [--quick] [--threads 1]
+
+A simulation of the numerics on the CPU: the times are not FP8's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import mutransfer as mt
+from mutransfer.precision import fp8_simulation, fp8_underflow
+from mutransfer.recipes.data import stdlib_text
+from mutransfer.recipes.models import GPT
+
+BASE, CTX, BATCH = 32, 32, 16
+SCANS = {"mup": [2.0**e for e in range(-9, -3)], "u-mup": [2.0**e for e in range(-5, 2)]}
+
+
+def build(width: int, parametrization: str, seed: int = 0) -> GPT:
+    def gpt(w: int) -> GPT:
+        return GPT(w, n_layer=2, n_head=4, ctx=CTX, tied=False, init_std=0.02)
+
+    torch.manual_seed(seed)
+    model = gpt(width)
+    torch.manual_seed(10_000 + seed)
+    return mt.parametrize(model, base=gpt(BASE), delta=gpt(2 * BASE), parametrization=parametrization)
+
+
+def batches(steps: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    text = torch.frombuffer(bytearray(stdlib_text()), dtype=torch.uint8).long()
+    g = torch.Generator().manual_seed(1_000 + seed)
+    starts = torch.randint(0, len(text) - CTX - 1, (steps, BATCH), generator=g)
+    idx = starts[..., None] + torch.arange(CTX)
+    return [(text[i], text[i + 1]) for i in idx]
+
+
+def train(
+    width: int, parametrization: str, lr: float, steps: int, mode: str = "fp32", loss_scale: float = 1.0
+) -> tuple[float, torch.nn.Module]:
+    """The final loss (mean of the last tenth) of one run, and the trained model."""
+    model = build(width, parametrization)
+    opt = torch.optim.AdamW(mt.param_groups(model, lr=lr, optimizer="adamw"), lr=lr, weight_decay=0.0)
+    warmup = max(1, steps // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
+    sim = {
+        "fp8": lambda: fp8_simulation(),
+        "fp8 fwd": lambda: fp8_simulation(backward=None),
+    }
+    losses = []
+    for x, y in batches(steps):
+        if mode == "fp32":
+            logits = model(x)
+        else:
+            with sim[mode]():
+                logits = model(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        if not torch.isfinite(loss):
+            return math.nan, model
+        opt.zero_grad(set_to_none=True)
+        (loss * loss_scale).backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    tail = losses[-warmup:]
+    return sum(tail) / len(tail), model
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--width", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--lr-scale", type=float, default=1.0, help="train at the scanned lr × this")
+    ap.add_argument("--loss-scale", type=int, default=12, help="the fp8 ×2^S row's S")
+    ap.add_argument("--parametrizations", default="mup,u-mup")
+    ap.add_argument("--quick", action="store_true", help="width 64, 20 steps, a 2-point scan (a smoke run)")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    width, steps = (64, 20) if args.quick else (args.width, args.steps)
+    probe = batches(1, seed=99)[0][0]
+    rows = []
+    start = time.perf_counter()
+    for p in args.parametrizations.split(","):
+        scan = SCANS[p][2:4] if args.quick else SCANS[p]
+        scanned = {lr: train(64, p, lr, steps)[0] for lr in scan}
+        finite = {lr: v for lr, v in scanned.items() if math.isfinite(v)}
+        lr = min(finite, key=lambda k: finite[k]) * args.lr_scale
+        print(
+            f"{p}: lr scan at width 64: " + ", ".join(f"2^{math.log2(k):.0f} {v:.3f}" for k, v in scanned.items()),
+            file=sys.stderr,
+        )
+        init = fp8_underflow(build(width, p), probe)
+        results = {}
+        trained = None
+        for mode, scale in (
+            ("fp32", 1.0),
+            ("fp8", 1.0),
+            ("fp8 fwd", 1.0),
+            (f"fp8 ×2^{args.loss_scale}", 2.0**args.loss_scale),
+        ):
+            loss, model = train(width, p, lr, steps, mode.split(" ×")[0], scale)
+            results[mode] = loss
+            if mode == "fp32":
+                trained = model
+            print(f"  {p} {mode}: {loss:.4f}", file=sys.stderr, flush=True)
+        after = fp8_underflow(trained, probe) if trained is not None else None
+        rows.append((p, lr, init, after, results))
+    print(
+        f"\nGPT width {width} (base {BASE}), {steps} AdamW steps, batch {BATCH}×{CTX}; lr = the width-64 scan's best × {args.lr_scale:g}"
+    )
+    print("underflow: hidden matmul operands below 2^-6 (weights / activations); gap: vs fp32, %\n")
+    modes = list(rows[0][4])
+    print("| parametrization | lr | underflow at init | after training | " + " | ".join(modes) + " |")
+    print("|---|---|---|---|" + "---|" * len(modes))
+    for p, lr, init, after, results in rows:
+        base = results["fp32"]
+        cells = [f"{base:.4f}"] + [
+            f"{v:.4f} ({100 * (v - base) / base:+.2f}%)" if math.isfinite(v) else "diverged"
+            for v in list(results.values())[1:]
+        ]
+        a = (
+            f"{100 * after.fraction:.1f}% ({100 * after.weights:.0f}% / {100 * after.activations:.0f}%)"
+            if after
+            else "—"
+        )
+        print(
+            f"| {p} | 2^{math.log2(lr):.1f} | {100 * init.fraction:.1f}% ({100 * init.weights:.0f}% / "
+            f"{100 * init.activations:.0f}%) | {a} | " + " | ".join(cells) + " |"
+        )
+    print(f"\ntotal {time.perf_counter() - start:.0f} s (a CPU simulation of FP8's numerics, not its speed)")
+
+
+if __name__ == "__main__":
+    main()
