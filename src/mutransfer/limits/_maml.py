@@ -276,7 +276,7 @@ class MAMLLimit:
             raise ValueError(
                 f"base must be the same net at a smaller width: model is {d} → {n} → {k}, base {d0} → {n0} → {k0}"
             )
-        laws = observe(model, base, {"0.weight": "input", "1.weight": "output"})
+        laws, _ = observe(model, base, {"0.weight": "input", "1.weight": "output"})
         for name, law in laws.items():
             if law.family == "constant" and law.mean != 0.0:
                 raise ValueError(f"parameter {name!r} starts constant ({law.mean:g}); the limit needs a centred init")

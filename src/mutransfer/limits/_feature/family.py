@@ -26,14 +26,17 @@ import torch
 __all__ = ["Family", "HiddenMatrix", "mean", "partials"]
 
 
-def mean(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """E[a_i b_j] per group, detached: (G, P, I), (G, P, J) → (G, I, J)."""
-    return torch.einsum("gpi,gpj->gij", a.detach(), b.detach()) / a.shape[1]
+def mean(a: torch.Tensor, b: torch.Tensor, per: int | None = None) -> torch.Tensor:
+    """(1/per) Σ_particles a_i b_j per group, detached: (G, P, I), (G, P, J) → (G, I, J). With `per`
+    the particles of the model's width n (default: a's own), a dim of r·n coordinates held on r·per
+    particles gives r·E — the finite network's (1/n) Σ over its r·n coordinates."""
+    return torch.einsum("gpi,gpj->gij", a.detach(), b.detach()) / (per or a.shape[1])
 
 
-def partials(z: torch.Tensor, leaves: list[torch.Tensor]) -> torch.Tensor:
-    """E[∂z_b/∂leaf_j] per group: z (G, P, B) a per-particle function of the leaves (G, P, k_i);
-    returns (G, B, Σk_i), zeros where z does not depend on a leaf.
+def partials(z: torch.Tensor, leaves: list[torch.Tensor], per: int | None = None) -> torch.Tensor:
+    """(1/per) Σ_particles ∂z_b/∂leaf_j per group (E[·] for leaves on `per` particles): z (G, P, B) a
+    per-particle function of the leaves (G, P', k_i); returns (G, B, Σk_i), zeros where z does not
+    depend on a leaf.
 
     One reverse pass per column b (particles are independent in the graph, so the gradient of
     Σ_particles z_b is every particle's own partial). Plain passes, not `is_grads_batched`: vmapping
@@ -47,7 +50,7 @@ def partials(z: torch.Tensor, leaves: list[torch.Tensor]) -> torch.Tensor:
         grads = torch.autograd.grad(z[:, :, col].sum(), leaves, retain_graph=True, allow_unused=True)
         out[:, col] = torch.cat(
             [
-                leaf.new_zeros(g, leaf.shape[2]) if gr is None else gr.mean(1)
+                leaf.new_zeros(g, leaf.shape[2]) if gr is None else gr.sum(1) / (per or gr.shape[1])
                 for gr, leaf in zip(grads, leaves, strict=True)
             ],
             dim=1,
@@ -64,8 +67,11 @@ class Family:
     differentiates through the given vectors once, not through the Gram–Schmidt chain that built Q
     (a chain as long as the family: measured 40 % of a fit's time at 6 steps of batch 32)."""
 
-    def __init__(self, sigma2: float, generator: torch.Generator):
-        self.sigma2, self.generator = sigma2, generator
+    def __init__(self, sigma2: float, generator: torch.Generator, per: int, out: int):
+        # per: the particles of width n (E over a dim of r·n coordinates is (1/per)·Σ over its r·per
+        # particles); out: the particles of the side this family's Ẑ lives on (the matrix's output
+        # for W₀, its input for W₀ᵀ)
+        self.sigma2, self.generator, self.per, self.out = sigma2, generator, per, out
         self.q: list[torch.Tensor] = []  # E-orthonormal basis blocks, values only (G, P, k_j)
         self.v: list[torch.Tensor] = []  # the vectors given to `sample`, with their autograd graph
         self.m: torch.Tensor | None = None  # (G, Σ|v_j|, Σk_j): Q = cat(v)·M, detached
@@ -99,19 +105,19 @@ class Family:
         if self.q:
             q = torch.cat(self.q, 2)
             for _ in range(2):  # Gram–Schmidt twice: orthogonal to float precision
-                c = mean(q, r)
+                c = mean(q, r, self.per)
                 r = r - torch.einsum("gpk,gkb->gpb", q, c)
                 coef = coef + c
             z = torch.einsum("gpk,gkb->gpb", torch.cat(self.zeta, 2), coef)
         else:
-            z = torch.zeros_like(r)
-        gram = mean(r, r)
+            z = v.new_zeros(g, self.out, b)
+        gram = mean(r, r, self.per)
         gram = (gram + gram.transpose(1, 2)) / 2
         lam, u = torch.linalg.eigh(gram)  # (G, B), (G, B, B)
         # a direction counts if it holds more than 1e-10 of the given vectors' own size: measured
         # against the residual's largest eigenvalue instead, a block that the family already spans
         # (pure rounding left) kept its noise, normalized by 1/√λ ≈ 1e16, and V·M lost Q
-        scale = torch.einsum("gpb,gpb->gb", v.detach(), v.detach()).amax(1, keepdim=True) / v.shape[1]
+        scale = torch.einsum("gpb,gpb->gb", v.detach(), v.detach()).amax(1, keepdim=True) / self.per
         keep = lam > 1e-10 * scale.clamp_min(1e-300)
         root = torch.where(keep, lam.clamp_min(0).sqrt(), torch.zeros_like(lam))
         inv = torch.where(keep, 1.0 / root.clamp_min(1e-300), torch.zeros_like(lam))
@@ -125,7 +131,7 @@ class Family:
         m[:, rows:, held:] = t
         self.m = m
         self.v.append(v)
-        xi = torch.randn(v.shape, generator=self.generator, dtype=v.dtype).to(v.device)
+        xi = torch.randn((g, self.out, b), generator=self.generator, dtype=v.dtype).to(v.device)
         leaf = (xi * self.sigma2**0.5).requires_grad_(True)
         self.zeta.append(leaf)
         # r = Q_new · (diag(root) uᵀ) on the kept directions
@@ -137,16 +143,18 @@ class Family:
         if not self.q:
             return torch.zeros_like(z.detach())
         assert self.m is not None
-        d = partials(z, self.zeta)
+        d = partials(z, self.zeta, self.per)
         return self.sigma2 * torch.einsum("gpi,gib->gpb", torch.cat(self.v, 2), self.m @ d.transpose(1, 2))
 
 
 class HiddenMatrix:
     """A width × width nn.Linear's weight in the limit: both families and the SGD history."""
 
-    def __init__(self, sigma2: float, kappa: float, generator: torch.Generator):
-        self.kappa = kappa
-        self.fwd, self.bwd = Family(sigma2, generator), Family(sigma2, generator)
+    def __init__(self, sigma2: float, kappa: float, generator: torch.Generator, per: int, shape: tuple[int, int]):
+        # shape: (out, in) particles (r_out·per, r_in·per for a weight of r_out·n × r_in·n)
+        self.kappa, self.per = kappa, per
+        self.fwd = Family(sigma2, generator, per, shape[0])
+        self.bwd = Family(sigma2, generator, per, shape[1])
         self.history: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (step, ĝ, x)
 
     def _delta(self, v: torch.Tensor, step: int, lr: float, momentum: float, transpose: bool) -> torch.Tensor:
@@ -160,7 +168,7 @@ class HiddenMatrix:
                 continue
             m = sum(momentum**k for k in range(step - s))
             a, b = (g, x) if transpose else (x, g)  # ΔWᵀg: x E[ĝ g]; ΔW v: ĝ E[x v]
-            term = torch.einsum("gpi,gij->gpj", b, mean(a, v) * (-lr * self.kappa * m))
+            term = torch.einsum("gpi,gij->gpj", b, mean(a, v, self.per) * (-lr * self.kappa * m))
             out = term if out is None else out + term
         return torch.zeros_like(v.detach()) if out is None else out
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -11,7 +12,7 @@ from .._arrays import ArrayLike, as_inputs
 from .._checks import integer, positive
 from .._mup_limit import sgd_batches
 from .memory import release
-from .ops import analyse
+from .ops import analyse, own_layers, resolve_attention
 from .program import Program
 from .scaling import first_width, observe, same_width, widened, widths
 from .trace import scope_output, trace_module
@@ -63,6 +64,7 @@ class FeatureLimit:
         particles: int = 2**14,
         groups: int = 8,
         seed: int = 0,
+        example_input: ArrayLike | None = None,
     ):
         if not isinstance(model, nn.Module) or not (base is None or isinstance(base, nn.Module)):
             raise TypeError("model (and base, if given) must be torch.nn.Module instances")
@@ -75,44 +77,75 @@ class FeatureLimit:
         own = model if base is None or same_width(model, base) else None  # a base at the model's width: no base
         if own is not None:  # the model is its own base: µP relative to it, read off it and a copy at 2× its width
             self.width = self.base_width = first_width(self._gm)
+            if base is not None:  # the laws are the base's (µP rescales the model's init to it)
+                own = base
+            other = widened(own, own_layers(self._gm, own, self.width), self.seed)
+            pair = (self.width, 2 * self.width)
         else:
             assert base is not None
             self.width, self.base_width = widths(model, base)
-        self._ops, roles = analyse(self._gm, self.width)
+            other, pair = base, (self.width, self.base_width)
+        self._example = self._example_input(example_input)
+        self._ops, roles = analyse(self._gm, trace_module(other), self._example, pair)
         unused = [name for name, _ in model.named_parameters() if name not in roles]
         if unused:
             raise ValueError(f"parameters {unused} are not used by a supported layer of the forward pass")
         if own is not None:
-            if base is not None:  # the laws are the base's (µP rescales the model's init to it)
-                own = base
-            layers = {
-                str(op.node.target): (op.rule, own.get_submodule(str(op.node.target)))
-                for op in self._ops
-                if op.rule in ("input", "hidden", "readout", "norm") and op.module is not None
-            }
-            self.laws = observe(widened(own, layers, self.width, self.seed), own, roles)
+            self.laws, attention = observe(other, own, roles, self._example)
         else:
             assert base is not None
-            self.laws = observe(model, base, roles)
+            self.laws, attention = observe(model, base, roles, self._example)
+        resolve_attention(self._ops, attention)
         firsts = [op.module for op in self._ops if op.rule == "input"]
         outs = [op.module for op in self._ops if op.rule == "readout"]
         if not firsts or not outs:
             raise ValueError("the model needs an input layer (nn.Linear d → width) and a readout (width → k)")
-        self._in_features = int(firsts[0].in_features)  # type: ignore[union-attr,arg-type]
-        self._out_features = int(outs[-1].out_features)  # type: ignore[union-attr,arg-type]
+        out_meta = self._ops[-1].node.args[0].meta["tensor_meta"]  # type: ignore[union-attr]
+        self._out_features = math.prod(out_meta.shape[1:])  # outputs per row (positions × k without pooling)
+        calls: dict[str, int] = {}  # vectors per input row each hidden matrix multiplies (positions × calls)
+        for op in self._ops:
+            if op.rule == "hidden":
+                shape = op.node.args[0].meta["tensor_meta"].shape  # type: ignore[union-attr]
+                w = op.params["weight"]
+                calls[w] = calls.get(w, 0) + math.prod(shape[1:-1])
+        self._per_row = max(calls.values(), default=0)
         self._lr, self._momentum = 0.0, 0.0
         self._program = self._new_program()
 
-    def _inputs(self, x: ArrayLike, name: str) -> torch.Tensor:
-        xt = as_inputs(x, name)
-        if xt.shape[1] != self._in_features:
+    def _example_input(self, example: ArrayLike | None) -> torch.Tensor:
+        """Two rows of the input the limit will get: `example_input`, else (2, d) for the first Linear's d."""
+        if example is None:
+            first = next(
+                (self._gm.get_submodule(str(nd.target)) for nd in self._gm.graph.nodes if nd.op == "call_module"
+                 and isinstance(self._gm.get_submodule(str(nd.target)), nn.Linear)),
+                None,
+            )
+            if first is None:
+                raise ValueError("FeatureLimit: the model calls no nn.Linear (an input layer d → width is needed)")
+            g = torch.Generator().manual_seed(self.seed)
+            return torch.randn(2, int(first.in_features), generator=g, dtype=torch.float64)  # type: ignore[arg-type]
+        if isinstance(example, np.ndarray):
+            example = torch.from_numpy(example)
+        if not isinstance(example, torch.Tensor) or example.dim() < 2 or len(example) < 1:
             raise ValueError(
-                f"{name} must have {self._in_features} features per row (the input layer's in_features), got {xt.shape[1]}"
+                "example_input must be a tensor of at least 2 dims, (N, d) or (N, T, d) for sequences, with N ≥ 1"
+            )
+        return example[:2].detach().to(torch.float64)
+
+    def _inputs(self, x: ArrayLike, name: str) -> torch.Tensor:
+        if isinstance(x, torch.Tensor) and x.dim() > 2:
+            xt = x.detach().to(torch.float64)
+        else:
+            xt = as_inputs(x, name)
+        if tuple(xt.shape[1:]) != tuple(self._example.shape[1:]):
+            raise ValueError(
+                f"{name} must have shape (N, {', '.join(str(d) for d in self._example.shape[1:])}) like the example "
+                f"input the limit was built for, got {tuple(xt.shape)}; pass example_input= of that shape"
             )
         return xt
 
     def _new_program(self) -> Program:
-        return Program(self._ops, self.laws, self.groups, self.particles // self.groups, self.seed)
+        return Program(self._ops, self.laws, self.groups, self.particles // self.groups, self.width, self.seed)
 
     def fit(
         self,
@@ -163,12 +196,14 @@ class FeatureLimit:
                 f"y must hold {k} target(s) per input (the readout's out_features), got shape {tuple(yt.shape)}"
             )
         per_group, batch = self.particles // self.groups, min(batch_size or len(xt), len(xt))
-        seen = len(xt) + steps * batch
+        seen = (len(xt) + steps * batch) * self._per_row
         if self._program.matrices and 2 * seen > per_group:
+            each = f" × {self._per_row} vectors per input (positions × calls)" if self._per_row > 1 else ""
             raise ValueError(
                 f"particles per group ({per_group}) must be at least twice the vectors each hidden matrix sees "
-                f"({len(xt)} inputs + {steps} steps × batch {batch} = {seen}); use particles ≥ {(2 * seen + 4) * self.groups} "
-                "(each input predicted at once needs 4 more per group)"
+                f"(({len(xt)} inputs + {steps} steps × batch {batch}){each} = {seen}); use particles ≥ "
+                f"{(2 * seen + 4 * self._per_row) * self.groups} (each input predicted at once needs "
+                f"{4 * self._per_row} more per group)"
             )
         self._program = prog = self._new_program()
         self._lr, self._momentum = lr, float(momentum)
@@ -199,18 +234,19 @@ class FeatureLimit:
         """The limit's prediction at x: the mean over the Monte Carlo groups.
 
         Args:
-            x: inputs (n, d).
+            x: inputs (n, d), or (n, T, d) for a sequence model (the example input's shape).
             return_error: also return the Monte Carlo standard error (std over groups / √groups).
 
         Returns:
-            f of the model's output shape ((n, k) or (n,)), float64; with `return_error`, (f, se).
+            f of the model's output shape ((n, k), (n,), (n, T, k) …), float64; with `return_error`, (f, se).
         """
         xt = self._inputs(x, "x")
         # each input adds two vectors (at init and now) to a hidden matrix's family for the call:
         # predict in chunks that fit on the particles (points in different chunks are not sampled
         # jointly, which leaves each point's prediction and standard error unchanged)
         held = max([m.fwd.size() for m in self._program.matrices.values()], default=0)
-        room = (self.particles // self.groups // 2 - held) // 2 if self._program.matrices else len(xt)
+        per_row = max(self._per_row, 1)
+        room = (self.particles // self.groups // 2 - held) // (2 * per_row) if self._program.matrices else len(xt)
         if room < 1:
             raise ValueError("no particles left for new inputs: raise particles (see fit)")
         node = self._ops[-1].node
@@ -224,15 +260,19 @@ class FeatureLimit:
         """The limit's feature kernel E[Z^{h(x)} Z^{h(x')}] at the output of module `layer`.
 
         Args:
-            x: inputs (n, d).
+            x: inputs (n, d), or (n, T, d) for a sequence model.
             layer: a qualified module name whose output is width-sized (e.g. "blocks.1", "2").
 
         Returns:
-            (n, n) float64, the mean over the Monte Carlo groups.
+            float64, the mean over the Monte Carlo groups: (n, n), or (n, T, n, T) between the tokens of
+            a sequence model (the output's dims other than the width, twice).
         """
         node = scope_output(self._gm.graph, layer)
-        h = self._run(x)[node]
-        if not (isinstance(h, torch.Tensor) and h.dim() == 3):
+        op = next(o for o in self._ops if o.node is node)
+        if op.kind != "width" or op.wdim is None:
             raise ValueError(f"layer {layer!r}'s output is not width-sized; name a module before the readout")
-        h = h.detach()
-        return (torch.einsum("gpa,gpb->gab", h, h) / h.shape[1]).mean(0)
+        h = self._run(x)[node].detach().movedim(op.wdim + 1, -1)
+        rows = h.shape[1:-1]
+        h = h.reshape(h.shape[0], -1, h.shape[-1])
+        k = (torch.einsum("gap,gbp->gab", h, h) / h.shape[-1]).mean(0)
+        return k.reshape(*rows, *rows)

@@ -1,12 +1,22 @@
-"""The limit's forward and backward passes on particles, op by op (see `family` for the hidden
-matrices and `scaling` for the constants).
+"""The limit's forward and backward passes on particles, op by op (see `ops` for how values are held,
+`family` for the hidden matrices and `scaling` for the constants).
 
 Per-particle state: an input layer's rows u_α ∈ R^d and every width-sized bias or norm gain are
-(G, P, …) tensors, updated exactly; the readout's a = n·W is (G, P, k) and f = E[Z^x a]; the
-readout bias is (G, k). The backward pass is written as the program's own ops so that every
-gradient vector stays a differentiable function of the Ẑ leaves: gradients are in n-scaled units
-(ĝ = n·∂L/∂h, Θ(1)); elementwise ops by autograd with create_graph, LayerNorm / RMSNorm by their
-VJP with the width means detached, hidden matrices by W_tᵀ (`family.HiddenMatrix.backward`)."""
+(G, P, …) tensors, updated exactly; the readout's a = n·W is (G, P, k) and f = (1/P) Σ_α h_α a_α;
+the readout bias is (G, k). Every sum over a width dim is the finite network's sum ×n/P (n·E[·]).
+
+The backward pass is written as the program's own ops so that every gradient vector stays a
+differentiable function of the Ẑ leaves: width gradients are in n-scaled units (ĝ = n·∂L/∂h,
+Θ(1)), finite ones in their own; hidden matrices by W_tᵀ (`family.HiddenMatrix.backward`), norms
+and attention by their VJPs with the width means detached (a mean is deterministic in the limit:
+its dependence on one particle must not reach the Ż partials), every other op by autograd on a
+recomputation with create_graph.
+
+**Attention** (`sdpa`, or `contract` → finite ops → a product with the values): the logits
+L = c·E_h[Z^q Z^k] per head, c = s·n/H (s the logit scale in effect, ∝ 1/n in µP), are finite and
+deterministic; A = softmax(L + mask) over positions; o = A·v per particle. Backward, with ĝ^o:
+ĝ^v = Aᵀĝ^o, dA = (1/n) Σ_α ĝ^o_α v_α (finite), dL = A ⊙ (dA − Σ A dA), ĝ^q = s·n·dL·k,
+ĝ^k = s·n·dLᵀ·q."""
 
 from __future__ import annotations
 
@@ -17,22 +27,36 @@ from torch import fx
 
 from .family import HiddenMatrix
 from .memory import release
-from .ops import Op
+from .ops import Op, rep_size
 from .scaling import ParamLaw
+from .trace import node_error
 
 __all__ = ["Program"]
 
+_G = ("width", "finite")  # kinds held with a leading Monte Carlo group dim
+
 
 def _e(a: torch.Tensor) -> torch.Tensor:
-    """E[a] over the particles of each group (dim 1), detached, keeping the dim."""
-    return a.detach().mean(1, keepdim=True)
+    """E[a] over the particles of the last dim, detached, keeping the dim."""
+    return a.detach().mean(-1, keepdim=True)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """Sum over every dim but the group (first) and the last: (G, …, P) → (G, P)."""
+    return t.sum(dim=tuple(range(1, t.dim() - 1))) if t.dim() > 2 else t
+
+
+def _along(p: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A per-particle (G, P) tensor shaped to broadcast along `like`'s last dim."""
+    return p.reshape(p.shape[0], *([1] * (like.dim() - 2)), p.shape[-1])
 
 
 class Program:
-    """The state of the limit (G groups × P particles) and one pass of it."""
+    """The state of the limit (G groups × P particles per width n) and one pass of it."""
 
-    def __init__(self, ops: list[Op], laws: dict[str, ParamLaw], groups: int, particles: int, seed: int):
-        self.ops, self.laws, self.G, self.P = ops, laws, groups, particles
+    def __init__(self, ops: list[Op], laws: dict[str, ParamLaw], groups: int, per: int, n: int, seed: int):
+        self.ops, self.laws, self.G, self.per, self.n = ops, laws, groups, per, n
+        self.by_node = {op.node: op for op in ops}
         self.gen = torch.Generator().manual_seed(seed)
         self.dtype = torch.float64
         self.params: dict[str, torch.Tensor] = {}
@@ -42,17 +66,20 @@ class Program:
         for op in ops:
             for key, name in op.params.items():
                 law = laws[name]
+                param = getattr(op.module, key)
+                rows = rep_size(int(param.shape[0]), n, per, op.node) if law.role in ("input", "hidden", "vector") else 0
                 if law.role == "hidden":
-                    self.matrices[name] = HiddenMatrix(law.var, law.kappa, self.gen)
+                    cols = rep_size(int(param.shape[1]), n, per, op.node)
+                    self.matrices[name] = HiddenMatrix(law.var, law.kappa, self.gen, per, (rows, cols))
                     continue
                 if law.role == "output_bias":
                     assert law.value is not None
                     value = law.value.to(self.dtype).expand(groups, -1).clone()
                 else:
-                    param = getattr(op.module, key)
-                    shape = (groups, particles) + ((param.shape[1],) if param.dim() == 2 else ())
-                    if law.role == "output":  # W is (k, n): a per particle is (k,)
-                        shape = (groups, particles, param.shape[0])
+                    if law.role == "output":  # W is (k, r·n): a per particle is (k,)
+                        shape: tuple[int, ...] = (groups, rep_size(int(param.shape[1]), n, per, op.node), param.shape[0])
+                    else:
+                        shape = (groups, rows) + ((param.shape[1],) if param.dim() == 2 else ())
                     value = law.sample(shape, self.gen, self.dtype)
                 self.params[name] = value
                 self.initial[name] = value
@@ -63,10 +90,10 @@ class Program:
     def forward(
         self, x: torch.Tensor, mode: str, lr: float = 0.0, momentum: float = 0.0, control: dict | None = None
     ) -> tuple[dict[fx.Node, Any], dict[fx.Node, torch.Tensor]]:
-        """Values of every node on inputs x (B, d): mode "init" (the network at init: Ẑ only, initial
+        """Values of every node on inputs x (N, …, d): mode "init" (the network at init: Ẑ only, initial
         parameters), "train" or "eval" (current parameters). `control`: readout node → E[Z^{x₀} a₀]
         on the same inputs, subtracted from the readout (zero in expectation; see `limit`). Returns
-        the values and, per readout node, its raw E[Z^x a] before bias and control."""
+        the values and, per readout node, its raw value before bias and control."""
         vals: dict[fx.Node, Any] = {}
         raw: dict[fx.Node, torch.Tensor] = {}
         p = self.initial if mode == "init" else self.params
@@ -76,34 +103,128 @@ class Program:
                 vals[node] = x
             elif op.rule == "output":
                 vals[node] = vals[node.args[0]]  # type: ignore[index]
-            elif op.rule in ("input", "hidden", "readout", "norm"):
+            elif op.rule in ("input", "hidden", "readout"):
                 v = vals[node.args[0]]  # type: ignore[index]
-                w = op.params.get("weight", "")
+                w = op.params["weight"]
                 b = p[op.params["bias"]] if "bias" in op.params else None
                 if op.rule == "input":
-                    out = torch.einsum("bd,gpd->gpb", v, p[w])
+                    out = torch.einsum("...d,gpd->g...p", v, p[w])
                 elif op.rule == "hidden":
-                    out = self.matrices[w].forward(v, self.step, lr, momentum, initial=mode == "init")
-                elif op.rule == "readout":
+                    flat = v.reshape(v.shape[0], -1, v.shape[-1]).transpose(1, 2)  # (G, P_in, M)
+                    z = self.matrices[w].forward(flat, self.step, lr, momentum, initial=mode == "init")
+                    out = z.transpose(1, 2).reshape(*v.shape[:-1], z.shape[1])
+                else:
                     with torch.no_grad():
-                        r = torch.einsum("gpb,gpk->gbk", v, p[w]) / self.P
+                        r = torch.einsum("g...p,gpk->g...k", v, p[w]) / self.per
                     raw[node] = r
                     out = r - control[node] if control is not None else r
                     if b is not None:
-                        out = out + b.unsqueeze(1)
-                    out = out.detach().requires_grad_(mode == "train")
-                    b = None
-                else:
-                    out = self._norm(op, v, p)
-                vals[node] = out if b is None else out + b.unsqueeze(2)
-            elif op.rule == "finite":
-                args = [vals[a] for a in op.inputs]
-                dims = tuple(0 if isinstance(a, torch.Tensor) else None for a in args)
-                vals[node] = torch.func.vmap(op.fn, in_dims=dims, randomness="error")(*args)  # type: ignore[arg-type]
+                        out = out + b.reshape(b.shape[0], *([1] * (out.dim() - 2)), b.shape[-1])
+                    vals[node] = out.detach()
+                    continue
+                vals[node] = out if b is None else out + _along(b, out)
+            elif op.rule == "norm":
+                vals[node] = self._norm(op, vals[node.args[0]], p)  # type: ignore[index]
+            elif op.rule == "sdpa":
+                vals[node] = self._attend(op, vals)[1]
             else:
-                assert op.fn is not None
-                vals[node] = op.fn(*[vals[a] for a in op.inputs])
+                vals[node] = self._apply(op, vals, detach=op.kind == "finite")
         return vals, raw
+
+    def _apply(self, op: Op, vals: dict[fx.Node, Any], detach: bool = False) -> Any:
+        """A generic op on held values: data ops as written, ops on width/finite values per Monte Carlo
+        group (vmap), with sizes of width dims translated between the model (n) and the particles."""
+        node = op.node
+        args = [vals[a] for a in op.inputs]
+        if op.kind in ("data", "const") or op.rule in ("data", "const"):
+            assert op.fn is not None
+            return op.fn(*args)
+        if op.rule == "size":
+            return self._size(op, args)
+        if op.rule == "getitem" and isinstance(args[0], (tuple, list)):
+            return args[0][node.args[1]]  # type: ignore[index]
+        if op.rule == "cast":
+            return args[0]
+        kinds = [self.by_node[a].kind for a in op.inputs]
+        if detach:
+            args = [a.detach() if k in _G else a for a, k in zip(args, kinds, strict=True)]
+        fn = self._translated(op, args, kinds)
+        dims = tuple(0 if k in _G else None for k in kinds)
+        try:
+            with torch.set_grad_enabled(torch.is_grad_enabled() and not detach):
+                out = torch.func.vmap(fn, in_dims=dims, randomness="error")(*args)
+        except ValueError:
+            raise
+        except Exception as e:
+            raise node_error(node, f"an op the limit could not run per particle ({type(e).__name__}: {e})") from e
+        if op.rule == "contract":
+            out = out * (op.scale * self.n / self.per)
+        return out
+
+    def _translated(self, op: Op, args: list[Any], kinds: list[str]) -> Any:
+        """op.fn, with a width dim's size arguments (reshape, split, a slice of it) in particles."""
+        assert op.fn is not None
+        node = op.node
+        if op.rule == "reshape":
+            sizes = list(node.args[1:]) if len(node.args) > 2 or not isinstance(node.args[1], (tuple, list)) else None
+            shape = [self._value(a, args, op) for a in (sizes if sizes is not None else node.args[1])]  # type: ignore[union-attr]
+            if op.wdim is not None and op.wdim < len(shape) and shape[op.wdim] != -1:
+                shape[op.wdim] = rep_size(int(shape[op.wdim]), self.n, self.per, node)
+            return lambda t, *_: t.reshape(shape)
+        if op.rule == "split":
+            src = self.by_node[op.inputs[0]]
+            dim = node.kwargs.get("dim", node.args[2] if len(node.args) > 2 else 0)
+            sizes = node.kwargs.get("split_size_or_sections", node.kwargs.get("split_size", node.args[1]))
+            nd = args[0].dim() - 1
+            if src.wdim is not None and int(dim) % nd == src.wdim:  # type: ignore[call-overload]
+                if isinstance(sizes, (list, tuple)):
+                    sizes = [rep_size(int(s), self.n, self.per, node) for s in sizes]
+                else:
+                    sizes = rep_size(int(sizes), self.n, self.per, node)  # type: ignore[call-overload]
+            return lambda t, *_: torch.split(t, sizes, int(dim))  # type: ignore[call-overload]
+        if op.rule == "getitem":
+            src = self.by_node[op.inputs[0]]
+            index = self._index(node.args[1], args[0].dim() - 1, src, node)
+            return lambda t, *_: t[index]
+        return op.fn
+
+    def _value(self, a: Any, args: list[Any], op: Op) -> Any:
+        return args[op.inputs.index(a)] if isinstance(a, fx.Node) else a
+
+    def _index(self, index: Any, nd: int, src: Op, node: fx.Node) -> Any:
+        """An index into a width tensor, its slices of the width dim in particles (no integer there)."""
+        items = list(index) if isinstance(index, tuple) else [index]
+        if any(isinstance(i, (fx.Node, torch.Tensor)) for i in items):
+            raise node_error(node, "an index computed in the forward pass into a width tensor")
+        used = sum(1 for i in items if i is not None and i is not Ellipsis)
+        dim, out = 0, []
+        for i in items:
+            if i is Ellipsis:
+                dim += nd - used
+                out.append(i)
+                continue
+            if i is None:
+                out.append(i)
+                continue
+            if dim == src.wdim:
+                if not isinstance(i, slice) or i.step not in (None, 1):
+                    raise node_error(node, "an integer or strided index into the width dim")
+                ends = [None if b is None else rep_size(b % src.size, self.n, self.per, node) for b in (i.start, i.stop)]
+                i = slice(ends[0], ends[1])
+            out.append(i)
+            dim += 1
+        return tuple(out)
+
+    def _size(self, op: Op, args: list[Any]) -> Any:
+        """`size()`/`shape` of a held value, at the model's width (what the user's code expects)."""
+        src = self.by_node[op.inputs[0]]
+        t = args[0]
+        shape = list(t.shape[1:]) if src.kind in _G else list(t.shape)
+        if src.wdim is not None:
+            shape[src.wdim] = shape[src.wdim] * self.n // self.per
+        assert op.fn is not None
+        probe = torch.empty(shape, device="meta")
+        return op.fn(probe, *args[1:])
 
     def _norm(self, op: Op, v: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
         m = op.module
@@ -116,7 +237,34 @@ class Program:
             c = v
             s = (_e(v * v) + eps).sqrt()
         xhat = c / s
-        return xhat * p[op.params["weight"]].unsqueeze(2) if "weight" in op.params else xhat
+        if "weight" in op.params:
+            xhat = xhat * _along(p[op.params["weight"]], xhat)
+        if "bias" in op.params:
+            xhat = xhat + _along(p[op.params["bias"]], xhat)
+        return xhat
+
+    def _sdpa_args(self, op: Op, vals: dict[fx.Node, Any]) -> dict[str, Any]:
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+        bound = dict(zip(names, op.node.args, strict=False))
+        bound.update(op.node.kwargs)
+        return {k: vals[a] if isinstance(a, fx.Node) else a for k, a in bound.items()}
+
+    def _attend(self, op: Op, vals: dict[fx.Node, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention's weights A (finite, detached) and output o = A·v (per particle)."""
+        a = self._sdpa_args(op, vals)
+        q, k, v = a["query"], a["key"], a["value"]
+        with torch.no_grad():
+            logits = (q.detach() @ k.detach().transpose(-1, -2)) * (op.scale * self.n / self.per)
+            if a.get("is_causal"):
+                tq, tk = logits.shape[-2:]
+                keep = torch.ones(tq, tk, dtype=torch.bool, device=logits.device).tril()
+                logits = logits.masked_fill(~keep, float("-inf"))
+            mask = a.get("attn_mask")
+            if mask is not None:
+                mask = torch.as_tensor(mask, device=logits.device)
+                logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
+            att = torch.softmax(logits, dim=-1)
+        return att, att @ v
 
     # ------------------------------------------------------------------ backward and update
 
@@ -127,59 +275,103 @@ class Program:
         out = vals[out_node]
         with torch.no_grad():
             chi = (out - y.to(out.dtype).reshape(out.shape[1:])) / x.shape[0]  # ∂L/∂f, per group
-        readouts = [op for op in self.ops if op.rule == "readout"]
-        leaves = [vals[op.node] for op in readouts]
-        cot_f = torch.autograd.grad(out, leaves, chi, allow_unused=True)
-        cot: dict[fx.Node, torch.Tensor] = {}
+        cot: dict[fx.Node, Any] = {out_node.args[0]: chi}  # type: ignore[dict-item]
         grads: dict[str, torch.Tensor] = {}
         history: list[tuple[str, torch.Tensor, torch.Tensor]] = []
 
         def add(node: Any, g: torch.Tensor | None) -> None:
-            if g is not None:
-                cot[node] = cot[node] + g if node in cot else g
+            if g is None or not isinstance(node, fx.Node) or self.by_node[node].kind not in _G:
+                return
+            cot[node] = cot[node] + g if node in cot else g
 
-        for op, c in zip(readouts, cot_f, strict=True):
-            if c is None:
-                continue
-            v = vals[op.node.args[0]]  # type: ignore[index]
-            a = self.params[op.params["weight"]]
-            add(op.node.args[0], torch.einsum("gpk,gbk->gpb", a, c))
-            grads[op.params["weight"]] = torch.einsum("gpb,gbk->gpk", v, c)
-            if "bias" in op.params:
-                grads[op.params["bias"]] = c.sum(1)
         for op in reversed(self.ops):
             node = op.node
-            if node not in cot or op.kind != "width":
+            if node not in cot or op.rule == "output":
                 continue
             g = cot.pop(node)
-            if "bias" in op.params and op.rule != "norm":
-                grads[op.params["bias"]] = g.sum(2)
-            if op.rule == "input":  # ĝ times what the layer reads (x after any op on the inputs: x * 8.0)
-                grads[op.params["weight"]] = torch.einsum("gpb,bd->gpd", g, vals[node.args[0]])  # type: ignore[index]
+            src = node.args[0] if node.args else None
+            if op.rule == "getitem" and isinstance(vals[src], (tuple, list)):  # type: ignore[index]
+                parts = cot.setdefault(src, {})  # type: ignore[arg-type]
+                i = node.args[1]
+                parts[i] = parts[i] + g if i in parts else g
+                continue
+            if op.rule == "readout":
+                h, a = vals[src], self.params[op.params["weight"]]  # type: ignore[index]
+                add(src, torch.einsum("gpk,g...k->g...p", a, g))
+                grads[op.params["weight"]] = torch.einsum("g...p,g...k->gpk", h, g)
+                if "bias" in op.params:
+                    grads[op.params["bias"]] = _rows(g)
+                continue
+            if op.rule in ("input", "hidden") and "bias" in op.params:
+                grads[op.params["bias"]] = _rows(g)
+            if op.rule == "input":  # ĝ times what the layer reads (x after any op on the inputs)
+                grads[op.params["weight"]] = torch.einsum("g...p,...d->gpd", g, vals[src])  # type: ignore[index]
             elif op.rule == "hidden":
-                history.append((op.params["weight"], g, vals[node.args[0]]))  # type: ignore[index]
-                add(node.args[0], self.matrices[op.params["weight"]].backward(g, self.step, lr, momentum))
+                v = vals[src]  # type: ignore[index]
+                gf = g.reshape(g.shape[0], -1, g.shape[-1]).transpose(1, 2)
+                vf = v.reshape(v.shape[0], -1, v.shape[-1]).transpose(1, 2)
+                history.append((op.params["weight"], gf, vf))
+                back = self.matrices[op.params["weight"]].backward(gf, self.step, lr, momentum)
+                add(src, back.transpose(1, 2).reshape(*v.shape))
             elif op.rule == "norm":
-                add(node.args[0], self._norm_vjp(op, vals[node.args[0]], g, grads))  # type: ignore[index]
-            elif op.rule == "elementwise":
-                for src, ga in self._vjp(op, vals, g).items():
-                    add(src, ga)
+                add(src, self._norm_vjp(op, vals[src], g, grads))  # type: ignore[index]
+            elif op.rule == "sdpa":
+                for s, ga in self._sdpa_vjp(op, vals, g).items():
+                    add(s, ga)
+            elif op.rule not in ("data", "const", "size", "placeholder"):
+                for s, ga in self._vjp(op, vals, g).items():
+                    add(s, ga)
         self._update(grads, history, lr, momentum)
 
-    def _vjp(self, op: Op, vals: dict[fx.Node, Any], g: torch.Tensor) -> dict[fx.Node, torch.Tensor | None]:
-        """The cotangent of each width input node of an elementwise op (a node used twice: once, summed)."""
-        nodes = list(dict.fromkeys(a for a in op.inputs if isinstance(vals[a], torch.Tensor) and vals[a].dim() == 3))
+    def _vjp(self, op: Op, vals: dict[fx.Node, Any], g: Any) -> dict[fx.Node, torch.Tensor | None]:
+        """The cotangent of each width/finite input of a generic op (a node used twice: once, summed):
+        width cotangents in ĝ units (with their graph), finite ones detached."""
+        nodes = list(dict.fromkeys(a for a in op.inputs if self.by_node[a].kind in _G))
         if not nodes:
             return {}
-        # recompute the op, inputs that depend on no leaf made local leaves, so that the VJP is a
-        # differentiable function of the inputs and of the cotangent
-        local = {a: vals[a] if vals[a].requires_grad else vals[a].detach().requires_grad_(True) for a in nodes}
-        assert op.fn is not None
-        out = op.fn(*[local.get(a, vals[a]) for a in op.inputs])
+        local = {}
+        for a in nodes:
+            t = vals[a]
+            if self.by_node[a].kind == "finite" or not t.requires_grad:
+                t = t.detach().requires_grad_(True)
+            local[a] = t
+        out = self._apply(op, {**vals, **local})
+        if isinstance(g, dict):  # a tuple of results (split): the cotangents of the parts used
+            outs = [out[i] for i in g]
+            cots = [self._rep_cot(op, c) for c in g.values()]
+        else:
+            outs, cots = [out], [self._rep_cot(op, g)]
         gs = torch.autograd.grad(
-            out, [local[a] for a in nodes], g, create_graph=True, retain_graph=True, allow_unused=True
+            outs, [local[a] for a in nodes], cots, create_graph=True, retain_graph=True, allow_unused=True
         )
-        return dict(zip(nodes, gs, strict=True))
+        res: dict[fx.Node, torch.Tensor | None] = {}
+        for a, ga in zip(nodes, gs, strict=True):
+            if ga is None:
+                continue
+            res[a] = ga * self.per if self.by_node[a].kind == "width" else ga.detach()
+        return res
+
+    def _rep_cot(self, op: Op, g: torch.Tensor) -> torch.Tensor:
+        """A cotangent in the particles' own units: ĝ/P for a width value, as is for a finite one."""
+        return g / self.per if op.kind == "width" else g.detach()
+
+    def _sdpa_vjp(self, op: Op, vals: dict[fx.Node, Any], g: torch.Tensor) -> dict[fx.Node, torch.Tensor]:
+        a = self._sdpa_args(op, vals)
+        att, _ = self._attend(op, vals)
+        q, k, v = a["query"], a["key"], a["value"]
+        gv = att.transpose(-1, -2) @ g
+        with torch.no_grad():
+            da = (g.detach() / self.per) @ v.detach().transpose(-1, -2)
+            dl = att * (da - (att * da).sum(-1, keepdim=True))
+        c = op.scale * self.n
+        gq, gk = c * (dl @ k), c * (dl.transpose(-1, -2) @ q)
+        bound = dict(zip(("query", "key", "value"), op.node.args, strict=False))
+        bound.update({key: val for key, val in op.node.kwargs.items() if key in ("query", "key", "value")})
+        out: dict[fx.Node, torch.Tensor] = {}
+        for key, grad in (("query", gq), ("key", gk), ("value", gv)):
+            node = bound[key]
+            out[node] = out[node] + grad if node in out else grad  # type: ignore[index]
+        return out  # type: ignore[return-value]
 
     def _norm_vjp(self, op: Op, v: torch.Tensor, g: torch.Tensor, grads: dict[str, torch.Tensor]) -> torch.Tensor:
         m = op.module
@@ -190,10 +382,10 @@ class Program:
         s = (_e(c * c) + eps).sqrt()
         xhat = c / s
         if "bias" in op.params:
-            grads[op.params["bias"]] = g.sum(2)
+            grads[op.params["bias"]] = _rows(g)
         if "weight" in op.params:
-            grads[op.params["weight"]] = (g * xhat).sum(2)
-            g = g * self.params[op.params["weight"]].unsqueeze(2)
+            grads[op.params["weight"]] = _rows(g * xhat)
+            g = g * _along(self.params[op.params["weight"]], g)
         dx = g - _e(g) if ln else g
         return (dx - xhat * _e(g * xhat)) / s
 

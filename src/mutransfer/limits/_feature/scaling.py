@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["ParamLaw", "first_width", "mup_sgd", "observe", "same_width", "sgd_factors", "widened", "widths"]
+__all__ = ["AttentionLaw", "ParamLaw", "first_width", "mup_sgd", "observe", "same_width", "sgd_factors", "widened", "widths"]
 
 ROLES = ("input", "vector", "hidden", "output", "output_bias")
 _EXPONENT = {"input": -1, "vector": -1, "hidden": 0, "output": 1, "output_bias": 0}  # κ = lr·n^e
@@ -70,7 +70,8 @@ def same_width(model: nn.Module, base: nn.Module) -> bool:
 
 
 def widths(model: nn.Module, base: nn.Module) -> tuple[int, int]:
-    """(n, n₀): the one width of `model` and of `base` (every dim that differs between them)."""
+    """(n, n₀): the width of `model` and of `base`: the smallest dim that differs between them; every
+    other such dim must differ in the same ratio (r·n and r·n₀: fused qkv's 3n, an MLP's 4n)."""
     bp = dict(base.named_parameters())
     pairs: set[tuple[int, int]] = set()
     for name, p in model.named_parameters():
@@ -79,25 +80,36 @@ def widths(model: nn.Module, base: nn.Module) -> tuple[int, int]:
         if p.dim() != bp[name].dim():
             raise ValueError(f"parameter {name!r} has {p.dim()} dims in model and {bp[name].dim()} in base")
         pairs |= {(a, b) for a, b in zip(p.shape, bp[name].shape, strict=True) if a != b}
-    if len(pairs) != 1:
-        found = ", ".join(f"{a} (base {b})" for a, b in sorted(pairs)) or "none"
+    found = ", ".join(f"{a} (base {b})" for a, b in sorted(pairs)) or "none"
+    if not pairs:
         raise ValueError(
-            f"FeatureLimit needs exactly one width dim that differs between model and base; found {found}. "
-            "Build base at a smaller width of the same architecture (every width-sized dim at one size)"
+            "FeatureLimit needs a width that differs between model and base; found none. Build base at a smaller "
+            "width of the same architecture"
         )
-    ((n, n0),) = pairs
+    n, n0 = min(pairs)
+    if any(a * n0 != b * n for a, b in pairs):
+        raise ValueError(
+            f"FeatureLimit needs every dim that differs between model and base to grow in one ratio (a width n and "
+            f"multiples r·n); found {found}. Build base at a smaller width of the same architecture"
+        )
     if n <= n0:
         raise ValueError(f"model's width {n} must be larger than base's {n0} (the limit is read from the two)")
     return n, n0
 
 
-def mup_sgd(model: nn.Module, base: nn.Module, lr: float, delta: nn.Module | None = None) -> list[dict[str, Any]]:
+def mup_sgd(
+    model: nn.Module, base: nn.Module, lr: float, delta: nn.Module | None = None, example: Any = None
+) -> list[dict[str, Any]]:
     """`mt.parametrize(model, base=base, delta=delta)` (in place) and its SGD groups
     `mt.param_groups(model, lr, "sgd")`: the µP network the limit is the limit of, and its learning
-    rates, as the package's public face makes them (the one place `limits/` calls it)."""
+    rates, as the package's public face makes them (the one place `limits/` calls it). `example`: an
+    input for parametrize's probe forwards (a sequence model's (N, T, d))."""
     import mutransfer as mt  # the public face: the limit is the limit of what it produces
 
-    mt.parametrize(model, base=base, delta=delta)
+    if example is None:
+        mt.parametrize(model, base=base, delta=delta)
+    else:
+        mt.parametrize(model, base=base, delta=delta, example_inputs=(example,))
     groups = mt.param_groups(model, lr, "sgd")
     assert isinstance(groups, list)  # SGD's groups are plain dicts
     return groups
@@ -113,12 +125,13 @@ def sgd_factors(model: nn.Module) -> dict[int, float]:
     return {id(p): float(g["lr"]) for g in groups for p in g["params"]}
 
 
-def _parametrized(model: nn.Module, base: nn.Module) -> tuple[nn.Module, nn.Module, dict, dict]:
+def _parametrized(model: nn.Module, base: nn.Module, example: Any) -> tuple[nn.Module, nn.Module, dict, dict]:
     big, small = copy.deepcopy(model), copy.deepcopy(base)
     lrs = []
     for m, delta in ((big, None), (small, model)):
         by_id = {}
-        for g in mup_sgd(m, base, 1.0, delta):
+        x = None if example is None else example.to(next(m.parameters()).dtype)
+        for g in mup_sgd(m, base, 1.0, delta, x):
             for p in g["params"]:
                 by_id[id(p)] = float(g["lr"])
         lrs.append({name: by_id[id(p)] for name, p in m.named_parameters()})
@@ -159,17 +172,42 @@ def _scaled_var(p: torch.Tensor, n: int, exponent: int) -> tuple[float, float]:
     return v, max(0.0, float(x.pow(4).mean()) - v * v) / max(1, x.numel())
 
 
-def observe(model: nn.Module, base: nn.Module, roles: dict[str, str]) -> dict[str, ParamLaw]:
+@dataclass(frozen=True)
+class AttentionLaw:
+    """An attention module's logit scale as `mt.parametrize` left it: s at head dim d (width n) and
+    s₀ at d₀ (the base), and the module's own scale `before` at width n. In µP c = s·d is the same at
+    every width — the limit's logits are c·E_h[Z^q Z^k] — and with 1/√d it grows like √width."""
+
+    module: str
+    scale: float
+    d: int
+    before: float
+    scale0: float
+    d0: int
+
+
+def observe(
+    model: nn.Module, base: nn.Module, roles: dict[str, str], example: Any = None
+) -> tuple[dict[str, ParamLaw], dict[str, AttentionLaw]]:
     """Each parameter's `ParamLaw` from `model` and `base` parametrized by the library (a finite-size
-    parameter, e.g. the readout bias, keeps the parametrized model's value in its law).
+    parameter, e.g. the readout bias, keeps the parametrized model's value in its law), and each
+    attention module's `AttentionLaw` (by module name).
 
     Args:
         model: the plain module at width n.
         base: the same architecture at base width n₀ < n.
         roles: parameter name → role (one of `ROLES`), from how the forward pass uses it.
+        example: an input for parametrize's probe forwards (None: parametrize builds one).
     """
     n, n0 = widths(model, base)
-    big, small, lr_big, lr_small = _parametrized(model, base)
+    big, small, lr_big, lr_small = _parametrized(model, base, example)
+    specs = [getattr(m, "_mutransfer_spec", None) for m in (big, small)]  # what parametrize measured
+    small_att = {a.module: a for a in getattr(specs[1], "attention", [])}
+    attention = {
+        a.module: AttentionLaw(a.module, a.scale, a.d, a.before, small_att[a.module].scale, small_att[a.module].d)
+        for a in getattr(specs[0], "attention", [])
+        if a.module in small_att
+    }
     pb, ps = dict(big.named_parameters()), dict(small.named_parameters())
     laws = {}
     for name, role in roles.items():
@@ -202,7 +240,7 @@ def observe(model: nn.Module, base: nn.Module, roles: dict[str, str]) -> dict[st
         )
         family, mean, _ = _family(name, pooled)
         laws[name] = ParamLaw(role, k_big, v_big, family, mean)
-    return laws
+    return laws, attention
 
 
 def first_width(gm: Any) -> int:
@@ -218,10 +256,10 @@ def first_width(gm: Any) -> int:
     )
 
 
-def widened(model: nn.Module, layers: dict[str, tuple[str, nn.Module]], n: int, seed: int) -> nn.Module:
-    """A copy of `model` at width 2n, for a model that is its own base: every width dim of its
+def widened(model: nn.Module, layers: dict[str, tuple[str, nn.Module]], seed: int) -> nn.Module:
+    """A copy of `model` at twice its width, for a model that is its own base: every width dim of its
     Linear and norm layers doubled (`layers`: qualified name → (rule, module), the rules
-    `ops.analyse` gave them: "input", "hidden", "readout", "norm"), every parameter drawn afresh
+    `ops.own_layers` gave them: "input", "hidden", "readout", "norm"), every parameter drawn afresh
     from the law of the model's own entries (constant, Gaussian or uniform, as `_family` reads it)
     at their rms. `mt.parametrize(wide, base=model)` then rescales it as µP says; only the law of
     its entries matters."""
@@ -230,14 +268,14 @@ def widened(model: nn.Module, layers: dict[str, tuple[str, nn.Module]], n: int, 
     for name, (rule, module) in layers.items():
         new = copy.deepcopy(module)
         if rule == "norm":
-            new.normalized_shape = (2 * n,)  # type: ignore[assignment]
+            new.normalized_shape = tuple(2 * s for s in module.normalized_shape)  # type: ignore[assignment,union-attr,attr-defined]
         else:
             if rule in ("hidden", "readout"):
-                new.in_features = 2 * n  # type: ignore[assignment]
+                new.in_features = 2 * module.in_features  # type: ignore[assignment,operator]
             if rule in ("input", "hidden"):
-                new.out_features = 2 * n  # type: ignore[assignment]
+                new.out_features = 2 * module.out_features  # type: ignore[assignment,operator]
         for key, p in module.named_parameters(recurse=False):
-            shape = tuple(2 * n if (rule == "norm" or (rule, d) in _WIDE_DIMS) else s for d, s in enumerate(p.shape))
+            shape = tuple(2 * s if (rule == "norm" or (rule, d) in _WIDE_DIMS) else s for d, s in enumerate(p.shape))
             if rule == "readout" and key == "bias":
                 shape = tuple(p.shape)
             family, mean, var = _family(f"{name}.{key}", p)
