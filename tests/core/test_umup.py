@@ -270,3 +270,33 @@ def test_describe_prints_the_umup_scales():
     assert "u-µP" in text
     assert "τ rule" in text and "α_res 1" in text
     assert "blocks.0.fc_out" in text
+
+
+def test_the_coordinate_check_passes_umup_and_knows_its_embedding_rule():
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    data = [(x[:, :-1], x[:, 1:]) for x in [torch.randint(0, 256, (4, 33), generator=g) for _ in range(4)]]
+
+    def make(w):
+        return mt.parametrize(
+            GPT(w, ctx=32, tied=False),
+            base=GPT(32, ctx=32, tied=False),
+            delta=GPT(64, ctx=32, tied=False),
+            parametrization="u-mup",
+        )
+
+    def loss_fn(out, y):
+        return F.cross_entropy(out.flatten(0, 1), y.flatten())
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MuPWarning)
+        r = mt.coord_check(
+            make, [32, 64, 128, 256], data, "adam", lr=0.1, steps=4, seeds=2, loss_fn=loss_fn, progress=False
+        )
+    assert r.passed, str(r)
+    assert r.parametrization == "u-µP"
+    assert r.slow_changes == ["wpe", "wte"]  # u-µP's embedding lr rule: their change shrinks like width^-½
+    # every hidden activation keeps unit scale at init across 8× width
+    init = {(rec.module, rec.width): rec for rec in r.records if rec.step == 0 and rec.quantity == "size"}
+    for w in (32, 256):
+        assert 0.7 < init[("blocks.0.fc", w)].value < 1.4

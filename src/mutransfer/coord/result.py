@@ -185,6 +185,8 @@ class CoordCheckResult:
     # modules fed attention probabilities: their early changes are cross terms, like the logits'
     attention_probs: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the check did that the user should know
+    # modules whose change the parametrization's rules shrink like width^-½ (u-µP's embeddings): not held to Θ(1)
+    slow_changes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.max_slope = math.log(self.max_growth) / math.log(16)
@@ -210,6 +212,7 @@ class CoordCheckResult:
         return (
             module.endswith(ATTN_SUFFIX)
             or module in self.attention_probs
+            or module in self.slow_changes
             or (self.axis == "depth" and _in_numbered_block(module))
         )
 
@@ -391,6 +394,7 @@ class CoordCheckResult:
             "max_slope": self.max_slope,
             "expected": dict(self.expected),
             "notes": list(self.notes),
+            "slow_changes": list(self.slow_changes),
             "diverged": [{"width": w, "seed": s, "step": t} for w, s, t in self.diverged],
             "failures": [asdict(t) for t in self.failures],
             "warnings": [asdict(t) for t in self.warnings],

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._core.depth import block_containers, join_name, split_block
-from .._core.devices import AUTO, DeviceLike, move, resolve_device
+from .._core.devices import AUTO, DeviceLike, autocast, check_precision, move, resolve_device
 from .._core.naming import canonical_name
 from .._core.observe import probing_with
 from .._core.progress import Progress
@@ -62,6 +62,7 @@ def coord_check(
     eps: float | None = None,
     progress: bool = True,
     device: DeviceLike = AUTO,
+    precision: str = "fp32",
 ) -> CoordCheckResult:
     """Train `make_model(width)` for `steps` steps at each width and seed; return the verdict.
 
@@ -97,6 +98,10 @@ def coord_check(
             tensor of `data` (tensors, tuples, lists and dicts of them), is moved there; the models
             are built where `make_model` builds them (under the seed, so the CPU's initial values
             are the same whatever the device). Every recorded statistic is a Python float.
+        precision: what the training steps' forward passes (and loss) run in: "fp32" (default),
+            "bf16" (autocast) or "fp8" (`mutransfer.precision.fp8_simulation`: E4M3 matmul operands,
+            E5M2 gradients, simulated on any device). The measurements are full-precision forwards
+            of the model so trained, and `make_model` (its parametrize) never runs under the precision.
     """
     if depths is not None:
         widths = [widths] if isinstance(widths, int) else list(widths)
@@ -109,6 +114,7 @@ def coord_check(
         axis, sizes, fixed_width = "width", check_widths(cast(Iterable[int], widths)), None
     data = _check_data(data)
     where = resolve_device(device, "device")
+    check_precision(precision, where, "precision")
     data = [move(batch, where) for batch in data]
     if not callable(make_model):
         raise TypeError(f"make_model must be a function of width returning a model, got {type(make_model).__name__}")
@@ -124,6 +130,7 @@ def coord_check(
     expected, readouts = _predictions(make_model, sizes, data[0][0], where) if axis == "width" else ({}, {})
     head_dims: dict[str, dict[int, int]] = {}
     prob_modules: set[str] = set()
+    slow_embeddings: set[str] = set()
     out_dims: dict[str, dict[int, set]] = {}
     records: list[Record] = []
     parametrizations = set()
@@ -156,8 +163,14 @@ def coord_check(
                 continue
             fingerprints[fingerprint] = seed
             model.to(where)
-            is_mup = find_spec(model) is not None
-            parametrizations.add("µP" if is_mup else "SP")
+            spec = find_spec(model)
+            is_mup = spec is not None
+            umup = getattr(spec, "umup", None) if spec is not None else None
+            parametrizations.add(("u-µP" if umup is not None else "µP") if is_mup else "SP")
+            if umup is not None:  # u-µP's embedding lr rule (Adam lr × fan_out^-½): their change shrinks by design
+                slow_embeddings.update(
+                    m for n, row in umup.rows.items() if row == "embedding" for m, _ in spec.params[n].usages
+                )
             if seed == 0:
                 hidden = None
                 if not is_mup and family is not None and OPTIMIZERS[family].partner is not None:
@@ -166,7 +179,19 @@ def coord_check(
                     # look per size serves every seed)
                     hidden = hidden_matrices(model, build(size, times=2))
             run_records, bad_step, meter = _run(
-                model, data, optimizer, family, lr, weight_decay, eps, steps, loss_fn, is_mup, readouts, hidden
+                model,
+                data,
+                optimizer,
+                family,
+                lr,
+                weight_decay,
+                eps,
+                steps,
+                loss_fn,
+                is_mup,
+                readouts,
+                hidden,
+                precision,
             )
             rename = _depth_names(model) if axis == "depth" else {}
             prob_modules |= {r for m in meter.prob_modules if (r := rename.get(m, m)) is not None}
@@ -184,6 +209,13 @@ def coord_check(
             bar.advance()
     bar.close()
     notes = []
+    if slow_embeddings:
+        notes.append(
+            "u-µP: the changes of the embeddings ("
+            + ", ".join(sorted(slow_embeddings))
+            + ") shrink like width^-½ by u-µP's embedding lr rule (Adam lr × fan_out^-½), so they are not "
+            "held to Θ(1) (every other curve is: u-µP is µP elsewhere)"
+        )
     if self_seeding and not duplicates:
         notes.append(
             "make_model seeds itself (torch.manual_seed inside it): the check shifted that seed by "
@@ -227,6 +259,7 @@ def coord_check(
         expected=expected,
         attention_probs=sorted(prob_modules),
         notes=notes,
+        slow_changes=sorted(slow_embeddings),
     )
 
 
@@ -349,6 +382,7 @@ def _run(
     is_mup: bool,
     readouts: dict[str, str],
     hidden: set | None = None,
+    precision: str = "fp32",
 ):
     model.train()
     opt = _make_optimizer(model, optimizer, lr, weight_decay, eps, is_mup, hidden)
@@ -361,7 +395,9 @@ def _run(
     bad_step = None
     for t in range(1, steps + 1):
         inputs, targets = data[(t - 1) % len(data)]
-        loss = _loss(model(*model_args(inputs), **model_kwargs(inputs)), targets, loss_fn)
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        with autocast(device, precision):
+            loss = _loss(model(*model_args(inputs), **model_kwargs(inputs)), targets, loss_fn)
         if not torch.isfinite(loss.detach()).all():
             bad_step = t
         opt.zero_grad(set_to_none=True)
