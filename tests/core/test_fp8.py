@@ -174,3 +174,27 @@ def test_fp8_precision_in_a_recipe_trains_through_the_simulation():
     fp32 = train_mlp(dict(hp), Scale(64, 32, "mup", 0))
     fp8 = train_mlp(dict(hp), Scale(64, 32, "mup", 0, precision="fp8"))
     assert fp8 == pytest.approx(fp32, rel=0.05) and fp8 != fp32  # close, not the same numbers
+
+
+def test_coord_check_trains_in_the_precision_it_is_given():
+    from mutransfer.recipes.models import MLP
+
+    torch.manual_seed(0)
+    data = [(torch.randn(16, 8), torch.randint(0, 4, (16,)))]
+
+    def make(width: int) -> nn.Module:
+        def mlp(w: int) -> nn.Module:
+            return MLP(w, d_in=8, d_out=4)
+
+        return mt.parametrize(mlp(width), base=mlp(16), delta=mlp(32))
+
+    kw = dict(widths=[16, 64], data=data, optimizer="adam", lr=1e-2, steps=2, seeds=1, progress=False)
+    fp32 = mt.coord_check(make, **kw)
+    fp8 = mt.coord_check(make, precision="fp8", **kw)
+    a = {(r.module, r.quantity, r.step, r.width): r.value for r in fp32.records}
+    b = {(r.module, r.quantity, r.step, r.width): r.value for r in fp8.records}
+    assert a.keys() == b.keys()
+    assert all(a[k] == b[k] for k in a if k[2] == 0)  # the same models at init (parametrize never cast)
+    assert any(a[k] != b[k] for k in a if k[2] > 0)  # trained through the FP8 simulation
+    with pytest.raises(ValueError, match="precision must be one of 'fp32', 'bf16', 'fp8', got 'fp16'"):
+        mt.coord_check(make, precision="fp16", **kw)

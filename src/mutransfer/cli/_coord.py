@@ -67,6 +67,12 @@ def add_parsers(sub) -> None:
         default="auto",
         help="where the models train: auto (CUDA when present, else the CPU; default), cpu, cuda or cuda:N",
     )
+    c.add_argument(
+        "--precision",
+        default="fp32",
+        help="what the training steps run in: fp32 (default), bf16 (autocast) or fp8 (a simulation of FP8 "
+        "matmuls: E4M3 operands, E5M2 gradients)",
+    )
     c.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     c.set_defaults(handler=_coord_check)
 
@@ -223,6 +229,7 @@ def _run_check(args, make_model: Callable, widths: list, data: list, lr: float, 
             depths=depths,
             eps=args.eps,
             device=args.device,
+            precision=args.precision,
         )
     except (ValueError, TypeError) as e:
         raise UsageError(str(e)) from None

@@ -94,6 +94,11 @@ def add_parsers(sub) -> None:
         "--device",
         help="where the target trains: auto (CUDA when present), cpu, cuda or cuda:N (default: the sweep's own)",
     )
+    t.add_argument(
+        "--precision",
+        help="what the target trains in: fp32, bf16, or fp8 (a simulation of FP8 matmuls: numerics, "
+        "not speed; default: the sweep's own precision)",
+    )
     t.set_defaults(handler=_transfer)
     f = sub.add_parser(
         "forecast",
@@ -197,6 +202,7 @@ def _transfer(args) -> int:
                 extrapolate=args.extrapolate,
                 say=lambda line: print(line, flush=True),
                 peak_tflops=args.peak_tflops,
+                precision=args.precision,
             )
     except ValueError as e:
         raise UsageError(_as_flags(str(e))) from None

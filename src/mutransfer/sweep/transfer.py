@@ -35,6 +35,7 @@ trains (with the monitor).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -117,6 +118,7 @@ def transfer(
     extrapolate: bool = False,
     say: Callable[[str], None] | None = None,
     peak_tflops: float | None = None,
+    precision: str | None = None,
 ) -> dict:
     """Train the target (width, depth) with each parametrization's proxy optimum; writes transfer.json.
     `batch_size` / `steps`: the target's, where the objective reads them (default: the proxy's);
@@ -125,8 +127,10 @@ def transfer(
     rule (`target_hparams`: `optimizer`, `rules`, `critical_batch`, `extrapolate` go to `mt.transfer_hparams`), and
     transfer.json's "hparam_rules" lists every step per parametrization.
     `device`: where the target trains ("auto", "cpu", "cuda", "cuda:N" or a `torch.device`; the
-    objective reads it as `scale.device`); None: the sweep's own (`Sweep.scale`). Its precision is
-    the sweep's. `say`: called with the forecast's line before the target trains (the CLI prints it).
+    objective reads it as `scale.device`); None: the sweep's own (`Sweep.scale`). `precision`: what the
+    target trains in ("fp32", "bf16", or "fp8": the FP8 simulation, `mutransfer.precision`; the objective
+    reads it as `scale.precision`); None: the sweep's own ``precision``; a run the sweep trained is reused
+    only in its own precision. `say`: called with the forecast's line before the target trains (the CLI prints it).
     transfer.json's "forecast" is `mt.sweep.forecast` at the target (with `extrapolate`) and the µP
     target's actual loss beside it, or its reason: none where the target's batch size or horizon is not
     the sweep's (the law is in width and depth at the proxy's). Each parametrization's entry has
@@ -157,6 +161,8 @@ def transfer(
         critical_batch = _critical_batch(sweep, critical_batch, out)
     out["seeds"] = sweep.config.seeds
     placed = sweep.scale(sweep.config.parametrizations[0], width, depth, sweep.config.seeds[0], device=where_to)
+    if precision is not None:
+        placed = dataclasses.replace(placed, precision=precision)
     check_precision(placed.precision, placed.device, "precision")
     out.update(device=str(placed.device), precision=placed.precision)
     out["peak"] = _peak(peak_tflops, out["device"], placed.precision)
@@ -197,6 +203,8 @@ def transfer(
         hp = {**hp, **overrides}
         start, losses, per_seed = time.perf_counter(), [], []
         swept = _swept(sweep, results, p, width, depth, hp, out["device"])
+        if placed.precision != sweep.config.precision:
+            swept = None  # the sweep's run trained in its own precision: not this one
         reused_seconds, reused = 0.0, []
         counters: list[FlopCount | None] = []  # the seeds trained here, each counted (`flops`)
         flops_per_seed: list[float | None] = []
@@ -212,7 +220,7 @@ def transfer(
             counter = next_counter(counters, seed)
             counters.append(counter)
             cpu_start = time.process_time()
-            scale = sweep.scale(p, width, depth, seed, device=where_to)
+            scale = dataclasses.replace(sweep.scale(p, width, depth, seed, device=where_to), precision=placed.precision)
             with guarded(counter):
                 if monitored:
                     loss, mon = recorded_run(sweep.objective, hp, scale, proxy_trajectory(sweep.run_dir))
