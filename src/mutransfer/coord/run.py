@@ -130,6 +130,7 @@ def coord_check(
     expected, readouts = _predictions(make_model, sizes, data[0][0], where) if axis == "width" else ({}, {})
     head_dims: dict[str, dict[int, int]] = {}
     prob_modules: set[str] = set()
+    slow_embeddings: set[str] = set()
     out_dims: dict[str, dict[int, set]] = {}
     records: list[Record] = []
     parametrizations = set()
@@ -162,8 +163,14 @@ def coord_check(
                 continue
             fingerprints[fingerprint] = seed
             model.to(where)
-            is_mup = find_spec(model) is not None
-            parametrizations.add("µP" if is_mup else "SP")
+            spec = find_spec(model)
+            is_mup = spec is not None
+            umup = getattr(spec, "umup", None) if spec is not None else None
+            parametrizations.add(("u-µP" if umup is not None else "µP") if is_mup else "SP")
+            if spec is not None and umup is not None:  # u-µP's embedding lr rule (Adam lr × fan_out^-½): their change shrinks by design
+                slow_embeddings.update(
+                    m for n, row in umup.rows.items() if row == "embedding" for m, _ in spec.params[n].usages
+                )
             if seed == 0:
                 hidden = None
                 if not is_mup and family is not None and OPTIMIZERS[family].partner is not None:
@@ -202,6 +209,13 @@ def coord_check(
             bar.advance()
     bar.close()
     notes = []
+    if slow_embeddings:
+        notes.append(
+            "u-µP: the changes of the embeddings ("
+            + ", ".join(sorted(slow_embeddings))
+            + ") shrink like width^-½ by u-µP's embedding lr rule (Adam lr × fan_out^-½), so they are not "
+            "held to Θ(1) (every other curve is: u-µP is µP elsewhere)"
+        )
     if self_seeding and not duplicates:
         notes.append(
             "make_model seeds itself (torch.manual_seed inside it): the check shifted that seed by "
@@ -245,6 +259,7 @@ def coord_check(
         expected=expected,
         attention_probs=sorted(prob_modules),
         notes=notes,
+        slow_changes=sorted(slow_embeddings),
     )
 
 
