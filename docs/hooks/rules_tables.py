@@ -1,7 +1,7 @@
 """MkDocs hook: the rule tables of docs/rules.md, generated from `mutransfer.rules` at build time.
 
 A marker ``<!-- rules-tables:NAME -->`` on a page is replaced by the table NAME (``table3``,
-``table8``, ``optimizers``, ``depth``); ``<!-- rules-tables -->`` by all of them. The page can
+``table8``, ``optimizers``, ``depth``, ``umup``); ``<!-- rules-tables -->`` by all of them. The page can
 therefore never disagree with the data the library runs on. Enable it in mkdocs.yml with
 ``hooks: [docs/hooks/rules_tables.py]``.
 """
@@ -41,10 +41,10 @@ def _power(base: str, e: float) -> str:
     return f"{base}^{e:g}"
 
 
-def width_factor(exponents: tuple[float, float]) -> str:
-    """A pair of exponents of (m_in, m_out) as a factor: (-1, 1) → "×m_out/m_in"."""
-    up = [_power(n, e) for n, e in zip(("m_in", "m_out"), exponents) if e > 0]
-    down = [_power(n, e) for n, e in zip(("m_in", "m_out"), exponents) if e < 0]
+def width_factor(exponents: tuple[float, float], names: tuple[str, str] = ("m_in", "m_out")) -> str:
+    """A pair of exponents of (m_in, m_out) (or of `names`) as a factor: (-1, 1) → "×m_out/m_in"."""
+    up = [_power(n, e) for n, e in zip(names, exponents) if e > 0]
+    down = [_power(n, e) for n, e in zip(names, exponents) if e < 0]
     num = "·".join(up) or "1"
     if not down:
         return f"×{num}"
@@ -75,6 +75,16 @@ def width_table(formulation: str) -> str:
     return _table(["role", *_WIDTH_COLUMNS.values()], rows)
 
 
+def umup_table() -> str:
+    """u-µP's rules (`rules.UMUP`), factors of the absolute fans, one row per row name."""
+    names = ("fan_in", "fan_out")
+    rows = [
+        [f"`{row}`"] + [width_factor(getattr(rule, c), names) for c in _WIDTH_COLUMNS]
+        for row, rule in rules.UMUP.items()
+    ]
+    return _table(["row", *_WIDTH_COLUMNS.values()], rows)
+
+
 def optimizers_table() -> str:
     """Which columns each optimizer name reads."""
     rows = []
@@ -101,6 +111,7 @@ TABLES = {
     "table8": lambda: width_table(rules.READOUT_MULTIPLIER),
     "optimizers": optimizers_table,
     "depth": depth_table,
+    "umup": umup_table,
 }
 
 
