@@ -167,7 +167,8 @@ def coord_check(
             is_mup = spec is not None
             umup = getattr(spec, "umup", None) if spec is not None else None
             parametrizations.add(("u-µP" if umup is not None else "µP") if is_mup else "SP")
-            if spec is not None and umup is not None:  # u-µP's embedding lr rule (Adam lr × fan_out^-½): their change shrinks by design
+            # u-µP's embedding lr rule (Adam lr × fan_out^-½): their change shrinks by design
+            if spec is not None and umup is not None:
                 slow_embeddings.update(
                     m for n, row in umup.rows.items() if row == "embedding" for m, _ in spec.params[n].usages
                 )
