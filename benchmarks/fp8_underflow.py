@@ -40,7 +40,7 @@ from mutransfer.recipes.data import stdlib_text
 from mutransfer.recipes.models import GPT
 
 BASE, CTX, BATCH = 32, 32, 16
-SCANS = {"mup": [2.0**e for e in range(-9, -3)], "u-mup": [2.0**e for e in range(-5, 2)]}
+SCANS = {"mup": [2.0**e for e in range(-12, -6)], "u-mup": [2.0**e for e in range(-5, 2)]}
 
 
 def build(width: int, parametrization: str, seed: int = 0) -> GPT:
