@@ -432,7 +432,7 @@ def resolve_attention(ops: list[Op], laws: dict[str, Any]) -> None:
         if op.rule not in ("sdpa", "contract"):
             continue
         scope = op.node.meta.get("fl_scope", ())
-        law = next((laws[m] for m in reversed(scope) if m in laws), None)
+        law = next((laws[m] for m in (*reversed(scope), "") if m in laws), None)  # "": the model itself
         if law is None:
             what = "an attention" if op.rule == "sdpa" else "a product of two width tensors over the width dim"
             raise node_error(

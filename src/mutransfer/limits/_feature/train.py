@@ -37,7 +37,7 @@ def train_mup(
     Args:
         model: the plain module at width n (a fresh one: it is parametrized in place).
         base: the same architecture at the base width (the limit's `base`; with real values).
-        x: training inputs (N, d); cast to the model's dtype and device.
+        x: training inputs (N, d), or (N, T, d) for a sequence model; cast to the model's dtype and device.
         y: targets (N, k), or (N,) for one output.
         steps: SGD steps.
         lr: the base learning rate, as `mt.param_groups(model, lr, "sgd")` takes it.
@@ -62,12 +62,15 @@ def train_mup(
         raise ValueError(f"momentum must be a number in [0, 1) (torch.optim.SGD's), got {momentum!r}")
     if batch_size is not None:
         batch_size = integer(batch_size, "batch_size", 1)
-    xt = as_inputs(x, "x")
-    yt = as_targets(y, len(xt))
-    opt = torch.optim.SGD(mup_sgd(model, base, lr), lr=lr, momentum=float(momentum))
+    if isinstance(x, torch.Tensor) and x.dim() > 2:  # sequences (N, T, d)
+        xt = x.detach().to(torch.float64)
+    else:
+        xt = as_inputs(x, "x")
+    yt = as_targets(y.reshape(len(y), -1) if isinstance(y, torch.Tensor) and y.dim() > 2 else y, len(xt))
     first = next(model.parameters(), None)
     if first is not None:
         xt, yt = xt.to(first.device, first.dtype), yt.to(first.device, first.dtype)
+    opt = torch.optim.SGD(mup_sgd(model, base, lr, example=xt[:2]), lr=lr, momentum=float(momentum))
     for idx in sgd_batches(len(xt), steps, batch_size, batch_seed, xt.device):
         f = model(xt[idx])
         f = f.reshape(len(idx), -1)
