@@ -98,6 +98,7 @@ def word2vec_case(widths, seeds: int):
 FEATURE_LN = "FeatureLimit, 2-hidden-layer tanh MLP with LayerNorm (5 SGD steps)"
 FEATURE_RES = "FeatureLimit, residual MLP, 2 blocks x + W2 tanh(W1 LN(x)) (4 SGD steps)"
 FEATURE_RELU = "FeatureLimit, 3-hidden-layer relu MLP, no norm (5 SGD steps at lr 0.5)"
+FEATURE_ATTN = "FeatureLimit, one causal self-attention block (2 heads, 4 positions, mean pool; 4 SGD steps)"
 
 
 def ln_mlp(n: int, d: int = 4) -> nn.Module:
@@ -141,15 +142,65 @@ class ResMLP(nn.Module):
         return self.out(h)
 
 
+class AttentionBlock(nn.Module):
+    """One pre-norm transformer block on sequences (N, T, d): token embedding, LayerNorm, causal
+    multi-head self-attention (SDPA, or q·kᵀ → softmax → ·v written out), a residual, LayerNorm, tanh,
+    pooled over positions (mean, or the first token), readout."""
+
+    def __init__(
+        self, n: int, d: int = 4, heads: int = 2, k: int = 1, written: bool = False, pool: str = "mean", positions: int = 4
+    ):
+        super().__init__()
+        self.n_head, self.head_dim, self.written, self.pool = heads, n // heads, written, pool
+        self.inp, self.ln1, self.ln2 = nn.Linear(d, n), nn.LayerNorm(n), nn.LayerNorm(n)
+        self.q, self.k, self.v, self.o = (nn.Linear(n, n, bias=False) for _ in range(4))
+        self.out = nn.Linear(n, k, bias=False)
+        self.register_buffer("mask", torch.ones(positions, positions, dtype=torch.bool).tril())  # causal
+
+    def forward(self, x):
+        h = self.inp(x)
+        a = self.ln1(h)
+        b, t, c = a.shape
+        q, k, v = (m(a).view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for m in (self.q, self.k, self.v))
+        if self.written:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
+            att = att.masked_fill(~self.mask, float("-inf"))
+            y = att.softmax(dim=-1) @ v
+        else:
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        h = h + self.o(y.transpose(1, 2).reshape(b, t, c))
+        h = torch.tanh(self.ln2(h))
+        return self.out(h.mean(1) if self.pool == "mean" else h[:, 0])
+
+
+def attention_block(n: int, **kw) -> nn.Module:
+    return AttentionBlock(n, **kw).double()
+
+
+def sequence_data(n: int, t: int, d: int, seed: int):
+    """Sequences (n, t, d) with a target that needs the positions mixed (the mean over the causal
+    prefix of feature 0, squashed, plus the last token's feature 1), standardised; 8 test sequences."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n + 8, t, d, generator=g, dtype=torch.float64)
+    y = torch.sin(2 * x[:, :, 0].mean(1)) + x[:, -1, 1]
+    y = (y - y[:n].mean()) / y[:n].std()
+    return x[:n], y[:n], x[n:]
+
+
 Z_AT_WIDEST: dict[str, float] = {}  # FeatureLimit rows: |seed mean − limit| at the widest, in standard errors
 
 
-def feature_case(name: str, make, widths, seeds: int, steps: int, particles: int, lr: float = 0.1):
-    x, y, xe = data(8, 4, 0)
-    y = y / y.std()
+def feature_case(
+    name: str, make, widths, seeds: int, steps: int, particles: int, lr: float = 0.1, sequences: bool = False
+):
+    if sequences:
+        x, y, xe = sequence_data(8, 4, 4, 0)
+    else:
+        x, y, xe = data(8, 4, 0)
+        y = y / y.std()
     torch.manual_seed(0)
     base = make(16)
-    lim = L.FeatureLimit(make(widths[0]), base=base, particles=particles, groups=8, seed=1)
+    lim = L.FeatureLimit(make(widths[0]), base=base, particles=particles, groups=8, seed=1, example_input=x)
     limit, se = lim.fit(x, y, steps=steps, lr=lr).predict(xe, return_error=True)
     limit, se = limit[:, 0], se[:, 0]
     gaps = []
@@ -174,6 +225,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--quick", action="store_true", help="small widths, 8 seeds (a smoke test whose slopes still mean something)"
     )
+    ap.add_argument("--only", default="", help="run only the rows whose name contains this text")
     args = ap.parse_args(argv)
     pi_widths = [256, 1024, 4096, 8192] if not args.quick else [64, 256, 1024]
     one_widths = [256, 1024, 4096, 16384] if not args.quick else [64, 256, 1024]
@@ -226,10 +278,19 @@ def main(argv=None) -> int:
             feature_widths,
             lambda: feature_case(FEATURE_RELU, deep_relu, feature_widths, feature_seeds, 5, particles, lr=0.5),
         ),
+        (
+            FEATURE_ATTN,
+            feature_widths,
+            lambda: feature_case(
+                FEATURE_ATTN, attention_block, feature_widths, feature_seeds, 4, particles, lr=0.5, sequences=True
+            ),
+        ),
     ]
     print("| limit | widths | RMS gap finite − limit | RMS of the limit | fitted slope | seconds |")
     print("|---|---|---|---|---|---|")
     for name, widths, run in cases:
+        if args.only and args.only not in name:
+            continue
         start = time.perf_counter()
         gaps, size = run()
         slope = L.finite.fitted_slope(widths, gaps)

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["Family", "HiddenMatrix", "mean", "partials"]
+from .adam import OTHER, NonlinearOuter
+
+__all__ = ["Family", "HiddenMatrix", "mean", "partials", "stein"]
 
 
 def mean(a: torch.Tensor, b: torch.Tensor, per: int | None = None) -> torch.Tensor:
@@ -58,6 +60,22 @@ def partials(z: torch.Tensor, leaves: list[torch.Tensor], per: int | None = None
     return out
 
 
+def stein(z: torch.Tensor, leaves: list[torch.Tensor], per: int) -> torch.Tensor:
+    """`partials` by Stein's lemma: for i.i.d. Gaussian leaves E[∂z/∂ζ_j] = E[z ζ_j]/σ², estimated as
+    the least-squares coefficients of z on the leaves per group (exact for the part of z linear in
+    them, the rest Monte Carlo noise O(P^-½)). No autograd graph is needed, and it is right where
+    per-particle derivatives are not: Adam's first step is sign(g), whose derivative is a Dirac mass
+    at g = 0 — E[∂z/∂ζ] is finite, every particle's own derivative is 0."""
+    g, _, b = z.shape
+    if not leaves:
+        return z.new_zeros(g, b, 0)
+    zeta = torch.cat([leaf.detach() for leaf in leaves], 2)
+    zc = z.detach() - z.detach().mean(1, keepdim=True)
+    gram = torch.einsum("gpk,gpl->gkl", zeta, zeta)
+    coef = torch.linalg.solve(gram, torch.einsum("gpk,gpb->gkb", zeta, zc))  # (G, K, B)
+    return coef.transpose(1, 2) * (zeta.shape[1] / per)
+
+
 class Family:
     """The Gaussian family Ẑ^{Av} of one side A ∈ {W₀, W₀ᵀ} of a hidden matrix (see the module doc).
 
@@ -67,11 +85,12 @@ class Family:
     differentiates through the given vectors once, not through the Gram–Schmidt chain that built Q
     (a chain as long as the family: measured 40 % of a fit's time at 6 steps of batch 32)."""
 
-    def __init__(self, sigma2: float, generator: torch.Generator, per: int, out: int):
+    def __init__(self, sigma2: float, generator: torch.Generator, per: int, out: int, inp: int):
         # per: the particles of width n (E over a dim of r·n coordinates is (1/per)·Σ over its r·per
         # particles); out: the particles of the side this family's Ẑ lives on (the matrix's output
-        # for W₀, its input for W₀ᵀ)
-        self.sigma2, self.generator, self.per, self.out = sigma2, generator, per, out
+        # for W₀, its input for W₀ᵀ); inp: the particles of the vectors it is given
+        self.sigma2, self.generator, self.per, self.out, self.inp = sigma2, generator, per, out, inp
+        self.stein = False  # E[∂z/∂ζ] by Stein's lemma (`stein`) instead of per-particle autograd
         self.q: list[torch.Tensor] = []  # E-orthonormal basis blocks, values only (G, P, k_j)
         self.v: list[torch.Tensor] = []  # the vectors given to `sample`, with their autograd graph
         self.m: torch.Tensor | None = None  # (G, Σ|v_j|, Σk_j): Q = cat(v)·M, detached
@@ -141,9 +160,9 @@ class Family:
         """Ż of the other side on z: σ² Σ_j q_j E[∂z/∂ζ_j] over this family's basis and leaves (this
         family is W₀ᵀ's for Ż^{W₀x}, W₀'s for Ż^{W₀ᵀg}), q_j differentiable through the given vectors."""
         if not self.q:
-            return torch.zeros_like(z.detach())
+            return z.new_zeros(z.shape[0], self.inp, z.shape[2])
         assert self.m is not None
-        d = partials(z, self.zeta, self.per)
+        d = stein(z, self.zeta, self.per) if self.stein else partials(z, self.zeta, self.per)
         return self.sigma2 * torch.einsum("gpi,gib->gpb", torch.cat(self.v, 2), self.m @ d.transpose(1, 2))
 
 
@@ -153,15 +172,45 @@ class HiddenMatrix:
     def __init__(self, sigma2: float, kappa: float, generator: torch.Generator, per: int, shape: tuple[int, int]):
         # shape: (out, in) particles (r_out·per, r_in·per for a weight of r_out·n × r_in·n)
         self.kappa, self.per = kappa, per
-        self.fwd = Family(sigma2, generator, per, shape[0])
-        self.bwd = Family(sigma2, generator, per, shape[1])
+        self.adam: tuple[tuple[float, float], float, float] | None = None  # (betas, ε̃, κ̃) when trained by Adam
+        self.fwd = Family(sigma2, generator, per, shape[0], shape[1])
+        self.bwd = Family(sigma2, generator, per, shape[1], shape[0])
         self.history: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (step, ĝ, x)
+
+    def _adam_delta(self, v: torch.Tensor, step: int, lr: float, transpose: bool) -> torch.Tensor:
+        """ΔW_t v (or ΔW_tᵀ g) under Adam: the nonlinear outer product of `adam` (see there). A matrix
+        called more than once in a step (shared weights) has one gradient for the step: its calls'
+        vectors are concatenated (γ = Σ over all of them)."""
+        assert self.adam is not None
+        steps: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        for s, g, x in self.history:
+            if s < step:
+                steps.setdefault(s, []).append((g, x))
+        if not steps:
+            return self._zeros(v, transpose)
+        betas, eps, kappa = self.adam
+        own_parts, other_parts, lengths = [], [], []
+        for _, calls in sorted(steps.items()):
+            for g, x in calls:
+                own_parts.append(x if transpose else g)  # the side whose particles we return
+                other_parts.append((g if transpose else x).detach())
+            lengths.append(sum(g.shape[2] for g, _ in calls))
+        own, other = torch.cat(own_parts, 2), torch.cat(other_parts, 2)
+        j = min(other.shape[1], OTHER)  # the expectation over the other side's particles, on the first j
+        scale = -lr * kappa * other.shape[1] / (self.per * j)
+        return NonlinearOuter.apply(own, other[:, :j], v.detach()[:, :j], lengths, betas, eps, scale)  # type: ignore[no-any-return]
+
+    def _zeros(self, v: torch.Tensor, transpose: bool) -> torch.Tensor:
+        """Zeros on the particles of the side W_t v (W_tᵀ g) lives on."""
+        return v.new_zeros(v.shape[0], self.bwd.out if transpose else self.fwd.out, v.shape[2])
 
     def _delta(self, v: torch.Tensor, step: int, lr: float, momentum: float, transpose: bool) -> torch.Tensor:
         """ΔW_t v (or ΔW_tᵀ g), a sum over the past steps with the factor −lr·κ·m_{t,s} folded into
         the detached coefficients E[·]: one product and one add per step in the autograd graph, whose
         backward passes the gradient on without computing (the Ż partials run back through it once
         per column of every later batch; a scaled subtraction cost two more passes over the particles)."""
+        if self.adam is not None:
+            return self._adam_delta(v, step, lr, transpose)
         out = None
         for s, g, x in self.history:
             if s >= step:
@@ -170,7 +219,7 @@ class HiddenMatrix:
             a, b = (g, x) if transpose else (x, g)  # ΔWᵀg: x E[ĝ g]; ΔW v: ĝ E[x v]
             term = torch.einsum("gpi,gij->gpj", b, mean(a, v, self.per) * (-lr * self.kappa * m))
             out = term if out is None else out + term
-        return torch.zeros_like(v.detach()) if out is None else out
+        return self._zeros(v, transpose) if out is None else out
 
     def forward(self, v: torch.Tensor, step: int, lr: float, momentum: float, initial: bool = False) -> torch.Tensor:
         """W_t v: Ẑ + Ż + ΔW_t v (only Ẑ for the network at init)."""

@@ -157,33 +157,52 @@ class FeatureLimit:
         momentum: float = 0.0,
         batch_size: int | None = None,
         loss: str = "mse",
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        derivatives: str | None = None,
     ) -> FeatureLimit:
-        """Train the limit from init: `steps` SGD steps of base learning rate `lr`.
+        """Train the limit from init: `steps` steps of SGD or Adam at base learning rate `lr`.
 
         Args:
-            x: training inputs (N, d).
-            y: targets (N, k) or (N,) for one output.
-            steps: SGD steps.
-            lr: the base learning rate, as `mt.param_groups(model, lr, "sgd")` takes it.
-            optimizer: "sgd" (Adam and others: not yet).
+            x: training inputs (N, d), or (N, T, d) for a sequence model.
+            y: targets (N, k) or (N,) for one output (N × the model's outputs per input in all).
+            steps: optimizer steps.
+            lr: the base learning rate, as `mt.param_groups(model, lr, optimizer)` takes it.
+            optimizer: "sgd" (torch.optim.SGD, with `momentum`) or "adam" (torch.optim.Adam with
+                `betas` and `eps`; Tensor Programs IVb: a hidden matrix's update is Adam's entrywise
+                function of its gradients' history, a nonlinear outer product — see docs).
             momentum: torch.optim.SGD's momentum (no dampening, no Nesterov).
             batch_size: minibatch size (None: full batch); the batch order is drawn from `seed`
                 as `mt.limits.finite.sgd_batches` draws it.
             loss: "mse", (1/B) Σ ½‖f − y‖² as `mt.limits.finite.train_mup` trains the finite
                 networks this is the limit of.
+            betas: Adam's (β₁, β₂).
+            eps: Adam's ε at base width (µP's ε of each parameter is read off `mt.param_groups`).
+            derivatives: how the Ż terms' expectations E[∂Z/∂Ẑ] are taken: "autograd" (each
+                particle's own derivative, by one reverse pass per vector: the most accurate for SGD's
+                smooth programs; the default for SGD) or "stein" (Stein's lemma, E[Z ζ]/σ² as least
+                squares on the Gaussian leaves: no autograd graph, far less time and memory, more
+                Monte Carlo noise; the default — and the only right one — for Adam, whose first step
+                sign(g) has a per-particle derivative of 0 and an expectation that is not).
 
         Returns:
             self.
         """
-        if optimizer != "sgd":
-            raise ValueError(
-                f"optimizer={optimizer!r} is not yet supported by FeatureLimit: this cut runs 'sgd' (with "
-                "momentum); Adam's entrywise update of hidden matrices needs its own rule (TP4b)"
-            )
+        if optimizer not in ("sgd", "adam"):
+            raise ValueError(f"optimizer must be 'sgd' or 'adam' (torch.optim's semantics), got {optimizer!r}")
         if loss != "mse":
             raise ValueError(f"loss={loss!r} is not supported; FeatureLimit trains on loss='mse'")
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
+        if optimizer == "adam":
+            if momentum:
+                raise ValueError("momentum is an SGD setting; Adam's is betas=(β₁, β₂)")
+            if len(tuple(betas)) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+                raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+            eps = positive(eps, "eps")
+            errors = [law.adam_error for law in self.laws.values() if law.adam_error]
+            if errors:
+                raise ValueError(errors[0])
         steps = integer(steps, "steps", 0)
         lr = positive(lr, "lr")
         xt = self._inputs(x, "x")
@@ -193,7 +212,7 @@ class FeatureLimit:
         k = self._out_features
         if yt.numel() != xt.shape[0] * k:
             raise ValueError(
-                f"y must hold {k} target(s) per input (the readout's out_features), got shape {tuple(yt.shape)}"
+                f"y must hold {k} target(s) per input (the model's outputs per input), got shape {tuple(yt.shape)}"
             )
         per_group, batch = self.particles // self.groups, min(batch_size or len(xt), len(xt))
         seen = (len(xt) + steps * batch) * self._per_row
@@ -205,9 +224,21 @@ class FeatureLimit:
                 f"{(2 * seen + 4 * self._per_row) * self.groups} (each input predicted at once needs "
                 f"{4 * self._per_row} more per group)"
             )
+        derivatives = derivatives or ("stein" if optimizer == "adam" else "autograd")
+        if derivatives not in ("autograd", "stein"):
+            raise ValueError(f"derivatives must be 'autograd' or 'stein', got {derivatives!r}")
+        if optimizer == "adam" and derivatives == "autograd":
+            raise ValueError(
+                "derivatives='autograd' cannot take Adam's limit: its first step sign(g) has a per-particle derivative "
+                "of 0 while E[∂Z/∂Ẑ] is not 0 (a Dirac mass at g = 0); use derivatives='stein' (the default for Adam)"
+            )
         self._program = prog = self._new_program()
+        if optimizer == "adam":
+            prog.use_adam((float(betas[0]), float(betas[1])), eps)
+        if derivatives == "stein":
+            prog.use_stein()
         self._lr, self._momentum = lr, float(momentum)
-        with torch.enable_grad():
+        with torch.set_grad_enabled(prog.graph):
             _, raw = prog.forward(xt, "init")
             for idx in sgd_batches(len(xt), steps, batch_size, self.seed):
                 prog.train_step(xt[idx], yt[idx], lr, self._momentum, {k: v[:, idx] for k, v in raw.items()})
@@ -220,7 +251,7 @@ class FeatureLimit:
         mats = list(prog.matrices.values())
         lengths = [(len(m.fwd), len(m.bwd)) for m in mats]
         try:
-            with torch.enable_grad():
+            with torch.set_grad_enabled(prog.graph):
                 _, raw = prog.forward(xt, "init")
                 vals, _ = prog.forward(xt, "eval", self._lr, self._momentum, raw)
         finally:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from .._mup_limit import _Updater
 from .family import HiddenMatrix
 from .memory import release
 from .ops import Op, rep_size
@@ -84,6 +85,26 @@ class Program:
                 self.params[name] = value
                 self.initial[name] = value
         self.step = 0
+        self.adam: tuple[tuple[float, float], float] | None = None  # (betas, ε) when trained by Adam
+        self.updaters: dict[str, _Updater] = {}
+        self.graph = True  # the autograd graph of every value is kept (per-particle Ż partials)
+
+    def use_stein(self) -> None:
+        """Ż's expectations E[∂z/∂ζ] by Stein's lemma (`family.stein`): no autograd graph is kept."""
+        self.graph = False
+        for m in self.matrices.values():
+            m.fwd.stein = m.bwd.stein = True
+
+    def use_adam(self, betas: tuple[float, float], eps: float) -> None:
+        """Train by torch.optim.Adam (β₁, β₂, ε at base width) instead of SGD: per coordinate for
+        the particles' own parameters, the nonlinear outer product for hidden matrices (`adam`)."""
+        self.adam = (betas, eps)
+        for name, m in self.matrices.items():
+            law = self.laws[name]
+            m.adam = (betas, eps * law.adam_eps, law.adam_kappa)
+        for name, law in self.laws.items():
+            if law.role != "hidden":
+                self.updaters[name] = _Updater("adam", 0.0, False, betas, eps * law.adam_eps)
 
     # ------------------------------------------------------------------ forward
 
@@ -335,15 +356,16 @@ class Program:
             if self.by_node[a].kind == "finite" or not t.requires_grad:
                 t = t.detach().requires_grad_(True)
             local[a] = t
-        out = self._apply(op, {**vals, **local})
-        if isinstance(g, dict):  # a tuple of results (split): the cotangents of the parts used
-            outs = [out[i] for i in g]
-            cots = [self._rep_cot(op, c) for c in g.values()]
-        else:
-            outs, cots = [out], [self._rep_cot(op, g)]
-        gs = torch.autograd.grad(
-            outs, [local[a] for a in nodes], cots, create_graph=True, retain_graph=True, allow_unused=True
-        )
+        with torch.enable_grad():
+            out = self._apply(op, {**vals, **local})
+            if isinstance(g, dict):  # a tuple of results (split): the cotangents of the parts used
+                outs = [out[i] for i in g]
+                cots = [self._rep_cot(op, c) for c in g.values()]
+            else:
+                outs, cots = [out], [self._rep_cot(op, g)]
+            gs = torch.autograd.grad(
+                outs, [local[a] for a in nodes], cots, create_graph=self.graph, retain_graph=True, allow_unused=True
+            )
         res: dict[fx.Node, torch.Tensor | None] = {}
         for a, ga in zip(nodes, gs, strict=True):
             if ga is None:
@@ -390,9 +412,14 @@ class Program:
         return (dx - xhat * _e(g * xhat)) / s
 
     def _update(self, grads: dict[str, torch.Tensor], history: list, lr: float, momentum: float) -> None:
-        """torch.optim.SGD on the scaled gradients: b ← μb + g (b = g at the first step), p ← p − lr·κ·b."""
+        """torch.optim.SGD on the scaled gradients: b ← μb + g (b = g at the first step), p ← p − lr·κ·b;
+        or torch.optim.Adam's step on them (`_Updater`: p ← p − lr·κ̃·m̂/(√v̂ + ε̃))."""
         for name, g in grads.items():
             law = self.laws[name]
+            if self.adam is not None:
+                change = self.updaters[name].step({name: g}, lr * law.adam_kappa)[name]
+                self.params[name] = self.params[name] + change
+                continue
             buf = g if name not in self.buffers or not momentum else momentum * self.buffers[name] + g
             self.buffers[name] = buf
             self.params[name] = self.params[name] - lr * law.kappa * buf

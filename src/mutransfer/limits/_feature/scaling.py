@@ -31,10 +31,15 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["AttentionLaw", "ParamLaw", "first_width", "mup_sgd", "observe", "same_width", "sgd_factors", "widened", "widths"]
+__all__ = ["AttentionLaw", "ParamLaw", "adam_factors", "mup_adam", "first_width", "mup_sgd", "observe", "same_width", "sgd_factors", "widened", "widths"]
 
 ROLES = ("input", "vector", "hidden", "output", "output_bias")
 _EXPONENT = {"input": -1, "vector": -1, "hidden": 0, "output": 1, "output_bias": 0}  # κ = lr·n^e
+# Adam (TP4b): invariant to scaling a gradient and ε together, so each parameter's step is Adam's on its
+# Θ(1) scaled gradient (n·∂L/∂p for a width-sized one, γ = Σ ĝ xᵀ for a hidden matrix) with ε̃ = ε·n^f;
+# the step of u, of a gain, of an entry of n·W_readout is lr·n^e·ψ, of a hidden matrix's entry lr·n^e·ψ/n
+_ADAM_EXPONENT = {"input": 0, "vector": 0, "hidden": 1, "output": 1, "output_bias": 0}  # κ̃ = lr·n^e
+_ADAM_EPS_EXPONENT = {"input": 1, "vector": 1, "hidden": 1, "output": 0, "output_bias": 0}  # ε̃ = ε·n^f
 _INIT_EXPONENT = {"input": 0, "vector": 0, "hidden": 1, "output": 2, "output_bias": 0}  # rms²·n^e
 
 
@@ -48,6 +53,9 @@ class ParamLaw:
     family: str  # "normal", "uniform", "constant" or "value" (a finite parameter: `value`)
     mean: float = 0.0
     value: torch.Tensor | None = None
+    adam_kappa: float = 0.0  # Adam: κ̃ per unit of the base lr (see _ADAM_EXPONENT)
+    adam_eps: float = 0.0  # Adam: ε̃ per unit of the base ε
+    adam_error: str = ""  # why Adam's constants are not width-independent, if they are not
 
     def sample(self, shape: tuple[int, ...], generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
         """Independent draws of one scaled entry, of `shape`."""
@@ -115,6 +123,27 @@ def mup_sgd(
     return groups
 
 
+def adam_factors(model: nn.Module) -> dict[int, tuple[float, float]]:
+    """Each parameter's Adam (lr, ε) factors, ``id(parameter) → (lr, ε)``, from
+    ``mt.param_groups(model, lr=1, "adam", eps=1)`` on a model the library already parametrized."""
+    import mutransfer as mt  # the public face, as in `mup_sgd`
+
+    groups = mt.param_groups(model, 1.0, "adam", eps=1.0)
+    assert isinstance(groups, list)  # Adam's groups are plain dicts
+    return {id(p): (float(g["lr"]), float(g["eps"])) for g in groups for p in g["params"]}
+
+
+def mup_adam(model: nn.Module, base: nn.Module, lr: float, eps: float, example: Any = None) -> list[dict[str, Any]]:
+    """`mt.parametrize(model, base=base)` (in place) and its Adam groups `mt.param_groups(model, lr,
+    "adam", eps=eps)`: the finite µP network of the limit's `fit(optimizer="adam")`."""
+    import mutransfer as mt  # the public face, as in `mup_sgd`
+
+    mup_sgd(model, base, lr, example=example)
+    groups = mt.param_groups(model, lr, "adam", eps=eps)
+    assert isinstance(groups, list)
+    return groups
+
+
 def sgd_factors(model: nn.Module) -> dict[int, float]:
     """Each parameter's SGD factor, ``id(parameter) → lr``, from ``mt.param_groups(model, lr=1, "sgd")`` on a
     model the library already parametrized (the finite nets the limits compare with read it here)."""
@@ -125,9 +154,11 @@ def sgd_factors(model: nn.Module) -> dict[int, float]:
     return {id(p): float(g["lr"]) for g in groups for p in g["params"]}
 
 
-def _parametrized(model: nn.Module, base: nn.Module, example: Any) -> tuple[nn.Module, nn.Module, dict, dict]:
+def _parametrized(
+    model: nn.Module, base: nn.Module, example: Any
+) -> tuple[nn.Module, nn.Module, dict, dict, dict, dict]:
     big, small = copy.deepcopy(model), copy.deepcopy(base)
-    lrs = []
+    lrs, adams = [], []
     for m, delta in ((big, None), (small, model)):
         by_id = {}
         x = None if example is None else example.to(next(m.parameters()).dtype)
@@ -135,7 +166,9 @@ def _parametrized(model: nn.Module, base: nn.Module, example: Any) -> tuple[nn.M
             for p in g["params"]:
                 by_id[id(p)] = float(g["lr"])
         lrs.append({name: by_id[id(p)] for name, p in m.named_parameters()})
-    return big, small, lrs[0], lrs[1]
+        adam = adam_factors(m)
+        adams.append({name: adam[id(p)] for name, p in m.named_parameters()})
+    return big, small, lrs[0], lrs[1], adams[0], adams[1]
 
 
 def _family(name: str, x: torch.Tensor) -> tuple[str, float, float]:
@@ -200,7 +233,7 @@ def observe(
         example: an input for parametrize's probe forwards (None: parametrize builds one).
     """
     n, n0 = widths(model, base)
-    big, small, lr_big, lr_small = _parametrized(model, base, example)
+    big, small, lr_big, lr_small, adam_big, adam_small = _parametrized(model, base, example)
     specs = [getattr(m, "_mutransfer_spec", None) for m in (big, small)]  # what parametrize measured
     small_att = {a.module: a for a in getattr(specs[1], "attention", [])}
     attention = {
@@ -219,8 +252,9 @@ def observe(
                 f"at width {n0} but {k_big:.6g} at width {n}; it has no width-independent limit. Was the model "
                 "parametrized with custom lr multipliers that depend on width?"
             )
+        adam = _adam_law(name, role, adam_big[name], adam_small[name], n, n0)
         if role == "output_bias":
-            laws[name] = ParamLaw(role, k_big, 0.0, "value", value=pb[name].detach().clone())
+            laws[name] = ParamLaw(role, k_big, 0.0, "value", value=pb[name].detach().clone(), **adam)
             continue
         e_big, e_small = _scaled_var(pb[name], n, ie), _scaled_var(ps[name], n0, ie)
         v_big, v_small = e_big[0], e_small[0]
@@ -233,14 +267,29 @@ def observe(
                     f"but {v_big:.6g} at width {n}; the limit needs it width-independent (µP)"
                 )
         if role == "hidden":
-            laws[name] = ParamLaw(role, k_big, v_big, "normal")
+            laws[name] = ParamLaw(role, k_big, v_big, "normal", **adam)
             continue
         pooled = torch.cat(
             [(pb[name] * math.sqrt(float(n) ** ie)).flatten(), (ps[name] * math.sqrt(float(n0) ** ie)).flatten()]
         )
         family, mean, _ = _family(name, pooled)
-        laws[name] = ParamLaw(role, k_big, v_big, family, mean)
+        laws[name] = ParamLaw(role, k_big, v_big, family, mean, **adam)
     return laws, attention
+
+
+def _adam_law(name: str, role: str, big: tuple[float, float], small: tuple[float, float], n: int, n0: int) -> dict:
+    """Adam's κ̃ and ε̃ of one parameter from its (lr, ε) factors at widths n and n₀, or why there are none."""
+    e, f = _ADAM_EXPONENT[role], _ADAM_EPS_EXPONENT[role]
+    k, k0 = big[0] * float(n) ** e, small[0] * float(n0) ** e
+    eps, eps0 = big[1] * float(n) ** f, small[1] * float(n0) ** f
+    error = ""
+    if not math.isclose(k, k0, rel_tol=1e-6) or not math.isclose(eps, eps0, rel_tol=1e-6):
+        error = (
+            f"parameter {name!r} ({role}): its Adam lr·n^{e} and ε·n^{f} from mt.param_groups(model, lr, 'adam') are "
+            f"{k0:.6g}, {eps0:.6g} at width {n0} but {k:.6g}, {eps:.6g} at width {n}; Adam has no width-independent "
+            "limit for it"
+        )
+    return {"adam_kappa": k, "adam_eps": eps, "adam_error": error}
 
 
 def first_width(gm: Any) -> int:

@@ -8,7 +8,7 @@ from torch import nn
 from .._arrays import ArrayLike, as_inputs, as_targets
 from .._checks import integer, positive
 from .._mup_limit import sgd_batches
-from .scaling import mup_sgd
+from .scaling import mup_adam, mup_sgd
 
 __all__ = ["train_mup"]
 
@@ -24,12 +24,17 @@ def train_mup(
     batch_seed: int = 0,
     *,
     momentum: float = 0.0,
+    optimizer: str = "sgd",
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
 ) -> nn.Module:
     """The finite µP network `mt.limits.FeatureLimit(·, base=base)` is the limit of, trained as the
-    limit's `fit(x, y, steps=steps, lr=lr, momentum=momentum, batch_size=batch_size)` trains.
+    limit's `fit(x, y, steps=steps, lr=lr, momentum=momentum, batch_size=batch_size)` trains (or
+    its `fit(…, optimizer="adam", betas=betas, eps=eps)`).
 
     `mt.parametrize(model, base=base)` (in place), then `steps` steps of
-    `torch.optim.SGD(mt.param_groups(model, lr, "sgd"), lr=lr, momentum=momentum)` on
+    `torch.optim.SGD(mt.param_groups(model, lr, "sgd"), lr=lr, momentum=momentum)` (or
+    `torch.optim.Adam(mt.param_groups(model, lr, "adam", eps=eps), lr=lr, betas=betas)`) on
     (1/B) Σ ½‖f − y‖² over the minibatches `sgd_batches(len(x), steps, batch_size, batch_seed)`:
     the limit's own batches when `batch_seed` is the limit's `seed`. As the width of `model` grows
     (same `base`), its predictions approach the limit's like width^-½.
@@ -44,6 +49,9 @@ def train_mup(
         batch_size: minibatch size (None: full batch).
         batch_seed: the seed of the minibatch order (`FeatureLimit`'s `seed` for its batches).
         momentum: torch.optim.SGD's momentum (no dampening, no Nesterov).
+        optimizer: "sgd" or "adam".
+        betas: Adam's (β₁, β₂).
+        eps: Adam's ε at base width.
 
     Returns:
         `model`, parametrized and trained.
@@ -70,7 +78,13 @@ def train_mup(
     first = next(model.parameters(), None)
     if first is not None:
         xt, yt = xt.to(first.device, first.dtype), yt.to(first.device, first.dtype)
-    opt = torch.optim.SGD(mup_sgd(model, base, lr, example=xt[:2]), lr=lr, momentum=float(momentum))
+    opt: torch.optim.Optimizer
+    if optimizer == "adam":
+        opt = torch.optim.Adam(mup_adam(model, base, lr, float(eps), example=xt[:2]), lr=lr, betas=betas)
+    elif optimizer == "sgd":
+        opt = torch.optim.SGD(mup_sgd(model, base, lr, example=xt[:2]), lr=lr, momentum=float(momentum))
+    else:
+        raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
     for idx in sgd_batches(len(xt), steps, batch_size, batch_seed, xt.device):
         f = model(xt[idx])
         f = f.reshape(len(idx), -1)
