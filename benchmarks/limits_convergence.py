@@ -148,7 +148,14 @@ class AttentionBlock(nn.Module):
     pooled over positions (mean, or the first token), readout."""
 
     def __init__(
-        self, n: int, d: int = 4, heads: int = 2, k: int = 1, written: bool = False, pool: str = "mean", positions: int = 4
+        self,
+        n: int,
+        d: int = 4,
+        heads: int = 2,
+        k: int = 1,
+        written: bool = False,
+        pool: str = "mean",
+        positions: int = 4,
     ):
         super().__init__()
         self.n_head, self.head_dim, self.written, self.pool = heads, n // heads, written, pool

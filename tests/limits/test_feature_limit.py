@@ -248,11 +248,13 @@ def test_an_op_that_mixes_particles_is_an_error_naming_the_node():
         mt.limits.FeatureLimit(net(64).double(), base=net(16).double())
 
 
-def test_adam_and_other_losses_are_not_yet():
+def test_other_optimizers_and_losses_are_refused():
     lim = mt.limits.FeatureLimit(_mlp(256), base=_mlp(16), particles=64, groups=2)
     x, y, _ = _data(4)
-    with pytest.raises(ValueError, match="optimizer='adam' is not yet supported"):
-        lim.fit(x, y, optimizer="adam")
+    with pytest.raises(ValueError, match="optimizer must be 'sgd' or 'adam'"):
+        lim.fit(x, y, optimizer="lion")
+    with pytest.raises(ValueError, match="derivatives='autograd' cannot take Adam's limit"):
+        lim.fit(x, y, optimizer="adam", derivatives="autograd")
     with pytest.raises(ValueError, match="loss='ce'"):
         lim.fit(x, y, loss="ce")
     with pytest.raises(ValueError, match=r"shape \(N, 4\)"):

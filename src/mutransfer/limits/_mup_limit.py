@@ -99,7 +99,7 @@ def check_optimizer(
             raise ValueError(f"eps must be positive, got {eps!r}")
 
 
-class _Updater:
+class Updater:
     """SGD (with momentum / Nesterov), Adam or AdamW on named state tensors, from their scaled
     gradients: the same arithmetic as torch.optim.SGD / Adam / AdamW, so that the limit and the
     finite networks take the same steps (see the module docstring)."""
@@ -262,7 +262,7 @@ class MuPLimit:
         getattr(self, f"_init_{self.method_used}")()
         if self.method_used == "quadrature":
             self._check_quadrature()
-        self._updater = _Updater(self.optimizer, self.momentum, self.nesterov, self.betas, self.eps, self.weight_decay)
+        self._updater = Updater(self.optimizer, self.momentum, self.nesterov, self.betas, self.eps, self.weight_decay)
         for batch in sgd_batches(len(x), steps, batch_size, batch_seed, x.device):
             getattr(self, f"_step_{self.method_used}")(batch, lr)
         state = {"linear": ("M",), "quadrature": ("v", "a"), "monte_carlo": ("u", "v")}[self.method_used]

@@ -62,7 +62,7 @@ class NonlinearOuter(torch.autograd.Function):
     `own` only (the other side and v are expectations' inputs)."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         own: torch.Tensor,
         other: torch.Tensor,
@@ -82,7 +82,7 @@ class NonlinearOuter(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         own, other, v = ctx.saved_tensors
         g, p, _ = own.shape
         out = torch.zeros_like(own)

@@ -142,14 +142,15 @@ class Family:
         inv = torch.where(keep, 1.0 / root.clamp_min(1e-300), torch.zeros_like(lam))
         t = u * inv.unsqueeze(1)  # (G, B, B): q_new = r·t, r = v − Q·coef = v − cat(v)·M·coef
         self.q.append(torch.einsum("gpb,gbk->gpk", r, t))
-        rows = sum(w.shape[2] for w in self.v)
-        m = v.new_zeros(g, rows + b, held + b)
-        if self.m is not None:
-            m[:, :rows, :held] = self.m
-            m[:, :rows, held:] = -torch.einsum("gik,gkb,gbj->gij", self.m, coef, t)
-        m[:, rows:, held:] = t
-        self.m = m
-        self.v.append(v)
+        if not self.stein:  # the autograd path differentiates Q through the given vectors (see the class doc)
+            rows = sum(w.shape[2] for w in self.v)
+            m = v.new_zeros(g, rows + b, held + b)
+            if self.m is not None:
+                m[:, :rows, :held] = self.m
+                m[:, :rows, held:] = -torch.einsum("gik,gkb,gbj->gij", self.m, coef, t)
+            m[:, rows:, held:] = t
+            self.m = m
+            self.v.append(v)
         xi = torch.randn((g, self.out, b), generator=self.generator, dtype=v.dtype).to(v.device)
         leaf = (xi * self.sigma2**0.5).requires_grad_(True)
         self.zeta.append(leaf)
@@ -161,8 +162,11 @@ class Family:
         family is W₀ᵀ's for Ż^{W₀x}, W₀'s for Ż^{W₀ᵀg}), q_j differentiable through the given vectors."""
         if not self.q:
             return z.new_zeros(z.shape[0], self.inp, z.shape[2])
+        if self.stein:  # no graph to keep: the basis itself (the given vectors are not stored)
+            d = stein(z, self.zeta, self.per)
+            return self.sigma2 * torch.einsum("gpk,gbk->gpb", torch.cat(self.q, 2), d)
         assert self.m is not None
-        d = stein(z, self.zeta, self.per) if self.stein else partials(z, self.zeta, self.per)
+        d = partials(z, self.zeta, self.per)
         return self.sigma2 * torch.einsum("gpi,gib->gpb", torch.cat(self.v, 2), self.m @ d.transpose(1, 2))
 
 
@@ -198,7 +202,7 @@ class HiddenMatrix:
         own, other = torch.cat(own_parts, 2), torch.cat(other_parts, 2)
         j = min(other.shape[1], OTHER)  # the expectation over the other side's particles, on the first j
         scale = -lr * kappa * other.shape[1] / (self.per * j)
-        return NonlinearOuter.apply(own, other[:, :j], v.detach()[:, :j], lengths, betas, eps, scale)  # type: ignore[no-any-return]
+        return NonlinearOuter.apply(own, other[:, :j], v.detach()[:, :j], lengths, betas, eps, scale)
 
     def _zeros(self, v: torch.Tensor, transpose: bool) -> torch.Tensor:
         """Zeros on the particles of the side W_t v (W_tᵀ g) lives on."""

@@ -116,8 +116,11 @@ class FeatureLimit:
         """Two rows of the input the limit will get: `example_input`, else (2, d) for the first Linear's d."""
         if example is None:
             first = next(
-                (self._gm.get_submodule(str(nd.target)) for nd in self._gm.graph.nodes if nd.op == "call_module"
-                 and isinstance(self._gm.get_submodule(str(nd.target)), nn.Linear)),
+                (
+                    self._gm.get_submodule(str(nd.target))
+                    for nd in self._gm.graph.nodes
+                    if nd.op == "call_module" and isinstance(self._gm.get_submodule(str(nd.target)), nn.Linear)
+                ),
                 None,
             )
             if first is None:
@@ -203,6 +206,14 @@ class FeatureLimit:
             errors = [law.adam_error for law in self.laws.values() if law.adam_error]
             if errors:
                 raise ValueError(errors[0])
+        derivatives = derivatives or ("stein" if optimizer == "adam" else "autograd")
+        if derivatives not in ("autograd", "stein"):
+            raise ValueError(f"derivatives must be 'autograd' or 'stein', got {derivatives!r}")
+        if optimizer == "adam" and derivatives == "autograd":
+            raise ValueError(
+                "derivatives='autograd' cannot take Adam's limit: its first step sign(g) has a per-particle derivative "
+                "of 0 while E[∂Z/∂Ẑ] is not 0 (a Dirac mass at g = 0); use derivatives='stein' (the default for Adam)"
+            )
         steps = integer(steps, "steps", 0)
         lr = positive(lr, "lr")
         xt = self._inputs(x, "x")
@@ -223,14 +234,6 @@ class FeatureLimit:
                 f"(({len(xt)} inputs + {steps} steps × batch {batch}){each} = {seen}); use particles ≥ "
                 f"{(2 * seen + 4 * self._per_row) * self.groups} (each input predicted at once needs "
                 f"{4 * self._per_row} more per group)"
-            )
-        derivatives = derivatives or ("stein" if optimizer == "adam" else "autograd")
-        if derivatives not in ("autograd", "stein"):
-            raise ValueError(f"derivatives must be 'autograd' or 'stein', got {derivatives!r}")
-        if optimizer == "adam" and derivatives == "autograd":
-            raise ValueError(
-                "derivatives='autograd' cannot take Adam's limit: its first step sign(g) has a per-particle derivative "
-                "of 0 while E[∂Z/∂Ẑ] is not 0 (a Dirac mass at g = 0); use derivatives='stein' (the default for Adam)"
             )
         self._program = prog = self._new_program()
         if optimizer == "adam":

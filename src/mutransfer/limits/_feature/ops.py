@@ -380,7 +380,7 @@ def _sdpa(node: fx.Node, kinds: dict[fx.Node, str], wdims: dict[fx.Node, int | N
         a = bound.get(key)
         if not isinstance(a, fx.Node) or kinds.get(a) != "width":
             raise node_error(node, f"an attention whose {key} is not a width tensor")
-        meta = a.meta.get("tensor_meta")
+        meta: Any = a.meta.get("tensor_meta")
         if wdims[a] != len(meta.shape) - 1:
             raise node_error(node, f"an attention whose {key}'s width dim is not its last (head) dim")
     if bound.get("dropout_p", 0.0):

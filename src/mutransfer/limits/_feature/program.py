@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from .._mup_limit import _Updater
+from .._mup_limit import Updater
 from .family import HiddenMatrix
 from .memory import release
 from .ops import Op, rep_size
@@ -68,7 +68,9 @@ class Program:
             for key, name in op.params.items():
                 law = laws[name]
                 param = getattr(op.module, key)
-                rows = rep_size(int(param.shape[0]), n, per, op.node) if law.role in ("input", "hidden", "vector") else 0
+                rows = (
+                    rep_size(int(param.shape[0]), n, per, op.node) if law.role in ("input", "hidden", "vector") else 0
+                )
                 if law.role == "hidden":
                     cols = rep_size(int(param.shape[1]), n, per, op.node)
                     self.matrices[name] = HiddenMatrix(law.var, law.kappa, self.gen, per, (rows, cols))
@@ -78,7 +80,11 @@ class Program:
                     value = law.value.to(self.dtype).expand(groups, -1).clone()
                 else:
                     if law.role == "output":  # W is (k, r·n): a per particle is (k,)
-                        shape: tuple[int, ...] = (groups, rep_size(int(param.shape[1]), n, per, op.node), param.shape[0])
+                        shape: tuple[int, ...] = (
+                            groups,
+                            rep_size(int(param.shape[1]), n, per, op.node),
+                            param.shape[0],
+                        )
                     else:
                         shape = (groups, rows) + ((param.shape[1],) if param.dim() == 2 else ())
                     value = law.sample(shape, self.gen, self.dtype)
@@ -86,7 +92,7 @@ class Program:
                 self.initial[name] = value
         self.step = 0
         self.adam: tuple[tuple[float, float], float] | None = None  # (betas, ε) when trained by Adam
-        self.updaters: dict[str, _Updater] = {}
+        self.updaters: dict[str, Updater] = {}
         self.graph = True  # the autograd graph of every value is kept (per-particle Ż partials)
 
     def use_stein(self) -> None:
@@ -104,7 +110,7 @@ class Program:
             m.adam = (betas, eps * law.adam_eps, law.adam_kappa)
         for name, law in self.laws.items():
             if law.role != "hidden":
-                self.updaters[name] = _Updater("adam", 0.0, False, betas, eps * law.adam_eps)
+                self.updaters[name] = Updater("adam", 0.0, False, betas, eps * law.adam_eps)
 
     # ------------------------------------------------------------------ forward
 
@@ -187,22 +193,29 @@ class Program:
         assert op.fn is not None
         node = op.node
         if op.rule == "reshape":
-            sizes = list(node.args[1:]) if len(node.args) > 2 or not isinstance(node.args[1], (tuple, list)) else None
-            shape = [self._value(a, args, op) for a in (sizes if sizes is not None else node.args[1])]  # type: ignore[union-attr]
+            given: Any = (
+                node.args[1:] if len(node.args) > 2 or not isinstance(node.args[1], (tuple, list)) else node.args[1]
+            )
+            shape = [self._value(a, args, op) for a in given]
             if op.wdim is not None and op.wdim < len(shape) and shape[op.wdim] != -1:
                 shape[op.wdim] = rep_size(int(shape[op.wdim]), self.n, self.per, node)
             return lambda t, *_: t.reshape(shape)
         if op.rule == "split":
             src = self.by_node[op.inputs[0]]
-            dim = node.kwargs.get("dim", node.args[2] if len(node.args) > 2 else 0)
-            sizes = node.kwargs.get("split_size_or_sections", node.kwargs.get("split_size", node.args[1]))
+            dim: Any = self._value(node.kwargs.get("dim", node.args[2] if len(node.args) > 2 else 0), args, op)
+            sizes: Any = node.kwargs.get("split_size_or_sections", node.kwargs.get("split_size", node.args[1]))
+            sizes = (
+                [self._value(a, args, op) for a in sizes]
+                if isinstance(sizes, (list, tuple))
+                else self._value(sizes, args, op)
+            )
             nd = args[0].dim() - 1
-            if src.wdim is not None and int(dim) % nd == src.wdim:  # type: ignore[call-overload]
-                if isinstance(sizes, (list, tuple)):
-                    sizes = [rep_size(int(s), self.n, self.per, node) for s in sizes]
+            if src.wdim is not None and int(dim) % nd == src.wdim:
+                if isinstance(sizes, list):
+                    sizes = [rep_size(int(k), self.n, self.per, node) for k in sizes]
                 else:
-                    sizes = rep_size(int(sizes), self.n, self.per, node)  # type: ignore[call-overload]
-            return lambda t, *_: torch.split(t, sizes, int(dim))  # type: ignore[call-overload]
+                    sizes = rep_size(int(sizes), self.n, self.per, node)
+            return lambda t, *_: torch.split(t, sizes, int(dim))
         if op.rule == "getitem":
             src = self.by_node[op.inputs[0]]
             index = self._index(node.args[1], args[0].dim() - 1, src, node)
@@ -218,7 +231,7 @@ class Program:
         if any(isinstance(i, (fx.Node, torch.Tensor)) for i in items):
             raise node_error(node, "an index computed in the forward pass into a width tensor")
         used = sum(1 for i in items if i is not None and i is not Ellipsis)
-        dim, out = 0, []
+        dim, out = 0, list[Any]()
         for i in items:
             if i is Ellipsis:
                 dim += nd - used
@@ -230,7 +243,9 @@ class Program:
             if dim == src.wdim:
                 if not isinstance(i, slice) or i.step not in (None, 1):
                     raise node_error(node, "an integer or strided index into the width dim")
-                ends = [None if b is None else rep_size(b % src.size, self.n, self.per, node) for b in (i.start, i.stop)]
+                ends = [
+                    None if b is None else rep_size(b % src.size, self.n, self.per, node) for b in (i.start, i.stop)
+                ]
                 i = slice(ends[0], ends[1])
             out.append(i)
             dim += 1
@@ -340,8 +355,8 @@ class Program:
                 for s, ga in self._sdpa_vjp(op, vals, g).items():
                     add(s, ga)
             elif op.rule not in ("data", "const", "size", "placeholder"):
-                for s, ga in self._vjp(op, vals, g).items():
-                    add(s, ga)
+                for s, gb in self._vjp(op, vals, g).items():
+                    add(s, gb)
         self._update(grads, history, lr, momentum)
 
     def _vjp(self, op: Op, vals: dict[fx.Node, Any], g: Any) -> dict[fx.Node, torch.Tensor | None]:
@@ -393,7 +408,7 @@ class Program:
         for key, grad in (("query", gq), ("key", gk), ("value", gv)):
             node = bound[key]
             out[node] = out[node] + grad if node in out else grad  # type: ignore[index]
-        return out  # type: ignore[return-value]
+        return out
 
     def _norm_vjp(self, op: Op, v: torch.Tensor, g: torch.Tensor, grads: dict[str, torch.Tensor]) -> torch.Tensor:
         m = op.module
@@ -413,7 +428,7 @@ class Program:
 
     def _update(self, grads: dict[str, torch.Tensor], history: list, lr: float, momentum: float) -> None:
         """torch.optim.SGD on the scaled gradients: b ← μb + g (b = g at the first step), p ← p − lr·κ·b;
-        or torch.optim.Adam's step on them (`_Updater`: p ← p − lr·κ̃·m̂/(√v̂ + ε̃))."""
+        or torch.optim.Adam's step on them (`Updater`: p ← p − lr·κ̃·m̂/(√v̂ + ε̃))."""
         for name, g in grads.items():
             law = self.laws[name]
             if self.adam is not None:

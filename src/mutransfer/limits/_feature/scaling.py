@@ -31,7 +31,19 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["AttentionLaw", "ParamLaw", "adam_factors", "mup_adam", "first_width", "mup_sgd", "observe", "same_width", "sgd_factors", "widened", "widths"]
+__all__ = [
+    "AttentionLaw",
+    "ParamLaw",
+    "adam_factors",
+    "first_width",
+    "mup_adam",
+    "mup_sgd",
+    "observe",
+    "same_width",
+    "sgd_factors",
+    "widened",
+    "widths",
+]
 
 ROLES = ("input", "vector", "hidden", "output", "output_bias")
 _EXPONENT = {"input": -1, "vector": -1, "hidden": 0, "output": 1, "output_bias": 0}  # κ = lr·n^e
@@ -317,7 +329,7 @@ def widened(model: nn.Module, layers: dict[str, tuple[str, nn.Module]], seed: in
     for name, (rule, module) in layers.items():
         new = copy.deepcopy(module)
         if rule == "norm":
-            new.normalized_shape = tuple(2 * s for s in module.normalized_shape)  # type: ignore[assignment,union-attr,attr-defined]
+            new.normalized_shape = tuple(2 * s for s in module.normalized_shape)  # type: ignore[assignment,union-attr]
         else:
             if rule in ("hidden", "readout"):
                 new.in_features = 2 * module.in_features  # type: ignore[assignment,operator]
