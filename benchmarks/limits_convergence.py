@@ -10,7 +10,8 @@ One run, one table, for every feature-learning limit of `mt.limits` (theory: slo
 - the limit of a traced module (`FeatureLimit`, no closed form) against the finite µP networks
   of the same module (`mt.limits.finite.train_mup`: `mt.parametrize` + SGD on `mt.param_groups`),
   widths 256 … 4096 × 16 seeds, full-batch SGD: a 2-hidden-layer tanh MLP with LayerNorm, a residual MLP (2 blocks x + W₂ tanh(W₁ LN(x))) and a 3-hidden-layer
-  relu MLP without norms (two hidden matrices in a row); below the table,
+  relu MLP without norms (two hidden matrices in a row), a causal self-attention block on sequences of 4
+  positions (SDPA, 2 heads, µP's 1/d logits), and the LayerNorm MLP under Adam (TP4b); below the table,
   how far the seed mean at the widest is from the limit, in combined standard errors.
 The gap is the RMS over seeds and evaluation points of f_width − f_∞; the limits of the
 1-hidden-layer nets are exact (quadrature) or Monte Carlo with a standard error far below the gaps.
@@ -99,6 +100,7 @@ FEATURE_LN = "FeatureLimit, 2-hidden-layer tanh MLP with LayerNorm (5 SGD steps)
 FEATURE_RES = "FeatureLimit, residual MLP, 2 blocks x + W2 tanh(W1 LN(x)) (4 SGD steps)"
 FEATURE_RELU = "FeatureLimit, 3-hidden-layer relu MLP, no norm (5 SGD steps at lr 0.5)"
 FEATURE_ATTN = "FeatureLimit, one causal self-attention block (2 heads, 4 positions, mean pool; 4 SGD steps)"
+FEATURE_ADAM = "FeatureLimit, 2-hidden-layer tanh MLP with LayerNorm, Adam (5 steps at lr 0.02)"
 
 
 def ln_mlp(n: int, d: int = 4) -> nn.Module:
@@ -198,7 +200,15 @@ Z_AT_WIDEST: dict[str, float] = {}  # FeatureLimit rows: |seed mean − limit| a
 
 
 def feature_case(
-    name: str, make, widths, seeds: int, steps: int, particles: int, lr: float = 0.1, sequences: bool = False
+    name: str,
+    make,
+    widths,
+    seeds: int,
+    steps: int,
+    particles: int,
+    lr: float = 0.1,
+    sequences: bool = False,
+    optimizer: str = "sgd",
 ):
     if sequences:
         x, y, xe = sequence_data(8, 4, 4, 0)
@@ -208,14 +218,14 @@ def feature_case(
     torch.manual_seed(0)
     base = make(16)
     lim = L.FeatureLimit(make(widths[0]), base=base, particles=particles, groups=8, seed=1, example_input=x)
-    limit, se = lim.fit(x, y, steps=steps, lr=lr).predict(xe, return_error=True)
+    limit, se = lim.fit(x, y, steps=steps, lr=lr, optimizer=optimizer).predict(xe, return_error=True)
     limit, se = limit[:, 0], se[:, 0]
     gaps = []
     for width in widths:
         preds = []
         for s in range(seeds):
             torch.manual_seed(100 + s)
-            net = L.finite.train_mup(make(width), base, x, y, steps, lr)  # full batch
+            net = L.finite.train_mup(make(width), base, x, y, steps, lr, optimizer=optimizer)  # full batch
             with torch.no_grad():
                 preds.append(net(xe)[:, 0])
         gaps.append(rms_gap(preds, limit))
@@ -290,6 +300,13 @@ def main(argv=None) -> int:
             feature_widths,
             lambda: feature_case(
                 FEATURE_ATTN, attention_block, feature_widths, feature_seeds, 4, particles, lr=0.5, sequences=True
+            ),
+        ),
+        (
+            FEATURE_ADAM,
+            feature_widths,
+            lambda: feature_case(
+                FEATURE_ADAM, ln_mlp, feature_widths, feature_seeds, 5, particles, 0.02, optimizer="adam"
             ),
         ),
     ]

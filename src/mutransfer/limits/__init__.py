@@ -2,7 +2,7 @@
 recursion for fully-connected networks), predictions from them, and the µP feature-learning
 limits: a 1-hidden-layer network under SGD, momentum, Adam or AdamW (`MuPLimit`), deep relu MLPs
 (the π-limit, `PiLimit`), word2vec (`Word2VecLimit`) and, by the master theorem on particles, the
-µP limit of your own traced module under SGD (`FeatureLimit`). The finite networks they are the limits
+µP limit of your own traced module — MLPs and attention blocks — under SGD or Adam (`FeatureLimit`). The finite networks they are the limits
 of are in `mutransfer.limits.finite`, word2vec's data and evaluation in `mutransfer.limits.word2vec`.
 
     import mutransfer as mt
@@ -13,7 +13,7 @@ of are in `mutransfer.limits.finite`, word2vec's data and evaluation in `mutrans
     f = mt.limits.MuPLimit("relu").fit(x, y, steps=500, lr=0.5).predict(x_test)
     f = mt.limits.MuPLimit("relu", optimizer="adam").fit(x, y, 300, 1e-3).predict(x_test)
     f = mt.limits.PiLimit(2, 64, input_alpha=0.3).fit(x, y, 400, 0.3, batch_size=32).predict(x_test)
-    lim = mt.limits.FeatureLimit(model, base=base_model, particles=2**14, groups=8)  # any traced MLP
+    lim = mt.limits.FeatureLimit(model, base=base_model, particles=2**14, groups=8)  # any traced MLP or attention block
     f, se = lim.fit(x, y, steps=20, lr=0.1).predict(x_test, return_error=True)
 """
 

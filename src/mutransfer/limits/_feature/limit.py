@@ -33,10 +33,12 @@ class FeatureLimit:
     and nothing in the limit: f is exactly 0 at init (the Monte Carlo term E[Z^{x₀} a₀], zero in
     expectation, is subtracted as a control variate).
 
-    Supported: nn.Linear (input d → n, hidden n → n, readout n → k; biases), elementwise functions
-    and modules, residual sums, scalar multiples, nn.LayerNorm / nn.RMSNorm over the width;
-    SGD with momentum (torch.optim.SGD semantics) on (1/B) Σ ½‖f − y‖². Anything else raises a
-    ValueError naming the graph node. The finite networks it is the limit of are
+    Supported: nn.Linear (input d → n, hidden r·n → r'·n, readout n → k; biases), elementwise
+    functions and modules, residual sums, scalar multiples, nn.LayerNorm / nn.RMSNorm over the
+    width, and on sequences (N, T, d) self-attention (SDPA or written out, heads, masks, µP's 1/d
+    logit scale as `mt.parametrize` measured it), reshapes into heads, pooling over positions;
+    SGD with momentum (torch.optim.SGD semantics) or Adam (TP4b) on (1/B) Σ ½‖f − y‖². Anything
+    else raises a ValueError naming the graph node (docs: limits/transformers.md). The finite networks it is the limit of are
     `mt.limits.finite.train_mup(make(width), base, x, y, steps, lr, batch_size, seed)`.
 
     Args:
@@ -49,6 +51,9 @@ class FeatureLimit:
         particles: Monte Carlo particles in all, a multiple of `groups`.
         groups: independent replicas (≥ 2), for the standard error.
         seed: the Monte Carlo seed (also the minibatch order's).
+        example_input: a few rows of the input fit and predict will get — (N, T, d) for a sequence
+            model; the width dims are read from the model run on it at two widths (default: a (2, d)
+            input for the first nn.Linear's d).
 
     Example:
         >>> lim = FeatureLimit(model, base=base, particles=2**14, groups=8)

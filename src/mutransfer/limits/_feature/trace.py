@@ -14,9 +14,10 @@ from torch import fx, nn
 __all__ = ["NORMS", "SUPPORTED", "FeatureTracer", "entrywise", "node_error", "scope_output", "trace_module"]
 
 SUPPORTED = (
-    "nn.Linear (input: finite → width, hidden: width → width, readout: width → finite; biases), "
-    "elementwise functions and modules (relu, tanh, gelu, sigmoid, silu, …, sums, products, scalar "
-    "multiples), nn.LayerNorm and nn.RMSNorm over the width dim"
+    "nn.Linear (input: data → width, hidden: width → width or r·width, readout: width → finite; biases), "
+    "elementwise functions and modules, nn.LayerNorm / nn.RMSNorm over the width dim, self-attention (SDPA, or "
+    "q @ kᵀ → softmax → @ v written out; masks, µP's 1/d scale), reshapes into heads, transposes, indexing, sums "
+    "and means over positions, means over the width dim (see docs/limits/transformers.md)"
 )
 NORMS: tuple[type, ...] = (nn.LayerNorm,) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
 
