@@ -84,4 +84,9 @@ CAUSES = {
     "logits": "output logits off the proxy's trajectory (readout not scaled, or logits growing without bound)",
     "attn_logits": "attention logits off the proxy's trajectory (attention at 1/√d, or q/k lr not scaled)",
     "update": "update size ‖ΔW‖ off the proxy's width-scaled trajectory (lr not in effect for this layer)",
+    "unit": (
+        "u-µP activation not unit at init: the layer's output is larger than u-µP's unit scale (× the constants "
+        "parametrize installed on it) — its weight re-drawn or scaled after mt.parametrize, or its input multiplier "
+        "lost; call mt.init_weights(model), or mt.parametrize again"
+    ),
 }

@@ -23,7 +23,7 @@ from .._core.naming import canonical_name
 from .._core.spec import MuSpec, find_spec, require_spec
 from ..coord.measure import MODEL_OUTPUT
 from ..errors import MonitorAlarm, UsageError
-from ..rules import factor
+from ..rules import MUP, UMUP_NAME, factor
 from .alarms import CAUSES, Alarm
 from .predictions import (
     attention_findings,
@@ -32,6 +32,8 @@ from .predictions import (
     optimizer_kind,
     proxy_findings,
     swap_findings,
+    umup_factors,
+    umup_unit_findings,
 )
 from .quantities import StepProbe, activation_sizes, rms, spectral_norm
 from .sinks import make_sink, tag
@@ -177,6 +179,7 @@ class Monitor:
         # the init, checked before the first step (after one, the values have moved): alarms at the first sample
         self._init_found: list = []
         fresh = not self.optimizer.state and all(p.grad is None for p in self.model.parameters())
+        self._unit_due = fresh and self.spec.parametrization == UMUP_NAME  # u-µP: unit activations at init
         if check_init if check_init is not None else fresh:
             with torch.no_grad():
                 found, _, _ = init_findings(self.spec, self.model)
@@ -207,7 +210,21 @@ class Monitor:
                 "m_out": float(info.m_out),
                 "shape": list(info.shape),
             }
+            plan = self.spec.__dict__.get("umup")
+            if plan is not None and main in plan.rows:  # u-µP: its rules read the absolute fans (rules.UMUP)
+                fan_in, fan_out = plan.fans[main]
+                out[layer].update(
+                    row=plan.rows[main], fan_in=fan_in, fan_out=fan_out, factors=umup_factors(self.spec, main)
+                )
         return out
+
+    def _spectral_factor(self, name: str, meta: dict[str, Any]) -> float:
+        """The spectral condition's width factor of parameter `name`: u-µP's at its absolute fans (the factor
+        `param_groups` gave it), µP's at the layer's width ratios."""
+        factors = meta.get("factors")
+        if factors is not None:
+            return float(factors["spectral_lr"])
+        return factor(self.spec.rule(name).spectral_lr, meta["m_in"], meta["m_out"])
 
     def _role(self, layer: str) -> str:
         if layer == MODEL_OUTPUT:
@@ -276,7 +293,7 @@ class Monitor:
                 )
                 if q["w_spec"] > 0:
                     q["dw_rel"] = q["dw_spec"] / q["w_spec"]
-                f = factor(self.spec.rule(name).spectral_lr, meta["m_in"], meta["m_out"])
+                f = self._spectral_factor(name, meta)
                 if ref:  # ‖ΔW‖₂ over the spectral condition's width factor and the base lr: Θ(1) in width under µP
                     q["dw_spec_mup"] = q["dw_spec"] / (ref * f)
             if name in probe.grad_norms:
@@ -292,6 +309,9 @@ class Monitor:
             lr_found + swap_findings(self.spec, self.model, self.optimizer, rms) + attention_findings(self.spec, calls)
         )
         found += self._compare_record(record)
+        if self._unit_due and t == 1:  # step 1's sample: one small update after init, still init's scale
+            found += umup_unit_findings(self.spec, record, self.tolerance)
+        self._unit_due = False
         found, self._init_found = found + self._init_found, []
         new = self._raise(t, found)
         if self._sink is not None:
@@ -325,6 +345,13 @@ class Monitor:
 
     # ------------------------------------------------------------------ proxy trajectories
     def _set_proxy(self, proxy: dict) -> None:
+        theirs = proxy.get("parametrization", MUP)
+        if theirs != self.spec.parametrization:
+            raise UsageError(
+                f"Monitor: the proxy trajectory was recorded under parametrization {theirs!r}, this model is "
+                f"{self.spec.parametrization!r}; compare with a proxy of the same parametrization (their update "
+                "sizes scale by different rules)"
+            )
         self._proxy = proxy
         self._proxy_steps = {int(r["step"]): r for r in proxy.get("steps", [])}
         wider = proxy.get("wider")
@@ -374,16 +401,19 @@ class Monitor:
         """What a proxy run saves for a target to compare with (JSON-able).
 
         Returns:
-            ``{"format", "every", "optimizer", "formulation", "layers": {layer: {param, role, m_in, m_out,
-            shape}}, "steps": [{"step", "loss", "lr_base", "layers": {layer: {quantity: value}}}]}``;
-            m_in/m_out are the layer's width ratios to the base model, so a target of the same base
-            scales each quantity by the rules.
+            ``{"format", "every", "optimizer", "formulation", "parametrization", "layers": {layer: {param,
+            role, m_in, m_out, shape}}, "steps": [{"step", "loss", "lr_base", "layers": {layer: {quantity:
+            value}}}]}``; m_in/m_out are the layer's width ratios to the base model, so a target of the same
+            base scales each quantity by the rules. Under u-µP a layer also holds its ``row`` of
+            `rules.UMUP`, its absolute ``fan_in``/``fan_out`` and the ``factors`` its update sizes scale
+            with (`predictions.umup_factors`).
         """
         return {
             "format": TRAJECTORY_FORMAT,
             "every": self.every,
             "optimizer": self.kind,
             "formulation": self.spec.formulation,
+            "parametrization": self.spec.parametrization,
             "layers": self.layers,
             "steps": list(self._records),
         }

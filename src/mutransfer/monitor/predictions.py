@@ -22,6 +22,7 @@ from .._core.naming import canonical_name
 from .._core.spec import MuSpec
 from ..optimizers import LR_FACTOR_KEY
 from ..rules import OPTIMIZERS, factor, formulation_rules
+from ..scaled_forward import Side
 
 __all__ = [
     "Finding",
@@ -34,6 +35,8 @@ __all__ = [
     "scaled_proxy",
     "swap_findings",
     "trend_band",
+    "umup_factors",
+    "umup_unit_findings",
     "width_ratio",
 ]
 
@@ -44,6 +47,8 @@ Finding = tuple[str, str, float, float, str]  # (layer, what, measured, expected
 UPDATE_COLUMNS = {"dw_rms": "adam_lr", "dw_spec": "spectral_lr"}
 # quantities µP keeps Θ(1) in width: compared with the proxy's as they are
 INVARIANT = {"act_rms": "act", "attn_logit_rms": "attn_logits"}
+# u-µP's rows (rules.UMUP) whose layer output is unit-scaled at init (the readout is 1/fan_in: not unit)
+UNIT_ROWS = ("embedding", "input", "hidden")
 
 
 def close(a: float, b: float, rel: float = 1e-6) -> bool:
@@ -176,10 +181,52 @@ def _mup_scale(spec: MuSpec, base_name: str, d: int | None) -> float | None:
     return spec.multipliers.attention * s0 * d0 / d
 
 
+def umup_factors(spec: MuSpec, name: str) -> dict[str, float]:
+    """u-µP's factor of each update column (`UPDATE_COLUMNS`) for parameter `name`, as `param_groups` applies
+    it: `rules.UMUP`'s row at the absolute fans (`MuSpec.column_factor`), so a u-µP trajectory carries what
+    its updates scale with (µP's Table 3 exponents of the width ratios are not u-µP's)."""
+    return {col: float(spec.column_factor(name, col)) for col in sorted(set(UPDATE_COLUMNS.values()))}
+
+
 def _width_ratio(column: str, role: str, formulation: str, target: dict, proxy: dict) -> float:
+    """How a quantity scaled like `column` moves from the proxy's layer to the target's: u-µP layers carry their
+    factors (`umup_factors`), µP layers their width ratios to the base (the formulation's table)."""
+    tf, pf = target.get("factors"), proxy.get("factors")
+    if tf is not None and pf is not None and column in tf and column in pf and pf[column]:
+        return float(tf[column]) / float(pf[column])
     rule = formulation_rules(formulation)[role]
     exps = getattr(rule, column)
     return factor(exps, target["m_in"], target["m_out"]) / factor(exps, proxy["m_in"], proxy["m_out"])
+
+
+def umup_unit_findings(spec: MuSpec, record: dict, tolerance: float) -> list[Finding]:
+    """u-µP at init: every weight layer's output has unit scale, times the constants `parametrize` installed on
+    that output (α_embedding, α_ffn_act, the τ rule's branch multipliers); a finding for a layer whose
+    activation RMS is above `tolerance` × that. Only growth is a finding: a layer reading an attention average
+    sits below 1 at init by design (a mean of unit vectors), a readout at 1/√fan_in (its 1/fan_in rule).
+
+    Args:
+        spec: a u-µP model's spec (``spec.umup`` set; anything else gives no finding).
+        record: the first sample of a fresh run (layer → {"act_rms": …}).
+        tolerance: the factor allowed above the expected scale.
+    """
+    plan = spec.__dict__.get("umup")
+    if plan is None:
+        return []
+    out_mult: dict[str, float] = {}
+    for module, side, c in plan.constants:
+        if str(side) == str(Side.OUTPUT):
+            out_mult[module] = out_mult.get(module, 1.0) * float(c)
+    found: list[Finding] = []
+    for name, row in plan.rows.items():
+        if row not in UNIT_ROWS:
+            continue
+        layer = layer_of(name)
+        measured = record["layers"].get(layer, {}).get("act_rms")
+        expected = abs(out_mult.get(layer, 1.0))
+        if measured is not None and expected > 0 and measured > expected * tolerance:
+            found.append((layer, "act_rms at init", float(measured), expected, "unit"))
+    return found
 
 
 def scaled_proxy(

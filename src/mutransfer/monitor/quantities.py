@@ -69,7 +69,12 @@ def _slice(x: Any, rows: int) -> Any:
 
 class StepProbe:
     """Hooks armed for the next forward (its inputs, sliced to `rows` rows) and the next optimizer step
-    (gradient norms before it, the update ΔW of each parameter after it); each removes itself once run."""
+    (gradient norms before it, the update ΔW of each parameter after it); each removes itself once run.
+
+    Under `torch.optim.AdamW` ΔW is the optimizer's update without the decoupled weight decay
+    (W_after − W_before·(1 − lr·wd)): the decay is lr·wd·W, set by the weight-decay policy and the weights'
+    own scale, not by the lr rules the update sizes are compared with — under u-µP, whose weights have unit
+    RMS, it would otherwise outweigh a hidden layer's Adam update at the default weight decay."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, names: dict[int, str], rows: int):
         self.model, self.optimizer, self.names, self.rows = model, optimizer, names, rows
@@ -110,26 +115,29 @@ class StepProbe:
             self._fwd = None
 
     def _params(self):
+        decoupled = isinstance(self.optimizer, torch.optim.AdamW)
         for g in self.optimizer.param_groups:
+            decay = float(g["lr"]) * float(g.get("weight_decay", 0.0)) if decoupled else 0.0
             for p in g["params"]:
                 name = self.names.get(id(p))
                 if name is not None:
-                    yield name, p
+                    yield name, p, decay
 
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.stepped:
             return
         with torch.no_grad():
-            for name, p in self._params():
+            for name, p, decay in self._params():
                 if p.grad is not None:
                     self.grad_norms[name] = float(p.grad.detach().float().norm())
-                self._before[name] = p.detach().clone()
+                before = p.detach().clone()
+                self._before[name] = before.mul_(1.0 - decay) if decay else before  # the decayed start
 
     def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.stepped:
             return
         with torch.no_grad():
-            for name, p in self._params():
+            for name, p, _ in self._params():
                 before = self._before.get(name)
                 if before is not None:
                     self.deltas[name] = p.detach() - before
