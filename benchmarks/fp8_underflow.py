@@ -9,11 +9,17 @@ float32 (its optimum transfers across width). At the target width the same run (
 batches) trains in:
 
 - fp32;
-- fp8: `mt.fp8_simulation` (operands E4M3 in the forward, straight-through; gradients at matmul
-  outputs E5M2 in the backward; plain saturating casts, no scaling);
+- fp8: `mt.fp8_simulation(model)` (operands E4M3 in the forward, straight-through; gradients at
+  matmul outputs E5M2 in the backward; plain saturating casts). For u-µP the backward is
+  unit-scaled as u-µP defines it (its loss gradient × N·√V, `grad_scale="auto"`, taken out again
+  after each cast: exact, a power of two); for µP nothing is scaled;
+- fp8 plain: fp8 with no backward scale at all (`grad_scale=None`; the same as fp8 for µP);
 - fp8 fwd: the E4M3 forward casts only (gradients unrounded);
-- fp8 ×2^S: fp8 with the loss multiplied by 2^S (static loss scaling: AdamW's update does not
+- fp8 ×2^S: fp8 plain with the loss multiplied by 2^S (static loss scaling: AdamW's update does not
   change with the loss's scale, save ε), so that small gradients do not flush in E5M2.
+
+The probe forward of `parametrize` runs at the training length (``example_inputs``): u-µP's
+attention-output scale is computed at the probe's sequence length.
 
 Printed: the underflow fraction (`mt.precision.fp8_underflow`) at init and after the fp32 run,
 each run's final loss (the mean of the last tenth of the steps) and the gap to fp32 in %.
@@ -50,7 +56,10 @@ def build(width: int, parametrization: str, seed: int = 0) -> GPT:
     torch.manual_seed(seed)
     model = gpt(width)
     torch.manual_seed(10_000 + seed)
-    return mt.parametrize(model, base=gpt(BASE), delta=gpt(2 * BASE), parametrization=parametrization)
+    example = torch.zeros(2, CTX, dtype=torch.long)  # the probe at the training length (u-µP's attention scale)
+    return mt.parametrize(
+        model, base=gpt(BASE), delta=gpt(2 * BASE), parametrization=parametrization, example_inputs=example
+    )
 
 
 def batches(steps: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -70,8 +79,9 @@ def train(
     warmup = max(1, steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
     sim = {
-        "fp8": lambda: fp8_simulation(),
-        "fp8 fwd": lambda: fp8_simulation(backward=None),
+        "fp8": lambda: fp8_simulation(model),
+        "fp8 plain": lambda: fp8_simulation(model, grad_scale=None),
+        "fp8 fwd": lambda: fp8_simulation(model, backward=None),
     }
     losses = []
     for x, y in batches(steps):
@@ -122,10 +132,11 @@ def main() -> None:
         for mode, scale in (
             ("fp32", 1.0),
             ("fp8", 1.0),
+            ("fp8 plain", 1.0),
             ("fp8 fwd", 1.0),
             (f"fp8 ×2^{args.loss_scale}", 2.0**args.loss_scale),
         ):
-            loss, model = train(width, p, lr, steps, mode.split(" ×")[0], scale)
+            loss, model = train(width, p, lr, steps, "fp8 plain" if " ×" in mode else mode, scale)
             results[mode] = loss
             if mode == "fp32":
                 trained = model

