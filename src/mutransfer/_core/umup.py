@@ -251,15 +251,15 @@ def plan_umup(
             f"unit {use.function}{'·' + use.up if use.up else ''}: 1/(α·σ) = 1/{a * sigma:.4g}",
         )
         plan.activations.append((use.consumer, use.function, sigma))
-    for use in ops.attention:
+    for att in ops.attention:
         add(
-            use.consumer,
+            att.consumer,
             scaled_forward.Side.INPUT,
-            1.0 / use.scale,
-            f"unit attention output: 1/{use.scale:.4g} (uniform attention over {'causal ' if use.causal else ''}"
-            f"{use.keys} keys)",
+            1.0 / att.scale,
+            f"unit attention output: 1/{att.scale:.4g} (uniform attention over {'causal ' if att.causal else ''}"
+            f"{att.keys} keys)",
         )
-        plan.attention_outputs.append((use.consumer, use.scale))
+        plan.attention_outputs.append((att.consumer, att.scale))
     for consumer, names in ops.unknown.items():
         plan.fallbacks.append(
             f"the input of '{consumer}' comes through {', '.join(names)}, which has no unit rule: that layer's input "
