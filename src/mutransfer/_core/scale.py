@@ -38,7 +38,8 @@ class Scale:
     Attributes:
         width: the model's width (the dim µP scales).
         base_width: µP's base width; None where it plays no part (`transfer_hparams`).
-        parametrization: "mup" (default) or "sp".
+        parametrization: "mup" (default), "u-mup" (unit-scaled µP: the objective passes it to
+            `mt.parametrize`, which `mutransfer.sweep.scale.mup_kwargs` does from the hyperparameters) or "sp".
         seed: the run's seed.
         depth: the number of residual blocks; None: not stated.
         base_depth: µP's base depth (sweeps over `depths`); None otherwise.
@@ -49,7 +50,7 @@ class Scale:
 
     width: int
     base_width: int | None = None
-    parametrization: str = "mup"  # "mup" or "sp"
+    parametrization: str = "mup"  # "mup", "u-mup" or "sp"
     seed: int = 0
     depth: int | None = None
     base_depth: int | None = None
@@ -62,8 +63,8 @@ class Scale:
 
     @property
     def mup(self) -> bool:
-        """Is this trial µP (`parametrization == "mup"`)? False for SP, the plain model."""
-        return self.parametrization == "mup"
+        """Is this trial µP (`parametrization` "mup" or "u-mup", unit-scaled µP)? False for SP, the plain model."""
+        return self.parametrization in ("mup", "u-mup")
 
     def autocast(self):
         """The context the objective's forward passes run under: bf16 autocast on `device` when

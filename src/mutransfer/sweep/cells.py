@@ -9,16 +9,30 @@ sampler's seed, the hyperparameters the cell sets).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-__all__ = ["Cell"]
+__all__ = ["Cell", "parametrization_hparams"]
+
+
+def parametrization_hparams(parametrization: str) -> dict[str, str]:
+    """What a cell of `parametrization` adds to its hyperparameters: ``{"parametrization": "u-mup"}`` for a
+    u-µP cell (so `mup_kwargs`, and through it the recipes, parametrize the model as u-µP), else nothing
+    (a µP cell keeps what [fixed] says; an SP cell builds the plain model).
+
+    Args:
+        parametrization: the cell's, one of `config.PARAMETRIZATIONS`.
+
+    Returns:
+        The hyperparameters to merge over the trial's.
+    """
+    return {"parametrization": "u-mup"} if parametrization == "u-mup" else {}
 
 
 class Cell(NamedTuple):
     """Where one study of a sweep trains its trials.
 
     Attributes:
-        parametrization: "mup" or "sp".
+        parametrization: "mup", "u-mup" (unit-scaled µP) or "sp".
         width: the model width the objective builds (`Scale.width`).
         depth: the number of residual blocks in a sweep over ``depths``; None keeps the
             objective's own depth.
@@ -65,6 +79,7 @@ class Cell(NamedTuple):
         ) % 2**32
 
     @property
-    def extra_hparams(self) -> dict[str, int]:
-        """The batch size or horizon this cell sets (``{}`` for a width × depth cell)."""
-        return dict(self.extra)
+    def extra_hparams(self) -> dict[str, Any]:
+        """The batch size or horizon this cell sets (``{}`` for a width × depth cell), and a u-µP cell's
+        ``parametrization`` (`parametrization_hparams`)."""
+        return {**dict(self.extra), **parametrization_hparams(self.parametrization)}

@@ -11,7 +11,7 @@ base_depth = 2                  # µP base depth (default: the smallest depth)
 target_depth = 32               # for `mutransfer transfer` (optional)
 batch_sizes = [16, 32, 64]      # batch sizes swept at the proxy width (optional; hparams["batch_size"])
 horizons = [100, 200, 400]      # training step counts swept at the proxy width (optional; hparams["steps"])
-parametrizations = ["mup", "sp"]
+parametrizations = ["mup", "sp"]   # and/or "u-mup" (unit-scaled µP, its cells labelled u-µP)
 sampler = "grid"                # grid | random | tpe | independent (lr, then each other HP alone)
 n_trials = 16                   # random/tpe: trials per (parametrization, width[, depth])
 seeds = [0]                     # every trial trains once per seed; the loss is the mean
@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+from ..rules import parametrization_name
 from ._checks import (
     BACKENDS,
     CLUSTER_KEYS,
@@ -111,7 +112,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 SAMPLERS = ("grid", "random", "tpe", "independent")
-PARAMETRIZATIONS = ("mup", "sp")
+PARAMETRIZATIONS = ("mup", "u-mup", "sp")
 # config key -> the hyperparameter it sets
 EXTRA_AXES = {"batch_sizes": "batch_size", "horizons": "steps"}
 KEYS = {key.name for key in TOP_LEVEL} | set(DEPRECATED_KEYS)
@@ -297,13 +298,7 @@ def config_from_dict(
         if not isinstance(space, dict) or not space:
             raise ConfigError("space must be a table with at least one hyperparameter, e.g. [space.lr]")
         dims = {name: dimension_from_dict(name, spec) for name, spec in space.items()}
-        parametrizations = data.get("parametrizations", ["mup", "sp"])
-        if (
-            not isinstance(parametrizations, list)
-            or not parametrizations
-            or any(p not in PARAMETRIZATIONS for p in parametrizations)
-        ):
-            raise ConfigError(f"parametrizations must be a list from {PARAMETRIZATIONS}, got {parametrizations!r}")
+        parametrizations = _parametrizations(data.get("parametrizations", ["mup", "sp"]))
         overrides = _space_overrides(data, space, dims, parametrizations)
         if data.get("sampler", "grid") == "grid":
             grid_size(dims)
@@ -341,6 +336,12 @@ def config_from_dict(
         if overlap:
             raise ConfigError(f"{', '.join(sorted(overlap))} is both swept ([space]) and fixed ([fixed])")
         depth_alpha_in_range(fixed, dims)
+        if "parametrization" in fixed and "u-mup" in parametrizations:
+            raise ConfigError(
+                f"[fixed] parametrization = {fixed['parametrization']!r} and parametrizations holding 'u-mup' both say "
+                "which parametrization a cell trains; remove [fixed] parametrization (each cell's comes from "
+                "parametrizations)"
+            )
         for key, hp in EXTRA_AXES.items():
             if hp in axes and (hp in fixed or hp in dims):
                 raise ConfigError(
@@ -390,6 +391,30 @@ def config_from_dict(
         raw=raw,
         space_overrides=overrides,
     )
+
+
+def _parametrizations(value: Any) -> list[str]:
+    """The config's ``parametrizations``, checked: a non-empty list from `PARAMETRIZATIONS`, u-µP's aliases
+    ("umup", "u-µP", "u_mup") read as "u-mup", no name twice."""
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"parametrizations must be a non-empty list from {PARAMETRIZATIONS}, got {value!r}")
+    out: list[str] = []
+    for p in value:
+        name = p
+        if isinstance(p, str) and p not in PARAMETRIZATIONS:
+            try:
+                name = parametrization_name(p)
+            except ValueError:
+                name = p
+        if name not in PARAMETRIZATIONS:
+            raise ConfigError(
+                f"parametrizations: unknown {p!r}; use names from {PARAMETRIZATIONS} ('mup': µP, 'u-mup': unit-scaled "
+                "µP, 'sp': the plain model)"
+            )
+        if name in out:
+            raise ConfigError(f"parametrizations lists {name!r} twice; give each once")
+        out.append(name)
+    return out
 
 
 def _space_overrides(

@@ -139,7 +139,9 @@ TOP_LEVEL: tuple[Key, ...] = (
         "parametrizations",
         "list of strings",
         ["mup", "sp"],
-        '`"mup"` and/or `"sp"` (standard parametrization, the plain model).',
+        '`"mup"`, `"u-mup"` (unit-scaled µP, docs/u-mup.md: each u-µP cell parametrizes with '
+        '`parametrization="u-mup"`; reports label it u-µP) and/or `"sp"` (standard parametrization, the plain '
+        'model). With `"u-mup"` listed, `[fixed] parametrization` is refused (each cell says its own).',
     ),
     Key(
         "sampler",
@@ -165,6 +167,12 @@ TOP_LEVEL: tuple[Key, ...] = (
         {},
         "µP's own search ranges: `[mup.space.lr]` with any of the keys of `[space.lr]` replaces them for µP's "
         "studies only (same hyperparameters, same type).",
+    ),
+    Key(
+        "u-mup",
+        "table",
+        {},
+        "u-µP's own search ranges, as `[mup.space.*]` (`[u-mup.space.lr]`): u-µP's lr optimum is not µP's.",
     ),
     Key(
         "sp",

@@ -44,7 +44,11 @@ __all__ = [
     "verdict_lines",
 ]
 
-TRANSFER_RUNS = (("mup", "µP target, µP proxy optimum"), ("sp", "SP target, SP proxy optimum"))
+TRANSFER_RUNS = (
+    ("mup", "µP target, µP proxy optimum"),
+    ("u-mup", "u-µP target, u-µP proxy optimum"),
+    ("sp", "SP target, SP proxy optimum"),
+)
 
 
 def transfer_where(out: dict, which: str) -> str:

@@ -48,6 +48,7 @@ from .._core.devices import DeviceLike, check_precision, resolve_device
 from .._core.hparam_transfer import AppliedRule
 from .._core.measured_law import MeasuredLaw
 from .analysis import TrialResult, costs, in_cell, load_results, transferred_hparams
+from .cells import parametrization_hparams
 from .flops import FlopCount, flop_attrs, guarded, known_peak, next_counter
 from .forecasts import Forecast, forecast
 from .hparam_fits import fit_measured_laws
@@ -200,7 +201,7 @@ def transfer(
                 measured=laws,
             )
             out.setdefault("hparam_rules", {})[p] = [r.as_dict() for r in applied]
-        hp = {**hp, **overrides}
+        hp = {**hp, **overrides, **parametrization_hparams(p)}
         start, losses, per_seed = time.perf_counter(), [], []
         swept = _swept(sweep, results, p, width, depth, hp, out["device"])
         if placed.precision != sweep.config.precision:
@@ -351,7 +352,9 @@ def _swept(
     seeds, on the same kind of device — whose per-seed losses and CPU time were recorded; else None."""
     cfg = sweep.config
     for r in in_cell(results, p, width, depth):
-        same = {**cfg.fixed, **r.params, **cfg.proxy_extra} == hp and r.device.split(":")[0] == device.split(":")[0]
+        same = {**cfg.fixed, **r.params, **cfg.proxy_extra, **parametrization_hparams(p)} == hp and r.device.split(":")[
+            0
+        ] == device.split(":")[0]
         if same and r.ok and len(r.losses) == len(cfg.seeds) and r.cpu_seconds > 0:
             return r
     return None

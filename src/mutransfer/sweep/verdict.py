@@ -73,7 +73,7 @@ AXIS_NAMES = {
     "batch_size": ("batch size", "batch sizes"),
     "steps": ("steps", "training horizons"),
 }
-LABEL = {"mup": "µP", "sp": "SP (standard)"}
+LABEL = {"mup": "µP", "u-mup": "u-µP", "sp": "SP (standard)"}
 
 
 def axis_name(axis: str, plural: bool = False) -> str:
