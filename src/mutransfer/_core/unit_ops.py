@@ -204,6 +204,10 @@ class _Follow(TorchFunctionMode):
             act, lin = (a, b) if a.acts and not b.acts else (b, a) if b.acts and not a.acts else (None, None)
             if act is not None and lin is not None and act.up is None and not lin.unknown:
                 self.tag(out, _Tag(act.source, act.acts, lin.source, act.unknown))
+            else:
+                self._composed(name, ins, tagged, out)
+        elif self._composed(name, ins, tagged, out):
+            pass
         elif (
             len(ins) == 1
             and len(outs) == 1
@@ -212,6 +216,19 @@ class _Follow(TorchFunctionMode):
         ):
             self.tag(out, _Tag(tag.source, tag.acts, tag.up, tag.unknown + (name,)))
         return out
+
+    def _composed(self, name: str, ins: list, tagged: list, out: Any) -> bool:
+        """An op combining several tensors that are all functions of one layer's output (a nonlinearity written
+        out, as Hugging Face's ``NewGELUActivation``: x·(1 + tanh(c·(x + 0.044715·x³)))/2): its output carries
+        the op as one without a unit rule, so the layer reading it is named (not silently left unscaled)."""
+        if len(ins) < 2 or len(tagged) != len(ins) or len({tag.source for _, tag in tagged}) != 1:
+            return False
+        if any(tag.attention is not None or tag.up is not None for _, tag in tagged):
+            return False
+        acts = max((tag.acts for _, tag in tagged), key=len)
+        unknown = tuple(dict.fromkeys(u for _, tag in tagged for u in tag.unknown + tuple(a for a, _ in tag.acts)))
+        self.tag(out, _Tag(tagged[0][1].source, acts, None, unknown + (name,)))
+        return True
 
 
 def find_unit_ops(model: nn.Module, inputs: Any) -> UnitOps:
