@@ -1,0 +1,106 @@
+"""u-µP on Hugging Face models (issue 50 item 1), built from tiny configs (no download): GPT-2 (Conv1D,
+tied readout, NewGELUActivation) and Llama (RMSNorm, SwiGLU, GQA, untied) parametrized with
+parametrization="u-mup": they run, describe prints the scales, export gives the same logits, every
+block output is unit-scaled at init, and an op without a unit rule is named."""
+
+import warnings
+
+import pytest
+import torch
+
+import mutransfer as mt
+from mutransfer._core.spec import find_spec
+from mutransfer.errors import MuPWarning
+
+transformers = pytest.importorskip("transformers")
+
+X = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+
+
+def gpt2(width, seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config(
+        n_embd=width, n_layer=2, n_head=4, vocab_size=128, n_positions=32, bos_token_id=0, eos_token_id=0
+    )
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+def llama(width, seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+BLOCKS = {gpt2: "transformer.h", llama: "model.layers"}
+
+
+def umup(make, width=128):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = mt.parametrize(make(width), base=make(32), delta=make(64), parametrization="u-mup")
+    return model, [str(w.message) for w in caught if issubclass(w.category, MuPWarning)]
+
+
+def block_rms(model, prefix):
+    got = {}
+    blocks = dict(model.named_modules())[prefix]
+
+    def hook(i):
+        return lambda m, a, o: got.__setitem__(
+            i, float((o[0] if isinstance(o, tuple) else o).double().pow(2).mean().sqrt())
+        )
+
+    hooks = [b.register_forward_hook(hook(i)) for i, b in enumerate(blocks)]
+    with torch.no_grad():
+        logits = model(X).logits
+    for h in hooks:
+        h.remove()
+    return got, logits
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", [gpt2, llama])
+def test_umup_hf_model_runs_unit_scaled_describes_and_exports(make):
+    model, _ = umup(make)
+    spec = find_spec(model)
+    assert spec.parametrization == "u-mup"
+    # every hidden weight unit-variance (rules.UMUP's init column: 1)
+    for name, row in spec.umup.rows.items():
+        if row == "hidden":
+            w = dict(model.named_parameters())[name]
+            assert 0.9 < float(w.detach().double().pow(2).mean().sqrt()) < 1.1, name
+    rms, logits = block_rms(model, BLOCKS[make])
+    assert torch.isfinite(logits).all()
+    assert len(rms) == 2 and all(0.5 <= v <= 2.0 for v in rms.values()), rms  # measured 1.50 … 1.90
+    text = mt.describe(model)
+    assert "u-µP" in text and "rules.UMUP" in text
+    plain = mt.export(model)
+    assert find_spec(plain) is None
+    with torch.no_grad():
+        exported = plain(X).logits
+    assert torch.allclose(exported, logits, rtol=1e-4, atol=1e-5 * float(logits.abs().max()))
+
+
+@pytest.mark.slow
+def test_gpt2s_written_out_gelu_is_named_as_an_op_without_a_unit_rule():
+    """GPT-2's NewGELUActivation is tanh-GELU written out in mul/pow/add/tanh: no torch nonlinearity the
+    probe knows, so parametrize warns naming the layer reading it (before the fix: nothing, silently)."""
+    _, msgs = umup(gpt2)
+    for i in range(2):
+        named = [m for m in msgs if f"'transformer.h.{i}.mlp.c_proj'" in m]
+        assert named and "no unit rule" in named[0] and "tanh" in named[0], msgs
+    # Llama's SiLU·up (SwiGLU) has its rule: no such warning
+    _, msgs = umup(llama)
+    assert not [m for m in msgs if "no unit rule" in m], msgs
