@@ -106,7 +106,8 @@ def main(argv=None) -> int:
         f"{args.inputs} training inputs, model {args.model}, {args.optimizer}, "
         f"derivatives {args.derivatives or ('stein' if args.optimizer == 'adam' else 'autograd')}"
     )
-    print("| steps | batch | particles | fit | predict (16 inputs) | peak memory | mean s.e. of f |")
+    held_out = "16 inputs" if args.model == "mlp" else "8 sequences"
+    print(f"| steps | batch | particles | fit | predict ({held_out}) | peak memory | mean s.e. of f |")
     print("|---|---|---|---|---|---|---|")
     for row in rows.split(","):
         steps, batch, particles = (int(v) for v in row.split("x"))

@@ -20,7 +20,8 @@ The gap is the RMS over seeds and evaluation points of f_width − f_∞; the li
     .venv/bin/python benchmarks/limits_convergence.py --quick  # 23 s (measured, shared CPU)
 
 --quick: the same steps at small widths (64, 256, 1024; FeatureLimit 256, 1024) with 8 seeds each, so
-that its slopes still estimate −½ (tests/test_scripts.py checks them).
+that its slopes still estimate −½ (tests/test_scripts.py checks them); its attention row takes Ż's
+expectations by Stein's lemma (`derivatives="stein"`, 2^15 particles) instead of autograd.
 """
 
 from __future__ import annotations
@@ -209,6 +210,7 @@ def feature_case(
     lr: float = 0.1,
     sequences: bool = False,
     optimizer: str = "sgd",
+    derivatives: str | None = None,
 ):
     if sequences:
         x, y, xe = sequence_data(8, 4, 4, 0)
@@ -218,7 +220,8 @@ def feature_case(
     torch.manual_seed(0)
     base = make(16)
     lim = L.FeatureLimit(make(widths[0]), base=base, particles=particles, groups=8, seed=1, example_input=x)
-    limit, se = lim.fit(x, y, steps=steps, lr=lr, optimizer=optimizer).predict(xe, return_error=True)
+    fit = dict(steps=steps, lr=lr, optimizer=optimizer, derivatives=derivatives)
+    limit, se = lim.fit(x, y, **fit).predict(xe, return_error=True)
     limit, se = limit[:, 0], se[:, 0]
     gaps = []
     for width in widths:
@@ -299,7 +302,15 @@ def main(argv=None) -> int:
             FEATURE_ATTN,
             feature_widths,
             lambda: feature_case(
-                FEATURE_ATTN, attention_block, feature_widths, feature_seeds, 4, particles, lr=0.5, sequences=True
+                FEATURE_ATTN,
+                attention_block,
+                feature_widths,
+                feature_seeds,
+                4,
+                2**15 if args.quick else particles,
+                lr=0.5,
+                sequences=True,
+                derivatives="stein" if args.quick else None,  # --quick: seconds instead of minutes
             ),
         ),
         (

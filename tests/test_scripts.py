@@ -258,7 +258,7 @@ def test_feature_learning_deep_example_quick(tmp_path):
 def test_limits_convergence_benchmark_quick_prints_a_slope_per_limit():
     out = run_here(["benchmarks/limits_convergence.py", "--quick"])
     rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith(("| limit |", "|---"))]
-    assert len(rows) == 8, out  # 5 limits + FeatureLimit on 3 traced modules
+    assert len(rows) == 10, out  # 5 limits + FeatureLimit on 3 traced modules, an attention block, Adam
     # theory −½; measured with --quick (2-core CPU): −0.51, −0.43, −0.47, −0.47, −0.51, −0.44, −0.48, −0.47.
     # A limit that is off by a constant leaves the gap flat (slope → 0) and fails.
     for row in rows:
