@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import nn
 
 from ..rules import optimizer_rule
@@ -25,7 +26,7 @@ _ALPHA_WORDS = {
 }
 
 
-def _umup_lines(spec: MuSpec, umup, stale: dict[str, str]) -> list[str]:
+def _umup_lines(model: nn.Module, spec: MuSpec, umup, stale: dict[str, str]) -> list[str]:
     """u-µP's scales as installed: its α's, each forward constant with what it is made of, the τ rule's
     branch multipliers, the unit-scaled nonlinearities, the depth rule and every fallback taken."""
     lines = ["u-µP hyperparameters: " + ", ".join(f"{_ALPHA_WORDS[k]} {v:g}" for k, v in umup.hparams.items())]
@@ -46,10 +47,73 @@ def _umup_lines(spec: MuSpec, umup, stale: dict[str, str]) -> list[str]:
         lines.append(f"unit {fn}: σ = {sigma:.4g} on the input of {consumer}")
     for prefix, (_, n) in spec.depth.items():
         lines.append(f"depth {prefix or '<model>'}: L={n} blocks: in-block Adam lr and ε × L^-½ (Depth-µP)")
-    for name, c in umup.folded.items():
-        lines.append(f"multiplier in the init (no layer carries it): {name} std {c:.4g}")
+    lines += _folded_lines(model, umup, stale)
     for msg in umup.fallbacks:
         lines.append(f"fallback: {msg}")
+    return lines
+
+
+def _rms_now(p: torch.Tensor) -> str:
+    """A parameter's value in words, as it is now (never the value it had at init)."""
+    if p.is_meta:
+        return "no value yet (meta)"
+    if not bool(p.detach().ne(0).any()):
+        return "zero now"
+    return f"RMS now {float(p.detach().double().pow(2).mean().sqrt()):.4g}"
+
+
+def _folded_lines(model: nn.Module, umup, stale: dict[str, str]) -> list[str]:
+    """What `UMuPPlan.folded` put in effect, observed on the model as it is now.
+
+    Two kinds of entries share ``folded`` (both abc-symmetry shifts): a weight whose multiplier A went into
+    its init (no layer carries it: drawn with std A, Adam lr × A, SGD lr × A², ε × 1/A), and a zero bias
+    whose layer's scaled-matmul factor A sits on the layer's output (u-µP's scaled matmul), so the bias is
+    multiplied by A in the forward and compensated by Adam lr × 1/A, SGD lr × 1/A², ε × A. The bias's
+    value is not changed (zero stays zero), so no "std" is printed for it; its layer's output multiplier is
+    read off the module (said NOT in effect when it is gone)."""
+    root = spec_holder(model) or model
+    params = dict(root.named_parameters(remove_duplicate=False))
+    shifted = dict(getattr(umup, "shifted", None) or {})
+    if not shifted:  # specs pickled before `shifted` existed: a vector-row bias entry is a shift
+        shifted = {
+            n: n[: -len(".bias")] if n.endswith(".bias") else ""
+            for n in umup.folded
+            if umup.rows.get(n) in ("vector", "scalar") and n.rsplit(".", 1)[-1] == "bias"
+        }
+    lines = []
+    for name, c in umup.folded.items():
+        p = params.get(name)
+        now = _rms_now(p) if p is not None else "not a parameter of the model now"
+        if name in shifted:
+            layer = shifted[name]
+            a = 1.0 / c
+            try:
+                module = root.get_submodule(layer)
+                installed = module.__dict__.get(OUTPUT_ATTR)
+            except AttributeError:
+                installed = None
+            if installed is None or layer in stale:
+                why = stale.get(layer, "its layer carries no output multiplier now")
+                lines.append(
+                    f"shifted bias {name}: its layer {layer or '<model>'}'s output multiplier is NOT in effect "
+                    f"({why}); its lr and ε still carry the shift (Adam lr × {c:.4g}, ε × {a:.4g}); {now}"
+                )
+                continue
+            lines.append(
+                f"shifted bias {name} (abc-symmetry, value unchanged: {now}): its layer {layer or '<model>'} "
+                f"multiplies its output, bias included, by {float(installed):.4g} (the scaled matmul's {a:.4g}"
+                + (
+                    f" × {float(installed) / a:.4g} of its other scales"
+                    if not math.isclose(float(installed), a, rel_tol=1e-9)
+                    else ""
+                )
+                + f"), compensated in its groups by Adam lr × {c:.4g}, SGD lr × {c * c:.4g}, ε × {a:.4g}"
+            )
+        else:
+            lines.append(
+                f"multiplier in the init (no layer carries it): {name} drawn with std {c:.4g} instead of 1 "
+                f"({now}); Adam lr × {c:.4g}, SGD lr × {c * c:.4g}, ε × {1.0 / c:.4g}"
+            )
     return lines
 
 
@@ -124,7 +188,7 @@ def describe(model: nn.Module, optimizer: str | None = None, adjust_lr_fn: str |
             lines.append("  ".join("-" * w for w in widths))
     stale = _not_in_effect(model, spec)
     if umup is not None:
-        lines += _umup_lines(spec, umup, stale)
+        lines += _umup_lines(model, spec, umup, stale)
     elif spec.forward_constants:
         lines.append(
             "forward constants: "

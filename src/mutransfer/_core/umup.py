@@ -72,7 +72,11 @@ class UMuPPlan:
         hparams: the α's in effect (the paper's names).
         rows: parameter → its row of `rules.UMUP` ("embedding", "input", "hidden", "output", "vector", "scalar").
         fans: parameter → (fan_in, fan_out), the absolute fans its rules read.
-        folded: parameter → the forward multiplier moved into its init (no layer could carry it).
+        folded: parameter → the factor its init and optimizer columns are shifted by (abc-symmetry): for a
+            weight no layer could carry, its forward multiplier, moved into its init (std A); for a zero bias
+            shifted onto the output of its layer's scaled matmul (``shifted``), 1/A (its value stays zero; its
+            Adam lr × 1/A, SGD lr × 1/A², ε × A).
+        shifted: bias → the layer whose output multiplier A it is shifted under (``folded[bias]`` = 1/A).
         constants: (module, side, constant) installed, merged per place.
         why: (module, side) → what the constant is made of, for `describe`.
         branches: residual branch module → (kind, multiplier) of the τ rule.
@@ -84,6 +88,7 @@ class UMuPPlan:
     rows: dict[str, str] = field(default_factory=dict)
     fans: dict[str, tuple[int, int]] = field(default_factory=dict)
     folded: dict[str, float] = field(default_factory=dict)
+    shifted: dict[str, str] = field(default_factory=dict)
     constants: ForwardConstants = field(default_factory=list)
     why: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     branches: dict[str, tuple[str, float]] = field(default_factory=dict)
@@ -298,7 +303,9 @@ def _place_matmul_scale(
         return
     add(name, scaled_forward.Side.OUTPUT, c, what)
     if bias is not None:
-        plan.folded[f"{name}.bias" if name else "bias"] = 1.0 / c
+        bias_name = f"{name}.bias" if name else "bias"
+        plan.folded[bias_name] = 1.0 / c
+        plan.shifted[bias_name] = name
 
 
 def unit_target(plan: UMuPPlan, name: str, init_mult: float) -> float | None:
