@@ -1,4 +1,4 @@
-"""What counting a sweep trial's FLOPs (`mutransfer.sweep.flops.FlopCount`) costs, and how right it is, in one run.
+"""What counting a sweep trial's FLOPs (`mutransfer.sweep.engine.flops.FlopCount`) costs, and how right it is, in one run.
 
 The built-in recipe `train_gpt` (µP, 2 layers, 4 heads, batch 16 × 32 tokens, 150 steps, one torch
 thread) at widths 32 and 128, plain and "recorded" (as a sweep's µP proxy trial: the monitor on and the
@@ -28,9 +28,9 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
-from mutransfer.sweep.flops import FlopCount
+from mutransfer.sweep.engine.flops import FlopCount
+from mutransfer.sweep.engine.recording import Recording
 from mutransfer.sweep.recipes import NOISE_BATCHES, NOISE_BIG, train_gpt
-from mutransfer.sweep.recording import Recording
 from mutransfer.sweep.scale import Scale
 
 VOCAB = 256

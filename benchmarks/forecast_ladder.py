@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 import mutransfer as mt
-from mutransfer.sweep.demo import FIXED
-from mutransfer.sweep.transfer import transfer
-from mutransfer.sweep.workers import run_sweep
+from mutransfer.sweep.launch.workers import run_sweep
+from mutransfer.sweep.transfer.demo import FIXED
+from mutransfer.sweep.transfer.transfer import transfer
 
 CONFIG = """
 name = "forecast-ladder"

@@ -1,7 +1,7 @@
 """Issue 32's benchmark: do lr and weight decay, moved to another batch size, horizon and width by
 rule or by the sweep's measured laws, land near the target's real optimum?
 
-For each task (``gpt``: the demo's byte-level GPT, `mutransfer.sweep.demo.FIXED` without its
+For each task (``gpt``: the demo's byte-level GPT, `mutransfer.sweep.transfer.demo.FIXED` without its
 steps and batch size; ``mlp``: ``recipe:mlp``, the 3-layer ReLU MLP on a teacher's labels), AdamW:
 
 1. **Proxy sweep** (µP, width P, `run_sweep`): ``batch_sizes = [16, 32, 64, 128]``,
@@ -72,11 +72,11 @@ from pathlib import Path
 
 from mutransfer.errors import HParamTransferError
 from mutransfer.sweep import run_sweep
-from mutransfer.sweep.analysis import best, in_cell, load_results, proxy_verdict, transferred_hparams
-from mutransfer.sweep.demo import FIXED as DEMO_FIXED
-from mutransfer.sweep.hparam_fits import fit_measured_laws
-from mutransfer.sweep.target_hparams import target_hparams
-from mutransfer.sweep.trajectory import noise_scale_file
+from mutransfer.sweep.analysis.analysis import best, in_cell, load_results, proxy_verdict, transferred_hparams
+from mutransfer.sweep.analysis.hparam_fits import fit_measured_laws
+from mutransfer.sweep.analysis.trajectory import noise_scale_file
+from mutransfer.sweep.transfer.demo import FIXED as DEMO_FIXED
+from mutransfer.sweep.transfer.target_hparams import target_hparams
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -6,7 +6,7 @@ three hyperparameters: lr (log, 2^-8 … 2^-4), output_mult (log, 1 … 8, defau
 (log, 1/4 … 2, default 1). Each search gets the same budget of trials:
 
 - independent: lr's 5 points (multipliers at 1), then output_mult's 3 other points and attn_mult's
-  3 other points at the best lr, then the combination: 12 trials (`mutransfer.sweep.independent.plan`,
+  3 other points at the best lr, then the combination: 12 trials (`mutransfer.sweep.engine.independent.plan`,
   the sweep's own logic, run in this process);
 - grid: 3 lrs × 2 output_mults × 2 attn_mults (the ends of each range), 12 trials;
 - random: 12 trials of Optuna's RandomSampler, for each of `--seeds` sampler seeds.
@@ -29,11 +29,11 @@ import optuna
 import tomllib
 import torch
 
-from mutransfer.sweep.demo import FIXED
-from mutransfer.sweep.independent import plan
+from mutransfer.sweep.config.space import LogUniform
+from mutransfer.sweep.engine.independent import plan
 from mutransfer.sweep.recipes import train_gpt
 from mutransfer.sweep.scale import Scale
-from mutransfer.sweep.space import LogUniform
+from mutransfer.sweep.transfer.demo import FIXED
 
 SPACE = {
     "lr": LogUniform(2.0**-8, 2.0**-4, 5),

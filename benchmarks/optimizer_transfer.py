@@ -38,9 +38,9 @@ import torch
 
 import mutransfer as mt
 from mutransfer.recipes import get_recipe
+from mutransfer.sweep.analysis.verdict import parabolic_minimum
 from mutransfer.sweep.recipes import train_gpt, train_mlp
 from mutransfer.sweep.scale import Scale
-from mutransfer.sweep.verdict import parabolic_minimum
 
 # (name in mt, extra hyperparameters of the sweep objective, lr grid as log2 (lo, hi) per model)
 OPTIMIZERS = {

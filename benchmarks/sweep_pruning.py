@@ -27,8 +27,8 @@ import tempfile
 from pathlib import Path
 
 from mutransfer.sweep import Sweep, run_sweep
-from mutransfer.sweep.analysis import best, counts, load_results, verdicts
-from mutransfer.sweep.demo import FIXED as DEMO_FIXED  # the demo's GPT settings
+from mutransfer.sweep.analysis.analysis import best, counts, load_results, verdicts
+from mutransfer.sweep.transfer.demo import FIXED as DEMO_FIXED  # the demo's GPT settings
 
 FULL = dict(widths=[32, 64, 128, 256], low=-12, high=-4, grid=9, steps=150, seeds=[0, 1])
 QUICK = dict(widths=[32, 64], low=-10, high=-4, grid=4, steps=10, seeds=[0])

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from mutransfer.sweep import run_sweep
-from mutransfer.sweep.placement import available_cores
+from mutransfer.sweep.config.placement import available_cores
 
 CONFIG = """name = "{name}"
 objective = "recipe:mlp"

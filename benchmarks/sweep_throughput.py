@@ -24,8 +24,8 @@ import uuid
 from pathlib import Path
 
 from mutransfer.sweep import run_sweep
-from mutransfer.sweep.storage import mask_url
-from mutransfer.sweep.workers import _warm_up
+from mutransfer.sweep.engine.storage import mask_url
+from mutransfer.sweep.launch.workers import _warm_up
 
 CONFIG = """name = "{name}"
 objective = "recipe:mlp"

@@ -185,7 +185,9 @@ def test_every_public_module_declares_its_names():
             continue  # internal modules
         tree = ast.parse(path.read_text())
         if not any(
-            isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in n.targets) for n in tree.body
+            (isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in n.targets))
+            or (isinstance(n, ast.AnnAssign) and getattr(n.target, "id", None) == "__all__")
+            for n in tree.body
         ):
             missing.append(mod)
     assert not missing, "public modules without __all__: " + ", ".join(missing)
@@ -244,3 +246,54 @@ def test_no_test_imports_helpers_from_a_conftest():
         or (isinstance(node, ast.Import) and any(a.name == "conftest" for a in node.names))
     ]
     assert offenders == []
+
+
+# Inside `sweep/` (issue 51): each subpackage may import the ones before it in this list, never one
+# after it. `scale` and `recipes` stay at the top of `sweep/` (what an objective imports: the
+# documented `mutransfer.sweep.recipes:train_gpt`); they import no subpackage. `__init__` is the face.
+SWEEP = f"{PACKAGE}.sweep"
+SWEEP_LAYERS = ["objective", "config", "engine", "analysis", "report", "launch", "transfer"]
+SWEEP_FACE_OF_OBJECTIVES = ("scale", "recipes")
+
+
+def sweep_layer(mod: str) -> str | None:
+    """The sweep layer of a module (None: the package's face, or not in `sweep/`)."""
+    if not mod.startswith(SWEEP + "."):
+        return None
+    head = mod[len(SWEEP) + 1 :].split(".")[0]
+    if head in SWEEP_FACE_OF_OBJECTIVES:
+        return "objective"
+    assert head in SWEEP_LAYERS, f"{mod}: a module of sweep/ outside its subpackages {SWEEP_LAYERS}"
+    return head
+
+
+def test_sweep_modules_live_in_their_subpackages():
+    loose = sorted(
+        p.stem for p in (SRC / PACKAGE / "sweep").glob("*.py") if p.stem not in ("__init__", *SWEEP_FACE_OF_OBJECTIVES)
+    )
+    assert loose == [], f"modules loose in sweep/ (put each in one of {SWEEP_LAYERS[1:]}): {loose}"
+    subpackages = sorted(p.name for p in (SRC / PACKAGE / "sweep").iterdir() if (p / "__init__.py").is_file())
+    assert subpackages == sorted(SWEEP_LAYERS[1:])
+
+
+@pytest.mark.parametrize("type_checking", [False, True])
+def test_sweep_subpackages_import_one_way(type_checking):
+    """config < engine < analysis < report < launch < transfer: no import from a later subpackage, not
+    even for an annotation, and none into the lazy face `mutransfer.sweep` from inside it."""
+    edges, _ = graph(type_checking=type_checking)
+    wrong = []
+    for mod, targets in edges.items():
+        src = sweep_layer(mod)
+        if src is None:
+            continue
+        for t in targets:
+            if t == SWEEP:
+                wrong.append(f"{mod} -> {t} (the lazy face; import the module that defines the name)")
+                continue
+            dst = sweep_layer(t)
+            if dst is not None and SWEEP_LAYERS.index(dst) > SWEEP_LAYERS.index(src):
+                wrong.append(f"{mod} -> {t} ({src} is below {dst})")
+    assert not wrong, "imports against the sweep layers: " + "; ".join(sorted(wrong))
+    inside = {m: {t for t in ts if t.startswith(SWEEP + ".")} for m, ts in edges.items() if m.startswith(SWEEP + ".")}
+    cycles = _circles(inside)
+    assert not cycles, "import circles in sweep/: " + "; ".join(" -> ".join(c) for c in cycles)

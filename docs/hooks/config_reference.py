@@ -1,4 +1,4 @@
-"""mkdocs hook: the sweep config reference, rendered from the config schema (`mutransfer.sweep.schema`).
+"""mkdocs hook: the sweep config reference, rendered from the config schema (`mutransfer.sweep.config.schema`).
 
 docs/config_reference.md holds the marker ``<!-- config-reference -->``; at build time it is
 replaced by the tables `reference_markdown()` renders, so the page cannot drift from the keys the
@@ -14,7 +14,7 @@ def render(markdown: str) -> str:
     """`markdown` with the marker replaced by the config reference (unchanged without the marker)."""
     if MARKER not in markdown:
         return markdown
-    from mutransfer.sweep.schema import reference_markdown
+    from mutransfer.sweep.config.schema import reference_markdown
 
     return markdown.replace(MARKER, reference_markdown())
 

@@ -76,7 +76,7 @@ class UsageError(MuTransferError, ValueError):
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM (what `timeout`, `kill` and schedulers send) reached a sweep or worker process: it
-    is handled exactly like Ctrl-C (see `mutransfer.sweep.interrupts`); `signum` is SIGTERM's number."""
+    is handled exactly like Ctrl-C (see `mutransfer.sweep.engine.interrupts`); `signum` is SIGTERM's number."""
 
     def __init__(self, signum: int = 15):
         super().__init__("terminated")

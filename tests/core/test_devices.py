@@ -236,7 +236,7 @@ def _seen(tmp_path):
 
 def test_transfer_trains_the_target_on_the_device_and_records_it(tmp_path, capsys):
     from mutransfer.sweep import Sweep
-    from mutransfer.sweep.transfer import transfer
+    from mutransfer.sweep.transfer.transfer import transfer
 
     run = _tiny_sweep(tmp_path)
     # meta: no objective of ours could train there, but this one only reports where it was asked to run
@@ -257,7 +257,7 @@ def test_transfer_trains_the_target_on_the_device_and_records_it(tmp_path, capsy
 
 
 def test_sweep_scale_takes_a_device():
-    from mutransfer.sweep.runner import Sweep
+    from mutransfer.sweep.engine.runner import Sweep
 
     sweep = Sweep.__new__(Sweep)  # Sweep.scale reads the config's base width, depth and precision
     sweep.config = type("Cfg", (), {"base_width": 16, "base_depth": None, "precision": "fp32"})()
@@ -269,7 +269,7 @@ def test_sweep_scale_takes_a_device():
 
 @pytest.mark.parametrize("flag, devices", [([], "auto"), (["--device", "cpu"], "cpu"), (["--device", "auto"], "auto")])
 def test_demo_passes_its_devices_to_run_demo(flag, devices, monkeypatch, tmp_path, capsys):
-    import mutransfer.sweep.demo as demo
+    import mutransfer.sweep.transfer.demo as demo
 
     got = {}
 
@@ -293,7 +293,7 @@ def test_demo_bad_devices_exit_2(text, message, capsys, tmp_path):
 
 
 def test_run_demo_passes_devices_to_both_sweeps(monkeypatch, tmp_path):
-    import mutransfer.sweep.demo as demo
+    import mutransfer.sweep.transfer.demo as demo
 
     calls = []
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from mutransfer.cli import main
-from mutransfer.sweep.demo import FULL, QUICK, demo_config, tune_config
+from mutransfer.sweep.transfer.demo import FULL, QUICK, demo_config, tune_config
 
 
 @pytest.mark.parametrize("quick", [False, True])
@@ -15,7 +15,7 @@ def test_the_demo_configs_bracket_the_optima_they_look_for(quick, tmp_path):
     """Fast: the configs the demo writes load, sweep 4× in width (32 → 128; the quick one 16 → 64; width
     256 alone cost 60% of the demo's compute), and their grids bracket µP's optimum at the proxy (2^-6.0
     at 32, 2^-5.3 at 16) and SP's at the widest (2^-8.1 at 128, 2^-7.4 at 64) with an octave to spare."""
-    from mutransfer.sweep.config import load_config
+    from mutransfer.sweep.config.config import load_config
 
     (tmp_path / "tune.toml").write_text(tune_config(quick))
     (tmp_path / "demo.toml").write_text(demo_config(quick, output_mult=2.0))

@@ -1,4 +1,4 @@
-"""FLOPs of sweep trials (`mutransfer.sweep.flops`): exact against hand counts, the sampled estimate against
+"""FLOPs of sweep trials (`mutransfer.sweep.engine.flops`): exact against hand counts, the sampled estimate against
 the full count, the clock's corner cases, nothing left behind, and the trial attributes a sweep records."""
 
 import dataclasses
@@ -16,11 +16,11 @@ from torch.utils._python_dispatch import TorchDispatchMode, _len_torch_dispatch_
 
 import mutransfer as mt
 from mutransfer.sweep import Scale, Sweep
-from mutransfer.sweep.analysis import costs, load_results
-from mutransfer.sweep.flops import FlopCount, count_flops, counting
+from mutransfer.sweep.analysis.analysis import costs, load_results
+from mutransfer.sweep.analysis.summary import summarize
+from mutransfer.sweep.engine.flops import FlopCount, count_flops, counting
+from mutransfer.sweep.engine.recording import Recording
 from mutransfer.sweep.recipes import train_gpt
-from mutransfer.sweep.recording import Recording
-from mutransfer.sweep.summary import summarize
 
 B, D_IN, H, D_OUT = 8, 5, 16, 3
 
@@ -328,7 +328,7 @@ def test_a_trial_whose_counting_fails_completes_without_a_count(tmp_path, monkey
 
 
 def test_transfer_counts_the_target_run_and_states_tuning_in_target_runs(tmp_path):
-    from mutransfer.sweep.transfer import format_transfer, transfer
+    from mutransfer.sweep.transfer.transfer import format_transfer, transfer
 
     sweep = _run_sweep(tmp_path)
     out = transfer(sweep, width=64, peak_tflops=1e-3)
@@ -354,7 +354,7 @@ def test_the_forecast_estimates_the_targets_flops_from_the_sweeps_counts(tmp_pat
     """Before training it: a polynomial in width through the per-seed training counts (the proxy cell's trials
     also measured the gradient noise scale: kept apart as flops_measurement), within 2 % of the measured run."""
     from mutransfer.sweep import run_sweep
-    from mutransfer.sweep.transfer import transfer
+    from mutransfer.sweep.transfer.transfer import transfer
 
     cfg = tmp_path / "sweep.toml"
     cfg.write_text(textwrap.dedent(SWEEP).replace("widths = [16, 32]", "widths = [16, 32, 48]"))

@@ -10,9 +10,9 @@ import pytest
 
 import mutransfer as mt
 from mutransfer.cli import main
-from mutransfer.sweep.analysis import load_results
-from mutransfer.sweep.forecasts import MAX_FACTOR, Forecast, _fit
-from mutransfer.sweep.transfer import _forecast
+from mutransfer.sweep.analysis.analysis import load_results
+from mutransfer.sweep.analysis.forecasts import MAX_FACTOR, Forecast, _fit
+from mutransfer.sweep.transfer.transfer import _forecast
 
 # The loss at lr 2^-6 follows 2 + 3·w^-0.5 exactly, plus each seed's own noise (fixed by seed, width, lr); in
 # SP the optimum moves an octave per doubling of width, so the loss at the proxy's lr rises at large widths.
@@ -151,7 +151,7 @@ def test_a_sweep_over_depths_gets_a_law_in_width_and_depth(tmp_path):
     wider = mt.sweep.forecast(one, width=512, depth=16)
     assert wider.reason.startswith("one width (64): a law in width needs losses at two widths or more")
     fig = tmp_path / "f.png"
-    from mutransfer.sweep.plots import plot_forecast
+    from mutransfer.sweep.report.plots import plot_forecast
 
     assert plot_forecast(deeper.as_dict(), fig) and fig.stat().st_size > 20_000
 

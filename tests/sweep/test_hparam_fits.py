@@ -9,9 +9,9 @@ import pytest
 
 import mutransfer as mt
 from mutransfer.errors import HParamTransferError, MuPWarning
-from mutransfer.sweep.analysis import TrialResult
-from mutransfer.sweep.config import config_from_dict
-from mutransfer.sweep.hparam_fits import fit_measured_laws
+from mutransfer.sweep.analysis.analysis import TrialResult
+from mutransfer.sweep.analysis.hparam_fits import fit_measured_laws
+from mutransfer.sweep.config.config import config_from_dict
 
 BATCHES = [16, 32, 64, 128]
 

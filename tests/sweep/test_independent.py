@@ -16,9 +16,9 @@ from optuna.trial import TrialState
 
 from mutransfer.errors import ConfigError
 from mutransfer.sweep import Sweep
-from mutransfer.sweep.config import config_from_dict
-from mutransfer.sweep.independent import plan, plan_size
-from mutransfer.sweep.space import default_value, dimension_from_dict
+from mutransfer.sweep.config.config import config_from_dict
+from mutransfer.sweep.config.space import default_value, dimension_from_dict
+from mutransfer.sweep.engine.independent import plan, plan_size
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 

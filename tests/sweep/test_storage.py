@@ -1,10 +1,10 @@
-"""The sweep's own writes on Optuna's tables (`mutransfer.sweep.storage`): the rows Optuna would
+"""The sweep's own writes on Optuna's tables (`mutransfer.sweep.engine.storage`): the rows Optuna would
 write, and Optuna's refusals kept."""
 
 import optuna
 import pytest
 
-from mutransfer.sweep.storage import open_storage, set_user_attrs
+from mutransfer.sweep.engine.storage import open_storage, set_user_attrs
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")

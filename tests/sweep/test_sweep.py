@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 
 from mutransfer.cli import main
 from mutransfer.sweep import Sweep, config_from_dict, mask_url
-from mutransfer.sweep.analysis import drift, load_results, max_drift_steps
+from mutransfer.sweep.analysis.analysis import drift, load_results, max_drift_steps
 
 OBJECTIVE = textwrap.dedent('''
     import math, os, time
@@ -283,8 +283,8 @@ def test_unknown_objective_fails_at_once(tmp_path, capsys):
 
 
 def test_the_example_in_the_config_docstring_validates():
-    from mutransfer.sweep import config as config_module
-    from mutransfer.sweep.config import tomllib  # tomli before Python 3.11
+    from mutransfer.sweep.config import config as config_module
+    from mutransfer.sweep.config.config import tomllib  # tomli before Python 3.11
 
     block = re.search(r"```toml\n(.*?)```", config_module.__doc__, re.S)
     assert block, "the config module's docstring has no ```toml example"
@@ -334,7 +334,7 @@ def test_a_worker_dying_right_after_claiming_does_not_block_the_sweep(tmp_path, 
     Sweep.create(cfg, run).prepare()
     # A worker that dies right after its claim leaves in the storage what this claim leaves: a
     # RUNNING trial with its first heartbeat and no further one (no heartbeat thread runs here).
-    from mutransfer.sweep.trials import claim
+    from mutransfer.sweep.engine.trials import claim
 
     claimer = Sweep(run)
     assert claim(claimer.storage, claimer.study("mup", 16), claimer.config) is not None
@@ -361,7 +361,7 @@ def test_a_worker_killed_between_its_claims_two_commits_leaves_a_trial_that_can_
     now records the heartbeat first; here the kill comes right after the RUNNING commit."""
     import sqlite3
 
-    from mutransfer.sweep.trials import claim
+    from mutransfer.sweep.engine.trials import claim
 
     cfg = write(tmp_path, GRID.replace("SLEEP", "0").replace("widths = [16, 64]", "widths = [16]"))
     run = tmp_path / "run"
@@ -485,7 +485,7 @@ def test_a_worker_started_before_the_sweep_waits_for_it(tmp_path):
 
 def test_claim_lock_excludes_other_processes_on_sqlite(tmp_path):
     """SQLite ignores SELECT … FOR UPDATE, so claims are serialized by a file lock."""
-    from mutransfer.sweep.storage import ClaimLock
+    from mutransfer.sweep.engine.storage import ClaimLock
 
     url = f"sqlite:///{tmp_path / 'sweep.db'}"
     probe = (
@@ -799,7 +799,7 @@ def test_ctrl_c_prints_one_line_exits_130_and_a_rerun_resumes_at_once(tmp_path):
 
 
 def test_ctrl_c_in_the_demo_prints_one_line_and_exits_130(tmp_path, capsys, monkeypatch):
-    import mutransfer.sweep.demo as demo
+    import mutransfer.sweep.transfer.demo as demo
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -1000,7 +1000,7 @@ def test_a_sweep_leaves_optunas_log_level_as_it_found_it(tmp_path, capsys):
 
 def test_importing_the_sweep_module_does_not_change_optunas_log_level():
     code = (
-        "import optuna; v = optuna.logging.get_verbosity(); import mutransfer.sweep.runner, mutransfer.cli; "
+        "import optuna; v = optuna.logging.get_verbosity(); import mutransfer.sweep.engine.runner, mutransfer.cli; "
         "print(v == optuna.logging.get_verbosity())"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -11,9 +11,16 @@ from optuna.trial import TrialState
 
 from mutransfer.cli import main
 from mutransfer.sweep import Scale, Sweep, config_from_dict, mup_kwargs
-from mutransfer.sweep.analysis import best, deeper_is_better, drift, load_results, max_drift_steps, transferred_hparams
+from mutransfer.sweep.analysis.analysis import (
+    best,
+    deeper_is_better,
+    drift,
+    load_results,
+    max_drift_steps,
+    transferred_hparams,
+)
 from mutransfer.sweep.recipes import train_gpt, train_resmlp
-from mutransfer.sweep.report import curves
+from mutransfer.sweep.report.report import curves
 
 OBJECTIVE = textwrap.dedent('''
     import math

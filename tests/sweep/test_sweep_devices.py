@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mutransfer.cli import main
-from mutransfer.sweep.placement import available_cores, plan
+from mutransfer.sweep.config.placement import available_cores, plan
 from placed_sweeps import complete_trials, write_config
 
 OBJECTIVE = textwrap.dedent('''

@@ -130,8 +130,8 @@ def test_sigterm_requeues_stops_the_workers_exits_143_and_a_rerun_finishes(tmp_p
 def test_a_point_whose_worker_keeps_dying_is_finished_as_failed_and_retry_failed_reruns_it(tmp_path):
     """Issue 30, stale trials: after Optuna's 3 retries the point was never finished and the sweep
     waited for ever; --retry-failed ignored it."""
-    from mutransfer.sweep.storage import ClaimLock
-    from mutransfer.sweep.trials import claim, run_trial
+    from mutransfer.sweep.engine.storage import ClaimLock
+    from mutransfer.sweep.engine.trials import claim, run_trial
 
     cfg = write(tmp_path, points=2)
     sweep = Sweep.create(cfg, tmp_path / "run")
@@ -157,7 +157,7 @@ def test_a_point_whose_worker_keeps_dying_is_finished_as_failed_and_retry_failed
     assert failed.user_attrs["error"].startswith("worker died 4 times")
     assert {**failed.system_attrs["fixed_params"], **failed.params} == {"lr": 2**-10}
 
-    from mutransfer.sweep.report import write_report
+    from mutransfer.sweep.report.report import write_report
 
     write_report(sweep, tmp_path / "report")
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
@@ -252,7 +252,7 @@ def test_transient_storage_errors_are_retried_with_backoff(tmp_path, monkeypatch
 def test_a_storage_down_for_longer_than_the_patience_exits_2_with_one_line(tmp_path, monkeypatch, capsys):
     """Issue 30, storage errors: after a bounded wait, one line naming the storage and the fix."""
     from mutransfer.cli import main
-    from mutransfer.sweep.studies import Studies
+    from mutransfer.sweep.engine.studies import Studies
 
     monkeypatch.setenv("MUTRANSFER_STORAGE_PATIENCE", "1")
     faults = None
@@ -301,8 +301,8 @@ def test_per_trial_cost_does_not_grow_with_the_grid(tmp_path, monkeypatch):
     running and counting a trial read a bounded number of trials whatever the grid's size."""
     import optuna.storages._rdb.storage as rdb
 
-    from mutransfer.sweep.storage import ClaimLock
-    from mutransfer.sweep.trials import claim, run_trial
+    from mutransfer.sweep.engine.storage import ClaimLock
+    from mutransfer.sweep.engine.trials import claim, run_trial
 
     sessions = [0]
     scoped = rdb._create_scoped_session

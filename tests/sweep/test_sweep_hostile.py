@@ -119,7 +119,7 @@ def _legacy_study(url, study_name, config_text):
     """A study as an older mutransfer stored it (names were not validated then)."""
     import optuna
 
-    from mutransfer.sweep.storage import open_storage
+    from mutransfer.sweep.engine.storage import open_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name=study_name, storage=open_storage(url))
@@ -225,7 +225,7 @@ def test_hostile_names_values_and_errors_reach_the_report_only_as_text(hostile_r
 @pytest.mark.slow
 def test_a_hyperparameter_name_with_a_slash_or_markup_gets_a_safe_figure_file(hostile_report):
     """Issue 30: a hyperparameter name with `/` or `<` crashed the report (file names built from it)."""
-    from mutransfer.sweep.report_page import figure_name
+    from mutransfer.sweep.report.report_page import figure_name
 
     run, code = hostile_report
     assert code == 0
@@ -248,7 +248,7 @@ URLS = [
 @pytest.mark.parametrize("url", URLS)
 def test_mask_url_hides_a_password_with_a_slash_or_in_the_query(url):
     """Issue 30: the masking missed passwords containing `/` and `?password=` query parameters."""
-    from mutransfer.sweep.storage import mask_url
+    from mutransfer.sweep.engine.storage import mask_url
 
     shown = mask_url(url)
     assert "s3cr" not in shown and "***" in shown and "127.0.0.1:1/db" in shown
@@ -272,8 +272,8 @@ def test_the_run_directory_and_the_database_copy_keep_no_password(tmp_path, url)
     """Issue 30: config.toml (and the database's copy, made from it) kept the password as written,
     and the "different config" refusal printed both URLs in clear."""
     from mutransfer.sweep import load_config
-    from mutransfer.sweep.config import pinned_text
-    from mutransfer.sweep.rundir import differences
+    from mutransfer.sweep.config.config import pinned_text
+    from mutransfer.sweep.engine.rundir import differences
 
     for quoted in (f'"{url}"', f"'{url}'"):
         cfg = write(tmp_path, f"storage = {quoted}\n" + GRID)
@@ -292,7 +292,7 @@ def test_the_password_comes_from_the_environment_at_run_time(monkeypatch):
     """The run directory keeps the URL without its password; MUTRANSFER_STORAGE_PASSWORD supplies it."""
     from sqlalchemy.engine import make_url
 
-    from mutransfer.sweep.storage import PASSWORD_ENV, with_password
+    from mutransfer.sweep.engine.storage import PASSWORD_ENV, with_password
 
     monkeypatch.setenv(PASSWORD_ENV, SECRET)
     assert make_url(with_password("postgresql://bob@h/db")).password == SECRET

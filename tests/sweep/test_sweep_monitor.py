@@ -8,7 +8,7 @@ import pytest
 
 from mutransfer.cli import main
 from mutransfer.sweep import Sweep
-from mutransfer.sweep.trajectory import every_for
+from mutransfer.sweep.analysis.trajectory import every_for
 
 MLP = """
     name = "mon"

@@ -207,7 +207,7 @@ def test_the_password_of_a_postgres_storage_never_reaches_the_run_directory_or_t
         pytest.skip(f"{ENV} is unset: run through scripts/with-postgres.sh (as `make test` does)")
     import optuna
 
-    from mutransfer.sweep.urls import PASSWORD_ENV
+    from mutransfer.sweep.config.urls import PASSWORD_ENV
 
     password = unquote(urlsplit(url).password or "")
     assert password

@@ -12,7 +12,7 @@ from optuna.trial import TrialState
 
 from mutransfer.cli import main
 from mutransfer.sweep import Pruned, Scale, Sweep, config_from_dict
-from mutransfer.sweep.analysis import best, counts, load_results, verdicts
+from mutransfer.sweep.analysis.analysis import best, counts, load_results, verdicts
 from mutransfer.sweep.recipes import train_mlp
 
 OBJECTIVE = textwrap.dedent('''

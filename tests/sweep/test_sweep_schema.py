@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from mutransfer.errors import ConfigError
-from mutransfer.sweep import Cell, config_from_dict, schema
-from mutransfer.sweep import config as config_module
-from mutransfer.sweep.space import SPACE_KEYS
+from mutransfer.sweep import Cell, config_from_dict
+from mutransfer.sweep.config import config as config_module
+from mutransfer.sweep.config import schema
+from mutransfer.sweep.config.space import SPACE_KEYS
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 MINIMAL = {"objective": "recipe:mlp", "widths": [16, 64], "space": {"lr": {"low": 1e-3, "high": 1e-1, "grid": 3}}}
@@ -131,7 +132,7 @@ def test_the_sweeps_page_includes_the_example_objective_and_config():
 def test_grid_ends_are_the_range_ends_exactly():
     """2**log2(0.1) is 0.10000000000000005: Optuna warned on every rerun that the top grid point lay
     outside the range it was enqueued under."""
-    from mutransfer.sweep.space import LogUniform, Uniform
+    from mutransfer.sweep.config.space import LogUniform, Uniform
 
     for dim in (LogUniform(1e-4, 0.1, grid=12), Uniform(0.1, 0.7, grid=7), LogUniform(3e-5, 0.3, grid=5)):
         points = dim.grid_points()

@@ -12,7 +12,7 @@ from optuna.trial import TrialState
 from mutransfer.cli import main
 from mutransfer.errors import ConfigError
 from mutransfer.sweep import Sweep, config_from_dict
-from mutransfer.sweep.analysis import drift, load_results, verdicts
+from mutransfer.sweep.analysis.analysis import drift, load_results, verdicts
 
 OBJECTIVE = """
 import math

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from mutransfer.cli import main
-from mutransfer.sweep.analysis import TrialResult
-from mutransfer.sweep.space import Choice, LogUniform, Uniform
-from mutransfer.sweep.verdict import judge, parabolic_minimum, verdict_sentence
+from mutransfer.sweep.analysis.analysis import TrialResult
+from mutransfer.sweep.analysis.verdict import judge, parabolic_minimum, verdict_sentence
+from mutransfer.sweep.config.space import Choice, LogUniform, Uniform
 
 LR = LogUniform(2**-10, 2**-2, 9)
 
@@ -415,7 +415,7 @@ def test_a_seeds_common_offset_is_not_noise_between_points_of_the_curve():
     assert all(abs(o.x - (-6.0)) < 0.5 for o in v.hps["lr"].optima), [o.x for o in v.hps["lr"].optima]
     # one run blown up without diverging (loss 300 and 500: the benchmark's GPT at lr 1, λ 2, off the lr
     # profile as λ 2 is not the best λ at lr 1) is not noise for the rest of the curve
-    from mutransfer.sweep.statistics import CellData, _noise
+    from mutransfer.sweep.analysis.statistics import CellData, _noise
 
     losses = np.array([[t.losses[0], t.losses[1]] for t in cells[0][1]])
     clean = _noise(CellData({}, losses, []))
@@ -470,7 +470,7 @@ def test_negative_losses_give_absolute_regret_and_valid_json(tmp_path):
 
 
 def test_the_head_to_head_says_tie_or_cannot_tell_from_its_interval():
-    from mutransfer.sweep.report import head_to_head_line
+    from mutransfer.sweep.report.report import head_to_head_line
 
     base = {"width": 256, "proxy_width": 32, "mup_transferred": 2.0, "sp_retuned": 2.0, "mup_pruned": False}
     assert "as good (within 1%)" in head_to_head_line({**base, "relative": 0.0, "relative_interval": (0.0, 0.0)})

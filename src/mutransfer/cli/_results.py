@@ -151,7 +151,7 @@ def add_parsers(sub) -> None:
 
 
 def _demo(args) -> int:
-    from ..sweep.demo import format_summary, run_demo
+    from ..sweep.transfer.demo import format_summary, run_demo
 
     if args.workers < 1:
         raise UsageError("--workers must be at least 1")
@@ -169,8 +169,8 @@ def _demo(args) -> int:
 def _report(args) -> int:
     import json
 
-    from ..sweep.report import write_report
-    from ..sweep.summary import summary_text
+    from ..sweep.analysis.summary import summary_text
+    from ..sweep.report.report import write_report
 
     sweep = open_sweep(args)
     try:
@@ -182,7 +182,7 @@ def _report(args) -> int:
 
 
 def _transfer(args) -> int:
-    from ..sweep.transfer import format_transfer, transfer
+    from ..sweep.transfer.transfer import format_transfer, transfer
 
     sweep = open_sweep(args)
     try:
@@ -215,7 +215,7 @@ def _transfer(args) -> int:
 def _forecast(args) -> int:
     import json
 
-    from ..sweep.forecasts import forecast
+    from ..sweep.analysis.forecasts import forecast
 
     sweep = open_sweep(args)
     try:
@@ -242,7 +242,7 @@ def _forecast(args) -> int:
 
 def _flops_line(flops: dict, peak_tflops: float | None) -> str:
     """The forecast's cost line (`report.forecast_flops_text`), the peak checked."""
-    from ..sweep.report import forecast_flops_text
+    from ..sweep.report.report import forecast_flops_text
 
     if peak_tflops is not None and not (peak_tflops > 0):
         raise UsageError(f"--peak-tflops must be a positive number of TFLOPS, got {peak_tflops}")

@@ -121,7 +121,7 @@ def add_parsers(sub) -> None:
 
 
 def _sweep(args) -> int:
-    from ..sweep.interrupts import terminate_as_interrupt
+    from ..sweep.engine.interrupts import terminate_as_interrupt
 
     with terminate_as_interrupt():  # SIGTERM takes Ctrl-C's path: trials re-queued, workers stopped, 143
         return _run_sweep(args)
@@ -129,7 +129,7 @@ def _sweep(args) -> int:
 
 def _run_sweep(args) -> int:
     from ..sweep import run_sweep
-    from ..sweep.storage import mask_url
+    from ..sweep.engine.storage import mask_url
 
     config = existing_file(args.config, "config file")
     run_dir = Path(args.run) if args.run else Path("runs") / config.stem
@@ -150,7 +150,7 @@ def _run_sweep(args) -> int:
     }
     try:
         if args.devices is not None:
-            from ..sweep.placement import parse_devices
+            from ..sweep.config.placement import parse_devices
 
             args.devices = parse_devices(args.devices, "--devices")
         if overrides or args.detach or _has_cluster_table(config):
@@ -196,7 +196,7 @@ def _has_cluster_table(config: Path) -> bool:
 
 
 def _sweep_on_cluster(args, config: Path, run_dir: Path, overrides: dict) -> int:
-    from ..sweep.cluster import run_cluster
+    from ..sweep.launch.cluster import run_cluster
 
     if args.workers is not None:
         raise UsageError(
@@ -238,7 +238,7 @@ def _sweep_on_cluster(args, config: Path, run_dir: Path, overrides: dict) -> int
 
 def _status(args) -> int:
     from ..sweep import Sweep
-    from ..sweep.cluster import CLUSTER_FILE, ClusterRun, status_lines
+    from ..sweep.launch.cluster import CLUSTER_FILE, ClusterRun, status_lines
 
     try:
         sweep = Sweep(args.run, storage=args.storage)
@@ -250,7 +250,7 @@ def _status(args) -> int:
 
 
 def _cancel(args) -> int:
-    from ..sweep.cluster import ClusterRun, cancel
+    from ..sweep.launch.cluster import ClusterRun, cancel
 
     try:
         run = ClusterRun(args.run)
@@ -265,7 +265,7 @@ def _cancel(args) -> int:
 
 
 def _worker(args) -> int:
-    from ..sweep.interrupts import terminate_as_interrupt
+    from ..sweep.engine.interrupts import terminate_as_interrupt
 
     with terminate_as_interrupt():  # SIGTERM takes Ctrl-C's path: its trial re-queued, exit 143
         return _run_worker(args)

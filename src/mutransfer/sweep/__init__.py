@@ -14,20 +14,20 @@ from typing import TYPE_CHECKING, Any
 
 # public name → module (relative to this package) that defines it
 _EXPORTS: dict[str, str] = {
-    "Sweep": ".runner",
-    "run_sweep": ".workers",
-    "SweepConfig": ".config",
-    "load_config": ".config",
-    "config_from_dict": ".config",
-    "Cell": ".cells",
+    "Sweep": ".engine.runner",
+    "run_sweep": ".launch.workers",
+    "SweepConfig": ".config.config",
+    "load_config": ".config.config",
+    "config_from_dict": ".config.config",
+    "Cell": ".config.cells",
     "Scale": ".scale",
     "Pruned": ".scale",
     "mup_kwargs": ".scale",
     "load_objective": ".recipes",
-    "mask_url": ".storage",
-    "fit_measured_laws": ".hparam_fits",
-    "forecast": ".forecasts",
-    "Forecast": ".forecasts",
+    "mask_url": ".engine.storage",
+    "fit_measured_laws": ".analysis.hparam_fits",
+    "forecast": ".analysis.forecasts",
+    "Forecast": ".analysis.forecasts",
 }
 # old public name → (module, name, what to use instead); importable for one release with a warning
 _DEPRECATED: dict[str, tuple[str, str, str]] = {}
@@ -50,15 +50,15 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # what type checkers and the API docs see; at run time `__getattr__` imports on use
-    from .cells import Cell
-    from .config import SweepConfig, config_from_dict, load_config
-    from .forecasts import Forecast, forecast
-    from .hparam_fits import fit_measured_laws
+    from .analysis.forecasts import Forecast, forecast
+    from .analysis.hparam_fits import fit_measured_laws
+    from .config.cells import Cell
+    from .config.config import SweepConfig, config_from_dict, load_config
+    from .engine.runner import Sweep
+    from .engine.storage import mask_url
+    from .launch.workers import run_sweep
     from .recipes import load_objective
-    from .runner import Sweep
     from .scale import Pruned, Scale, mup_kwargs
-    from .storage import mask_url
-    from .workers import run_sweep
 
 
 def __getattr__(name: str) -> Any:
