@@ -39,6 +39,7 @@ from .op_tables import RESHAPE, SPLIT, op_name, tensors_in
 
 __all__ = [
     "ACTIVATIONS",
+    "WRITTEN_OUT",
     "ActivationUse",
     "AttentionUse",
     "UnitOps",
@@ -112,6 +113,7 @@ class _Tag:
     up: str | None = None
     unknown: tuple[str, ...] = ()
     attention: tuple[float, int, bool] | None = None  # an SDPA output: (uniform-attention RMS, keys, causal)
+    origin: int = -1  # the index of the source layer's output in `_Follow.origins` (-1: none kept)
 
 
 def attention_output_scale(queries: int, keys: int, causal: bool, mask: torch.Tensor | None = None) -> float:
@@ -149,6 +151,8 @@ class _Follow(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self.tags: dict[int, tuple[Any, _Tag]] = {}
+        self.origins: list[torch.Tensor] = []
+        self.candidates: dict[int, dict[int, torch.Tensor]] = {}
 
     def tag(self, t: Any, tag: _Tag) -> None:
         for x in tensors_in(t):
@@ -184,7 +188,7 @@ class _Follow(TorchFunctionMode):
                 if mask is None or (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool):
                     q_len, k_len = query.shape[-2], value.shape[-2]
                     rms = attention_output_scale(q_len, k_len, causal, mask)
-                    self.tag(out, _Tag(vtag.source, attention=(rms, k_len, causal or mask is not None)))
+                    self.tag(out, _Tag(vtag.source, attention=(rms, k_len, causal or mask is not None), origin=-1))
                 else:  # an additive float mask: no rule (its values decide the averaging)
                     self.tag(out, _Tag(vtag.source, unknown=("scaled_dot_product_attention (float mask)",)))
             return out
@@ -198,11 +202,19 @@ class _Follow(TorchFunctionMode):
         elif name in ACTIVATIONS and args and args[0] is first:
             extra = tuple((k, kwargs[k]) for k in _ARG_KEYS if k in kwargs and not isinstance(kwargs[k], torch.Tensor))
             extra += tuple((f"arg{i}", a) for i, a in enumerate(args[1:], 1) if isinstance(a, (int, float, str)))
-            self.tag(out, _Tag(tag.source, tag.acts + ((name, extra),), tag.up, tag.unknown))
+            self.tag(out, _Tag(tag.source, tag.acts + ((name, extra),), tag.up, tag.unknown, origin=tag.origin))
+        elif self._written_out(name, tagged, out):
+            pass
         elif name in _PRODUCT and len(tagged) == 2:
             (_, a), (_, b) = tagged
             act, lin = (a, b) if a.acts and not b.acts else (b, a) if b.acts and not a.acts else (None, None)
-            if act is not None and lin is not None and act.up is None and not lin.unknown:
+            if (
+                act is not None
+                and lin is not None
+                and act.up is None
+                and not lin.unknown
+                and (act.source != lin.source or act.origin != lin.origin)  # f(g)·g is no gated unit
+            ):
                 self.tag(out, _Tag(act.source, act.acts, lin.source, act.unknown))
             else:
                 self._composed(name, ins, tagged, out)
@@ -214,7 +226,7 @@ class _Follow(TorchFunctionMode):
             and outs[0].shape == first.shape
             and name not in ("softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm", "normalize")
         ):
-            self.tag(out, _Tag(tag.source, tag.acts, tag.up, tag.unknown + (name,)))
+            self.tag(out, _Tag(tag.source, tag.acts, tag.up, tag.unknown + (name,), origin=tag.origin))
         return out
 
     def _composed(self, name: str, ins: list, tagged: list, out: Any) -> bool:
@@ -227,8 +239,70 @@ class _Follow(TorchFunctionMode):
             return False
         acts = max((tag.acts for _, tag in tagged), key=len)
         unknown = tuple(dict.fromkeys(u for _, tag in tagged for u in tag.unknown + tuple(a for a, _ in tag.acts)))
-        self.tag(out, _Tag(tagged[0][1].source, acts, None, unknown + (name,)))
+        self.tag(out, _Tag(tagged[0][1].source, acts, None, unknown + (name,), origin=tagged[0][1].origin))
         return True
+
+    def origin(self, out: torch.Tensor) -> int:
+        """Keep a layer's output (the probe's value of a nonlinearity's input), for `_written_out`."""
+        self.origins.append(out)
+        return len(self.origins) - 1
+
+    def _written_out(self, name: str, tagged: list, out: Any) -> bool:
+        """An elementwise op whose output equals a known nonlinearity of one layer's output, on the probe's
+        values: a nonlinearity written out in elementary ops (Hugging Face GPT-2's ``NewGELUActivation``,
+        ``0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))``, is ``gelu(approximate="tanh")``; ``x·sigmoid(x)`` is
+        ``silu``). Observed, not pattern-matched: the output is compared with each candidate of
+        `WRITTEN_OUT` evaluated on the layer's output, and the closest within float tolerance is taken."""
+        if not isinstance(out, torch.Tensor) or (name in _PRODUCT and len(tagged) == 1 and not tagged[0][1].unknown):
+            return False  # a plain product of a layer's output with a constant is no nonlinearity
+        first = tagged[0][1]
+        if first.origin < 0 or any(
+            t.origin != first.origin or t.attention is not None or t.up is not None for _, t in tagged
+        ):
+            return False
+        fn = _match_nonlinearity(self.origins[first.origin], out, self.candidates.setdefault(first.origin, {}))
+        if fn is None:
+            return False
+        self.tag(out, _Tag(first.source, (fn,), None, (), origin=first.origin))
+        return True
+
+
+# Nonlinearities recognised when written out in elementary ops (`_Follow._written_out`), in order of preference.
+WRITTEN_OUT: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
+    ("gelu", (("approximate", "tanh"),)),
+    ("gelu", ()),
+    ("silu", ()),
+    ("mish", ()),
+)
+
+
+def _match_nonlinearity(
+    x: torch.Tensor, out: torch.Tensor, cache: dict[int, torch.Tensor]
+) -> tuple[str, tuple[tuple[str, Any], ...]] | None:
+    """The entry of `WRITTEN_OUT` that `out` equals elementwise as a function of `x` (None: none does)."""
+    if out.shape != x.shape or not out.is_floating_point() or out.is_meta or x.is_meta or x.numel() < 8:
+        return None
+    xd = x.detach().double()
+    scale = float(xd.abs().max())
+    if not scale > 0 or not math.isfinite(scale):
+        return None
+    o = out.detach().double()
+    tol = 64 * torch.finfo(out.dtype).eps  # relative to the input's largest value: scale-free (a 0.02 init's tiny
+    # pre-activations still show GELU's curvature, 0.4·x², far above float error)
+
+    def err(want: torch.Tensor) -> float:
+        return float((o - want).abs().max()) / scale
+
+    if err(xd / 2) <= tol:  # indistinguishable from the linear part every candidate shares near 0
+        return None
+    best: tuple[float, int] | None = None
+    for i, (fn, kwargs) in enumerate(WRITTEN_OUT):
+        if i not in cache:
+            cache[i] = _function(fn)(xd, **dict(kwargs))
+        e = err(cache[i])
+        if e <= tol and (best is None or e < best[0]):
+            best = (e, i)
+    return None if best is None else WRITTEN_OUT[best[1]]
 
 
 def find_unit_ops(model: nn.Module, inputs: Any) -> UnitOps:
@@ -269,7 +343,7 @@ def find_unit_ops(model: nn.Module, inputs: Any) -> UnitOps:
 
     def post(module, args, out):
         if isinstance(out, torch.Tensor):
-            follow.tag(out, _Tag(names[id(module)]))
+            follow.tag(out, _Tag(names[id(module)], origin=follow.origin(out)))
 
     hooks = [m.register_forward_pre_hook(pre) for m in layers] + [m.register_forward_hook(post) for m in layers]
     was_training = {m: m.training for m in model.modules()}
