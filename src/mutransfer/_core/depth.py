@@ -9,7 +9,10 @@ block i of the target are read against block i mod L₀ of the base (all base bl
 **Residual branches** of a block are found by tracing the block's own ``forward`` with
 torch.fx, its child modules kept opaque: every addition onto the residual stream (the block's
 first input, then each sum with it) has a branch operand, and the child module that produced
-it is the branch (``x + self.attn(self.ln1(x))`` → ``attn``). That module's output is then
+it is the branch (``x + self.attn(self.ln1(x))`` → ``attn``). Where fx cannot trace the block
+(Hugging Face's GPT2Block, LlamaDecoderLayer: "co_varnames is too small") and a probe input is
+given, the same is observed on a probe forward (`probe_branches`): the additions onto the block's
+first input, and the child whose output (or its tuple's first element) is the other operand. That module's output is then
 multiplied by m_L^-α (a subclass of its class, see `scaled_forward`; nothing else changes).
 Where tracing cannot see the branches, name them (``residual_branches=["blocks.*.attn",
 "blocks.*.mlp"]``, module name patterns) or scale them in the forward with
@@ -44,6 +47,7 @@ __all__ = [
     "in_numbered_block",
     "join_name",
     "outermost",
+    "probe_branches",
     "residual_branch",
     "split_block",
     "trace_branches",
@@ -312,11 +316,118 @@ def branch_end(module: nn.Module, depth: int = 0) -> str | None:
     return None if inner is None else join_name(child, inner)
 
 
-def find_branches(model: nn.Module, depth: DepthMap, patterns: Iterable[str] | None) -> tuple[list[Branch], list[str]]:
+def probe_branches(block: nn.Module, model: nn.Module, inputs: Any) -> list[tuple[str, bool]]:
+    """A block's residual branches observed on one forward of `model` on `inputs` (no grad, eval mode):
+    the same answer as `trace_branches`, for blocks torch.fx cannot trace.
+
+    The residual stream is the block's first tensor input (positional, or the ``hidden_states``
+    keyword), then every sum of it with another tensor; the other operand of each such addition must be
+    the output of one of the block's direct children (or the first element of its tuple output: HF
+    attention returns ``(attn_output, weights)``), and that child is a branch.
+
+    Args:
+        block: the first block of a depth container (a submodule of `model`).
+        model: the model, before parametrize changes anything.
+        inputs: the probe inputs parametrize ran (`call_model`'s forms).
+
+    Returns:
+        (child name, tuple output) per branch, in forward order.
+
+    Raises:
+        ValueError: the forward failed, never ran the block, or an addition onto the stream adds
+            something that is not a child's output (named).
+    """
+    from torch.overrides import TorchFunctionMode
+
+    from .observe import call_model
+    from .op_tables import op_name
+
+    produced: dict[int, tuple[Any, str, bool]] = {}  # id(tensor) → (tensor, child, tuple output)
+    stream: dict[int, torch.Tensor] = {}
+    found: list[tuple[str, bool]] = []
+    problems: list[str] = []
+    state = {"inside": False, "done": False}
+
+    class _Adds(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if not state["inside"] or op_name(func) != "add" or len(args) < 2:
+                return out
+            a, b = args[0], args[1]
+            in_a = isinstance(a, torch.Tensor) and stream.get(id(a)) is a
+            in_b = isinstance(b, torch.Tensor) and stream.get(id(b)) is b
+            if in_a == in_b or not isinstance(out, torch.Tensor):
+                return out
+            other = b if in_a else a
+            hit = produced.get(id(other)) if isinstance(other, torch.Tensor) else None
+            if hit is None or hit[0] is not other:
+                problems.append(
+                    f"an addition onto the residual stream adds a {type(other).__name__} that no child of "
+                    f"{type(block).__name__} returned"
+                )
+                return out
+            stream[id(out)] = out
+            found.append((hit[1], hit[2]))
+            return out
+
+    def child_hook(name: str):
+        def hook(module: nn.Module, args: Any, out: Any) -> None:
+            if not state["inside"]:
+                return
+            if isinstance(out, torch.Tensor):
+                produced[id(out)] = (out, name, False)
+            elif isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+                produced[id(out[0])] = (out[0], name, True)
+
+        return hook
+
+    def enter(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if state["done"]:
+            return
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else kwargs.get("hidden_states")
+        if isinstance(first, torch.Tensor):
+            stream[id(first)] = first
+            state["inside"] = True
+
+    def leave(module: nn.Module, args: Any, out: Any) -> None:
+        if state["inside"]:
+            state["inside"], state["done"] = False, True
+
+    hooks = [block.register_forward_pre_hook(enter, with_kwargs=True), block.register_forward_hook(leave)]
+    hooks += [child.register_forward_hook(child_hook(n)) for n, child in block.named_children()]
+    was_training = {m: m.training for m in model.modules()}
+    try:
+        model.eval()
+        with torch.no_grad(), _Adds():
+            call_model(model, inputs)
+    except Exception as e:  # the probe is best effort: the caller names the fallback
+        raise _TraceFailure(
+            f"the probe forward that observes {type(block).__name__}'s residual additions failed "
+            f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
+        ) from None
+    finally:
+        for h in hooks:
+            h.remove()
+        for m, t in was_training.items():
+            m.training = t
+    if not state["done"]:
+        raise _TraceFailure(f"the probe forward never ran {type(block).__name__}")
+    if problems:
+        raise _TraceFailure(problems[0])
+    if not found:
+        raise _TraceFailure(f"{type(block).__name__} adds nothing onto its input on the probe forward")
+    return found
+
+
+def find_branches(
+    model: nn.Module, depth: DepthMap, patterns: Iterable[str] | None, inputs: Any = None
+) -> tuple[list[Branch], list[str]]:
     """The residual branches to scale, and the blocks that scale themselves (`residual_branch`).
 
     With `patterns`, the named modules are the branches. Otherwise the first block of each
-    depth container is traced and the same children of every block are taken.
+    depth container is traced and the same children of every block are taken; where torch.fx cannot
+    trace it and `inputs` (a probe input of the model) is given, they are observed on a probe forward
+    (`probe_branches`).
     """
     modules = {canonical_name(n): m for n, m in model.named_modules()}
     branches: list[Branch] = []
@@ -345,12 +456,21 @@ def find_branches(model: nn.Module, depth: DepthMap, patterns: Iterable[str] | N
         try:
             kind, found = trace_branches(first)
         except _TraceFailure as e:
-            raise ModelError(
-                f"depth scaling needs the residual branches of the blocks in '{prefix}', but {e}. Name the "
-                f"branch modules with residual_branches=['{prefix}.*.attn', '{prefix}.*.mlp'] (patterns), write "
-                f"`x = x + mt.residual_branch(self, branch)` in the block's forward, or pass depth_alpha=0 "
-                f"to change depth without depth scaling"
-            ) from None
+            probed: str | None = None
+            if inputs is not None:
+                try:
+                    kind, found = "modules", probe_branches(first, model, inputs)
+                except _TraceFailure as p:
+                    probed = str(p)
+            if inputs is None or probed is not None:
+                names = _branch_suggestion(first, prefix)
+                raise ModelError(
+                    f"depth scaling needs the residual branches of the blocks in '{prefix}', but {e}"
+                    + (f"; on the probe forward, {probed}" if probed else "")
+                    + f". Name the branch modules with residual_branches=[{names}] (patterns), write "
+                    f"`x = x + mt.residual_branch(self, branch)` in the block's forward, or pass depth_alpha=0 "
+                    f"to change depth without depth scaling"
+                ) from None
         if kind == "helper":
             helper_blocks += [join_name(prefix, i) for i in range(l)]
             continue
@@ -366,3 +486,15 @@ def find_branches(model: nn.Module, depth: DepthMap, patterns: Iterable[str] | N
                     )
                 )
     return branches, helper_blocks
+
+
+def _branch_suggestion(block: nn.Module, prefix: str) -> str:
+    """Patterns of the block's own children that look like its branches (those holding parameters and no
+    norm), from its real module names: Llama's ``self_attn`` and ``mlp``, GPT-2's ``attn`` and ``mlp``."""
+    kids = [
+        n
+        for n, m in block.named_children()
+        if any(True for _ in m.parameters()) and "norm" not in type(m).__name__.lower() and not n.startswith("ln")
+    ]
+    kids = [n for n in kids if "norm" not in n.lower()] or [n for n, _ in block.named_children()]
+    return ", ".join(f"'{prefix}.*.{n}'" for n in kids[:4]) or f"'{prefix}.*.<branch>'"

@@ -426,7 +426,7 @@ def _plan_umup(model, infos, seen, hparams, tunable, depth: DepthMap, residual_b
     error = None
     if depth.containers or residual_branches is not None:
         try:
-            branches, helpers = find_branches(model, depth, residual_branches)
+            branches, helpers = find_branches(model, depth, residual_branches, inputs=seen.inputs)
         except ModelError as e:
             error = str(e)
         else:
