@@ -128,7 +128,7 @@ def _sweep(args) -> int:
 
 
 def _run_sweep(args) -> int:
-    from ..sweep import run_sweep
+    from ..sweep import load_config, run_sweep
     from ..sweep.engine.storage import mask_url
 
     config = existing_file(args.config, "config file")
@@ -153,8 +153,9 @@ def _run_sweep(args) -> int:
             from ..sweep.config.placement import parse_devices
 
             args.devices = parse_devices(args.devices, "--devices")
-        if overrides or args.detach or _has_cluster_table(config):
-            return _sweep_on_cluster(args, config, run_dir, overrides)
+        loaded = load_config(config)  # the one read of the TOML for this command
+        if overrides or args.detach or loaded.cluster is not None:
+            return _sweep_on_cluster(args, config, run_dir, overrides, loaded)
         sweep = run_sweep(
             config,
             run_dir,
@@ -165,6 +166,7 @@ def _run_sweep(args) -> int:
             devices=args.devices,
             trials_per_device=args.trials_per_device,
             threads=args.threads,
+            config=loaded,
         )
     except ValueError as e:
         raise UsageError(str(e)) from None
@@ -189,13 +191,7 @@ def _run_sweep(args) -> int:
     return EXIT_PASS if finished >= total and not useless else EXIT_FAIL
 
 
-def _has_cluster_table(config: Path) -> bool:
-    from ..sweep import load_config
-
-    return load_config(config).cluster is not None
-
-
-def _sweep_on_cluster(args, config: Path, run_dir: Path, overrides: dict) -> int:
+def _sweep_on_cluster(args, config: Path, run_dir: Path, overrides: dict, loaded) -> int:
     from ..sweep.launch.cluster import run_cluster
 
     if args.workers is not None:
@@ -214,6 +210,7 @@ def _sweep_on_cluster(args, config: Path, run_dir: Path, overrides: dict) -> int
             retry_failed=args.retry_failed,
             devices=args.devices,
             threads=args.threads,
+            config=loaded,
         )
     except KeyboardInterrupt:
         print(

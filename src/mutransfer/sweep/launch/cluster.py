@@ -60,7 +60,7 @@ from optuna.trial import TrialState
 
 from ..._core.atomic import write_atomically
 from ..._core.progress import Progress
-from ..config.config import ClusterConfig, cluster_config, load_config
+from ..config.config import ClusterConfig, SweepConfig, cluster_config, load_config
 from ..config.placement import gpu_names, parse_devices, visible_devices
 from ..engine.runner import STORAGE_ENV, Sweep
 from ..engine.storage import default_url, mask_url
@@ -373,14 +373,16 @@ def run_cluster(
     retry_failed: bool = False,
     devices: Any = None,
     threads: int | None = None,
+    config: SweepConfig | None = None,
 ) -> tuple[Sweep, ClusterRun, bool | None]:
     """Create/resume the sweep, submit its workers as jobs and (unless `detach`) wait for them.
 
     `overrides`: [cluster] keys given on the command line (``--cluster slurm --jobs 4 ...``).
     Returns the sweep, its jobs, and whether every trial is done (None when detached).
     Everything that can be refused (the cluster table, submitit, sbatch, the storage, the local
-    GPUs) is refused before the run directory is written."""
-    config = load_config(config_path)
+    GPUs) is refused before the run directory is written. `config`: `config_path` already loaded
+    by the caller (the TOML is read once per command, the storage opened once, by `Sweep.create`)."""
+    config = config if config is not None else load_config(config_path)
     table = dict(config.raw.get("cluster") or {})
     table.update(overrides or {})
     cluster = cluster_config(table)
@@ -397,7 +399,7 @@ def run_cluster(
                 f"watch them with `mutransfer status {run_dir}` or stop them with "
                 f"`mutransfer cancel {run_dir}` first"
             )
-    sweep = Sweep.create(config_path, run_dir, storage)
+    sweep = Sweep.create(config_path, run_dir, storage, config=config)
     sweep.prepare()
     if retry_failed:
         n = sweep.retry_failed()

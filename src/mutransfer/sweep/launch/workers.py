@@ -19,7 +19,7 @@ import torch
 from ..._core.atomic import write_atomically
 from ...errors import SweepInterrupted
 from ..analysis.trajectory import write_proxy_trajectory
-from ..config.config import load_config
+from ..config.config import SweepConfig, load_config
 from ..config.placement import DEVICE_ENV, THREADS_ENV, Devices, Placement, plan
 from ..engine.interrupts import exit_code, interrupts_ignored, raise_terminated
 from ..engine.runner import EXIT_INTERRUPTED, EXIT_TERMINATED, STORAGE_ENV, Sweep
@@ -150,6 +150,7 @@ def run_sweep(
     devices: Devices = None,
     trials_per_device: int | None = None,
     threads: int | None = None,
+    config: SweepConfig | None = None,
 ) -> Sweep:
     """Create (or resume) the sweep and run it on this machine's slots (see `placement`).
 
@@ -170,6 +171,7 @@ def run_sweep(
         devices: "auto", "cpu" or GPU ids; None: the config's.
         trials_per_device: workers per GPU; None: the config's.
         threads: torch threads per worker; None: the config's (else the cores split).
+        config: `config_path` already loaded by the caller (the TOML is read once per command).
 
     Returns:
         The finished sweep.
@@ -183,7 +185,7 @@ def run_sweep(
     """
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be at least 1, got {workers}")
-    config = load_config(config_path)  # read once: where the workers go, then the sweep itself
+    config = config if config is not None else load_config(config_path)  # read once: workers, then the sweep
     placement = plan(
         config.devices if devices is None else devices,
         trials_per_device or config.trials_per_device,
