@@ -21,9 +21,7 @@ a process that only resolves devices can still start CUDA workers safely.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
-from contextlib import AbstractContextManager as ContextManager
 from typing import Any
 
 import torch
@@ -36,7 +34,6 @@ __all__ = [
     "AUTO",
     "PRECISIONS",
     "DeviceLike",
-    "autocast",
     "check_precision",
     "known_precision",
     "map_tensors",
@@ -98,18 +95,6 @@ def check_precision(precision: str, device: torch.device, what: str = "precision
         name = torch.cuda.get_device_name(device)
         raise DeviceError(f"{what} 'bf16': {device} ({name}) has no bfloat16 support; use {what} 'fp32'")
     return precision
-
-
-def autocast(device: torch.device, precision: str) -> ContextManager[object]:
-    """The autocast context a forward pass runs under: none for fp32, bfloat16 for bf16, the FP8
-    simulation (`mutransfer.precision.fp8_simulation`) for fp8."""
-    if known_precision(precision, "precision") == "fp32":
-        return contextlib.nullcontext()
-    if precision == "fp8":
-        from .fp8 import fp8_simulation
-
-        return fp8_simulation()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
 def known_precision(precision: str, what: str = "precision") -> str:

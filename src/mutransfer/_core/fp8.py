@@ -29,6 +29,7 @@ The backward may run inside or outside: its casts are part of the graph.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import warnings
@@ -44,6 +45,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ..errors import MuPWarning
+from .devices import known_precision
 
 __all__ = [
     "E4M3",
@@ -367,3 +369,14 @@ def fp8_simulation(
                 f"fp8_simulation: exclude names no module of the model: {', '.join(unknown)}; its modules: {shown}"
             )
     return FP8Simulation(model=model, forward_dtype=fwd, backward_dtype=bwd, exclude=names, grad_scale=grad_scale)
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[object]:
+    """The context a forward pass runs under for `precision`: none for fp32, bfloat16 autocast on
+    `device` for bf16, the FP8 simulation (`fp8_simulation`) for fp8. (Here, above `devices`, so
+    that the device helpers every probe imports do not import the FP8 simulation and its spec.)"""
+    if known_precision(precision, "precision") == "fp32":
+        return contextlib.nullcontext()
+    if precision == "fp8":
+        return fp8_simulation()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)

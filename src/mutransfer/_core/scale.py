@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .devices import autocast as _autocast
+from .fp8 import autocast as _autocast
 
 __all__ = ["NO_MONITOR", "NoMonitor", "Reporter", "Scale"]
 

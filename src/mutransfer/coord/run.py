@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._core.depth import block_containers, join_name, split_block
-from .._core.devices import AUTO, DeviceLike, autocast, check_precision, move, resolve_device
+from .._core.devices import AUTO, DeviceLike, check_precision, move, resolve_device
+from .._core.fp8 import autocast
 from .._core.naming import canonical_name
 from .._core.observe import probing_with
 from .._core.progress import Progress
