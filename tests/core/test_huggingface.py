@@ -102,7 +102,9 @@ def _llama_depth(width, layers, seed=0):
 def test_llama_across_depth_with_named_branches():
     """HF decoder layers do not trace with torch.fx: the error names the branches by the model's own modules (self_attn)."""
     base, delta = _llama_depth(64, 2), _llama_depth(128, 2)
-    with pytest.raises(ValueError, match=r"residual_branches=\['model\.layers\.\*\.self_attn', 'model\.layers\.\*\.mlp'\]"):
+    with pytest.raises(
+        ValueError, match=r"residual_branches=\['model\.layers\.\*\.self_attn', 'model\.layers\.\*\.mlp'\]"
+    ):
         mt.parametrize(_llama_depth(128, 8), base=base, delta=delta)
     model = mt.parametrize(
         _llama_depth(128, 8),
