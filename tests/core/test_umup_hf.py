@@ -140,9 +140,7 @@ def test_the_tau_rule_applies_to_hf_blocks_fx_cannot_trace(make, n_layer):
     assert not [m for m in msgs if "residual" in m], msgs
     plan = find_spec(model).umup
     attn = "attn" if make is gpt2 else "self_attn"
-    assert sorted(plan.branches) == sorted(
-        f"{BLOCKS[make]}.{i}.{b}" for i in range(n_layer) for b in (attn, "mlp")
-    )
+    assert sorted(plan.branches) == sorted(f"{BLOCKS[make]}.{i}.{b}" for i in range(n_layer) for b in (attn, "mlp"))
     assert [k for k, _ in plan.branches.values()].count("attention") == n_layer
     rms, logits = block_rms(model, BLOCKS[make])
     assert len(rms) == n_layer and all(0.5 <= v <= 2.0 for v in rms.values()), rms
