@@ -47,6 +47,11 @@ from mutransfer.recipes.models import GPT
 
 BASE, CTX, BATCH = 32, 32, 16
 SCANS = {"mup": [2.0**e for e in range(-12, -6)], "u-mup": [2.0**e for e in range(-5, 2)]}
+# u-µP with the two α's of a one-at-a-time sweep at width 256 (lr 2^-3, fp32, this script's `train`):
+# α_res_attn_ratio 0.25 (2.5699 vs 2.6752 at 1) and α_ffn_act 0.5 (the MLP's GELU outputs stay out of
+# GELU's flat negative tail, where they drift below 2^-6 after training); the defaults stay the paper's 1
+TUNED = {"alpha_res_attn_ratio": 0.25, "alpha_ffn_act": 0.5}
+SCANS["u-mup-tuned"] = SCANS["u-mup"]
 
 
 def build(width: int, parametrization: str, seed: int = 0) -> GPT:
@@ -57,8 +62,14 @@ def build(width: int, parametrization: str, seed: int = 0) -> GPT:
     model = gpt(width)
     torch.manual_seed(10_000 + seed)
     example = torch.zeros(2, CTX, dtype=torch.long)  # the probe at the training length (u-µP's attention scale)
+    alphas = TUNED if parametrization == "u-mup-tuned" else {}
     return mt.parametrize(
-        model, base=gpt(BASE), delta=gpt(2 * BASE), parametrization=parametrization, example_inputs=example
+        model,
+        base=gpt(BASE),
+        delta=gpt(2 * BASE),
+        parametrization="u-mup" if alphas else parametrization,
+        example_inputs=example,
+        **alphas,
     )
 
 
@@ -108,7 +119,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--lr-scale", type=float, default=1.0, help="train at the scanned lr × this")
     ap.add_argument("--loss-scale", type=int, default=12, help="the fp8 ×2^S row's S")
-    ap.add_argument("--parametrizations", default="mup,u-mup")
+    ap.add_argument("--parametrizations", default="mup,u-mup,u-mup-tuned", help="u-mup-tuned: u-µP with TUNED's α's")
     ap.add_argument("--quick", action="store_true", help="width 64, 20 steps, a 2-point scan (a smoke run)")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
@@ -142,6 +153,9 @@ def main() -> None:
                 trained = model
             print(f"  {p} {mode}: {loss:.4f}", file=sys.stderr, flush=True)
         after = fp8_underflow(trained, probe) if trained is not None else None
+        if after is not None:
+            worst = sorted(after.by_layer.items(), key=lambda kv: -kv[1])[:3]
+            print(f"  {p} most below 2^-6 after training: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in worst))
         rows.append((p, lr, init, after, results))
     print(
         f"\nGPT width {width} (base {BASE}), {steps} AdamW steps, batch {BATCH}×{CTX}; lr = the width-64 scan's best × {args.lr_scale:g}"
