@@ -105,3 +105,48 @@ def test_run_cluster_reads_the_config_once_and_opens_the_storage_once(tmp_path, 
     with pytest.raises(_Submitted):
         main(["sweep", str(cfg), "--run", str(tmp_path / "run"), "--no-progress"])
     assert counts() == {"toml": 1, "storage": 1}
+
+
+def test_run_cluster_takes_the_created_sweep_and_reads_nothing_again(tmp_path, counts, monkeypatch, capsys):
+    """`run_cluster(sweep, plan)` works on what it is given: no config read, no storage opened, no
+    `Sweep.create`; what it needs of the sweep it reads once, into a `SweepView` (the submission
+    and the poll loop read that, never the `Sweep` again)."""
+    from mutransfer.sweep import Sweep, load_config
+    from mutransfer.sweep.launch import cluster
+
+    cfg, run = _write(tmp_path), tmp_path / "run"
+    config = load_config(cfg)
+    plan = cluster.plan_cluster(config, run, overrides={"backend": "local", "jobs": 1})
+    sweep = Sweep.create(cfg, run, config=config)
+    seen = []
+
+    def submitted(view, plan_):
+        seen.append((view, plan_))
+        raise _Submitted
+
+    def refused(*a, **k):
+        raise AssertionError("run_cluster created or loaded the sweep again")
+
+    monkeypatch.setattr(cluster, "submit", submitted)
+    monkeypatch.setattr(Sweep, "create", refused)
+    monkeypatch.setattr("mutransfer.sweep.config.config.load_config", refused)
+    counts()
+    with pytest.raises(_Submitted):
+        cluster.run_cluster(sweep, plan, detach=True, progress=False)
+    assert counts() == {"toml": 0, "storage": 0}
+    [(view, given)] = seen
+    assert given is plan
+    assert isinstance(view, cluster.SweepView)
+    assert (view.name, view.url, view.total) == ("once", sweep.url, sweep.total_trials())
+    assert [study.study_name for study, _ in view.studies] == [s.study_name for s in sweep.studies.all()]
+    assert not hasattr(cluster, "load_config")  # the submitter has no way to read a config itself
+
+
+def test_run_cluster_refuses_the_old_call_form_and_names_the_new_one(tmp_path):
+    from mutransfer.sweep.launch.cluster import run_cluster
+
+    cfg = _write(tmp_path)
+    with pytest.raises(TypeError, match=r"plan_cluster\(config, run_dir.*Sweep\.create\(path"):
+        run_cluster(cfg, tmp_path / "run")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="takes the created Sweep and a ClusterPlan"):
+        run_cluster(str(cfg), tmp_path / "run", storage=None, detach=True)  # type: ignore[arg-type]

@@ -192,7 +192,8 @@ def _run_sweep(args) -> int:
 
 
 def _sweep_on_cluster(args, config: Path, run_dir: Path, overrides: dict, loaded) -> int:
-    from ..sweep.launch.cluster import run_cluster
+    from ..sweep import Sweep
+    from ..sweep.launch.cluster import plan_cluster, run_cluster
 
     if args.workers is not None:
         raise UsageError(
@@ -200,17 +201,13 @@ def _sweep_on_cluster(args, config: Path, run_dir: Path, overrides: dict, loaded
             "(--jobs, --gpus-per-job, [cluster] trials_per_device)"
         )
     try:
-        sweep, run, ok = run_cluster(
-            config,
-            run_dir,
-            storage=args.storage,
-            overrides=overrides,
-            detach=args.detach,
-            progress=not args.no_progress,
-            retry_failed=args.retry_failed,
-            devices=args.devices,
-            threads=args.threads,
-            config=loaded,
+        # checked before anything is written, then the sweep created once and handed to the submitter
+        plan = plan_cluster(
+            loaded, run_dir, storage=args.storage, overrides=overrides, devices=args.devices, threads=args.threads
+        )
+        sweep = Sweep.create(config, run_dir, args.storage, config=loaded)
+        run, ok = run_cluster(
+            sweep, plan, detach=args.detach, progress=not args.no_progress, retry_failed=args.retry_failed
         )
     except KeyboardInterrupt:
         print(

@@ -308,7 +308,8 @@ class Sweep:
         Returns:
             How many were queued.
         """
-        n = retry_failed(self.storage, self.url, self.studies.all(), self.config)
+        with ClaimLock(self.url):  # two processes retrying at once queue each trial once
+            n = retry_failed(self.storage, self.studies.all(), self.config)
         self.studies.forget()  # their caches still hold the old trials without `retried`
         return n
 

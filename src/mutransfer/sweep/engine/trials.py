@@ -62,7 +62,6 @@ from .flops import FlopCount, flop_attrs, guarded, next_counter
 from .interrupts import interrupts_ignored
 from .recording import Recording, trial_attrs
 from .storage import (
-    ClaimLock,
     Heartbeat,
     cache_trial,
     quiet,
@@ -480,15 +479,13 @@ def release_claimed(
         study.enqueue_trial({name: params[name] for name in config.space}, user_attrs={"retry_of": frozen.number})
 
 
-def retry_failed(
-    storage: optuna.storages.RDBStorage, url: str, studies: list[optuna.Study], config: SweepConfig
-) -> int:
+def retry_failed(storage: optuna.storages.RDBStorage, studies: list[optuna.Study], config: SweepConfig) -> int:
     """Queue every failed trial (the objective raised; not diverged) once more with the same
-    params, marking the old one `retried`.
+    params, marking the old one `retried`. Call it under the sweep's `ClaimLock` (as
+    `Sweep.retry_failed` does), so that two processes retry each trial once between them.
 
     Args:
         storage: the sweep's storage.
-        url: its URL (for the claim lock).
         studies: the sweep's studies.
         config: the sweep's config (the swept names).
 
@@ -497,18 +494,17 @@ def retry_failed(
         `retried` (Optuna caches finished trials): open them again.
     """
     n = 0
-    with ClaimLock(url):
-        for study in studies:
-            for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
-                if trial_outcome(t) != "failed":
-                    continue
-                params = {**t.system_attrs.get("fixed_params", {}), **t.params}
-                study.enqueue_trial(
-                    {name: params[name] for name in config.space if name in params},
-                    user_attrs={"retry_of": t.number},
-                )
-                set_finished_trial_user_attr(storage, trial_id(t), "retried", True)
-                n += 1
+    for study in studies:
+        for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+            if trial_outcome(t) != "failed":
+                continue
+            params = {**t.system_attrs.get("fixed_params", {}), **t.params}
+            study.enqueue_trial(
+                {name: params[name] for name in config.space if name in params},
+                user_attrs={"retry_of": t.number},
+            )
+            set_finished_trial_user_attr(storage, trial_id(t), "retried", True)
+            n += 1
     return n
 
 

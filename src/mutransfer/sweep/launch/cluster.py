@@ -53,14 +53,17 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import optuna
 from optuna.trial import TrialState
 
 from ..._core.atomic import write_atomically
 from ..._core.progress import Progress
-from ..config.config import ClusterConfig, SweepConfig, cluster_config, load_config
+from ..config.config import ClusterConfig, SweepConfig, cluster_config
 from ..config.placement import gpu_names, parse_devices, visible_devices
 from ..engine.runner import STORAGE_ENV, Sweep
 from ..engine.storage import default_url, mask_url
@@ -70,11 +73,14 @@ from .processes import NodeTask
 __all__ = [
     "CLUSTER_DIR",
     "CLUSTER_FILE",
+    "ClusterPlan",
     "ClusterRun",
     "NodeTask",
+    "SweepView",
     "cancel",
     "check_cluster",
     "job_states",
+    "plan_cluster",
     "run_cluster",
     "status_lines",
     "submit",
@@ -195,20 +201,143 @@ def _local_gpu_ids(cluster: ClusterConfig, devices: Any) -> list[list[int]]:
     return [physical[j * g : (j + 1) * g] for j in range(cluster.jobs)]
 
 
-def submit(sweep: Sweep, cluster: ClusterConfig, devices: Any = None, threads: int | None = None) -> ClusterRun:
-    """Submit `cluster.jobs` tasks running the workers of the prepared `sweep`; writes cluster.json."""
+@dataclass(frozen=True)
+class ClusterPlan:
+    """A cluster submission settled and checked before anything is written (see `plan_cluster`).
+
+    Attributes:
+        cluster: the [cluster] table, the command line's overrides applied.
+        run_dir: the run directory the jobs work in (``RUN/cluster.json``, ``RUN/cluster/``).
+        gpu_ids: backend "local": each job's physical GPU ids (empty tuples for CPU jobs);
+            backend "slurm": () (Slurm gives each task its GPUs).
+        threads: torch threads per worker; None: the cores split between a task's workers.
+    """
+
+    cluster: ClusterConfig
+    run_dir: Path
+    gpu_ids: tuple[tuple[int, ...], ...]
+    threads: int | None
+
+
+def plan_cluster(
+    config: SweepConfig,
+    run_dir: str | os.PathLike,
+    storage: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    devices: Any = None,
+    threads: int | None = None,
+) -> ClusterPlan:
+    """Check a cluster submission before the run directory is written, and settle its parameters.
+
+    Everything that can be refused is refused here: the [cluster] table, submitit, sbatch, a
+    storage the nodes cannot share, the local GPUs, and jobs of an earlier submission still queued
+    or running in `run_dir`.
+
+    Args:
+        config: the loaded sweep config (`load_config`).
+        run_dir: the run directory (it need not exist yet).
+        storage: the storage URL given on the command line (default ``MUTRANSFER_STORAGE``, the
+            config's, else the SQLite file in the run directory, as `Sweep.create`).
+        overrides: [cluster] keys given on the command line (``--cluster slurm --jobs 4 ...``).
+        devices: "auto", "cpu" or GPU ids for the local backend; None: the config's.
+        threads: torch threads per worker; None: the config's.
+
+    Returns:
+        The plan `run_cluster` submits.
+
+    Raises:
+        ValueError: any of the refusals above.
+    """
+    run_dir = Path(run_dir)
+    table = dict(config.raw.get("cluster") or {})
+    table.update(overrides or {})
+    cluster = cluster_config(table)
+    check_cluster(cluster, storage or os.environ.get(STORAGE_ENV) or config.storage or default_url(run_dir))
+    gpu_ids: tuple[tuple[int, ...], ...] = ()
+    if cluster.backend == "local":
+        gpu_ids = tuple(tuple(ids) for ids in _local_gpu_ids(cluster, config.devices if devices is None else devices))
+    if (run_dir / CLUSTER_FILE).is_file():
+        live = [j for j, s in job_states(ClusterRun(run_dir)).items() if not _ended(s)]
+        if live:
+            raise ValueError(
+                f"{run_dir}: jobs {', '.join(live)} of an earlier submission are still queued or running; "
+                f"watch them with `mutransfer status {run_dir}` or stop them with "
+                f"`mutransfer cancel {run_dir}` first"
+            )
+    return ClusterPlan(cluster, run_dir, gpu_ids, threads or config.threads)
+
+
+@dataclass(frozen=True)
+class SweepView:
+    """What the cluster code reads of a sweep, gathered once (`SweepView.of`): its name, storage,
+    trial total and studies. The submission reads the first two; the poll loop counts the studies'
+    trials through it, never going back to the `Sweep`.
+
+    Attributes:
+        name: the sweep's name (its config's `name`).
+        url: the storage URL the workers use.
+        total: trials the whole sweep runs.
+        studies: each study with the trials it runs, in the order of the config's cells.
+    """
+
+    name: str
+    url: str
+    total: int
+    studies: tuple[tuple[optuna.Study, int], ...]
+
+    @classmethod
+    def of(cls, sweep: Sweep) -> SweepView:
+        """The view of `sweep`'s studies as they are now (build it after `retry_failed`, which
+        reopens them)."""
+        studies = sweep.studies
+        per_cell = [studies.trials_per_cell(cell.parametrization) for cell in sweep.config.all_cells]
+        return cls(sweep.config.name, sweep.url, sum(per_cell), tuple(zip(studies.all(), per_cell)))
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Per study: done, running, failed, pending trials (pending: queued, not yet claimed, and
+        not yet created for random/TPE)."""
+        out = {}
+        for study, per_cell in self.studies:
+            trials = study.get_trials(deepcopy=False)
+            outcomes = [trial_outcome(t) for t in trials]
+            done = sum(o is not None for o in outcomes)
+            running = sum(t.state == TrialState.RUNNING for t in trials)
+            out[study.study_name] = {
+                "done": done,
+                "running": running,
+                "failed": sum(o == "failed" for o in outcomes),
+                "pending": max(0, per_cell - done - running),
+            }
+        return out
+
+
+def submit(view: SweepView, plan: ClusterPlan) -> ClusterRun:
+    """Submit `plan.cluster.jobs` tasks running the workers of the prepared sweep seen by `view`;
+    writes ``RUN/cluster.json``.
+
+    Args:
+        view: the sweep (`SweepView.of`): its name and storage URL.
+        plan: the checked submission (`plan_cluster`).
+
+    Returns:
+        The submitted jobs.
+
+    Raises:
+        ValueError: the storage cannot be shared by the nodes, or the submission failed.
+    """
     import submitit
 
-    check_cluster(cluster, sweep.url)
-    folder = sweep.run_dir / CLUSTER_DIR
-    args = (str(sweep.run_dir.resolve()), cluster.gpus_per_job, cluster.trials_per_device, threads)
+    cluster = plan.cluster
+    check_cluster(cluster, view.url)
+    folder = plan.run_dir / CLUSTER_DIR
+    args = (str(plan.run_dir.resolve()), cluster.gpus_per_job, cluster.trials_per_device, plan.threads)
     previous = os.environ.get(STORAGE_ENV)
-    os.environ[STORAGE_ENV] = sweep.url  # the tasks' environment, not a file (see the module docstring)
+    os.environ[STORAGE_ENV] = view.url  # the tasks' environment, not a file (see the module docstring)
     try:
         if cluster.backend == "slurm":
             executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=1000)
             try:
-                executor.update_parameters(**_slurm_parameters(cluster, sweep.config.name))
+                executor.update_parameters(**_slurm_parameters(cluster, view.name))
             except ValueError as e:
                 raise ValueError(f"[cluster.slurm]: {str(e).splitlines()[0]}") from None
             jobs = executor.map_array(NodeTask(), *[[a] * cluster.jobs for a in args])
@@ -216,7 +345,7 @@ def submit(sweep: Sweep, cluster: ClusterConfig, devices: Any = None, threads: i
         else:
             local = submitit.LocalExecutor(folder=folder, max_num_timeout=1000)
             ids = []
-            for gpus in _local_gpu_ids(cluster, devices):
+            for gpus in plan.gpu_ids:
                 local.update_parameters(
                     timeout_min=cluster.time_min,
                     gpus_per_node=len(gpus),
@@ -234,9 +363,8 @@ def submit(sweep: Sweep, cluster: ClusterConfig, devices: Any = None, threads: i
         else:
             os.environ[STORAGE_ENV] = previous
     record = {"backend": cluster.backend, "folder": str(folder.resolve()), "jobs": ids, "submitted": time.time()}
-    path = sweep.run_dir / CLUSTER_FILE
-    write_atomically(path, json.dumps(record, indent=1))
-    return ClusterRun(sweep.run_dir)
+    write_atomically(plan.run_dir / CLUSTER_FILE, json.dumps(record, indent=1))
+    return ClusterRun(plan.run_dir)
 
 
 def job_states(run: ClusterRun) -> dict[str, str]:
@@ -278,32 +406,19 @@ def _tally(states: dict[str, str]) -> str:
 
 def trial_counts(sweep: Sweep) -> dict[str, dict[str, int]]:
     """Per study: done, running, failed, pending trials (pending: queued, not yet claimed, and not
-    yet created for random/TPE)."""
-    out = {}
-    for cell in sweep.config.all_cells:
-        per_cell = sweep.trials_per_cell(cell.parametrization)
-        study = sweep.study(*cell)
-        trials = study.get_trials(deepcopy=False)
-        outcomes = [trial_outcome(t) for t in trials]
-        done = sum(o is not None for o in outcomes)
-        running = sum(t.state == TrialState.RUNNING for t in trials)
-        out[study.study_name] = {
-            "done": done,
-            "running": running,
-            "failed": sum(o == "failed" for o in outcomes),
-            "pending": max(0, per_cell - done - running),
-        }
-    return out
+    yet created for random/TPE). See `SweepView.counts`."""
+    return SweepView.of(sweep).counts()
 
 
 def status_lines(sweep: Sweep, run: ClusterRun | None = None) -> list[str]:
     """What `mutransfer status` prints: a line per study and, for a cluster sweep, the jobs."""
-    counts = trial_counts(sweep)
+    view = SweepView.of(sweep)
+    counts = view.counts()
     width = max(len(n) for n in counts)
     total = {k: sum(c[k] for c in counts.values()) for k in ("done", "running", "failed", "pending")}
     lines = [
-        f"sweep {sweep.config.name}: {total['done']}/{sweep.total_trials()} done, {total['running']} running, "
-        f"{total['failed']} failed, {total['pending']} pending (storage {mask_url(sweep.url)})"
+        f"sweep {view.name}: {total['done']}/{view.total} done, {total['running']} running, "
+        f"{total['failed']} failed, {total['pending']} pending (storage {mask_url(view.url)})"
     ]
     lines += [
         f"  {name:<{width}}  done {c['done']:>4}  running {c['running']:>3}  failed {c['failed']:>3}  "
@@ -316,32 +431,61 @@ def status_lines(sweep: Sweep, run: ClusterRun | None = None) -> list[str]:
     return lines
 
 
-def wait(sweep: Sweep, run: ClusterRun, progress: bool = True, poll: float = 2.0) -> bool:
-    """Wait until every trial is done (True) or every job has ended with trials left (False),
-    with a live line: done / running / failed / pending and the jobs' states."""
-    total = sweep.total_trials()
-    bar = Progress(total, f"sweep {sweep.config.name}", enabled=progress)
+def _polls(view: SweepView, run: ClusterRun, poll: float) -> Iterator[tuple[int, str, bool | None]]:
+    """Poll the trials and the jobs every `poll` s until the sweep is over; yield each poll's
+    trials done, its live note, and the outcome: None while it goes on, else whether every trial
+    is done."""
     ends_by = math.inf
+    last = False  # every job had ended at the previous poll: this count is the last
+    while True:
+        counts = view.counts()
+        states = job_states(run)
+        done = sum(c["done"] for c in counts.values())
+        note = (
+            f"{sum(c['running'] for c in counts.values())} running, "
+            f"{sum(c['pending'] for c in counts.values())} pending; jobs {_tally(states).lower()}"
+        )
+        if done >= view.total:
+            if time.monotonic() >= ends_by or all(_ended(s) for s in states.values()):
+                yield done, note, True
+                return
+            ends_by = min(ends_by, time.monotonic() + JOB_END_SECONDS)  # let the tasks leave
+            yield done, note, None
+            time.sleep(poll / 4)
+            continue
+        if last:
+            yield done, note, False
+            return
+        yield done, note, None
+        if states and all(_ended(s) for s in states.values()):
+            last = True  # count once more at once: the last trials may have ended with the jobs
+            continue
+        time.sleep(poll)
+
+
+def wait(view: SweepView, run: ClusterRun, progress: bool = True, poll: float = 2.0) -> bool:
+    """Wait until every trial is done (True) or every job has ended with trials left (False),
+    with a live line: done / running / failed / pending and the jobs' states.
+
+    Args:
+        view: the sweep (`SweepView.of`), read at each poll through its studies.
+        run: its submitted jobs.
+        progress: show the live line on stderr.
+        poll: seconds between polls.
+
+    Returns:
+        Whether every trial is done.
+    """
+    polls = _polls(view, run, poll)
+    bar = Progress(view.total, f"sweep {view.name}", enabled=progress)
     try:
-        while True:
-            counts = trial_counts(sweep)
-            states = job_states(run)
-            done = sum(c["done"] for c in counts.values())
+        for done, note, over in polls:
             bar.done = done
-            bar.update(
-                f"{sum(c['running'] for c in counts.values())} running, "
-                f"{sum(c['pending'] for c in counts.values())} pending; jobs {_tally(states).lower()}"
-            )
+            bar.update(note)
             bar.advance(0)
-            if done >= total:
-                if time.monotonic() >= ends_by or all(_ended(s) for s in states.values()):
-                    return True
-                ends_by = min(ends_by, time.monotonic() + JOB_END_SECONDS)  # let the tasks leave
-                time.sleep(poll / 4)
-                continue
-            if states and all(_ended(s) for s in states.values()):
-                return sweep.finished() >= total
-            time.sleep(poll)
+            if over is not None:
+                return over
+        return False  # not reached: the last poll gives the outcome
     finally:
         bar.close()
 
@@ -364,52 +508,59 @@ def cancel(run: ClusterRun) -> list[str]:
 
 
 def run_cluster(
-    config_path: str | os.PathLike,
-    run_dir: str | os.PathLike,
-    storage: str | None = None,
-    overrides: dict[str, Any] | None = None,
+    sweep: Sweep,
+    plan: ClusterPlan,
     detach: bool = False,
     progress: bool = True,
     retry_failed: bool = False,
-    devices: Any = None,
-    threads: int | None = None,
-    config: SweepConfig | None = None,
-) -> tuple[Sweep, ClusterRun, bool | None]:
-    """Create/resume the sweep, submit its workers as jobs and (unless `detach`) wait for them.
+    **old_form: Any,
+) -> tuple[ClusterRun, bool | None]:
+    """Submit the workers of a created sweep as jobs and (unless `detach`) wait for them.
 
-    `overrides`: [cluster] keys given on the command line (``--cluster slurm --jobs 4 ...``).
-    Returns the sweep, its jobs, and whether every trial is done (None when detached).
-    Everything that can be refused (the cluster table, submitit, sbatch, the storage, the local
-    GPUs) is refused before the run directory is written. `config`: `config_path` already loaded
-    by the caller (the TOML is read once per command, the storage opened once, by `Sweep.create`)."""
-    config = config if config is not None else load_config(config_path)
-    table = dict(config.raw.get("cluster") or {})
-    table.update(overrides or {})
-    cluster = cluster_config(table)
-    url = storage or os.environ.get(STORAGE_ENV) or config.storage or default_url(Path(run_dir))
-    check_cluster(cluster, url)
-    if cluster.backend == "local":
-        _local_gpu_ids(cluster, config.devices if devices is None else devices)
-    if (Path(run_dir) / CLUSTER_FILE).is_file():
-        previous = ClusterRun(run_dir)
-        live = [j for j, s in job_states(previous).items() if not _ended(s)]
-        if live:
-            raise ValueError(
-                f"{run_dir}: jobs {', '.join(live)} of an earlier submission are still queued or running; "
-                f"watch them with `mutransfer status {run_dir}` or stop them with "
-                f"`mutransfer cancel {run_dir}` first"
-            )
-    sweep = Sweep.create(config_path, run_dir, storage, config=config)
+    The caller reads the config once, checks the submission (`plan_cluster`: everything that can
+    be refused is refused before the run directory is written) and creates the sweep once::
+
+        config = load_config(path)
+        plan = plan_cluster(config, run_dir, storage, overrides={"backend": "local", "jobs": 2})
+        sweep = Sweep.create(path, run_dir, storage, config=config)
+        run, ok = run_cluster(sweep, plan)
+
+    Args:
+        sweep: the sweep (`Sweep.create`), in `plan.run_dir`; it is prepared here.
+        plan: the checked submission (`plan_cluster`).
+        detach: return once the jobs are submitted.
+        progress: show a live line on stderr while waiting.
+        retry_failed: first queue every failed trial again (see `Sweep.retry_failed`).
+        **old_form: the keywords of the old call form (`storage`, `overrides`, `devices`,
+            `threads`, `config`): refused, with the new form in the message.
+
+    Returns:
+        The jobs, and whether every trial is done (None when detached).
+
+    Raises:
+        TypeError: the old call form ``run_cluster(config_path, run_dir, storage=..., ...)``; its
+            `storage`, `overrides`, `devices` and `threads` now go to `plan_cluster`.
+        ValueError: the sweep is not in `plan.run_dir`, or the submission failed.
+    """
+    if old_form or not isinstance(sweep, Sweep) or not isinstance(plan, ClusterPlan):
+        raise TypeError(
+            "run_cluster(sweep, plan) takes the created Sweep and a ClusterPlan, not a config path and a "
+            "run directory: config = load_config(path); plan = plan_cluster(config, run_dir, storage, "
+            "overrides); sweep = Sweep.create(path, run_dir, storage, config=config); run_cluster(sweep, plan)"
+        )
+    if Path(sweep.run_dir).resolve() != plan.run_dir.resolve():
+        raise ValueError(f"run_cluster: the sweep is in {sweep.run_dir} but the plan is for {plan.run_dir}")
     sweep.prepare()
     if retry_failed:
         n = sweep.retry_failed()
         print(f"retrying {n} failed trial(s)" if n else "no failed trial to retry", file=sys.stderr)
-    run = submit(sweep, cluster, config.devices if devices is None else devices, threads or config.threads)
+    view = SweepView.of(sweep)  # all the rest reads the sweep through this
+    run = submit(view, plan)
     print(
-        f"submitted {len(run.job_ids)} {cluster.backend} job(s): {', '.join(run.job_ids)} (logs in {run.folder})",
+        f"submitted {len(run.job_ids)} {run.backend} job(s): {', '.join(run.job_ids)} (logs in {run.folder})",
         file=sys.stderr,
         flush=True,
     )
     if detach:
-        return sweep, run, None
-    return sweep, run, wait(sweep, run, progress)
+        return run, None
+    return run, wait(view, run, progress)
