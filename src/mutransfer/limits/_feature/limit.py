@@ -109,10 +109,14 @@ class FeatureLimit:
         self._out_features = math.prod(out_meta.shape[1:])  # outputs per row (positions × k without pooling)
         calls: dict[str, int] = {}  # vectors per input row each hidden matrix multiplies (positions × calls)
         for op in self._ops:
-            if op.rule == "hidden":
+            if op.rule in ("hidden", "mha"):
                 shape = op.node.args[0].meta["tensor_meta"].shape  # type: ignore[union-attr]
-                w = op.params["weight"]
-                calls[w] = calls.get(w, 0) + math.prod(shape[1:-1])
+                for w in (
+                    (op.params["weight"],)
+                    if op.rule == "hidden"
+                    else (op.params["in_proj_weight"], op.params["out_proj.weight"])
+                ):
+                    calls[w] = calls.get(w, 0) + math.prod(shape[1:-1])
         self._per_row = max(calls.values(), default=0)
         self._lr, self._momentum = 0.0, 0.0
         self._program = self._new_program()

@@ -218,8 +218,13 @@ def analyse(
     wdims: dict[fx.Node, int | None] = {}
     roles: dict[str, str] = {}
     for node, nb in zip(a_nodes, b_nodes, strict=True):
-        wdim = _wdim(node, sa[node.name], sb[nb.name], n / m)
-        shape = sa[node.name]
+        sa_n, sb_n = sa[node.name], sb[nb.name]
+        if node.op == "call_module" and isinstance(gm.get_submodule(str(node.target)), nn.MultiheadAttention):
+            sa_n, sb_n = sa_n[0], sb_n[0]  # (output, attention weights): the output's width dim
+        elif _is_weights(node, gm):
+            sa_n = sb_n = sa_n if not isinstance(sa_n, tuple) or isinstance(sa_n, torch.Size) else None
+        wdim = _wdim(node, sa_n, sb_n, n / m)
+        shape = sa_n
         in_kinds = {kinds[a] for a in node.all_input_nodes} - {"const", "meta"}
         if node.op == "placeholder":
             if node is not a_nodes[0]:
@@ -247,6 +252,18 @@ def analyse(
         kinds[node], wdims[node] = op.kind, op.wdim
         ops.append(op)
     return ops, roles
+
+
+def _is_weights(node: fx.Node, gm: fx.GraphModule) -> bool:
+    """Whether `node` takes nn.MultiheadAttention's second output (its attention weights: finite)."""
+    src = node.args[0] if node.args else None
+    return bool(
+        name_of(node) == "getitem"
+        and isinstance(src, fx.Node)
+        and src.op == "call_module"
+        and isinstance(gm.get_submodule(str(src.target)), nn.MultiheadAttention)
+        and node.args[1] == 1
+    )
 
 
 def _attr(gm: fx.GraphModule, target: str) -> Any:
@@ -280,6 +297,8 @@ def _classify(
         return Op(node, "meta", "size", call, inputs=inputs)
     if name in ATTENTION_FUNCTIONS:
         return _sdpa(node, kinds, wdims, shape)
+    if _is_weights(node, gm):
+        return Op(node, "finite", "getitem", call, inputs=inputs)
     if wdim is None and widths_in:  # a width value reduced to a finite one
         if name in _MATMUL or node.target is operator.matmul:
             if len(widths_in) != 2:
@@ -346,6 +365,8 @@ def _module(
             f"a {type(m).__name__} (a subclass of nn.Linear, e.g. a forward constant from "
             "parametrize(formulation='readout_multiplier')); use the default formulation",
         )
+    if isinstance(m, nn.MultiheadAttention):
+        return _mha(node, m, kind, widths_in, wdims, roles)
     if type(m) in NORMS:
         src = node.args[0]
         if kind != "width" or len(tuple(m.normalized_shape)) != 1 or wdims.get(src) is None:  # type: ignore[arg-type]
@@ -365,6 +386,37 @@ def _module(
             raise node_error(node, f"{type(m).__name__}, a module that is not elementwise on width tensors")
         return Op(node, "width", "elementwise", call, inputs=inputs)
     return Op(node, kind if kind != "data" else "data", "finite" if kind == "finite" else "data", call, inputs=inputs)
+
+
+def _mha(
+    node: fx.Node,
+    m: nn.MultiheadAttention,
+    kind: str,
+    widths_in: list[fx.Node],
+    wdims: dict[fx.Node, int | None],
+    roles: dict[str, str],
+) -> Op:
+    """nn.MultiheadAttention as self-attention: its fused in-projection (a 3n × n hidden matrix), heads,
+    µP's logit scale (parametrize's), its out-projection."""
+    name = str(node.target)
+    if kind != "width" or len(set(widths_in)) != 1:
+        raise node_error(
+            node, "an nn.MultiheadAttention that is not self-attention on one width tensor (query = key = value)"
+        )
+    if not m._qkv_same_embed_dim or m.bias_k is not None or m.add_zero_attn or m.dropout:
+        raise node_error(
+            node, "an nn.MultiheadAttention with kdim/vdim, add_bias_kv, add_zero_attn or dropout (build it without)"
+        )
+    src = widths_in[0]
+    meta: Any = src.meta.get("tensor_meta")
+    if wdims[src] != len(meta.shape) - 1 or len(meta.shape) != 3:
+        raise node_error(node, "an nn.MultiheadAttention whose input is not (batch, positions, width) or its transpose")
+    own = {k: f"{name}.{k}" for k, _ in m.named_parameters()}
+    roles[own["in_proj_weight"]] = roles[own["out_proj.weight"]] = "hidden"
+    for k in ("in_proj_bias", "out_proj.bias"):
+        if k in own:
+            roles[own[k]] = "vector"
+    return Op(node, "width", "mha", module=m, params=own, inputs=list(node.all_input_nodes))
 
 
 def _last(wdim: int, src: fx.Node) -> bool:
@@ -429,7 +481,7 @@ def resolve_attention(ops: list[Op], laws: dict[str, Any]) -> None:
     effect; a written-out q·kᵀ gets s/s_before (the constants written after it then make s). The
     limit exists only if s·d is the same at both widths (µP's 1/d); else a ValueError."""
     for op in ops:
-        if op.rule not in ("sdpa", "contract"):
+        if op.rule not in ("sdpa", "contract", "mha"):
             continue
         scope = op.node.meta.get("fl_scope", ())
         law = next((laws[m] for m in (*reversed(scope), "") if m in laws), None)  # "": the model itself
@@ -449,4 +501,4 @@ def resolve_attention(ops: list[Op], laws: dict[str, Any]) -> None:
                 f"at {law.d}: not µP's 1/d (1/√d grows the logits like √width), so it has no infinite-width limit",
             )
         op.attention = law.module
-        op.scale = law.scale if op.rule == "sdpa" else law.scale / law.before
+        op.scale = law.scale / law.before if op.rule == "contract" else law.scale

@@ -67,7 +67,8 @@ class Program:
         for op in ops:
             for key, name in op.params.items():
                 law = laws[name]
-                param = getattr(op.module, key)
+                assert op.module is not None
+                param = op.module.get_parameter(key)
                 rows = (
                     rep_size(int(param.shape[0]), n, per, op.node) if law.role in ("input", "hidden", "vector") else 0
                 )
@@ -93,6 +94,7 @@ class Program:
         self.step = 0
         self.adam: tuple[tuple[float, float], float] | None = None  # (betas, ε) when trained by Adam
         self.updaters: dict[str, Updater] = {}
+        self.cache: dict[fx.Node, Any] = {}  # nn.MultiheadAttention's intermediates, for its backward
         self.graph = True  # the autograd graph of every value is kept (per-particle Ż partials)
 
     def use_stein(self) -> None:
@@ -154,6 +156,8 @@ class Program:
                 vals[node] = self._norm(op, vals[node.args[0]], p)  # type: ignore[index]
             elif op.rule == "sdpa":
                 vals[node] = self._attend(op, vals)[1]
+            elif op.rule == "mha":
+                vals[node] = self._mha(op, vals, p, mode, lr, momentum)
             else:
                 vals[node] = self._apply(op, vals, detach=op.kind == "finite")
         return vals, raw
@@ -288,19 +292,123 @@ class Program:
     def _attend(self, op: Op, vals: dict[fx.Node, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention's weights A (finite, detached) and output o = A·v (per particle)."""
         a = self._sdpa_args(op, vals)
-        q, k, v = a["query"], a["key"], a["value"]
+        mask = a.get("attn_mask")
+        return self._attention(a["query"], a["key"], a["value"], op.scale, bool(a.get("is_causal")), mask)
+
+    def _attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, mask: Any = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """softmax(s·q·kᵀ + mask)·v on particles: the logits' sum over a head's particles ×n/P (n·E_h);
+        `mask` as SDPA takes it (bool: True attends; float: added)."""
         with torch.no_grad():
-            logits = (q.detach() @ k.detach().transpose(-1, -2)) * (op.scale * self.n / self.per)
-            if a.get("is_causal"):
+            logits = (q.detach() @ k.detach().transpose(-1, -2)) * (scale * self.n / self.per)
+            if causal:
                 tq, tk = logits.shape[-2:]
                 keep = torch.ones(tq, tk, dtype=torch.bool, device=logits.device).tril()
                 logits = logits.masked_fill(~keep, float("-inf"))
-            mask = a.get("attn_mask")
             if mask is not None:
                 mask = torch.as_tensor(mask, device=logits.device)
                 logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
             att = torch.softmax(logits, dim=-1)
         return att, att @ v
+
+    def _attention_vjp(
+        self, att: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ĝ^q, ĝ^k, ĝ^v) from ĝ^o (see the module doc); every finite quantity detached."""
+        gv = att.transpose(-1, -2) @ g
+        with torch.no_grad():
+            da = (g.detach() / self.per) @ v.detach().transpose(-1, -2)
+            dl = att * (da - (att * da).sum(-1, keepdim=True))
+        c = scale * self.n
+        return c * (dl @ k), c * (dl.transpose(-1, -2) @ q), gv
+
+    # ------------------------------------------------------------------ nn.MultiheadAttention
+
+    def _mha(
+        self, op: Op, vals: dict[fx.Node, Any], p: dict[str, torch.Tensor], mode: str, lr: float, momentum: float
+    ) -> Any:
+        """nn.MultiheadAttention (self-attention, fused in-projection): the fused n → 3n hidden matrix,
+        heads, attention at the scale parametrize measured, the out-projection; returns (o, weights)
+        and keeps what its backward needs."""
+        m = op.module
+        assert isinstance(m, torch.nn.MultiheadAttention)
+        a = self._mha_args(op, vals)
+        x = a["query"] if m.batch_first else a["query"].transpose(1, 2)  # (G, B, T, P)
+        g_, b_, t_, _ = x.shape
+        w_in, w_out = op.params["in_proj_weight"], op.params["out_proj.weight"]
+        flat = x.reshape(g_, -1, x.shape[-1]).transpose(1, 2)
+        z = self.matrices[w_in].forward(flat, self.step, lr, momentum, initial=mode == "init")
+        qkv = z.transpose(1, 2).reshape(g_, b_, t_, z.shape[1])
+        if "in_proj_bias" in op.params:
+            qkv = qkv + _along(p[op.params["in_proj_bias"]], qkv)
+        h = m.num_heads
+        q, k, v = (part.reshape(g_, b_, t_, h, -1).transpose(2, 3) for part in qkv.chunk(3, dim=-1))
+        mask = a.get("attn_mask")
+        if mask is not None and torch.as_tensor(mask).dtype == torch.bool:
+            mask = ~torch.as_tensor(mask)  # nn.MultiheadAttention's True = may not attend
+        pad = a.get("key_padding_mask")
+        if pad is not None:
+            keep = ~torch.as_tensor(pad).bool()[:, None, None, :]  # (B, 1, 1, T)
+            mask = (
+                keep
+                if mask is None
+                else (mask & keep if mask.dtype == torch.bool else mask.masked_fill(~keep, float("-inf")))
+            )
+        att, o = self._attention(q, k, v, op.scale, bool(a.get("is_causal")), mask)
+        y = o.transpose(2, 3).reshape(g_, b_, t_, -1)
+        yf = y.reshape(g_, -1, y.shape[-1]).transpose(1, 2)
+        out = self.matrices[w_out].forward(yf, self.step, lr, momentum, initial=mode == "init")
+        out = out.transpose(1, 2).reshape(g_, b_, t_, out.shape[1])
+        if "out_proj.bias" in op.params:
+            out = out + _along(p[op.params["out_proj.bias"]], out)
+        self.cache[op.node] = (x, q, k, v, att, y)
+        weights = att.mean(2) if a.get("average_attn_weights", True) else att
+        return (out if m.batch_first else out.transpose(1, 2), weights if a.get("need_weights", True) else None)
+
+    def _mha_args(self, op: Op, vals: dict[fx.Node, Any]) -> dict[str, Any]:
+        names = (
+            "query",
+            "key",
+            "value",
+            "key_padding_mask",
+            "need_weights",
+            "attn_mask",
+            "average_attn_weights",
+            "is_causal",
+        )
+        bound = dict(zip(names, op.node.args, strict=False))
+        bound.update(op.node.kwargs)
+        return {k: vals[a] if isinstance(a, fx.Node) else a for k, a in bound.items()}
+
+    def _mha_vjp(
+        self, op: Op, g: Any, grads: dict[str, torch.Tensor], history: list, lr: float, momentum: float
+    ) -> torch.Tensor:
+        """The cotangent of the (one) input of an nn.MultiheadAttention, from its output's."""
+        m = op.module
+        assert isinstance(m, torch.nn.MultiheadAttention)
+        if 1 in g:
+            raise node_error(op.node, "a loss on nn.MultiheadAttention's attention weights (its second output)")
+        go = g[0] if m.batch_first else g[0].transpose(1, 2)
+        x, q, k, v, att, y = self.cache[op.node]
+        g_, b_, t_, _ = go.shape
+        if "out_proj.bias" in op.params:
+            grads[op.params["out_proj.bias"]] = _rows(go)
+        gf = go.reshape(g_, -1, go.shape[-1]).transpose(1, 2)
+        yf = y.reshape(g_, -1, y.shape[-1]).transpose(1, 2)
+        history.append((op.params["out_proj.weight"], gf, yf))
+        gy = self.matrices[op.params["out_proj.weight"]].backward(gf, self.step, lr, momentum)
+        gy = gy.transpose(1, 2).reshape(g_, b_, t_, m.num_heads, -1).transpose(2, 3)
+        gq, gk, gv = self._attention_vjp(att, q, k, v, gy, op.scale)
+        gqkv = torch.cat([t.transpose(2, 3).reshape(g_, b_, t_, -1) for t in (gq, gk, gv)], dim=-1)
+        if "in_proj_bias" in op.params:
+            grads[op.params["in_proj_bias"]] = _rows(gqkv)
+        gf = gqkv.reshape(g_, -1, gqkv.shape[-1]).transpose(1, 2)
+        xf = x.reshape(g_, -1, x.shape[-1]).transpose(1, 2)
+        history.append((op.params["in_proj_weight"], gf, xf))
+        gx = self.matrices[op.params["in_proj_weight"]].backward(gf, self.step, lr, momentum)
+        gx = gx.transpose(1, 2).reshape(g_, b_, t_, -1)
+        return gx if m.batch_first else gx.transpose(1, 2)
 
     # ------------------------------------------------------------------ backward and update
 
@@ -354,6 +462,8 @@ class Program:
             elif op.rule == "sdpa":
                 for s, ga in self._sdpa_vjp(op, vals, g).items():
                     add(s, ga)
+            elif op.rule == "mha":
+                add(src, self._mha_vjp(op, g, grads, history, lr, momentum))
             elif op.rule not in ("data", "const", "size", "placeholder"):
                 for s, gb in self._vjp(op, vals, g).items():
                     add(s, gb)
@@ -395,17 +505,11 @@ class Program:
     def _sdpa_vjp(self, op: Op, vals: dict[fx.Node, Any], g: torch.Tensor) -> dict[fx.Node, torch.Tensor]:
         a = self._sdpa_args(op, vals)
         att, _ = self._attend(op, vals)
-        q, k, v = a["query"], a["key"], a["value"]
-        gv = att.transpose(-1, -2) @ g
-        with torch.no_grad():
-            da = (g.detach() / self.per) @ v.detach().transpose(-1, -2)
-            dl = att * (da - (att * da).sum(-1, keepdim=True))
-        c = op.scale * self.n
-        gq, gk = c * (dl @ k), c * (dl.transpose(-1, -2) @ q)
+        grads = self._attention_vjp(att, a["query"], a["key"], a["value"], g, op.scale)
         bound = dict(zip(("query", "key", "value"), op.node.args, strict=False))
         bound.update({key: val for key, val in op.node.kwargs.items() if key in ("query", "key", "value")})
         out: dict[fx.Node, torch.Tensor] = {}
-        for key, grad in (("query", gq), ("key", gk), ("value", gv)):
+        for key, grad in zip(("query", "key", "value"), grads, strict=True):
             node = bound[key]
             out[node] = out[node] + grad if node in out else grad  # type: ignore[index]
         return out

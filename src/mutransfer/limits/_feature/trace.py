@@ -15,7 +15,8 @@ __all__ = ["NORMS", "SUPPORTED", "FeatureTracer", "entrywise", "node_error", "sc
 
 SUPPORTED = (
     "nn.Linear (input: data → width, hidden: width → width or r·width, readout: width → finite; biases), "
-    "elementwise functions and modules, nn.LayerNorm / nn.RMSNorm over the width dim, self-attention (SDPA, or "
+    "elementwise functions and modules, nn.LayerNorm / nn.RMSNorm over the width dim, self-attention (SDPA, "
+    "nn.MultiheadAttention, or "
     "q @ kᵀ → softmax → @ v written out; masks, µP's 1/d scale), reshapes into heads, transposes, indexing, sums "
     "and means over positions, means over the width dim (see docs/limits/transformers.md)"
 )
