@@ -69,7 +69,7 @@ def stein(z: torch.Tensor, leaves: list[torch.Tensor], per: int) -> torch.Tensor
     g, _, b = z.shape
     if not leaves:
         return z.new_zeros(g, b, 0)
-    zeta = torch.cat([leaf.detach() for leaf in leaves], 2)
+    zeta = leaves[0].detach() if len(leaves) == 1 else torch.cat([leaf.detach() for leaf in leaves], 2)
     zc = z.detach() - z.detach().mean(1, keepdim=True)
     gram = torch.einsum("gpk,gpl->gkl", zeta, zeta)
     coef = torch.linalg.solve(gram, torch.einsum("gpk,gpb->gkb", zeta, zc))  # (G, K, B)
@@ -91,21 +91,54 @@ class Family:
         # for W₀, its input for W₀ᵀ); inp: the particles of the vectors it is given
         self.sigma2, self.generator, self.per, self.out, self.inp = sigma2, generator, per, out, inp
         self.stein = False  # E[∂z/∂ζ] by Stein's lemma (`stein`) instead of per-particle autograd
-        self.q: list[torch.Tensor] = []  # E-orthonormal basis blocks, values only (G, P, k_j)
+        self.widths: list[int] = []  # the basis blocks' widths k_j
+        self.basis: torch.Tensor | None = None  # E-orthonormal basis Q (G, P, Σk_j), values only, one buffer
         self.v: list[torch.Tensor] = []  # the vectors given to `sample`, with their autograd graph
         self.m: torch.Tensor | None = None  # (G, Σ|v_j|, Σk_j): Q = cat(v)·M, detached
-        self.zeta: list[torch.Tensor] = []  # leaves: Ẑ of each basis vector, N(0, σ²) per particle
+        # leaves: Ẑ of each basis vector, N(0, σ²) per particle. With autograd the leaves themselves
+        # (the partials are taken with respect to them); with Stein only the generator's state before
+        # each block's draw and its shape, the block drawn again when needed (`leaves`): bit for bit
+        # the same numbers, without holding them (half the family's memory)
+        self.zeta: list[torch.Tensor] = []
+        self.draws: list[tuple[torch.Tensor, tuple[int, int, int]]] = []
+
+    @property
+    def q(self) -> list[torch.Tensor]:
+        """The basis blocks (views of `basis`)."""
+        if self.basis is None:
+            return []
+        ends = [sum(self.widths[: j + 1]) for j in range(len(self.widths))]
+        return [self.basis[:, :, e - k : e] for e, k in zip(ends, self.widths, strict=True)]
 
     def __len__(self) -> int:
-        return len(self.q)
+        return len(self.widths)
 
     def size(self) -> int:
         """The number of basis vectors held."""
-        return sum(q.shape[2] for q in self.q)
+        return sum(self.widths)
+
+    def leaves(self) -> torch.Tensor:
+        """The leaves of every block, (G, P_out, Σk_j): with Stein drawn again from each block's
+        saved generator state (the same numbers as when the block was sampled)."""
+        if not self.stein:
+            return torch.cat(self.zeta, 2)
+        assert self.basis is not None
+        g, _, _ = self.basis.shape
+        out = torch.empty(g, self.out, self.size(), dtype=self.basis.dtype)
+        gen, at = torch.Generator(), 0
+        for state, shape in self.draws:
+            gen.set_state(state)
+            out[:, :, at : at + shape[2]] = torch.randn(shape, generator=gen, dtype=out.dtype)
+            at += shape[2]
+        return (out.mul_(self.sigma2**0.5)).to(self.basis.device)
 
     def truncate(self, length: int) -> None:
         """Forget what was added after the family had `length` blocks (a prediction's temporary vectors)."""
-        del self.q[length:], self.zeta[length:], self.v[length:]
+        if length < len(self.widths):
+            del self.widths[length:]
+            keep = self.size()
+            self.basis = self.basis[:, :, :keep].clone() if self.basis is not None and keep else None
+        del self.zeta[length:], self.draws[length:], self.v[length:]
         if self.m is not None:
             self.m = self.m[:, : sum(v.shape[2] for v in self.v), : self.size()] if self.v else None
 
@@ -121,13 +154,14 @@ class Family:
         g, _, b = v.shape
         r = v.detach()
         coef = v.new_zeros(g, held, b)
-        if self.q:
-            q = torch.cat(self.q, 2)
+        if self.basis is not None:
+            q = self.basis
             for _ in range(2):  # Gram–Schmidt twice: orthogonal to float precision
                 c = mean(q, r, self.per)
                 r = r - torch.einsum("gpk,gkb->gpb", q, c)
                 coef = coef + c
-            z = torch.einsum("gpk,gkb->gpb", torch.cat(self.zeta, 2), coef)
+            z = torch.einsum("gpk,gkb->gpb", self.leaves(), coef)
+            del q
         else:
             z = v.new_zeros(g, self.out, b)
         gram = mean(r, r, self.per)
@@ -141,7 +175,11 @@ class Family:
         root = torch.where(keep, lam.clamp_min(0).sqrt(), torch.zeros_like(lam))
         inv = torch.where(keep, 1.0 / root.clamp_min(1e-300), torch.zeros_like(lam))
         t = u * inv.unsqueeze(1)  # (G, B, B): q_new = r·t, r = v − Q·coef = v − cat(v)·M·coef
-        self.q.append(torch.einsum("gpb,gbk->gpk", r, t))
+        new = torch.einsum("gpb,gbk->gpk", r, t)
+        del r
+        self.basis = new if self.basis is None else torch.cat([self.basis, new], 2)  # one buffer: no copy per call
+        self.widths.append(b)
+        del new
         if not self.stein:  # the autograd path differentiates Q through the given vectors (see the class doc)
             rows = sum(w.shape[2] for w in self.v)
             m = v.new_zeros(g, rows + b, held + b)
@@ -151,20 +189,23 @@ class Family:
             m[:, rows:, held:] = t
             self.m = m
             self.v.append(v)
+        if self.stein:
+            self.draws.append((self.generator.get_state(), (g, self.out, b)))
         xi = torch.randn((g, self.out, b), generator=self.generator, dtype=v.dtype).to(v.device)
-        leaf = (xi * self.sigma2**0.5).requires_grad_(True)
-        self.zeta.append(leaf)
+        leaf = (xi * self.sigma2**0.5).requires_grad_(not self.stein)
+        if not self.stein:
+            self.zeta.append(leaf)
         # r = Q_new · (diag(root) uᵀ) on the kept directions
         return z + torch.einsum("gpk,gk,gbk->gpb", leaf, root, u)
 
     def correction(self, z: torch.Tensor) -> torch.Tensor:
         """Ż of the other side on z: σ² Σ_j q_j E[∂z/∂ζ_j] over this family's basis and leaves (this
         family is W₀ᵀ's for Ż^{W₀x}, W₀'s for Ż^{W₀ᵀg}), q_j differentiable through the given vectors."""
-        if not self.q:
+        if self.basis is None:
             return z.new_zeros(z.shape[0], self.inp, z.shape[2])
         if self.stein:  # no graph to keep: the basis itself (the given vectors are not stored)
-            d = stein(z, self.zeta, self.per)
-            return self.sigma2 * torch.einsum("gpk,gbk->gpb", torch.cat(self.q, 2), d)
+            d = stein(z, [self.leaves()], self.per)
+            return self.sigma2 * torch.einsum("gpk,gbk->gpb", self.basis, d)
         assert self.m is not None
         d = partials(z, self.zeta, self.per)
         return self.sigma2 * torch.einsum("gpi,gib->gpb", torch.cat(self.v, 2), self.m @ d.transpose(1, 2))

@@ -251,21 +251,21 @@ class FeatureLimit:
             prog.use_stein()
         self._lr, self._momentum = lr, float(momentum)
         with torch.set_grad_enabled(prog.graph):
-            _, raw = prog.forward(xt, "init")
+            _, raw = prog.forward(xt, "init", keep=set())
             for idx in sgd_batches(len(xt), steps, batch_size, self.seed):
                 prog.train_step(xt[idx], yt[idx], lr, self._momentum, {k: v[:, idx] for k, v in raw.items()})
         return self
 
-    def _run(self, x: ArrayLike) -> dict:
-        """Values of every node on x with the current state; the families forget x afterwards."""
+    def _run(self, x: ArrayLike, keep: set | None = None) -> dict:
+        """Values of every node on x (of the nodes in `keep`) with the current state; the families forget x afterwards."""
         xt = self._inputs(x, "x")
         prog = self._program
         mats = list(prog.matrices.values())
         lengths = [(len(m.fwd), len(m.bwd)) for m in mats]
         try:
             with torch.set_grad_enabled(prog.graph):
-                _, raw = prog.forward(xt, "init")
-                vals, _ = prog.forward(xt, "eval", self._lr, self._momentum, raw)
+                _, raw = prog.forward(xt, "init", keep=set())
+                vals, _ = prog.forward(xt, "eval", self._lr, self._momentum, raw, keep)
         finally:
             for m, (a, b) in zip(mats, lengths, strict=True):
                 m.fwd.truncate(a)
@@ -293,7 +293,7 @@ class FeatureLimit:
         if room < 1:
             raise ValueError("no particles left for new inputs: raise particles (see fit)")
         node = self._ops[-1].node
-        out = torch.cat([self._run(xt[i : i + room])[node].detach() for i in range(0, len(xt), room)], dim=1)
+        out = torch.cat([self._run(xt[i : i + room], {node})[node].detach() for i in range(0, len(xt), room)], dim=1)
         f = out.mean(0)
         if not return_error:
             return f

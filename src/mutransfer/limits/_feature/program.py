@@ -116,17 +116,55 @@ class Program:
 
     # ------------------------------------------------------------------ forward
 
+    def _last_uses(self) -> dict[int, list[fx.Node]]:
+        """Op index → the nodes whose last reader (in forward order) it is."""
+        index = {op.node: i for i, op in enumerate(self.ops)}
+        last: dict[fx.Node, int] = {}
+        for op in self.ops:
+            for user in op.node.users:
+                if user in index and op.node in index:
+                    last[op.node] = max(last.get(op.node, -1), index[user])
+        out: dict[int, list[fx.Node]] = {}
+        for node, i in last.items():
+            out.setdefault(i, []).append(node)
+        return out
+
+    def _first_uses(self) -> dict[int, list[fx.Node]]:
+        """Op index → the nodes whose first reader (in forward order) it is: the backward, in reverse,
+        reads a node's value last there."""
+        index = {op.node: i for i, op in enumerate(self.ops)}
+        first: dict[fx.Node, int] = {}
+        for op in self.ops:
+            users = [index[u] for u in op.node.users if u in index]
+            if users:
+                first[op.node] = min(users)
+        out: dict[int, list[fx.Node]] = {}
+        for node, i in first.items():
+            out.setdefault(i, []).append(node)
+        return out
+
     def forward(
-        self, x: torch.Tensor, mode: str, lr: float = 0.0, momentum: float = 0.0, control: dict | None = None
+        self,
+        x: torch.Tensor,
+        mode: str,
+        lr: float = 0.0,
+        momentum: float = 0.0,
+        control: dict | None = None,
+        keep: set[fx.Node] | None = None,
     ) -> tuple[dict[fx.Node, Any], dict[fx.Node, torch.Tensor]]:
         """Values of every node on inputs x (N, …, d): mode "init" (the network at init: Ẑ only, initial
         parameters), "train" or "eval" (current parameters). `control`: readout node → E[Z^{x₀} a₀]
         on the same inputs, subtracted from the readout (zero in expectation; see `limit`). Returns
-        the values and, per readout node, its raw value before bias and control."""
+        the values and, per readout node, its raw value before bias and control. With `keep`, only
+        those nodes' values are returned: the others are freed after their last reader (memory)."""
         vals: dict[fx.Node, Any] = {}
         raw: dict[fx.Node, torch.Tensor] = {}
         p = self.initial if mode == "init" else self.params
-        for op in self.ops:
+        drop = self._last_uses() if keep is not None else {}
+        for i, op in enumerate(self.ops):
+            for done in drop.get(i - 1, ()):
+                if keep is not None and done not in keep:
+                    vals.pop(done, None)
             node = op.node
             if op.rule == "placeholder":
                 vals[node] = x
@@ -142,6 +180,7 @@ class Program:
                     flat = v.reshape(v.shape[0], -1, v.shape[-1]).transpose(1, 2)  # (G, P_in, M)
                     z = self.matrices[w].forward(flat, self.step, lr, momentum, initial=mode == "init")
                     out = z.transpose(1, 2).reshape(*v.shape[:-1], z.shape[1])
+                    release()  # the family's temporaries: pages back between the matrices, not at the pass's end
                 else:
                     with torch.no_grad():
                         r = torch.einsum("g...p,gpk->g...k", v, p[w]) / self.per
@@ -160,6 +199,9 @@ class Program:
                 vals[node] = self._mha(op, vals, p, mode, lr, momentum)
             else:
                 vals[node] = self._apply(op, vals, detach=op.kind == "finite")
+        if keep is not None:
+            vals = {k: v for k, v in vals.items() if k in keep}
+        release()  # the pass's freed temporaries (see `memory`)
         return vals, raw
 
     def _apply(self, op: Op, vals: dict[fx.Node, Any], detach: bool = False) -> Any:
@@ -428,7 +470,12 @@ class Program:
                 return
             cot[node] = cot[node] + g if node in cot else g
 
-        for op in reversed(self.ops):
+        # a value is read last by its first reader's backward: freed there when no graph holds it
+        drop = self._first_uses() if not self.graph else {}
+        for at in reversed(range(len(self.ops))):
+            for done in drop.get(at + 1, ()):
+                vals.pop(done, None)
+            op = self.ops[at]
             node = op.node
             if node not in cot or op.rule == "output":
                 continue
@@ -457,6 +504,8 @@ class Program:
                 history.append((op.params["weight"], gf, vf))
                 back = self.matrices[op.params["weight"]].backward(gf, self.step, lr, momentum)
                 add(src, back.transpose(1, 2).reshape(*v.shape))
+                del v, vf, gf, back
+                release()
             elif op.rule == "norm":
                 add(src, self._norm_vjp(op, vals[src], g, grads))  # type: ignore[index]
             elif op.rule == "sdpa":
