@@ -8,12 +8,10 @@ readout or input layers, to a subclass that applies the forward constant (see `s
 
 from __future__ import annotations
 
-import fnmatch
 import math
 import os
 import warnings
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,15 +47,14 @@ from .roles import ParamInfo, classify
 from .row_roles import assign_row_roles, column_roles, row_plan
 from .shapes import WidthShapes, canonical_name
 from .spec import SPEC_ATTR, MuSpec, find_spec
-from .umup import UMUP_DEFAULTS, UMuPPlan, plan_umup, rescale_to, unit_target
-from .unit_ops import find_unit_ops
+from .umup import UMuPPlan, rescale_to, unit_target
+from .umup_setup import check_umup_options, plan_umup_probed, umup_depth_map, umup_hparams
 from .width_constants import ForwardConstants, merge_constants, width_constants
+from .zeroing import Zeroing, ZeroPiece, query_zeroing, readout_zeroing
 
 __all__ = ["BaseShapes", "ForwardConstants", "ZeroPiece", "Zeroing", "parametrize"]
 
 BaseShapes = str | os.PathLike | WidthShapes | Mapping
-_QUERY_MODULE_NAMES = ("q_proj", "query", "to_q", "wq", "q", "w_q", "q_lin", "query_proj")
-_FUSED_QKV_NAMES = ("qkv", "c_attn", "wqkv", "qkv_proj", "to_qkv", "in_proj", "query_key_value")
 
 
 def parametrize(
@@ -154,7 +151,7 @@ def parametrize(
             "init, so calling it twice would apply µP twice. Build a fresh model instead"
         )
     parametrization = parametrization_name(parametrization)
-    umup_hp = _umup_hparams(
+    umup_hp = umup_hparams(
         parametrization,
         alpha_res=alpha_res,
         alpha_res_attn_ratio=alpha_res_attn_ratio,
@@ -163,7 +160,7 @@ def parametrize(
     )
     umup = parametrization == UMUP_NAME
     if umup:
-        _check_umup_options(formulation, depth_alpha, base_depth)
+        check_umup_options(formulation, depth_alpha, base_depth)
         umup_hp["alpha_attn_softmax"] = float(attn_mult)
         umup_hp["alpha_output"] = float(output_mult)
     on_meta = meta_parameters(model)
@@ -180,7 +177,7 @@ def parametrize(
     rules = formulation_rules(formulation)
     alpha = check_depth_alpha(depth_alpha)
     shapes = _resolve_shapes(model, base, delta, base_shapes, example_inputs)
-    depth = _umup_depth_map(model) if umup else _depth_map(model, shapes, base_depth)
+    depth = umup_depth_map(model) if umup else _depth_map(model, shapes, base_depth)
     seen = observe_model(model, example_inputs)
     if example_inputs is not None and not seen.ran:
         raise ModelError(
@@ -230,7 +227,7 @@ def parametrize(
         branches: list[Branch] = []
         helper_blocks: list[str] = []
         folded: list[Branch] = []
-        umup_plan = _plan_umup(model, infos, seen, umup_hp, tunable, depth, residual_branches)
+        umup_plan = plan_umup_probed(model, infos, seen, umup_hp, tunable, depth, residual_branches)
     else:
         branches, helper_blocks = (
             find_branches(model, depth, residual_branches) if depth.containers and alpha > 0 else ([], [])
@@ -252,8 +249,8 @@ def parametrize(
             residual_branches,
             bool(depth.containers),
         )
-    zeroing = _readout_zeroing(model, infos, params) if zero_init_readout else []
-    zeroing += _query_zeroing(model, zero_init_query) if zero_init_query else []
+    zeroing = readout_zeroing(model, infos, params) if zero_init_readout else []
+    zeroing += query_zeroing(model, zero_init_query) if zero_init_query else []
     if umup_plan is not None:
         constants, compensations = list(umup_plan.constants), []
     else:
@@ -369,75 +366,6 @@ def parametrize(
     mark_parameters(model, spec)
     register_plain_guard()
     return model
-
-
-def _umup_hparams(parametrization: str, **given: float) -> dict[str, float]:
-    """u-µP's α's, checked: numbers, α_ffn_act and α_loss_softmax positive, α_res and its ratio ≥ 0; only
-    under parametrization="u-mup" may they differ from 1."""
-    out = dict(UMUP_DEFAULTS)
-    for key, value in given.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"{key} must be a number (u-µP's {key}, default 1), got {value!r}")
-        if not math.isfinite(value) or value < 0 or (value == 0 and key in ("alpha_ffn_act", "alpha_loss_softmax")):
-            raise ModelError(
-                f"{key} must be a finite number {'> 0' if key.startswith('alpha_ffn') else '≥ 0'}, got {value!r}"
-            )
-        if value != 1.0 and parametrization != UMUP_NAME:
-            raise ModelError(
-                f"{key}={value!r} is a u-µP hyperparameter; pass parametrization='u-mup' to use it (µP's own "
-                "multipliers are output_mult, attn_mult and embedding_mult)"
-            )
-        out[key] = float(value)
-    return out
-
-
-def _check_umup_options(formulation: str, depth_alpha: float, base_depth: Any) -> None:
-    """Options of µP that u-µP replaces by its own rules: refused when set, never silently ignored."""
-    if formulation_name(formulation) != DEFAULT_FORMULATION:
-        raise ModelError(
-            f"formulation={formulation!r} is a choice between µP's tables; u-µP has its own (rules.UMUP: every "
-            "matmul carries its multiplier). Leave formulation at its default with parametrization='u-mup'"
-        )
-    if depth_alpha != DEFAULT_DEPTH_ALPHA:
-        raise ModelError(
-            f"depth_alpha={depth_alpha!r}: u-µP scales depth by its own rule (Depth-µP, α = ½: the τ rule's "
-            "1/√L per branch and the blocks' lr × L^-½); leave depth_alpha at its default with parametrization='u-mup'"
-        )
-    if base_depth is not None:
-        raise ModelError(
-            "base_depth is not used by u-µP: its depth rule is absolute (1/√L with L the model's own number of "
-            "blocks); drop base_depth= with parametrization='u-mup'"
-        )
-
-
-def _umup_depth_map(model: nn.Module) -> DepthMap:
-    """Every outermost container of repeated blocks as (1, L): u-µP's depth factors read L itself."""
-    target = {canonical_name(n): tuple(p.shape) for n, p in model.named_parameters()}
-    found = block_containers(target)
-    return DepthMap({p: (1, found[p]) for p in outermost(found) if found[p] > 1})
-
-
-def _plan_umup(model, infos, seen, hparams, tunable, depth: DepthMap, residual_branches) -> UMuPPlan:
-    """u-µP's plan: the probe for nonlinearities, the residual branches, then `umup.plan_umup`."""
-    ops = find_unit_ops(model, seen.inputs)
-    if ops.error is not None:
-        raise ModelError(f"parametrize (u-mup): the probe forward that finds the nonlinearities failed ({ops.error})")
-    branches: list[Branch] | None = None
-    error = None
-    if depth.containers or residual_branches is not None:
-        try:
-            branches, helpers = find_branches(model, depth, residual_branches, inputs=seen.inputs)
-        except ModelError as e:
-            error = str(e)
-        else:
-            if helpers:
-                error = (
-                    f"the blocks {', '.join(helpers[:2])}{' …' if len(helpers) > 2 else ''} scale their branches with "
-                    "mt.residual_branch, which gives one multiplier per block and u-µP's τ rule needs one per branch; "
-                    "name the branch modules with residual_branches=[...]"
-                )
-                branches = None
-    return plan_umup(model, infos, seen, ops, hparams, tunable.embedding, branches, error)
 
 
 def own_width(info: ParamInfo, shapes: WidthShapes, p: torch.Tensor) -> bool:
@@ -598,98 +526,3 @@ def _init_factor(
     else:
         assumed = 1.0
     return target / assumed * init_mult
-
-
-@dataclass(frozen=True)
-class ZeroPiece:
-    """A parameter, or the row range [start, stop) of its dim `dim`, that parametrize zeroes."""
-
-    what: str  # as describe prints it
-    param: str  # the canonical parameter name
-    dim: int = 0
-    start: int = 0
-    stop: int | None = None  # None: to the end (the whole parameter when start is 0)
-
-    def tensor(self, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The parameter or its rows, as a view to zero."""
-        p = params[self.param]
-        if self.start == 0 and self.stop is None:
-            return p
-        stop = p.shape[self.dim] if self.stop is None else self.stop
-        return p.narrow(self.dim, self.start, stop - self.start)
-
-
-Zeroing = list[ZeroPiece]
-
-
-def _param_names(model: nn.Module) -> dict[int, str]:
-    names: dict[int, str] = {}
-    for n, p in model.named_parameters():
-        names.setdefault(id(p), canonical_name(n))
-    return names
-
-
-def _readout_zeroing(model, infos: dict[str, ParamInfo], params) -> Zeroing:
-    tied = [n for n, i in infos.items() if i.tied_readouts]
-    if tied:
-        raise ModelError(
-            f"zero_init_readout would zero '{tied[0]}', which is tied to the input "
-            "embedding; untie the readout or leave zero_init_readout=False"
-        )
-    names = _param_names(model)
-    found: Zeroing = []
-    for name, info in infos.items():
-        if info.role != "output":
-            continue
-        found.append(ZeroPiece(name, name))
-        for mname, _ in info.usages:
-            bias = getattr(model.get_submodule(mname), "bias", None)
-            if isinstance(bias, torch.Tensor) and bias.ndim == 1 and id(bias) in names:
-                found.append(ZeroPiece(f"{mname}.bias" if mname else "bias", names[id(bias)]))
-    if not found:
-        raise ModelError("zero_init_readout=True but the model has no output (readout) parameter")
-    return found
-
-
-def _query_zeroing(model: nn.Module, which) -> Zeroing:
-    """The query weights (whole tensors or the query rows of fused projections) to zero."""
-    patterns = None if which is True else ([which] if isinstance(which, str) else list(which))
-    names = _param_names(model)
-    found: Zeroing = []
-    for mname, module in model.named_modules():
-        cname = canonical_name(mname)
-        leaf = cname.rsplit(".", 1)[-1].lower()
-        weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
-        if patterns is not None:
-            if not any(fnmatch.fnmatchcase(cname, p) for p in patterns):
-                continue
-            fused = False
-        elif isinstance(module, nn.MultiheadAttention):
-            if not module._qkv_same_embed_dim:
-                found.append(ZeroPiece(f"{cname}.q_proj_weight", names[id(module.q_proj_weight)]))
-                continue
-            weight, bias, fused = module.in_proj_weight, module.in_proj_bias, True
-        elif leaf in _QUERY_MODULE_NAMES and isinstance(module, nn.Linear):
-            fused = False
-        elif leaf in _FUSED_QKV_NAMES and isinstance(weight, torch.Tensor):
-            fused = True
-        else:
-            continue
-        if not isinstance(weight, torch.Tensor) or id(weight) not in names:
-            raise ModelError(f"zero_init_query: module '{cname}' has no weight to zero")
-        if not fused:
-            found.append(ZeroPiece(cname, names[id(weight)]))
-            if isinstance(bias, torch.Tensor) and id(bias) in names:
-                found.append(ZeroPiece(f"{cname}.bias", names[id(bias)]))
-            continue
-        transposed = type(module).__name__ == "Conv1D"  # (in, 3·out) layout
-        n = (weight.shape[1] if transposed else weight.shape[0]) // 3
-        found.append(ZeroPiece(f"{cname} (query third)", names[id(weight)], 1 if transposed else 0, 0, n))
-        if isinstance(bias, torch.Tensor) and id(bias) in names:
-            found.append(ZeroPiece(f"{cname}.bias (query third)", names[id(bias)], 0, 0, n))
-    if not found:
-        raise ModelError(
-            "zero_init_query: no query projection found; pass the query weights' module "
-            "names as a pattern, e.g. zero_init_query='*.attn.q_proj'"
-        )
-    return found
