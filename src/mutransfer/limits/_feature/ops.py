@@ -84,7 +84,6 @@ class Op:
     wdim: int | None = None  # the width dim of a "width" output, in the model's layout
     size: int = 0  # that dim's size at width n (the model's)
     scale: float = 1.0  # attention: the logit scale in effect (sdpa), or the µP correction (contract)
-    attention: str = ""  # attention: the module it belongs to
 
 
 def name_of(node: fx.Node) -> str:
@@ -500,5 +499,4 @@ def resolve_attention(ops: list[Op], laws: dict[str, Any]) -> None:
                 f"attention in '{law.module}' with logit scale × head dim = {c0:.6g} at head dim {law.d0} but {c:.6g} "
                 f"at {law.d}: not µP's 1/d (1/√d grows the logits like √width), so it has no infinite-width limit",
             )
-        op.attention = law.module
         op.scale = law.scale / law.before if op.rule == "contract" else law.scale

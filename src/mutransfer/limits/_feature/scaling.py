@@ -126,13 +126,20 @@ def mup_sgd(
     input for parametrize's probe forwards (a sequence model's (N, T, d))."""
     import mutransfer as mt  # the public face: the limit is the limit of what it produces
 
+    _parametrize(model, base, delta, example)
+    groups = mt.param_groups(model, lr, "sgd")
+    assert isinstance(groups, list)  # SGD's groups are plain dicts
+    return groups
+
+
+def _parametrize(model: nn.Module, base: nn.Module, delta: nn.Module | None, example: Any) -> None:
+    """`mt.parametrize(model, base=base, delta=delta)`, with `example` as its probe input when given."""
+    import mutransfer as mt  # the public face, as in `mup_sgd`
+
     if example is None:
         mt.parametrize(model, base=base, delta=delta)
     else:
         mt.parametrize(model, base=base, delta=delta, example_inputs=(example,))
-    groups = mt.param_groups(model, lr, "sgd")
-    assert isinstance(groups, list)  # SGD's groups are plain dicts
-    return groups
 
 
 def adam_factors(model: nn.Module) -> dict[int, tuple[float, float]]:
@@ -150,7 +157,7 @@ def mup_adam(model: nn.Module, base: nn.Module, lr: float, eps: float, example: 
     "adam", eps=eps)`: the finite µP network of the limit's `fit(optimizer="adam")`."""
     import mutransfer as mt  # the public face, as in `mup_sgd`
 
-    mup_sgd(model, base, lr, example=example)
+    _parametrize(model, base, None, example)  # no SGD groups built only to be dropped
     groups = mt.param_groups(model, lr, "adam", eps=eps)
     assert isinstance(groups, list)
     return groups
