@@ -49,6 +49,13 @@ class UnderflowReport:
         by_layer: operand name (``"blocks.0.fc.weight"``, ``"blocks.0.fc:input"``,
             ``"blocks.0.attn:query"``) → its fraction.
         elements: operand elements counted.
+        mass: the share of the operands' squared norm that those elements hold, Σ_{|x|<t} x² / Σ x²
+            (each operand's share, averaged over the operands with equal weight). The count says how
+            many elements FP8 holds with fewer bits; the mass says how much of what the matmul sums
+            they carry — flushing them all to zero moves an operand by at most √mass of its norm. A
+            sparse operand (a trained GELU's output, most of it in the flat negative tail) has a large
+            count and a negligible mass.
+        mass_by_layer: operand name → its mass.
     """
 
     fraction: float
@@ -58,34 +65,42 @@ class UnderflowReport:
     threshold: float
     by_layer: dict[str, float]
     elements: int
+    mass: float
+    mass_by_layer: dict[str, float]
 
     def __str__(self) -> str:
         return (
             f"{100 * self.fraction:.1f}% of hidden matmul operands below {self.threshold:g} "
             f"(weights {100 * self.weights:.1f}%, activations {100 * self.activations:.1f}%, "
-            f"exact zeros {100 * self.zeros:.1f}%; {self.elements:,} elements)"
+            f"exact zeros {100 * self.zeros:.1f}%; {self.elements:,} elements), holding "
+            f"{100 * self.mass:.3g}% of their squared norm"
         )
 
 
 class _Counter:
     def __init__(self, threshold: float):
         self.threshold = threshold
-        self.rows: dict[str, list[int]] = {}  # name → [below, zeros, total, is_weight]
+        # name → [below, zeros, total, is_weight, squared norm below, squared norm]
+        self.rows: dict[str, list[float]] = {}
 
     def add(self, name: str, x: torch.Tensor, weight: bool) -> None:
-        x = x.detach()
+        x = x.detach().double()
         a = x.abs()
-        row = self.rows.setdefault(name, [0, 0, 0, int(weight)])
-        row[0] += int((a < self.threshold).sum())
+        small = a < self.threshold
+        row = self.rows.setdefault(name, [0, 0, 0, int(weight), 0.0, 0.0])
+        row[0] += int(small.sum())
         row[1] += int((x == 0).sum())
         row[2] += x.numel()
+        row[4] += float((x * x)[small].sum())
+        row[5] += float((x * x).sum())
 
     def report(self) -> UnderflowReport:
-        def frac(rows: list[list[int]], col: int = 0) -> float:
+        def frac(rows: list[list[float]], col: int = 0) -> float:
             total = sum(r[2] for r in rows)
             return sum(r[col] for r in rows) / total if total else float("nan")
 
         rows = list(self.rows.values())
+        masses = {name: r[4] / r[5] if r[5] > 0 else 0.0 for name, r in self.rows.items() if r[2]}
         if not rows:
             raise ValueError(
                 "fp8_underflow: the forward ran no hidden matmul (no linear of a hidden weight, no attention); "
@@ -98,7 +113,9 @@ class _Counter:
             zeros=frac(rows, 1),
             threshold=self.threshold,
             by_layer={name: r[0] / r[2] for name, r in self.rows.items() if r[2]},
-            elements=sum(r[2] for r in rows),
+            elements=int(sum(r[2] for r in rows)),
+            mass=sum(masses.values()) / len(masses) if masses else float("nan"),
+            mass_by_layer=masses,
         )
 
 

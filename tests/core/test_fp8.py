@@ -150,6 +150,11 @@ def test_underflow_counts_hidden_operands_below_the_smallest_normal():
     assert "lm_head.weight" not in report.by_layer and "wte.weight" not in report.by_layer  # not hidden
     assert {"blocks.0.attn:query", "blocks.0.attn:key", "blocks.0.attn:value"} <= set(report.by_layer)
     assert 0 < report.weights < 1 and 0 <= report.activations < 1
+    small = w.abs() < 2**-6
+    w2 = w.double() ** 2
+    assert report.mass_by_layer["blocks.0.fc.weight"] == pytest.approx(float(w2[small].sum() / w2.sum()))
+    assert report.mass == pytest.approx(sum(report.mass_by_layer.values()) / len(report.mass_by_layer))
+    assert report.mass < report.fraction  # small elements hold less than their share of the norm
     # a model with every hidden weight scaled up 100×: nothing below the smallest normal in them
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -198,3 +203,29 @@ def test_coord_check_trains_in_the_precision_it_is_given():
     assert any(a[k] != b[k] for k in a if k[2] > 0)  # trained through the FP8 simulation
     with pytest.raises(ValueError, match="precision must be one of 'fp32', 'bf16', 'fp8', got 'fp16'"):
         mt.coord_check(make, precision="fp16", **kw)
+
+
+def test_underflow_mass_separates_a_sparse_operand_from_a_small_one():
+    """Half the input's elements tiny (a sparse activation) vs every element tiny: the same kind of
+    count, masses 1e-6 and 1."""
+
+    class One(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(64, 64, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x)
+
+    model = One()
+    with torch.no_grad():
+        model.fc.weight.fill_(1.0)
+    sparse = torch.ones(8, 64)
+    sparse[:, ::2] = 1e-3
+    report = fp8_underflow(model, sparse, hidden=["fc.weight"])
+    assert report.by_layer["fc:input"] == 0.5
+    assert report.mass_by_layer["fc:input"] == pytest.approx(1e-6 / (1 + 1e-6))
+    assert report.mass_by_layer["fc.weight"] == 0.0
+    tiny = fp8_underflow(model, torch.full((8, 64), 1e-3), hidden=["fc.weight"])
+    assert tiny.by_layer["fc:input"] == 1.0 and tiny.mass_by_layer["fc:input"] == 1.0
+    assert "of their squared norm" in str(tiny)
