@@ -134,9 +134,14 @@ def train(
     return sum(tail) / len(tail), model
 
 
+def share(x: float) -> str:
+    """A share in %, readable from 100 % down to 10^-6 %."""
+    return f"{100 * x:.2g}%" if 100 * x >= 0.01 else f"{100 * x:.1e}%"
+
+
 def pct(r: UnderflowReport) -> str:
     """The count (weights / activations) and the mass, as the tables print them."""
-    return f"{100 * r.fraction:.1f}% ({100 * r.weights:.0f}% / {100 * r.activations:.0f}%), mass {100 * r.mass:.1e}%"
+    return f"{100 * r.fraction:.1f}% ({100 * r.weights:.0f}% / {100 * r.activations:.0f}%), mass {share(r.mass)}"
 
 
 def main() -> None:
@@ -196,14 +201,14 @@ def main() -> None:
             worst = sorted(after.by_layer.items(), key=lambda kv: -kv[1])[:3]
             print(
                 f"  {p} most below 2^-6 after training: "
-                + ", ".join(f"{k} {100 * v:.1f}% (mass {100 * after.mass_by_layer[k]:.2g}%)" for k, v in worst),
+                + ", ".join(f"{k} {100 * v:.1f}% (mass {share(after.mass_by_layer[k])})" for k, v in worst),
                 file=sys.stderr,
             )
         if args.seeds > 1 and after is not None:
             more = [after] + [fp8_underflow(train(width, p, lr, steps, seed=k)[1], probe) for k in range(1, args.seeds)]
             print(
                 f"  {p} after training, seeds 0–{args.seeds - 1}: "
-                + " / ".join(f"{100 * r.fraction:.2f}% (mass {100 * r.mass:.1e}%)" for r in more)
+                + " / ".join(f"{100 * r.fraction:.2f}% (mass {share(r.mass)})" for r in more)
             )
         rows.append((p, lr, init, after, results))
         if args.horizon > steps:

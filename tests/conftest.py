@@ -37,6 +37,25 @@ def _one_thread_again():
         torch.set_num_threads(_THREADS)
 
 
+@pytest.fixture(autouse=True)
+def _no_leaked_torch_state():
+    """A test that leaves a torch function mode on the stack (a `with torch.device("meta")`, an FP8
+    simulation or a probe not exited) or a default device set changes what every later test of its
+    process builds — a flake that depends on the order xdist runs the tests in. The test that leaks
+    fails here, named; the state is reset so that the next test runs clean."""
+    depth = torch._C._len_torch_function_stack()
+    yield
+    leaked = []
+    while torch._C._len_torch_function_stack() > depth:
+        leaked.append(type(torch._C._pop_torch_function_stack()).__name__)
+    device = torch.get_default_device()
+    if device.type != "cpu":
+        torch.set_default_device("cpu")
+        leaked.append(f"default device {device}")
+    if leaked:
+        pytest.fail(f"the test left torch state behind: {', '.join(leaked)}", pytrace=False)
+
+
 # Muon's Newton–Schulz in float32 on CPU: see tests/muon_fp32.py.
 import muon_fp32  # noqa: E402, F401
 import zoo  # noqa: E402
