@@ -40,9 +40,10 @@ is not reported (return NaN from the objective to mark a diverged trial).
 
 **Monitoring** (docs/monitor.md, "In sweeps and transfers"): the objective may call
 ``mon = scale.monitor(model, optimizer, steps=steps)`` once the optimizer is built, ``mon.step(loss)``
-after each optimizer step and ``mon.close()`` at the end. In the one run the sweep records at the proxy
-optimum (RUN/proxy_trajectory.json) and in ``mutransfer transfer``'s µP target run it is a real
-`mutransfer.Monitor`; everywhere else a no-op that costs nothing.
+after each optimizer step and ``mon.close()`` at the end. In the first seed of every µP or u-µP trial (the
+transferred parametrization's proxy optimum's becomes RUN/proxy_trajectory.json: µP's, else u-µP's) and in
+``mutransfer transfer``'s target run of that parametrization it is a real `mutransfer.Monitor`; everywhere else
+a no-op that costs nothing.
 """
 
 from __future__ import annotations

@@ -269,12 +269,17 @@ def transferred_hparams(
     sweep: Sweep,
     results: list[TrialResult],
     width: int | None = None,
-    parametrization: str = "mup",
+    parametrization: str | None = None,
     depth: int | None = None,
 ) -> dict[str, Any] | None:
-    """The optimum found at the proxy `width` and `depth` (default: the smallest), with the [fixed] table."""
+    """The optimum found at the proxy `width` and `depth` (default: the smallest), with the [fixed] table;
+    `parametrization` "mup", "u-mup" or "sp" (default: the transferred one, `SweepConfig.transferred`: µP when
+    swept, else u-µP). None when it has no finished trial there (or, by default, when the sweep ran neither)."""
     width = width or sweep.config.proxy_width
     depth = depth or sweep.config.proxy_depth
+    parametrization = parametrization or sweep.config.transferred
+    if parametrization is None:
+        return None
     b = best(results, parametrization, width, depth)
     return None if b is None else {**sweep.config.fixed, **b.params}
 
@@ -345,7 +350,7 @@ def proxy_verdict(sweep: Sweep, results: list[TrialResult], parametrization: str
     Args:
         sweep: the sweep.
         results: its trials (`load_results`).
-        parametrization: "mup" or "sp".
+        parametrization: "mup", "u-mup" or "sp".
 
     Returns:
         A `Verdict` with one cell per HP (its fitted optimum and interval), or None without a
@@ -369,23 +374,25 @@ def same_point(
 
 def head_to_head(sweep: Sweep, results: list[TrialResult]) -> dict[str, Any] | None:
     """TP5 Fig. 1's promise at the largest swept width: µP with the proxy's HPs against SP re-tuned
-    there (its own best). None unless both parametrizations were swept on a grid point shared by
-    the proxy and the largest width."""
+    there (its own best); u-µP's in a sweep of u-µP and SP without µP (the transferred parametrization,
+    `SweepConfig.transferred`: then "parametrization": "u-mup"; the "mup_*" keys hold its numbers). None unless
+    both were swept on a grid point shared by the proxy and the largest width."""
     cfg = sweep.config
-    if not {"mup", "sp"} <= set(cfg.parametrizations) or len(cfg.widths) < 2:
+    p = cfg.transferred
+    if p is None or "sp" not in cfg.parametrizations or len(cfg.widths) < 2:
         return None
     proxy, width, depth = cfg.proxy_width, max(cfg.widths), cfg.proxy_depth
-    tuned = best(results, "mup", proxy, depth)
+    tuned = best(results, p, proxy, depth)
     sp = best(results, "sp", width, depth)
     if tuned is None or sp is None:
         return None
-    at = same_point(results, "mup", width, depth, tuned.params)
+    at = same_point(results, p, width, depth, tuned.params)
     if at is None:
         return None
-    mup_best = best(results, "mup", width, depth)
+    mup_best = best(results, p, width, depth)
     worse = at.diverged or at.pruned  # pruned: stopped early as worse than that study's finished trials
     loss = math.inf if worse else at.loss
-    out = {
+    out: dict[str, Any] = {
         "width": width,
         "proxy_width": proxy,
         "mup_transferred": None if worse else at.loss,
@@ -402,13 +409,16 @@ def head_to_head(sweep: Sweep, results: list[TrialResult]) -> dict[str, Any] | N
         idx = resample_index(n)
         mup = np.asarray(at.losses)[idx].mean(axis=1)
         sp_best = np.asarray(rivals)[:, idx].mean(axis=2).min(axis=0)
-        out["relative_interval"] = interval((mup - sp_best) / np.abs(sp_best))  # type: ignore[assignment]
+        out["relative_interval"] = interval((mup - sp_best) / np.abs(sp_best))
+    if p != "mup":  # absent: µP (summary.json's head_to_head as it always was)
+        out["parametrization"] = p
     return out
 
 
 def costs(sweep: Sweep, results: list[TrialResult], transfer: dict | None = None) -> dict[str, Any]:
-    """What the sweep cost: compute time and FLOPs of the whole sweep, of the µP proxy cell alone (what
-    tuning costs), and against one µP target run from `transfer.json`.
+    """What the sweep cost: compute time and FLOPs of the whole sweep, of the transferred parametrization's proxy
+    cell alone (what tuning costs: `SweepConfig.transferred`, µP's, else u-µP's; an SP-only sweep's SP cell), and
+    against one target run of it from `transfer.json`.
 
     Args:
         sweep: the sweep.
@@ -420,7 +430,7 @@ def costs(sweep: Sweep, results: list[TrialResult], transfer: dict | None = None
         recorded); "sweep_flops" and "proxy_flops", the FLOPs of the trials that recorded a count (None
         when none did: a sweep from before FLOPs were counted); with a target run,
         "target_cpu_seconds", "proxy_over_target", "sweep_over_target", and, when the target run
-        recorded its FLOPs (``transfer["mup"]["flops"]``: one seed's), "target_flops",
+        recorded its FLOPs (``transfer["mup"]["flops"]``, u-µP's without µP: one seed's), "target_flops",
         "proxy_flops_over_target" and "sweep_flops_over_target".
     """
 
@@ -432,30 +442,23 @@ def costs(sweep: Sweep, results: list[TrialResult], transfer: dict | None = None
         return float(sum(counted)) if counted else None
 
     cfg = sweep.config
-    proxy = [
-        r
-        for r in in_cell(
-            results,
-            "mup" if "mup" in cfg.parametrizations else cfg.parametrizations[0],
-            cfg.proxy_width,
-            cfg.proxy_depth,
-        )
-    ]
+    p = cfg.transferred
+    proxy = list(in_cell(results, p or cfg.parametrizations[0], cfg.proxy_width, cfg.proxy_depth))
     out: dict[str, Any] = {
         "sweep_cpu_seconds": spent(results),
         "proxy_cpu_seconds": spent(proxy),
         "sweep_flops": flops(results),
         "proxy_flops": flops(proxy),
     }
-    if transfer and "mup" in transfer:
-        target = transfer["mup"].get("cpu_seconds") or transfer["mup"].get("seconds")
+    if transfer and p is not None and p in transfer:
+        target = transfer[p].get("cpu_seconds") or transfer[p].get("seconds")
         if target:
             out.update(
                 target_cpu_seconds=target,
                 proxy_over_target=out["proxy_cpu_seconds"] / target,
                 sweep_over_target=out["sweep_cpu_seconds"] / target,
             )
-        target_flops = _flops(transfer["mup"].get("flops"))
+        target_flops = _flops(transfer[p].get("flops"))
         if math.isfinite(target_flops) and target_flops > 0:
             out["target_flops"] = target_flops
             out["proxy_flops_over_target"] = None if out["proxy_flops"] is None else out["proxy_flops"] / target_flops

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ..config.config import short_label
 from ..engine.runner import Sweep
 from .analysis import TrialResult, costs, in_cell
 from .loss_law import span
@@ -17,7 +18,8 @@ __all__ = ["target_flops"]
 def target_flops(
     sweep: Sweep, results: list[TrialResult], width: int, depth: int | None = None
 ) -> dict[str, Any] | None:
-    """One run's FLOPs at (`width`, `depth`), estimated from the FLOPs the sweep's µP trials counted.
+    """One run's FLOPs at (`width`, `depth`), estimated from the FLOPs the sweep's µP trials counted (the
+    transferred parametrization's, `SweepConfig.transferred`: µP's, else u-µP's; an SP-only sweep's SP trials).
 
     At a fixed batch and horizon a model's matmul FLOPs are a polynomial in width — quadratic (the hidden
     matmuls), linear (a readout or attention scores over a fixed length), and a constant for matmuls that do
@@ -37,7 +39,7 @@ def target_flops(
         the widths (depths) the counts span cannot reach the run.
     """
     cfg = sweep.config
-    parametrization = "mup" if "mup" in cfg.parametrizations else cfg.parametrizations[0]
+    parametrization = cfg.transferred or cfg.parametrizations[0]
     cost = costs(sweep, results)
     if cost["sweep_flops"] is None:
         return None
@@ -65,7 +67,7 @@ def target_flops(
     widths = sorted({w for w, _, _ in cells})
     depths = sorted({d for _, d, _ in cells if d is not None})
     if not cells:
-        out["fit"] = "no completed µP trial recorded its FLOPs"
+        out["fit"] = f"no completed {short_label(parametrization)} trial recorded its FLOPs"
         return out
     if len(widths) < 2 and width not in widths:
         out["fit"] = "the counts span one width: no law in width"

@@ -40,7 +40,7 @@ class Forecast:
     """The target's forecast loss, or why there is none (`reason`). `as_dict` is transfer.json's "forecast".
 
     Attributes:
-        parametrization: whose trials the law is fitted to ("mup").
+        parametrization: whose trials the law is fitted to ("mup", or "u-mup" in a sweep without µP).
         width: the target's width.
         depth: the target's depth (None without a sweep over depths).
         loss: the forecast (the posterior median of the target's mean loss over its seeds); None with a reason.
@@ -263,7 +263,7 @@ def forecast(
     run: Sweep | str | os.PathLike,
     width: int | None = None,
     depth: int | None = None,
-    parametrization: str = "mup",
+    parametrization: str | None = None,
     extrapolate: bool = False,
     results: list[TrialResult] | None = None,
     seeds: int | None = None,
@@ -275,8 +275,9 @@ def forecast(
         width: the target's width (default: the config's `target_width`, else the largest swept width).
         depth: the target's depth in a sweep over depths (default: the config's `target_depth`, else the
             largest swept depth).
-        parametrization: whose transferred point: "mup" (default) or "sp" (SP's usually has no law: its
-            optimum moves with width).
+        parametrization: whose transferred point: "mup", "u-mup" or "sp" (SP's usually has no law: its
+            optimum moves with width); default the transferred one (`SweepConfig.transferred`: "mup" when
+            swept, else "u-mup").
         extrapolate: forecast more than `MAX_FACTOR`× past the largest proxy anyway.
         results: the sweep's trials when already loaded.
         seeds: how many seeds the target's mean loss averages. Default: the sweep's own seeds, as
@@ -295,6 +296,13 @@ def forecast(
     """
     sweep = run if isinstance(run, Sweep) else Sweep(run)
     cfg = sweep.config
+    if parametrization is None:
+        if cfg.transferred is None:
+            raise ValueError(
+                f"{sweep.run_dir} swept neither µP nor u-µP (it ran {', '.join(cfg.parametrizations)}): no "
+                "transferred point to forecast; pass parametrization='sp' for SP's"
+            )
+        parametrization = cfg.transferred
     if parametrization not in cfg.parametrizations:
         raise ValueError(
             f"parametrization {parametrization!r} was not swept in {sweep.run_dir} (it ran "

@@ -45,7 +45,7 @@ def fit_measured_laws(
     Args:
         sweep: a sweep with `batch_sizes` and/or `horizons` (the extra axes of its config).
         results: its trials (`load_results(sweep)` when None).
-        parametrization: whose trials: "mup" (default) or "sp".
+        parametrization: whose trials: "mup" (default), "u-mup" or "sp".
 
     Returns:
         ``{hparam: {axis: law}}`` for every swept hyperparameter among "lr" and "weight_decay" and

@@ -489,7 +489,7 @@ def judge(
     """The verdict along `axis`: optima, intervals, moves, regret and the decision.
 
     Args:
-        parametrization: "mup" or "sp".
+        parametrization: "mup", "u-mup" or "sp".
         axis: "width", "depth", "batch_size" or "steps".
         cells: [(axis value, that cell's trials)]; the smallest value is the proxy.
         space: the swept hyperparameters.

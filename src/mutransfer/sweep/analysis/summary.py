@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 
+from ..config.config import TRANSFERRING, transferred_parametrization
 from ..config.space import LogUniform
 from ..engine.runner import Sweep
 from .analysis import (
@@ -83,22 +84,25 @@ def load_transfer(sweep: Sweep) -> dict | None:
 
 
 def verdict_lines(sweep: Sweep, judged: dict[str, dict[str, Verdict]]) -> list[str]:
-    """One sentence per (parametrization, axis), µP first: the verdicts at the top of the report."""
+    """One sentence per (parametrization, axis), µP first, then u-µP (`config.TRANSFERRING`), then the rest in
+    the config's order: the verdicts at the top of the report."""
     lines = []
-    for p in sorted(judged, key=lambda p: p != "mup"):
+    for p in sorted(judged, key=lambda p: TRANSFERRING.index(p) if p in TRANSFERRING else len(TRANSFERRING)):
         for axis, v in judged[p].items():
             lines.append(verdict_sentence(v, f"{short_label(p)} across {axis_name(axis, plural=True)}"))
     return lines
 
 
 def head_to_head_line(h: dict | None) -> str | None:
-    """TP5 Fig. 1's promise, measured: µP with the proxy's HPs against SP re-tuned at the largest width."""
+    """TP5 Fig. 1's promise, measured: µP (u-µP in a sweep without µP: h["parametrization"]) with the proxy's HPs
+    against SP re-tuned at the largest width."""
     if h is None:
         return None
+    mup = short_label(h.get("parametrization", "mup"))
     if h["mup_transferred"] is None:
         what = "was pruned (worse early on than that width's finished trials)" if h.get("mup_pruned") else "diverged"
         return (
-            f"At width {h['width']}, µP with the HPs tuned at width {h['proxy_width']} {what}; SP re-tuned "
+            f"At width {h['width']}, {mup} with the HPs tuned at width {h['proxy_width']} {what}; SP re-tuned "
             f"there reaches {h['sp_retuned']:.4g}."
         )
     rel, iv = h["relative"], h.get("relative_interval")
@@ -106,16 +110,16 @@ def head_to_head_line(h: dict | None) -> str | None:
     if rel is None:
         judgement = "no relative difference: SP's loss is 0"
     elif hi < -0.01:
-        judgement = "µP is better"
+        judgement = f"{mup} is better"
     elif hi <= 0.01:
-        judgement = "µP is as good (within 1%) or better"
+        judgement = f"{mup} is as good (within 1%) or better"
     elif lo > 0.01:
-        judgement = "SP re-tuned at the large width is better: at this scale µP does not pay off"
+        judgement = f"SP re-tuned at the large width is better: at this scale {mup} does not pay off"
     else:
         judgement = "within the noise the two cannot be told apart: add seeds"
     ci = "" if iv is None else f", 90% CI {100 * iv[0]:+.1f}% … {100 * iv[1]:+.1f}%"
     return (
-        f"At width {h['width']}, µP with the HPs tuned at width {h['proxy_width']} reaches "
+        f"At width {h['width']}, {mup} with the HPs tuned at width {h['proxy_width']} reaches "
         f"{h['mup_transferred']:.4f}; SP re-tuned at width {h['width']} reaches {h['sp_retuned']:.4f} "
         f"({'' if rel is None else f'{100 * rel:+.1f}%{ci}: '}{judgement})."
     )
@@ -259,15 +263,16 @@ def summarize(sweep: Sweep, results: list[TrialResult], judged: dict | None = No
 
 
 def _forecast_entry(sweep: Sweep, results: list[TrialResult], transfer: dict | None) -> dict | None:
-    """The µP forecast the report shows: transfer.json's (at the trained target, with its actual loss), else
-    `mt.sweep.forecast` at the config's target_width (or the largest swept width: the law and its held-out
-    check); None without µP trials or when the config's target is refused (`mutransfer forecast` says why)."""
+    """The forecast the report shows (the transferred parametrization's: µP's, else u-µP's): transfer.json's (at
+    the trained target, with its actual loss), else `mt.sweep.forecast` at the config's target_width (or the
+    largest swept width: the law and its held-out check); None without µP or u-µP trials or when the config's
+    target is refused (`mutransfer forecast` says why)."""
     if transfer is not None and transfer.get("forecast") is not None:
         return transfer["forecast"]
-    if "mup" not in sweep.config.parametrizations:
+    if sweep.config.transferred is None:
         return None
     try:
-        return forecast(sweep, results=results).as_dict()
+        return forecast(sweep, parametrization=sweep.config.transferred, results=results).as_dict()
     except ValueError:
         return None
 
@@ -290,12 +295,14 @@ def summary_text(summary: dict, report: str | None = None) -> str:
     where = f"width {summary['proxy_width']}" + (
         f", depth {summary['proxy_depth']}" if summary.get("proxy_depth") is not None else ""
     )
+    # the transferred parametrization (µP, else u-µP), read off the parametrizations summary.json is keyed by
+    mup = short_label(transferred_parametrization(summary.get("counts", {})) or "mup")
     if hps:
-        lines += ["", f"Transferred hyperparameters (the µP proxy's best trial, {where}; also in transferred.json):"]
+        lines += ["", f"Transferred hyperparameters (the {mup} proxy's best trial, {where}; also in transferred.json):"]
         width = max(len(k) for k in hps)
         lines += [f"  {k:<{width}} = {_value(v)}" for k, v in hps.items()]
     else:
-        lines += ["", f"No transferred hyperparameters: no completed µP trial at the proxy ({where})."]
+        lines += ["", f"No transferred hyperparameters: no completed {mup} trial at the proxy ({where})."]
     if report is not None:
         lines += ["", f"report: {report}"]
     return "\n".join(lines)

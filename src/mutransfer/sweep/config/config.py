@@ -84,6 +84,8 @@ from .space import Dimension, dimension_from_dict
 from .urls import PASSWORD_ENV, without_password
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     import optuna
 
 __all__ = [
@@ -97,6 +99,7 @@ __all__ = [
     "PRUNERS",
     "PRUNER_OPTIONS",
     "SAMPLERS",
+    "TRANSFERRING",
     "ClusterConfig",
     "SweepConfig",
     "cluster_config",
@@ -104,6 +107,8 @@ __all__ = [
     "load_config",
     "pinned_text",
     "resolve_storage",
+    "short_label",
+    "transferred_parametrization",
 ]
 
 if sys.version_info >= (3, 11):
@@ -113,6 +118,11 @@ else:  # pragma: no cover
 
 SAMPLERS = ("grid", "random", "tpe", "independent")
 PARAMETRIZATIONS = ("mup", "u-mup", "sp")
+# The width-transferring parametrizations, in precedence order: the first one a sweep runs is *the transferred
+# parametrization* (`transferred_parametrization`), whose proxy optimum the sweep records (its monitor trajectory,
+# RUN/proxy_trajectory.json, the noise scale), forecasts and costs, and whose target `mutransfer transfer` watches.
+TRANSFERRING = ("mup", "u-mup")
+SHORT_LABELS = {"mup": "µP", "u-mup": "u-µP", "sp": "SP"}
 # config key -> the hyperparameter it sets
 EXTRA_AXES = {"batch_sizes": "batch_size", "horizons": "steps"}
 KEYS = {key.name for key in TOP_LEVEL} | set(DEPRECATED_KEYS)
@@ -166,13 +176,19 @@ class SweepConfig:
         ``[sp.space.*]`` ranges in place (the same hyperparameters, in the same order).
 
         Args:
-            parametrization: "mup" or "sp".
+            parametrization: "mup", "u-mup" or "sp".
 
         Returns:
             Hyperparameter name -> `Dimension`.
         """
         own = self.space_overrides.get(parametrization, {})
         return {name: own.get(name, dim) for name, dim in self.space.items()}
+
+    @cached_property
+    def transferred(self) -> str | None:
+        """The parametrization whose proxy optimum transfers (`transferred_parametrization`): "mup", else "u-mup",
+        else None."""
+        return transferred_parametrization(self.parametrizations)
 
     @cached_property
     def proxy_width(self) -> int:
@@ -214,7 +230,7 @@ class SweepConfig:
         """The cell at the proxy width and depth.
 
         Args:
-            parametrization: "mup" or "sp".
+            parametrization: "mup", "u-mup" or "sp".
             extra: ``()``, or ``((axis, value),)`` for a further batch size or horizon.
 
         Returns:
@@ -248,6 +264,25 @@ class SweepConfig:
         if self.pruner == "successive_halving":
             return optuna.pruners.SuccessiveHalvingPruner(**kw)
         return optuna.pruners.HyperbandPruner(**kw)
+
+
+def transferred_parametrization(parametrizations: Iterable[str]) -> str | None:
+    """The parametrization whose proxy optimum a sweep transfers: "mup" when swept, else "u-mup" when swept, else
+    None (an SP-only sweep transfers nothing). The one rule every "the µP proxy" of the sweep engine reads.
+
+    Args:
+        parametrizations: a config's `parametrizations` (or any collection of names: a transfer.json's keys).
+
+    Returns:
+        The first of `TRANSFERRING` among them, or None.
+    """
+    names = set(parametrizations)
+    return next((p for p in TRANSFERRING if p in names), None)
+
+
+def short_label(parametrization: str) -> str:
+    """ "µP", "u-µP" or "SP": a parametrization's name in a sentence (the name itself when unknown)."""
+    return SHORT_LABELS.get(parametrization, parametrization)
 
 
 def resolve_storage(url: str, base_dir: Path | None) -> str:

@@ -1,7 +1,7 @@
 """What a run records while it trains: `Scale.monitor`'s monitors and `Scale.noise_scale`'s measurement.
 
-A sweep's µP trial carries a `Recording` on its first seed's `Scale` (guarded: a monitor that raises costs
-the trajectory, never the trial); `trial_attrs` turns it into what the trial stores (`TRAJECTORY_ATTR`,
+A sweep's µP or u-µP trial (`config.TRANSFERRING`) carries a `Recording` on its first seed's `Scale` (guarded: a
+monitor that raises costs the trajectory, never the trial); `trial_attrs` turns it into what the trial stores (`TRAJECTORY_ATTR`,
 `MONITOR_FAILURE_ATTR`, `NOISE_ATTR`). `mutransfer transfer`'s recorded target run carries one too. What is
 done with the stored trajectories (the proxy's file, the target's comparison) is `trajectory`'s.
 """
@@ -16,6 +16,7 @@ import torch
 from ..._core.noise_scale import NoiseScale, gradient_noise_scale
 from ..._core.scale import NO_MONITOR
 from ...monitor import Monitor
+from ..config.config import short_label
 from .flops import counting
 
 __all__ = [
@@ -30,9 +31,9 @@ __all__ = [
 ]
 
 SAMPLES = 12  # samples per recorded run: a 150-step run is sampled every 13 steps (12 samples, step 1 included)
-TRAJECTORY_ATTR = "monitor_trajectory"  # a µP trial's user attribute: its first seed's trajectory
+TRAJECTORY_ATTR = "monitor_trajectory"  # a µP/u-µP trial's user attribute: its first seed's trajectory
 MONITOR_FAILURE_ATTR = "monitor_failure"  # … or why the monitor could not record it
-NOISE_ATTR = "noise_scale"  # a proxy-cell µP trial's user attribute: the gradient noise scale after training
+NOISE_ATTR = "noise_scale"  # a transferred proxy-cell trial's user attribute: the gradient noise scale after training
 
 
 def every_for(steps: Any) -> int:
@@ -136,8 +137,9 @@ class _Guarded:
         self.monitor.close()
 
 
-def trial_attrs(rec: Recording, width: int, depth: int | None) -> dict:
-    """What a µP trial stores of its recorded first seed: the trajectory (or why there is none) and the noise scale.
+def trial_attrs(rec: Recording, width: int, depth: int | None, parametrization: str = "mup") -> dict:
+    """What a µP or u-µP trial stores of its recorded first seed: the trajectory (or why there is none) and the
+    noise scale (`parametrization`: the trial's, named in the noise scale's "where").
 
     Returns:
         User attributes: `TRAJECTORY_ATTR` (the trajectory with "width" and "depth"), else
@@ -150,7 +152,7 @@ def trial_attrs(rec: Recording, width: int, depth: int | None) -> dict:
     elif rec.monitors:
         out[TRAJECTORY_ATTR] = _json_safe({**rec.monitors[0].trajectory(), "width": width, "depth": depth})
     if rec.noise_scales:
-        out[NOISE_ATTR] = noise_entry(rec.noise_scales[-1], {}, width, depth)
+        out[NOISE_ATTR] = noise_entry(rec.noise_scales[-1], {}, width, depth, parametrization)
     return out
 
 
@@ -165,7 +167,7 @@ def _json_safe(obj: Any) -> Any:
     return obj
 
 
-def noise_entry(noise: NoiseScale, hp: dict, width: int, depth: int | None) -> dict:
+def noise_entry(noise: NoiseScale, hp: dict, width: int, depth: int | None, parametrization: str = "mup") -> dict:
     return {
         "b_simple": noise.b_simple,
         "interval": None if noise.interval is None else [_finite(v) for v in noise.interval],
@@ -177,7 +179,8 @@ def noise_entry(noise: NoiseScale, hp: dict, width: int, depth: int | None) -> d
         "width": width,
         "depth": depth,
         "hparams": hp,
-        "where": "the µP proxy at its optimum, after training (McCandlish et al. 2018's B_simple)",
+        "where": f"the {short_label(parametrization)} proxy at its optimum, after training (McCandlish et al. 2018's "
+        "B_simple)",
     }
 
 

@@ -84,7 +84,7 @@ def study_name(
 
     Args:
         config: the sweep's config (its name).
-        parametrization: "mup" or "sp".
+        parametrization: "mup", "u-mup" or "sp".
         width: the cell's width.
         depth: the cell's depth, or None.
         extra: the cell's further batch size or horizon, or ().
@@ -99,7 +99,7 @@ def cell_label(parametrization: str, width: int, depth: int | None = None, extra
     """A cell as progress lines show it (see `Cell.label`).
 
     Args:
-        parametrization: "mup" or "sp".
+        parametrization: "mup", "u-mup" or "sp".
         width: the cell's width.
         depth: the cell's depth, or None.
         extra: the cell's further batch size or horizon, or ().
@@ -236,7 +236,7 @@ class Sweep:
         """The Optuna study of one cell (``sweep.study(*cell)``), created on first use.
 
         Args:
-            parametrization: "mup" or "sp".
+            parametrization: "mup", "u-mup" or "sp".
             width: the cell's width.
             depth: the cell's depth (None without `depths`).
             extra: the cell's further batch size or horizon, or ().
@@ -339,7 +339,7 @@ class Sweep:
         """Where a trial of this sweep runs.
 
         Args:
-            parametrization: "mup" or "sp".
+            parametrization: "mup", "u-mup" or "sp".
             width: the model's width.
             depth: the model's depth; None keeps the objective's own depth.
             seed: the run's seed.

@@ -55,7 +55,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ..._core.atomic import write_atomically
 from ..config.cells import Cell
-from ..config.config import SweepConfig
+from ..config.config import TRANSFERRING, SweepConfig
 from ..config.space import Choice, Dimension, LogUniform
 from ..scale import Objective, Pruned, Reporter, Scale
 from .flops import FlopCount, flop_attrs, guarded, next_counter
@@ -271,8 +271,8 @@ def run_trial(ctx: RunContext, study: optuna.Study, trial: optuna.Trial, cell: C
                 # step) across trials; a trial pruned there trains no further seed.
                 reporter = _reporter(trial, reported) if i == 0 and ctx.config.pruner != "none" else None
                 scale = dataclasses.replace(make_scale(ctx.config, cell, seed, ctx.device), reporter=reporter)
-                if i == 0 and cell.parametrization == "mup":  # the first seed records its µP trajectory
-                    noise = _proxy_cell(ctx.config, cell)  # and, at the proxy, may measure the noise scale
+                if i == 0 and cell.parametrization in TRANSFERRING:  # the first seed records its µP/u-µP trajectory
+                    noise = _proxy_cell(ctx.config, cell)  # and, at the transferred proxy, may measure the noise scale
                     below = _best_value(ctx.storage, study) if noise else None
                     recording = Recording(hparams.get("steps"), noise=noise, guarded=True, noise_below=below)
                     scale = dataclasses.replace(scale, _recording=recording)
@@ -309,7 +309,7 @@ def run_trial(ctx: RunContext, study: optuna.Study, trial: optuna.Trial, cell: C
             line = _record_failure(ctx, study, trial, cell, params, *error)
             _resolved(ctx, study, trial)  # the new failure's file replaces the old one's
             return line
-        recorded = trial_attrs(recording, cell.width, cell.depth) if recording is not None else {}
+        recorded = trial_attrs(recording, cell.width, cell.depth, cell.parametrization) if recording is not None else {}
         set_user_attrs(
             ctx.storage, trial, {**timing, "losses": [l if math.isfinite(l) else None for l in losses], **recorded}
         )
@@ -335,10 +335,11 @@ def run_trial(ctx: RunContext, study: optuna.Study, trial: optuna.Trial, cell: C
 
 
 def _proxy_cell(config: Any, cell: Cell) -> bool:
-    """Whether `cell` is the µP proxy's (proxy width and depth, no further batch size or horizon): its trials
-    measure the gradient noise scale when the objective asks (`Scale.noise_scale`)."""
+    """Whether `cell` is the transferred parametrization's proxy (`SweepConfig.transferred`: µP, else u-µP; proxy
+    width and depth, no further batch size or horizon): its trials measure the gradient noise scale when the
+    objective asks (`Scale.noise_scale`)."""
     return (
-        cell.parametrization == "mup"
+        cell.parametrization == config.transferred
         and cell.width == config.proxy_width
         and cell.depth == config.proxy_depth
         and not cell.extra

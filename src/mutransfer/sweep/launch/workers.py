@@ -156,9 +156,9 @@ def run_sweep(
 
     On the CPU there are `workers` processes (this one included); on GPUs one worker per device ×
     `trials_per_device`, each seeing its one GPU, and this process only watches. A summary is
-    written to ``RUN/run.json``; for a sweep over µP, the µP proxy optimum's trial's trajectory (recorded in
-    its worker) goes to ``RUN/proxy_trajectory.json`` (`trajectory.write_proxy_trajectory`: nothing is
-    trained again).
+    written to ``RUN/run.json``; for a sweep over µP (else u-µP: `SweepConfig.transferred`), its proxy optimum's
+    trial's trajectory (recorded in its worker) goes to ``RUN/proxy_trajectory.json``
+    (`trajectory.write_proxy_trajectory`: nothing is trained again).
 
     Args:
         config_path: the sweep's TOML file.

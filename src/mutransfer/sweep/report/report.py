@@ -40,6 +40,7 @@ from ..analysis.summary import (
 )
 from ..analysis.trajectory import monitor_line, proxy_trajectory
 from ..analysis.verdict import LABEL, axis_name
+from ..config.config import short_label, transferred_parametrization
 from ..config.space import Choice, LogUniform
 from ..engine.runner import Sweep
 from ..engine.storage import mask_url
@@ -185,7 +186,8 @@ def _bigger_is_better(sweep: Sweep, results: list[TrialResult]) -> list[tuple[st
 
 def _transfer(sweep: Sweep, summary: dict, out: Path) -> dict | None:
     """The transfer section's values (from transfer.json), or None before `mutransfer transfer`; the
-    monitor's figure written to `out` when the µP target was recorded."""
+    monitor's figure written to `out` when the transferred parametrization's target (µP's, else u-µP's) was
+    recorded."""
     t = load_transfer(sweep)
     if t is None:
         return None
@@ -199,7 +201,7 @@ def _transfer(sweep: Sweep, summary: dict, out: Path) -> dict | None:
         "target": transfer_where(t, "target"),
         "rows": rows,
         "compute": compute_text(summary["cost"], t),
-        "flops": flops_text(summary["cost"], t.get("peak")),
+        "flops": flops_text(summary["cost"], t.get("peak"), label=_label(t)),
         "monitor": _monitor_section(sweep, t, out),
         "rule_rows": [
             [
@@ -216,6 +218,11 @@ def _transfer(sweep: Sweep, summary: dict, out: Path) -> dict | None:
             for r in steps
         ],
     }
+
+
+def _label(transfer: dict) -> str:
+    """The transferred parametrization's name ("µP", else "u-µP") of a transfer.json (its entries' keys)."""
+    return short_label(transferred_parametrization(p for p, _ in TRANSFER_RUNS if p in transfer) or "mup")
 
 
 def _forecast_section(fc: dict | None, out: Path) -> dict | None:
@@ -238,7 +245,9 @@ def _forecast_section(fc: dict | None, out: Path) -> dict | None:
     ]
     return {
         "line": Forecast.from_dict(fc).line(),
-        "flops": "" if fc.get("flops") is None else forecast_flops_text(fc["flops"]),
+        "flops": ""
+        if fc.get("flops") is None
+        else forecast_flops_text(fc["flops"], label=short_label(fc.get("parametrization") or "mup")),
         "figure": figure,
         "rows": rows,
         "notes": fc.get("notes", []),
@@ -259,12 +268,13 @@ def _monitor_section(sweep: Sweep, t: dict, out: Path) -> dict | None:
         proxy = proxy_trajectory(sweep.run_dir) if m.get("proxy") else None
         where = transfer_where(t, "target")
         proxy_where = transfer_where(t, "proxy")
+        mup = _label(t)
         if plot_monitor(
             target,
             proxy,
             out / MONITOR_FIGURE,
-            f"µP target ({where})",
-            f"µP proxy ({proxy_where}), scaled by µP's rules to the target",
+            f"{mup} target ({where})",
+            f"{mup} proxy ({proxy_where}), scaled by {mup}'s rules to the target",
         ):
             figure = MONITOR_FIGURE
     rows = [
@@ -287,17 +297,18 @@ def compute_text(cost: dict, transfer: dict) -> str:
     if "proxy_over_target" not in cost:
         return ""
     where = transfer_where(transfer, "target")
+    mup = _label(transfer)
     return (
         "Compute, in CPU seconds of training (process time summed over all seeds; on GPUs, wall "
-        f"seconds): one µP target run at {where} took {cost['target_cpu_seconds']:.0f} CPU s. Tuning at the "
-        f"proxy (the µP trials at the proxy only) took {cost['proxy_cpu_seconds']:.0f} CPU s, as much as "
-        f"{cost['proxy_over_target']:.2g} target runs; the whole sweep (every width, µP and SP, the checks "
+        f"seconds): one {mup} target run at {where} took {cost['target_cpu_seconds']:.0f} CPU s. Tuning at the "
+        f"proxy (the {mup} trials at the proxy only) took {cost['proxy_cpu_seconds']:.0f} CPU s, as much as "
+        f"{cost['proxy_over_target']:.2g} target runs; the whole sweep (every width, {mup} and SP, the checks "
         f"included) took {cost['sweep_cpu_seconds']:.0f} CPU s, as much as {cost['sweep_over_target']:.2g} "
         "target runs."
     )
 
 
-def flops_text(cost: dict, peak: dict | None = None, target_run: bool = True) -> str:
+def flops_text(cost: dict, peak: dict | None = None, target_run: bool = True, label: str = "µP") -> str:
     """The cost in FLOPs: tuning (the µP trials at the proxy) and the whole sweep, each in target runs, and
     in device-hours at a peak when one is known.
 
@@ -305,6 +316,7 @@ def flops_text(cost: dict, peak: dict | None = None, target_run: bool = True) ->
         cost: `analysis.costs`' entries (summary.json's "cost", transfer.json's "flops").
         peak: ``{"tflops", "source"}`` (transfer.json's "peak"), or None.
         target_run: end with one target run's FLOPs (when known).
+        label: whose trials tuning counted: the transferred parametrization ("µP", else "u-µP").
 
     Returns:
         One sentence, or "" when no trial recorded its FLOPs.
@@ -322,7 +334,7 @@ def flops_text(cost: dict, peak: dict | None = None, target_run: bool = True) ->
         return f", {flops / (peak['tflops'] * 1e12) / 3600:.3g} device-hours" if peak else ""
 
     text = "tuning: " + ("—" if proxy is None else f"{proxy:.3g} FLOPs{runs(proxy)}{hours(proxy)}")
-    text += " (the µP trials at the proxy)"
+    text += f" (the {label} trials at the proxy)"
     if sweep is not None:
         text += f"; the whole sweep: {sweep:.3g} FLOPs{runs(sweep)}{hours(sweep)}"
     if target and target_run:
@@ -332,13 +344,14 @@ def flops_text(cost: dict, peak: dict | None = None, target_run: bool = True) ->
     return text
 
 
-def forecast_flops_text(flops: dict, peak: dict | None = None) -> str:
+def forecast_flops_text(flops: dict, peak: dict | None = None, label: str = "µP") -> str:
     """A forecast's cost line: one target run's FLOPs estimated from the sweep's counts (`forecasts.target_flops`),
     then tuning and the whole sweep in target runs (`flops_text`).
 
     Args:
         flops: `Forecast.flops`.
         peak: ``{"tflops", "source"}`` to state device-hours, or None.
+        label: whose trials tuning counted (`flops_text`): "µP", or "u-µP" for a forecast of u-µP's.
 
     Returns:
         One line.
@@ -347,11 +360,11 @@ def forecast_flops_text(flops: dict, peak: dict | None = None) -> str:
     cost = {"proxy_flops": flops["proxy_flops"], "sweep_flops": flops["sweep_flops"], "target_flops": target}
     if target is None or flops["misfit"] is None:
         what = "not estimated" if target is None else "0"
-        return f"one target run's FLOPs: {what} ({flops['fit']}); " + flops_text(cost, peak)
+        return f"one target run's FLOPs: {what} ({flops['fit']}); " + flops_text(cost, peak, label=label)
     misfit = f"{100 * flops['misfit']:.2g} %"
     hours = "" if peak is None else f", {target / (peak['tflops'] * 1e12) / 3600:.3g} device-hours"
     return f"one target run: about {target:.3g} FLOPs{hours} ({flops['fit']}; misfit {misfit}); " + flops_text(
-        cost, peak, target_run=False
+        cost, peak, target_run=False, label=label
     )
 
 
@@ -527,6 +540,7 @@ def write_report(sweep: Sweep, out_dir: Path | None = None) -> Path:
         bigger=_bigger_is_better(sweep, results),
         failure_rows=_failure_rows(results),
         proxy=f"width {cfg.proxy_width}" + (f" and depth {cfg.proxy_depth}" if depths else ""),
+        label=short_label(cfg.transferred or "mup"),
         transferred=json.dumps(transferred, indent=1),
         transfer=_transfer(sweep, summary, out),
         forecast=_forecast_section(summary.get("forecast"), out),

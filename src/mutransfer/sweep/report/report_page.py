@@ -89,7 +89,7 @@ run directory. <code>mutransfer sweep CONFIG --retry-failed</code> reruns them.<
 <div class="failures">{{ table(["parametrization", "where", "trial", "hyperparameters", "error"], failure_rows) }}</div>
 {% endif -%}
 <h2>Transferred hyperparameters</h2>
-<p>µP optimum at the proxy {{ proxy }} (also in <code>transferred.json</code>):</p>
+<p>{{ label }} optimum at the proxy {{ proxy }} (also in <code>transferred.json</code>):</p>
 <pre>{{ transferred }}</pre>
 {% if transfer -%}
 <h2>Transfer from {{ transfer.proxy }} to {{ transfer.target }}</h2>
@@ -103,16 +103,16 @@ run directory. <code>mutransfer sweep CONFIG --retry-failed</code> reruns them.<
 {{ table(["run", "hyperparameter", "from", "to", "interval of to", "rule", "regime", "source"], transfer.rule_rows) }}
 {% endif -%}
 {% if transfer.monitor -%}
-<h3>µP monitor on the target</h3>
+<h3>{{ label }} monitor on the target</h3>
 <p>{{ transfer.monitor.line }}</p>
-{% if transfer.monitor.figure %}<p><img src="{{ transfer.monitor.figure }}" alt="µP monitor: the target's activation and update sizes against the proxy's, scaled to the target's width"></p>
+{% if transfer.monitor.figure %}<p><img src="{{ transfer.monitor.figure }}" alt="{{ label }} monitor: the target's activation and update sizes against the proxy's, scaled to the target's width"></p>
 <p>Per role, the geometric mean over its layers of each layer's output RMS and of its update ‖ΔW‖ per step (RMS), on
-the sampled steps; dashed, the proxy's values at the same steps, scaled to the target's widths by µP's rules (what the
+the sampled steps; dashed, the proxy's values at the same steps, scaled to the target's widths by {{ label }}'s rules (what the
 monitor's alarms compare against; files <code>target_trajectory.json</code>, <code>proxy_trajectory.json</code>).</p>
 {% endif -%}
 {% if transfer.monitor.watched -%}
 {% if transfer.monitor.alarm_rows -%}
-<div class="alarms">{{ table(["step", "layer", "quantity", "measured", "µP expects", "likely cause and fix"],
+<div class="alarms">{{ table(["step", "layer", "quantity", "measured", label + " expects", "likely cause and fix"],
                              transfer.monitor.alarm_rows) }}</div>
 {%- else %}<p>No alarm.</p>
 {%- endif %}

@@ -31,6 +31,7 @@ from ..._core.scale import Scale
 from ...errors import HParamTransferError
 from ..analysis.analysis import best
 from ..analysis.hparam_fits import fit_measured_laws
+from ..config.config import TRANSFERRING
 from ..config.space import LogUniform
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ def target_hparams(
     Args:
         sweep: the sweep the proxy's optimum comes from.
         results: its trials (`load_results`).
-        parametrization: "mup" or "sp".
+        parametrization: "mup", "u-mup" or "sp".
         hp: the proxy's hyperparameters (its optimum, [fixed] and its batch size and horizon).
         targets: the target's values of "batch_size" and/or "steps" that differ from the proxy's.
         width: the target's width.
@@ -221,9 +222,10 @@ def _measured_step(
 
 
 def _silent(rule: AppliedRule, by_rule: dict[str, int], parametrization: str) -> bool:
-    """A step not to list: an axis set by its measurement shown as unchanged, or µP's width step for SP."""
+    """A step not to list: an axis set by its measurement shown as unchanged, or µP's width step for SP (µP's
+    and u-µP's own: base values kept across width, per-layer factors by `mt.param_groups`)."""
     if rule.rule == "µP":
-        return parametrization != "mup"
+        return parametrization not in TRANSFERRING
     return (rule.rule == "batch: unchanged" and "batch_size" not in by_rule) or (
         rule.rule == "horizon: unchanged" and "steps" not in by_rule
     )

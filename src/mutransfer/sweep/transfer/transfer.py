@@ -1,10 +1,12 @@
 """`mutransfer transfer RUN --width W [--depth D]`: train the target with the proxy's optimum, µP vs SP.
 
 The µP target gets the µP optimum found at the proxy (the smallest swept width, and the
-smallest swept depth in a sweep over depths); for comparison the SP target gets the SP optimum
-from the same proxy — what one would do without µP. Compute is counted in CPU seconds (process
-time, so that workers sharing cores do not inflate it): the µP proxy cell alone (what tuning
-costs) and the whole sweep (checks at every width included), each over one µP target run. In a
+smallest swept depth in a sweep over depths), the u-µP target u-µP's; for comparison the SP target gets
+the SP optimum from the same proxy — what one would do without µP. The *transferred parametrization*
+(`SweepConfig.transferred`: µP when swept, else u-µP) is the one whose target is costed, forecast and
+monitored; "the µP target" below means its target. Compute is counted in CPU seconds (process
+time, so that workers sharing cores do not inflate it): its proxy cell alone (what tuning
+costs) and the whole sweep (checks at every width included), each over one target run of it. In a
 sweep over batch sizes or horizons the target runs at the proxy's batch size and horizon unless
 `batch_size` / `steps` are given.
 
@@ -23,8 +25,9 @@ how the target trained: e.g. "cuda:0", "bf16"), and `monitor`: the µP target's 
 `scale.monitor` on (compared with RUN/proxy_trajectory.json when the sweep recorded one) —
 `{"alarms": [{step, layer, what, measured, expected, cause}], "trajectory": "target_trajectory.json",
 "proxy": "proxy_trajectory.json" or None, "every"}`, or trajectory None and a "note" when the objective
-never called `scale.monitor`. If the run directory already has a report.html, the report is written
-again so that it shows this transfer.
+never called `scale.monitor`; in a sweep of both µP and u-µP, "unmonitored": ``{"u-mup": why}`` (the proxy
+trajectory is µP's, and a target is compared only with a proxy of its own parametrization). If the run
+directory already has a report.html, the report is written again so that it shows this transfer.
 
 When the target is a swept cell (e.g. the largest swept width) and the sweep's trial there has exactly
 the transferred hyperparameters and every seed's loss and CPU time recorded, on the same kind of device,
@@ -53,17 +56,19 @@ from ..analysis.hparam_fits import fit_measured_laws
 from ..analysis.summary import TRANSFER_RUNS, transfer_where
 from ..analysis.trajectory import (
     NOISE_FILE,
-    NOT_CALLED,
     PROXY_FILE,
     TARGET_FILE,
     alarm_dicts,
     monitor_line,
     noise_scale_file,
+    not_called,
+    others_not_recorded,
     proxy_trajectory,
     recorded_run,
     write_proxy_trajectory,
 )
 from ..config.cells import parametrization_hparams
+from ..config.config import short_label, transferred_parametrization
 from ..engine.flops import FlopCount, flop_attrs, guarded, known_peak, next_counter
 from ..engine.runner import Sweep
 from ..report.report import flops_text, write_report
@@ -132,10 +137,10 @@ def transfer(
     target trains in ("fp32", "bf16", or "fp8": the FP8 simulation, `mutransfer.precision`; the objective
     reads it as `scale.precision`); None: the sweep's own ``precision``; a run the sweep trained is reused
     only in its own precision. `say`: called with the forecast's line before the target trains (the CLI prints it).
-    transfer.json's "forecast" is `mt.sweep.forecast` at the target (with `extrapolate`) and the µP
-    target's actual loss beside it, or its reason: none where the target's batch size or horizon is not
-    the sweep's (the law is in width and depth at the proxy's). Each parametrization's entry has
-    "flops" (one target run's: the mean over its seeds, counted by `flops.FlopCount`) and
+    transfer.json's "forecast" is `mt.sweep.forecast` at the target (with `extrapolate`) and the transferred
+    parametrization's (µP's, else u-µP's) target's actual loss beside it, or its reason: none where the target's
+    batch size or horizon is not the sweep's (the law is in width and depth at the proxy's). Each
+    parametrization's entry has "flops" (one target run's: the mean over its seeds, counted by `flops.FlopCount`) and
     "flops_per_seed"; `peak_tflops` (else a known GPU's datasheet peak, `flops.known_peak`) prices the
     FLOPs in device-hours: transfer.json's "peak" (``{"tflops", "source"}`` or None)."""
     where_to = None if device is None else resolve_device(device, "device")
@@ -168,6 +173,7 @@ def transfer(
     out.update(device=str(placed.device), precision=placed.precision)
     out["peak"] = _peak(peak_tflops, out["device"], placed.precision)
     where = transfer_where(out, "proxy")
+    transferred = sweep.config.transferred  # µP, else u-µP: costed, forecast and monitored
     predicted = _forecast(sweep, results, width, depth, overrides, extrapolate)
     if say is not None:
         say(predicted.line())
@@ -210,7 +216,7 @@ def transfer(
         counters: list[FlopCount | None] = []  # the seeds trained here, each counted (`flops`)
         flops_per_seed: list[float | None] = []
         for i, seed in enumerate(sweep.config.seeds):
-            monitored = p == "mup" and i == 0  # the µP target's first seed runs with the monitor on
+            monitored = p == transferred and i == 0  # the transferred target's first seed runs with the monitor on
             if swept is not None and not monitored:  # the sweep trained this very run: its loss and cost
                 losses.append(swept.losses[i])
                 per_seed.append(swept.cpu_seconds / len(swept.losses))
@@ -228,7 +234,7 @@ def transfer(
                 else:
                     loss = float(sweep.objective(dict(hp), scale))
             if monitored:
-                out["monitor"] = _monitored(sweep, mon)
+                out["monitor"] = _monitored(sweep, mon, p)  # p is the transferred parametrization
             losses.append(loss)
             per_seed.append(time.process_time() - cpu_start)
             flops_per_seed.append(flop_attrs([counter])["flops"])
@@ -250,10 +256,10 @@ def transfer(
         out[p]["flops"] = sum(counted) / len(counted) if counted and len(counted) == len(flops_per_seed) else None
         if out[p]["flops"] is None:
             out[p]["flops_error"] = flop_attrs(counters).get("flops_error") or "a reused trial recorded no FLOPs"
-        if swept is not None and reused:  # (none when µP's one seed trained, monitored)
+        if swept is not None and reused:  # (none when the transferred target's one seed trained, monitored)
             out[p]["reused"] = {"trial": swept.number, "seeds": reused}
-    if "mup" in out:
-        predicted = predicted.with_actual(out["mup"]["loss"])
+    if transferred is not None and transferred in out:
+        predicted = predicted.with_actual(out[transferred]["loss"])
     out["forecast"] = predicted.as_dict()
     cost = costs(sweep, results, out)
     out.update(
@@ -283,25 +289,30 @@ def _peak(given: float | None, device: str, precision: str) -> dict | None:
 def _forecast(
     sweep: Sweep, results: list, width: int, depth: int | None, overrides: dict, extrapolate: bool
 ) -> Forecast:
-    """The µP target's forecast (`mt.sweep.forecast`), or why there is none."""
-    if "mup" not in sweep.config.parametrizations:
-        return Forecast.refused("mup", width, depth, "the sweep ran no µP trials")
-    proxy_hp = {**(transferred_hparams(sweep, results) or {}), **sweep.config.proxy_extra}
+    """The transferred parametrization's target's forecast (`mt.sweep.forecast`: µP's, else u-µP's), or why there
+    is none."""
+    p = sweep.config.transferred
+    if p is None:
+        return Forecast.refused(
+            "mup", width, depth, "the sweep ran no µP or u-µP trials (SP's optimum moves with width)"
+        )
+    proxy_hp = {**(transferred_hparams(sweep, results, parametrization=p) or {}), **sweep.config.proxy_extra}
     moved = {k: v for k, v in overrides.items() if v != proxy_hp.get(k)}
     if moved:
         what = " and ".join(f"{k.replace('_', ' ')} {v}" for k, v in moved.items())
         return Forecast.refused(
-            "mup", width, depth, f"the target trains at {what}; the law is in width (and depth) at the sweep's own"
+            p, width, depth, f"the target trains at {what}; the law is in width (and depth) at the sweep's own"
         )
     try:
-        return forecast(sweep, width, depth, extrapolate=extrapolate, results=results)
+        return forecast(sweep, width, depth, parametrization=p, extrapolate=extrapolate, results=results)
     except ValueError as e:  # a target too far past the ladder: the transfer still trains it
-        return Forecast.refused("mup", width, depth, str(e).replace("extrapolate=True", "--extrapolate"))
+        return Forecast.refused(p, width, depth, str(e).replace("extrapolate=True", "--extrapolate"))
 
 
 def _critical_batch(sweep: Sweep, given: float | None, out: dict) -> float | None:
     """The critical batch size for a batch-size rule: `given`, else the gradient noise scale the sweep
-    measured at the µP proxy optimum (RUN/noise_scale.json); recorded in transfer.json's "critical_batch"."""
+    measured at the transferred parametrization's (µP's, else u-µP's) proxy optimum (RUN/noise_scale.json); recorded
+    in transfer.json's "critical_batch"."""
     if given is not None:
         out["critical_batch"] = {"value": given, "source": "--critical-batch"}
         return given
@@ -312,7 +323,8 @@ def _critical_batch(sweep: Sweep, given: float | None, out: dict) -> float | Non
     out["critical_batch"] = {
         "value": value,
         "interval": noise.get("interval"),
-        "source": f"{NOISE_FILE}: the gradient noise scale B_simple of the µP proxy at its optimum",
+        "source": f"{NOISE_FILE}: the gradient noise scale B_simple of the "
+        f"{short_label(sweep.config.transferred or 'mup')} proxy at its optimum",
         **({"reason": noise.get("reason")} if value is None else {}),
     }
     return value
@@ -325,8 +337,10 @@ def _steps_for(sweep: Sweep, results: list, tokens: Any, steps: int | None, batc
         raise ValueError("give --steps or --tokens, not both (tokens = batch size × steps × seq_len)")
     if isinstance(tokens, bool) or not isinstance(tokens, (int, float)) or not math.isfinite(tokens) or tokens <= 0:
         raise ValueError(f"--tokens must be a positive number, got {tokens!r}")
-    hp = transferred_hparams(sweep, results) or {}
-    hp = {**hp, **sweep.config.proxy_extra}
+    hp = transferred_hparams(
+        sweep, results, parametrization=sweep.config.transferred or sweep.config.parametrizations[0]
+    )
+    hp = {**(hp or {}), **sweep.config.proxy_extra}
     batch = batch_size or hp.get("batch_size")
     seq = hp.get("seq_len")
     for name, value in (("batch_size", batch), ("seq_len", seq)):
@@ -360,13 +374,17 @@ def _swept(
     return None
 
 
-def _monitored(sweep: Sweep, mon: Monitor | None) -> dict:
-    """transfer.json's "monitor": the alarms of the µP target's run and its trajectory file (written here)."""
+def _monitored(sweep: Sweep, mon: Monitor | None, parametrization: str) -> dict:
+    """transfer.json's "monitor": the alarms of the transferred parametrization's target run and its trajectory
+    file (written here); "unmonitored" names the other width-transferring parametrization of a sweep running both
+    (u-µP beside µP: no proxy trajectory of its own to compare with)."""
+    others = others_not_recorded(parametrization, sweep.config.parametrizations)
+    unwatched = {"unmonitored": others} if others else {}
     if mon is None:
-        return {"alarms": [], "trajectory": None, "proxy": None, "note": NOT_CALLED}
+        return {"alarms": [], "trajectory": None, "proxy": None, "note": not_called(parametrization), **unwatched}
     proxy = PROXY_FILE if (sweep.run_dir / PROXY_FILE).is_file() else None
     mon.save_trajectory(sweep.run_dir / TARGET_FILE)
-    return {"alarms": alarm_dicts(mon), "trajectory": TARGET_FILE, "proxy": proxy, "every": mon.every}
+    return {"alarms": alarm_dicts(mon), "trajectory": TARGET_FILE, "proxy": proxy, "every": mon.every, **unwatched}
 
 
 def format_transfer(out: dict) -> str:
@@ -389,8 +407,9 @@ def format_transfer(out: dict) -> str:
                 + f"  {out[p]['seconds']:.1f} s"
                 + (_reused(out[p]["reused"]) if "reused" in out[p] else "")
             )
-    if "cost_ratio" in out:
-        target = out["mup"]["cpu_seconds"]
+    transferred = transferred_parametrization(p for p, _ in TRANSFER_RUNS if p in out)
+    if "cost_ratio" in out and transferred is not None:
+        target = out[transferred]["cpu_seconds"]
         if "proxy_cost_ratio" in out:
             lines.append(
                 f"  tuning at the proxy / one target run: {out['proxy_cost_ratio']:.3g}× "
@@ -400,7 +419,7 @@ def format_transfer(out: dict) -> str:
             f"  sweep compute / one target run: {out['cost_ratio']:.3g}× "
             f"({out['sweep_cpu_seconds']:.3g} CPU s over {target:.3g} CPU s; the sweep checks every width)"
         )
-    flops = flops_text(out.get("flops") or {}, out.get("peak"))
+    flops = flops_text(out.get("flops") or {}, out.get("peak"), label=short_label(transferred or "mup"))
     if flops:
         lines.append(f"  {flops}")
     crit = out.get("critical_batch")
