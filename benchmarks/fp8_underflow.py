@@ -41,6 +41,7 @@ import argparse
 import math
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -66,12 +67,13 @@ def net(width: int) -> torch.nn.Module:
     return GPT(width, n_layer=2, n_head=4, ctx=CTX, tied=False, init_std=0.02)
 
 
-def build(width: int, parametrization: str, seed: int = 0) -> torch.nn.Module:
+def build(width: int, parametrization: str, seed: int = 0, alphas: dict[str, float] | None = None) -> torch.nn.Module:
     torch.manual_seed(seed)
     model = net(width)
     torch.manual_seed(10_000 + seed)
     example = torch.zeros(2, CTX, dtype=torch.long)  # the probe at the training length (u-µP's attention scale)
-    alphas = TUNED if parametrization == "u-mup-tuned" else {}
+    if alphas is None:
+        alphas = TUNED if parametrization == "u-mup-tuned" else {}
     return mt.parametrize(
         model,
         base=net(BASE),
@@ -99,17 +101,21 @@ def train(
     loss_scale: float = 1.0,
     watch: dict[int, UnderflowReport | None] | None = None,
     seed: int = 0,
+    alphas: dict[str, float] | None = None,
+    exclude: tuple[str, ...] = (),
+    on_step: Callable[[int, torch.nn.Module], None] | None = None,
 ) -> tuple[float, torch.nn.Module]:
     """The final loss (mean of the last tenth) of one run, and the trained model; `watch`'s keys are
     steps at which `fp8_underflow` is measured on the probe batch (into `watch`); `seed` draws the init
-    and the batches."""
-    model = build(width, parametrization, seed)
+    and the batches; `alphas` replaces u-µP's α's; `exclude` names modules the fp8 modes leave unrounded;
+    `on_step(step, model)` runs after each step."""
+    model = build(width, parametrization, seed, alphas)
     probe = batches(1, seed=99)[0][0]
     opt = torch.optim.AdamW(mt.param_groups(model, lr=lr, optimizer="adamw"), lr=lr, weight_decay=0.0)
     warmup = max(1, steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
     sim = {
-        "fp8": lambda: fp8_simulation(model),
+        "fp8": lambda: fp8_simulation(model, exclude=exclude),
         "fp8 plain": lambda: fp8_simulation(model, grad_scale=None),
         "fp8 fwd": lambda: fp8_simulation(model, backward=None),
     }
@@ -130,12 +136,16 @@ def train(
         losses.append(loss.item())
         if watch is not None and len(losses) in watch:
             watch[len(losses)] = fp8_underflow(model, probe)
+        if on_step is not None:
+            on_step(len(losses), model)
     tail = losses[-warmup:]
     return sum(tail) / len(tail), model
 
 
 def share(x: float) -> str:
     """A share in %, readable from 100 % down to 10^-6 %."""
+    if x == 0:
+        return "0%"
     return f"{100 * x:.2g}%" if 100 * x >= 0.01 else f"{100 * x:.1e}%"
 
 
