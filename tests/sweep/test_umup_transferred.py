@@ -84,6 +84,18 @@ def test_a_umup_only_sweep_records_its_trials_and_writes_the_proxy_trajectory(um
     assert traj["wider"]["width"] == 64 and traj["steps"] == best.user_attrs["monitor_trajectory"]["steps"]
 
 
+def test_the_forecast_command_on_a_umup_only_run_forecasts_umup(umup_run, capsys):
+    capsys.readouterr()
+    code = main(["forecast", str(umup_run), "--width", "128"])
+    printed = capsys.readouterr()
+    assert code in (0, 1), printed.err  # a forecast, or its reason: not a usage error (was: 'mup' not swept)
+    assert "not swept" not in printed.err + printed.out
+    assert main(["forecast", str(umup_run), "--width", "128", "--json"]) in (0, 1)
+    assert json.loads(capsys.readouterr().out)["parametrization"] == "u-mup"
+    assert main(["forecast", str(umup_run), "--parametrization", "mup"]) == 2  # µP was not swept: named
+    assert "'mup' was not swept" in capsys.readouterr().err
+
+
 def test_a_umup_only_transfer_forecasts_and_monitors_against_its_own_proxy(umup_run, tmp_path, capsys):
     import shutil
 

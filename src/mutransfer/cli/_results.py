@@ -112,7 +112,10 @@ def add_parsers(sub) -> None:
     f.add_argument("--width", type=int, help="target width (default: the config's target_width or largest width)")
     f.add_argument("--depth", type=int, help="target depth for a sweep over depths (default: the largest)")
     f.add_argument(
-        "--parametrization", default="mup", choices=("mup", "sp"), help="whose transferred point (default mup)"
+        "--parametrization",
+        default=None,
+        choices=("mup", "u-mup", "sp"),
+        help="whose transferred point (default: the transferred parametrization, µP when swept, else u-µP)",
     )
     f.add_argument(
         "--extrapolate", action="store_true", help="forecast more than 64× past the largest proxy's width or depth"
@@ -236,18 +239,19 @@ def _forecast(args) -> int:
         for note in fc.notes:
             print(f"  note: {note}")
         if fc.flops is not None:
-            print("  " + _flops_line(fc.flops, args.peak_tflops))
+            print("  " + _flops_line(fc.flops, args.peak_tflops, fc.parametrization))
     return EXIT_PASS if fc.ok else EXIT_FAIL
 
 
-def _flops_line(flops: dict, peak_tflops: float | None) -> str:
-    """The forecast's cost line (`report.forecast_flops_text`), the peak checked."""
+def _flops_line(flops: dict, peak_tflops: float | None, parametrization: str = "mup") -> str:
+    """The forecast's cost line (`report.forecast_flops_text`, labelled by whose trials), the peak checked."""
+    from ..sweep.config.config import short_label
     from ..sweep.report.report import forecast_flops_text
 
     if peak_tflops is not None and not (peak_tflops > 0):
         raise UsageError(f"--peak-tflops must be a positive number of TFLOPS, got {peak_tflops}")
     peak = None if peak_tflops is None else {"tflops": peak_tflops, "source": "--peak-tflops"}
-    return forecast_flops_text(flops, peak)
+    return forecast_flops_text(flops, peak, label=short_label(parametrization))
 
 
 # `mt.transfer_hparams` names its Python arguments in its messages; on the command line they are flags
