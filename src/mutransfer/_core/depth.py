@@ -17,6 +17,11 @@ multiplied by m_L^-α (a subclass of its class, see `scaled_forward`; nothing el
 Where tracing cannot see the branches, name them (``residual_branches=["blocks.*.attn",
 "blocks.*.mlp"]``, module name patterns) or scale them in the forward with
 ``x = x + mt.residual_branch(self, branch_out)``.
+
+A block that fx (and the probe, where it runs) observes adding nothing onto its input has no residual
+stream: a *plain stack* (a deep MLP's hidden Linears). µP refuses to depth-scale one (there is no branch
+to scale: pass depth_alpha=0); u-µP, whose depth rule is for residual branches only, asks `find_branches`
+to report it (``report_plain``) and applies no depth rule to it (`DepthMap.without_depth_rule`).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import fnmatch
 import operator
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.fx
@@ -37,8 +42,10 @@ from .naming import canonical_name
 
 __all__ = [
     "BRANCH_ATTR",
+    "MUP_BRANCH_FIXES",
     "Branch",
     "DepthMap",
+    "FoundBranches",
     "block_containers",
     "block_pattern",
     "branch_end",
@@ -111,9 +118,15 @@ def outermost(prefixes: Iterable[str]) -> list[str]:
 
 @dataclass
 class DepthMap:
-    """Depth containers between a base and another model: prefix → (L₀, L)."""
+    """Depth containers between a base and another model: prefix → (L₀, L).
+
+    `renamed` holds stacks of blocks that get no depth rule (u-µP: a plain stack, with no residual stream;
+    a single block): their names still map onto the base's (block i → block i mod L₀), but `locate` and
+    `multiplier` do not see them, so their parameters are outside any depth container.
+    """
 
     containers: dict[str, tuple[int, int]] = field(default_factory=dict)
+    renamed: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @classmethod
     def between(
@@ -143,18 +156,21 @@ class DepthMap:
 
     def locate(self, name: str) -> tuple[str, int, str] | None:
         """(container, block index, rest) of a parameter or module name, or None outside blocks."""
-        for prefix in sorted(self.containers, key=len, reverse=True):
-            hit = split_block(name, prefix)
-            if hit is not None:
-                return prefix, hit[0], hit[1]
-        return None
+        return _locate(self.containers, name)
+
+    def without_depth_rule(self, prefixes: Iterable[str]) -> DepthMap:
+        """This map with the containers `prefixes` moved to `renamed` (names mapped, no depth rule)."""
+        moved = {p: self.containers[p] for p in prefixes}
+        kept = {p: v for p, v in self.containers.items() if p not in moved}
+        return DepthMap(kept, {**self.renamed, **moved})
 
     def _reindex(self, name: str, side: int) -> str:
-        hit = self.locate(name)
+        every = {**self.renamed, **self.containers}
+        hit = _locate(every, name)
         if hit is None:
             return name
         prefix, i, rest = hit
-        return join_name(prefix, i % self.containers[prefix][side], rest)
+        return join_name(prefix, i % every[prefix][side], rest)
 
     def to_base(self, name: str) -> str:
         """The base model's name for `name` of the other model (block i → block i mod L₀)."""
@@ -174,8 +190,17 @@ class DepthMap:
 
     def normalized(self, name: str) -> str:
         """`name` with its block index replaced by '*' (the same for every block)."""
-        hit = self.locate(name)
+        hit = _locate({**self.renamed, **self.containers}, name)
         return name if hit is None else join_name(hit[0], "*", hit[2])
+
+
+def _locate(containers: Mapping[str, Any], name: str) -> tuple[str, int, str] | None:
+    """(container, block index, rest) of `name` in the innermost of `containers` holding it, or None."""
+    for prefix in sorted(containers, key=len, reverse=True):
+        hit = split_block(name, prefix)
+        if hit is not None:
+            return prefix, hit[0], hit[1]
+    return None
 
 
 # --------------------------------------------------------------------------- branches
@@ -230,12 +255,13 @@ def _is_add(node: torch.fx.Node) -> bool:
 
 def trace_branches(block: nn.Module) -> tuple[str, list[tuple[str, bool]]]:
     """How a block's residual branches can be scaled: ("modules", [(child name, tuple output)]),
-    ("helper", []) when its forward calls `residual_branch`, or raises ValueError."""
+    ("helper", []) when its forward calls `residual_branch`, or raises ValueError (a `_NoResidual` when
+    the traced forward adds nothing onto its input, an `_Untraceable` when fx cannot trace it)."""
     _TRACED_HELPER.discard(id(block))
     try:
         graph = _BlockTracer().trace(block)
     except Exception as e:  # fx raises many kinds (TraceError, TypeError, NotImplementedError, ...)
-        raise _TraceFailure(
+        raise _Untraceable(
             f"torch.fx could not trace {type(block).__name__}.forward ({type(e).__name__}: "
             f"{str(e).splitlines()[0] if str(e) else ''})"
         ) from None
@@ -275,14 +301,20 @@ def trace_branches(block: nn.Module) -> tuple[str, list[tuple[str, bool]]]:
             )
         branches.append((str(other.target), tuple_out))
     if not branches:
-        raise _TraceFailure(
-            f"{type(block).__name__}.forward adds nothing onto its input (no residual connection found)"
-        )
+        raise _NoResidual(f"{type(block).__name__}.forward adds nothing onto its input (no residual connection found)")
     return "modules", branches
 
 
 class _TraceFailure(ValueError):
-    pass
+    """A block's residual branches could not be found (the message says why)."""
+
+
+class _Untraceable(_TraceFailure):
+    """torch.fx could not trace the block's forward: nothing was observed."""
+
+
+class _NoResidual(_TraceFailure):
+    """The block was observed to add nothing onto its input: it has no residual stream."""
 
 
 @dataclass(frozen=True)
@@ -334,8 +366,9 @@ def probe_branches(block: nn.Module, model: nn.Module, inputs: Any) -> list[tupl
         (child name, tuple output) per branch, in forward order.
 
     Raises:
-        ValueError: the forward failed, never ran the block, or an addition onto the stream adds
-            something that is not a child's output (named).
+        ValueError: the forward failed, never ran the block, an addition onto the stream adds
+            something that is not a child's output (named), or nothing is added onto the stream (the
+            block has none: a `_NoResidual`).
     """
     from torch.overrides import TorchFunctionMode
 
@@ -415,23 +448,60 @@ def probe_branches(block: nn.Module, model: nn.Module, inputs: Any) -> list[tupl
     if problems:
         raise _TraceFailure(problems[0])
     if not found:
-        raise _TraceFailure(f"{type(block).__name__} adds nothing onto its input on the probe forward")
+        raise _NoResidual(f"{type(block).__name__} adds nothing onto its input on the probe forward")
     return found
 
 
+class FoundBranches(NamedTuple):
+    """What `find_branches` found: the residual branches to scale, the blocks that scale themselves
+    (`residual_branch`), and the containers observed to have no residual stream (when asked for)."""
+
+    branches: list[Branch]
+    helpers: list[str]
+    plain: list[str]
+
+
+MUP_BRANCH_FIXES = (
+    ", write `x = x + mt.residual_branch(self, branch)` in the block's forward, or pass depth_alpha=0 "
+    "to change depth without depth scaling"
+)
+
+
 def find_branches(
-    model: nn.Module, depth: DepthMap, patterns: Iterable[str] | None, inputs: Any = None
-) -> tuple[list[Branch], list[str]]:
-    """The residual branches to scale, and the blocks that scale themselves (`residual_branch`).
+    model: nn.Module,
+    depth: DepthMap,
+    patterns: Iterable[str] | None,
+    inputs: Any = None,
+    *,
+    report_plain: bool = False,
+    fixes: str = MUP_BRANCH_FIXES,
+) -> FoundBranches:
+    """The residual branches to scale, the blocks that scale themselves (`residual_branch`), and (with
+    `report_plain`) the containers whose blocks have no residual stream.
 
     With `patterns`, the named modules are the branches. Otherwise the first block of each
     depth container is traced and the same children of every block are taken; where torch.fx cannot
     trace it and `inputs` (a probe input of the model) is given, they are observed on a probe forward
     (`probe_branches`).
+
+    Args:
+        model: the model, before parametrize changes anything.
+        depth: its depth containers.
+        patterns: module name patterns of the branches (``residual_branches=``), or None to trace.
+        inputs: the probe inputs parametrize ran, or None (fx alone).
+        report_plain: report a container whose blocks were *observed* to add nothing onto their input
+            (fx traced no addition, or could not trace and the probe saw none; and the probe, when it ran,
+            saw none either) in ``plain`` instead of raising; with `patterns`, the containers holding no
+            named branch are looked at too. Default: raise, as for any container whose branches are not found.
+        fixes: the fixes the error names after ``residual_branches=`` (µP's: the `residual_branch` helper or
+            depth_alpha=0; pass "" where those do not apply).
+
+    Raises:
+        ModelError: a pattern matches nothing or lies outside the containers, or a container's branches
+            cannot be found (and it is not reported as plain).
     """
     modules = {canonical_name(n): m for n, m in model.named_modules()}
-    branches: list[Branch] = []
-    helper_blocks: list[str] = []
+    found = FoundBranches([], [], [])
     if patterns is not None:
         patterns = [patterns] if isinstance(patterns, str) else list(patterns)
         for pat in patterns:
@@ -447,45 +517,72 @@ def find_branches(
                         f"({', '.join(depth.containers) or 'none found'})"
                     )
                 end = branch_end(modules[n])
-                branches.append(Branch(n, False, None if end is None else join_name(n, end)))
-        return branches, helper_blocks
+                found.branches.append(Branch(n, False, None if end is None else join_name(n, end)))
+        if report_plain:
+            named = {hit[0] for b in found.branches if (hit := depth.locate(b.module)) is not None}
+            for prefix in depth.containers:
+                first = modules.get(join_name(prefix, 0))
+                if prefix not in named and first is not None and _observed_plain(first, model, inputs):
+                    found.plain.append(prefix)
+        return found
     for prefix, (_, l) in depth.containers.items():
         first = modules.get(join_name(prefix, 0))
         if first is None:
             raise ModelError(f"depth container '{prefix}': block 0 is not a module")
         try:
-            kind, found = trace_branches(first)
+            kind, children = _block_branches(first, model, inputs)
         except _TraceFailure as e:
-            probed: str | None = None
-            if inputs is not None:
-                try:
-                    kind, found = "modules", probe_branches(first, model, inputs)
-                except _TraceFailure as p:
-                    probed = str(p)
-            if inputs is None or probed is not None:
-                names = _branch_suggestion(first, prefix)
-                raise ModelError(
-                    f"depth scaling needs the residual branches of the blocks in '{prefix}', but {e}"
-                    + (f"; on the probe forward, {probed}" if probed else "")
-                    + f". Name the branch modules with residual_branches=[{names}] (patterns), write "
-                    f"`x = x + mt.residual_branch(self, branch)` in the block's forward, or pass depth_alpha=0 "
-                    f"to change depth without depth scaling"
-                ) from None
+            if report_plain and isinstance(e, _NoResidual):
+                found.plain.append(prefix)
+                continue
+            names = _branch_suggestion(first, prefix)
+            raise ModelError(
+                f"depth scaling needs the residual branches of the blocks in '{prefix}', but {e}. Name the branch "
+                f"modules with residual_branches=[{names}] (patterns){fixes}"
+            ) from None
         if kind == "helper":
-            helper_blocks += [join_name(prefix, i) for i in range(l)]
+            found.helpers.extend(join_name(prefix, i) for i in range(l))
             continue
-        ends = {child: (None if tuple_out else branch_end(first.get_submodule(child))) for child, tuple_out in found}
+        ends = {c: (None if tuple_out else branch_end(first.get_submodule(c))) for c, tuple_out in children}
         for i in range(l):
-            for child, tuple_out in found:
+            for child, tuple_out in children:
                 end = ends[child]
-                branches.append(
+                found.branches.append(
                     Branch(
                         join_name(prefix, i, child),
                         tuple_out,
                         None if end is None else join_name(prefix, i, child, end),
                     )
                 )
-    return branches, helper_blocks
+    return found
+
+
+def _block_branches(block: nn.Module, model: nn.Module, inputs: Any) -> tuple[str, list[tuple[str, bool]]]:
+    """`trace_branches` of a block, else (with `inputs`) `probe_branches`. Raises a `_TraceFailure` naming what
+    each saw: a `_NoResidual` when the block was observed to add nothing onto its input — fx traced no
+    addition, or could not trace it and the probe saw none; and the probe, when it ran, saw none either."""
+    try:
+        return trace_branches(block)
+    except _TraceFailure as e:
+        if inputs is None:
+            raise
+        try:
+            return "modules", probe_branches(block, model, inputs)
+        except _TraceFailure as p:
+            why = f"{e}; on the probe forward, {p}"
+            plain = isinstance(p, _NoResidual) and isinstance(e, (_NoResidual, _Untraceable))
+            raise (_NoResidual if plain else _TraceFailure)(why) from None
+
+
+def _observed_plain(block: nn.Module, model: nn.Module, inputs: Any) -> bool:
+    """Whether `block` was observed to add nothing onto its input (see `_block_branches`)."""
+    try:
+        _block_branches(block, model, inputs)
+    except _NoResidual:
+        return True
+    except _TraceFailure:
+        return False
+    return False
 
 
 def _branch_suggestion(block: nn.Module, prefix: str) -> str:

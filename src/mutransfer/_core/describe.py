@@ -28,7 +28,8 @@ _ALPHA_WORDS = {
 
 def _umup_lines(model: nn.Module, spec: MuSpec, umup, stale: dict[str, str]) -> list[str]:
     """u-µP's scales as installed: its α's, each forward constant with what it is made of, the τ rule's
-    branch multipliers, the unit-scaled nonlinearities, the depth rule and every fallback taken."""
+    branch multipliers, the unit-scaled nonlinearities, the depth rule, the plain stacks it does not apply
+    to and every fallback taken."""
     lines = ["u-µP hyperparameters: " + ", ".join(f"{_ALPHA_WORDS[k]} {v:g}" for k, v in umup.hparams.items())]
     if umup.constants:
         lines.append("u-µP forward scales (in effect, folded by mt.export):")
@@ -47,6 +48,11 @@ def _umup_lines(model: nn.Module, spec: MuSpec, umup, stale: dict[str, str]) -> 
         lines.append(f"unit {fn}: σ = {sigma:.4g} on the input of {consumer}")
     for prefix, (_, n) in spec.depth.items():
         lines.append(f"depth {prefix or '<model>'}: L={n} blocks: in-block Adam lr and ε × L^-½ (Depth-µP)")
+    for prefix, n in (getattr(umup, "plain_stacks", None) or {}).items():  # absent from specs pickled before it
+        lines.append(
+            f"plain stack {prefix or '<model>'}: L={n} blocks that add nothing onto their input (observed): no "
+            "residual stream, so no τ rule and no depth rule apply"
+        )
     lines += _folded_lines(model, umup, stale)
     for msg in umup.fallbacks:
         lines.append(f"fallback: {msg}")

@@ -48,7 +48,7 @@ from .row_roles import assign_row_roles, column_roles, row_plan
 from .shapes import WidthShapes, canonical_name
 from .spec import SPEC_ATTR, MuSpec, find_spec
 from .umup import UMuPPlan, rescale_to, unit_target
-from .umup_setup import check_umup_options, plan_umup_probed, umup_depth_map, umup_hparams
+from .umup_setup import check_umup_options, plan_umup_probed, umup_depth_map, umup_hparams, umup_residuals
 from .width_constants import ForwardConstants, merge_constants, width_constants
 from .zeroing import Zeroing, ZeroPiece, query_zeroing, readout_zeroing
 
@@ -217,21 +217,23 @@ def parametrize(
             f"did not run ({seen.error}); pass example_inputs= (a tensor, a tuple of arguments or a dict of "
             "keyword arguments the forward accepts)"
         )
+    residuals = umup_residuals(model, depth, seen.inputs, residual_branches) if umup else None
+    if residuals is not None:
+        depth = residuals.depth  # a plain stack (no residual stream) leaves it: no τ rule, no depth rule
     infos = classify(model, shapes, roles, transposed, depth, seen)
     params = {canonical_name(n): p for n, p in model.named_parameters()}
     split_rows = assign_row_roles(infos, shapes, seen, rules, params)
     _check_row_forward(infos, split_rows, rules)
     _warn_columns(column_roles(infos, shapes, seen, params))
     umup_plan: UMuPPlan | None = None
-    if umup:
+    if residuals is not None:
         branches: list[Branch] = []
         helper_blocks: list[str] = []
         folded: list[Branch] = []
-        umup_plan = plan_umup_probed(model, infos, seen, umup_hp, tunable, depth, residual_branches)
+        umup_plan = plan_umup_probed(model, infos, seen, umup_hp, tunable, residuals)
     else:
-        branches, helper_blocks = (
-            find_branches(model, depth, residual_branches) if depth.containers and alpha > 0 else ([], [])
-        )
+        found = find_branches(model, depth, residual_branches) if depth.containers and alpha > 0 else None
+        branches, helper_blocks = (found.branches, found.helpers) if found is not None else ([], [])
         branches, folded = _fold_branches(branches, infos, formulation)
     attention_plan = (
         plan_attention(

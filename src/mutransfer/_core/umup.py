@@ -19,7 +19,8 @@ weights and the exported model is a plain one with the same logits:
 - **nonlinearities**: the layer feeding f gets × α_ffn_act on its output, the layer reading f's output
   × 1/(α·σ_α) on its input (`unit_ops`: f and σ_α found on a probe forward);
 - **residual adds**: u-µP's τ rule, which for pre-norm blocks is one multiplier per branch output
-  (`rules.umup_residual_mults`);
+  (`rules.umup_residual_mults`); a stack of blocks with no residual stream (a deep MLP's hidden
+  layers: observed to add nothing onto their input) gets none, and no depth rule (`plain_stacks`);
 - **norms**: unit already (gain 1);
 - **the backward**: the loss's gradient is unit-scaled by `UMuPPlan.loss_grad_scale` (the paper's
   unit-scaled cross-entropy backward, N·√V for a mean over N tokens of a V-way softmax); it is a
@@ -80,6 +81,8 @@ class UMuPPlan:
         constants: (module, side, constant) installed, merged per place.
         why: (module, side) → what the constant is made of, for `describe`.
         branches: residual branch module → (kind, multiplier) of the τ rule.
+        plain_stacks: container → L of each stack of blocks observed to add nothing onto their input (a deep
+            MLP's hidden layers): no residual stream, so neither the τ rule nor Depth-µP's factors apply.
         activations: (consumer layer, function, σ_α) of each nonlinearity unit-scaled.
         fallbacks: what was left without a unit rule, and why (each also warned).
     """
@@ -92,6 +95,7 @@ class UMuPPlan:
     constants: ForwardConstants = field(default_factory=list)
     why: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     branches: dict[str, tuple[str, float]] = field(default_factory=dict)
+    plain_stacks: dict[str, int] = field(default_factory=dict)
     activations: list[tuple[str, str, float]] = field(default_factory=list)
     fallbacks: list[str] = field(default_factory=list)
     attention_outputs: list[tuple[str, float]] = field(default_factory=list)

@@ -1,22 +1,31 @@
 """What `parametrize(parametrization="u-mup")` settles before it plans: u-µP's α's checked, µP's options
-that u-µP replaces refused, its depth map (every stack of repeated blocks at its own L), and the probe
-for nonlinearities and residual branches that `umup.plan_umup` plans from."""
+that u-µP replaces refused, its depth map (every stack of repeated blocks at its own L), the residual
+branches (found before the parameters are classified: a plain stack, with no residual stream, leaves the
+depth map) and the probe for nonlinearities that `umup.plan_umup` plans from."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
 from ..errors import ModelError
 from ..rules import DEFAULT_DEPTH_ALPHA, DEFAULT_FORMULATION, UMUP_NAME, formulation_name
-from .depth import Branch, DepthMap, block_containers, find_branches, outermost
+from .depth import Branch, DepthMap, FoundBranches, block_containers, find_branches, outermost
 from .shapes import canonical_name
 from .umup import UMUP_DEFAULTS, UMuPPlan, plan_umup
 from .unit_ops import find_unit_ops
 
-__all__ = ["check_umup_options", "plan_umup_probed", "umup_depth_map", "umup_hparams"]
+__all__ = [
+    "UMuPResiduals",
+    "check_umup_options",
+    "plan_umup_probed",
+    "umup_depth_map",
+    "umup_hparams",
+    "umup_residuals",
+]
 
 
 def umup_hparams(parametrization: str, **given: float) -> dict[str, float]:
@@ -59,30 +68,74 @@ def check_umup_options(formulation: str, depth_alpha: float, base_depth: Any) ->
 
 
 def umup_depth_map(model: nn.Module) -> DepthMap:
-    """Every outermost container of repeated blocks as (1, L): u-µP's depth factors read L itself."""
+    """Every outermost container of repeated blocks as (1, L): u-µP's depth factors read L itself. A container
+    of a single block gets no depth rule (L^-½ = 1) but its names still map onto the base's blocks."""
     target = {canonical_name(n): tuple(p.shape) for n, p in model.named_parameters()}
     found = block_containers(target)
-    return DepthMap({p: (1, found[p]) for p in outermost(found) if found[p] > 1})
+    outer = {p: (1, found[p]) for p in outermost(found)}
+    return DepthMap({p: v for p, v in outer.items() if v[1] > 1}, {p: v for p, v in outer.items() if v[1] == 1})
 
 
-def plan_umup_probed(model, infos, seen, hparams, tunable, depth: DepthMap, residual_branches) -> UMuPPlan:
-    """u-µP's plan: the probe for nonlinearities, the residual branches, then `umup.plan_umup`."""
+@dataclass
+class UMuPResiduals:
+    """u-µP's residual structure, settled before the parameters are classified.
+
+    Attributes:
+        depth: the depth map classify reads: the containers of residual blocks (Depth-µP's in-block factors
+            apply), the plain stacks moved to ``renamed`` (their names map onto the base's, no depth rule).
+        branches: the residual branches for the τ rule, in forward order (None: not found, see ``error``).
+        error: why the branches could not be found (a warning; no τ rule then).
+        plain: plain stack → L: containers whose blocks were observed to add nothing onto their input.
+    """
+
+    depth: DepthMap
+    branches: list[Branch] | None = None
+    error: str | None = None
+    plain: dict[str, int] = field(default_factory=dict)
+
+
+def umup_residuals(model: nn.Module, depth: DepthMap, inputs: Any, residual_branches: Any) -> UMuPResiduals:
+    """Find u-µP's residual branches (fx, else the probe forward on `inputs`), container by container, so that a
+    plain stack is recognised whatever the other containers hold. A plain stack has no residual stream: the τ
+    rule has nothing to scale there and Depth-µP's factors (derived for 1/√L branches) do not apply, so it is
+    dropped from the depth map, with no warning. Where a residual block's branches cannot be found, the fix
+    named is residual_branches= (u-µP refuses depth_alpha, and `mt.residual_branch` gives one multiplier per
+    block where the τ rule needs one per branch)."""
+    if not depth.containers and residual_branches is None:
+        return UMuPResiduals(depth)
+    fixes = ": u-µP's τ rule gives each branch its own multiplier"
+    found: list[FoundBranches] = []
+    errors: list[str] = []
+    if residual_branches is not None:
+        calls = [(depth, residual_branches)]
+    else:  # one container at a time: a plain stack is recognised whatever the others hold
+        calls = [(DepthMap({p: v}), None) for p, v in depth.containers.items()]
+    for one, patterns in calls:
+        try:
+            found.append(find_branches(model, one, patterns, inputs, report_plain=True, fixes=fixes))
+        except ModelError as e:
+            errors.append(str(e))
+    plain = [p for f in found for p in f.plain]
+    out = UMuPResiduals(depth.without_depth_rule(plain), plain={p: depth.containers[p][1] for p in plain})
+    helpers = [h for f in found for h in f.helpers]
+    if errors:
+        out.error = "; ".join(errors)
+    elif helpers:
+        out.error = (
+            f"the blocks {', '.join(helpers[:2])}{' …' if len(helpers) > 2 else ''} scale their branches with "
+            "mt.residual_branch, which gives one multiplier per block and u-µP's τ rule needs one per branch; "
+            "name the branch modules with residual_branches=[...]"
+        )
+    else:
+        out.branches = [b for f in found for b in f.branches]
+    return out
+
+
+def plan_umup_probed(model, infos, seen, hparams, tunable, residuals: UMuPResiduals) -> UMuPPlan:
+    """u-µP's plan: the probe for nonlinearities, then `umup.plan_umup` with the residual branches found."""
     ops = find_unit_ops(model, seen.inputs)
     if ops.error is not None:
         raise ModelError(f"parametrize (u-mup): the probe forward that finds the nonlinearities failed ({ops.error})")
-    branches: list[Branch] | None = None
-    error = None
-    if depth.containers or residual_branches is not None:
-        try:
-            branches, helpers = find_branches(model, depth, residual_branches, inputs=seen.inputs)
-        except ModelError as e:
-            error = str(e)
-        else:
-            if helpers:
-                error = (
-                    f"the blocks {', '.join(helpers[:2])}{' …' if len(helpers) > 2 else ''} scale their branches with "
-                    "mt.residual_branch, which gives one multiplier per block and u-µP's τ rule needs one per branch; "
-                    "name the branch modules with residual_branches=[...]"
-                )
-                branches = None
-    return plan_umup(model, infos, seen, ops, hparams, tunable.embedding, branches, error)
+    plan = plan_umup(model, infos, seen, ops, hparams, tunable.embedding, residuals.branches, residuals.error)
+    plan.plain_stacks = dict(residuals.plain)
+    return plan
