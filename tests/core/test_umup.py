@@ -270,7 +270,8 @@ def test_an_op_without_a_unit_rule_is_named_and_the_rest_is_unit_scaled():
     plan = find_spec(model).umup
     assert ("mid", "gelu", pytest.approx(activation_scale("gelu"))) in [tuple(a) for a in plan.activations]
     c = {(m, str(s)): v for m, s, v in plan.constants}
-    assert c[("out", "input ×")] == pytest.approx(1 / 128)  # only the readout's own multiplier: erf left as it is
+    # only the readout's own multiplier (on its output: its nonzero bias shifted); erf left as it is: no input scale
+    assert c[("out", "output ×")] == pytest.approx(1 / 128) and ("out", "input ×") not in c
 
 
 def test_describe_prints_the_umup_scales():

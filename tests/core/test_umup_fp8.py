@@ -78,6 +78,58 @@ def test_the_matmul_scale_sits_on_the_layer_output_and_a_zero_bias_is_shifted():
     assert spec.factors("blocks.0.attn.qkv.bias", "adam")[0] == pytest.approx(16.0 * 2**-0.5)  # × L^-½
 
 
+class _PlainMLP(torch.nn.Module):
+    """nn.Linear with PyTorch's default init: every bias nonzero."""
+
+    def __init__(self, width: int, depth: int = 3):
+        super().__init__()
+        self.inp = torch.nn.Linear(20, width)
+        self.hidden = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(depth))
+        self.out = torch.nn.Linear(width, 10)
+
+    def forward(self, x):
+        x = F.gelu(self.inp(x))
+        for h in self.hidden:
+            x = F.gelu(h(x))
+        return self.out(x)
+
+
+def test_a_nonzero_bias_is_shifted_too_so_the_matmul_operands_stay_unit():
+    """PyTorch's default Linear has a nonzero bias; with the matmul's 1/√fan_in on its input the hidden
+    matmuls' inputs had RMS 1/32 at width 1024 (68 % below 2^-6). Shifted like a zero bias, b' = b/A."""
+    torch.manual_seed(0)
+    model = mt.parametrize(_PlainMLP(1024), base=_PlainMLP(64), delta=_PlainMLP(128), parametrization="u-mup")
+    plan = find_spec(model).umup
+    c = {(m, str(side)): v for m, side, v in plan.constants}
+    assert c[("hidden.0", "output ×")] == pytest.approx(1024**-0.5)
+    assert plan.shifted["hidden.0.bias"] == "hidden.0" and plan.folded["hidden.0.bias"] == pytest.approx(32.0)
+    x = torch.randn(64, 20, generator=torch.Generator().manual_seed(1))
+    report = fp8_underflow(model, x)
+    assert report.fraction <= 0.05 and report.activations <= 0.05, report
+    seen = _Operands()
+    with torch.no_grad(), seen:
+        out = model(x)
+    for inp, w in seen.linear[1:-1]:  # the hidden layers' operands
+        assert 0.5 <= inp <= 2.0 and 0.5 <= w <= 2.0, seen.linear
+    # the same function as the exported plain model (its biases back at b = A·b')
+    plain = mt.export(model)
+    assert torch.allclose(plain(x), out, atol=1e-5)
+    assert rms(plain.hidden[0].bias) == pytest.approx(rms(model.hidden[0].bias) / 32.0, rel=1e-5)
+    # and the same groups as a zero-bias model's: the shift's lr and ε compensation applies alike
+    torch.manual_seed(0)
+    zero = _PlainMLP(1024)
+    for layer in (zero.inp, *zero.hidden, zero.out):
+        torch.nn.init.zeros_(layer.bias)
+    zero = mt.parametrize(zero, base=_PlainMLP(64), delta=_PlainMLP(128), parametrization="u-mup")
+    groups = {tuple(id(p) for p in g["params"]): g for g in mt.param_groups(model, lr=0.1, optimizer="adam")}
+    names = {id(p): n for n, p in model.named_parameters()}
+    zgroups = mt.param_groups(zero, lr=0.1, optimizer="adam")
+    znames = {id(p): n for n, p in zero.named_parameters()}
+    lr = {names[i]: (g["lr"], g.get("eps")) for ids, g in groups.items() for i in ids}
+    zlr = {znames[id(p)]: (g["lr"], g.get("eps")) for g in zgroups for p in g["params"]}
+    assert lr == zlr
+
+
 def test_the_attention_output_is_unit_scaled_at_the_probe_length():
     assert attention_output_scale(32, 32, causal=True) == pytest.approx(
         math.sqrt(sum(1 / i for i in range(1, 33)) / 32)

@@ -63,8 +63,10 @@ def test_written_out_tanh_gelu_gets_gelus_unit_scale():
     assert [(c, f) for c, f, _ in plan.activations] == [("mid", "gelu")]
     assert plan.activations[0][2] == pytest.approx(sigma)
     c = {(m, str(s)): v for m, s, v in plan.constants}
-    # 1/σ of the unit GELU, with the scaled matmul's 1/√fan_in (on the input: nn.Linear's bias is nonzero)
-    assert c[("mid", "input ×")] == pytest.approx(256**-0.5 / sigma)
+    # 1/σ of the unit GELU on the input; the scaled matmul's 1/√fan_in on the output (nn.Linear's nonzero
+    # bias shifted by abc-symmetry)
+    assert c[("mid", "input ×")] == pytest.approx(1 / sigma)
+    assert c[("mid", "output ×")] == pytest.approx(256**-0.5)
     seen = {}
     model.mid.register_forward_pre_hook(lambda m, a: seen.__setitem__("x", a[0]))
     with torch.no_grad():

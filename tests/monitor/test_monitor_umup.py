@@ -63,6 +63,20 @@ def test_a_healthy_umup_run_raises_nothing_and_its_trajectory_carries_the_umup_r
     assert 0.8 < first["blocks.0.fc"]["act_rms"] < 1.2 and 0.8 < first["blocks.0.attn.qkv"]["act_rms"] < 1.2
 
 
+def test_zero_biases_raise_nothing_either():
+    """The recipes' GPT at nanoGPT's init (zero biases, every matmul's 1/√fan_in on its output): before, the
+    monitor counted that factor on top of unit scale — 10 false alarms (attention logit scale 1/1024 for the
+    installed 1/16; qkv act_rms 1 for 1/8)."""
+    torch.manual_seed(0)
+
+    def gpt(w: int) -> GPT:
+        return GPT(w, vocab=V, n_layer=2, n_head=4, ctx=CTX, tied=False, init_std=0.02)
+
+    model = mt.parametrize(gpt(64), base=gpt(32), delta=gpt(64), parametrization="u-mup")
+    mon = train(model, adamw(model))
+    assert mon.alarms == []
+
+
 def test_a_umup_target_4x_wider_than_its_proxy_passes_and_plain_adamw_does_not(tmp_path):
     """u-µP's hidden Adam lr is fan_in^-½: ×½ from width 64 to 256 where µP's Table 3 says ×¼ — with µP's
     exponents every hidden layer of this healthy target raised an update alarm (measured: 13 alarms)."""

@@ -106,7 +106,7 @@ def _folded_lines(model: nn.Module, umup, stale: dict[str, str]) -> list[str]:
                 )
                 continue
             lines.append(
-                f"shifted bias {name} (abc-symmetry, value unchanged: {now}): its layer {layer or '<model>'} "
+                f"shifted bias {name} (abc-symmetry: its init value × 1/A = {c:.4g}; {now}): its layer {layer or '<model>'} "
                 f"multiplies its output, bias included, by {float(installed):.4g} (the scaled matmul's {a:.4g}"
                 + (
                     f" × {float(installed) / a:.4g} of its other scales"

@@ -302,7 +302,11 @@ def parametrize(
                 if not p.is_meta:
                     spec.init_scales[name] = rescale_to(p, unit)
                 continue
-            target = factor(rules[info.role].init, info.m_in, info.m_out) * tunable.init_mult(info.role) * depth_f
+            # u-µP: a bias under its layer's output multiplier A holds b/A (abc-symmetry: the same function)
+            shift = umup_plan.folded[name] if umup_plan is not None and name in umup_plan.shifted else 1.0
+            target = (
+                factor(rules[info.role].init, info.m_in, info.m_out) * tunable.init_mult(info.role) * depth_f * shift
+            )
             if base_p is not None:
                 grows = tuple(s != b for s, b in zip(p.shape, base_p.shape))
                 spec.init_laws[name] = read_law(base_p, grows).scaled(target)
@@ -320,7 +324,7 @@ def parametrize(
                     spec.kept_values,
                     grown,
                 )
-                init_factor *= depth_f
+                init_factor *= depth_f * shift
                 spec.init_scales[name] = init_factor  # the field keeps its name: MuSpec is pickled with models
                 if init_factor != 1.0:
                     p.mul_(init_factor)

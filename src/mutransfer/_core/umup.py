@@ -8,10 +8,10 @@ weights and the exported model is a plain one with the same logits:
   forward column (fan_in^-½ for hidden and finite-fan_in input layers, α_output·α_loss_softmax/fan_in
   for the readout, nothing for a lookup): u-µP's scaled matmul, ``(x·Wᵀ)·A``, whose operands x and W
   are both unit-scale — what an FP8 matmul needs (`mt.fp8_simulation` casts x and W). A layer with a
-  bias keeps that bias's function by abc-symmetry: ``(x·Wᵀ + b')·A`` with b' = b/A, its Adam lr × 1/A,
-  SGD lr × 1/A², ε × A (`UMuPPlan.folded`); a layer whose bias is nonzero at init keeps A on its
-  input instead (so the bias keeps its value), and so does a readout tied to the embedding (a factor
-  on its output could not be folded into the shared weight by `mt.export`), both named in ``why``;
+  bias keeps that bias's function by abc-symmetry: ``(x·Wᵀ + b')·A`` with b' = b/A (its value × 1/A:
+  zero stays zero, PyTorch's default nonzero bias is rescaled), its Adam lr × 1/A, SGD lr × 1/A², ε × A
+  (`UMuPPlan.folded`, `UMuPPlan.shifted`). A readout tied to the embedding keeps A on its input (a
+  factor on its output could not be folded into the shared weight by `mt.export`), named in ``why``;
 - **attention**: logits × α_attn_softmax/d_head (µP's 1/d, set through the attention machinery); the
   attention's output × 1/√(mean over queries of 1/n_visible) on the input of the layer that reads it
   (`unit_ops.attention_output_scale`: the RMS of near-uniform attention under the probe's mask,
@@ -85,6 +85,10 @@ class UMuPPlan:
             MLP's hidden layers): no residual stream, so neither the τ rule nor Depth-µP's factors apply.
         activations: (consumer layer, function, σ_α) of each nonlinearity unit-scaled.
         fallbacks: what was left without a unit rule, and why (each also warned).
+        matmul_scales: layer → the scaled matmul's 1/√fan_in on its output (hidden and input rows): the
+            factor that brings the product of unit operands back to unit scale, so the layer's output *after*
+            it is what u-µP holds at scale one (the monitor discounts it; other output constants are scales
+            on top of one).
     """
 
     hparams: dict[str, float] = field(default_factory=dict)
@@ -98,6 +102,7 @@ class UMuPPlan:
     plain_stacks: dict[str, int] = field(default_factory=dict)
     activations: list[tuple[str, str, float]] = field(default_factory=list)
     fallbacks: list[str] = field(default_factory=list)
+    matmul_scales: dict[str, float] = field(default_factory=dict)
     attention_outputs: list[tuple[str, float]] = field(default_factory=list)
     vocab: int | None = None
     alpha_loss: float = 1.0
@@ -224,6 +229,8 @@ def plan_umup(
             }[row]
             for m in weight_uses:
                 _place_matmul_scale(plan, add, modules[m], m, c, what)
+                if row != "output":
+                    plan.matmul_scales[m] = c
         for m in readouts:  # a readout tied to this embedding: its own multiplier on its input
             if m in modules and m in seen.called:
                 tied_c = readout_mult / fo
@@ -299,12 +306,11 @@ def _place_matmul_scale(
     plan: UMuPPlan, add: Callable[..., None], module: nn.Module, name: str, c: float, what: str
 ) -> None:
     """Put a matmul's scale `c` on its layer's output (u-µP's scaled matmul: unit operands), its bias
-    shifted by abc-symmetry; on its input when the bias is nonzero at init (a meta bias is read as zero:
-    a meta target's biases are drawn later, by `mt.init_weights`)."""
+    shifted by abc-symmetry (b' = b/c, zero or not: `parametrize` rescales its value and `param_groups`
+    its lr and ε). With the factor on the input instead, a layer with PyTorch's default nonzero bias fed
+    its matmul an operand of RMS c (1/32 at fan_in 1024): 68 % of a GELU MLP's hidden-matmul inputs fell
+    below E4M3's smallest normal at init."""
     bias = module._parameters.get("bias")
-    if bias is not None and not bias.is_meta and bool(bias.detach().ne(0).any()):
-        add(name, scaled_forward.Side.INPUT, c, what + " on the input (a nonzero bias keeps its value)")
-        return
     add(name, scaled_forward.Side.OUTPUT, c, what)
     if bias is not None:
         bias_name = f"{name}.bias" if name else "bias"

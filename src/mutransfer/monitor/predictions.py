@@ -158,11 +158,18 @@ def attention_findings(spec: MuSpec, calls: list[Any]) -> list[Finding]:
     base's head dim d₀ and measured scale s₀ (the base's attention, as `parametrize` would have set it)."""
     want = {a.module: float(a.scale) for a in spec.attention}
     depth = DepthMap(dict(spec.depth))
+    # u-µP: q and k leave their layers through its scaled matmul's 1/√fan_in (`UMuPPlan.matmul_scales`), a
+    # constant the measurement sees on top of the installed scale; with it, q and k are at unit scale
+    plan = spec.__dict__.get("umup")
+    matmul = dict(getattr(plan, "matmul_scales", None) or {}) if plan is not None else {}
     found: list[Finding] = []
     for c in calls:
         expected = want.get(c.module)
         if expected is None:
             expected = _mup_scale(spec, depth.to_base(c.module), c.head_dim)
+        if expected is not None:
+            for source in (c.query, c.key):
+                expected *= matmul.get(source or "", 1.0)
         if expected is None or close(float(c.scale), expected, 1e-3):
             continue
         sqrt_d = c.head_dim**-0.5 if c.head_dim else math.nan
@@ -201,7 +208,8 @@ def _width_ratio(column: str, role: str, formulation: str, target: dict, proxy: 
 
 def umup_unit_findings(spec: MuSpec, record: dict, tolerance: float) -> list[Finding]:
     """u-µP at init: every weight layer's output has unit scale, times the constants `parametrize` installed on
-    that output (α_embedding, α_ffn_act, the τ rule's branch multipliers); a finding for a layer whose
+    that output (α_embedding, α_ffn_act, the τ rule's branch multipliers; not the scaled matmul's 1/√fan_in,
+    which is what brings it to one); a finding for a layer whose
     activation RMS is above `tolerance` × that. Only growth is a finding: a layer reading an attention average
     sits below 1 at init by design (a mean of unit vectors), a readout at 1/√fan_in (its 1/fan_in rule).
 
@@ -217,6 +225,9 @@ def umup_unit_findings(spec: MuSpec, record: dict, tolerance: float) -> list[Fin
     for module, side, c in plan.constants:
         if str(side) == str(Side.OUTPUT):
             out_mult[module] = out_mult.get(module, 1.0) * float(c)
+    for module, c in (getattr(plan, "matmul_scales", None) or {}).items():  # the unit-restoring part: not on top
+        if module in out_mult:
+            out_mult[module] /= float(c)
     found: list[Finding] = []
     for name, row in plan.rows.items():
         if row not in UNIT_ROWS:
