@@ -40,8 +40,9 @@ class UnderflowReport:
     """How much of the hidden matmuls' operands FP8 (E4M3) holds below its smallest normal.
 
     Attributes:
-        fraction: elements with |x| < `threshold` over all hidden-matmul operand elements (weights
-            and activations together); exact zeros included.
+        fraction: elements with 0 < |x| < `threshold` over all hidden-matmul operand elements (weights
+            and activations together). Exact zeros are not counted: FP8 holds them exactly (a ReLU's
+            output is half zeros); they are `zeros`.
         weights: the same over the hidden weights alone.
         activations: the same over the activations entering those matmuls (and the attention's q, k, v).
         zeros: the fraction that is exactly zero (held exactly by FP8: not lost precision).
@@ -86,7 +87,7 @@ class _Counter:
     def add(self, name: str, x: torch.Tensor, weight: bool) -> None:
         x = x.detach().double()
         a = x.abs()
-        small = a < self.threshold
+        small = (a < self.threshold) & (a > 0)
         row = self.rows.setdefault(name, [0, 0, 0, int(weight), 0.0, 0.0])
         row[0] += int(small.sum())
         row[1] += int((x == 0).sum())

@@ -226,6 +226,10 @@ def test_underflow_mass_separates_a_sparse_operand_from_a_small_one():
     assert report.by_layer["fc:input"] == 0.5
     assert report.mass_by_layer["fc:input"] == pytest.approx(1e-6 / (1 + 1e-6))
     assert report.mass_by_layer["fc.weight"] == 0.0
+    relu = torch.ones(8, 64)
+    relu[:, ::2] = 0.0  # exact zeros (a ReLU's output): held exactly by FP8, not counted, reported as zeros
+    zeros = fp8_underflow(model, relu, hidden=["fc.weight"])
+    assert zeros.by_layer["fc:input"] == 0.0 and zeros.zeros == pytest.approx(256 / (64 * 64 + 8 * 64))
     tiny = fp8_underflow(model, torch.full((8, 64), 1e-3), hidden=["fc.weight"])
     assert tiny.by_layer["fc:input"] == 1.0 and tiny.mass_by_layer["fc:input"] == 1.0
     assert "of their squared norm" in str(tiny)

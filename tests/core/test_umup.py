@@ -309,3 +309,47 @@ def test_the_coordinate_check_passes_umup_and_knows_its_embedding_rule():
     init = {(rec.module, rec.width): rec for rec in r.records if rec.step == 0 and rec.quantity == "size"}
     for w in (32, 256):
         assert 0.7 < init[("blocks.0.fc", w)].value < 1.4
+
+
+class _Router(nn.Module):
+    """A hand-written mixture of experts: the branch's output is the gate-weighted sum of the experts'."""
+
+    def __init__(self, d: int, experts: int = 4):
+        super().__init__()
+        self.gate = nn.Linear(d, experts, bias=False)
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(d, 2 * d), nn.ReLU(), nn.Linear(2 * d, d)) for _ in range(experts)
+        )
+
+    def forward(self, x):
+        w = self.gate(x).softmax(-1)
+        return sum(w[..., i : i + 1] * e(x) for i, e in enumerate(self.experts))
+
+
+class _MoE(nn.Module):
+    def __init__(self, d: int, blocks: int = 2, vocab: int = 64):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(blocks))
+        self.moes = nn.ModuleList(_Router(d) for _ in range(blocks))
+        self.out = nn.Linear(d, vocab)
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        for norm, moe in zip(self.norms, self.moes):
+            x = x + moe(norm(x))
+        return self.out(x)
+
+
+def test_a_routers_branch_multiplier_folds_into_all_its_experts_on_export():
+    """The τ rule's multiplier on a router branch: no single expert's last layer takes it (each moves the
+    output by a quarter), the four together do (export raised 'cannot be folded' before)."""
+    torch.manual_seed(0)
+    idx = torch.randint(0, 64, (2, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing falls back: the router is unit-scaled like any branch
+        model = mt.parametrize(_MoE(128), base=_MoE(32), delta=_MoE(64), parametrization="u-mup")
+    assert set(find_spec(model).umup.branches) == {"moes.0", "moes.1"}
+    plain = mt.export(model)
+    assert torch.allclose(plain(idx), model(idx), rtol=1e-4, atol=1e-5)
+    assert not any(hasattr(m, "_mutransfer_output") for m in plain.modules())

@@ -523,7 +523,10 @@ def find_branches(
             for prefix in depth.containers:
                 first = modules.get(join_name(prefix, 0))
                 if prefix not in named and first is not None and _observed_plain(first, model, inputs):
-                    found.plain.append(prefix)
+                    blocks = [modules[join_name(prefix, i)] for i in range(depth.containers[prefix][1])]
+                    seen = _outputs_added(blocks, model, inputs)
+                    if seen is not None and not any(a for a, _ in seen):
+                        found.plain.append(prefix)
         return found
     for prefix, (_, l) in depth.containers.items():
         first = modules.get(join_name(prefix, 0))
@@ -533,8 +536,18 @@ def find_branches(
             kind, children = _block_branches(first, model, inputs)
         except _TraceFailure as e:
             if report_plain and isinstance(e, _NoResidual):
-                found.plain.append(prefix)
-                continue
+                blocks = [modules[join_name(prefix, i)] for i in range(l)]
+                seen = _outputs_added(blocks, model, inputs)
+                if seen is None or not any(a for a, _ in seen):
+                    found.plain.append(prefix)
+                    continue
+                if all(a for a, _ in seen):  # the parent adds each block onto its stream: the blocks are the branches
+                    for i, (_, tuple_out) in enumerate(seen):
+                        end = None if tuple_out else branch_end(blocks[i])
+                        name = join_name(prefix, i)
+                        found.branches.append(Branch(name, tuple_out, None if end is None else join_name(name, end)))
+                    continue
+                e = _TraceFailure(f"{e}, and only some of its blocks' outputs are added onto a stream outside them")
             names = _branch_suggestion(first, prefix)
             raise ModelError(
                 f"depth scaling needs the residual branches of the blocks in '{prefix}', but {e}. Name the branch "
@@ -583,6 +596,57 @@ def _observed_plain(block: nn.Module, model: nn.Module, inputs: Any) -> bool:
     except _TraceFailure:
         return False
     return False
+
+
+def _outputs_added(blocks: list[nn.Module], model: nn.Module, inputs: Any) -> list[tuple[bool, bool]] | None:
+    """For each block, whether its output (or the first element of its tuple output) is an operand of an
+    addition anywhere on one probe forward of `model` — a stream that the *parent* adds each block onto
+    (``x = x + moe(norm(x))`` with ``moes`` a ModuleList): then the blocks themselves are the branches —
+    and whether that output was a tuple. None when the forward fails or `inputs` is None."""
+    if inputs is None:
+        return None
+    from torch.overrides import TorchFunctionMode
+
+    from .observe import call_model
+    from .op_tables import op_name
+
+    outputs: dict[int, tuple[torch.Tensor, int, bool]] = {}  # id(output) → (output, block index, tuple output)
+    added = [False] * len(blocks)
+    tupled = [False] * len(blocks)
+
+    class _Adds(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if op_name(func) == "add":
+                for a in args[:2]:
+                    hit = outputs.get(id(a)) if isinstance(a, torch.Tensor) else None
+                    if hit is not None and hit[0] is a:
+                        added[hit[1]] = True
+            return func(*args, **(kwargs or {}))
+
+    def hook(i: int):
+        def record(module: nn.Module, args: Any, out: Any) -> None:
+            if isinstance(out, torch.Tensor):
+                outputs[id(out)] = (out, i, False)
+            elif isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+                outputs[id(out[0])] = (out[0], i, True)
+                tupled[i] = True
+
+        return record
+
+    handles = [b.register_forward_hook(hook(i)) for i, b in enumerate(blocks)]
+    was_training = {m: m.training for m in model.modules()}
+    model.eval()
+    try:
+        with torch.no_grad(), _Adds():
+            call_model(model, inputs)
+    except Exception:
+        return None
+    finally:
+        for h in handles:
+            h.remove()
+        for m, t in was_training.items():
+            m.training = t
+    return list(zip(added, tupled))
 
 
 def _branch_suggestion(block: nn.Module, prefix: str) -> str:

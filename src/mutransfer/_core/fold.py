@@ -20,7 +20,7 @@ from torch import nn
 from .. import scaled_forward
 from ..errors import ExportError, MuPWarning
 from .attention import MuMultiheadAttention, mha_in_projections, mup_logit_scale
-from .depth import BRANCH_ATTR, branch_end, branch_outputs
+from .depth import BRANCH_ATTR, block_pattern, branch_end, branch_outputs
 from .export_check import copied, hf_configs, relative_error
 from .naming import canonical_name
 from .observe import call_model
@@ -293,14 +293,31 @@ class Folder:
         return [self.modules[n] for n in dict.fromkeys(names)]
 
     def _greedy(self, c: _Constant, calls, what: str, where: str) -> None:
-        """Fold c into layers of the module one at a time, last first, keeping each that brings the
-        module's output closer (a block scaling two branches needs two); done when it matches."""
+        """Fold c into layers of the module, last first, keeping each that brings the module's output
+        closer (a block scaling two branches needs two); done when it matches. Layers at the same place
+        in repeated blocks (``experts.*.down``: a router's experts, whose weighted sum is the output) are
+        tried together first — no one of them alone moves the output by half — then one at a time."""
         module = self.modules[c.module]
         error = self._module_error(c.module, calls)
-        for _, layer in reversed(list(_layers(module))):
+        groups: dict[str, list[nn.Module]] = {}
+        for name, layer in _layers(module):
+            head, _, last = name.rpartition(".")  # block indices starred, the layer's own name kept:
+            key = f"{block_pattern(head)}.{last}" if head else last  # experts.*.2, not experts.*.*
+            groups.setdefault(key, []).append(layer)
+            groups[key] = groups.pop(key)  # ordered by the last member
+        units: list[list[nn.Module]] = []
+        for members in reversed(list(groups.values())):
+            if len(members) > 1:
+                units.append(members)
+            units += [[m] for m in reversed(members)]
+        for unit in units:
+            undos = []
             try:
-                undo = self._scale(layer, c.factor)
+                for layer in unit:
+                    undos.append(self._scale(layer, c.factor))
             except _Shared:
+                for u in reversed(undos):
+                    u()
                 continue
             now = self._module_error(c.module, calls)
             if now <= self.rtol:
@@ -308,7 +325,8 @@ class Folder:
             if now < 0.5 * error:
                 error = now
             else:
-                undo()
+                for u in reversed(undos):
+                    u()
         raise ExportError(
             f"export: {what} of '{canonical_name(c.module)}' ({_class_name(module)}, ×{c.factor:.6g}) "
             f"cannot be folded into {where}: no layer of it takes the factor with the module's output "
