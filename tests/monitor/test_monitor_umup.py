@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 import mutransfer as mt
 from mutransfer import rules
+from mutransfer._core.spec import find_spec
 from mutransfer.errors import UsageError
 from mutransfer.monitor.monitor import load_trajectory
 from mutransfer.recipes import GPT
@@ -118,3 +119,36 @@ def test_a_mup_proxy_is_refused_for_a_umup_model(tmp_path):
     model = build(64)
     with pytest.raises(UsageError, match="parametrization 'mup'.*'u-mup'"):
         mt.Monitor(model, adamw(model), proxy=path)
+
+
+def test_a_hugging_face_llama_raises_nothing():
+    """HF's attention carries q and k to SDPA its own way (rotary, repeat_kv): the recorder saw one of the two
+    scaled-matmul factors, and the monitor, expecting both, raised 'attention logit scale' on every layer. It
+    now compares with what the recorder measured right after parametrize (`MuSpec.attention_effective`)."""
+    transformers = pytest.importorskip("transformers")
+
+    class Wrap(torch.nn.Module):
+        def __init__(self, w: int):
+            super().__init__()
+            cfg = transformers.LlamaConfig(
+                vocab_size=V,
+                hidden_size=w,
+                intermediate_size=2 * w,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=64,
+            )
+            cfg._attn_implementation = "sdpa"
+            self.m = transformers.LlamaForCausalLM(cfg)
+
+        def forward(self, idx):
+            return self.m(input_ids=idx).logits
+
+    torch.manual_seed(0)
+    x = torch.randint(0, V, (2, CTX))
+    model = mt.parametrize(Wrap(128), base=Wrap(32), delta=Wrap(64), parametrization="u-mup", example_inputs=x)
+    spec = find_spec(model)
+    assert set(spec.attention_effective) == {f"m.model.layers.{i}.self_attn" for i in range(2)}
+    mon = train(model, adamw(model), steps=8, every=4)
+    assert [a for a in mon.alarms if a.what == "attention logit scale"] == []

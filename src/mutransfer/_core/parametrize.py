@@ -48,6 +48,7 @@ from .row_roles import assign_row_roles, column_roles, row_plan
 from .shapes import WidthShapes, canonical_name
 from .spec import SPEC_ATTR, MuSpec, find_spec
 from .umup import UMuPPlan, rescale_to, unit_target
+from .recorder import effective_logit_scales
 from .umup_setup import check_umup_options, plan_umup_probed, umup_depth_map, umup_hparams, umup_residuals
 from .width_constants import ForwardConstants, merge_constants, width_constants
 from .zeroing import Zeroing, ZeroPiece, query_zeroing, readout_zeroing
@@ -371,6 +372,8 @@ def parametrize(
     setattr(model, SPEC_ATTR, spec)
     mark_parameters(model, spec)
     register_plain_guard()
+    if umup and spec.attention and not any(p.is_meta for p in model.parameters()):
+        spec.attention_effective = effective_logit_scales(model, seen.inputs)
     return model
 
 

@@ -73,6 +73,10 @@ class MuSpec:
     init_rms: dict[str, float | None] = field(default_factory=dict)
     parametrization: str = MUP  # "mup" or "u-mup" (rules.PARAMETRIZATIONS)
     umup: UMuPPlan | None = None  # u-µP's plan (rows, fans, constants, residual multipliers), for "u-mup"
+    # attention module → the constant multiplying q·kᵀ as the recorder measures it on the probe right after
+    # parametrize installed everything (u-µP: its scaled matmuls' 1/√fan_in on q and k included, however the
+    # model's own code carries them to the attention): what the monitor compares a later measurement with
+    attention_effective: dict[str, float] = field(default_factory=dict)
 
     def expected_rms(self, name: str) -> float:
         """µP's RMS of parameter `name`'s init: its law's, with the pieces its init multiplies (rows, zeros).

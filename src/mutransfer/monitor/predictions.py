@@ -158,18 +158,22 @@ def attention_findings(spec: MuSpec, calls: list[Any]) -> list[Finding]:
     base's head dim d₀ and measured scale s₀ (the base's attention, as `parametrize` would have set it)."""
     want = {a.module: float(a.scale) for a in spec.attention}
     depth = DepthMap(dict(spec.depth))
-    # u-µP: q and k leave their layers through its scaled matmul's 1/√fan_in (`UMuPPlan.matmul_scales`), a
-    # constant the measurement sees on top of the installed scale; with it, q and k are at unit scale
+    # u-µP: q and k leave their layers through its scaled matmul's 1/√fan_in, a constant the measurement sees
+    # on top of the installed scale — as it saw it right after parametrize (`MuSpec.attention_effective`); a
+    # model parametrized on meta has no such record: the matmul scales of q's and k's layers are applied
+    effective = dict(spec.__dict__.get("attention_effective") or {})
     plan = spec.__dict__.get("umup")
     matmul = dict(getattr(plan, "matmul_scales", None) or {}) if plan is not None else {}
     found: list[Finding] = []
     for c in calls:
-        expected = want.get(c.module)
+        expected = effective.get(c.module)
         if expected is None:
-            expected = _mup_scale(spec, depth.to_base(c.module), c.head_dim)
-        if expected is not None:
-            for source in (c.query, c.key):
-                expected *= matmul.get(source or "", 1.0)
+            expected = want.get(c.module)
+            if expected is None:
+                expected = _mup_scale(spec, depth.to_base(c.module), c.head_dim)
+            elif matmul:
+                for source in (c.query, c.key):
+                    expected *= matmul.get(source or "", 1.0)
         if expected is None or close(float(c.scale), expected, 1e-3):
             continue
         sqrt_d = c.head_dim**-0.5 if c.head_dim else math.nan
