@@ -353,3 +353,42 @@ def test_a_routers_branch_multiplier_folds_into_all_its_experts_on_export():
     plain = mt.export(model)
     assert torch.allclose(plain(idx), model(idx), rtol=1e-4, atol=1e-5)
     assert not any(hasattr(m, "_mutransfer_output") for m in plain.modules())
+
+
+class _DropBlock(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, 4 * d)
+        self.proj = nn.Linear(4 * d, d)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x):
+        return x + self.drop(self.proj(F.gelu(self.fc(self.ln(x)))))
+
+
+class _DropNet(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.inp = nn.Linear(8, d)
+        self.blocks = nn.ModuleList(_DropBlock(d) for _ in range(3))
+        self.out = nn.Linear(d, 2)
+
+    def forward(self, x):
+        x = self.inp(x)
+        for b in self.blocks:
+            x = b(x)
+        return self.out(x)
+
+
+def test_a_dropout_on_the_branch_puts_the_tau_multiplier_on_the_layer_before_it():
+    """`x + drop(proj(...))`: the branch is proj (the multiplier before a dropout is the same function), so
+    export folds it into proj — on the Dropout it had no layer to go into ('cannot be folded')."""
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = mt.parametrize(_DropNet(128), base=_DropNet(32), delta=_DropNet(64), parametrization="u-mup")
+    assert set(find_spec(model).umup.branches) == {f"blocks.{i}.proj" for i in range(3)}
+    model.eval()
+    x = torch.randn(4, 8)
+    assert torch.allclose(mt.export(model).eval()(x), model(x), rtol=1e-4, atol=1e-6)

@@ -162,3 +162,33 @@ def test_the_residual_fallback_names_the_models_own_branch_modules():
     msg = str(err.value)
     assert "'model.layers.*.self_attn'" in msg and "'model.layers.*.mlp'" in msg
     assert "'model.layers.*.attn'" not in msg and "layernorm" not in msg
+
+
+def gpt_neox(width, seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.GPTNeoXConfig(
+        hidden_size=width,
+        intermediate_size=4 * width,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        vocab_size=128,
+        max_position_embeddings=32,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return transformers.GPTNeoXForCausalLM(cfg).eval()
+
+
+def test_gpt_neoxs_parallel_residual_gets_the_tau_rule_and_exports():
+    """GPT-NeoX adds attention and MLP together before the stream (`mlp + attn + x`), each through a dropout:
+    the probe takes the sum's two sources as the branches and looks through the dropouts (before: 'adds a
+    Tensor that no child of GPTNeoXLayer returned', no τ rule, a warning)."""
+    model, msgs = umup(gpt_neox)
+    assert not [m for m in msgs if "residual" in m], msgs
+    branches = find_spec(model).umup.branches
+    assert set(branches) == {f"gpt_neox.layers.{i}.{c}" for i in range(2) for c in ("attention", "mlp")}
+    assert {kind for kind, _ in branches.values()} == {"attention", "mlp"}
+    with torch.no_grad():
+        logits = model(X).logits
+        exported = mt.export(model)(X).logits
+    assert torch.allclose(exported, logits, rtol=1e-4, atol=1e-5 * float(logits.abs().max()))

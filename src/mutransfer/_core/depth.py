@@ -285,14 +285,28 @@ def trace_branches(block: nn.Module) -> tuple[str, list[tuple[str, bool]]]:
             continue
         stream.add(node)
         tuple_out = False
-        if (
-            isinstance(other, torch.fx.Node)
-            and other.op == "call_function"
-            and other.target is operator.getitem
-            and other.args[1] == 0
-            and isinstance(other.args[0], torch.fx.Node)
-        ):
-            other, tuple_out = other.args[0], True
+        while True:
+            if (
+                isinstance(other, torch.fx.Node)
+                and other.op == "call_function"
+                and other.target is operator.getitem
+                and other.args[1] == 0
+                and isinstance(other.args[0], torch.fx.Node)
+            ):
+                other, tuple_out = other.args[0], True
+            # a dropout (or identity) on the branch: the branch is the module before it (linear: the same
+            # function with the multiplier before it, and export can fold it there)
+            if (
+                isinstance(other, torch.fx.Node)
+                and other.op == "call_module"
+                and isinstance(block.get_submodule(str(other.target)), (nn.Identity, nn.modules.dropout._DropoutNd))
+                and other.args
+                and isinstance(other.args[0], torch.fx.Node)
+                and other.args[0].op in ("call_module", "call_function")
+            ):
+                other, tuple_out = other.args[0], False
+                continue
+            break
         if not isinstance(other, torch.fx.Node) or other.op != "call_module":
             what = other.format_node() if isinstance(other, torch.fx.Node) else repr(other)
             raise _TraceFailure(
@@ -375,11 +389,18 @@ def probe_branches(block: nn.Module, model: nn.Module, inputs: Any) -> list[tupl
     from .observe import call_model
     from .op_tables import op_name
 
-    produced: dict[int, tuple[Any, str, bool]] = {}  # id(tensor) → (tensor, child, tuple output)
+    # id(tensor) → (tensor, [(child, tuple output)]): a child's output, a dropout's of one (the same branch: a
+    # dropout is the identity in eval and linear in training, so the multiplier may sit before it), or a sum of
+    # such outputs (GPT-NeoX's and GPT-J's parallel attention + MLP, added onto the stream together)
+    produced: dict[int, tuple[Any, list[tuple[str, bool]]]] = {}
     stream: dict[int, torch.Tensor] = {}
     found: list[tuple[str, bool]] = []
     problems: list[str] = []
     state = {"inside": False, "done": False}
+
+    def source(t: Any) -> list[tuple[str, bool]] | None:
+        hit = produced.get(id(t)) if isinstance(t, torch.Tensor) else None
+        return hit[1] if hit is not None and hit[0] is t else None
 
     class _Adds(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -389,28 +410,38 @@ def probe_branches(block: nn.Module, model: nn.Module, inputs: Any) -> list[tupl
             a, b = args[0], args[1]
             in_a = isinstance(a, torch.Tensor) and stream.get(id(a)) is a
             in_b = isinstance(b, torch.Tensor) and stream.get(id(b)) is b
-            if in_a == in_b or not isinstance(out, torch.Tensor):
+            if not isinstance(out, torch.Tensor):
+                return out
+            if not in_a and not in_b:  # two branches summed before they reach the stream
+                sa, sb = source(a), source(b)
+                if sa is not None and sb is not None:
+                    produced[id(out)] = (out, sa + sb)
+                return out
+            if in_a == in_b:
                 return out
             other = b if in_a else a
-            hit = produced.get(id(other)) if isinstance(other, torch.Tensor) else None
-            if hit is None or hit[0] is not other:
+            hit = source(other)
+            if hit is None:
                 problems.append(
                     f"an addition onto the residual stream adds a {type(other).__name__} that no child of "
                     f"{type(block).__name__} returned"
                 )
                 return out
             stream[id(out)] = out
-            found.append((hit[1], hit[2]))
+            found.extend(hit)
             return out
 
-    def child_hook(name: str):
-        def hook(module: nn.Module, args: Any, out: Any) -> None:
+    def child_hook(name: str, module: nn.Module):
+        passes = isinstance(module, (nn.Identity, nn.modules.dropout._DropoutNd))
+
+        def hook(mod: nn.Module, args: Any, out: Any) -> None:
             if not state["inside"]:
                 return
+            upstream = source(args[0]) if passes and args else None
             if isinstance(out, torch.Tensor):
-                produced[id(out)] = (out, name, False)
+                produced[id(out)] = (out, upstream if upstream is not None else [(name, False)])
             elif isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
-                produced[id(out[0])] = (out[0], name, True)
+                produced[id(out[0])] = (out[0], [(name, True)])
 
         return hook
 
@@ -427,7 +458,7 @@ def probe_branches(block: nn.Module, model: nn.Module, inputs: Any) -> list[tupl
             state["inside"], state["done"] = False, True
 
     hooks = [block.register_forward_pre_hook(enter, with_kwargs=True), block.register_forward_hook(leave)]
-    hooks += [child.register_forward_hook(child_hook(n)) for n, child in block.named_children()]
+    hooks += [child.register_forward_hook(child_hook(n, child)) for n, child in block.named_children()]
     was_training = {m: m.training for m in model.modules()}
     try:
         model.eval()
