@@ -392,3 +392,39 @@ def test_a_dropout_on_the_branch_puts_the_tau_multiplier_on_the_layer_before_it(
     model.eval()
     x = torch.randn(4, 8)
     assert torch.allclose(mt.export(model).eval()(x), model(x), rtol=1e-4, atol=1e-6)
+
+
+class _ScaledEmbedding(nn.Embedding):
+    """Gemma's embedding: the lookup × √d_model inside the module's own forward."""
+
+    def forward(self, idx):
+        return super().forward(idx) * self.embedding_dim**0.5
+
+
+class _ScaledLM(nn.Module):
+    def __init__(self, d: int, vocab: int = 64):
+        super().__init__()
+        self.emb = _ScaledEmbedding(vocab, d)
+        self.ln = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, d)
+        self.out = nn.Linear(d, vocab)
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        return self.out(F.gelu(self.fc(self.ln(x))))
+
+
+@pytest.mark.parametrize("width", [64, 256])
+def test_a_width_dependent_constant_in_the_forward_is_undone_to_unit_scale(width):
+    """The embedding's × √d (Gemma): u-µP's embedding output was √width (8 at 64, 16 at 256: neither unit
+    nor width-independent); now × 1/√d on its output, named in describe, and the model exports."""
+    torch.manual_seed(0)
+    idx = torch.randint(0, 64, (4, 8))
+    model = mt.parametrize(_ScaledLM(width), base=_ScaledLM(32), delta=_ScaledLM(48), parametrization="u-mup")
+    plan = find_spec(model).umup
+    assert plan.compensations["emb"] == pytest.approx(width**-0.5)
+    with torch.no_grad():
+        assert 0.9 < float(model.emb(idx).pow(2).mean().sqrt()) < 1.1
+    assert "undoes the forward's width-dependent" in mt.describe(model)
+    with torch.no_grad():
+        assert torch.allclose(mt.export(model)(idx), model(idx), rtol=1e-4, atol=1e-6)

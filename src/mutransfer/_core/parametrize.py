@@ -43,12 +43,12 @@ from .groups import mark_parameters, register_plain_guard
 from .init_law import read_law
 from .observe import observe_model
 from .param_checks import attention_suspects, check_class_forward, not_a_random_scale, rms, warn_unused
+from .recorder import effective_logit_scales
 from .roles import ParamInfo, classify
 from .row_roles import assign_row_roles, column_roles, row_plan
 from .shapes import WidthShapes, canonical_name
 from .spec import SPEC_ATTR, MuSpec, find_spec
 from .umup import UMuPPlan, rescale_to, unit_target
-from .recorder import effective_logit_scales
 from .umup_setup import check_umup_options, plan_umup_probed, umup_depth_map, umup_hparams, umup_residuals
 from .width_constants import ForwardConstants, merge_constants, width_constants
 from .zeroing import Zeroing, ZeroPiece, query_zeroing, readout_zeroing
@@ -254,8 +254,15 @@ def parametrize(
         )
     zeroing = readout_zeroing(model, infos, params) if zero_init_readout else []
     zeroing += query_zeroing(model, zero_init_query) if zero_init_query else []
-    if umup_plan is not None:
-        constants, compensations = list(umup_plan.constants), []
+    if umup_plan is not None:  # a width-dependent constant of the forward (Gemma's embedding × √d): to unit scale
+        compensations = width_constants(seen, shapes, depth, infos, absolute=True)
+        for m, side, c in compensations:
+            umup_plan.compensations[m] = c
+            umup_plan.why.setdefault((m, str(side)), []).append(
+                f"undoes the forward's width-dependent × {1 / c:.4g}: unit scale"
+            )
+        umup_plan.constants = merge_constants(list(umup_plan.constants) + compensations)
+        constants = list(umup_plan.constants)
     else:
         constants = forward_constants(infos, rules, tunable, readout_input_ratio(seen, shapes, depth), model)
         compensations = width_constants(seen, shapes, depth, infos)

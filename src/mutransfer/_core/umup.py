@@ -89,6 +89,8 @@ class UMuPPlan:
             factor that brings the product of unit operands back to unit scale, so the layer's output *after*
             it is what u-µP holds at scale one (the monitor discounts it; other output constants are scales
             on top of one).
+        compensations: layer → 1/c on its output, undoing a width-dependent constant c the model's own forward
+            puts there (Gemma's embedding × √d_model): to unit scale, like the scaled matmul's factor.
     """
 
     hparams: dict[str, float] = field(default_factory=dict)
@@ -103,6 +105,7 @@ class UMuPPlan:
     activations: list[tuple[str, str, float]] = field(default_factory=list)
     fallbacks: list[str] = field(default_factory=list)
     matmul_scales: dict[str, float] = field(default_factory=dict)
+    compensations: dict[str, float] = field(default_factory=dict)
     attention_outputs: list[tuple[str, float]] = field(default_factory=list)
     vocab: int | None = None
     alpha_loss: float = 1.0

@@ -30,7 +30,11 @@ ForwardConstants = list[tuple[str, scaled_forward.Side, float]]  # (module name,
 
 
 def width_constants(
-    seen: Observation, shapes: WidthShapes, depth: DepthMap, infos: dict[str, ParamInfo]
+    seen: Observation,
+    shapes: WidthShapes,
+    depth: DepthMap,
+    infos: dict[str, ParamInfo],
+    absolute: bool = False,
 ) -> ForwardConstants:
     """The output multipliers that undo the width dependence of constants in the model's own forward.
 
@@ -39,10 +43,13 @@ def width_constants(
         shapes: the base's shapes, with the constants its probe forward measured (`output_scales`).
         depth: maps the model's module names to the base's.
         infos: the parameters' roles (readouts are left to `parametrize`'s readout input ratio).
+        absolute: u-µP's compensation, 1/c (the output at unit scale, as every u-µP op's), instead of µP's
+            c₀/c (the output at the base's scale).
 
     Returns:
-        (module, Side.OUTPUT, c₀/c) for every module whose output the forward multiplies by a constant c
-        that differs from the base's c₀; warns (MuPWarning) about those it cannot compensate.
+        (module, Side.OUTPUT, c₀/c, or 1/c when `absolute`) for every module whose output the forward
+        multiplies by a constant c that differs from the base's c₀; warns (MuPWarning) about those it cannot
+        compensate.
     """
     if not seen.ran:
         return []
@@ -59,7 +66,7 @@ def width_constants(
             continue
         c0 = base.get(depth.to_base(origin), 1.0)
         if not math.isclose(c0, c, rel_tol=1e-6):
-            found.append((origin, scaled_forward.Side.OUTPUT, c0 / c))
+            found.append((origin, scaled_forward.Side.OUTPUT, (1.0 if absolute else c0) / c))
     for consumer, c in seen.unplaced_constants.items():
         if consumer in readouts:
             continue

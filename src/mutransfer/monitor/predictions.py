@@ -229,7 +229,10 @@ def umup_unit_findings(spec: MuSpec, record: dict, tolerance: float) -> list[Fin
     for module, side, c in plan.constants:
         if str(side) == str(Side.OUTPUT):
             out_mult[module] = out_mult.get(module, 1.0) * float(c)
-    for module, c in (getattr(plan, "matmul_scales", None) or {}).items():  # the unit-restoring part: not on top
+    restoring = {**(getattr(plan, "matmul_scales", None) or {})}
+    for module, c in (getattr(plan, "compensations", None) or {}).items():
+        restoring[module] = restoring.get(module, 1.0) * c
+    for module, c in restoring.items():  # the unit-restoring part (scaled matmul, compensation): not on top
         if module in out_mult:
             out_mult[module] /= float(c)
     found: list[Finding] = []
