@@ -428,3 +428,53 @@ def test_a_width_dependent_constant_in_the_forward_is_undone_to_unit_scale(width
     assert "undoes the forward's width-dependent" in mt.describe(model)
     with torch.no_grad():
         assert torch.allclose(mt.export(model)(idx), model(idx), rtol=1e-4, atol=1e-6)
+
+
+class _RawExperts(nn.Module):
+    """Experts as raw 3-d parameters used by one grouped matmul (HF Mixtral's layout): not a layer."""
+
+    def __init__(self, d: int, experts: int = 2):
+        super().__init__()
+        self.up = nn.Parameter(torch.randn(experts, d, 2 * d) / d**0.5)
+        self.down = nn.Parameter(torch.randn(experts, 2 * d, d) / (2 * d) ** 0.5)
+
+    def forward(self, x):
+        h = F.relu(torch.einsum("btd,edh->ebth", x, self.up))
+        return torch.einsum("ebth,ehd->btd", h, self.down) / self.up.shape[0]
+
+
+class _RawBlock(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.experts = _RawExperts(d)
+
+    def forward(self, x):
+        return x + self.experts(self.ln(x))
+
+
+class _RawNet(nn.Module):
+    def __init__(self, d: int, vocab: int = 32):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(_RawBlock(d) for _ in range(2))
+        self.out = nn.Linear(d, vocab)
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        for b in self.blocks:
+            x = b(x)
+        return self.out(x)
+
+
+def test_a_branch_multiplier_folds_into_a_raw_parameter_when_no_layer_takes_it():
+    """The τ multiplier of a branch whose last op is a grouped matmul on a raw parameter: no Linear takes it,
+    the raw `down` does (export raised 'cannot be folded' before)."""
+    torch.manual_seed(0)
+    idx = torch.randint(0, 32, (2, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MuPWarning)  # the raw parameters' multipliers go into their init (named)
+        model = mt.parametrize(_RawNet(128), base=_RawNet(32), delta=_RawNet(64), parametrization="u-mup")
+    assert set(find_spec(model).umup.branches) == {"blocks.0.experts", "blocks.1.experts"}
+    with torch.no_grad():
+        assert torch.allclose(mt.export(model)(idx), model(idx), rtol=1e-4, atol=1e-6)

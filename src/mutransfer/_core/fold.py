@@ -203,6 +203,17 @@ class Folder:
 
         return undo
 
+    def _scale_raw(self, p: torch.Tensor, c: float) -> Callable[[], None]:
+        """Multiply one parameter by c (a module that is not a layer); returns the undo."""
+        if len(self.owners.get(id(p), [])) > 1:
+            raise _Shared(self.owners[id(p)])
+        p.mul_(c)
+
+        def undo() -> None:
+            p.div_(c)
+
+        return undo
+
     def _fold_output(self, c: _Constant, calls) -> None:
         module = self.modules[c.module]
         if c.module not in calls:  # its forward never runs (the parent uses its weight directly)
@@ -305,16 +316,30 @@ class Folder:
             key = f"{block_pattern(head)}.{last}" if head else last  # experts.*.2, not experts.*.*
             groups.setdefault(key, []).append(layer)
             groups[key] = groups.pop(key)  # ordered by the last member
-        units: list[list[nn.Module]] = []
+        units: list[list[nn.Module | _RawParameter]] = []  # tried in order
         for members in reversed(list(groups.values())):
             if len(members) > 1:
-                units.append(members)
+                units.append(list[nn.Module | _RawParameter](members))
             units += [[m] for m in reversed(members)]
+        # then the raw parameters of modules that are not layers (Mixtral's experts: 3-d gate_up_proj and
+        # down_proj used by a grouped matmul), one at a time, last first
+        raw = [
+            q
+            for m in module.modules()
+            if not _is_layer(m) and not list(m.children())
+            for q in m._parameters.values()
+            if q is not None
+        ]
+        units += [[_RawParameter(q)] for q in reversed(raw)]
         for unit in units:
             undos = []
             try:
                 for layer in unit:
-                    undos.append(self._scale(layer, c.factor))
+                    undos.append(
+                        self._scale_raw(layer.p, c.factor)
+                        if isinstance(layer, _RawParameter)
+                        else self._scale(layer, c.factor)
+                    )
             except _Shared:
                 for u in reversed(undos):
                     u()
@@ -463,6 +488,13 @@ class _Shared(Exception):
 def _class_name(module: nn.Module) -> str:
     """The user's class name (not mutransfer's MuScaled subclass)."""
     return type(module).__dict__.get("_mutransfer_parent", type(module)).__name__
+
+
+@dataclass
+class _RawParameter:
+    """A parameter of a module that is not a layer, as one unit `_greedy` may scale."""
+
+    p: torch.Tensor
 
 
 def _is_layer(module: nn.Module) -> bool:
