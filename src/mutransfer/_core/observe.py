@@ -28,6 +28,7 @@ __all__ = [
     "Observation",
     "Use",
     "call_model",
+    "effective_logit_scales",
     "example_inputs",
     "observe",
     "observe_model",
@@ -287,3 +288,23 @@ def to_device(inputs: Any, model: nn.Module) -> Any:
     if next(model.parameters(), None) is None:
         return inputs
     return move(inputs, module_device(model))
+
+
+def effective_logit_scales(model: nn.Module, inputs: Any) -> dict[str, float]:
+    """Attention module → the constant multiplying q·kᵀ on one no-grad, eval-mode forward of `model` on
+    `inputs` (`call_model`'s forms), as `recording` measures it: the attention's own scale times every
+    constant the forward put on q and k. Empty when the forward fails (observing never raises)."""
+    was_training = {m: m.training for m in model.modules()}
+    model.eval()
+    try:
+        with torch.no_grad(), recording(model, attention_only=True) as recorder:
+            call_model(model, inputs)
+    except Exception:
+        return {}
+    finally:
+        for m, t in was_training.items():
+            m.training = t
+    out: dict[str, float] = {}
+    for call in recorder.obs.attention:
+        out.setdefault(call.module, float(call.scale))
+    return out

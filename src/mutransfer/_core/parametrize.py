@@ -41,9 +41,8 @@ from .devices import meta_parameters
 from .forward_constants import forward_constants, in_effect, install_forward_constants, readout_input_ratio
 from .groups import mark_parameters, register_plain_guard
 from .init_law import read_law
-from .observe import observe_model
+from .observe import effective_logit_scales, observe_model
 from .param_checks import attention_suspects, check_class_forward, not_a_random_scale, rms, warn_unused
-from .recorder import effective_logit_scales
 from .roles import ParamInfo, classify
 from .row_roles import assign_row_roles, column_roles, row_plan
 from .shapes import WidthShapes, canonical_name

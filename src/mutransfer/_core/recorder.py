@@ -450,25 +450,3 @@ def recording(
     finally:
         h1.remove()
         h2.remove()
-
-
-def effective_logit_scales(model: nn.Module, inputs: Any) -> dict[str, float]:
-    """Attention module → the constant multiplying q·kᵀ on one no-grad, eval-mode forward of `model` on
-    `inputs` (`call_model`'s forms), as `recording` measures it: the attention's own scale times every
-    constant the forward put on q and k. Empty when the forward fails (observing never raises)."""
-    from .observe import call_model
-
-    was_training = {m: m.training for m in model.modules()}
-    model.eval()
-    try:
-        with torch.no_grad(), recording(model, attention_only=True) as recorder:
-            call_model(model, inputs)
-    except Exception:
-        return {}
-    finally:
-        for m, t in was_training.items():
-            m.training = t
-    out: dict[str, float] = {}
-    for call in recorder.obs.attention:
-        out.setdefault(call.module, float(call.scale))
-    return out
