@@ -478,3 +478,15 @@ def test_the_head_to_head_says_tie_or_cannot_tell_from_its_interval():
     assert "cannot be told apart" in head_to_head_line({**base, "relative": 0.05, "relative_interval": (-0.02, 0.12)})
     assert "SP re-tuned" in head_to_head_line({**base, "relative": 0.05, "relative_interval": (0.03, 0.07)})
     assert "µP is better" in head_to_head_line({**base, "relative": -0.05, "relative_interval": (-0.07, -0.03)})
+
+
+def test_a_blow_up_does_not_flatten_the_loss_plot():
+    """One SP run at loss 287 beside curves between 1.2 and 2.6: the plot's y-axis stopped at 287 and every
+    curve lay flat on the floor; now it stops at min + 4 × (median − min) and counts what lies above."""
+    from mutransfer.sweep.report.plots import loss_axis_top
+
+    losses = [1.2, 1.3, 1.5, 1.6, 1.8, 2.0, 2.1, 2.6, 14.0, 287.1]
+    top, above = loss_axis_top(losses)
+    assert top == pytest.approx(1.2 + 4 * (2.0 - 1.2)) and above == 2  # the median: the 6th of 10
+    assert loss_axis_top([1.0, 1.1, 1.3, 1.6]) == (1.6, 0)  # nothing far above: the largest loss
+    assert loss_axis_top([2.0, 2.0]) == (2.0, 0) and loss_axis_top([]) == (1.0, 0)

@@ -24,6 +24,7 @@ __all__ = [
     "axis_lines",
     "cell_of",
     "curves",
+    "loss_axis_top",
     "monitor_curves",
     "plot_forecast",
     "plot_hparam",
@@ -92,6 +93,20 @@ def axis_lines(sweep: Sweep, axis: str, cmap) -> list[tuple[tuple, str, tuple]]:
         )
         for i, v in enumerate(values)
     ]
+
+
+def loss_axis_top(losses: list[float]) -> tuple[float, int]:
+    """The top of a loss plot's y-axis and how many losses lie above it: the largest loss, unless some lie
+    far above the rest — beyond the minimum + 4 × (median − minimum), where a blow-up (a loss of 287 beside
+    curves between 1.2 and 2.5) would flatten every curve; those are counted, for the plot to say so."""
+    if not losses:
+        return 1.0, 0
+    ordered = sorted(losses)
+    lo, hi, median = ordered[0], ordered[-1], ordered[len(ordered) // 2]
+    cap = lo + 4 * (median - lo)
+    if median <= lo or hi <= cap:
+        return hi, 0
+    return cap, sum(v > cap for v in ordered)
 
 
 def _markers(confidence: float) -> dict:
@@ -262,8 +277,20 @@ def plot_hparam(
             ax.set_xlabel(f"log2 {name}" if isinstance(dim, LogUniform) else name)
         ax.grid(True, alpha=0.3)
     axes[0][0].set_ylabel("training loss")
-    span = hi - lo
-    axes[0][0].set_ylim(lo - 0.05 * span, lo + min(span, 3 * max(span / 3, 1e-9)) + 0.08 * span)
+    top, above = loss_axis_top(finite)
+    span = max(top - lo, 1e-9)
+    axes[0][0].set_ylim(lo - 0.05 * span, top + 0.08 * span)
+    if above:  # said on the plot, never silently cut: a blow-up far above the rest would flatten every curve
+        axes[0][-1].text(
+            0.98,
+            0.97,
+            f"{above} point{'s' if above > 1 else ''} above the range (up to {hi:.4g})",
+            transform=axes[0][-1].transAxes,
+            ha="right",
+            va="top",
+            fontsize=8,
+            color="0.35",
+        )
     handles, labels = axes[0][-1].get_legend_handles_labels()
     handles += [marker for kind, marker in _markers(CONFIDENCE).items() if kind in seen]
     labels += [marker.get_label() for kind, marker in _markers(CONFIDENCE).items() if kind in seen]

@@ -397,12 +397,13 @@ def format_transfer(out: dict) -> str:
         Lines of text.
     """
     lines = [f"transfer from {transfer_where(out, 'proxy')} to {transfer_where(out, 'target')}:"]
+    pad = max([30] + [len(label) for p, label in TRANSFER_RUNS if p in out])  # u-µP's label is 31 long
     for p, label in TRANSFER_RUNS:
         if p in out:
             loss = "diverged" if out[p]["loss"] is None else f"{out[p]['loss']:.4f}"
             lr = out[p]["hparams"].get("lr")
             lines.append(
-                f"  {label:<30} loss {loss}"
+                f"  {label:<{pad}} loss {loss}"
                 + (f"  (lr {lr:.3g})" if lr is not None else "")
                 + f"  {out[p]['seconds']:.1f} s"
                 + (_reused(out[p]["reused"]) if "reused" in out[p] else "")
