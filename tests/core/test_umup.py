@@ -478,3 +478,47 @@ def test_a_branch_multiplier_folds_into_a_raw_parameter_when_no_layer_takes_it()
     assert set(find_spec(model).umup.branches) == {"blocks.0.experts", "blocks.1.experts"}
     with torch.no_grad():
         assert torch.allclose(mt.export(model)(idx), model(idx), rtol=1e-4, atol=1e-6)
+
+
+class _OutFirstAttention(nn.Module):
+    """Phi-3's registration order: the output projection before the fused qkv it runs after."""
+
+    def __init__(self, d: int, heads: int = 4):
+        super().__init__()
+        self.heads = heads
+        self.o_proj = nn.Linear(d, d, bias=False)
+        self.qkv_proj = nn.Linear(d, 3 * d, bias=False)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in self.qkv_proj(x).split(d, dim=-1))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class _OutFirstNet(nn.Module):
+    def __init__(self, d: int, vocab: int = 32):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(2))
+        self.attns = nn.ModuleList(_OutFirstAttention(d) for _ in range(2))
+        self.out = nn.Linear(d, vocab)
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        for norm, attn in zip(self.norms, self.attns):
+            x = x + attn(norm(x))
+        return self.out(x)
+
+
+def test_export_folds_a_branch_multiplier_into_the_layer_that_runs_last_not_the_one_registered_last():
+    """Export tried the branch's layers in reverse registration order: qkv_proj (registered last, run first)
+    half-matched the τ multiplier and stuck, and Phi-3 failed to export; now the forward's order decides."""
+    torch.manual_seed(0)
+    idx = torch.randint(0, 32, (2, 8))
+    model = mt.parametrize(
+        _OutFirstNet(128), base=_OutFirstNet(32), delta=_OutFirstNet(64), parametrization="u-mup", example_inputs=idx
+    )
+    assert set(find_spec(model).umup.branches) == {"attns.0", "attns.1"}
+    with torch.no_grad():
+        assert torch.allclose(mt.export(model)(idx), model(idx), rtol=1e-4, atol=1e-6)

@@ -304,14 +304,19 @@ class Folder:
         return [self.modules[n] for n in dict.fromkeys(names)]
 
     def _greedy(self, c: _Constant, calls, what: str, where: str) -> None:
-        """Fold c into layers of the module, last first, keeping each that brings the module's output
+        """Fold c into layers of the module, last run first, keeping each that brings the module's output
         closer (a block scaling two branches needs two); done when it matches. Layers at the same place
         in repeated blocks (``experts.*.down``: a router's experts, whose weighted sum is the output) are
         tried together first — no one of them alone moves the output by half — then one at a time."""
         module = self.modules[c.module]
         error = self._module_error(c.module, calls)
         groups: dict[str, list[nn.Module]] = {}
-        for name, layer in _layers(module):
+        # "last" is the forward's order (the probe's first calls), not the order the modules were registered
+        # in: Phi-3 registers o_proj before qkv_proj, and scaling qkv_proj first half-matched and stuck
+        when = {n: i for i, n in enumerate(calls)}
+        prefix = f"{c.module}." if c.module else ""
+        ordered = sorted(_layers(module), key=lambda nl: when.get(prefix + nl[0], -1))
+        for name, layer in ordered:
             head, _, last = name.rpartition(".")  # block indices starred, the layer's own name kept:
             key = f"{block_pattern(head)}.{last}" if head else last  # experts.*.2, not experts.*.*
             groups.setdefault(key, []).append(layer)
