@@ -153,7 +153,8 @@ def test_the_tau_rule_applies_to_hf_blocks_fx_cannot_trace(make, n_layer):
 @pytest.mark.slow
 def test_the_residual_fallback_names_the_models_own_branch_modules():
     """Where neither fx nor a probe finds the branches, the suggested patterns are the block's own children."""
-    from mutransfer._core.depth import DepthMap, find_branches
+    from mutransfer._core.branches import find_branches
+    from mutransfer._core.depth import DepthMap
     from mutransfer.errors import ModelError
 
     model = llama(64)

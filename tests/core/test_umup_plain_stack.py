@@ -10,7 +10,8 @@ from torch import nn
 from torch.nn import functional as F
 
 import mutransfer as mt
-from mutransfer._core.depth import DepthMap, find_branches
+from mutransfer._core.branches import find_branches
+from mutransfer._core.depth import DepthMap
 from mutransfer._core.spec import find_spec
 from mutransfer.errors import ModelError, MuPWarning
 from mutransfer.recipes.models import GPT, MLP, ResBlock, ResMLP

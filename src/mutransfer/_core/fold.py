@@ -20,7 +20,8 @@ from torch import nn
 from .. import scaled_forward
 from ..errors import ExportError, MuPWarning
 from .attention import MuMultiheadAttention, mha_in_projections, mup_logit_scale
-from .depth import BRANCH_ATTR, block_pattern, branch_end, branch_outputs
+from .branches import branch_end
+from .depth import BRANCH_ATTR, block_pattern, branch_outputs
 from .export_check import copied, hf_configs, relative_error
 from .naming import canonical_name
 from .observe import call_model

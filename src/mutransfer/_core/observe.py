@@ -32,21 +32,34 @@ __all__ = [
     "example_inputs",
     "observe",
     "observe_model",
+    "probe_mode",
     "probing_with",
     "recording",
     "to_device",
 ]
 
 
+@contextlib.contextmanager
+def probe_mode(model: nn.Module) -> Iterator[None]:
+    """A probe forward's mode: no grad, every module in eval (dropout off), each module's training flag put
+    back after, whatever happens inside."""
+    was_training = {m: m.training for m in model.modules()}
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        for m, t in was_training.items():
+            m.training = t
+
+
 def observe(model: nn.Module, inputs: Any, on_attention: Callable | None = None) -> Observation:
     """Run `model` once on `inputs` (a tensor, a tuple of positional args or a dict of kwargs) and
     record parameter usage and attention calls. No grad, eval mode (restored after), buffers restored."""
-    was_training = {m: m.training for m in model.modules()}
     buffers = {n: b.detach().clone() for n, b in model.named_buffers() if not b.is_meta}
     obs = None
     try:
-        model.eval()
-        with torch.no_grad(), recording(model, on_attention) as recorder:
+        with probe_mode(model), recording(model, on_attention) as recorder:
             obs = recorder.obs
             call_model(model, inputs)
     except Exception as e:  # the probe is best effort; the caller decides what a failure means
@@ -54,8 +67,6 @@ def observe(model: nn.Module, inputs: Any, on_attention: Callable | None = None)
         obs = obs or Observation()
         obs.error = f"{type(e).__name__}: {first[:300]}"
     finally:
-        for m, t in was_training.items():
-            m.training = t
         with torch.no_grad():
             for n, b in model.named_buffers():
                 if n in buffers:
@@ -294,16 +305,11 @@ def effective_logit_scales(model: nn.Module, inputs: Any) -> dict[str, float]:
     """Attention module → the constant multiplying q·kᵀ on one no-grad, eval-mode forward of `model` on
     `inputs` (`call_model`'s forms), as `recording` measures it: the attention's own scale times every
     constant the forward put on q and k. Empty when the forward fails (observing never raises)."""
-    was_training = {m: m.training for m in model.modules()}
-    model.eval()
     try:
-        with torch.no_grad(), recording(model, attention_only=True) as recorder:
+        with probe_mode(model), recording(model, attention_only=True) as recorder:
             call_model(model, inputs)
     except Exception:
         return {}
-    finally:
-        for m, t in was_training.items():
-            m.training = t
     out: dict[str, float] = {}
     for call in recorder.obs.attention:
         out.setdefault(call.module, float(call.scale))

@@ -36,7 +36,8 @@ from ..rules import (
     parametrization_name,
 )
 from .attention_plan import base_attention, install_attention, plan_attention
-from .depth import BRANCH_ATTR, Branch, DepthMap, block_containers, find_branches, outermost
+from .branches import Branch, find_branches
+from .depth import BRANCH_ATTR, DepthMap, block_containers, outermost
 from .devices import meta_parameters
 from .forward_constants import forward_constants, in_effect, install_forward_constants, readout_input_ratio
 from .groups import mark_parameters, register_plain_guard

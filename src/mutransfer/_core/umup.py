@@ -46,7 +46,7 @@ from torch import nn
 from .. import scaled_forward
 from ..errors import ModelError, MuPWarning
 from ..rules import UMUP, factor, umup_residual_mults
-from .depth import Branch
+from .branches import Branch
 from .observation import Observation
 from .roles import ParamInfo
 from .unit_ops import UnitOps, activation_scale

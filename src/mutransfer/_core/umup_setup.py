@@ -13,7 +13,8 @@ from torch import nn
 
 from ..errors import ModelError
 from ..rules import DEFAULT_DEPTH_ALPHA, DEFAULT_FORMULATION, UMUP_NAME, formulation_name
-from .depth import Branch, DepthMap, FoundBranches, block_containers, find_branches, outermost
+from .branches import Branch, FoundBranches, find_branches
+from .depth import DepthMap, block_containers, outermost
 from .shapes import canonical_name
 from .umup import UMUP_DEFAULTS, UMuPPlan, plan_umup
 from .unit_ops import find_unit_ops

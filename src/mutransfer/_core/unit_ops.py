@@ -34,7 +34,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from .naming import canonical_name
-from .observe import call_model
+from .observe import call_model, probe_mode
 from .op_tables import RESHAPE, SPLIT, op_name, tensors_in
 
 __all__ = [
@@ -346,11 +346,9 @@ def find_unit_ops(model: nn.Module, inputs: Any) -> UnitOps:
             follow.tag(out, _Tag(names[id(module)], origin=follow.origin(out)))
 
     hooks = [m.register_forward_pre_hook(pre) for m in layers] + [m.register_forward_hook(post) for m in layers]
-    was_training = {m: m.training for m in model.modules()}
     result = UnitOps()
     try:
-        model.eval()
-        with torch.no_grad(), follow:
+        with probe_mode(model), follow:
             call_model(model, inputs)
     except Exception as e:  # the probe is best effort: parametrize decides what a failure means
         result.error = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
@@ -358,8 +356,6 @@ def find_unit_ops(model: nn.Module, inputs: Any) -> UnitOps:
     finally:
         for h in hooks:
             h.remove()
-        for m, t in was_training.items():
-            m.training = t
     result.activations = list(found.values())
     result.attention = list(attention.values())
     result.unknown = unknown
