@@ -434,22 +434,22 @@ class Program:
         go = g[0] if m.batch_first else g[0].transpose(1, 2)
         x, q, k, v, att, y = self.cache[op.node]
         g_, b_, t_, _ = go.shape
-        if "out_proj.bias" in op.params:
-            grads[op.params["out_proj.bias"]] = _rows(go)
-        gf = go.reshape(g_, -1, go.shape[-1]).transpose(1, 2)
-        yf = y.reshape(g_, -1, y.shape[-1]).transpose(1, 2)
-        history.append((op.params["out_proj.weight"], gf, yf))
-        gy = self.matrices[op.params["out_proj.weight"]].backward(gf, self.step, lr, momentum)
-        gy = gy.transpose(1, 2).reshape(g_, b_, t_, m.num_heads, -1).transpose(2, 3)
+
+        def projection(weight: str, bias: str, g: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
+            """One of the block's two hidden matrices: its bias's gradient, its step recorded, the gradient
+            of its input, (groups, batch, tokens, features)."""
+            if bias in op.params:
+                grads[op.params[bias]] = _rows(g)
+            gf = g.reshape(g_, -1, g.shape[-1]).transpose(1, 2)
+            history.append((op.params[weight], gf, inp.reshape(g_, -1, inp.shape[-1]).transpose(1, 2)))
+            back = self.matrices[op.params[weight]].backward(gf, self.step, lr, momentum)
+            return back.transpose(1, 2).reshape(g_, b_, t_, -1)
+
+        gy = projection("out_proj.weight", "out_proj.bias", go, y)
+        gy = gy.reshape(g_, b_, t_, m.num_heads, -1).transpose(2, 3)
         gq, gk, gv = self._attention_vjp(att, q, k, v, gy, op.scale)
         gqkv = torch.cat([t.transpose(2, 3).reshape(g_, b_, t_, -1) for t in (gq, gk, gv)], dim=-1)
-        if "in_proj_bias" in op.params:
-            grads[op.params["in_proj_bias"]] = _rows(gqkv)
-        gf = gqkv.reshape(g_, -1, gqkv.shape[-1]).transpose(1, 2)
-        xf = x.reshape(g_, -1, x.shape[-1]).transpose(1, 2)
-        history.append((op.params["in_proj_weight"], gf, xf))
-        gx = self.matrices[op.params["in_proj_weight"]].backward(gf, self.step, lr, momentum)
-        gx = gx.transpose(1, 2).reshape(g_, b_, t_, -1)
+        gx = projection("in_proj_weight", "in_proj_bias", gqkv, x)
         return gx if m.batch_first else gx.transpose(1, 2)
 
     # ------------------------------------------------------------------ backward and update
